@@ -1,0 +1,334 @@
+"""The `aso` command: one entry point, a sub-command per job, `--help` everywhere.
+
+Errors that are the user's or the environment's (bad config, unreachable store, refused
+document) end in one line on stderr and a non-zero exit code, never a traceback:
+1 = the operation failed, 2 = bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from aso import config as aso_config
+from aso import model
+from aso.config import Config, ConfigError
+from aso.designdocs import init_databases
+from aso.embedded import EmbeddedError, EmbeddedStore
+from aso.store import Server, StoreError, redact
+from aso.upload import requests_from_json, upload
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+app = typer.Typer(
+    help="ASO (AsyncStageOut): asynchronous stage-out of grid analysis outputs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+config_app = typer.Typer(help="Show or create the configuration file.", no_args_is_help=True)
+store_app = typer.Typer(
+    help="Run the embedded document store (pouchdb-server).", no_args_is_help=True
+)
+db_app = typer.Typer(help="Databases, design documents and store accounts.", no_args_is_help=True)
+request_app = typer.Typer(help="Look at transfer requests.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(store_app, name="store")
+app.add_typer(db_app, name="db")
+app.add_typer(request_app, name="request")
+
+
+class UsageError(Exception):
+    """Bad arguments: exit code 2."""
+
+
+def _config(ctx: typer.Context) -> Config:
+    """The configuration, loaded on first use (so that `aso config init` needs none)."""
+    obj = ctx.find_root().obj
+    if "config" not in obj:
+        config = aso_config.load(obj["config_file"])
+        level = "DEBUG" if obj["verbose"] else config.log.level.upper()
+        logging.basicConfig(
+            level=getattr(logging, level),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        if not obj["verbose"]:
+            # The HTTP stack's own retry warnings would repeat what our one-line errors say.
+            logging.getLogger("urllib3").setLevel(logging.ERROR)
+            logging.getLogger("ibm_cloud_sdk_core").setLevel(logging.ERROR)
+        obj["config"] = config
+    return obj["config"]
+
+
+def _server(ctx: typer.Context, account: str = "user") -> Server:
+    return Server.from_config(_config(ctx), account=account)
+
+
+def _files_db(ctx: typer.Context):
+    return _server(ctx).db(_config(ctx).store.files_db)
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    config_file: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Config file (default: $ASO_CONFIG, ./aso.toml, "
+            "~/.config/aso/aso.toml, /etc/aso/aso.toml).",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
+) -> None:
+    ctx.obj = {"config_file": config_file, "verbose": verbose}
+
+
+# --- config ----------------------------------------------------------------------------------
+@config_app.command("show")
+def config_show(
+    ctx: typer.Context,
+    secrets: Annotated[bool, typer.Option("--secrets", help="Show passwords too.")] = False,
+) -> None:
+    """Print the effective configuration (file values over defaults) as TOML."""
+    config = _config(ctx)
+    source = config.source or "no file: built-in defaults"
+    console.print(f"# effective configuration ({source})", markup=False, highlight=False)
+    console.print(aso_config.render(config, show_secrets=secrets), markup=False, highlight=False)
+
+
+@config_app.command("keys")
+def config_keys() -> None:
+    """List every configuration key with its default and meaning."""
+    table = Table("key", "default", "meaning")
+    for key, default, doc in aso_config.describe():
+        table.add_row(key, json.dumps(default), doc)
+    console.print(table)
+
+
+@config_app.command("init")
+def config_init(
+    path: Annotated[Path, typer.Argument(help="Where to write the file.")] = Path("aso.toml"),
+    if_missing: Annotated[
+        bool, typer.Option("--if-missing", help="Do nothing (exit 0) if the file exists.")
+    ] = False,
+) -> None:
+    """Write a config file with the defaults and freshly generated store passwords."""
+    if path.exists():
+        if if_missing:
+            console.print(f"{path} exists; left as it is")
+            return
+        raise UsageError(f"{path} exists; remove it first or use --if-missing")
+    aso_config.write_new_config(path)
+    console.print(f"wrote {path} (mode 0600: it holds the store passwords)")
+
+
+# --- embedded store --------------------------------------------------------------------------
+@store_app.command("start")
+def store_start(ctx: typer.Context) -> None:
+    """Start pouchdb-server on the loopback address of store.url, data in embedded.data_dir."""
+    console.print(EmbeddedStore(_config(ctx)).start())
+
+
+@store_app.command("stop")
+def store_stop(ctx: typer.Context) -> None:
+    """Stop the embedded store started from this config (and no other process)."""
+    console.print(EmbeddedStore(_config(ctx)).stop())
+
+
+@store_app.command("status")
+def store_status(ctx: typer.Context) -> None:
+    """Say whether the embedded store runs and answers (exit 1 if it does not answer)."""
+    status = EmbeddedStore(_config(ctx)).status()
+    pid = f"pid {status.pid}" if status.pid else "not started by this config"
+    state = "answering" if status.answering else "not answering"
+    console.print(f"{status.url}: {state} ({pid}; data in {status.data_dir})")
+    if not status.answering:
+        raise typer.Exit(1)
+
+
+# --- databases -------------------------------------------------------------------------------
+@db_app.command("init")
+def db_init(ctx: typer.Context) -> None:
+    """Create the databases, push the design documents, set _security, create the agent
+    account. Idempotent: run it after every upgrade."""
+    config = _config(ctx)
+    report = init_databases(_server(ctx, "admin"), config)
+    for line in report.lines():
+        console.print(line)
+    console.print(f"database {config.store.files_db} ready at {redact(config.store.url)}")
+
+
+@db_app.command("add-user")
+def db_add_user(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Account name (the `user` of its requests).")],
+    password: Annotated[
+        str, typer.Option(prompt=True, hide_input=True, help="Password (prompted if not given).")
+    ],
+    role: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--role", help="Role: aso-user (default), aso-agent or aso-admin; repeatable."
+        ),
+    ] = None,
+) -> None:
+    """Create or update a store account (embedded store, or CouchDB without the front end)."""
+    roles = role or [model.USER_ROLE]
+    allowed = {model.USER_ROLE, model.AGENT_ROLE, "aso-admin"}
+    if not set(roles) <= allowed:
+        raise UsageError(f"unknown role(s) {sorted(set(roles) - allowed)}; use {sorted(allowed)}")
+    changed = _server(ctx, "admin").put_user(name, password, roles)
+    console.print(f"account {name} {'written' if changed else 'unchanged'} with roles {roles}")
+
+
+# --- requests --------------------------------------------------------------------------------
+@app.command("upload")
+def upload_cmd(
+    ctx: typer.Context,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file", "-f", help="JSON file: a list of requests (keys as the options below)."
+        ),
+    ] = None,
+    user: Annotated[str | None, typer.Option(help="Owner (default: the store account).")] = None,
+    task: Annotated[str | None, typer.Option(help="Task name.")] = None,
+    job_id: Annotated[str | None, typer.Option(help="Job id within the task.")] = None,
+    source: Annotated[str | None, typer.Option(help="Source site, e.g. T2_CH_CERN.")] = None,
+    destination: Annotated[str | None, typer.Option(help="Destination site.")] = None,
+    source_lfn: Annotated[str | None, typer.Option(help="LFN in the source temp area.")] = None,
+    destination_lfn: Annotated[str | None, typer.Option(help="LFN at the destination.")] = None,
+    size: Annotated[int | None, typer.Option(help="Size in bytes.")] = None,
+    adler32: Annotated[str | None, typer.Option(help="Adler-32 checksum, hex.")] = None,
+    file_type: Annotated[str, typer.Option(help="output or log.")] = "output",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Record transfer requests (the job wrapper's stage-out step). Idempotent: uploading the
+    same file again reports it as already recorded."""
+    config = _config(ctx)
+    owner = user or config.store_user[0]
+    if file is not None:
+        docs = requests_from_json(file, default_user=owner)
+    else:
+        values = {
+            "task": task,
+            "job_id": job_id,
+            "source": source,
+            "destination": destination,
+            "source_lfn": source_lfn,
+            "destination_lfn": destination_lfn,
+            "size": size,
+            "adler32": adler32,
+        }
+        missing = [f"--{k.replace('_', '-')}" for k, v in values.items() if v is None]
+        if missing:
+            raise UsageError(f"give --file or all of: {', '.join(missing)}")
+        docs = [model.new_request(user=owner, file_type=file_type, **values)]
+    report = upload(_files_db(ctx), docs)
+    if json_out:
+        console.print_json(
+            data={"recorded": report.recorded, "already": report.already, "refused": report.refused}
+        )
+    else:
+        console.print(
+            f"{len(report.recorded)} recorded, {len(report.already)} already recorded,"
+            f" {len(report.refused)} refused"
+        )
+        for doc_id, reason in report.refused.items():
+            err_console.print(f"refused {doc_id}: {reason}", markup=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@request_app.command("show")
+def request_show(
+    ctx: typer.Context, doc_id: Annotated[str, typer.Argument(help="Request id.")]
+) -> None:
+    """Print one request document as JSON."""
+    doc = _files_db(ctx).get(doc_id)
+    if doc is None:
+        err_console.print(f"no request {doc_id}", markup=False)
+        raise typer.Exit(1)
+    console.print_json(data=doc)
+
+
+@request_app.command("list")
+def request_list(
+    ctx: typer.Context,
+    task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+    state: Annotated[str | None, typer.Option(help="Only this transfer state.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
+) -> None:
+    """List requests (by task, or by state), read from the monitoring views."""
+    if state and state not in model.STATES[model.STATE]:
+        raise UsageError(f"unknown state {state!r}; one of {', '.join(model.STATES['state'])}")
+    db = _files_db(ctx)
+    table = Table("id", "task", "job", "type", "state", "cleanup", "publication")
+    if task:
+        rows = db.view(
+            "asyncstageout", "by_task", start_key=[task], end_key=[task, {}], limit=limit
+        ).rows
+        for row in rows:
+            v = row["value"]
+            if state and v["state"] != state:
+                continue
+            table.add_row(
+                row["id"][:12],
+                task,
+                row["key"][1],
+                row["key"][2],
+                v["state"],
+                v["cleanup"],
+                v["publication"],
+            )
+    else:
+        start: list[Any] = [state] if state else []
+        end: list[Any] = [state, {}] if state else [{}]
+        result = db.view(
+            "asyncstageout",
+            "by_state",
+            start_key=start,
+            end_key=end,
+            limit=limit,
+            reduce=False,
+            include_docs=True,
+        )
+        for doc in result.docs():
+            table.add_row(
+                doc["_id"][:12],
+                doc["task"],
+                doc["job_id"],
+                doc["file_type"],
+                doc["state"],
+                doc["cleanup"],
+                doc["publication"],
+            )
+    console.print(table)
+
+
+def main() -> None:
+    """Console entry point: run the app, turn known failures into one-line errors."""
+    try:
+        app()
+    except (ConfigError, UsageError) as exc:
+        err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except (StoreError, EmbeddedError, model.ModelError, ValueError) as exc:
+        err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err_console.print("aso: interrupted", markup=False)
+        sys.exit(130)

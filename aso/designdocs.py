@@ -1,0 +1,90 @@
+"""Design documents from the `couchapp/` folder, and `aso db init`.
+
+Each sub-folder of `couchapp/` holding an `_id` file is one design document in the classic
+CouchApp layout (`views/NAME/map.js` + `reduce.js`, `validate_doc_update.js`, `_attachments/`),
+assembled by `cmscouchapp` (CMS's Python 3 CouchApp). ASO adds one generated member,
+`lib/model`: the tables of aso/model.py that validate_doc_update `require`s, so the Python model
+and the store's validation cannot drift apart. Pushing goes through aso.store and is idempotent:
+an unchanged design document is not rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from couchapp import localdoc
+
+from aso import model
+from aso.config import Config
+from aso.store import Server
+
+log = logging.getLogger("aso.db")
+
+COUCHAPP_DIR = Path(__file__).resolve().parent.parent / "couchapp"
+
+# Who may use the files database: any ASO role reads (a member); writes are then decided by
+# validate_doc_update; aso-admin also administers it (design documents, _security).
+FILES_SECURITY = {
+    "admins": {"names": [], "roles": list(model.ADMIN_ROLES[1:])},
+    "members": {"names": [], "roles": [model.USER_ROLE, model.AGENT_ROLE, *model.ADMIN_ROLES[1:]]},
+}
+
+
+def model_module() -> str:
+    """The CommonJS module validate_doc_update loads with require('lib/model')."""
+    return "module.exports = " + json.dumps(model.validation_model(), sort_keys=True) + ";\n"
+
+
+def load_design_document(path: Path) -> dict[str, Any]:
+    doc = localdoc.document(str(path), is_ddoc=True).doc()
+    # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
+    # not used by the store and would make identical folders look different.
+    doc.pop("couchapp", None)
+    if "validate_doc_update" in doc:
+        doc.setdefault("lib", {})["model"] = model_module()
+    return doc
+
+
+def design_documents(root: Path = COUCHAPP_DIR) -> list[dict[str, Any]]:
+    folders = sorted(p for p in root.iterdir() if (p / "_id").is_file())
+    return [load_design_document(folder) for folder in folders]
+
+
+@dataclass
+class InitReport:
+    created_dbs: list[str] = field(default_factory=list)
+    design_written: list[str] = field(default_factory=list)
+    design_unchanged: list[str] = field(default_factory=list)
+    users_changed: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"created database {name}" for name in self.created_dbs]
+        out += [f"design document {d} written" for d in self.design_written]
+        out += [f"design document {d} unchanged" for d in self.design_unchanged]
+        out += [f"account {u} created/updated" for u in self.users_changed]
+        return out
+
+
+def init_databases(admin: Server, config: Config) -> InitReport:
+    """Create the databases, push the design documents, set `_security`, create the agent
+    account. Safe to run again: what is already in place is left as it is."""
+    report = InitReport()
+    files_db = config.store.files_db
+    if admin.create_db(files_db, FILES_SECURITY):
+        report.created_dbs.append(files_db)
+    db = admin.db(files_db)
+    for ddoc in design_documents():
+        written = db.push_design(ddoc)
+        (report.design_written if written else report.design_unchanged).append(ddoc["_id"])
+    if config.store.agent_user:
+        if not config.store.agent_password:
+            raise ValueError("store.agent_password is empty; run `aso config init`")
+        if admin.put_user(config.store.agent_user, config.store.agent_password, [model.AGENT_ROLE]):
+            report.users_changed.append(config.store.agent_user)
+    for line in report.lines():
+        log.debug("db init: %s", line)
+    return report

@@ -1,0 +1,585 @@
+"""The transfer request: its schema, its deterministic id and its state machine.
+
+This module is the one description of a request. Python code (upload client, agents) uses it
+directly; the store's `validate_doc_update` (couchapp/asyncstageout/validate_doc_update.js) reads
+the same tables, which `aso db init` serialises into the design document as `lib/model`
+(see `validation_model()`). A test drives every (from, to) pair of every axis through the real
+store and checks that the store and this module agree.
+
+A request has three state axes, because a finished copy is then cleaned and published
+independently, by different agents:
+
+* ``state``       the copy itself:  new → acquired → submitted → done, with failed attempts,
+                  retries, permanent failure and the user's kill;
+* ``cleanup``     the temporary copy at the source, acted upon once ``state`` is done;
+* ``publication`` the catalog entry, acted upon once ``state`` is done.
+
+Every change of an axis appends one entry to ``history``: {axis, from, to, at, by}, ``at`` in UTC
+epoch seconds, ``by`` the user or agent instance that made it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA_VERSION = 1
+REQUEST_TYPE = "transfer_request"
+
+# Roles as validate_doc_update sees them (derived from userCtx by `role_of`).
+ADMIN = "admin"
+AGENT = "agent"
+OWNER = "owner"
+ADMIN_ROLES = ("_admin", "aso-admin")
+AGENT_ROLE = "aso-agent"
+USER_ROLE = "aso-user"
+
+STATE = "state"
+CLEANUP = "cleanup"
+PUBLICATION = "publication"
+AXES = (STATE, CLEANUP, PUBLICATION)
+
+# --- states ----------------------------------------------------------------------------------
+STATES: dict[str, tuple[str, ...]] = {
+    STATE: (
+        "new",  # waiting for the submitter
+        "acquired",  # the submitter recorded its intent (lease, job key) before submitting
+        "submitted",  # the transfer service has the job
+        "done",  # copied and verified at the destination
+        "failed_attempt",  # an attempt failed; the retry manager decides what next
+        "retry",  # cooling off until `retry_after`, then back to new
+        "failed",  # given up: permanent error or out of attempts
+        "kill_requested",  # the user asked to kill a file that is in flight
+        "killed",  # killed by the user
+    ),
+    CLEANUP: (
+        "pending",  # a temporary copy exists at the source (removed once state is done)
+        "cleaned",  # the temporary copy was deleted after the destination was confirmed
+        "cleanup_error",  # the last deletion failed; the cleaner retries
+        "not_needed",  # no temporary copy (the file was created already at its destination)
+    ),
+    PUBLICATION: (
+        "not_required",  # publish is false, or a log file
+        "pending",  # waits for a block
+        "publishing",  # in a block whose publication is under way (block name recorded first)
+        "published",  # in the catalog
+        "publication_error",  # the last publication failed; retried up to a limit
+        "publication_failed",  # given up; the user may reset it to pending
+    ),
+}
+
+# The final value of each axis (used for purging and for "is this request finished").
+FINAL: dict[str, tuple[str, ...]] = {
+    STATE: ("done", "failed", "killed"),
+    CLEANUP: ("cleaned", "not_needed"),
+    PUBLICATION: ("not_required", "published", "publication_failed"),
+}
+
+# Transitions other than on the `state` axis are only legal while `state` is this value.
+AXIS_REQUIRES_STATE: dict[str, str | None] = {STATE: None, CLEANUP: "done", PUBLICATION: "done"}
+
+_O, _A = frozenset({OWNER}), frozenset({AGENT})
+
+# (from, to) → roles allowed to make the change. Admins may make any change of any axis.
+TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
+    STATE: {
+        ("new", "acquired"): _A,  # submitter: intent recorded
+        ("acquired", "submitted"): _A,  # submitter: the service accepted the job
+        ("acquired", "new"): _A,  # lease expired and the job never reached the service
+        ("acquired", "failed_attempt"): _A,  # the service refused the job
+        ("submitted", "done"): _A,  # monitor: copied and verified
+        ("submitted", "failed_attempt"): _A,  # monitor: the attempt failed (or the job was lost)
+        ("failed_attempt", "retry"): _A,  # retry manager: try again after a cool-off
+        ("failed_attempt", "failed"): _A,  # retry manager: permanent error / out of attempts
+        ("retry", "new"): _A,  # retry manager: cool-off over
+        ("kill_requested", "killed"): _A,  # monitor: cancelled at the service
+        ("kill_requested", "done"): _A,  # the copy finished before the cancel took effect
+        ("new", "killed"): _O,  # nothing in flight: the user's kill is immediate
+        ("retry", "killed"): _O,
+        ("failed_attempt", "killed"): _O,
+        ("acquired", "kill_requested"): _O,  # in flight: an agent cancels, then kills
+        ("submitted", "kill_requested"): _O,
+        ("failed", "new"): _O,  # resubmission
+        ("killed", "new"): _O,
+    },
+    CLEANUP: {
+        ("pending", "cleaned"): _A,
+        ("pending", "cleanup_error"): _A,
+        ("cleanup_error", "cleaned"): _A,
+    },
+    PUBLICATION: {
+        ("pending", "publishing"): _A,  # the block name is recorded before the catalog call
+        ("publishing", "published"): _A,
+        ("publishing", "publication_error"): _A,
+        ("publishing", "pending"): _A,  # block abandoned before the catalog call
+        ("publication_error", "publishing"): _A,
+        ("publication_error", "publication_failed"): _A,
+        ("publication_failed", "pending"): _O,  # `aso publish --retry`: the user resets it
+    },
+}
+
+# States a request may be created in (by its owner; admins may create any valid document).
+CREATION: dict[str, tuple[str, ...]] = {STATE: ("new", "done")}
+
+# Fields an owner's update may change: the axes and the history entry recording the change.
+OWNER_MUTABLE = (STATE, PUBLICATION, "history", "last_update")
+# Fields fixed at creation: nobody but an admin changes them afterwards.
+IMMUTABLE = (
+    "type",
+    "schema",
+    "user",
+    "user_dn",
+    "group",
+    "role",
+    "task",
+    "job_id",
+    "job_retry",
+    "file_type",
+    "source",
+    "destination",
+    "source_lfn",
+    "destination_lfn",
+    "size",
+    "checksum",
+    "publish",
+    "publish_info",
+    "created",
+)
+
+# --- schema ----------------------------------------------------------------------------------
+# A field spec: {"type": name or [names], plus limits}. Types: string, integer, number, boolean,
+# object (with "fields"/"required", or free with "values"), array (with "items"), null.
+# Patterns are written in the subset of regular expressions that JavaScript and Python share.
+MAX_DOC_CHARS = 262_144  # the whole document, as JSON
+MAX_STRING = 1024
+LFN_PATTERN = r"^/store/(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_.+/=:@,-]+$"
+NAME_PATTERN = r"^[A-Za-z0-9_.@+-]{1,128}$"
+SITE_PATTERN = r"^T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}$"
+TASK_PATTERN = r"^[A-Za-z0-9_.:+-]{1,200}$"
+DATASET_PATTERN = r"^/[A-Za-z0-9_.-]{1,150}/[A-Za-z0-9_.-]{1,250}/(USER|USER-[A-Za-z0-9_-]+)$"
+ADLER32_PATTERN = r"^[0-9a-f]{8}$"
+DOC_ID_PATTERN = r"^[0-9a-f]{64}$"
+
+_STR = {"type": "string", "max": MAX_STRING}
+_NAME = {"type": "string", "pattern": NAME_PATTERN}
+_EPOCH = {"type": "number", "min": 0}
+_COUNT = {"type": "integer", "min": 0}
+
+HISTORY_ENTRY = {
+    "type": "object",
+    "required": ["axis", "from", "to", "at", "by"],
+    "fields": {
+        "axis": {"type": "string", "enum": list(AXES)},
+        "from": {"type": ["string", "null"], "max": 64},
+        "to": {"type": "string", "max": 64},
+        "at": _EPOCH,
+        "by": {"type": "string", "max": 200, "min_length": 1},
+        "reason": {"type": "string", "max": 4096},
+    },
+}
+
+ATTEMPT = {
+    "type": "object",
+    "required": ["job_id", "service", "submitted"],
+    "fields": {
+        "job_id": {"type": "string", "max": 200},
+        "service": {"type": "string", "max": 200},
+        "submitted": _EPOCH,
+        "ended": {"type": ["number", "null"], "min": 0},
+        "outcome": {"type": ["string", "null"], "enum": ["done", "failed", "canceled", None]},
+        "reason": {"type": ["string", "null"], "max": 4096},
+        "error_class": {"type": ["string", "null"], "max": 64},
+    },
+}
+
+PUBLISH_INFO = {
+    "type": "object",
+    "required": ["dataset"],
+    "fields": {
+        "dataset": {"type": "string", "pattern": DATASET_PATTERN},
+        "events": _COUNT,
+        "lumis": {
+            "type": "object",
+            "max_keys": 1000,
+            "values": {"type": "array", "max_items": 10000, "items": _COUNT},
+        },
+        "parents": {
+            "type": "array",
+            "max_items": 1000,
+            "items": {"type": "string", "pattern": LFN_PATTERN, "max": MAX_STRING},
+        },
+    },
+}
+
+REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "type",
+        "schema",
+        "user",
+        "task",
+        "job_id",
+        "file_type",
+        "source",
+        "destination",
+        "source_lfn",
+        "destination_lfn",
+        "size",
+        "checksum",
+        "publish",
+        STATE,
+        CLEANUP,
+        PUBLICATION,
+        "created",
+        "last_update",
+        "history",
+    ],
+    "fields": {
+        "type": {"type": "string", "enum": [REQUEST_TYPE]},
+        "schema": {"type": "integer", "enum": [SCHEMA_VERSION]},
+        # who
+        "user": _NAME,
+        "user_dn": {"type": "string", "max": 512},
+        "group": {"type": "string", "max": 128},
+        "role": {"type": "string", "max": 128},
+        # what
+        "task": {"type": "string", "pattern": TASK_PATTERN},
+        "job_id": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
+        "job_retry": _COUNT,
+        "file_type": {"type": "string", "enum": ["output", "log"]},
+        "source_lfn": {"type": "string", "pattern": LFN_PATTERN, "max": MAX_STRING},
+        "destination_lfn": {"type": "string", "pattern": LFN_PATTERN, "max": MAX_STRING},
+        "size": _COUNT,
+        "checksum": {
+            "type": "object",
+            "required": ["adler32"],
+            "fields": {"adler32": {"type": "string", "pattern": ADLER32_PATTERN}},
+        },
+        "priority": {"type": "integer", "min": -100, "max_value": 100},
+        # where
+        "source": {"type": "string", "pattern": SITE_PATTERN},
+        "destination": {"type": "string", "pattern": SITE_PATTERN},
+        # publication intent
+        "publish": {"type": "boolean"},
+        "publish_info": PUBLISH_INFO,
+        # state machine
+        STATE: {"type": "string", "enum": list(STATES[STATE])},
+        CLEANUP: {"type": "string", "enum": list(STATES[CLEANUP])},
+        PUBLICATION: {"type": "string", "enum": list(STATES[PUBLICATION])},
+        "created": _EPOCH,
+        "last_update": _EPOCH,
+        "history": {"type": "array", "max_items": 500, "items": HISTORY_ENTRY},
+        # agents' bookkeeping
+        "attempts": {"type": "array", "max_items": 200, "items": ATTEMPT},
+        "lease": {
+            "type": ["object", "null"],
+            "required": ["owner", "until"],
+            "fields": {
+                "owner": {"type": "string", "max": 200},
+                "until": _EPOCH,
+                "job_key": {"type": "string", "max": 200},
+            },
+        },
+        "transfer": {
+            "type": ["object", "null"],
+            "required": ["job_id", "service"],
+            "fields": {
+                "job_id": {"type": "string", "max": 200},
+                "service": {"type": "string", "max": 200},
+                "file_id": {"type": ["string", "integer", "null"], "max": 200},
+            },
+        },
+        "retry_after": {"type": ["number", "null"], "min": 0},
+        "failure_reason": {"type": ["string", "null"], "max": 4096},
+        "error_class": {"type": ["string", "null"], "max": 64},
+        "cleanup_attempts": _COUNT,
+        "cleanup_error": {"type": ["string", "null"], "max": 4096},
+        "publication_block": {"type": ["string", "null"], "max": 512},
+        "publication_attempts": _COUNT,
+        "publication_error": {"type": ["string", "null"], "max": 4096},
+    },
+}
+
+
+# --- errors ----------------------------------------------------------------------------------
+class ModelError(ValueError):
+    """A document or a change breaks the model; the message names the rule."""
+
+
+class SchemaError(ModelError):
+    pass
+
+
+class TransitionError(ModelError):
+    pass
+
+
+# --- ids and time ----------------------------------------------------------------------------
+def request_id(source_lfn: str) -> str:
+    """Deterministic document id: a job that uploads the same file twice creates nothing new."""
+    return hashlib.sha256(source_lfn.encode("utf-8")).hexdigest()
+
+
+def now() -> float:
+    """UTC epoch seconds, as every timestamp of the model."""
+    return round(time.time(), 3)
+
+
+# --- schema checking -------------------------------------------------------------------------
+_TYPE_CHECKS = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and v == v
+        and v not in (float("inf"), float("-inf"))
+    ),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "null": lambda v: v is None,
+}
+
+
+def _type_name(value: Any) -> str:
+    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
+        if _TYPE_CHECKS[name](value):
+            return name
+    return type(value).__name__
+
+
+def _check_value(path: str, value: Any, spec: Mapping[str, Any]) -> None:
+    types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
+    kind = next((t for t in types if _TYPE_CHECKS[t](value)), None)
+    if kind is None:
+        raise SchemaError(f"{path} must be {' or '.join(types)}, not {_type_name(value)}")
+    if "enum" in spec and value not in spec["enum"]:
+        shown = ", ".join(str(v) for v in spec["enum"])
+        raise SchemaError(f"{path} must be one of {shown}, not {value!r}")
+    if kind == "string":
+        if len(value) > spec.get("max", MAX_STRING):
+            raise SchemaError(f"{path} is longer than {spec.get('max', MAX_STRING)} characters")
+        if len(value) < spec.get("min_length", 0):
+            raise SchemaError(f"{path} must not be empty")
+        if "pattern" in spec and not re.search(spec["pattern"], value):
+            raise SchemaError(f"{path} {value!r} does not match {spec['pattern']}")
+    elif kind in ("integer", "number"):
+        if "min" in spec and value < spec["min"]:
+            raise SchemaError(f"{path} must be >= {spec['min']}")
+        if "max_value" in spec and value > spec["max_value"]:
+            raise SchemaError(f"{path} must be <= {spec['max_value']}")
+    elif kind == "array":
+        if len(value) > spec.get("max_items", 1000):
+            raise SchemaError(f"{path} has more than {spec.get('max_items', 1000)} items")
+        for i, item in enumerate(value):
+            _check_value(f"{path}[{i}]", item, spec["items"])
+    elif kind == "object":
+        _check_object(path, value, spec)
+
+
+def _check_object(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
+    if "values" in spec:
+        if len(value) > spec.get("max_keys", 1000):
+            raise SchemaError(f"{path} has more than {spec.get('max_keys', 1000)} keys")
+        for key, item in value.items():
+            _check_value(f"{path}.{key}", item, spec["values"])
+        return
+    for name in spec.get("required", []):
+        if name not in value:
+            raise SchemaError(f"{path}.{name} is required")
+    fields = spec.get("fields", {})
+    for key, item in value.items():
+        if key.startswith("_") and path == "doc":
+            continue  # _id, _rev, _deleted... belong to the store
+        if key not in fields:
+            raise SchemaError(f"{path}.{key} is not a field of the schema")
+        _check_value(f"{path}.{key}", item, fields[key])
+
+
+def check_schema(doc: Mapping[str, Any]) -> None:
+    """Raise SchemaError naming the first field that breaks the schema."""
+    if not isinstance(doc, Mapping):
+        raise SchemaError("a request must be a JSON object")
+    if len(json.dumps(doc, separators=(",", ":"))) > MAX_DOC_CHARS:
+        raise SchemaError(f"the document is larger than {MAX_DOC_CHARS} characters")
+    _check_object("doc", doc, REQUEST_SCHEMA)
+    if "_id" in doc and not re.search(DOC_ID_PATTERN, str(doc["_id"])):
+        raise SchemaError("doc._id must be the request id (sha256 of source_lfn)")
+    if doc.get("publish") and doc.get("file_type") == "output" and "publish_info" not in doc:
+        raise SchemaError("doc.publish_info is required when publish is true")
+
+
+# --- roles and transitions -------------------------------------------------------------------
+def role_of(user_ctx: Mapping[str, Any], doc: Mapping[str, Any]) -> str | None:
+    """The role a store user has on a document, as validate_doc_update derives it."""
+    roles = user_ctx.get("roles") or []
+    if any(r in roles for r in ADMIN_ROLES):
+        return ADMIN
+    if AGENT_ROLE in roles:
+        return AGENT
+    if user_ctx.get("name") and user_ctx.get("name") == doc.get("user"):
+        return OWNER
+    return None
+
+
+def may_transition(axis: str, old: str, new: str, role: str) -> bool:
+    """True when `role` may move `axis` from `old` to `new` (same value: not a transition)."""
+    if old == new:
+        return True
+    if role == ADMIN:
+        return new in STATES[axis]
+    return role in TRANSITIONS[axis].get((old, new), frozenset())
+
+
+def legal_pairs(axis: str) -> Iterable[tuple[str, str]]:
+    return TRANSITIONS[axis].keys()
+
+
+def is_final(doc: Mapping[str, Any]) -> bool:
+    """Nothing more will happen to this request: it may be purged by analytics."""
+    if doc.get(STATE) in ("failed", "killed"):
+        return True
+    return all(doc.get(axis) in FINAL[axis] for axis in AXES)
+
+
+@dataclass(frozen=True)
+class Change:
+    axis: str
+    to: str
+    by: str
+    reason: str | None = None
+
+
+def transition(
+    doc: Mapping[str, Any],
+    changes: Iterable[Change],
+    role: str,
+    *,
+    at: float | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A copy of `doc` with the changes applied, history appended and `fields` set.
+
+    Raises TransitionError when `role` may not make one of the changes, exactly as the store
+    would refuse it; callers write the result back with the revision they read.
+    """
+    stamp = now() if at is None else at
+    new = copy.deepcopy(dict(doc))
+    for change in changes:
+        old_value = new.get(change.axis)
+        if change.axis not in AXES or change.to not in STATES[change.axis]:
+            raise TransitionError(f"{change.axis} has no state {change.to!r}")
+        if not may_transition(change.axis, old_value, change.to, role):
+            raise TransitionError(
+                f"{role} may not change {change.axis} from {old_value} to {change.to}"
+            )
+        required = AXIS_REQUIRES_STATE[change.axis]
+        if required and new.get(STATE) != required and role != ADMIN:
+            raise TransitionError(f"{change.axis} may only change while state is {required}")
+        entry = {
+            "axis": change.axis,
+            "from": old_value,
+            "to": change.to,
+            "at": stamp,
+            "by": change.by,
+        }
+        if change.reason:
+            entry["reason"] = change.reason[:4096]
+        new[change.axis] = change.to
+        new.setdefault("history", []).append(entry)
+    new.update(fields)
+    new["last_update"] = stamp
+    return new
+
+
+# --- construction ----------------------------------------------------------------------------
+def new_request(
+    *,
+    user: str,
+    task: str,
+    job_id: str | int,
+    source: str,
+    destination: str,
+    source_lfn: str,
+    destination_lfn: str,
+    size: int,
+    adler32: str,
+    file_type: str = "output",
+    publish: bool = False,
+    publish_info: Mapping[str, Any] | None = None,
+    job_retry: int = 0,
+    user_dn: str | None = None,
+    group: str | None = None,
+    role: str | None = None,
+    priority: int | None = None,
+    already_at_destination: bool = False,
+    by: str | None = None,
+    at: float | None = None,
+) -> dict[str, Any]:
+    """A valid new transfer request (checked against the schema before it is returned)."""
+    stamp = now() if at is None else at
+    state = "done" if already_at_destination else "new"
+    doc: dict[str, Any] = {
+        "_id": request_id(source_lfn),
+        "type": REQUEST_TYPE,
+        "schema": SCHEMA_VERSION,
+        "user": user,
+        "task": task,
+        "job_id": str(job_id),
+        "job_retry": job_retry,
+        "file_type": file_type,
+        "source": source,
+        "destination": destination,
+        "source_lfn": source_lfn,
+        "destination_lfn": destination_lfn,
+        "size": size,
+        "checksum": {"adler32": adler32.lower().rjust(8, "0")},
+        "publish": publish,
+        STATE: state,
+        CLEANUP: "not_needed" if already_at_destination else "pending",
+        PUBLICATION: "pending" if publish and file_type == "output" else "not_required",
+        "created": stamp,
+        "last_update": stamp,
+        "history": [{"axis": STATE, "from": None, "to": state, "at": stamp, "by": by or user}],
+    }
+    optional = {
+        "user_dn": user_dn,
+        "group": group,
+        "role": role,
+        "priority": priority,
+        "publish_info": dict(publish_info) if publish_info else None,
+    }
+    doc.update({k: v for k, v in optional.items() if v is not None})
+    check_schema(doc)
+    return doc
+
+
+def validation_model() -> dict[str, Any]:
+    """The tables validate_doc_update reads, as JSON-ready data (the design doc's `lib/model`)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "request_type": REQUEST_TYPE,
+        "schema": REQUEST_SCHEMA,
+        "max_doc_chars": MAX_DOC_CHARS,
+        "doc_id_pattern": DOC_ID_PATTERN,
+        "axes": list(AXES),
+        "states": {axis: list(values) for axis, values in STATES.items()},
+        "final": {axis: list(values) for axis, values in FINAL.items()},
+        "axis_requires_state": AXIS_REQUIRES_STATE,
+        "transitions": {
+            axis: {f"{a}>{b}": sorted(roles) for (a, b), roles in table.items()}
+            for axis, table in TRANSITIONS.items()
+        },
+        "creation": {axis: list(values) for axis, values in CREATION.items()},
+        "owner_mutable": list(OWNER_MUTABLE),
+        "immutable": list(IMMUTABLE),
+        "admin_roles": list(ADMIN_ROLES),
+        "agent_role": AGENT_ROLE,
+    }

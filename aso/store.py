@@ -1,0 +1,629 @@
+"""All access to the document store: the one module that speaks the CouchDB 3 HTTP API.
+
+Built on IBM's maintained CouchDB client (`ibmcloudant`, the successor of python-cloudant), whose
+requests session gives connection pooling; retries with exponential backoff and jitter on
+connection errors, 429 and 5xx are urllib3's, mounted on that session.
+
+The contract is Apache CouchDB 3. The embedded store (pouchdb-server 4.2.0) differs in places;
+every difference ASO must handle is handled here, once, under a name starting with EMBEDDED_,
+and nothing in ASO relies on behaviour that only one of the two stores has:
+
+EMBEDDED_BULK_RESULT_ORDER       `_bulk_docs` answers refused documents first: results are matched
+                                 to documents by id, never by position (`Database.bulk_write`).
+EMBEDDED_FEED_NEVER_TIMES_OUT    a `_changes` long poll ignores `timeout` and hangs until a change:
+                                 the client ends it with its own read timeout (`Database.changes`).
+EMBEDDED_CHANGES_FILTER_CRASH    `filter=_design`, `_selector` or an unknown filter kill the server:
+                                 `Database.changes` offers only `doc_ids`; filter client-side.
+EMBEDDED_OPEN_SECURITY           a new database is open to anonymous writers: `Server.create_db`
+                                 always sets `_security` in the same call.
+EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE  (found here) a non-admin `PUT /db` kills the server process:
+                                 `Server.create_db` refuses to send it without admin credentials.
+EMBEDDED_NEEDS_CONTENT_TYPE      bodies without `Content-Type: application/json` are misread: every
+                                 request here sends it (the client library does, `_raw` too).
+EMBEDDED_DELETE_WITHOUT_REV      DELETE without rev deletes the current revision: `Database.delete`
+                                 takes the revision as a required argument.
+EMBEDDED_INTEGER_SEQ             `seq` values are integers there, opaque strings on CouchDB: they
+                                 are turned into strings and never compared or parsed.
+EMBEDDED_CHANGES_ORDER           feeds come in write order there, shard-interleaved on a cluster:
+                                 nothing here assumes an order inside a batch.
+EMBEDDED_RANDOM_REVS             revision ids are random there: revisions are only echoed back.
+EMBEDDED_MAP_ONLY_REDUCE         `reduce=true` on a map-only view is 400 on CouchDB and ignored
+                                 there: `Database.view` sends reduce/group only when asked to.
+EMBEDDED_NO_STARTKEY_DOCID       `startkey_docid` and view `offset` are ignored there: nothing here
+                                 sends or reads them; pages are cut by key ranges.
+EMBEDDED_ERROR_REASONS           error `reason` texts differ: code branches on status and `error`.
+EMBEDDED_STALE_PARAM             (found here) `update=false`/`stable` are ignored there and the view
+                                 is rebuilt: stale reads send `stale=ok|update_after` there and
+                                 `stable=true&update=false|lazy` to CouchDB (`Database.view`).
+EMBEDDED_GZIP_BODIES             (found here) `/_config` there does not inflate gzip request
+                                 bodies, which the client library sends by default: off.
+EMBEDDED_CONFIG_PATH             the server configuration lives at `/_config` there and at
+                                 `/_node/_local/_config` on CouchDB 3 (`Server.set_server_admin`).
+EMBEDDED_USERCTX_HAS_NO_DB       `userCtx.db` is missing in validate_doc_update: never read it
+                                 (couchapp/asyncstageout/validate_doc_update.js).
+EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: identity forwarding is
+                                 the front end's business and uses basic auth with per-user
+                                 accounts on the embedded store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import requests
+from ibm_cloud_sdk_core import ApiException
+from ibm_cloud_sdk_core.authenticators import BasicAuthenticator, NoAuthAuthenticator
+from ibmcloudant.cloudant_v1 import CloudantV1, SecurityObject
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+log = logging.getLogger("aso.store")
+
+COUCHDB = "couchdb"
+EMBEDDED = "pouchdb-server"
+JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+# --- errors ----------------------------------------------------------------------------------
+class StoreError(Exception):
+    """The store answered with an error (status, CouchDB `error` and `reason`)."""
+
+    def __init__(self, status: int, error: str, reason: str = "", url: str = ""):
+        self.status, self.error, self.reason, self.url = status, error, reason, url
+        super().__init__(f"{status} {error}: {reason}" if reason else f"{status} {error}")
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (after the configured retries)."""
+
+    def __init__(self, url: str, detail: str):
+        super().__init__(0, "unavailable", f"cannot reach the store at {url}: {detail}", url)
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class Unauthorized(StoreError):
+    pass
+
+
+class Forbidden(StoreError):
+    pass
+
+
+class NotFound(StoreError):
+    pass
+
+
+class Conflict(StoreError):
+    pass
+
+
+_BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}
+
+
+def _short(exc: BaseException) -> str:
+    """The innermost cause of a connection error, on one line."""
+    text = str(exc)
+    for marker in ("Caused by ", "] "):
+        if marker in text:
+            text = text.rsplit(marker, 1)[-1]
+    return text.strip("()'\" ")[:200]
+
+
+def _from_api(exc: ApiException, url: str = "") -> StoreError:
+    body: dict[str, Any] = {}
+    response = exc.http_response
+    if response is not None:
+        try:
+            parsed = response.json()
+            body = parsed if isinstance(parsed, dict) else {}
+        except ValueError:
+            body = {}
+    error = str(body.get("error") or exc.message or "error")
+    reason = str(body.get("reason") or "")
+    cls = _BY_STATUS.get(exc.code, StoreError)
+    return cls(exc.code, error, reason, url)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Outcome of one document of a bulk write."""
+
+    id: str
+    ok: bool
+    rev: str | None = None
+    error: str | None = None  # conflict, forbidden, unauthorized, ...
+    reason: str | None = None
+
+    @property
+    def conflict(self) -> bool:
+        return self.error == "conflict"
+
+
+@dataclass
+class ChangesBatch:
+    results: list[dict[str, Any]]
+    last_seq: str  # opaque (EMBEDDED_INTEGER_SEQ)
+    timed_out: bool = False
+
+
+@dataclass
+class ViewResult:
+    rows: list[dict[str, Any]]
+    total_rows: int | None = None
+
+    def docs(self) -> list[dict[str, Any]]:
+        return [row["doc"] for row in self.rows if row.get("doc")]
+
+
+@dataclass
+class Settings:
+    """How the client talks to the store (filled from the [store] section of the config)."""
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 120.0
+    retries: int = 5
+    backoff: float = 0.5
+    backoff_max: float = 30.0
+    pool_size: int = 16
+    feed_timeout: float = 30.0
+
+
+def _session(settings: Settings, retries: int, read_retries: int) -> requests.Session:
+    retry = Retry(
+        total=retries,
+        connect=retries,
+        read=read_retries,
+        status=retries,
+        backoff_factor=settings.backoff,
+        backoff_max=settings.backoff_max,
+        backoff_jitter=settings.backoff / 2,
+        status_forcelist=RETRY_STATUSES,
+        # Writes are retried too: a repeated write with the revision it read can only end in a
+        # 409, which callers treat as "someone else got there"; a create is idempotent by id.
+        allowed_methods=None,
+        raise_on_status=False,
+        respect_retry_after_header=True,
+    )
+    adapter = HTTPAdapter(
+        pool_connections=2, pool_maxsize=settings.pool_size, max_retries=retry, pool_block=False
+    )
+    session = requests.Session()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+class Server:
+    """A CouchDB-API server, as one account (admin, agent or user)."""
+
+    def __init__(
+        self,
+        url: str,
+        user: str = "",
+        password: str = "",
+        settings: Settings | None = None,
+        *,
+        verify: bool | str = True,
+    ):
+        self.url = url.rstrip("/")
+        self.user = user
+        self.settings = settings or Settings()
+        self._password = password
+        self._kind: str | None = None
+        self.client = self._client(self.settings.read_timeout, verify, read_retries=True)
+        self._feed_client: CloudantV1 | None = None
+        self._verify = verify
+
+    def _client(self, read_timeout: float, verify: bool | str, *, read_retries: bool) -> CloudantV1:
+        auth = BasicAuthenticator(self.user, self._password) if self.user else NoAuthAuthenticator()
+        client = CloudantV1(authenticator=auth)
+        client.set_service_url(self.url)
+        # EMBEDDED_GZIP_BODIES: the client library gzips request bodies by default; some
+        # embedded-store routes (/_config) do not inflate them.
+        client.set_enable_gzip_compression(False)
+        retries = self.settings.retries
+        client.set_http_client(_session(self.settings, retries, retries if read_retries else 0))
+        config: dict[str, Any] = {"timeout": (self.settings.connect_timeout, read_timeout)}
+        if verify is not True:
+            config["verify"] = verify
+        client.set_http_config(config)
+        return client
+
+    @property
+    def feed_client(self) -> CloudantV1:
+        """A second client whose read timeout bounds a long poll (EMBEDDED_FEED_NEVER_TIMES_OUT)."""
+        if self._feed_client is None:
+            # A long poll that outlives its read timeout is not retried: it is simply over.
+            self._feed_client = self._client(
+                self.settings.feed_timeout + 10, self._verify, read_retries=False
+            )
+        return self._feed_client
+
+    @classmethod
+    def from_config(cls, config: Any, *, account: str = "user") -> Server:
+        """`account`: "admin" (server admin), "agent" (agent account) or "user" (everyday)."""
+        store = config.store
+        user, password = {
+            "admin": (store.admin_user, store.admin_password),
+            "agent": (store.agent_user, store.agent_password),
+            "user": config.store_user,
+        }[account]
+        settings = Settings(
+            connect_timeout=store.connect_timeout,
+            read_timeout=store.read_timeout,
+            retries=store.retries,
+            backoff=store.backoff,
+            backoff_max=store.backoff_max,
+            pool_size=store.pool_size,
+            feed_timeout=store.feed_timeout,
+        )
+        return cls(store.url, user, password, settings)
+
+    # -- calling ------------------------------------------------------------------------------
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one client-library call, turning its failures into StoreError subclasses."""
+        try:
+            return fn(*args, **kwargs).get_result()
+        except ApiException as exc:
+            raise _from_api(exc, self.url) from None
+        except requests.exceptions.Timeout as exc:
+            raise StoreUnavailable(self.url, f"timed out ({_short(exc)})") from None
+        except requests.exceptions.RequestException as exc:
+            raise StoreUnavailable(self.url, _short(exc)) from None
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        client: CloudantV1 | None = None,
+    ) -> Any:
+        """A request the typed API lacks, through the same pooled, retrying session."""
+        client = client or self.client
+        data = None if body is None else json.dumps(body)
+        request = client.prepare_request(
+            method, path, headers=dict(JSON_HEADERS), params=dict(params or {}), data=data
+        )
+        return self.call(lambda: client.send(request))
+
+    # -- server -------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        return self.call(self.client.get_server_information)
+
+    @property
+    def kind(self) -> str:
+        """COUCHDB or EMBEDDED, from the welcome message (asked once)."""
+        if self._kind is None:
+            welcome = self.info()
+            self._kind = EMBEDDED if "express-pouchdb" in welcome else COUCHDB
+        return self._kind
+
+    def session(self) -> dict[str, Any]:
+        """The userCtx the store gives these credentials."""
+        return self.raw("GET", "/_session").get("userCtx", {})
+
+    def is_admin(self) -> bool:
+        return "_admin" in (self.session().get("roles") or [])
+
+    def all_dbs(self) -> list[str]:
+        return self.call(self.client.get_all_dbs)
+
+    def db(self, name: str) -> Database:
+        return Database(self, name)
+
+    def create_db(self, name: str, security: Mapping[str, Any]) -> bool:
+        """Create database `name` (False if it existed) and set its `_security` either way."""
+        if not self.is_admin():
+            # EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE: never send the request that kills the server.
+            raise Forbidden(403, "forbidden", f"creating database {name} needs the admin account")
+        try:
+            self.call(self.client.put_database, db=name)
+            created = True
+        except StoreError as exc:
+            if exc.status != 412:
+                raise
+            created = False
+        # EMBEDDED_OPEN_SECURITY: a database is never left with the store's default _security.
+        self.db(name).set_security(security)
+        return created
+
+    def delete_db(self, name: str) -> None:
+        self.call(self.client.delete_database, db=name)
+
+    def set_server_admin(self, name: str, password: str) -> None:
+        """Create or change a server admin (EMBEDDED_CONFIG_PATH)."""
+        prefix = "/_config" if self.kind == EMBEDDED else "/_node/_local/_config"
+        self.raw("PUT", f"{prefix}/admins/{quote(name, safe='')}", body=password)
+
+    def put_user(self, name: str, password: str, roles: Sequence[str]) -> bool:
+        """Create or update a store account in `_users`; True if something changed."""
+        users = self.db("_users")
+        doc_id = f"org.couchdb.user:{name}"
+        current = users.get(doc_id)
+        wanted = {"_id": doc_id, "name": name, "type": "user", "roles": sorted(roles)}
+        same_roles = current is not None and sorted(current.get("roles", [])) == wanted["roles"]
+        if same_roles and self._password_works(name, password):
+            return False
+        if current:
+            wanted["_rev"] = current["_rev"]
+        wanted["password"] = password
+        users.put(wanted)
+        return True
+
+    def _password_works(self, name: str, password: str) -> bool:
+        probe = Server(self.url, name, password, Settings(retries=0))
+        try:
+            return probe.session().get("name") == name
+        except StoreError:
+            return False
+
+
+class Database:
+    """One database of a Server."""
+
+    def __init__(self, server: Server, name: str):
+        self.server = server
+        self.name = name
+        self.client = server.client
+
+    def __repr__(self) -> str:
+        return f"Database({self.server.url}/{self.name})"
+
+    def _call(self, fn: Any, **kwargs: Any) -> Any:
+        return self.server.call(fn, db=self.name, **kwargs)
+
+    def info(self) -> dict[str, Any]:
+        return self._call(self.client.get_database_information)
+
+    def exists(self) -> bool:
+        try:
+            self.info()
+            return True
+        except NotFound:
+            return False
+
+    # -- single documents -------------------------------------------------------------------
+    def get(self, doc_id: str) -> dict[str, Any] | None:
+        try:
+            return self.server.raw("GET", f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}")
+        except NotFound:
+            return None
+
+    def put(self, doc: Mapping[str, Any]) -> str:
+        """Write one document (with `_rev` to update); returns the new revision."""
+        result = self.server.raw(
+            "PUT", f"/{quote(self.name, safe='')}/{_doc_path(doc['_id'])}", body=dict(doc)
+        )
+        return result["rev"]
+
+    def create(self, doc: Mapping[str, Any]) -> str:
+        """Create a document; Conflict if its id exists (the caller's duplicate)."""
+        if "_rev" in doc:
+            raise ValueError("create() takes a document without _rev")
+        return self.put(doc)
+
+    def delete(self, doc_id: str, rev: str) -> str:
+        """Delete a revision (EMBEDDED_DELETE_WITHOUT_REV: the revision is required)."""
+        if not rev:
+            raise ValueError("delete() needs the revision being deleted")
+        result = self.server.raw(
+            "DELETE", f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}", params={"rev": rev}
+        )
+        return result["rev"]
+
+    # -- bulk -----------------------------------------------------------------------------------
+    def get_many(self, ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """{id: document or None} for every id, in one `_all_docs` request."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return {}
+        result = self._call(self.client.post_all_docs, keys=wanted, include_docs=True)
+        found: dict[str, dict[str, Any] | None] = dict.fromkeys(wanted)
+        for row in result["rows"]:
+            if row.get("doc") and not row.get("value", {}).get("deleted"):
+                found[row["key"]] = row["doc"]
+        return found
+
+    def bulk_write(self, docs: Sequence[Mapping[str, Any]]) -> list[WriteResult]:
+        """Write documents in one `_bulk_docs`; one WriteResult per document, in input order.
+
+        A refused document (conflict, forbidden) does not stop the others. Ids must be unique
+        within one call: results are matched by id (EMBEDDED_BULK_RESULT_ORDER).
+        """
+        if not docs:
+            return []
+        ids = [doc.get("_id") for doc in docs]
+        if None in ids or len(set(ids)) != len(ids):
+            raise ValueError("bulk_write needs documents with distinct _id")
+        answer = self._call(self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in docs]})
+        by_id = {item.get("id"): item for item in answer}
+        results = []
+        for doc_id in ids:
+            item = by_id.get(doc_id)
+            if item is None:
+                results.append(WriteResult(doc_id, False, error="missing", reason="no result"))
+            elif item.get("error"):
+                results.append(
+                    WriteResult(doc_id, False, error=item["error"], reason=item.get("reason"))
+                )
+            else:
+                results.append(WriteResult(doc_id, True, rev=item.get("rev")))
+        return results
+
+    # -- views ------------------------------------------------------------------------------------
+    def view(
+        self,
+        ddoc: str,
+        name: str,
+        *,
+        key: Any = None,
+        keys: Sequence[Any] | None = None,
+        start_key: Any = None,
+        end_key: Any = None,
+        limit: int | None = None,
+        include_docs: bool = False,
+        descending: bool = False,
+        reduce: bool | None = None,
+        group: bool | None = None,
+        group_level: int | None = None,
+        freshness: str = "fresh",
+    ) -> ViewResult:
+        """Query a view. `freshness`: "fresh" (update the index first), "stale" (read the index
+        as it is) or "lazy" (read as it is, then update in the background)."""
+        params: dict[str, Any] = {}
+        for pname, value in (("key", key), ("start_key", start_key), ("end_key", end_key)):
+            if value is not None:
+                params[pname] = value
+        if keys is not None:
+            params["keys"] = list(keys)
+        if limit is not None:
+            params["limit"] = limit
+        if include_docs:
+            params["include_docs"] = True
+        if descending:
+            params["descending"] = True
+        # EMBEDDED_MAP_ONLY_REDUCE: only what the caller asked for.
+        for pname, value in (("reduce", reduce), ("group", group), ("group_level", group_level)):
+            if value is not None:
+                params[pname] = value
+        query = self._freshness(freshness)
+        path = f"/{quote(self.name, safe='')}/{_doc_path('_design/' + ddoc)}/_view/{quote(name)}"
+        result = self.server.raw("POST", path, params=query, body=params)
+        return ViewResult(rows=result.get("rows", []), total_rows=result.get("total_rows"))
+
+    def _freshness(self, freshness: str) -> dict[str, str]:
+        if freshness == "fresh":
+            return {}
+        if freshness not in ("stale", "lazy"):
+            raise ValueError("freshness is fresh, stale or lazy")
+        if self.server.kind == EMBEDDED:  # EMBEDDED_STALE_PARAM
+            return {"stale": "ok" if freshness == "stale" else "update_after"}
+        return {"stable": "true", "update": "false" if freshness == "stale" else "lazy"}
+
+    # -- changes ----------------------------------------------------------------------------
+    def changes(
+        self,
+        since: str = "0",
+        *,
+        limit: int | None = None,
+        include_docs: bool = False,
+        doc_ids: Sequence[str] | None = None,
+        wait: float | None = None,
+    ) -> ChangesBatch:
+        """One batch of the `_changes` feed after `since`.
+
+        `wait`: seconds to wait for a change when there is none (a long poll). The store may not
+        end the poll itself (EMBEDDED_FEED_NEVER_TIMES_OUT): the client's read timeout does, and
+        an empty batch with the same `since` is returned. No server-side filters other than
+        `doc_ids` (EMBEDDED_CHANGES_FILTER_CRASH).
+        """
+        kwargs: dict[str, Any] = {"since": str(since)}
+        if limit is not None:
+            kwargs["limit"] = limit
+        if include_docs:
+            kwargs["include_docs"] = True
+        if doc_ids is not None:
+            kwargs["doc_ids"] = list(doc_ids)
+            kwargs["filter"] = "_doc_ids"
+        client = self.client
+        if wait:
+            wait = min(wait, self.server.settings.feed_timeout)
+            kwargs.update(feed="longpoll", timeout=int(wait * 1000))
+            client = self.server.feed_client
+        try:
+            result = self.server.call(client.post_changes, db=self.name, **kwargs)
+        except StoreUnavailable:
+            # The poll was cut by our read timeout (or the connection dropped): if the store
+            # answers, there was simply no change; the caller asks again from the same `since`.
+            if wait and _answers(self.server):
+                return ChangesBatch([], str(since), timed_out=True)
+            raise
+        return ChangesBatch(result.get("results", []), str(result.get("last_seq", since)))
+
+    def follow(
+        self,
+        since: str = "0",
+        *,
+        batch: int = 1000,
+        include_docs: bool = True,
+        wait: float | None = None,
+    ) -> Iterator[ChangesBatch]:
+        """Batches of changes from `since` onwards, forever (with `wait`) or until caught up."""
+        while True:
+            result = self.changes(since, limit=batch, include_docs=include_docs, wait=wait)
+            since = result.last_seq
+            if result.results or wait:
+                yield result
+            if not result.results and not wait:
+                return
+
+    # -- security and design documents ------------------------------------------------------
+    def security(self) -> dict[str, Any]:
+        return self._call(self.client.get_security)
+
+    def set_security(self, security: Mapping[str, Any]) -> None:
+        admins = security.get("admins", {})
+        members = security.get("members", {})
+        self._call(
+            self.client.put_security,
+            admins=SecurityObject(
+                names=list(admins.get("names", [])), roles=list(admins.get("roles", []))
+            ),
+            members=SecurityObject(
+                names=list(members.get("names", [])), roles=list(members.get("roles", []))
+            ),
+        )
+
+    def push_design(self, ddoc: Mapping[str, Any]) -> bool:
+        """Write a design document unless the store already has the same one; True if written.
+
+        The comparison is by content signature, so a push of unchanged files makes no new
+        revision (a new revision would make every store re-check its view indexes).
+        """
+        body = {k: v for k, v in ddoc.items() if k not in ("_rev", "aso_signature")}
+        signature = content_signature(body)
+        name = ddoc["_id"].removeprefix("_design/")
+        current = self.get(ddoc["_id"])
+        if current and current.get("aso_signature") == signature:
+            return False
+        body["aso_signature"] = signature
+        kwargs = {"rev": current["_rev"]} if current else {}
+        self._call(self.client.put_design_document, ddoc=name, design_document=body, **kwargs)
+        return True
+
+
+def _answers(server: Server) -> bool:
+    try:
+        server.info()
+        return True
+    except StoreError:
+        return False
+
+
+def _doc_path(doc_id: str) -> str:
+    if doc_id.startswith("_design/"):
+        return "_design/" + quote(doc_id.removeprefix("_design/"), safe="")
+    return quote(doc_id, safe="")
+
+
+def content_signature(doc: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def redact(url: str) -> str:
+    """A store URL fit for logs and messages (no credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"

@@ -1,0 +1,232 @@
+function (newDoc, oldDoc, userCtx, secObj) {
+  // The one authority on what may be written to the files database.
+  // The tables (schema, states, transitions, roles) are aso/model.py's, pushed by `aso db init`
+  // into this design document as lib/model. ES5 only: CouchDB's JavaScript engine and the
+  // embedded store's must both run it. userCtx.db and secObj are not read: the embedded store
+  // does not fill them (see aso/store.py, EMBEDDED_USERCTX_HAS_NO_DB).
+  var model = require('lib/model');
+
+  function refuse(rule, message) {
+    throw({forbidden: '[' + rule + '] ' + message});
+  }
+
+  function hasRole(roles) {
+    var mine = userCtx.roles || [];
+    for (var i = 0; i < roles.length; i++) {
+      if (mine.indexOf(roles[i]) !== -1) { return true; }
+    }
+    return false;
+  }
+
+  function typeOf(v) {
+    if (v === null) { return 'null'; }
+    if (Array.isArray(v)) { return 'array'; }
+    if (typeof v === 'number') {
+      if (!isFinite(v)) { return 'non-finite number'; }
+      return (v % 1 === 0) ? 'integer' : 'number';
+    }
+    return typeof v;  // string, boolean, object
+  }
+
+  function isType(v, t) {
+    var actual = typeOf(v);
+    return actual === t || (t === 'number' && actual === 'integer');
+  }
+
+  function checkValue(path, v, spec) {
+    var types = Array.isArray(spec.type) ? spec.type : [spec.type];
+    var kind = null;
+    for (var i = 0; i < types.length; i++) {
+      if (isType(v, types[i])) { kind = types[i]; break; }
+    }
+    if (kind === null) {
+      refuse('schema', path + ' must be ' + types.join(' or ') + ', not ' + typeOf(v));
+    }
+    if (spec['enum'] && spec['enum'].indexOf(v) === -1) {
+      refuse('schema', path + ' must be one of ' + spec['enum'].join(', ') + ', not ' + JSON.stringify(v));
+    }
+    if (kind === 'string') {
+      var max = spec.max || 1024;
+      if (v.length > max) { refuse('schema', path + ' is longer than ' + max + ' characters'); }
+      if (spec.min_length && v.length < spec.min_length) { refuse('schema', path + ' must not be empty'); }
+      if (spec.pattern && !(new RegExp(spec.pattern)).test(v)) {
+        refuse('schema', path + ' ' + JSON.stringify(v) + ' does not match ' + spec.pattern);
+      }
+    } else if (kind === 'integer' || kind === 'number') {
+      if (spec.min !== undefined && v < spec.min) { refuse('schema', path + ' must be >= ' + spec.min); }
+      if (spec.max_value !== undefined && v > spec.max_value) { refuse('schema', path + ' must be <= ' + spec.max_value); }
+    } else if (kind === 'array') {
+      var maxItems = spec.max_items || 1000;
+      if (v.length > maxItems) { refuse('schema', path + ' has more than ' + maxItems + ' items'); }
+      for (var j = 0; j < v.length; j++) { checkValue(path + '[' + j + ']', v[j], spec.items); }
+    } else if (kind === 'object') {
+      checkObject(path, v, spec);
+    }
+  }
+
+  function checkObject(path, obj, spec) {
+    var key;
+    if (spec.values) {
+      var n = 0;
+      for (key in obj) {
+        if (obj.hasOwnProperty(key)) { n++; checkValue(path + '.' + key, obj[key], spec.values); }
+      }
+      if (n > (spec.max_keys || 1000)) { refuse('schema', path + ' has more than ' + (spec.max_keys || 1000) + ' keys'); }
+      return;
+    }
+    var required = spec.required || [];
+    for (var i = 0; i < required.length; i++) {
+      if (!obj.hasOwnProperty(required[i])) { refuse('schema', path + '.' + required[i] + ' is required'); }
+    }
+    var fields = spec.fields || {};
+    for (key in obj) {
+      if (!obj.hasOwnProperty(key)) { continue; }
+      if (path === 'doc' && key.charAt(0) === '_') { continue; }  // _id, _rev, _revisions...
+      if (!fields.hasOwnProperty(key)) { refuse('schema', path + '.' + key + ' is not a field of the schema'); }
+      checkValue(path + '.' + key, obj[key], fields[key]);
+    }
+  }
+
+  function same(a, b) {
+    if (a === b) { return true; }
+    var ta = typeOf(a);
+    if (ta !== typeOf(b) || (ta !== 'array' && ta !== 'object')) { return false; }
+    if (ta === 'array') {
+      if (a.length !== b.length) { return false; }
+      for (var i = 0; i < a.length; i++) { if (!same(a[i], b[i])) { return false; } }
+      return true;
+    }
+    var key;
+    for (key in a) { if (a.hasOwnProperty(key) && (!b.hasOwnProperty(key) || !same(a[key], b[key]))) { return false; } }
+    for (key in b) { if (b.hasOwnProperty(key) && !a.hasOwnProperty(key)) { return false; } }
+    return true;
+  }
+
+  function isFinal(doc) {
+    if (doc.state === 'failed' || doc.state === 'killed') { return true; }
+    for (var i = 0; i < model.axes.length; i++) {
+      var axis = model.axes[i];
+      if (model.final[axis].indexOf(doc[axis]) === -1) { return false; }
+    }
+    return true;
+  }
+
+  var isAdmin = hasRole(model.admin_roles);
+  var isAgent = hasRole([model.agent_role]);
+
+  // Design documents: only admins (CouchDB refuses others before we run; say it anyway).
+  if (newDoc._id.indexOf('_design/') === 0) {
+    if (!isAdmin) { refuse('design', 'only admins may change design documents'); }
+    return;
+  }
+
+  // Deletion: admins, or agents purging a finished request.
+  if (newDoc._deleted === true) {
+    if (isAdmin) { return; }
+    if (isAgent && oldDoc && isFinal(oldDoc)) { return; }
+    if (isAgent) { refuse('delete', 'agents may only delete finished requests'); }
+    refuse('delete', 'only agents (finished requests) and admins may delete documents');
+  }
+
+  if (newDoc.type !== model.request_type) {
+    refuse('type', 'unknown document type ' + JSON.stringify(newDoc.type) + '; expected ' + model.request_type);
+  }
+  if (JSON.stringify(newDoc).length > model.max_doc_chars) {
+    refuse('schema', 'the document is larger than ' + model.max_doc_chars + ' characters');
+  }
+  checkObject('doc', newDoc, model.schema);
+  if (!(new RegExp(model.doc_id_pattern)).test(newDoc._id)) {
+    refuse('schema', 'doc._id must be the request id (sha256 of source_lfn)');
+  }
+  if (newDoc.publish && newDoc.file_type === 'output' && !newDoc.publish_info) {
+    refuse('schema', 'doc.publish_info is required when publish is true');
+  }
+
+  var role = isAdmin ? 'admin' : (isAgent ? 'agent' : (userCtx.name && userCtx.name === newDoc.user ? 'owner' : null));
+  if (role === null) {
+    refuse('owner', 'user ' + JSON.stringify(userCtx.name) + ' may not write requests of user ' + JSON.stringify(newDoc.user));
+  }
+  if (role === 'admin') { return; }
+  if (oldDoc && role === 'owner' && oldDoc.user !== userCtx.name) {
+    refuse('owner', 'user ' + JSON.stringify(userCtx.name) + ' may not take over a request of user ' + JSON.stringify(oldDoc.user));
+  }
+
+  var axis, k, entry;
+
+  // Creation: by the owner only, in a creation state, with its one history entry.
+  if (!oldDoc) {
+    if (role !== 'owner') { refuse('create', 'only the owner (or an admin) may create a request'); }
+    for (axis in model.creation) {
+      if (model.creation.hasOwnProperty(axis) && model.creation[axis].indexOf(newDoc[axis]) === -1) {
+        refuse('create', 'a request is created with ' + axis + ' ' + model.creation[axis].join(' or ') + ', not ' + newDoc[axis]);
+      }
+    }
+    if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
+    entry = newDoc.history[0];
+    if (entry.axis !== 'state' || entry.from !== null || entry.to !== newDoc.state) {
+      refuse('history', 'the first history entry must record the creation state');
+    }
+    if (entry.by !== userCtx.name) { refuse('history', 'history entries of an owner must be by ' + userCtx.name); }
+    return;
+  }
+
+  // Fields fixed at creation.
+  for (k = 0; k < model.immutable.length; k++) {
+    var field = model.immutable[k];
+    if (!same(newDoc[field], oldDoc[field])) { refuse('immutable', field + ' cannot change after creation'); }
+  }
+
+  // Owners change only the fields that record a kill, a resubmission or a publication reset.
+  if (role === 'owner') {
+    for (k in newDoc) {
+      if (newDoc.hasOwnProperty(k) && k.charAt(0) !== '_' && model.owner_mutable.indexOf(k) === -1 && !same(newDoc[k], oldDoc[k])) {
+        refuse('owner', 'owners may only request a kill or a resubmission; ' + k + ' cannot change');
+      }
+    }
+    for (k in oldDoc) {
+      if (oldDoc.hasOwnProperty(k) && k.charAt(0) !== '_' && !newDoc.hasOwnProperty(k) && model.owner_mutable.indexOf(k) === -1) {
+        refuse('owner', 'owners may only request a kill or a resubmission; ' + k + ' cannot be removed');
+      }
+    }
+  }
+
+  // History is append-only.
+  var oldHistory = oldDoc.history || [];
+  if (newDoc.history.length < oldHistory.length) { refuse('history', 'history entries cannot be removed'); }
+  for (k = 0; k < oldHistory.length; k++) {
+    if (!same(newDoc.history[k], oldHistory[k])) { refuse('history', 'history entries cannot be changed'); }
+  }
+  var appended = newDoc.history.slice(oldHistory.length);
+
+  // Each axis that changed must be a legal transition for this role, recorded in history.
+  var changed = 0;
+  for (k = 0; k < model.axes.length; k++) {
+    axis = model.axes[k];
+    var from = oldDoc[axis], to = newDoc[axis];
+    if (from === to) { continue; }
+    var allowed = model.transitions[axis][from + '>' + to];
+    if (!allowed) {
+      refuse('transition', axis + ' cannot go from ' + from + ' to ' + to);
+    }
+    if (allowed.indexOf(role) === -1) {
+      refuse('transition', 'only ' + allowed.join(' or ') + ' may move ' + axis + ' from ' + from + ' to ' + to + ', not the ' + role);
+    }
+    var needs = model.axis_requires_state[axis];
+    if (needs && newDoc.state !== needs) {
+      refuse('transition', axis + ' may only change while state is ' + needs);
+    }
+    entry = null;
+    for (var h = 0; h < appended.length; h++) {
+      if (appended[h].axis === axis && appended[h].from === from && appended[h].to === to) { entry = appended[h]; }
+    }
+    if (!entry) { refuse('history', 'the change of ' + axis + ' from ' + from + ' to ' + to + ' needs its history entry'); }
+    if (role === 'owner' && entry.by !== userCtx.name) { refuse('history', 'history entries of an owner must be by ' + userCtx.name); }
+    changed++;
+  }
+  if (appended.length !== changed) {
+    refuse('history', 'history gets exactly one entry per state change (' + changed + ' changes, ' + appended.length + ' entries)');
+  }
+  if (role === 'owner' && changed === 0) {
+    refuse('owner', 'owners may only request a kill or a resubmission');
+  }
+}
