@@ -127,8 +127,9 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
 # States a request may be created in (by its owner; admins may create any valid document).
 CREATION: dict[str, tuple[str, ...]] = {STATE: ("new", "done")}
 
-# Fields an owner's update may change: the axes and the history entry recording the change.
-OWNER_MUTABLE = (STATE, PUBLICATION, "history", "last_update")
+# Fields an owner's update may change: the axes (whose changes the transition table rules) and
+# the history entry recording the change.
+OWNER_MUTABLE = (*AXES, "history", "last_update")
 # Fields fixed at creation: nobody but an admin changes them afterwards.
 IMMUTABLE = (
     "type",

@@ -22,6 +22,8 @@ EMBEDDED_NEEDS_CONTENT_TYPE      bodies without `Content-Type: application/json`
                                  request here sends it (the client library does, `_raw` too).
 EMBEDDED_DELETE_WITHOUT_REV      DELETE without rev deletes the current revision: `Database.delete`
                                  takes the revision as a required argument.
+EMBEDDED_DELETE_WRONG_REV_404    (found here) DELETE with a stale revision answers 404 there,
+                                 409 on CouchDB: `Database.delete` reports a Conflict on both.
 EMBEDDED_INTEGER_SEQ             `seq` values are integers there, opaque strings on CouchDB: they
                                  are turned into strings and never compared or parsed.
 EMBEDDED_CHANGES_ORDER           feeds come in write order there, shard-interleaved on a cluster:
@@ -39,6 +41,10 @@ EMBEDDED_GZIP_BODIES             (found here) `/_config` there does not inflate 
                                  bodies, which the client library sends by default: off.
 EMBEDDED_CONFIG_PATH             the server configuration lives at `/_config` there and at
                                  `/_node/_local/_config` on CouchDB 3 (`Server.set_server_admin`).
+EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a create of an existing id runs validate_doc_update
+                                 against the existing document before the conflict is found
+                                 (CouchDB: 409 first); the validation lets such a create pass so
+                                 that both stores answer 409 (validate_doc_update.js).
 EMBEDDED_USERCTX_HAS_NO_DB       `userCtx.db` is missing in validate_doc_update: never read it
                                  (couchapp/asyncstageout/validate_doc_update.js).
 EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: identity forwarding is
@@ -69,6 +75,7 @@ COUCHDB = "couchdb"
 EMBEDDED = "pouchdb-server"
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+FEED_MARGIN = 2.0  # seconds a long poll may outlive its `timeout` before the client ends it
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -129,8 +136,8 @@ def _from_api(exc: ApiException, url: str = "") -> StoreError:
             body = {}
     error = str(body.get("error") or exc.message or "error")
     reason = str(body.get("reason") or "")
-    cls = _BY_STATUS.get(exc.code, StoreError)
-    return cls(exc.code, error, reason, url)
+    cls = _BY_STATUS.get(exc.status_code, StoreError)
+    return cls(exc.status_code, error, reason, url)
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,9 @@ class Server:
         self._feed_client: CloudantV1 | None = None
         self._verify = verify
 
-    def _client(self, read_timeout: float, verify: bool | str, *, read_retries: bool) -> CloudantV1:
+    def _client(
+        self, read_timeout: float | None, verify: bool | str, *, read_retries: bool
+    ) -> CloudantV1:
         auth = BasicAuthenticator(self.user, self._password) if self.user else NoAuthAuthenticator()
         client = CloudantV1(authenticator=auth)
         client.set_service_url(self.url)
@@ -232,7 +241,9 @@ class Server:
         client.set_enable_gzip_compression(False)
         retries = self.settings.retries
         client.set_http_client(_session(self.settings, retries, retries if read_retries else 0))
-        config: dict[str, Any] = {"timeout": (self.settings.connect_timeout, read_timeout)}
+        config: dict[str, Any] = {}
+        if read_timeout is not None:
+            config["timeout"] = (self.settings.connect_timeout, read_timeout)
         if verify is not True:
             config["verify"] = verify
         client.set_http_config(config)
@@ -240,12 +251,10 @@ class Server:
 
     @property
     def feed_client(self) -> CloudantV1:
-        """A second client whose read timeout bounds a long poll (EMBEDDED_FEED_NEVER_TIMES_OUT)."""
+        """A second client for long polls: no read retries (a poll cut by its read timeout is
+        simply over) and no fixed read timeout (each poll passes its own)."""
         if self._feed_client is None:
-            # A long poll that outlives its read timeout is not retried: it is simply over.
-            self._feed_client = self._client(
-                self.settings.feed_timeout + 10, self._verify, read_retries=False
-            )
+            self._feed_client = self._client(None, self._verify, read_retries=False)
         return self._feed_client
 
     @classmethod
@@ -288,6 +297,7 @@ class Server:
         params: Mapping[str, Any] | None = None,
         body: Any = None,
         client: CloudantV1 | None = None,
+        timeout: tuple[float, float] | None = None,
     ) -> Any:
         """A request the typed API lacks, through the same pooled, retrying session."""
         client = client or self.client
@@ -295,7 +305,8 @@ class Server:
         request = client.prepare_request(
             method, path, headers=dict(JSON_HEADERS), params=dict(params or {}), data=data
         )
-        return self.call(lambda: client.send(request))
+        extra = {"timeout": timeout} if timeout else {}
+        return self.call(lambda: client.send(request, **extra))
 
     # -- server -------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -417,9 +428,15 @@ class Database:
         """Delete a revision (EMBEDDED_DELETE_WITHOUT_REV: the revision is required)."""
         if not rev:
             raise ValueError("delete() needs the revision being deleted")
-        result = self.server.raw(
-            "DELETE", f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}", params={"rev": rev}
-        )
+        try:
+            result = self.server.raw(
+                "DELETE", f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}", params={"rev": rev}
+            )
+        except NotFound:
+            # EMBEDDED_DELETE_WRONG_REV_404: a stale revision of a live document is a conflict.
+            if self.get(doc_id) is not None:
+                raise Conflict(409, "conflict", "Document update conflict.") from None
+            raise
         return result["rev"]
 
     # -- bulk -----------------------------------------------------------------------------------
@@ -528,25 +545,34 @@ class Database:
         an empty batch with the same `since` is returned. No server-side filters other than
         `doc_ids` (EMBEDDED_CHANGES_FILTER_CRASH).
         """
-        kwargs: dict[str, Any] = {"since": str(since)}
+        params: dict[str, Any] = {"since": str(since)}
+        body: dict[str, Any] = {}
         if limit is not None:
-            kwargs["limit"] = limit
+            params["limit"] = limit
         if include_docs:
-            kwargs["include_docs"] = True
+            params["include_docs"] = "true"
         if doc_ids is not None:
-            kwargs["doc_ids"] = list(doc_ids)
-            kwargs["filter"] = "_doc_ids"
-        client = self.client
-        if wait:
-            wait = min(wait, self.server.settings.feed_timeout)
-            kwargs.update(feed="longpoll", timeout=int(wait * 1000))
-            client = self.server.feed_client
+            params["filter"] = "_doc_ids"
+            body["doc_ids"] = list(doc_ids)
+        path = f"/{quote(self.name, safe='')}/_changes"
+        if not wait:
+            result = self.server.raw("POST", path, params=params, body=body)
+            return ChangesBatch(result.get("results", []), str(result.get("last_seq", since)))
+        wait = min(wait, self.server.settings.feed_timeout)
+        params.update(feed="longpoll", timeout=int(wait * 1000))
         try:
-            result = self.server.call(client.post_changes, db=self.name, **kwargs)
+            result = self.server.raw(
+                "POST",
+                path,
+                params=params,
+                body=body,
+                client=self.server.feed_client,
+                timeout=(self.server.settings.connect_timeout, wait + FEED_MARGIN),
+            )
         except StoreUnavailable:
             # The poll was cut by our read timeout (or the connection dropped): if the store
             # answers, there was simply no change; the caller asks again from the same `since`.
-            if wait and _answers(self.server):
+            if _answers(self.server):
                 return ChangesBatch([], str(since), timed_out=True)
             raise
         return ChangesBatch(result.get("results", []), str(result.get("last_seq", since)))

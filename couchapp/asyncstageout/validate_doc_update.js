@@ -111,6 +111,13 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return true;
   }
 
+  // A deleted request may be created again: judge it as a creation.
+  if (oldDoc && oldDoc._deleted) { oldDoc = null; }
+  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs this function for a create
+  // (no _rev) of an id that exists, before it finds the conflict; CouchDB finds the conflict
+  // first. Let it pass: the store then answers 409, as CouchDB does.
+  if (oldDoc && !newDoc._rev && !newDoc._deleted) { return; }
+
   var isAdmin = hasRole(model.admin_roles);
   var isAgent = hasRole([model.agent_role]);
 

@@ -1,0 +1,133 @@
+"""Fixtures: a real embedded store (pouchdb-server) on a free loopback port, started once per
+test session through ASO's own EmbeddedStore and stopped afterwards, and fresh databases and
+accounts on it for each test module."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import secrets
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aso import model
+from aso.config import Config
+from aso.designdocs import init_databases
+from aso.embedded import EmbeddedStore
+from aso.store import Database, Server, Settings
+
+ARTEFACTS = Path(__file__).parent / "artefacts"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_config(tmp: Path, port: int, **store: Any) -> Config:
+    config = Config(source=tmp / "aso.toml")
+    config.store.url = f"http://127.0.0.1:{port}"
+    config.store.admin_password = secrets.token_urlsafe(12)
+    config.store.agent_password = secrets.token_urlsafe(12)
+    config.store.retries = 2
+    config.store.backoff = 0.1
+    config.embedded.data_dir = str(tmp / "store")
+    for key, value in store.items():
+        setattr(config.store, key, value)
+    return config
+
+
+def write_config(config: Config) -> Path:
+    from aso.config import render
+
+    assert config.source is not None
+    config.source.write_text(render(config, show_secrets=True))
+    return config.source
+
+
+@pytest.fixture(scope="session")
+def store_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
+    """The session's embedded store; its config (admin credentials included)."""
+    tmp = tmp_path_factory.mktemp("embedded")
+    config = make_config(tmp, free_port())
+    write_config(config)
+    embedded = EmbeddedStore(config)
+    embedded.start()
+    try:
+        yield config
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def admin(store_config: Config) -> Server:
+    return Server.from_config(store_config, account="admin")
+
+
+PASSWORD = "pw-" + secrets.token_hex(6)
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def accounts(admin: Server) -> dict[str, Server]:
+    """Store accounts by role: alice and bob (aso-user), agent (aso-agent), operator (aso-admin),
+    stranger (no ASO role), anonymous."""
+    roles = {
+        "alice": [model.USER_ROLE],
+        "bob": [model.USER_ROLE],
+        "agent": [model.AGENT_ROLE],
+        "operator": ["aso-admin"],
+        "stranger": [],
+    }
+    servers = {}
+    for name, role_list in roles.items():
+        admin.put_user(name, PASSWORD, role_list)
+        servers[name] = Server(admin.url, name, PASSWORD, Settings(retries=1, backoff=0.1))
+    servers["anonymous"] = Server(admin.url, settings=Settings(retries=1, backoff=0.1))
+    servers["admin"] = admin
+    return servers
+
+
+@pytest.fixture(scope="module")
+def files_db(admin: Server, store_config: Config) -> Iterator[str]:
+    """A freshly initialised files database (name) for one test module."""
+    name = f"asynctransfer_{next(_counter)}_{uuid.uuid4().hex[:6]}"
+    config = dataclasses.replace(
+        store_config, store=dataclasses.replace(store_config.store, files_db=name)
+    )
+    init_databases(admin, config)
+    yield name
+    admin.delete_db(name)
+
+
+def db_as(accounts: dict[str, Server], who: str, name: str) -> Database:
+    return accounts[who].db(name)
+
+
+_lfn_counter = itertools.count()
+
+
+def sample_request(user: str = "alice", **overrides: Any) -> dict[str, Any]:
+    """A valid new request with a unique source LFN."""
+    n = next(_lfn_counter)
+    token = f"{os.getpid()}_{n}_{uuid.uuid4().hex[:8]}"
+    args: dict[str, Any] = dict(
+        user=user,
+        task=f"261121_120000:{user}_crab_test",
+        job_id=str(n),
+        source="T2_CH_CERN",
+        destination="T2_DE_DESY",
+        source_lfn=f"/store/temp/user/{user}.abc/prim/proc/0000/out_{token}.root",
+        destination_lfn=f"/store/user/{user}/prim/proc/0000/out_{token}.root",
+        size=1000 + n,
+        adler32="0a1b2c3d",
+    )
+    args.update(overrides)
+    return model.new_request(**args)

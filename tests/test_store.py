@@ -1,0 +1,341 @@
+"""aso.store against the real embedded store: bulk writes, reads, views, feeds, errors, retries."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from aso import model
+from aso.model import AGENT, STATE, Change
+from aso.store import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    Server,
+    Settings,
+    StoreError,
+    StoreUnavailable,
+)
+from tests.conftest import db_as, free_port, sample_request
+
+
+def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
+    """Mixed successes, conflicts and refusals, each matched to its document by id
+    (the embedded store answers refused documents first: EMBEDDED_BULK_RESULT_ORDER)."""
+    agent = db_as(accounts, "agent", files_db)
+    owner = db_as(accounts, "alice", files_db)
+    docs = [sample_request("alice") for _ in range(6)]
+    for doc, result in zip(docs, owner.bulk_write(docs), strict=True):
+        assert result.ok and result.id == doc["_id"]
+        doc["_rev"] = result.rev
+    updates = []
+    for i, doc in enumerate(docs):
+        update = model.transition(doc, [Change(STATE, "acquired", "submitter-1")], AGENT)
+        if i in (1, 4):
+            update["_rev"] = "1-" + "0" * 32  # a stale revision: conflict
+        if i == 2:
+            update = dict(update, size=1)  # forbidden by validation
+        updates.append(update)
+    results = agent.bulk_write(updates)
+    assert [r.id for r in results] == [d["_id"] for d in docs]
+    assert [r.ok for r in results] == [True, False, False, True, False, True]
+    assert [r.error for r in results] == [None, "conflict", "forbidden", None, "conflict", None]
+    assert results[1].conflict and not results[2].conflict
+    assert results[2].reason == "[immutable] size cannot change after creation"
+    stored = agent.get_many(d["_id"] for d in docs)
+    assert [stored[d["_id"]][STATE] for d in docs] == [
+        "acquired",
+        "new",
+        "new",
+        "acquired",
+        "new",
+        "acquired",
+    ]
+    assert [stored[d["_id"]]["_rev"] for d in docs if stored[d["_id"]][STATE] == "acquired"] == [
+        results[i].rev for i in (0, 3, 5)
+    ]
+
+
+def test_bulk_write_refuses_duplicate_ids_before_sending(files_db, accounts):
+    doc = sample_request("alice")
+    with pytest.raises(ValueError):
+        db_as(accounts, "alice", files_db).bulk_write([doc, dict(doc)])
+    assert db_as(accounts, "alice", files_db).get(doc["_id"]) is None
+
+
+def test_duplicate_upload_by_the_owner_is_a_409_on_both_stores(files_db, accounts):
+    owner = db_as(accounts, "alice", files_db)
+    doc = sample_request("alice")
+    owner.create(doc)
+    with pytest.raises(Conflict):
+        owner.create(doc)
+    [result] = owner.bulk_write([doc])
+    assert result.conflict
+
+
+def test_get_many_returns_none_for_missing_and_deleted(files_db, accounts):
+    admin = db_as(accounts, "admin", files_db)
+    present, gone = sample_request("alice"), sample_request("alice")
+    admin.create(present)
+    admin.delete(gone["_id"], admin.create(gone))
+    found = admin.get_many([present["_id"], gone["_id"], "f" * 64])
+    assert found[present["_id"]]["_id"] == present["_id"]
+    assert found[gone["_id"]] is None and found["f" * 64] is None
+
+
+def test_delete_needs_the_revision(files_db, accounts):
+    admin = db_as(accounts, "admin", files_db)
+    doc = sample_request("alice")
+    rev = admin.create(doc)
+    with pytest.raises(ValueError):
+        admin.delete(doc["_id"], "")
+    with pytest.raises(Conflict):
+        admin.delete(doc["_id"], "1-" + "0" * 32)
+    admin.delete(doc["_id"], rev)
+    assert admin.get(doc["_id"]) is None
+
+
+def test_a_delete_without_revision_is_still_judged_by_validation(files_db, accounts):
+    """EMBEDDED_DELETE_WITHOUT_REV: even a raw DELETE without rev cannot bypass the rules."""
+    doc = sample_request("alice")
+    db_as(accounts, "alice", files_db).create(doc)
+    with pytest.raises((Forbidden, Conflict)):
+        accounts["alice"].raw("DELETE", f"/{files_db}/{doc['_id']}")
+    assert db_as(accounts, "admin", files_db).get(doc["_id"]) is not None
+
+
+def test_views_fresh_and_stale(files_db, accounts):
+    admin = db_as(accounts, "admin", files_db)
+    task = "261121_130000:alice_views"
+    docs = [sample_request("alice", task=task, job_id=str(i)) for i in range(5)]
+    admin.bulk_write(docs)
+    rows = admin.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}]).rows
+    assert sorted(r["key"][1] for r in rows) == ["0", "1", "2", "3", "4"]
+    limited = admin.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}], limit=2)
+    assert len(limited.rows) == 2
+    by_key = admin.view("asyncstageout", "by_task", keys=[[task, "3", "output"]])
+    assert [r["id"] for r in by_key.rows] == [docs[3]["_id"]]
+    # A stale read does not wait for the index: a write made after the last fresh read is not
+    # seen by a stale read, and is seen by the next fresh one.
+    late = sample_request("alice", task=task, job_id="9")
+    admin.create(late)
+    stale = admin.view(
+        "asyncstageout", "by_task", start_key=[task], end_key=[task, {}], freshness="stale"
+    )
+    assert late["_id"] not in {r["id"] for r in stale.rows}
+    fresh = admin.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}])
+    assert late["_id"] in {r["id"] for r in fresh.rows}
+    counts = admin.view("asyncstageout", "by_state", reduce=True, group_level=1)
+    assert {tuple(r["key"]): r["value"] for r in counts.rows}[("new",)] >= 6
+
+
+def test_queue_view_lists_only_work(files_db, accounts):
+    admin = db_as(accounts, "admin", files_db)
+    waiting = sample_request("bob")
+    finished = sample_request("bob")
+    finished[STATE] = "failed"
+    admin.bulk_write([waiting, finished])
+    rows = admin.view(
+        "queue",
+        "work",
+        start_key=["submit", "bob"],
+        end_key=["submit", "bob", {}],
+        reduce=False,
+        include_docs=True,
+    ).rows
+    ids = {r["id"] for r in rows}
+    assert waiting["_id"] in ids and finished["_id"] not in ids
+    assert all(r["doc"]["state"] == "new" for r in rows)
+
+
+def test_changes_batches_and_long_poll_that_the_store_never_ends(files_db, accounts):
+    """EMBEDDED_FEED_NEVER_TIMES_OUT: a long poll with no change returns after `wait` (+ the
+    client's margin) as an empty, timed-out batch instead of hanging."""
+    admin = db_as(accounts, "admin", files_db)
+    now = admin.changes("0", limit=100000)
+    since = now.last_seq
+    assert isinstance(since, str)
+    docs = [sample_request("alice") for _ in range(3)]
+    admin.bulk_write(docs)
+    batch = admin.changes(since, include_docs=True)
+    assert {c["id"] for c in batch.results} == {d["_id"] for d in docs}
+    assert all(c["doc"]["state"] == "new" for c in batch.results)
+    only = admin.changes(since, doc_ids=[docs[1]["_id"]])
+    assert [c["id"] for c in only.results] == [docs[1]["_id"]]
+
+    quiet = Server(
+        accounts["admin"].url,
+        accounts["admin"].user,
+        accounts["admin"]._password,
+        Settings(feed_timeout=1.0, retries=1),
+    )
+    started = time.monotonic()
+    empty = quiet.db(files_db).changes(batch.last_seq, wait=1.0)
+    elapsed = time.monotonic() - started
+    assert empty.results == [] and empty.timed_out and empty.last_seq == batch.last_seq
+    assert elapsed < 30  # bounded by the client, not by the store
+
+    # A change that arrives during the poll ends it with that change.
+    late = sample_request("alice")
+    timer = threading.Timer(0.5, lambda: admin.create(late))
+    timer.start()
+    woken = quiet.db(files_db).changes(batch.last_seq, wait=1.0)
+    timer.join()
+    if not woken.results:  # the write landed just after the poll ended: the next one sees it
+        woken = quiet.db(files_db).changes(batch.last_seq)
+    assert late["_id"] in {c["id"] for c in woken.results}
+
+
+def test_follow_reads_everything_then_stops(files_db, accounts):
+    admin = db_as(accounts, "admin", files_db)
+    start = admin.changes("0", limit=100000).last_seq
+    docs = [sample_request("alice") for _ in range(25)]
+    admin.bulk_write(docs)
+    seen = [c["id"] for batch in admin.follow(start, batch=10) for c in batch.results]
+    assert sorted(seen) == sorted(d["_id"] for d in docs)
+
+
+def test_new_databases_are_closed_to_strangers(admin, accounts):
+    """EMBEDDED_OPEN_SECURITY: create_db always sets _security."""
+    name = "closed_" + str(free_port())
+    assert admin.create_db(name, {"members": {"roles": ["aso-user"]}})
+    assert not admin.create_db(name, {"members": {"roles": ["aso-user"]}})  # idempotent
+    with pytest.raises(StoreError) as err:
+        accounts["anonymous"].db(name).put({"_id": "x", "a": 1})
+    assert err.value.status in (401, 403)
+    accounts["alice"].db(name).put({"_id": "x", "a": 1})
+    admin.delete_db(name)
+
+
+def test_non_admins_cannot_create_databases_and_the_store_survives(admin, accounts):
+    """EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE: the request is never sent."""
+    with pytest.raises(Forbidden):
+        accounts["alice"].create_db("should_not_exist", {})
+    assert "should_not_exist" not in admin.all_dbs()
+    assert admin.info()  # still up
+
+
+def test_not_found_and_missing_database(admin):
+    with pytest.raises(NotFound):
+        admin.db("no_such_db").info()
+    assert admin.db("no_such_db").exists() is False
+
+
+def test_unreachable_store_is_one_clear_error():
+    port = free_port()
+    server = Server(f"http://127.0.0.1:{port}", settings=Settings(retries=2, backoff=0.05))
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as err:
+        server.info()
+    assert time.monotonic() - started < 10
+    message = str(err.value)
+    assert message.startswith(f"cannot reach the store at http://127.0.0.1:{port}")
+    assert "\n" not in message and "refused" in message.lower()
+
+
+class FlakyProxy:
+    """A TCP proxy in front of the real store that answers the first `failures` requests with
+    503 (as an overloaded CouchDB or a load balancer would), then forwards everything."""
+
+    def __init__(self, target_port: int, failures: int):
+        self.target_port, self.failures = target_port, failures
+        self.refused = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _handle(self, client: socket.socket) -> None:
+        if self.refused < self.failures:
+            self.refused += 1
+            client.recv(65536)
+            client.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
+                b"\r\nContent-Length: 45\r\nConnection: close\r\n\r\n"
+                b'{"error":"unavailable","reason":"try later"}\n'
+            )
+            client.close()
+            return
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _port_of(server: Server) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+def test_5xx_answers_are_retried_with_backoff(admin, files_db):
+    proxy = FlakyProxy(_port_of(admin), failures=2)
+    try:
+        flaky = Server(
+            f"http://127.0.0.1:{proxy.port}",
+            admin.user,
+            admin._password,
+            Settings(retries=3, backoff=0.05),
+        )
+        doc = sample_request("alice")
+        [result] = flaky.db(files_db).bulk_write([doc])
+        assert result.ok and proxy.refused == 2
+    finally:
+        proxy.close()
+
+
+def test_5xx_beyond_the_retries_is_reported(admin, files_db):
+    proxy = FlakyProxy(_port_of(admin), failures=10)
+    try:
+        flaky = Server(
+            f"http://127.0.0.1:{proxy.port}",
+            admin.user,
+            admin._password,
+            Settings(retries=1, backoff=0.05),
+        )
+        with pytest.raises(StoreError) as err:
+            flaky.db(files_db).info()
+        assert err.value.status == 503 and proxy.refused == 2
+    finally:
+        proxy.close()
+
+
+def test_push_design_is_idempotent(files_db, admin):
+    from aso.designdocs import design_documents
+
+    db = admin.db(files_db)
+    revs_before = {d["_id"]: db.get(d["_id"])["_rev"] for d in design_documents()}
+    assert [db.push_design(d) for d in design_documents()] == [False] * len(revs_before)
+    assert {d["_id"]: db.get(d["_id"])["_rev"] for d in design_documents()} == revs_before
+
+
+def test_store_kind_is_detected(admin):
+    assert admin.kind == "pouchdb-server"
+    ctx: dict[str, Any] = admin.session()
+    assert ctx["name"] == admin.user and "_admin" in ctx["roles"]

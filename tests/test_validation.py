@@ -1,0 +1,405 @@
+"""validate_doc_update, run by the real store: the state machine, the roles and the schema.
+
+Every (from, to) pair of every axis is tried by every role against the store, and the store's
+answer must be the Python model's (aso.model.may_transition): the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+
+from aso import model
+from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
+from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
+from tests.conftest import db_as, sample_request
+
+ROLE_ACCOUNT = {OWNER: "alice", AGENT: "agent", "other user": "bob"}
+
+
+def base_for(axis: str, value: str) -> dict[str, Any]:
+    """A request (owned by alice) with `axis` at `value`; other axes where `value` is reachable."""
+    doc = sample_request(
+        "alice", publish=True, publish_info={"dataset": "/prim/alice-proc-v1/USER"}
+    )
+    if axis == STATE:
+        doc[STATE] = value
+    else:
+        doc[STATE] = "done"
+        doc[axis] = value
+    return doc
+
+
+def changed(doc: dict[str, Any], axis: str, to: str, by: str) -> dict[str, Any]:
+    """`doc` with one change applied and recorded, whatever the model thinks of it."""
+    return model.transition(doc, [Change(axis, to, by)], model.ADMIN)
+
+
+def write_all(db: Database, docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {r.id: r for r in db.bulk_write(docs)}
+
+
+@pytest.mark.parametrize("role", [OWNER, AGENT, "other user"])
+def test_every_pair_of_every_axis_agrees_with_the_model(files_db, accounts, role):
+    admin_db = db_as(accounts, "admin", files_db)
+    user_db = db_as(accounts, ROLE_ACCOUNT[role], files_db)
+    cases = []
+    for axis in model.AXES:
+        for old, new in itertools.permutations(model.STATES[axis], 2):
+            cases.append((axis, old, new, base_for(axis, old)))
+    setup = admin_db.bulk_write([doc for _, _, _, doc in cases])
+    assert all(r.ok for r in setup), [r for r in setup if not r.ok][:3]
+    updates = []
+    for (axis, _old, new, doc), result in zip(cases, setup, strict=True):
+        doc["_rev"] = result.rev
+        updates.append(changed(doc, axis, new, ROLE_ACCOUNT[role]))
+    results = write_all(user_db, updates)
+
+    disagreements = []
+    for axis, old, new, doc in cases:
+        expected = role in (OWNER, AGENT) and model.may_transition(axis, old, new, role)
+        result = results[doc["_id"]]
+        if result.ok != expected:
+            disagreements.append((axis, old, new, result.error, result.reason))
+        if not result.ok:
+            assert result.error == "forbidden", (axis, old, new, result)
+            rule = "[owner]" if role == "other user" else "[transition]"
+            assert result.reason.startswith(rule), (axis, old, new, result.reason)
+    assert disagreements == []
+    # Sanity: the table is not empty for the role, so the test above exercised acceptances.
+    accepted = [r for r in results.values() if r.ok]
+    assert len(accepted) == (
+        0
+        if role == "other user"
+        else sum(role in roles for t in model.TRANSITIONS.values() for roles in t.values())
+    )
+
+
+def test_admin_may_make_any_change(files_db, accounts):
+    admin_db = db_as(accounts, "operator", files_db)
+    doc = base_for(STATE, "failed")
+    doc["_rev"] = admin_db.create(doc)
+    update = changed(doc, STATE, "submitted", "operator")
+    assert admin_db.put(update)
+
+
+@pytest.mark.parametrize("axis", [CLEANUP, PUBLICATION])
+def test_cleanup_and_publication_only_move_once_the_copy_is_done(files_db, accounts, axis):
+    admin_db = db_as(accounts, "admin", files_db)
+    doc = base_for(axis, "pending")
+    doc[STATE] = "submitted"
+    doc["_rev"] = admin_db.create(doc)
+    target = "cleaned" if axis == CLEANUP else "publishing"
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "agent", files_db).put(changed(doc, axis, target, "agent"))
+    assert err.value.reason == f"[transition] {axis} may only change while state is done"
+
+
+def test_a_legal_chain_from_upload_to_published(files_db, accounts):
+    """One request through its whole life, each step made by the role that owns it."""
+    owner = db_as(accounts, "alice", files_db)
+    agent = db_as(accounts, "agent", files_db)
+    doc = sample_request(
+        "alice", publish=True, publish_info={"dataset": "/prim/alice-proc-v1/USER"}
+    )
+    doc["_rev"] = owner.create(doc)
+    steps = [
+        (STATE, "acquired"),
+        (STATE, "submitted"),
+        (STATE, "failed_attempt"),
+        (STATE, "retry"),
+        (STATE, "new"),
+        (STATE, "acquired"),
+        (STATE, "submitted"),
+        (STATE, "done"),
+        (CLEANUP, "cleaned"),
+        (PUBLICATION, "publishing"),
+        (PUBLICATION, "published"),
+    ]
+    for axis, to in steps:
+        doc = model.transition(doc, [Change(axis, to, "agent-1")], AGENT)
+        doc["_rev"] = agent.put(doc)
+    stored = agent.get(doc["_id"])
+    assert (stored[STATE], stored[CLEANUP], stored[PUBLICATION]) == ("done", "cleaned", "published")
+    assert [(h["axis"], h["to"]) for h in stored["history"][1:]] == steps
+    assert model.is_final(stored)
+
+
+# --- creation --------------------------------------------------------------------------------
+def test_owner_creates_and_duplicate_create_is_a_clear_conflict(files_db, accounts):
+    owner = db_as(accounts, "alice", files_db)
+    doc = sample_request("alice")
+    owner.create(doc)
+    again = dict(doc, size=doc["size"] + 1)
+    with pytest.raises(Conflict) as err:
+        owner.create(again)
+    assert err.value.status == 409
+    assert owner.get(doc["_id"])["size"] == doc["size"]  # nothing lost, nothing overwritten
+
+
+def test_a_file_already_at_its_destination_is_created_done(files_db, accounts):
+    owner = db_as(accounts, "alice", files_db)
+    doc = sample_request("alice", already_at_destination=True)
+    owner.create(doc)
+    stored = owner.get(doc["_id"])
+    assert (stored[STATE], stored[CLEANUP]) == ("done", "not_needed")
+
+
+@pytest.mark.parametrize(
+    ("who", "edit", "status", "reason"),
+    [
+        (
+            "alice",
+            lambda d: d.update(state="submitted", history=[dict(d["history"][0], to="submitted")]),
+            403,
+            "[create] a request is created with state new or done, not submitted",
+        ),
+        ("agent", lambda d: None, 403, "[create] only the owner (or an admin) may create"),
+        ("bob", lambda d: None, 403, '[owner] user "bob" may not write requests of user "alice"'),
+        (
+            "alice",
+            lambda d: d["history"][0].update(by="mallory"),
+            403,
+            "[history] history entries of an owner must be by alice",
+        ),
+        (
+            "alice",
+            lambda d: d["history"].append(dict(d["history"][0])),
+            403,
+            "[history] a new request has exactly one history entry",
+        ),
+        ("alice", lambda d: d.update(_id="not-the-hash"), 403, "[schema] doc._id must be"),
+        ("stranger", lambda d: None, None, None),
+        ("anonymous", lambda d: None, None, None),
+    ],
+)
+def test_creation_rules(files_db, accounts, who, edit, status, reason):
+    doc = sample_request("alice")
+    edit(doc)
+    with pytest.raises((Forbidden, Unauthorized)) as err:
+        db_as(accounts, who, files_db).create(doc)
+    if status is None:  # not a member of the database: refused before validation
+        assert err.value.status in (401, 403)
+    else:
+        assert err.value.status == status
+        assert err.value.reason.startswith(reason), err.value.reason
+    assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
+
+
+# --- malformed documents ---------------------------------------------------------------------
+def _drop(field):
+    return lambda d: d.pop(field)
+
+
+MALFORMED = [
+    ("missing field", _drop("size"), "[schema] doc.size is required"),
+    (
+        "missing nested field",
+        lambda d: d["checksum"].pop("adler32"),
+        "[schema] doc.checksum.adler32 is required",
+    ),
+    (
+        "wrong type",
+        lambda d: d.update(size="1000"),
+        "[schema] doc.size must be integer, not string",
+    ),
+    ("float for integer", lambda d: d.update(size=10.5), "[schema] doc.size must be integer"),
+    ("unknown state", lambda d: d.update(state="flying"), "[schema] doc.state must be one of"),
+    (
+        "unknown cleanup state",
+        lambda d: d.update(cleanup="maybe"),
+        "[schema] doc.cleanup must be one of",
+    ),
+    (
+        "unknown field",
+        lambda d: d.update(colour="blue"),
+        "[schema] doc.colour is not a field of the schema",
+    ),
+    ("oversized string", lambda d: d.update(task="t" * 5000), "[schema] doc.task"),
+    (
+        "oversized LFN",
+        lambda d: d.update(destination_lfn="/store/user/" + "x" * 2000),
+        "[schema] doc.destination_lfn is longer than 1024 characters",
+    ),
+    (
+        "oversized document",
+        lambda d: d.update(
+            publish=True,
+            publish_info={
+                "dataset": "/p/alice-x/USER",
+                "lumis": {str(r): list(range(9000)) for r in range(6)},
+            },
+        ),
+        "[schema] the document is larger than",
+    ),
+    (
+        "LFN escaping its area",
+        lambda d: d.update(source_lfn="/store/temp/../user/x.root"),
+        "[schema] doc.source_lfn",
+    ),
+    ("bad checksum", lambda d: d["checksum"].update(adler32="zz"), "[schema] doc.checksum.adler32"),
+    ("negative size", lambda d: d.update(size=-1), "[schema] doc.size must be >= 0"),
+    ("bad site", lambda d: d.update(destination="nowhere"), "[schema] doc.destination"),
+    (
+        "wrong document type",
+        lambda d: d.update(type="heartbeat"),
+        '[type] unknown document type "heartbeat"',
+    ),
+    (
+        "publish without dataset",
+        lambda d: d.update(publish=True),
+        "[schema] doc.publish_info is required when publish is true",
+    ),
+    (
+        "bad history entry",
+        lambda d: d["history"][0].update(at="yesterday"),
+        "[schema] doc.history[0].at must be number",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_documents_are_refused_with_the_rule(files_db, accounts, case, edit, reason):
+    doc = sample_request("alice")
+    edit(doc)
+    for who in ("alice", "admin"):  # the schema binds admins too
+        with pytest.raises(Forbidden) as err:
+            db_as(accounts, who, files_db).create(doc)
+        assert err.value.reason.startswith(reason), (who, err.value.reason)
+    with pytest.raises(model.SchemaError):  # and the Python model refuses it as well
+        model.check_schema(doc)
+
+
+# --- updates ---------------------------------------------------------------------------------
+@pytest.fixture()
+def stored(files_db, accounts) -> dict[str, Any]:
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    return doc
+
+
+def test_nobody_but_admins_changes_what_the_request_is(files_db, accounts, stored):
+    for who in ("agent", "alice"):
+        edited = dict(copy.deepcopy(stored), size=stored["size"] + 1)
+        with pytest.raises(Forbidden) as err:
+            db_as(accounts, who, files_db).put(edited)
+        assert err.value.reason == "[immutable] size cannot change after creation"
+    db_as(accounts, "operator", files_db).put(dict(stored, size=stored["size"] + 1))
+
+
+def test_owner_may_only_kill_or_resubmit(files_db, accounts, stored):
+    owner = db_as(accounts, "alice", files_db)
+    with pytest.raises(Forbidden) as err:
+        owner.put(dict(stored, failure_reason="I say so"))
+    assert err.value.reason.startswith("[owner] owners may only request a kill or a resubmission")
+    with pytest.raises(Forbidden) as err:
+        owner.put(dict(stored))  # a no-op rewrite
+    assert err.value.reason == "[owner] owners may only request a kill or a resubmission"
+    killed = model.transition(stored, [Change(STATE, "killed", "alice")], OWNER)
+    killed["_rev"] = owner.put(killed)
+    resubmitted = model.transition(killed, [Change(STATE, "new", "alice")], OWNER)
+    owner.put(resubmitted)
+    assert owner.get(stored["_id"])[STATE] == "new"
+
+
+def test_owner_cannot_hand_a_request_to_another_user(files_db, accounts, stored):
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "bob", files_db).put(
+            model.transition(stored, [Change(STATE, "killed", "bob")], OWNER)
+        )
+    assert err.value.reason.startswith('[owner] user "bob" may not write requests of user')
+    with pytest.raises(Forbidden):
+        db_as(accounts, "bob", files_db).put(dict(stored, user="bob"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            lambda d: d.update(state="acquired"),
+            "[history] the change of state from new to acquired needs its history entry",
+        ),
+        (
+            lambda d: (
+                d.update(state="acquired"),
+                d["history"].append(
+                    {"axis": STATE, "from": "new", "to": "acquired", "at": 1.0, "by": "a"}
+                ),
+                d["history"].append(
+                    {"axis": STATE, "from": "new", "to": "acquired", "at": 1.0, "by": "a"}
+                ),
+            ),
+            "[history] history gets exactly one entry per state change",
+        ),
+        (
+            lambda d: d["history"][0].update(by="someone else"),
+            "[history] history entries cannot be changed",
+        ),
+        (lambda d: d.update(history=[]), "[history] history entries cannot be removed"),
+    ],
+)
+def test_history_is_append_only_and_records_every_change(files_db, accounts, stored, edit, reason):
+    doc = copy.deepcopy(stored)
+    edit(doc)
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "agent", files_db).put(doc)
+    assert err.value.reason.startswith(reason), err.value.reason
+
+
+def test_agents_update_bookkeeping_without_a_transition(files_db, accounts, stored):
+    agent = db_as(accounts, "agent", files_db)
+    acquired = model.transition(
+        stored,
+        [Change(STATE, "acquired", "submitter-1")],
+        AGENT,
+        lease={"owner": "submitter-1", "until": 1e9, "job_key": "k1"},
+    )
+    acquired["_rev"] = agent.put(acquired)
+    renewed = dict(acquired, lease={"owner": "submitter-1", "until": 2e9, "job_key": "k1"})
+    agent.put(renewed)
+    assert agent.get(stored["_id"])["lease"]["until"] == 2e9
+
+
+def test_deletion_rules(files_db, accounts):
+    admin = db_as(accounts, "admin", files_db)
+    live = sample_request("alice")
+    live_rev = admin.create(live)
+    finished = sample_request("alice")
+    finished[STATE] = "failed"
+    finished_rev = admin.create(finished)
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "alice", files_db).delete(live["_id"], live_rev)
+    assert err.value.reason.startswith("[delete] only agents (finished requests) and admins")
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "agent", files_db).delete(live["_id"], live_rev)
+    assert err.value.reason == "[delete] agents may only delete finished requests"
+    db_as(accounts, "agent", files_db).delete(finished["_id"], finished_rev)
+    assert admin.get(finished["_id"]) is None
+    db_as(accounts, "operator", files_db).delete(live["_id"], live_rev)
+    assert admin.get(live["_id"]) is None
+
+
+def test_only_admins_touch_design_documents_and_security(files_db, accounts):
+    ddoc = {"_id": "_design/evil", "views": {"all": {"map": "function(d){emit(d._id,null)}"}}}
+    for who in ("alice", "agent"):
+        with pytest.raises((Forbidden, Unauthorized)):
+            db_as(accounts, who, files_db).push_design(ddoc)
+        with pytest.raises((Forbidden, Unauthorized)):
+            db_as(accounts, who, files_db).set_security({"members": {"names": [who]}})
+    assert db_as(accounts, "admin", files_db).get("_design/evil") is None
+    assert db_as(accounts, "operator", files_db).push_design(ddoc)
+    db_as(accounts, "admin", files_db).delete(
+        "_design/evil", db_as(accounts, "admin", files_db).get("_design/evil")["_rev"]
+    )
+
+
+def test_members_read_and_strangers_do_not(files_db, accounts, stored):
+    for who in ("alice", "bob", "agent", "operator"):
+        assert db_as(accounts, who, files_db).get(stored["_id"])["_id"] == stored["_id"]
+    for who in ("stranger", "anonymous"):
+        with pytest.raises(StoreError) as err:
+            db_as(accounts, who, files_db).get(stored["_id"])
+        assert err.value.status in (401, 403)
