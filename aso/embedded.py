@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -212,6 +213,13 @@ class EmbeddedStore:
         except StoreUnavailable as exc:
             raise EmbeddedError(str(exc)) from None
         return server
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for tests and benchmarks that start their own store)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:

@@ -8,7 +8,6 @@ import dataclasses
 import itertools
 import os
 import secrets
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,16 +18,10 @@ import pytest
 from aso import model
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore
+from aso.embedded import EmbeddedStore, free_port
 from aso.store import Database, Server, Settings
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_config(tmp: Path, port: int, **store: Any) -> Config:

@@ -1,0 +1,66 @@
+# ASO's one entry point for set-up, running and checking. Every install step lives here or in
+# deploy/*.sh: a fresh Debian machine needs nothing else. Targets a user needs:
+#   make run    set up, then start the service on its embedded defaults
+#   make test   set up, then run the linter and the test suite (what CI runs)
+#   make stop   stop what `make run` started
+#   make bench  the benchmarks (long; not part of `make test`)
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+ASO    := $(VENV)/bin/aso
+STAMPS := .stamps
+POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
+CONFIG ?= aso.toml
+
+.PHONY: help setup run stop test lint bench bench-workqueue clean
+
+help:
+	@echo "make run    - set up and start ASO on its embedded defaults (store, databases, demo requests)"
+	@echo "make test   - set up and run the linter and the test suite"
+	@echo "make stop   - stop what 'make run' started"
+	@echo "make bench  - run the benchmarks (prints figures; long)"
+	@echo "make clean  - remove the virtual environment and installed Node packages (keeps var/)"
+
+setup: $(STAMPS)/system $(POUCHDB_SERVER) $(ASO)
+
+$(STAMPS)/system: deploy/install-system.sh deploy/debian-packages.txt
+	deploy/install-system.sh
+	@mkdir -p $(STAMPS) && touch $@
+
+# pouchdb-server, exactly as pinned by the committed lock file. Install scripts are not run:
+# leveldown loads the prebuilt binary it ships, and the optional sqlite3 back end is unused.
+$(POUCHDB_SERVER): deploy/store/package.json deploy/store/package-lock.json $(STAMPS)/system
+	cd deploy/store && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(ASO): setup.cfg pyproject.toml deploy/python-constraints.txt deploy/install-python.sh $(STAMPS)/system
+	deploy/install-python.sh
+	@touch $@
+
+run: setup
+	$(ASO) config init $(CONFIG) --if-missing
+	$(ASO) --config $(CONFIG) store start
+	$(ASO) --config $(CONFIG) db init
+	$(ASO) --config $(CONFIG) upload --file deploy/demo/requests.json
+	$(ASO) --config $(CONFIG) request list
+	@echo "ASO is up: store at $$($(ASO) --config $(CONFIG) config show | sed -n 's/^url = \"\(.*\)\"/\1/p' | head -1); 'make stop' stops it."
+
+stop:
+	@if [ -x $(ASO) ] && [ -f $(CONFIG) ]; then $(ASO) --config $(CONFIG) store stop; else echo "nothing to stop"; fi
+
+lint: $(ASO)
+	$(VENV)/bin/ruff check aso agents sim tests
+	$(VENV)/bin/ruff format --check aso agents sim tests
+
+test: setup lint
+	$(VENV)/bin/pytest
+
+bench: bench-workqueue
+
+bench-workqueue: setup
+	$(VENV)/bin/python -m sim.bench_workqueue
+
+clean:
+	rm -rf $(VENV) $(STAMPS) deploy/store/node_modules

@@ -1,0 +1,1 @@
+"""Lifecycle simulator, load tests and benchmarks of ASO."""
