@@ -1,0 +1,210 @@
+"""The `aso` command as users run it: a subprocess, its output and its exit code."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aso.config import Config, render
+from aso.embedded import free_port
+from tests.conftest import make_config, write_config
+
+ASO = str(Path(sys.executable).parent / "aso")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def aso(
+    *args: str, cwd: Path | None = None, config: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    argv = [ASO, *(["--config", str(config)] if config else []), *args]
+    env = {k: v for k, v in os.environ.items() if k != "ASO_CONFIG"}
+    env["COLUMNS"] = "200"
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The error a user sees: exactly one line on stderr, no traceback."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("aso: error: "), lines[0]
+    return lines[0]
+
+
+COMMANDS = [
+    [],
+    ["config"],
+    ["config", "show"],
+    ["config", "init"],
+    ["config", "keys"],
+    ["store"],
+    ["store", "start"],
+    ["store", "stop"],
+    ["store", "status"],
+    ["db"],
+    ["db", "init"],
+    ["db", "add-user"],
+    ["upload"],
+    ["request"],
+    ["request", "show"],
+    ["request", "list"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "aso" for c in COMMANDS])
+def test_every_command_has_help(command):
+    result = aso(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage: aso" in result.stdout
+    # The help says what the command does (its docstring's first line, or the group's help).
+    assert len(result.stdout.splitlines()) > 4
+
+
+def test_no_arguments_shows_help(tmp_path):
+    result = aso(cwd=tmp_path)
+    assert "Usage: aso" in result.stdout + result.stderr
+    assert "store" in result.stdout + result.stderr
+
+
+def test_unknown_config_key_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "aso.toml"
+    path.write_text('[store]\nulr = "http://127.0.0.1:1"\n')
+    result = aso("config", "show", config=path)
+    assert result.returncode == 2
+    line = one_line_error(result)
+    assert "unknown key 'store.ulr'" in line and "did you mean 'store.url'" in line
+
+
+def test_wrong_type_and_bad_toml_and_missing_file(tmp_path):
+    path = tmp_path / "aso.toml"
+    path.write_text('[store]\nretries = "many"\n')
+    result = aso("config", "show", config=path)
+    assert result.returncode == 2
+    assert "store.retries: expected int, got str" in one_line_error(result)
+    path.write_text("[store\n")
+    result = aso("config", "show", config=path)
+    assert result.returncode == 2 and "not valid TOML" in one_line_error(result)
+    result = aso("config", "show", config=tmp_path / "nope.toml")
+    assert result.returncode == 2 and "does not exist" in one_line_error(result)
+
+
+def test_unreachable_store_is_one_line_and_exit_1(tmp_path):
+    config = make_config(tmp_path, free_port(), retries=1)
+    path = write_config(config)
+    for command in (["db", "init"], ["request", "list"], ["request", "show", "abc"]):
+        result = aso(*command, config=path)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        line = one_line_error(result)
+        assert f"cannot reach the store at {config.store.url}" in line
+
+
+def test_config_init_show_and_secrets(tmp_path):
+    path = tmp_path / "sub" / "aso.toml"
+    result = aso("config", "init", str(path))
+    assert result.returncode == 0, result.stderr
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = aso("config", "init", str(path))
+    assert again.returncode == 2 and "exists" in one_line_error(again)
+    assert aso("config", "init", str(path), "--if-missing").returncode == 0
+    shown = aso("config", "show", config=path)
+    assert shown.returncode == 0
+    assert 'admin_password = "********"' in shown.stdout
+    secret = aso("config", "show", "--secrets", config=path)
+    assert "********" not in secret.stdout
+    keys = aso("config", "keys")
+    assert "store.url" in keys.stdout and "embedded.data_dir" in keys.stdout
+
+
+def test_store_lifecycle_through_the_cli(tmp_path):
+    """start → status → start again (no second process) → db init twice → upload twice →
+    list → stop, and stop touches only its own process."""
+    config = make_config(tmp_path, free_port())
+    path = write_config(config)
+    try:
+        started = aso("store", "start", config=path)
+        assert started.returncode == 0, started.stderr
+        assert "embedded store started" in started.stdout
+        pid_file = tmp_path / "store" / "pouchdb-server.pid"
+        pid = int(pid_file.read_text())
+        status = aso("store", "status", config=path)
+        assert status.returncode == 0 and f"pid {pid}" in status.stdout
+        assert "answering" in status.stdout
+        again = aso("store", "start", config=path)
+        assert "already running" in again.stdout and int(pid_file.read_text()) == pid
+
+        first = aso("db", "init", config=path)
+        assert first.returncode == 0, first.stderr
+        assert "created database asynctransfer" in first.stdout
+        assert "design document _design/asyncstageout written" in first.stdout
+        second = aso("db", "init", config=path)
+        assert "created database" not in second.stdout
+        assert "design document _design/asyncstageout unchanged" in second.stdout
+
+        demo = REPO / "deploy" / "demo" / "requests.json"
+        up = aso("upload", "--file", str(demo), "--json", config=path)
+        assert up.returncode == 0, up.stderr
+        answer = json.loads(up.stdout)
+        assert len(answer["recorded"]) == 3 and answer["refused"] == {}
+        up_again = aso("upload", "--file", str(demo), "--json", config=path)
+        assert sorted(json.loads(up_again.stdout)["already"]) == sorted(answer["recorded"])
+        listing = aso("request", "list", "--task", "261121_120000:demo_crab_ttbar", config=path)
+        assert listing.returncode == 0 and listing.stdout.count(" new ") == 3
+        shown = aso("request", "show", answer["recorded"][0], config=path)
+        assert json.loads(shown.stdout)["_id"] == answer["recorded"][0]
+        missing = aso("request", "show", "f" * 64, config=path)
+        assert missing.returncode == 1
+        bad_state = aso("request", "list", "--state", "flying", config=path)
+        assert bad_state.returncode == 2 and "unknown state" in one_line_error(bad_state)
+
+        # A second config on another data dir: its stop must not touch our store.
+        other = make_config(tmp_path / "other", free_port())
+        (tmp_path / "other").mkdir()
+        other_path = write_config(other)
+        stopped_other = aso("store", "stop", config=other_path)
+        assert "not running" in stopped_other.stdout
+        assert aso("store", "status", config=path).returncode == 0
+    finally:
+        stopped = aso("store", "stop", config=path)
+    assert stopped.returncode == 0 and f"stopped (pid {pid})" in stopped.stdout
+    status = aso("store", "status", config=path)
+    assert status.returncode == 1 and "not answering" in status.stdout
+    assert not (tmp_path / "store" / "pouchdb-server.pid").exists()
+
+
+def test_start_refuses_a_port_taken_by_another_server(store_config, tmp_path):
+    """Another server answers at the URL: say so, do not start a second store."""
+    config = Config(source=tmp_path / "aso.toml")
+    config.store = store_config.store
+    config.embedded.data_dir = str(tmp_path / "store")
+    path = tmp_path / "aso.toml"
+    path.write_text(render(config, show_secrets=True))
+    result = aso("store", "start", config=path)
+    assert result.returncode == 1
+    assert "another server already answers" in one_line_error(result)
+
+
+def test_upload_errors(tmp_path, store_config, files_db):
+    path = tmp_path / "aso.toml"
+    config = Config(source=path)
+    config.store = dataclasses.replace(store_config.store, files_db=files_db)
+    path.write_text(render(config, show_secrets=True))
+    missing = aso("upload", "--task", "t1", config=path)
+    assert missing.returncode == 2 and "give --file or all of" in one_line_error(missing)
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        '[{"task": "t", "job_id": "1", "source": "T2_CH_CERN", '
+        '"destination": "T2_DE_DESY", "source_lfn": "/store/temp/user/a/x.root", '
+        '"destination_lfn": "/store/user/a/x.root", "size": -5, "adler32": "1"}]'
+    )
+    result = aso("upload", "--file", str(bad), config=path)
+    assert result.returncode == 1
+    assert "item 0: doc.size must be >= 0" in one_line_error(result)
+    bad.write_text("{not json")
+    result = aso("upload", "--file", str(bad), config=path)
+    assert result.returncode == 1 and "not valid JSON" in one_line_error(result)

@@ -1,0 +1,185 @@
+"""The model and the config on their own (no store): ids, schema, transitions, config keys."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from aso import config as aso_config
+from aso import model
+from aso.model import ADMIN, AGENT, OWNER, STATE, Change
+from tests.conftest import sample_request
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_request_id_is_deterministic_hash_of_source_lfn():
+    a = sample_request("alice")
+    again = model.new_request(
+        user="alice",
+        task=a["task"],
+        job_id=a["job_id"],
+        source=a["source"],
+        destination=a["destination"],
+        source_lfn=a["source_lfn"],
+        destination_lfn=a["destination_lfn"],
+        size=a["size"],
+        adler32="a1b2c3d",
+    )
+    assert again["_id"] == a["_id"] == model.request_id(a["source_lfn"])
+    assert re.fullmatch(model.DOC_ID_PATTERN, a["_id"])
+    assert again["checksum"] == {"adler32": "0a1b2c3d"}  # normalised: 8 lower-case hex digits
+
+
+def test_new_request_records_its_creation():
+    doc = sample_request("alice", at=1700000000.0)
+    assert doc["state"] == "new" and doc["cleanup"] == "pending"
+    assert doc["publication"] == "not_required"
+    assert doc["history"] == [
+        {"axis": "state", "from": None, "to": "new", "at": 1700000000.0, "by": "alice"}
+    ]
+    assert doc["created"] == doc["last_update"] == 1700000000.0
+    log = sample_request(
+        "alice", file_type="log", publish=True, publish_info={"dataset": "/a/b-c/USER"}
+    )
+    assert log["publication"] == "not_required"  # logs are never published
+
+
+def test_transition_appends_history_and_checks_the_role():
+    doc = sample_request("alice")
+    acquired = model.transition(
+        doc,
+        [Change(STATE, "acquired", "submitter@h:1")],
+        AGENT,
+        at=5.0,
+        lease={"owner": "submitter@h:1", "until": 9.0},
+    )
+    assert acquired["state"] == "acquired" and acquired["last_update"] == 5.0
+    assert acquired["history"][-1] == {
+        "axis": "state",
+        "from": "new",
+        "to": "acquired",
+        "at": 5.0,
+        "by": "submitter@h:1",
+    }
+    assert doc["state"] == "new" and len(doc["history"]) == 1  # the input is untouched
+    with pytest.raises(model.TransitionError, match="owner may not change state"):
+        model.transition(doc, [Change(STATE, "acquired", "alice")], OWNER)
+    with pytest.raises(model.TransitionError, match="cleanup may only change while state"):
+        model.transition(doc, [Change("cleanup", "cleaned", "c")], AGENT)
+    with pytest.raises(model.TransitionError, match="has no state"):
+        model.transition(doc, [Change(STATE, "flying", "x")], ADMIN)
+    failed = model.transition(doc, [Change(STATE, "killed", "alice", reason="x" * 9000)], OWNER)
+    assert len(failed["history"][-1]["reason"]) == 4096
+    model.check_schema(failed)
+
+
+def test_transition_table_is_closed_over_the_states():
+    for axis, table in model.TRANSITIONS.items():
+        for (old, new), roles in table.items():
+            assert old in model.STATES[axis] and new in model.STATES[axis], (axis, old, new)
+            assert roles and roles <= {OWNER, AGENT}
+    # Every non-final state has a way out for some role; final ones only by the user's hand.
+    for state in model.STATES[STATE]:
+        exits = [b for (a, b) in model.TRANSITIONS[STATE] if a == state]
+        assert exits or state in model.FINAL[STATE], state
+
+
+def test_validation_model_is_json_and_complete():
+    import json
+
+    data = json.loads(json.dumps(model.validation_model()))
+    assert set(data["transitions"]) == set(model.AXES)
+    assert data["transitions"]["state"]["new>acquired"] == ["agent"]
+
+
+def test_role_of():
+    doc = {"user": "alice"}
+    assert model.role_of({"name": "x", "roles": ["_admin"]}, doc) == ADMIN
+    assert model.role_of({"name": "x", "roles": ["aso-admin"]}, doc) == ADMIN
+    assert model.role_of({"name": "x", "roles": ["aso-agent"]}, doc) == AGENT
+    assert model.role_of({"name": "alice", "roles": ["aso-user"]}, doc) == OWNER
+    assert model.role_of({"name": "bob", "roles": ["aso-user"]}, doc) is None
+    assert model.role_of({"name": None, "roles": []}, doc) is None
+
+
+# --- config ----------------------------------------------------------------------------------
+def test_defaults_without_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ASO_CONFIG", raising=False)
+    monkeypatch.setattr(aso_config, "SEARCH_PATHS", (Path("aso.toml"),))
+    config = aso_config.load()
+    assert config.source is None
+    assert config.store.url == "http://127.0.0.1:5984"
+    assert config.path(config.embedded.data_dir) == tmp_path / "var" / "store"
+
+
+def test_relative_paths_are_relative_to_the_file(tmp_path):
+    path = tmp_path / "etc" / "aso.toml"
+    path.parent.mkdir()
+    path.write_text('[embedded]\ndata_dir = "../data"\n[store]\nretries = 3\nbackoff = 1\n')
+    config = aso_config.load(str(path))
+    assert config.path(config.embedded.data_dir) == tmp_path / "data"
+    assert config.store.retries == 3 and config.store.backoff == 1.0
+
+
+def test_env_variable_names_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "x.toml"
+    path.write_text('[store]\nfiles_db = "other"\n')
+    monkeypatch.setenv("ASO_CONFIG", str(path))
+    assert aso_config.load().store.files_db == "other"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[stor]\nurl = 'http://x'\n", "unknown key 'stor' (did you mean 'store'?)"),
+        ("[store]\nretries = true\n", "store.retries: expected int, got bool"),
+        ("[store]\nurl = 'ftp://x'\n", "store.url must be an http:// or https:// URL"),
+        ("[log]\nlevel = 'LOUD'\n", "log.level must be"),
+        ("store = 3\n", "[store] must be a table"),
+        ("[store]\npool_size = 0\n", "store.pool_size is out of range"),
+    ],
+)
+def test_bad_config_values(tmp_path, text, message):
+    path = tmp_path / "aso.toml"
+    path.write_text(text)
+    with pytest.raises(aso_config.ConfigError) as err:
+        aso_config.load(str(path))
+    assert message in str(err.value)
+
+
+def test_new_config_round_trips_with_generated_passwords(tmp_path):
+    path = tmp_path / "aso.toml"
+    aso_config.write_new_config(path)
+    config = aso_config.load(str(path))
+    assert len(config.store.admin_password) >= 20 and config.store.agent_password
+    assert config.store.admin_password != config.store.agent_password
+
+
+def test_readme_documents_every_key_with_its_default():
+    text = README.read_text()
+    for key, default, _doc in aso_config.describe():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{key}` ")), None)
+        assert row is not None, f"README has no row for {key}"
+        shown = f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
+        assert shown in row, f"README row of {key} does not show its default {shown}"
+
+
+def test_readme_transition_table_is_the_models():
+    rows = re.findall(
+        r"^\| (state|cleanup|publication) \| `(\w+)` → `(\w+)` \| ([\w, ]+) \|$",
+        README.read_text(),
+        flags=re.MULTILINE,
+    )
+    documented = {
+        (axis, a, b): frozenset(r.strip() for r in roles.split(",")) for axis, a, b, roles in rows
+    }
+    actual = {
+        (axis, a, b): roles
+        for axis, table in model.TRANSITIONS.items()
+        for (a, b), roles in table.items()
+    }
+    assert documented == actual
