@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aso.config import Config
-from aso.store import Server, Settings, StoreError, StoreUnavailable, redact
+from aso.store import Server, Settings, StoreError, redact
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -204,15 +204,6 @@ class EmbeddedStore:
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return f"embedded store stopped (pid {pid})"
-
-    def admin(self) -> Server:
-        """A Server client with the admin account (for tools that manage the store)."""
-        server = Server.from_config(self.config, account="admin")
-        try:
-            server.info()
-        except StoreUnavailable as exc:
-            raise EmbeddedError(str(exc)) from None
-        return server
 
 
 def free_port() -> int:

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -290,40 +291,37 @@ class FlakyProxy:
         self.sock.close()
 
 
-def _port_of(server: Server) -> int:
-    return int(server.url.rsplit(":", 1)[1])
+@contextlib.contextmanager
+def behind_flaky_proxy(
+    admin: Server, failures: int, retries: int
+) -> Iterator[tuple[Server, FlakyProxy]]:
+    """An admin client of the real store, reaching it through a FlakyProxy."""
+    proxy = FlakyProxy(int(admin.url.rsplit(":", 1)[1]), failures)
+    try:
+        yield (
+            Server(
+                f"http://127.0.0.1:{proxy.port}",
+                admin.user,
+                admin._password,
+                Settings(retries=retries, backoff=0.05),
+            ),
+            proxy,
+        )
+    finally:
+        proxy.close()
 
 
 def test_5xx_answers_are_retried_with_backoff(admin, files_db):
-    proxy = FlakyProxy(_port_of(admin), failures=2)
-    try:
-        flaky = Server(
-            f"http://127.0.0.1:{proxy.port}",
-            admin.user,
-            admin._password,
-            Settings(retries=3, backoff=0.05),
-        )
-        doc = sample_request("alice")
-        [result] = flaky.db(files_db).bulk_write([doc])
+    with behind_flaky_proxy(admin, failures=2, retries=3) as (flaky, proxy):
+        [result] = flaky.db(files_db).bulk_write([sample_request("alice")])
         assert result.ok and proxy.refused == 2
-    finally:
-        proxy.close()
 
 
 def test_5xx_beyond_the_retries_is_reported(admin, files_db):
-    proxy = FlakyProxy(_port_of(admin), failures=10)
-    try:
-        flaky = Server(
-            f"http://127.0.0.1:{proxy.port}",
-            admin.user,
-            admin._password,
-            Settings(retries=1, backoff=0.05),
-        )
+    with behind_flaky_proxy(admin, failures=10, retries=1) as (flaky, proxy):
         with pytest.raises(StoreError) as err:
             flaky.db(files_db).info()
         assert err.value.status == 503 and proxy.refused == 2
-    finally:
-        proxy.close()
 
 
 def test_push_design_is_idempotent(files_db, admin):
