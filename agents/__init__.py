@@ -1,1 +1,19 @@
-"""ASO agents: one module per daemon (submitter, monitor, ...), each a thin loop over aso."""
+"""ASO's agents: one module per daemon, each a small `aso.runtime.Agent` over plain functions.
+
+`AGENTS` names them for `aso agent NAME` and `aso run`; modules are imported on demand."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+AGENTS = {
+    "submitter": "agents.submitter:Submitter",
+    "monitor": "agents.monitor:Monitor",
+}
+
+
+def agent_class(name: str) -> Any:
+    """The Agent class registered as `name` (KeyError if there is none)."""
+    module, _, attr = AGENTS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -17,12 +17,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
 from aso.config import Config, ConfigError
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedError, EmbeddedStore
+from aso.runtime import Runner
 from aso.store import Server, StoreError, redact
+from aso.supervisor import Supervisor
 from aso.upload import requests_from_json, upload
 
 console = Console()
@@ -110,8 +113,13 @@ def config_show(
 
 
 @config_app.command("keys")
-def config_keys() -> None:
+def config_keys(
+    markdown: Annotated[bool, typer.Option("--markdown", help="As the README's table.")] = False,
+) -> None:
     """List every configuration key with its default and meaning."""
+    if markdown:
+        print(aso_config.markdown_table())
+        return
     table = Table("key", "default", "meaning")
     for key, default, doc in aso_config.describe():
         table.add_row(key, json.dumps(default), doc)
@@ -317,6 +325,56 @@ def request_list(
                 doc["publication"],
             )
     console.print(table)
+
+
+# --- agents ----------------------------------------------------------------------------------
+@app.command("agent")
+def agent_cmd(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Agent: " + ", ".join(AGENTS) + ".")],
+    instance: Annotated[
+        str | None,
+        typer.Option(help="Instance name (default: HOST-PID); unique among the agent's instances."),
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="Run one cycle and stop.")] = False,
+) -> None:
+    """Run one agent instance in the foreground until Ctrl-C or SIGTERM."""
+    if name not in AGENTS:
+        raise UsageError(f"unknown agent {name!r}; one of {', '.join(AGENTS)}")
+    config = _config(ctx)
+    agent = agent_class(name)(config, instance)
+    _log_instance(agent.instance)
+    runner = Runner(agent)
+    runner.install_signal_handlers()
+    runner.run(once=once)
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    agents_only: Annotated[
+        bool, typer.Option("--agents-only", help="Only the agents (the store runs elsewhere).")
+    ] = False,
+    host_id: Annotated[
+        str | None,
+        typer.Option(help="Name of this agent host in instance names (default: the host name)."),
+    ] = None,
+) -> None:
+    """Run the whole service here: store, storage and every agent, supervised; Ctrl-C stops."""
+    config = _config(ctx)
+    Supervisor(config, config.source, agents_only=agents_only, host_id=host_id).run()
+
+
+def _log_instance(instance: str) -> None:
+    """Every log line of an agent process names its instance."""
+    old = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = old(*args, **kwargs)
+        record.msg = f"[{instance}] {record.msg}"
+        return record
+
+    logging.setLogRecordFactory(factory)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ a misspelt key would otherwise silently fall back to its default.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -32,7 +33,10 @@ class ConfigError(Exception):
 
 
 def _key(default: Any, doc: str, *, secret: bool = False, path: bool = False) -> Any:
-    return field(default=default, metadata={"doc": doc, "secret": secret, "path": path})
+    meta = {"doc": doc, "secret": secret, "path": path, "default": default}
+    if isinstance(default, dict | list):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -54,6 +58,9 @@ class StoreConfig:
         "", "Password of `store.agent_user`; `aso config init` generates one.", secret=True
     )
     files_db: str = _key("asynctransfer", "Database holding the transfer requests.")
+    transfers_db: str = _key(
+        "aso_transfers", "Database of the gfal and sim transfer services' jobs."
+    )
     connect_timeout: float = _key(5.0, "Seconds to wait for a TCP connection to the store.")
     read_timeout: float = _key(
         120.0, "Seconds to wait for a store answer (view builds can be slow)."
@@ -87,10 +94,138 @@ class LogConfig:
 
 
 @dataclass
+class TransferConfig:
+    backend: str = _key("gfal", "Transfer service: gfal (embedded), fts3 (production) or sim.")
+    max_files_per_job: int = _key(100, "Most files in one transfer job.")
+    max_active_per_link: int = _key(
+        100, "Most files acquired or in transfer per source→destination."
+    )
+    max_active_per_site: int = _key(
+        200,
+        "Most files acquired or in transfer from or to one site (unless the site sets its own).",
+    )
+    overwrite: bool = _key(False, "Overwrite a file that exists at the destination.")
+    verify_checksum: bool = _key(True, "Compare adler32 of source, destination and request.")
+    priority: int = _key(3, "Job priority at the transfer service, 1 (lowest) to 5.")
+    max_time_in_queue: int = _key(
+        21600, "Seconds a job may wait at the transfer service before it gives up."
+    )
+    lease: float = _key(
+        300.0, "Seconds an `acquired` request stays leased to its submitter before others may act."
+    )
+
+
+@dataclass
+class SiteConfig:
+    root_url: str = _key("", "XRootD endpoint of the site, e.g. root://127.0.0.1:21094.")
+    http_url: str = _key("", "HTTP/WebDAV endpoint of the site, e.g. https://127.0.0.1:21095.")
+    protocol: str = _key("https", "Endpoint transfers use: root, http or https.")
+    path_prefix: str = _key(
+        "", "Prefix of the LFN in the endpoint's namespace (PFN = URL + prefix + LFN)."
+    )
+    temp_area: str = _key(
+        "/store/temp/user/", "LFN area of jobs' temporary copies (the cleaner deletes only there)."
+    )
+    user_area: str = _key("/store/user/", "LFN area of users' final files.")
+    embedded: bool = _key(True, "`aso storage start` runs an XRootD server for this site.")
+    max_active: int = _key(
+        0, "Most files in transfer from or to this site; 0: transfer.max_active_per_site."
+    )
+
+
+def _site(n: int) -> dict[str, Any]:
+    return {
+        "root_url": f"root://127.0.0.1:{21094 + 2 * n}",
+        "http_url": f"https://127.0.0.1:{21095 + 2 * n}",
+    }
+
+
+DEFAULT_SITES = {"T2_CH_CERN": _site(0), "T2_IT_Pisa": _site(1), "T2_DE_DESY": _site(2)}
+
+
+@dataclass
+class StorageConfig:
+    data_dir: str = _key(
+        "var/storage",
+        "Directory of the embedded XRootD servers: exports, configs, logs, TLS.",
+        path=True,
+    )
+    xrootd: str = _key("/usr/bin/xrootd", "XRootD server executable.", path=True)
+    start_timeout: float = _key(30.0, "Seconds `aso storage start` waits for each server.")
+
+
+@dataclass
+class GfalConfig:
+    workers: int = _key(16, "Copies run at once by one gfal worker process.")
+    timeout: int = _key(3600, "Seconds one copy may take.")
+    poll_interval: float = _key(2.0, "Seconds between two looks for new jobs.")
+
+
+@dataclass
+class Fts3Config:
+    endpoint: str = _key("", "FTS3 REST endpoint, e.g. https://fts3.example.org:8446.")
+    proxy: str = _key(
+        "", "X.509 proxy to authenticate and delegate; empty: $X509_USER_PROXY.", path=True
+    )
+    capath: str = _key(
+        "/etc/grid-security/certificates", "CA directory to verify the FTS3 server.", path=True
+    )
+    verify: bool = _key(True, "Verify the FTS3 server's certificate.")
+    timeout: float = _key(60.0, "Seconds to wait for an FTS3 answer.")
+    retry: int = _key(0, "Retries FTS3 itself makes of a failed file (ASO retries on its own).")
+    monitor_url: str = _key(
+        "", "Link template to a job in the FTS web monitor; {job_id} is replaced."
+    )
+
+
+@dataclass
+class SimConfig:
+    mean_duration: float = _key(20.0, "Mean simulated transfer time in seconds.")
+    distribution: str = _key(
+        "exponential", "Duration distribution: exponential, lognormal or fixed."
+    )
+    failure_rate: float = _key(0.0, "Probability that a simulated transfer fails.")
+    link_failure_rates: dict = _key(
+        {}, 'Failure probability per link, {"SRC>DST" = 0.5}, over failure_rate.'
+    )
+    failure_classes: dict = _key(
+        {"connection": 0.5, "timeout": 0.3, "source_missing": 0.1, "checksum_mismatch": 0.1},
+        "Weights of the error classes of simulated failures.",
+    )
+    outages: list = _key(
+        [], 'Outages: [{site = "T2_X", start = 0, end = 600}] in seconds after the service starts.'
+    )
+    seed: int = _key(0, "Seed of the random draws (same seed, same durations and failures).")
+
+
+@dataclass
+class AgentsConfig:
+    poll_interval: float = _key(5.0, "Seconds an agent waits for new work when it has none.")
+    heartbeat_interval: float = _key(15.0, "Seconds between two heartbeats of an agent instance.")
+    heartbeat_expiry: float = _key(
+        60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
+    )
+    instances: dict = _key(
+        {"submitter": 1, "monitor": 1}, "How many instances of each agent `aso run` starts."
+    )
+    log_dir: str = _key("var/log", "Directory of the agents' log files under `aso run`.", path=True)
+
+
+@dataclass
 class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    sites: dict[str, SiteConfig] = field(
+        default_factory=lambda: {name: SiteConfig(**v) for name, v in DEFAULT_SITES.items()},
+        metadata={"table_of": SiteConfig},
+    )
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    gfal: GfalConfig = field(default_factory=GfalConfig)
+    fts3: Fts3Config = field(default_factory=Fts3Config)
+    sim: SimConfig = field(default_factory=SimConfig)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
     source: Path | None = field(default=None, metadata={"internal": True})
 
     @property
@@ -110,7 +245,8 @@ class Config:
 
 
 def sections(config: Config | None = None) -> list[tuple[str, Any]]:
-    """(name, section dataclass instance or class) for every section, in file order."""
+    """(name, section) for every section in file order; a section is a dataclass instance, or
+    a {name: dataclass} table for `sites`."""
     target = config or Config()
     return [
         (f.name, getattr(target, f.name))
@@ -119,12 +255,18 @@ def sections(config: Config | None = None) -> list[tuple[str, Any]]:
     ]
 
 
+def _table_of(name: str) -> type | None:
+    return next(f.metadata.get("table_of") for f in dataclasses.fields(Config) if f.name == name)
+
+
 def describe() -> list[tuple[str, Any, str]]:
     """(`section.key`, default, meaning) for every key: the source of the README's table."""
     rows = []
     for name, section in sections():
-        for f in dataclasses.fields(section):
-            rows.append((f"{name}.{f.name}", f.default, f.metadata["doc"]))
+        kind = _table_of(name)
+        prefix = f"{name}.NAME" if kind else name
+        for f in dataclasses.fields(kind or section):
+            rows.append((f"{prefix}.{f.name}", f.metadata["default"], f.metadata["doc"]))
     return rows
 
 
@@ -144,6 +286,15 @@ def _unknown(where: str, name: str, known: list[str]) -> ConfigError:
     return ConfigError(f"{where}: unknown key '{name}'{hint}")
 
 
+def _fill(section: Any, values: dict[str, Any], label: str, prefix: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    for key, value in values.items():
+        if key not in fields:
+            raise _unknown(label, f"{prefix}.{key}", [f"{prefix}.{k}" for k in fields])
+        expected = type(fields[key].metadata["default"])
+        setattr(section, key, _check_type(f"{label}: {prefix}.{key}", value, expected))
+
+
 def from_dict(data: dict[str, Any], source: Path | None = None) -> Config:
     config = Config(source=source)
     label = str(source) if source else "config"
@@ -153,27 +304,53 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> Config:
             raise _unknown(label, section_name, known_sections)
         if not isinstance(values, dict):
             raise ConfigError(f"{label}: [{section_name}] must be a table")
-        section = getattr(config, section_name)
-        fields = {f.name: f for f in dataclasses.fields(section)}
-        for key, value in values.items():
-            where = f"{label}: {section_name}.{key}"
-            if key not in fields:
-                raise _unknown(
-                    label, f"{section_name}.{key}", [f"{section_name}.{k}" for k in fields]
-                )
-            setattr(section, key, _check_type(where, value, type(fields[key].default)))
+        kind = _table_of(section_name)
+        if kind is None:
+            _fill(getattr(config, section_name), values, label, section_name)
+            continue
+        # A table of named entries (the site catalogue): the file's entries replace the defaults.
+        table = {}
+        for entry, entry_values in values.items():
+            if not isinstance(entry_values, dict):
+                raise ConfigError(f"{label}: [{section_name}.{entry}] must be a table")
+            table[entry] = kind()
+            _fill(table[entry], entry_values, label, f"{section_name}.{entry}")
+        setattr(config, section_name, table)
     _check_values(config, label)
     return config
 
 
 def _check_values(config: Config, label: str) -> None:
+    def bad(message: str) -> ConfigError:
+        return ConfigError(f"{label}: {message}")
+
     if not config.store.url.startswith(("http://", "https://")):
-        raise ConfigError(f"{label}: store.url must be an http:// or https:// URL")
+        raise bad("store.url must be an http:// or https:// URL")
     if config.log.level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise ConfigError(f"{label}: log.level must be DEBUG, INFO, WARNING or ERROR")
+        raise bad("log.level must be DEBUG, INFO, WARNING or ERROR")
     for name in ("retries", "pool_size"):
         if getattr(config.store, name) < (0 if name == "retries" else 1):
-            raise ConfigError(f"{label}: store.{name} is out of range")
+            raise bad(f"store.{name} is out of range")
+    if config.transfer.backend not in ("gfal", "fts3", "sim"):
+        raise bad("transfer.backend must be gfal, fts3 or sim")
+    if not 1 <= config.transfer.max_files_per_job <= 1000:
+        raise bad("transfer.max_files_per_job must be between 1 and 1000")
+    if not 1 <= config.transfer.priority <= 5:
+        raise bad("transfer.priority must be between 1 and 5")
+    for name, site in config.sites.items():
+        if site.protocol not in ("root", "http", "https"):
+            raise bad(f"sites.{name}.protocol must be root, http or https")
+        url = site.root_url if site.protocol == "root" else site.http_url
+        if not url:
+            raise bad(f"sites.{name} uses protocol {site.protocol} but has no URL for it")
+    if config.sim.distribution not in ("exponential", "lognormal", "fixed"):
+        raise bad("sim.distribution must be exponential, lognormal or fixed")
+    rates = [config.sim.failure_rate, *config.sim.link_failure_rates.values()]
+    if any(not isinstance(r, int | float) or not 0 <= r <= 1 for r in rates):
+        raise bad("sim failure rates must be numbers between 0 and 1")
+    for agent, count in config.agents.instances.items():
+        if not isinstance(count, int) or count < 0:
+            raise bad(f"agents.instances.{agent} must be a whole number >= 0")
 
 
 def find_config_file(explicit: str | None = None) -> Path | None:
@@ -205,17 +382,33 @@ def load(explicit: str | None = None) -> Config:
     return from_dict(data, source=path)
 
 
+def _section_dict(section: Any, show_secrets: bool) -> dict[str, Any]:
+    values = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata["secret"] and value and not show_secrets:
+            value = "********"
+        values[f.name] = value
+    return values
+
+
 def to_dict(config: Config, *, show_secrets: bool = False) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, section in sections(config):
-        values = {}
-        for f in dataclasses.fields(section):
-            value = getattr(section, f.name)
-            if f.metadata["secret"] and value and not show_secrets:
-                value = "********"
-            values[f.name] = value
-        out[name] = values
+        if _table_of(name):
+            out[name] = {k: _section_dict(v, show_secrets) for k, v in section.items()}
+        else:
+            out[name] = _section_dict(section, show_secrets)
     return out
+
+
+def markdown_table() -> str:
+    """The README's table of keys (`aso config keys --markdown`)."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for key, default, doc in describe():
+        shown = f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
+        lines.append(f"| `{key}` | {shown} | {doc} |")
+    return "\n".join(lines)
 
 
 def render(config: Config, *, show_secrets: bool = False) -> str:

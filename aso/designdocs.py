@@ -21,6 +21,8 @@ from couchapp import localdoc
 from aso import model
 from aso.config import Config
 from aso.store import Server
+from aso.transfer.jobstore import JOBS_DDOC
+from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
 log = logging.getLogger("aso.db")
 
@@ -80,6 +82,10 @@ def init_databases(admin: Server, config: Config) -> InitReport:
     for ddoc in design_documents():
         written = db.push_design(ddoc)
         (report.design_written if written else report.design_unchanged).append(ddoc["_id"])
+    if admin.create_db(config.store.transfers_db, JOBS_SECURITY):
+        report.created_dbs.append(config.store.transfers_db)
+    if admin.db(config.store.transfers_db).push_design(JOBS_DDOC):
+        report.design_written.append(f"{config.store.transfers_db}/{JOBS_DDOC['_id']}")
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")

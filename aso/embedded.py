@@ -55,6 +55,9 @@ class EmbeddedStore:
         self.pid_file = self.data_dir / "pouchdb-server.pid"
         self.log_file = self.data_dir / "pouchdb-server.log"
 
+    def host_is_loopback(self) -> bool:
+        return self.host in LOOPBACK
+
     # -- inspection -----------------------------------------------------------------------------
     def server_command(self) -> Path:
         configured = self.config.embedded.server

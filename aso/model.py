@@ -31,6 +31,7 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 REQUEST_TYPE = "transfer_request"
+HEARTBEAT_TYPE = "heartbeat"
 
 # Roles as validate_doc_update sees them (derived from userCtx by `role_of`).
 ADMIN = "admin"
@@ -308,6 +309,35 @@ REQUEST_SCHEMA: dict[str, Any] = {
 }
 
 
+# An agent instance's heartbeat (written by agents only; `_id` "heartbeat:<agent>:<instance>").
+HEARTBEAT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "agent", "instance", "host", "pid", "started", "last_seen"],
+    "fields": {
+        "type": {"type": "string", "enum": [HEARTBEAT_TYPE]},
+        "agent": {"type": "string", "pattern": r"^[a-z][a-z0-9-]{0,63}$"},
+        "instance": {"type": "string", "max": 200},
+        "host": {"type": "string", "max": 255},
+        "pid": _COUNT,
+        "started": _EPOCH,
+        "last_seen": _EPOCH,
+        "stopped": {"type": ["number", "null"], "min": 0},
+        "cycles": _COUNT,
+        "last_cycle": {
+            "type": "object",
+            "max_keys": 50,
+            "values": {"type": ["number", "string", "null"], "max": 512},
+        },
+        "totals": {"type": "object", "max_keys": 50, "values": {"type": "number"}},
+    },
+}
+HEARTBEAT_ID_PATTERN = r"^heartbeat:[a-z][a-z0-9-]{0,63}:[^\s]{1,200}$"
+
+
+def heartbeat_id(agent: str, instance: str) -> str:
+    return f"heartbeat:{agent}:{instance}"
+
+
 # --- errors ----------------------------------------------------------------------------------
 class ModelError(ValueError):
     """A document or a change breaks the model; the message names the rule."""
@@ -568,6 +598,8 @@ def validation_model() -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "request_type": REQUEST_TYPE,
         "schema": REQUEST_SCHEMA,
+        "agent_schemas": {HEARTBEAT_TYPE: HEARTBEAT_SCHEMA},
+        "agent_id_patterns": {HEARTBEAT_TYPE: HEARTBEAT_ID_PATTERN},
         "max_doc_chars": MAX_DOC_CHARS,
         "doc_id_pattern": DOC_ID_PATTERN,
         "axes": list(AXES),

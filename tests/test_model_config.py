@@ -166,6 +166,7 @@ def test_readme_documents_every_key_with_its_default():
         assert row is not None, f"README has no row for {key}"
         shown = f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
         assert shown in row, f"README row of {key} does not show its default {shown}"
+    assert aso_config.markdown_table() in text  # regenerate: aso config keys --markdown
 
 
 def test_readme_transition_table_is_the_models():

@@ -245,8 +245,8 @@ MALFORMED = [
     ("bad site", lambda d: d.update(destination="nowhere"), "[schema] doc.destination"),
     (
         "wrong document type",
-        lambda d: d.update(type="heartbeat"),
-        '[type] unknown document type "heartbeat"',
+        lambda d: d.update(type="bogus"),
+        '[type] unknown document type "bogus"',
     ),
     (
         "publish without dataset",
@@ -403,3 +403,32 @@ def test_members_read_and_strangers_do_not(files_db, accounts, stored):
         with pytest.raises(StoreError) as err:
             db_as(accounts, who, files_db).get(stored["_id"])
         assert err.value.status in (401, 403)
+
+
+def test_heartbeats_are_written_by_agents_only(files_db, accounts):
+    beat = {
+        "_id": model.heartbeat_id("submitter", "h-1"),
+        "type": "heartbeat",
+        "agent": "submitter",
+        "instance": "h-1",
+        "host": "h",
+        "pid": 1,
+        "started": 1.0,
+        "last_seen": 2.0,
+        "cycles": 0,
+        "totals": {"jobs": 3},
+    }
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "alice", files_db).create(beat)
+    assert err.value.reason == "[agent-doc] only agents write heartbeat documents"
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "agent", files_db).create(dict(beat, pid="one"))
+    assert err.value.reason.startswith("[schema] doc.pid must be integer")
+    with pytest.raises(Forbidden) as err:
+        db_as(accounts, "agent", files_db).create(dict(beat, _id="heartbeat-of-nobody"))
+    assert err.value.reason == "[schema] doc._id does not name a heartbeat"
+    agent = db_as(accounts, "agent", files_db)
+    rev = agent.create(beat)
+    rev = agent.put(dict(beat, _rev=rev, last_seen=3.0))
+    agent.delete(beat["_id"], rev)
+    assert agent.get(beat["_id"]) is None

@@ -127,14 +127,23 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return;
   }
 
-  // Deletion: admins, or agents purging a finished request.
+  // Deletion: admins, or agents purging a finished request or an agent document.
   if (newDoc._deleted === true) {
     if (isAdmin) { return; }
-    if (isAgent && oldDoc && isFinal(oldDoc)) { return; }
+    if (isAgent && oldDoc && (model.agent_schemas.hasOwnProperty(oldDoc.type) || isFinal(oldDoc))) { return; }
     if (isAgent) { refuse('delete', 'agents may only delete finished requests'); }
     refuse('delete', 'only agents (finished requests) and admins may delete documents');
   }
 
+  // Documents of the agents themselves (heartbeats): agents and admins write them.
+  if (model.agent_schemas.hasOwnProperty(newDoc.type)) {
+    if (!isAgent && !isAdmin) { refuse('agent-doc', 'only agents write ' + newDoc.type + ' documents'); }
+    checkObject('doc', newDoc, model.agent_schemas[newDoc.type]);
+    if (!(new RegExp(model.agent_id_patterns[newDoc.type])).test(newDoc._id)) {
+      refuse('schema', 'doc._id does not name a ' + newDoc.type);
+    }
+    return;
+  }
   if (newDoc.type !== model.request_type) {
     refuse('type', 'unknown document type ' + JSON.stringify(newDoc.type) + '; expected ' + model.request_type);
   }

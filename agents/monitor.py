@@ -1,0 +1,299 @@
+"""Monitor (and reporter): follows the jobs of submitted files and writes their outcome back.
+
+One agent does both halves of the original's monitor and reporter, with no file-system hand-off
+between them: each cycle it
+* cancels at the service the files whose owner asked for a kill (`kill_requested`);
+* asks the service for the status of all active jobs in bulk (`status_batch` jobs a call) and
+  writes every file that ended, in one bulk write: `done` (with the checksum the service saw,
+  compared with the request's), or `failed_attempt` with the service's reason text and ASO's
+  error class, or `killed` for a cancelled file whose owner asked for it;
+* settles expired leases: an `acquired` file whose submitter died is adopted if its job reached
+  the service (looked up by the job key recorded in the lease) and put back to `new` if not.
+
+Partition: by job (a job's files are followed by one instance), or by job key for leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from aso import faults, model
+from aso.config import Config
+from aso.model import AGENT, STATE, Change
+from aso.runtime import Agent, Membership
+from aso.transfer import errors, open_service
+from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
+from aso.workqueue import ACTIVE, LEASE
+
+log = logging.getLogger("aso.agent.monitor")
+
+STATUS_BATCH = 50  # jobs per status call
+
+
+def same_checksum(a: str | None, b: str | None) -> bool:
+    def norm(x: str) -> str:
+        return x.lower().removeprefix("adler32:").lstrip("0")
+
+    return a is None or b is None or norm(a) == norm(b)
+
+
+def outcome(
+    doc: Mapping[str, Any], status: FileStatus | None, job_known: bool, by: str, now: float
+) -> dict[str, Any] | None:
+    """The document after its file's transfer ended, or None while it is still under way."""
+    killing = doc[STATE] == "kill_requested"
+    if not job_known or status is None:
+        reason = (
+            f"the transfer service does not know job {doc['transfer']['job_id']}"
+            if not job_known
+            else f"job {doc['transfer']['job_id']} has no file {doc['_id']}"
+        )
+        return _ended(
+            doc,
+            "killed" if killing else "failed_attempt",
+            by,
+            now,
+            reason=reason,
+            error_class=errors.LOST,
+            outcome="failed",
+        )
+    if not status.terminal:
+        return None
+    if status.state == DONE:
+        expected = doc["checksum"]["adler32"]
+        if not same_checksum(status.checksum, expected):
+            reason = f"checksum mismatch: destination {status.checksum}, request {expected}"
+            return _ended(
+                doc,
+                "killed" if killing else "failed_attempt",
+                by,
+                now,
+                reason=reason,
+                error_class=errors.CHECKSUM,
+                outcome="failed",
+                ended=status.ended,
+            )
+        return _ended(doc, "done", by, now, outcome="done", ended=status.ended)
+    error_class = status.error_class or errors.classify(message=status.reason)
+    target = "killed" if killing else "failed_attempt"
+    result = "canceled" if status.state == CANCELED else "failed"
+    return _ended(
+        doc,
+        target,
+        by,
+        now,
+        reason=status.reason or status.service_state,
+        error_class=error_class,
+        outcome=result,
+        ended=status.ended,
+    )
+
+
+def _ended(
+    doc: Mapping[str, Any],
+    state: str,
+    by: str,
+    now: float,
+    *,
+    outcome: str,
+    reason: str | None = None,
+    error_class: str | None = None,
+    ended: float | None = None,
+) -> dict[str, Any]:
+    attempts = [dict(a) for a in doc.get("attempts", [])]
+    if attempts:
+        attempts[-1].update(
+            ended=ended or now,
+            outcome=outcome,
+            reason=reason[:4096] if reason else None,
+            error_class=error_class,
+        )
+    fields: dict[str, Any] = {"attempts": attempts}
+    if state != "done":
+        fields.update(failure_reason=(reason or "")[:4096] or None, error_class=error_class)
+    return model.transition(doc, [Change(STATE, state, by, reason)], AGENT, at=now, **fields)
+
+
+def job_fields(doc: Mapping[str, Any], job_id: str, service: str, now: float) -> dict[str, Any]:
+    """What a document records of the job that carries its file."""
+    attempt = {
+        "job_id": job_id,
+        "service": service,
+        "submitted": now,
+        "ended": None,
+        "outcome": None,
+        "reason": None,
+        "error_class": None,
+    }
+    return {
+        "lease": None,
+        "transfer": {"job_id": job_id, "service": service, "file_id": doc["_id"]},
+        "attempts": [*doc.get("attempts", []), attempt][-200:],
+    }
+
+
+def adopted(
+    doc: Mapping[str, Any], job_id: str, service: str, by: str, now: float
+) -> dict[str, Any]:
+    """An acquired file whose job exists at the service: it is submitted after all."""
+    return model.transition(
+        doc,
+        [Change(STATE, "submitted", by, "adopted after lease expiry")],
+        AGENT,
+        at=now,
+        **job_fields(doc, job_id, service, now),
+    )
+
+
+def released(doc: Mapping[str, Any], by: str, now: float) -> dict[str, Any]:
+    """An acquired file whose job never reached the service: back to the queue."""
+    return model.transition(
+        doc, [Change(STATE, "new", by, "lease expired, no job")], AGENT, at=now, lease=None
+    )
+
+
+class Monitor(Agent):
+    name = "monitor"
+    kinds = (ACTIVE, LEASE)
+
+    def __init__(self, config: Config, instance: str | None = None):
+        super().__init__(config, instance)
+        self.service = open_service(config, self.server)
+        self.cancelled: set[tuple[str, str]] = set()  # (job, file) cancels already sent
+
+    def partition_key(self, doc: Mapping[str, Any]) -> str:
+        if doc.get("transfer"):
+            return doc["transfer"]["job_id"]
+        return (doc.get("lease") or {}).get("job_key", doc["_id"])
+
+    def close(self) -> None:
+        self.service.close()
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        now = time.time()
+        report = {"done": 0, "failed": 0, "killed": 0, "adopted": 0, "released": 0, "conflicts": 0}
+        updates: list[dict[str, Any]] = []
+        active = [
+            d for d in mine if d[STATE] in ("submitted", "kill_requested") and d.get("transfer")
+        ]
+        self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
+        try:
+            updates += self.poll(active, now)
+            updates += self.settle_leases(mine, now)
+        except TransferError as exc:
+            log.warning("transfer service unavailable (%s): will ask again", exc)
+        self.write(updates, report)
+        return report
+
+    def send_cancels(self, docs: list[dict[str, Any]]) -> None:
+        by_job: dict[str, list[str]] = defaultdict(list)
+        for doc in docs:
+            job_id = doc["transfer"]["job_id"]
+            if (job_id, doc["_id"]) not in self.cancelled:
+                by_job[job_id].append(doc["_id"])
+        for job_id, file_ids in by_job.items():
+            try:
+                self.service.cancel(job_id, file_ids)
+            except TransferError as exc:
+                log.warning("cancel of %d files of job %s failed: %s", len(file_ids), job_id, exc)
+                continue
+            self.cancelled.update((job_id, f) for f in file_ids)
+            log.info("job %s: cancel asked for %d files the user killed", job_id, len(file_ids))
+
+    def poll(self, active: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for doc in active:
+            by_job[doc["transfer"]["job_id"]].append(doc)
+        job_ids = sorted(by_job)
+        updates = []
+        for start in range(0, len(job_ids), STATUS_BATCH):
+            batch = job_ids[start : start + STATUS_BATCH]
+            statuses: dict[str, JobStatus | None] = self.service.status(batch)
+            faults.point("monitor.after_status")
+            for job_id in batch:
+                job = statuses.get(job_id)
+                for doc in by_job[job_id]:
+                    file_status = job.files.get(doc["_id"]) if job else None
+                    updated = outcome(doc, file_status, job is not None, self.instance, now)
+                    if updated is not None:
+                        updates.append(updated)
+        return updates
+
+    def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """Expired leases, and kills of files that never got a job id in their document."""
+        updates = []
+        for doc in mine:
+            lease = doc.get("lease") or {}
+            expired = doc[STATE] == "acquired" and lease.get("until", 0) < now
+            orphan_kill = doc[STATE] == "kill_requested" and not doc.get("transfer")
+            if not (expired or orphan_kill):
+                continue
+            job_id = self.service.lookup(lease["job_key"]) if lease.get("job_key") else None
+            if orphan_kill:
+                if job_id:
+                    # Record the job (no transition): the cancel and its outcome then follow
+                    # the path of every other kill of an active file.
+                    updates.append(
+                        {
+                            **doc,
+                            **job_fields(doc, job_id, self.service.name, now),
+                            "last_update": now,
+                        }
+                    )
+                else:
+                    updates.append(
+                        _ended(
+                            doc,
+                            "killed",
+                            self.instance,
+                            now,
+                            outcome="canceled",
+                            reason="killed before its job was submitted",
+                        )
+                    )
+            elif job_id:
+                updates.append(adopted(doc, job_id, self.service.name, self.instance, now))
+            else:
+                updates.append(released(doc, self.instance, now))
+        return updates
+
+    def write(self, updates: list[dict[str, Any]], report: dict[str, int]) -> None:
+        if not updates:
+            return
+        results = self.db.bulk_write(updates)
+        written = []
+        for doc, result in zip(updates, results, strict=True):
+            if not result.ok:
+                report["conflicts"] += 1
+                log.info("file %s not updated: %s (%s)", doc["_id"], result.error, result.reason)
+                continue
+            written.append(dict(doc, _rev=result.rev))
+            last = doc["history"][-1] if doc["history"] else {}
+            key = {
+                "done": "done",
+                "failed_attempt": "failed",
+                "killed": "killed",
+                "new": "released",
+                "submitted": "adopted",
+            }.get(doc[STATE])
+            if key and last.get("at") == doc["last_update"]:
+                report[key] += 1
+            log.info(
+                "file %s (%s): %s%s",
+                doc["_id"],
+                doc["source_lfn"],
+                doc[STATE],
+                f" [{doc.get('error_class')}] {doc.get('failure_reason')}"
+                if doc[STATE] in ("failed_attempt", "killed") and doc.get("error_class")
+                else "",
+            )
+        self.written(written)

@@ -1,0 +1,345 @@
+"""Submitter: turns `new` requests into transfer jobs.
+
+Core logic (plain functions over documents):
+* `plan_jobs`: which new files go now, and in which jobs. Files are grouped by
+  (user, group, role, source, destination); per-link and per-site caps on files acquired or in
+  transfer are honoured (protecting storage is why ASO exists); inside a link, users take turns
+  (fair share) and each user's files go by priority, then age; jobs hold at most
+  `transfer.max_files_per_job` files.
+* `acquire`: records the intent on the documents in one bulk write: `acquired`, with a lease
+  (owner, until) and the job key, *before* the job is submitted. A document whose write
+  conflicts (someone else acted) simply drops out of its job.
+* then the job is submitted under that key (idempotent at the service), and the documents move to
+  `submitted` with the job id.
+
+Crash safety: a submitter killed after `acquire` leaves `acquired` documents whose lease names
+the job key; when the lease expires the monitor asks the service for that key and either adopts
+the job or puts the files back to `new`. A submitter never submits with less lease left than the
+service's call may take, so the monitor cannot release a file whose job is still being created.
+
+Partition: by link (source → destination), so a link's cap is kept by one instance; a site's cap
+is shared out between the live instances.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aso import faults, model
+from aso.config import Config
+from aso.model import AGENT, STATE, Change
+from aso.runtime import Agent, Membership
+from aso.transfer import open_service
+from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
+from aso.workqueue import ACTIVE, LEASE, SUBMIT
+
+log = logging.getLogger("aso.agent.submitter")
+
+IN_FLIGHT = ("acquired", "submitted", "kill_requested")
+# Seconds of lease a submission must have left (more than its call may take; at most half the
+# lease, so short test leases work).
+SUBMIT_MARGIN = 120.0
+
+
+def link_of(doc: Mapping[str, Any]) -> str:
+    return f"{doc['source']}>{doc['destination']}"
+
+
+def group_of(doc: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
+    return (
+        doc["user"],
+        doc.get("group", ""),
+        doc.get("role", ""),
+        doc["source"],
+        doc["destination"],
+    )
+
+
+@dataclass
+class Caps:
+    per_link: int
+    per_site: dict[str, int]  # site → cap for this instance
+    default_site: int
+
+    def site(self, name: str) -> int:
+        return self.per_site.get(name, self.default_site)
+
+
+def caps_for(config: Config, instances: int) -> Caps:
+    """This instance's caps: a link is wholly one instance's; a site's cap is shared out."""
+
+    def share(cap: int) -> int:
+        return max(1, cap // instances)
+
+    per_site = {
+        name: share(site.max_active or config.transfer.max_active_per_site)
+        for name, site in config.sites.items()
+    }
+    return Caps(
+        config.transfer.max_active_per_link, per_site, share(config.transfer.max_active_per_site)
+    )
+
+
+def count_in_flight(docs: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
+    per_link: dict[str, int] = defaultdict(int)
+    per_site: dict[str, int] = defaultdict(int)
+    for doc in docs:
+        if doc.get(STATE) in IN_FLIGHT:
+            per_link[link_of(doc)] += 1
+            per_site[doc["source"]] += 1
+            per_site[doc["destination"]] += 1
+    return per_link, per_site
+
+
+def fair_order(docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Users take turns; each user's files by priority (high first), then age (old first)."""
+    by_user: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for doc in docs:
+        by_user[doc["user"]].append(doc)
+    queues = [
+        sorted(files, key=lambda d: (-d.get("priority", 0), d["created"], d["_id"]))
+        for _, files in sorted(by_user.items())
+    ]
+    ordered = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                ordered.append(queue.pop(0))
+    return ordered
+
+
+def plan_jobs(
+    new: list[Mapping[str, Any]], in_flight: Iterable[Mapping[str, Any]], caps: Caps, max_files: int
+) -> list[list[Mapping[str, Any]]]:
+    """Groups of files to submit now, one group per job."""
+    link_busy, site_busy = count_in_flight(in_flight)
+    by_link: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for doc in new:
+        by_link[link_of(doc)].append(doc)
+    # Links whose oldest file has waited longest go first for the shared site capacity.
+    order = sorted(by_link, key=lambda link: min(d["created"] for d in by_link[link]))
+    chosen: dict[tuple[str, ...], list[Mapping[str, Any]]] = defaultdict(list)
+    for link in order:
+        for doc in fair_order(by_link[link]):
+            src, dst = doc["source"], doc["destination"]
+            if (
+                link_busy[link] >= caps.per_link
+                or site_busy[src] >= caps.site(src)
+                or site_busy[dst] >= caps.site(dst)
+            ):
+                break
+            link_busy[link] += 1
+            site_busy[src] += 1
+            site_busy[dst] += 1
+            chosen[group_of(doc)].append(doc)
+    jobs = []
+    for files in chosen.values():
+        for start in range(0, len(files), max_files):
+            jobs.append(files[start : start + max_files])
+    return jobs
+
+
+def transfer_url(config: Config, site: str, lfn: str) -> str:
+    """The URL a transfer uses (the simulator moves no data and needs no site catalogue)."""
+    if config.transfer.backend == "sim":
+        return f"sim://{site}{lfn}"
+    from aso import sites
+
+    return sites.pfn(config, site, lfn)
+
+
+def job_request(config: Config, key: str, docs: list[Mapping[str, Any]]) -> JobRequest:
+    first = docs[0]
+    transfer = config.transfer
+    files = tuple(
+        FileTransfer(
+            file_id=doc["_id"],
+            source=transfer_url(config, doc["source"], doc["source_lfn"]),
+            destination=transfer_url(config, doc["destination"], doc["destination_lfn"]),
+            size=doc["size"],
+            adler32=doc["checksum"]["adler32"],
+            metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},
+        )
+        for doc in docs
+    )
+    return JobRequest(
+        key=key,
+        files=files,
+        user=first["user"],
+        task=first["task"],
+        source_site=first["source"],
+        destination_site=first["destination"],
+        overwrite=transfer.overwrite,
+        verify_checksum=transfer.verify_checksum,
+        priority=transfer.priority,
+        max_time_in_queue=transfer.max_time_in_queue,
+        metadata={
+            "issuer": "ASO",
+            "user": first["user"],
+            "task": first["task"],
+            "aso_key": key,
+            "group": first.get("group", ""),
+            "role": first.get("role", ""),
+        },
+    )
+
+
+class Submitter(Agent):
+    name = "submitter"
+    kinds = (SUBMIT, LEASE, ACTIVE)
+
+    def __init__(self, config: Config, instance: str | None = None):
+        super().__init__(config, instance)
+        self.service = open_service(config, self.server)
+
+    def partition_key(self, doc: Mapping[str, Any]) -> str:
+        return link_of(doc)
+
+    def close(self) -> None:
+        self.service.close()
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        new = [d for d in mine if d[STATE] == "new"]
+        if not new:
+            return {}
+        caps = caps_for(self.config, membership.size)
+        # Links are mine alone; sites are shared: count site load over everyone's files.
+        in_flight = [d for d in everything.values() if d[STATE] in IN_FLIGHT]
+        plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
+        report = {"jobs": 0, "submitted": 0, "conflicts": 0, "refused": 0, "deferred": 0}
+        for docs in plans:
+            self.submit_job(docs, report)
+        return report
+
+    def submit_job(self, docs: list[Mapping[str, Any]], report: dict[str, int]) -> None:
+        key = f"{self.instance}:{uuid.uuid4()}"
+        acquired = self.acquire(docs, key, report)
+        if not acquired:
+            return
+        faults.point("submitter.after_acquire")
+        request = job_request(self.config, key, acquired)
+        lease_left = acquired[0]["lease"]["until"] - time.time()
+        if lease_left < min(SUBMIT_MARGIN, self.config.transfer.lease / 2):
+            log.warning(
+                "job %s: only %.0f s of lease left; leaving it to lease expiry", key, lease_left
+            )
+            return
+        try:
+            job_id = self.service.submit(request)
+        except JobRefused as exc:
+            self.refused(acquired, str(exc), exc.error_class, report)
+            return
+        except TransferError as exc:
+            # The service is unreachable: the files stay acquired; when the lease expires the
+            # monitor asks the service for this key and adopts the job or releases the files.
+            log.warning(
+                "job %s for %d files not submitted (%s): left to lease expiry",
+                key,
+                len(acquired),
+                exc,
+            )
+            report["deferred"] += len(acquired)
+            return
+        faults.point("submitter.after_submit")
+        self.mark_submitted(acquired, job_id, report)
+
+    def acquire(
+        self, docs: list[Mapping[str, Any]], key: str, report: dict[str, int]
+    ) -> list[dict[str, Any]]:
+        now = time.time()
+        lease = {"owner": self.instance, "until": now + self.config.transfer.lease, "job_key": key}
+        updated = [
+            model.transition(
+                d, [Change(STATE, "acquired", self.instance)], AGENT, at=now, lease=lease
+            )
+            for d in docs
+        ]
+        return self._write(updated, report)
+
+    def mark_submitted(
+        self, docs: list[dict[str, Any]], job_id: str, report: dict[str, int]
+    ) -> None:
+        now = time.time()
+        updated = []
+        for doc in docs:
+            attempt = {
+                "job_id": job_id,
+                "service": self.service.name,
+                "submitted": now,
+                "ended": None,
+                "outcome": None,
+                "reason": None,
+                "error_class": None,
+            }
+            updated.append(
+                model.transition(
+                    doc,
+                    [Change(STATE, "submitted", self.instance)],
+                    AGENT,
+                    at=now,
+                    lease=None,
+                    transfer={
+                        "job_id": job_id,
+                        "service": self.service.name,
+                        "file_id": doc["_id"],
+                    },
+                    attempts=[*doc.get("attempts", []), attempt][-200:],
+                )
+            )
+        written = self._write(updated, report)
+        report["jobs"] += 1
+        report["submitted"] += len(written)
+        log.info(
+            "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
+            job_id,
+            self.service.name,
+            len(written),
+            docs[0]["source"],
+            docs[0]["destination"],
+            docs[0]["user"],
+            docs[0]["task"],
+        )
+        for doc in written:
+            log.info("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
+
+    def refused(
+        self, docs: list[dict[str, Any]], reason: str, error_class: str, report: dict[str, int]
+    ) -> None:
+        now = time.time()
+        updated = [
+            model.transition(
+                d,
+                [Change(STATE, "failed_attempt", self.instance, reason)],
+                AGENT,
+                at=now,
+                lease=None,
+                failure_reason=reason[:4096],
+                error_class=error_class,
+            )
+            for d in docs
+        ]
+        report["refused"] += len(self._write(updated, report))
+        log.warning("job of %d files refused by %s: %s", len(docs), self.service.name, reason)
+
+    def _write(self, docs: list[dict[str, Any]], report: dict[str, int]) -> list[dict[str, Any]]:
+        results = self.db.bulk_write(docs)
+        written = []
+        for doc, result in zip(docs, results, strict=True):
+            if result.ok:
+                written.append(dict(doc, _rev=result.rev))
+            else:
+                report["conflicts"] += 1
+                log.info("file %s skipped: %s (%s)", doc["_id"], result.error, result.reason)
+        self.written(written)
+        return written

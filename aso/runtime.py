@@ -1,0 +1,243 @@
+"""What every agent shares: identity, heartbeats, the partition of work, the daemon loop.
+
+An agent module (agents/*.py) gives the core logic as plain functions over documents and a
+small `Agent` subclass naming its work kinds, its partition key and its `cycle`. This module
+runs it the way Rucio's daemons run theirs: a thin loop that refreshes the work set, keeps the
+instance's heartbeat, works out which part of the work is this instance's, runs one cycle,
+sleeps (on the `_changes` long poll, so new work wakes it), and stops cleanly on SIGTERM/SIGINT.
+
+Partition: the live instances of an agent are those whose heartbeat is younger than
+`agents.heartbeat_expiry`; sorted by name, instance i of n takes the documents whose partition
+key hashes to i modulo n. When an instance dies its heartbeat expires and the others take its
+part; a write that races (two instances for a moment think a document theirs) is settled by the
+store: one write wins, the other gets a 409 and skips the document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aso import model
+from aso.config import Config
+from aso.store import Conflict, Database, Server, StoreError
+from aso.workqueue import ChangesWorkSet
+
+log = logging.getLogger("aso.agent")
+
+
+def default_instance() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def partition_of(key: str, parts: int) -> int:
+    digest = hashlib.sha1(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % parts
+
+
+@dataclass
+class Membership:
+    """Which instances of one agent are alive, and which of them this one is."""
+
+    instance: str
+    live: list[str] = field(default_factory=list)
+
+    @property
+    def index(self) -> int:
+        return self.live.index(self.instance) if self.instance in self.live else 0
+
+    @property
+    def size(self) -> int:
+        return max(1, len(self.live))
+
+    def mine(self, key: str) -> bool:
+        return partition_of(key, self.size) == self.index
+
+
+class Heartbeat:
+    """The instance's heartbeat document in the files database."""
+
+    def __init__(self, db: Database, agent: str, instance: str):
+        self.db, self.agent, self.instance = db, agent, instance
+        self.doc_id = model.heartbeat_id(agent, instance)
+        self.started = time.time()
+        self.cycles = 0
+        self.totals: dict[str, float] = {}
+        self._rev: str | None = None
+
+    def beat(self, last_cycle: Mapping[str, Any] | None = None, stopped: bool = False) -> None:
+        now = time.time()
+        doc: dict[str, Any] = {
+            "_id": self.doc_id,
+            "type": model.HEARTBEAT_TYPE,
+            "agent": self.agent,
+            "instance": self.instance,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": self.started,
+            "last_seen": now,
+            "stopped": now if stopped else None,
+            "cycles": self.cycles,
+            "totals": self.totals,
+        }
+        if last_cycle is not None:
+            doc["last_cycle"] = dict(last_cycle)
+        for _ in range(3):
+            if self._rev:
+                doc["_rev"] = self._rev
+            try:
+                self._rev = self.db.put(doc)
+                return
+            except Conflict:
+                current = self.db.get(self.doc_id)
+                self._rev = current["_rev"] if current else None
+                doc.pop("_rev", None)
+
+    def live_instances(self, expiry: float) -> list[str]:
+        prefix = f"heartbeat:{self.agent}:"
+        rows = self.db.server.call(
+            self.db.client.post_all_docs,
+            db=self.db.name,
+            start_key=prefix,
+            end_key=prefix + "\ufff0",
+            include_docs=True,
+        )["rows"]
+        now = time.time()
+        live = {
+            row["doc"]["instance"]
+            for row in rows
+            if row.get("doc")
+            and not row["doc"].get("stopped")
+            and now - row["doc"]["last_seen"] < expiry
+        }
+        live.add(self.instance)
+        return sorted(live)
+
+
+class Agent:
+    """Base of the agents: name, work kinds, partition key, one cycle of work."""
+
+    name = "agent"
+    kinds: tuple[str, ...] = ()
+
+    def __init__(self, config: Config, instance: str | None = None):
+        self.config = config
+        self.instance = instance or default_instance()
+        self.server = Server.from_config(config, account="agent")
+        self.db = self.server.db(config.store.files_db)
+
+    def partition_key(self, doc: Mapping[str, Any]) -> str:
+        return doc["_id"]
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        """Act on this instance's part of the work (`everything` is the whole work set, for
+        global counts such as a site's active files); return figures for the heartbeat."""
+        raise NotImplementedError
+
+    def written(self, docs: list[dict[str, Any]]) -> None:
+        """Hook: documents this agent wrote (the runner applies them to the work set)."""
+
+    def close(self) -> None:
+        """Release back-end resources."""
+
+
+class Runner:
+    """Runs one agent instance until stopped."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.config = agent.config
+        self.stop_event = threading.Event()
+        self.heartbeat = Heartbeat(agent.db, agent.name, agent.instance)
+        self.membership = Membership(agent.instance, [agent.instance])
+        self.workset = ChangesWorkSet(agent.db, agent.kinds)
+        self._last_beat = 0.0
+        self._last_cycle: dict[str, Any] = {}
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop_event.set())
+
+    def run(self, *, once: bool = False) -> None:
+        agent = self.agent
+        log.info("%s %s starting (store %s)", agent.name, agent.instance, agent.server.url)
+        self._beat(force=True)
+        self.workset.start()
+        agent.written = self._apply_own_writes  # type: ignore[method-assign]
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    self.step(wait=not once)
+                except StoreError as exc:
+                    # The store is down or refusing: back off, keep what we know, try again.
+                    log.warning("%s %s: store error, retrying: %s", agent.name, agent.instance, exc)
+                    self.stop_event.wait(min(30.0, self.config.agents.poll_interval))
+                if once:
+                    break
+        finally:
+            agent.close()
+            with contextlib.suppress(StoreError):
+                self.heartbeat.beat(self._last_cycle, stopped=True)
+            log.info("%s %s stopped", agent.name, agent.instance)
+
+    def step(self, wait: bool = True) -> dict[str, Any]:
+        self.workset.refresh()
+        self._beat()
+        mine = [
+            doc
+            for doc in self.workset.docs.values()
+            if self.membership.mine(self.agent.partition_key(doc))
+        ]
+        started = time.monotonic()
+        report = self.agent.cycle(mine, self.membership, self.workset.docs) if mine else {}
+        report = {"work": len(mine), "seconds": round(time.monotonic() - started, 3), **report}
+        self._last_cycle = report
+        self.heartbeat.cycles += 1
+        for key, value in report.items():
+            if isinstance(value, int | float) and key not in ("work", "seconds"):
+                self.heartbeat.totals[key] = self.heartbeat.totals.get(key, 0) + value
+        if wait and not self._did_something(report):
+            # Nothing to do: wait on the feed, so that new work wakes us at once.
+            self.workset.refresh(wait=self.config.agents.poll_interval)
+        return report
+
+    @staticmethod
+    def _did_something(report: Mapping[str, Any]) -> bool:
+        return any(
+            isinstance(v, int) and v > 0 for k, v in report.items() if k not in ("work", "seconds")
+        )
+
+    def _beat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_beat < self.config.agents.heartbeat_interval:
+            return
+        self._last_beat = now
+        self.heartbeat.beat(self._last_cycle)
+        live = self.heartbeat.live_instances(self.config.agents.heartbeat_expiry)
+        if live != self.membership.live:
+            log.info(
+                "%s %s: live instances %s (I am %d of %d)",
+                self.agent.name,
+                self.agent.instance,
+                live,
+                live.index(self.agent.instance) + 1,
+                len(live),
+            )
+        self.membership.live = live
+
+    def _apply_own_writes(self, docs: list[dict[str, Any]]) -> None:
+        self.workset.apply(docs)

@@ -1,0 +1,184 @@
+"""`aso run`: the whole service on one host, as supervised processes.
+
+It starts what this host needs and is not running yet (the embedded store, the databases and
+design documents, the embedded storage sites when the gfal service uses them), then every agent
+instance of `agents.instances` as its own process (`aso agent NAME --instance ...`), restarts an
+instance that dies (with a growing delay), and on Ctrl-C or SIGTERM stops the agents (SIGTERM,
+then SIGKILL after a grace period) and then what it started itself, in reverse order.
+`--agents-only` runs only the agents, against a store that runs elsewhere (a second agent host).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aso.config import Config
+from aso.designdocs import init_databases
+from aso.embedded import EmbeddedStore
+from aso.store import Server
+
+log = logging.getLogger("aso.run")
+
+GRACE = 15.0  # seconds agents get to finish their cycle after SIGTERM
+MAX_BACKOFF = 30.0
+
+
+@dataclass
+class Child:
+    agent: str
+    instance: str
+    log_file: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+
+def planned_instances(config: Config, host_id: str) -> list[tuple[str, str]]:
+    """(agent, instance) for every process this host runs."""
+    counts = dict(config.agents.instances)
+    if config.transfer.backend == "gfal":
+        counts.setdefault("gfal-worker", 1)
+    return [(agent, f"{host_id}-{slot}") for agent, n in counts.items() for slot in range(n)]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: Config,
+        config_file: Path | None,
+        *,
+        agents_only: bool = False,
+        host_id: str | None = None,
+    ):
+        self.config = config
+        self.config_file = config_file
+        self.agents_only = agents_only
+        self.host_id = host_id or socket.gethostname()
+        self.stop_event = threading.Event()
+        self.children: list[Child] = []
+        self.cleanups: list[tuple[str, object]] = []
+
+    # -- start-up -------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        if not self.agents_only:
+            store = EmbeddedStore(self.config)
+            if store.host_is_loopback() and not store.status().answering:
+                log.info(store.start())
+                self.cleanups.append(("embedded store", store.stop))
+            init_databases(Server.from_config(self.config, account="admin"), self.config)
+            self._start_storage()
+
+    def _start_storage(self) -> None:
+        if self.config.transfer.backend != "gfal":
+            return
+        if not any(site.embedded for site in self.config.sites.values()):
+            return
+        from aso.storage import EmbeddedStorage
+
+        storage = EmbeddedStorage(self.config)
+        for line in storage.start():
+            log.info(line)
+        self.cleanups.append(("embedded storage", storage.stop))
+
+    def spawn_all(self) -> None:
+        log_dir = self.config.path(self.config.agents.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for agent, instance in planned_instances(self.config, self.host_id):
+            child = Child(agent, instance, log_dir / f"{agent}-{instance}.log")
+            self.children.append(child)
+            self._spawn(child)
+
+    def _spawn(self, child: Child) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "aso",
+            *self._config_args(),
+            "agent",
+            child.agent,
+            "--instance",
+            child.instance,
+        ]
+        with open(child.log_file, "ab") as out:
+            child.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        child.started_at = time.monotonic()
+        log.info(
+            "started %s %s (pid %d, log %s)",
+            child.agent,
+            child.instance,
+            child.process.pid,
+            child.log_file,
+        )
+
+    def _config_args(self) -> list[str]:
+        return ["--config", str(self.config_file)] if self.config_file else []
+
+    # -- supervision ----------------------------------------------------------------------------
+    def supervise(self) -> None:
+        while not self.stop_event.wait(1.0):
+            now = time.monotonic()
+            for child in self.children:
+                if child.process is not None and child.process.poll() is not None:
+                    code = child.process.returncode
+                    if now - child.started_at > 60:
+                        child.restarts = 0  # it ran well for a while: start again at once
+                    delay = min(MAX_BACKOFF, 2.0**child.restarts)
+                    log.warning(
+                        "%s %s exited with code %s; restart in %.0f s",
+                        child.agent,
+                        child.instance,
+                        code,
+                        delay,
+                    )
+                    child.process = None
+                    child.restarts += 1
+                    child.next_start = now + delay
+                if child.process is None and now >= child.next_start:
+                    self._spawn(child)
+
+    def shutdown(self) -> None:
+        running = [c for c in self.children if c.process and c.process.poll() is None]
+        for child in running:
+            child.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + GRACE
+        for child in running:
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "%s %s did not stop in %.0f s: killed", child.agent, child.instance, GRACE
+                )
+                child.process.kill()  # type: ignore[union-attr]
+                child.process.wait()  # type: ignore[union-attr]
+        log.info("agents stopped")
+        for name, stop in reversed(self.cleanups):
+            log.info("stopping %s", name)
+            stop()  # type: ignore[operator]
+
+    def run(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop_event.set())
+        try:
+            self.prepare()
+            self.spawn_all()
+            log.info(
+                "ASO running on %s: %d agent processes (pid %d); Ctrl-C stops it",
+                self.host_id,
+                len(self.children),
+                os.getpid(),
+            )
+            self.supervise()
+        finally:
+            self.shutdown()

@@ -1,0 +1,131 @@
+"""The transfer-service interface: what the submitter and the monitor need from FTS3, from the
+embedded gfal2 service or from the simulator, and nothing more.
+
+* `submit(job)`   one job of N file pairs with its parameters and metadata; idempotent on
+                  `job.key`, the client-chosen key recorded in the requests before the call, so a
+                  resubmitted intent (after a crash) finds the job instead of making a second one;
+* `lookup(key)`   the job id of a key, or None if the service never got the job;
+* `status(ids)`   the state of many jobs and of their files in one call;
+* `cancel(id, files)`  a whole job or some of its files.
+
+File states are ASO's five (`pending`, `active`, `done`, `failed`, `canceled`); the service's
+own word is kept in `FileStatus.service_state`, the reason text in `reason` and ASO's error
+class (aso.transfer.errors) in `error_class`.
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PENDING, ACTIVE, DONE, FAILED, CANCELED = "pending", "active", "done", "failed", "canceled"
+FILE_STATES = (PENDING, ACTIVE, DONE, FAILED, CANCELED)
+TERMINAL = (DONE, FAILED, CANCELED)
+
+# Job ids made from keys: the same key always names the same job (uuid5 in ASO's namespace).
+JOB_NAMESPACE = uuid.UUID("6f1c2a44-3d1e-5b8a-9e57-a50a5e0c0de1")
+
+
+def job_id_for(key: str) -> str:
+    return str(uuid.uuid5(JOB_NAMESPACE, key))
+
+
+@dataclass(frozen=True)
+class FileTransfer:
+    """One file pair of a job. `file_id` is the ASO request id."""
+
+    file_id: str
+    source: str  # source PFN (URL)
+    destination: str  # destination PFN (URL)
+    size: int
+    adler32: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    key: str  # deterministic, recorded in the requests before submit()
+    files: tuple[FileTransfer, ...]
+    user: str
+    task: str
+    source_site: str
+    destination_site: str
+    overwrite: bool = False
+    verify_checksum: bool = True
+    retry: int = 0  # retries inside the service (ASO's retry manager does its own)
+    priority: int = 3  # 1 (lowest) .. 5 (highest), as FTS3
+    max_time_in_queue: int | None = None  # seconds
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # job metadata (issuer, user...)
+    credentials: str | None = None  # path of the user's X.509 proxy (fts3 delegation)
+
+    def __post_init__(self) -> None:
+        ids = [f.file_id for f in self.files]
+        if not ids:
+            raise ValueError("a job needs at least one file")
+        if len(set(ids)) != len(ids):
+            raise ValueError("a job cannot hold the same file twice")
+
+
+@dataclass
+class FileStatus:
+    file_id: str
+    state: str  # one of FILE_STATES
+    service_state: str  # the service's own word (FTS: SUBMITTED, ACTIVE, FINISHED, ...)
+    reason: str | None = None
+    error_class: str | None = None
+    checksum: str | None = None  # adler32 seen at the destination, when done
+    started: float | None = None
+    ended: float | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass
+class JobStatus:
+    job_id: str
+    key: str | None
+    files: dict[str, FileStatus]
+
+    @property
+    def terminal(self) -> bool:
+        return all(f.terminal for f in self.files.values())
+
+
+class TransferError(Exception):
+    """The service cannot be used now (unreachable, overloaded, credentials): retry later."""
+
+    def __init__(self, message: str, error_class: str = "service"):
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class JobRefused(TransferError):
+    """The service refused this job for good (bad request): its files failed this attempt."""
+
+
+class TransferService(abc.ABC):
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def submit(self, job: JobRequest) -> str:
+        """Create the job (or find the one made earlier for `job.key`); returns its id."""
+
+    @abc.abstractmethod
+    def lookup(self, key: str) -> str | None:
+        """The id of the job made for `key`, or None if the service never got it."""
+
+    @abc.abstractmethod
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus | None]:
+        """Status of each job (None: the service does not know it)."""
+
+    @abc.abstractmethod
+    def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
+        """Cancel the whole job, or only these files of it."""
+
+    def close(self) -> None:  # noqa: B027 - optional for back ends without resources
+        """Release connections and threads."""

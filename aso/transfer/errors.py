@@ -1,0 +1,101 @@
+"""ASO's error classes for failed transfers, from gfal2 error codes and FTS3 reason texts.
+
+The retry manager decides from the class (and the attempt history) whether to try again.
+Measured gfal2/XRootD codes: ../shared/STORAGE-NOTES.md ("Failure semantics").
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+SOURCE_MISSING = "source_missing"
+DESTINATION_EXISTS = "destination_exists"
+PERMISSION = "permission"
+QUOTA = "quota"
+CHECKSUM = "checksum_mismatch"
+CONNECTION = "connection"
+TIMEOUT = "timeout"
+CANCELED = "canceled"
+SERVICE = "service"  # the transfer service itself failed or refused
+LOST = "job_lost"  # the service does not know the job any more
+UNKNOWN = "unknown"
+
+CLASSES = (
+    SOURCE_MISSING,
+    DESTINATION_EXISTS,
+    PERMISSION,
+    QUOTA,
+    CHECKSUM,
+    CONNECTION,
+    TIMEOUT,
+    CANCELED,
+    SERVICE,
+    LOST,
+    UNKNOWN,
+)
+# Trying again cannot help (a checksum mismatch becomes permanent when it repeats: the retry
+# manager's call, from the history).
+PERMANENT = frozenset({SOURCE_MISSING, DESTINATION_EXISTS, PERMISSION, QUOTA})
+
+XROOTD_FILE_SOURCE_MISSING = 3011  # a raw XRootD code gfal2 passes through for file:// sources
+
+_BY_ERRNO = {
+    errno.ENOENT: SOURCE_MISSING,
+    XROOTD_FILE_SOURCE_MISSING: SOURCE_MISSING,
+    errno.EEXIST: DESTINATION_EXISTS,
+    errno.EACCES: PERMISSION,
+    errno.EPERM: PERMISSION,
+    errno.EDQUOT: QUOTA,
+    errno.ENOSPC: QUOTA,
+    errno.EILSEQ: CHECKSUM,
+    errno.ECONNREFUSED: CONNECTION,
+    errno.EHOSTDOWN: CONNECTION,
+    errno.EHOSTUNREACH: CONNECTION,
+    errno.ENETUNREACH: CONNECTION,
+    errno.ECONNRESET: CONNECTION,
+    errno.ESTALE: TIMEOUT,
+    errno.ETIMEDOUT: TIMEOUT,
+    errno.ECANCELED: CANCELED,
+}
+
+# Reason texts (FTS3 and gfal2 messages), checked in order: the first match wins.
+_BY_TEXT = [
+    (
+        re.compile(r"checksum (mismatch|do not match|doesn't match)|CHECKSUM MISMATCH", re.I),
+        CHECKSUM,
+    ),
+    (re.compile(r"no such file|not found|HTTP 404|ENOENT|does not exist", re.I), SOURCE_MISSING),
+    (re.compile(r"file exists|DESTINATION EXISTS|EEXIST|already exists", re.I), DESTINATION_EXISTS),
+    (
+        re.compile(r"permission denied|EACCES|HTTP 403|forbidden|not authori[sz]ed|HTTP 401", re.I),
+        PERMISSION,
+    ),
+    (re.compile(r"quota|no space left|ENOSPC|EDQUOT|disk full", re.I), QUOTA),
+    (re.compile(r"timed? ?out|ETIMEDOUT|ESTALE|operation expired|deadline", re.I), TIMEOUT),
+    (
+        re.compile(
+            r"connection refused|ECONNREFUSED|EHOSTDOWN|host (is )?down|unreachable|"
+            r"connection reset|could not connect|couldn't connect",
+            re.I,
+        ),
+        CONNECTION,
+    ),
+    (re.compile(r"cancel", re.I), CANCELED),
+]
+
+
+def classify(code: int | None = None, message: str | None = None) -> str:
+    """The error class of a failure, from an error code (gfal2.GError.code) and/or a text."""
+    if code is not None and code in _BY_ERRNO:
+        # gfal2 reports a missing source of a checksum-verified copy as EIO with a text, and a
+        # refused connection over HTTP as EHOSTDOWN: the code first, the text when it is vague.
+        return _BY_ERRNO[code]
+    for pattern, error_class in _BY_TEXT:
+        if message and pattern.search(message):
+            return error_class
+    return UNKNOWN
+
+
+def is_permanent(error_class: str | None) -> bool:
+    return error_class in PERMANENT

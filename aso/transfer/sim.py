@@ -1,0 +1,179 @@
+"""The `sim` transfer service: no data moves.
+
+Jobs are kept in the job table (aso.transfer.jobstore) like the gfal service's; the fate of each
+file is drawn when it is asked for, from a random generator seeded with (sim.seed, job, file),
+so every process that asks sees the same outcome: a start, a duration from `sim.distribution`
+with mean `sim.mean_duration`, a failure with probability `sim.link_failure_rates["SRC>DST"]`
+(else `sim.failure_rate`) and a class drawn from `sim.failure_classes`, and failures for the
+files in flight at a site during one of `sim.outages` (seconds after the simulation's epoch,
+recorded once in the job table so that all processes share it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aso.config import SimConfig
+from aso.store import Conflict, Database
+from aso.transfer import errors
+from aso.transfer.base import (
+    ACTIVE,
+    CANCELED,
+    DONE,
+    FAILED,
+    PENDING,
+    FileStatus,
+    JobRequest,
+    JobStatus,
+    TransferService,
+)
+from aso.transfer.jobstore import JobStore
+
+EPOCH_DOC = "sim:epoch"
+
+
+@dataclass(frozen=True)
+class Fate:
+    start: float
+    end: float
+    error_class: str | None
+    reason: str | None
+
+
+def _rng(seed: int, *parts: str) -> random.Random:
+    digest = hashlib.sha256("\0".join([str(seed), *parts]).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def draw_duration(rng: random.Random, config: SimConfig) -> float:
+    mean = config.mean_duration
+    if config.distribution == "fixed":
+        return mean
+    if config.distribution == "lognormal":
+        sigma = 1.0
+        return rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma)
+    return rng.expovariate(1.0 / mean)
+
+
+def draw_error_class(rng: random.Random, weights: Mapping[str, float]) -> str:
+    classes = sorted(weights)
+    return rng.choices(classes, weights=[weights[c] for c in classes])[0]
+
+
+class SimService(TransferService):
+    name = "sim"
+
+    def __init__(self, db: Database, config: SimConfig, clock: Callable[[], float] = time.time):
+        self.jobs = JobStore(db, self.name)
+        self.db = db
+        self.config = config
+        self.clock = clock
+        self._epoch: float | None = None
+
+    # -- the shared epoch -------------------------------------------------------------------
+    @property
+    def epoch(self) -> float:
+        if self._epoch is None:
+            doc = self.db.get(EPOCH_DOC)
+            if doc is None:
+                with contextlib.suppress(Conflict):
+                    self.db.create({"_id": EPOCH_DOC, "type": "sim_epoch", "epoch": self.clock()})
+                doc = self.db.get(EPOCH_DOC)
+            assert doc is not None
+            self._epoch = float(doc["epoch"])
+        return self._epoch
+
+    # -- the interface ------------------------------------------------------------------------
+    def submit(self, job: JobRequest) -> str:
+        return self.jobs.create(job)
+
+    def lookup(self, key: str) -> str | None:
+        return self.jobs.exists(key)
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus | None]:
+        now = self.clock()
+        docs = self.jobs.get_many(job_ids)
+        return {job_id: (self._status(doc, now) if doc else None) for job_id, doc in docs.items()}
+
+    def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
+        self.jobs.request_cancel(job_id, file_ids, self.clock())
+
+    # -- fates ---------------------------------------------------------------------------------
+    def fate(self, doc: Mapping[str, Any], file_id: str) -> Fate:
+        rng = _rng(self.config.seed, doc["_id"], file_id)
+        start = float(doc["created"])
+        end = start + draw_duration(rng, self.config)
+        link = f"{doc['source_site']}>{doc['destination_site']}"
+        rate = self.config.link_failure_rates.get(link, self.config.failure_rate)
+        outage = self._outage(doc, start, end)
+        if outage is not None:
+            site, at = outage
+            return Fate(
+                start,
+                max(start, at),
+                errors.CONNECTION,
+                f"simulated outage of {site}: connection refused",
+            )
+        if rng.random() < rate:
+            error_class = draw_error_class(rng, self.config.failure_classes)
+            at = start + rng.random() * (end - start)
+            return Fate(start, at, error_class, f"simulated failure ({error_class}) on {link}")
+        return Fate(start, end, None, None)
+
+    def _outage(self, doc: Mapping[str, Any], start: float, end: float) -> tuple[str, float] | None:
+        for outage in self.config.outages:
+            site = outage.get("site")
+            if site not in (doc["source_site"], doc["destination_site"]):
+                continue
+            o_start = self.epoch + float(outage.get("start", 0))
+            o_end = self.epoch + float(outage.get("end", 0))
+            if o_start < end and start < o_end:
+                return site, o_start
+        return None
+
+    def _status(self, doc: Mapping[str, Any], now: float) -> JobStatus:
+        files = {}
+        for file_id, entry in doc["files"].items():
+            fate = self.fate(doc, file_id)
+            canceled_at = doc.get("cancel", {}).get(file_id)
+            files[file_id] = self._file_status(file_id, entry, fate, canceled_at, now)
+        return JobStatus(job_id=doc["_id"], key=doc.get("key"), files=files)
+
+    @staticmethod
+    def _file_status(
+        file_id: str, entry: Mapping[str, Any], fate: Fate, canceled_at: float | None, now: float
+    ) -> FileStatus:
+        if canceled_at is not None and canceled_at < fate.end and now >= canceled_at:
+            return FileStatus(
+                file_id,
+                CANCELED,
+                "CANCELED",
+                "canceled by the client",
+                errors.CANCELED,
+                started=fate.start,
+                ended=max(canceled_at, fate.start),
+            )
+        if now < fate.start:
+            return FileStatus(file_id, PENDING, "SUBMITTED")
+        if now < fate.end:
+            return FileStatus(file_id, ACTIVE, "ACTIVE", started=fate.start)
+        if fate.error_class:
+            return FileStatus(
+                file_id,
+                FAILED,
+                "FAILED",
+                fate.reason,
+                fate.error_class,
+                started=fate.start,
+                ended=fate.end,
+            )
+        return FileStatus(
+            file_id, DONE, "FINISHED", checksum=entry["adler32"], started=fate.start, ended=fate.end
+        )

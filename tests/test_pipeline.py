@@ -1,0 +1,357 @@
+"""Submitter and monitor over the `sim` transfer service and the real store: the flow of files,
+caps and fair share, failures, kills, crashes at the worst moments, and two submitters at once.
+(The same agents over real storage with the gfal service: tests/test_gfal_pipeline.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.monitor import Monitor
+from agents.submitter import Caps, Submitter, plan_jobs
+from aso import model
+from aso.config import Config
+from aso.designdocs import init_databases
+from aso.model import OWNER, STATE, Change
+from aso.runtime import Runner
+from aso.store import Database, Server
+from aso.transfer.jobstore import JOB_TYPE
+from tests.conftest import sample_request, write_config
+
+ASO = str(Path(sys.executable).parent / "aso")
+LINKS = [
+    ("T2_CH_CERN", "T2_DE_DESY"),
+    ("T2_IT_Pisa", "T2_DE_DESY"),
+    ("T2_US_MIT", "T2_DE_DESY"),
+    ("T2_CH_CERN", "T2_IT_Pisa"),
+    ("T2_UK_ICL", "T1_US_FNAL"),
+    ("T2_FR_GRIF", "T2_IT_Bari"),
+]
+
+
+@pytest.fixture()
+def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
+    """A fresh files and jobs database with the sim back end (fast, fixed transfer times)."""
+    suffix = uuid.uuid4().hex[:8]
+    config = dataclasses.replace(
+        store_config,
+        source=tmp_path / "aso.toml",
+        store=dataclasses.replace(
+            store_config.store, files_db=f"files_{suffix}", transfers_db=f"jobs_{suffix}"
+        ),
+        transfer=dataclasses.replace(
+            store_config.transfer, backend="sim", max_files_per_job=10, lease=4.0
+        ),
+        sim=dataclasses.replace(store_config.sim, mean_duration=0.3, distribution="fixed"),
+        agents=dataclasses.replace(
+            store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
+        ),
+    )
+    init_databases(admin, config)
+    yield config
+    admin.delete_db(config.store.files_db)
+    admin.delete_db(config.store.transfers_db)
+
+
+def owner_db(accounts: dict[str, Server], config: Config, user: str = "alice") -> Database:
+    return accounts[user].db(config.store.files_db)
+
+
+def upload(
+    accounts: dict[str, Server],
+    config: Config,
+    n: int,
+    users=("alice", "bob"),
+    links=LINKS[:2],
+    **kw: Any,
+) -> list[str]:
+    ids = []
+    for user in users:
+        docs = [
+            sample_request(
+                user, source=links[i % len(links)][0], destination=links[i % len(links)][1], **kw
+            )
+            for i in range(n)
+        ]
+        assert all(r.ok for r in owner_db(accounts, config, user).bulk_write(docs))
+        ids += [d["_id"] for d in docs]
+    return ids
+
+
+def states(db: Database, ids: list[str]) -> Counter[str]:
+    return Counter(doc[STATE] for doc in db.get_many(ids).values())
+
+
+def run_until(done: Callable[[], bool], runners: list[Runner], timeout: float = 60.0) -> None:
+    for runner in runners:
+        runner.workset.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for runner in runners:
+            runner.step(wait=False)
+        if done():
+            return
+        time.sleep(0.1)
+    raise AssertionError("the pipeline did not finish in time")
+
+
+def jobs_of(admin: Server, config: Config) -> list[dict[str, Any]]:
+    rows = admin.db(config.store.transfers_db).server.call(
+        admin.client.post_all_docs, db=config.store.transfers_db, include_docs=True
+    )["rows"]
+    return [r["doc"] for r in rows if r["doc"].get("type") == JOB_TYPE]
+
+
+def assert_each_file_in_one_job(admin: Server, config: Config, ids: list[str]) -> None:
+    seen = Counter(fid for job in jobs_of(admin, config) for fid in job["files"])
+    assert set(seen) == set(ids)
+    assert [fid for fid, n in seen.items() if n > 1] == []
+
+
+def test_files_flow_to_done_with_their_history(sim_config, accounts, admin):
+    ids = upload(accounts, sim_config, 25)
+    db = admin.db(sim_config.store.files_db)
+    runners = [Runner(Submitter(sim_config, "s1")), Runner(Monitor(sim_config, "m1"))]
+    run_until(lambda: states(db, ids) == Counter(done=50), runners)
+    for doc in db.get_many(ids).values():
+        assert [h["to"] for h in doc["history"]] == ["new", "acquired", "submitted", "done"]
+        assert [h["by"] for h in doc["history"][1:]] == ["s1", "s1", "m1"]
+        [attempt] = doc["attempts"]
+        assert attempt["outcome"] == "done" and attempt["service"] == "sim"
+        assert attempt["job_id"] == doc["transfer"]["job_id"] and doc["lease"] is None
+    jobs = jobs_of(admin, sim_config)
+    assert all(len(job["files"]) <= 10 for job in jobs)
+    for job in jobs:  # one user and one link per job, tagged for the service's dashboards
+        files = db.get_many(list(job["files"])).values()
+        assert len({(d["user"], d["source"], d["destination"]) for d in files}) == 1
+        assert job["metadata"]["issuer"] == "ASO" and job["metadata"]["aso_key"] == job["key"]
+    assert_each_file_in_one_job(admin, sim_config, ids)
+
+
+def test_link_cap_holds_while_files_flow(sim_config, accounts, admin):
+    config = dataclasses.replace(
+        sim_config, transfer=dataclasses.replace(sim_config.transfer, max_active_per_link=4)
+    )
+    ids = upload(accounts, config, 12, users=("alice",), links=LINKS[:1])
+    db = admin.db(config.store.files_db)
+    submitter, monitor = Runner(Submitter(config, "s1")), Runner(Monitor(config, "m1"))
+    peak = 0
+
+    def finished() -> bool:
+        nonlocal peak
+        counts = states(db, ids)
+        peak = max(peak, counts["acquired"] + counts["submitted"])
+        return counts["done"] == 12
+
+    run_until(finished, [submitter, monitor])
+    assert 0 < peak <= 4
+
+
+def test_plan_jobs_fair_share_priority_and_site_caps():
+    def doc(user: str, n: int, priority: int = 0, link=("T2_A_a", "T2_B_b")) -> dict[str, Any]:
+        return {
+            "_id": f"{user}{n}",
+            "user": user,
+            "source": link[0],
+            "destination": link[1],
+            "created": float(n),
+            "priority": priority,
+        }
+
+    heavy = [doc("alice", i) for i in range(100)]
+    light = [doc("bob", i) for i in range(5)]
+    urgent = [doc("alice", 1000, priority=10)]
+    caps = Caps(per_link=10, per_site={}, default_site=100)
+    jobs = plan_jobs(heavy + light + urgent, [], caps, max_files=100)
+    chosen = [d for job in jobs for d in job]
+    assert len(chosen) == 10
+    assert Counter(d["user"] for d in chosen) == {"alice": 5, "bob": 5}  # turns, not arrival
+    assert urgent[0] in chosen  # alice's urgent file goes first among hers
+    # A site cap shared by two links, and files already in flight, count too.
+    other_link = [doc("carol", i, link=("T2_C_c", "T2_B_b")) for i in range(10)]
+    in_flight = [dict(doc("dave", i), state="submitted") for i in range(3)]
+    caps = Caps(per_link=100, per_site={"T2_B_b": 8}, default_site=100)
+    chosen = [d for job in plan_jobs(heavy + other_link, in_flight, caps, 4) for d in job]
+    assert len(chosen) == 5  # 8 at T2_B_b minus the 3 in flight
+    assert all(len(job) <= 4 for job in plan_jobs(heavy, [], caps, 4))
+
+
+def test_failed_attempts_carry_reason_and_class(sim_config, accounts, admin):
+    config = dataclasses.replace(
+        sim_config,
+        sim=dataclasses.replace(
+            sim_config.sim,
+            link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0},
+            failure_classes={"source_missing": 1.0},
+        ),
+    )
+    ids = upload(accounts, config, 6, users=("alice",))
+    db = admin.db(config.store.files_db)
+    runners = [Runner(Submitter(config, "s1")), Runner(Monitor(config, "m1"))]
+    run_until(
+        lambda: (
+            sum(states(db, ids).values()) == 6
+            and states(db, ids)["acquired"] + states(db, ids)["submitted"] + states(db, ids)["new"]
+            == 0
+        ),
+        runners,
+    )
+    docs = db.get_many(ids).values()
+    failed = [d for d in docs if d[STATE] == "failed_attempt"]
+    assert {d["source"] for d in failed} == {"T2_IT_Pisa"} and len(failed) == 3
+    for doc in failed:
+        assert doc["error_class"] == "source_missing"
+        assert (
+            "simulated failure (source_missing) on T2_IT_Pisa>T2_DE_DESY" in (doc["failure_reason"])
+        )
+        assert doc["attempts"][-1]["outcome"] == "failed"
+        assert doc["history"][-1]["reason"] == doc["failure_reason"]
+    assert Counter(d[STATE] for d in docs)["done"] == 3
+
+
+def test_kills_of_waiting_and_active_files(sim_config, accounts, admin):
+    config = dataclasses.replace(
+        sim_config, sim=dataclasses.replace(sim_config.sim, mean_duration=30.0)
+    )
+    ids = upload(accounts, config, 3, users=("alice",))
+    owner = owner_db(accounts, config)
+    db = admin.db(config.store.files_db)
+    waiting = owner.get(ids[0])
+    owner.put(model.transition(waiting, [Change(STATE, "killed", "alice")], OWNER))
+    submitter, monitor = Runner(Submitter(config, "s1")), Runner(Monitor(config, "m1"))
+    run_until(lambda: states(db, ids)["submitted"] == 2, [submitter])
+    for doc_id in ids[1:]:
+        doc = owner.get(doc_id)
+        owner.put(model.transition(doc, [Change(STATE, "kill_requested", "alice")], OWNER))
+    run_until(lambda: states(db, ids) == Counter(killed=3), [monitor], timeout=20)
+    for doc in db.get_many(ids[1:]).values():
+        assert doc["attempts"][-1]["outcome"] == "canceled"
+        assert doc["history"][-1]["by"] == "m1"
+    cancelled = {fid for job in jobs_of(admin, config) for fid in job["cancel"]}
+    assert cancelled == set(ids[1:])  # the cancels reached the service
+
+
+def _aso_agent(config_path: Path, agent: str, fault: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ASO_FAULTS=fault)
+    return subprocess.run(
+        [
+            ASO,
+            "--config",
+            str(config_path),
+            "agent",
+            agent,
+            "--once",
+            "--instance",
+            f"{agent}-crashing",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_submitter_killed_between_intent_and_submission(sim_config, accounts, admin):
+    """kill -9 after `acquired` was written and before the job exists: after the lease the
+    monitor puts the files back; they are submitted again and end done, each in one job."""
+    ids = upload(accounts, sim_config, 5, users=("alice",), links=LINKS[:1])
+    path = write_config(sim_config)
+    died = _aso_agent(path, "submitter", "submitter.after_acquire")
+    assert died.returncode == -9, died.stderr
+    db = admin.db(sim_config.store.files_db)
+    assert states(db, ids) == Counter(acquired=5)
+    assert jobs_of(admin, sim_config) == []  # the job was never created
+    time.sleep(sim_config.transfer.lease)
+    runners = [Runner(Monitor(sim_config, "m1")), Runner(Submitter(sim_config, "s1"))]
+    run_until(lambda: states(db, ids) == Counter(done=5), runners)
+    for doc in db.get_many(ids).values():
+        assert [h["to"] for h in doc["history"]] == [
+            "new",
+            "acquired",
+            "new",
+            "acquired",
+            "submitted",
+            "done",
+        ]
+        assert doc["history"][2]["reason"] == "lease expired, no job"
+    assert_each_file_in_one_job(admin, sim_config, ids)
+
+
+def test_submitter_killed_after_the_job_was_created(sim_config, accounts, admin):
+    """kill -9 after submission and before `submitted` was written: the monitor finds the job
+    by the key in the lease and adopts it; no second job is ever made."""
+    ids = upload(accounts, sim_config, 5, users=("alice",), links=LINKS[:1])
+    died = _aso_agent(write_config(sim_config), "submitter", "submitter.after_submit")
+    assert died.returncode == -9, died.stderr
+    db = admin.db(sim_config.store.files_db)
+    assert states(db, ids) == Counter(acquired=5)
+    [job] = jobs_of(admin, sim_config)
+    time.sleep(sim_config.transfer.lease)
+    runners = [Runner(Monitor(sim_config, "m1")), Runner(Submitter(sim_config, "s1"))]
+    run_until(lambda: states(db, ids) == Counter(done=5), runners)
+    for doc in db.get_many(ids).values():
+        assert doc["transfer"]["job_id"] == job["_id"]
+        assert doc["history"][2]["reason"] == "adopted after lease expiry"
+    assert_each_file_in_one_job(admin, sim_config, ids)
+
+
+def test_monitor_killed_mid_poll(sim_config, accounts, admin):
+    ids = upload(accounts, sim_config, 5, users=("alice",), links=LINKS[:1])
+    db = admin.db(sim_config.store.files_db)
+    run_until(
+        lambda: states(db, ids) == Counter(submitted=5), [Runner(Submitter(sim_config, "s1"))]
+    )
+    time.sleep(0.5)  # the simulated copies end
+    died = _aso_agent(write_config(sim_config), "monitor", "monitor.after_status")
+    assert died.returncode == -9, died.stderr
+    assert states(db, ids) == Counter(submitted=5)  # it died before writing anything
+    run_until(lambda: states(db, ids) == Counter(done=5), [Runner(Monitor(sim_config, "m2"))])
+    assert_each_file_in_one_job(admin, sim_config, ids)
+
+
+def test_two_submitters_split_the_work_and_never_share_a_file(sim_config, accounts, admin):
+    ids = upload(accounts, sim_config, 30, links=LINKS)
+    db = admin.db(sim_config.store.files_db)
+    submitters = [Runner(Submitter(sim_config, name)) for name in ("s1", "s2")]
+    for runner in submitters:  # both alive before either works
+        runner._beat(force=True)
+    for runner in submitters:
+        runner._beat(force=True)
+    assert submitters[0].membership.live == ["s1", "s2"] == submitters[1].membership.live
+    errors: list[BaseException] = []
+
+    def work(runner: Runner) -> None:
+        try:
+            runner.workset.start()
+            deadline = time.monotonic() + 30
+            while states(db, ids)["new"] and time.monotonic() < deadline:
+                runner.step(wait=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in submitters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert states(db, ids) == Counter(submitted=60)
+    by_instance = Counter(d["history"][1]["by"] for d in db.get_many(ids).values())
+    assert set(by_instance) == {"s1", "s2"}  # the work was split
+    assert_each_file_in_one_job(admin, sim_config, ids)
+    # Links are whole: no link was served by both instances.
+    links = {}
+    for doc in db.get_many(ids).values():
+        links.setdefault((doc["source"], doc["destination"]), set()).add(doc["history"][1]["by"])
+    assert all(len(who) == 1 for who in links.values())
