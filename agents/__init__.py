@@ -10,6 +10,7 @@ from typing import Any
 AGENTS = {
     "submitter": "agents.submitter:Submitter",
     "monitor": "agents.monitor:Monitor",
+    "gfal-worker": "agents.gfal_worker:GfalWorker",
 }
 
 

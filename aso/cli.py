@@ -26,7 +26,7 @@ from aso.embedded import EmbeddedError, EmbeddedStore
 from aso.runtime import Runner
 from aso.store import Server, StoreError, redact
 from aso.supervisor import Supervisor
-from aso.upload import requests_from_json, upload
+from aso.upload import adler32_of, requests_from_json, upload
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -221,6 +221,10 @@ def upload_cmd(
     destination_lfn: Annotated[str | None, typer.Option(help="LFN at the destination.")] = None,
     size: Annotated[int | None, typer.Option(help="Size in bytes.")] = None,
     adler32: Annotated[str | None, typer.Option(help="Adler-32 checksum, hex.")] = None,
+    local_file: Annotated[
+        Path | None,
+        typer.Option(help="The file as the job has it: size and adler32 are read from it."),
+    ] = None,
     file_type: Annotated[str, typer.Option(help="output or log.")] = "output",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -231,6 +235,10 @@ def upload_cmd(
     if file is not None:
         docs = requests_from_json(file, default_user=owner)
     else:
+        if local_file is not None:
+            if not local_file.is_file():
+                raise UsageError(f"--local-file {local_file}: no such file")
+            size, adler32 = adler32_of(local_file)
         values = {
             "task": task,
             "job_id": job_id,

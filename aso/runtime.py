@@ -127,6 +127,8 @@ class Agent:
     """Base of the agents: name, work kinds, partition key, one cycle of work."""
 
     name = "agent"
+    # Work kinds of the files database this agent follows; none: the agent finds its work
+    # elsewhere (the gfal worker's job table) and its cycle runs every `idle` seconds.
     kinds: tuple[str, ...] = ()
 
     def __init__(self, config: Config, instance: str | None = None):
@@ -154,6 +156,11 @@ class Agent:
     def close(self) -> None:
         """Release back-end resources."""
 
+    @property
+    def idle(self) -> float:
+        """Seconds to wait when a cycle did nothing (agents with work kinds wait on the feed)."""
+        return self.config.agents.poll_interval
+
 
 class Runner:
     """Runs one agent instance until stopped."""
@@ -176,7 +183,8 @@ class Runner:
         agent = self.agent
         log.info("%s %s starting (store %s)", agent.name, agent.instance, agent.server.url)
         self._beat(force=True)
-        self.workset.start()
+        if agent.kinds:
+            self.workset.start()
         agent.written = self._apply_own_writes  # type: ignore[method-assign]
         try:
             while not self.stop_event.is_set():
@@ -195,15 +203,19 @@ class Runner:
             log.info("%s %s stopped", agent.name, agent.instance)
 
     def step(self, wait: bool = True) -> dict[str, Any]:
-        self.workset.refresh()
+        agent = self.agent
+        if agent.kinds:
+            self.workset.refresh()
         self._beat()
         mine = [
             doc
             for doc in self.workset.docs.values()
-            if self.membership.mine(self.agent.partition_key(doc))
+            if self.membership.mine(agent.partition_key(doc))
         ]
         started = time.monotonic()
-        report = self.agent.cycle(mine, self.membership, self.workset.docs) if mine else {}
+        report: dict[str, Any] = {}
+        if mine or not agent.kinds:
+            report = agent.cycle(mine, self.membership, self.workset.docs)
         report = {"work": len(mine), "seconds": round(time.monotonic() - started, 3), **report}
         self._last_cycle = report
         self.heartbeat.cycles += 1
@@ -211,8 +223,11 @@ class Runner:
             if isinstance(value, int | float) and key not in ("work", "seconds"):
                 self.heartbeat.totals[key] = self.heartbeat.totals.get(key, 0) + value
         if wait and not self._did_something(report):
-            # Nothing to do: wait on the feed, so that new work wakes us at once.
-            self.workset.refresh(wait=self.config.agents.poll_interval)
+            if agent.kinds:
+                # Nothing to do: wait on the feed, so that new work wakes us at once.
+                self.workset.refresh(wait=agent.idle)
+            else:
+                self.stop_event.wait(agent.idle)
         return report
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,16 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
                 doc["source_lfn"],
                 report.refused[result.id],
             )
+
+
+def adler32_of(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:
+    """(size, adler32 as 8 hex digits) of a local file, read once in chunks."""
+    value, size = 1, 0
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            value = zlib.adler32(block, value)
+            size += len(block)
+    return size, f"{value & 0xFFFFFFFF:08x}"
 
 
 def requests_from_json(path: Path, *, default_user: str | None = None) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,32 @@ def test_upload_errors(tmp_path, store_config, files_db):
     result = aso("upload", "--file", str(bad), config=path)
     assert result.returncode == 1
     assert "item 0: doc.size must be >= 0" in one_line_error(result)
+    local = tmp_path / "out.root"
+    local.write_bytes(b"ASO" * 1000)
+    ok = aso(
+        "upload",
+        "--task",
+        "261121_1:alice_local",
+        "--job-id",
+        "7",
+        "--source",
+        "T2_CH_CERN",
+        "--destination",
+        "T2_DE_DESY",
+        "--source-lfn",
+        "/store/temp/user/alice/local/out.root",
+        "--destination-lfn",
+        "/store/user/alice/local/out.root",
+        "--local-file",
+        str(local),
+        "--json",
+        config=path,
+    )
+    assert ok.returncode == 0, ok.stderr
+    [doc_id] = json.loads(ok.stdout)["recorded"]
+    shown = json.loads(aso("request", "show", doc_id, config=path).stdout)
+    assert shown["size"] == 3000
+    assert shown["checksum"]["adler32"] == f"{zlib.adler32(b'ASO' * 1000):08x}"
     bad.write_text("{not json")
     result = aso("upload", "--file", str(bad), config=path)
     assert result.returncode == 1 and "not valid JSON" in one_line_error(result)

@@ -1,0 +1,298 @@
+"""gfal worker: runs the jobs of ASO's embedded `gfal` transfer service.
+
+The submitter records jobs in the job table (aso.transfer.jobstore); workers, any number on any
+host, claim them with a lease and make the copies with gfal2: third-party copies between the
+sites' storage endpoints, adler32-verified, overwrite as the job asks, each bounded by
+`gfal.timeout`, at most `gfal.workers` at once per worker. Progress is written to the job
+document file by file; cancel requests found there stop the copies they name.
+
+Restart safety: a worker that dies leaves its jobs leased; when the lease expires another worker
+(or the same one, restarted) claims them again and goes on with the files that have not ended.
+A file found `active` was being copied by the dead worker: its destination is checked first
+(complete and verified: done; otherwise removed, then copied again). Two copies of one file
+never run at once: a job is run by the one worker holding its lease, which renews it while it
+works and stops its copies if it cannot renew it in time. Every copy run is recorded in the
+file's `runs` ({worker, start, end}) so that this can be checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aso.config import Config
+from aso.runtime import Agent, Membership
+from aso.store import Conflict, StoreError
+from aso.transfer.base import ACTIVE, CANCELED, DONE, FAILED, PENDING, TERMINAL
+from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_file
+
+log = logging.getLogger("aso.agent.gfal_worker")
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    state: str  # DONE, FAILED or CANCELED
+    reason: str | None = None
+    error_class: str | None = None
+    checksum: str | None = None
+
+
+class Copier(Protocol):
+    """What the worker needs from gfal2 (aso.transfer.gfalcopy.GfalCopier)."""
+
+    def precheck(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
+        """A result without copying (the destination exists and may not be overwritten)."""
+
+    def copy(
+        self, entry: Mapping[str, Any], params: Mapping[str, Any], cancelled: Callable[[], bool]
+    ) -> CopyResult:
+        """Make the copy; `cancelled()` tells it to stop."""
+
+    def resume(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
+        """Settle a copy a dead worker left active (None: copy it again)."""
+
+
+def claimable(doc: Mapping[str, Any], now: float) -> bool:
+    lease = doc.get("lease")
+    return doc["state"] == QUEUED or (
+        doc["state"] == RUNNING and (not lease or lease["until"] < now)
+    )
+
+
+class GfalWorker(Agent):
+    """Not a files-database agent: its work is the job table. It reuses the runtime's
+    identity, heartbeat and signal handling, and runs its own loop (`run`)."""
+
+    name = "gfal-worker"
+    kinds = ()
+
+    def __init__(
+        self,
+        config: Config,
+        instance: str | None = None,
+        *,
+        copier: Copier | None = None,
+    ):
+        super().__init__(config, instance)
+        self.jobs = JobStore(self.server.db(config.store.transfers_db), "gfal")
+        self.lease = max(30.0, config.transfer.lease / 2)
+        if copier is None:
+            from aso.transfer.gfalcopy import GfalCopier
+
+            copier = GfalCopier(config)
+        self.copier = copier
+        self.pool = ThreadPoolExecutor(
+            max_workers=config.gfal.workers, thread_name_prefix="gfal-copy"
+        )
+        self.running: dict[tuple[str, str], Future[None]] = {}  # (job, file) → copy
+        self.leases: dict[str, float] = {}  # job → lease end we hold
+        self.stop_copies = threading.Event()
+        self.lock = threading.Lock()
+
+    @property
+    def idle(self) -> float:
+        return self.config.gfal.poll_interval
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        return self.work_once()
+
+    # -- one round ------------------------------------------------------------------------------
+    def work_once(self) -> dict[str, Any]:
+        now = time.time()
+        report = {"claimed": 0, "started": 0, "renewed": 0}
+        self.renew_leases(report)
+        free = self.config.gfal.workers - len(self.running)
+        if free <= 0:
+            return report
+        for doc in self.jobs.unfinished(limit=50):
+            if free <= 0:
+                break
+            if doc["_id"] in self.leases or not claimable(doc, now):
+                continue
+            claimed = self.claim(doc, now)
+            if claimed is None:
+                continue
+            report["claimed"] += 1
+            started = self.start_files(claimed, free)
+            report["started"] += started
+            free -= started
+        return report
+
+    def claim(self, doc: dict[str, Any], now: float) -> dict[str, Any] | None:
+        until = now + self.lease
+        claimed = dict(doc, state=RUNNING, lease={"owner": self.instance, "until": until})
+        try:
+            claimed["_rev"] = self.jobs.db.put(claimed)
+        except Conflict:
+            return None  # another worker was faster
+        self.leases[doc["_id"]] = until
+        log.info(
+            "job %s claimed (%d files, lease until %.0f)", doc["_id"], len(doc["files"]), until
+        )
+        self.settle_orphans(claimed)
+        return claimed
+
+    def settle_orphans(self, doc: dict[str, Any]) -> None:
+        """Files a dead worker left `active`: finished, or to be copied again."""
+        orphans = [fid for fid, e in doc["files"].items() if e["state"] == ACTIVE]
+        for file_id in orphans:
+            result = self.copier.resume(doc["files"][file_id], doc["params"])
+            self.record(doc["_id"], file_id, result, ended_run=True)
+            log.info(
+                "job %s file %s left active by a dead worker: %s",
+                doc["_id"],
+                file_id,
+                result.state if result else "copied again",
+            )
+
+    def start_files(self, doc: Mapping[str, Any], free: int) -> int:
+        started = 0
+        for file_id, entry in sorted(doc["files"].items(), key=lambda kv: kv[1]["index"]):
+            if started >= free:
+                break
+            if entry["state"] != PENDING or (doc["_id"], file_id) in self.running:
+                continue
+            self.running[(doc["_id"], file_id)] = self.pool.submit(
+                self.run_copy, doc["_id"], file_id
+            )
+            started += 1
+        return started
+
+    def renew_leases(self, report: dict[str, int]) -> None:
+        now = time.time()
+        for job_id, until in list(self.leases.items()):
+            busy = any(key[0] == job_id for key in self.running)
+            if not busy:
+                self.maybe_finish(job_id)
+                continue
+            if until - now > self.lease * 2 / 3:
+                continue
+            try:
+                self.jobs.update(job_id, lambda d: self._extend(d, now + self.lease))
+                self.leases[job_id] = now + self.lease
+                report["renewed"] += 1
+            except StoreError as exc:
+                if until - now < self.lease / 3:
+                    # We may lose the lease: stop our copies before anyone else may start them.
+                    log.error(
+                        "cannot renew the lease of job %s (%s): stopping its copies", job_id, exc
+                    )
+                    self.stop_copies.set()
+
+    def _extend(self, doc: dict[str, Any], until: float) -> bool:
+        if (doc.get("lease") or {}).get("owner") != self.instance:
+            raise Conflict(409, "conflict", "lease taken by another worker")
+        doc["lease"] = {"owner": self.instance, "until": until}
+        return True
+
+    def maybe_finish(self, job_id: str) -> None:
+        def finish(doc: dict[str, Any]) -> bool:
+            pending = [e for e in doc["files"].values() if e["state"] not in TERMINAL]
+            if pending:
+                return False
+            doc["state"], doc["lease"] = FINISHED, None
+            return True
+
+        doc = self.jobs.update(job_id, finish)
+        if doc is None or doc["state"] == FINISHED:
+            self.leases.pop(job_id, None)
+            log.info("job %s finished", job_id)
+
+    # -- one copy -----------------------------------------------------------------------------
+    def run_copy(self, job_id: str, file_id: str) -> None:
+        try:
+            current = self.jobs.db.get(job_id)
+            if current is None:
+                return
+            # Refuse an existing destination before the copy is marked active, so that a
+            # destination found after a crash under an `active` file is always ours.
+            early = self.copier.precheck(current["files"][file_id], current["params"])
+            if early is not None:
+                self.record(job_id, file_id, early, ended_run=False)
+                log.info(
+                    "job %s file %s: %s [%s] %s",
+                    job_id,
+                    file_id,
+                    early.state,
+                    early.error_class,
+                    early.reason,
+                )
+                return
+            doc = self.jobs.update(job_id, lambda d: self._mark_active(d, file_id))
+            if doc is None or doc["files"][file_id]["state"] != ACTIVE:
+                return
+            entry = doc["files"][file_id]
+            if file_id in doc.get("cancel", {}):
+                result = CopyResult(CANCELED, "canceled before its copy started", "canceled")
+            else:
+                result = self.copier.copy(
+                    entry, doc["params"], lambda: self._cancelled(job_id, file_id)
+                )
+            self.record(job_id, file_id, result, ended_run=True)
+            log.info(
+                "job %s file %s: %s%s",
+                job_id,
+                file_id,
+                result.state,
+                f" [{result.error_class}] {result.reason}" if result.reason else "",
+            )
+        except Exception:
+            log.exception("job %s file %s: copy crashed", job_id, file_id)
+        finally:
+            with self.lock:
+                self.running.pop((job_id, file_id), None)
+
+    def _mark_active(self, doc: dict[str, Any], file_id: str) -> bool:
+        entry = doc["files"][file_id]
+        if entry["state"] != PENDING or (doc.get("lease") or {}).get("owner") != self.instance:
+            return False
+        now = time.time()
+        entry.update(state=ACTIVE, service_state="ACTIVE", started=now)
+        entry.setdefault("runs", []).append({"worker": self.instance, "start": now, "end": None})
+        return True
+
+    def _cancelled(self, job_id: str, file_id: str) -> bool:
+        if self.stop_copies.is_set():
+            return True
+        doc = self.jobs.db.get(job_id)
+        return bool(doc and file_id in doc.get("cancel", {}))
+
+    def record(
+        self, job_id: str, file_id: str, result: CopyResult | None, *, ended_run: bool
+    ) -> None:
+        def write(doc: dict[str, Any]) -> bool:
+            entry = doc["files"][file_id]
+            now = time.time()
+            if ended_run and entry.get("runs") and entry["runs"][-1]["end"] is None:
+                entry["runs"][-1]["end"] = now
+            if result is None:  # to be copied again
+                entry.update(state=PENDING, service_state="SUBMITTED")
+            else:
+                finish_file(
+                    entry,
+                    result.state,
+                    now,
+                    reason=result.reason,
+                    error_class=result.error_class,
+                    checksum=result.checksum,
+                )
+            return True
+
+        self.jobs.update(job_id, write)
+
+    def close(self) -> None:
+        self.stop_copies.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["CANCELED", "DONE", "FAILED", "CopyResult", "GfalWorker"]
