@@ -1,0 +1,321 @@
+"""Throw-away grid PKI for tests: a CA, host and user certificates, RFC 3820 proxies, and a CA
+directory in the grid layout (`<subject hash>.0`, what `capath`/X509_CERT_DIR point at).
+
+Everything is made with `cryptography`; the CA directory's file names are OpenSSL's subject
+hashes, computed here (checked against `openssl x509 -hash`).
+
+    pki = Pki.create(tmp_path)                 # CA, capath, host certificate for 127.0.0.1
+    alice = pki.user("alice")                  # user certificate and key
+    proxy_path = pki.proxy_file(alice)         # proxy, its key, the user certificate (0600)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import ipaddress
+import os
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
+
+# RFC 3820: proxyCertInfo, and the "inherit all" policy language of an ordinary proxy.
+PROXY_CERT_INFO = ObjectIdentifier("1.3.6.1.5.5.7.1.14")
+# DER of ProxyCertInfo { proxyPolicy { policyLanguage id-ppl-inheritAll } }.
+PROXY_INHERIT_ALL = bytes.fromhex("300c300a06082b06010505071501")
+
+BASE_NAME = (("DC", "org"), ("DC", "aso-test"))
+_OIDS = {
+    "DC": NameOID.DOMAIN_COMPONENT,
+    "C": NameOID.COUNTRY_NAME,
+    "O": NameOID.ORGANIZATION_NAME,
+    "OU": NameOID.ORGANIZATIONAL_UNIT_NAME,
+    "CN": NameOID.COMMON_NAME,
+}
+
+
+def new_key(bits: int = 2048) -> rsa.RSAPrivateKey:
+    # RSA: the fts3 client loads keys with M2Crypto's RSA.load_key.
+    return rsa.generate_private_key(public_exponent=65537, key_size=bits)
+
+
+def name(*parts: tuple[str, str]) -> x509.Name:
+    """An x509.Name from (short name, value) pairs, most significant first, one per RDN."""
+    return x509.Name(
+        [x509.RelativeDistinguishedName([x509.NameAttribute(_OIDS[k], v)]) for k, v in parts]
+    )
+
+
+def slash_dn(subject: x509.Name) -> str:
+    """The grid's (OpenSSL one-line) form of a name: /DC=org/DC=aso-test/CN=alice."""
+    return "".join(
+        f"/{attr.rfc4514_attribute_name}={attr.value}" for rdn in subject.rdns for attr in rdn
+    )
+
+
+def is_proxy(cert: x509.Certificate) -> bool:
+    try:
+        cert.extensions.get_extension_for_oid(PROXY_CERT_INFO)
+    except x509.ExtensionNotFound:
+        return False
+    return True
+
+
+def end_entity_dn(chain: list[x509.Certificate]) -> str:
+    """DN of the identity a (proxy) chain stands for: its first certificate that is no proxy;
+    with the leaf alone, the issuer of a proxy (exact for first-level proxies)."""
+    for cert in chain:
+        if not is_proxy(cert):
+            return slash_dn(cert.subject)
+    return slash_dn(chain[0].issuer)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A certificate, its key, and the certificates above it that are not the CA (a proxy's
+    issuers)."""
+
+    cert: x509.Certificate
+    key: rsa.RSAPrivateKey
+    chain: tuple[x509.Certificate, ...] = ()
+
+    @property
+    def dn(self) -> str:
+        return slash_dn(self.cert.subject)
+
+    def cert_pem(self) -> bytes:
+        return b"".join(
+            c.public_bytes(serialization.Encoding.PEM) for c in (self.cert, *self.chain)
+        )
+
+    def key_pem(self) -> bytes:
+        return self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, days: float):
+    start = _now() - dt.timedelta(minutes=5)  # tolerate small clock differences
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+    )
+
+
+class CertificateAuthority:
+    def __init__(self, common_name: str = "ASO Test CA", days: float = 30):
+        self.key = new_key()
+        subject = name(*BASE_NAME, ("CN", common_name))
+        self.cert = (
+            _builder(subject, subject, self.key, days)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+
+    @property
+    def dn(self) -> str:
+        return slash_dn(self.cert.subject)
+
+    def pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def _issue(self, subject: x509.Name, usage: ObjectIdentifier, days: float, san=None):
+        key = new_key()
+        builder = (
+            _builder(subject, self.cert.subject, key, days)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_end_entity_usage(), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return Credential(builder.sign(self.key, hashes.SHA256()), key)
+
+    def host(self, hostname: str = "localhost", ip: str = "127.0.0.1", days: float = 30):
+        san = [x509.DNSName(hostname), x509.IPAddress(ipaddress.ip_address(ip))]
+        subject = name(*BASE_NAME, ("OU", "Hosts"), ("CN", hostname))
+        return self._issue(subject, ExtendedKeyUsageOID.SERVER_AUTH, days, san)
+
+    def user(self, common_name: str, days: float = 30) -> Credential:
+        subject = name(*BASE_NAME, ("OU", "Users"), ("CN", common_name))
+        return self._issue(subject, ExtendedKeyUsageOID.CLIENT_AUTH, days)
+
+
+def _end_entity_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=True,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def make_proxy(issuer: Credential, lifetime: dt.timedelta = dt.timedelta(hours=12)) -> Credential:
+    """An RFC 3820 proxy of `issuer`: subject = issuer's subject + CN=<number>, proxyCertInfo
+    (inherit all), signed with the issuer's key, valid no longer than the issuer."""
+    key = new_key()
+    serial = secrets.randbelow(2**31) + 1
+    subject = x509.Name([*issuer.cert.subject.rdns, *name(("CN", str(serial))).rdns])
+    start = _now() - dt.timedelta(minutes=5)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(start)
+        .not_valid_after(min(start + lifetime, issuer.cert.not_valid_after_utc))
+        .add_extension(_end_entity_usage(), critical=True)
+        .add_extension(
+            x509.UnrecognizedExtension(PROXY_CERT_INFO, PROXY_INHERIT_ALL), critical=True
+        )
+        .sign(issuer.key, hashes.SHA256())
+    )
+    return Credential(cert, key, (issuer.cert, *issuer.chain))
+
+
+def _der(tag: int, body: bytes) -> bytes:
+    size = len(body)
+    if size < 0x80:
+        return bytes([tag, size]) + body
+    length = size.to_bytes((size.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(length)]) + length + body
+
+
+def _oid_der(dotted: str) -> bytes:
+    arcs = [int(a) for a in dotted.split(".")]
+    out = bytearray([40 * arcs[0] + arcs[1]])
+    for arc in arcs[2:]:
+        chunk = [arc & 0x7F]
+        arc >>= 7
+        while arc:
+            chunk.append(0x80 | (arc & 0x7F))
+            arc >>= 7
+        out += bytes(reversed(chunk))
+    return _der(0x06, bytes(out))
+
+
+def _canonical(value: str) -> str:
+    # OpenSSL's asn1_string_canon: trim, fold runs of white space, lower-case ASCII.
+    value = re.sub(r"[ \t\n\v\f\r]+", " ", value.strip(" \t\n\v\f\r"))
+    return "".join(c.lower() if c < "\x80" else c for c in value)
+
+
+def subject_hash(cert: x509.Certificate) -> str:
+    """OpenSSL's X509_NAME_hash of the subject (`openssl x509 -hash`): SHA-1 of the canonical
+    encoding (every value a trimmed, lower-cased UTF8String; the RDN SETs without the outer
+    SEQUENCE), first four bytes little-endian. Single-valued RDNs, as every grid name."""
+    encoding = b""
+    for rdn in cert.subject.rdns:
+        entries = sorted(
+            _der(
+                0x30, _oid_der(a.oid.dotted_string) + _der(0x0C, _canonical(str(a.value)).encode())
+            )
+            for a in rdn
+        )
+        encoding += _der(0x31, b"".join(entries))
+    return f"{int.from_bytes(hashlib.sha1(encoding).digest()[:4], 'little'):08x}"
+
+
+def write_capath(directory: Path, *cas: CertificateAuthority) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for ca in cas:
+        (directory / f"{subject_hash(ca.cert)}.0").write_bytes(ca.pem())
+    return directory
+
+
+def write_private(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+def write_proxy(path: Path, proxy: Credential) -> Path:
+    """The usual proxy file: proxy certificate, its key, then the certificates above it."""
+    pem = serialization.Encoding.PEM
+    chain = b"".join(c.public_bytes(pem) for c in proxy.chain)
+    return write_private(path, proxy.cert.public_bytes(pem) + proxy.key_pem() + chain)
+
+
+@dataclass
+class Pki:
+    """A CA with its grid CA directory and a host credential for 127.0.0.1, under `root`."""
+
+    root: Path
+    ca: CertificateAuthority
+    capath: Path
+    ca_file: Path
+    host_cert: Path
+    host_key: Path
+    host: Credential
+    users: dict[str, Credential] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, root: Path) -> Pki:
+        root.mkdir(parents=True, exist_ok=True)
+        ca = CertificateAuthority()
+        host = ca.host()
+        ca_file = root / "ca.pem"
+        ca_file.write_bytes(ca.pem())
+        host_cert = root / "hostcert.pem"
+        host_cert.write_bytes(host.cert_pem())
+        host_key = write_private(root / "hostkey.pem", host.key_pem())
+        capath = write_capath(root / "certificates", ca)
+        return cls(root, ca, capath, ca_file, host_cert, host_key, host)
+
+    def user(self, common_name: str) -> Credential:
+        if common_name not in self.users:
+            self.users[common_name] = self.ca.user(common_name)
+        return self.users[common_name]
+
+    def proxy_file(
+        self, user: Credential, lifetime: dt.timedelta = dt.timedelta(hours=12), tag: str = ""
+    ) -> Path:
+        cn = user.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[-1].value
+        path = self.root / f"x509up_{cn}{tag}"
+        if path.exists():
+            os.unlink(path)
+        return write_proxy(path, make_proxy(user, lifetime))
