@@ -48,7 +48,7 @@ run: setup
 	@echo "ASO is up: store at $$($(ASO) --config $(CONFIG) config show | sed -n 's/^url = \"\(.*\)\"/\1/p' | head -1); 'make stop' stops it."
 
 stop:
-	@if [ -x $(ASO) ] && [ -f $(CONFIG) ]; then $(ASO) --config $(CONFIG) store stop; else echo "nothing to stop"; fi
+	@if [ -x $(ASO) ] && [ -f $(CONFIG) ]; then $(ASO) --config $(CONFIG) storage stop; $(ASO) --config $(CONFIG) store stop; else echo "nothing to stop"; fi
 
 lint: $(ASO)
 	$(VENV)/bin/ruff check aso agents sim tests

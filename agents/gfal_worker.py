@@ -20,41 +20,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from aso import faults
 from aso.config import Config
 from aso.runtime import Agent, Membership
 from aso.store import Conflict, StoreError
-from aso.transfer.base import ACTIVE, CANCELED, DONE, FAILED, PENDING, TERMINAL
+from aso.transfer.base import ACTIVE, CANCELED, PENDING, TERMINAL
+from aso.transfer.gfalcopy import Copier, CopyResult, GfalCopier
 from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_file
 
 log = logging.getLogger("aso.agent.gfal_worker")
-
-
-@dataclass(frozen=True)
-class CopyResult:
-    state: str  # DONE, FAILED or CANCELED
-    reason: str | None = None
-    error_class: str | None = None
-    checksum: str | None = None
-
-
-class Copier(Protocol):
-    """What the worker needs from gfal2 (aso.transfer.gfalcopy.GfalCopier)."""
-
-    def precheck(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
-        """A result without copying (the destination exists and may not be overwritten)."""
-
-    def copy(
-        self, entry: Mapping[str, Any], params: Mapping[str, Any], cancelled: Callable[[], bool]
-    ) -> CopyResult:
-        """Make the copy; `cancelled()` tells it to stop."""
-
-    def resume(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
-        """Settle a copy a dead worker left active (None: copy it again)."""
 
 
 def claimable(doc: Mapping[str, Any], now: float) -> bool:
@@ -80,10 +58,8 @@ class GfalWorker(Agent):
     ):
         super().__init__(config, instance)
         self.jobs = JobStore(self.server.db(config.store.transfers_db), "gfal")
-        self.lease = max(30.0, config.transfer.lease / 2)
+        self.lease = max(2.0, config.transfer.lease / 2)
         if copier is None:
-            from aso.transfer.gfalcopy import GfalCopier
-
             copier = GfalCopier(config)
         self.copier = copier
         self.pool = ThreadPoolExecutor(
@@ -93,6 +69,8 @@ class GfalWorker(Agent):
         self.leases: dict[str, float] = {}  # job → lease end we hold
         self.stop_copies = threading.Event()
         self.lock = threading.Lock()
+        self.job_locks: dict[str, threading.Lock] = {}
+        self.lost: set[str] = set()  # jobs whose lease we lost: their copies must stop
 
     @property
     def idle(self) -> float:
@@ -112,6 +90,14 @@ class GfalWorker(Agent):
         report = {"claimed": 0, "started": 0, "renewed": 0}
         self.renew_leases(report)
         free = self.config.gfal.workers - len(self.running)
+        # Our own jobs first: their files beyond the free slots wait here for a slot.
+        held = [doc for doc in self.jobs.get_many(list(self.leases)).values() if doc]
+        for doc in held:
+            if free <= 0:
+                return report
+            started = self.start_files(doc, free)
+            report["started"] += started
+            free -= started
         if free <= 0:
             return report
         for doc in self.jobs.unfinished(limit=50):
@@ -172,22 +158,26 @@ class GfalWorker(Agent):
         now = time.time()
         for job_id, until in list(self.leases.items()):
             busy = any(key[0] == job_id for key in self.running)
-            if not busy:
-                self.maybe_finish(job_id)
+            if not busy and self.maybe_finish(job_id):
                 continue
             if until - now > self.lease * 2 / 3:
                 continue
             try:
-                self.jobs.update(job_id, lambda d: self._extend(d, now + self.lease))
+                self.update(job_id, lambda d: self._extend(d, now + self.lease))
                 self.leases[job_id] = now + self.lease
                 report["renewed"] += 1
+            except Conflict:
+                # Another worker holds the job now (our lease ran out): stop our copies of it.
+                log.error("job %s: lease lost to another worker; stopping its copies", job_id)
+                self.lost.add(job_id)
+                self.leases.pop(job_id, None)
             except StoreError as exc:
                 if until - now < self.lease / 3:
                     # We may lose the lease: stop our copies before anyone else may start them.
                     log.error(
                         "cannot renew the lease of job %s (%s): stopping its copies", job_id, exc
                     )
-                    self.stop_copies.set()
+                    self.lost.add(job_id)
 
     def _extend(self, doc: dict[str, Any], until: float) -> bool:
         if (doc.get("lease") or {}).get("owner") != self.instance:
@@ -195,7 +185,9 @@ class GfalWorker(Agent):
         doc["lease"] = {"owner": self.instance, "until": until}
         return True
 
-    def maybe_finish(self, job_id: str) -> None:
+    def maybe_finish(self, job_id: str) -> bool:
+        """Close a job whose files have all ended; True if it is closed (or gone)."""
+
         def finish(doc: dict[str, Any]) -> bool:
             pending = [e for e in doc["files"].values() if e["state"] not in TERMINAL]
             if pending:
@@ -203,10 +195,12 @@ class GfalWorker(Agent):
             doc["state"], doc["lease"] = FINISHED, None
             return True
 
-        doc = self.jobs.update(job_id, finish)
+        doc = self.update(job_id, finish)
         if doc is None or doc["state"] == FINISHED:
             self.leases.pop(job_id, None)
             log.info("job %s finished", job_id)
+            return True
+        return False
 
     # -- one copy -----------------------------------------------------------------------------
     def run_copy(self, job_id: str, file_id: str) -> None:
@@ -228,9 +222,10 @@ class GfalWorker(Agent):
                     early.reason,
                 )
                 return
-            doc = self.jobs.update(job_id, lambda d: self._mark_active(d, file_id))
+            doc = self.update(job_id, lambda d: self._mark_active(d, file_id))
             if doc is None or doc["files"][file_id]["state"] != ACTIVE:
                 return
+            faults.point("gfal_worker.after_active")
             entry = doc["files"][file_id]
             if file_id in doc.get("cancel", {}):
                 result = CopyResult(CANCELED, "canceled before its copy started", "canceled")
@@ -252,6 +247,14 @@ class GfalWorker(Agent):
             with self.lock:
                 self.running.pop((job_id, file_id), None)
 
+    def update(self, job_id: str, mutate: Any) -> dict[str, Any] | None:
+        """Our writes to a job, one at a time: copies of one job end together, and racing
+        each other would only make conflicts (a cancel from the monitor still may)."""
+        with self.lock:
+            lock = self.job_locks.setdefault(job_id, threading.Lock())
+        with lock:
+            return self.jobs.update(job_id, mutate)
+
     def _mark_active(self, doc: dict[str, Any], file_id: str) -> bool:
         entry = doc["files"][file_id]
         if entry["state"] != PENDING or (doc.get("lease") or {}).get("owner") != self.instance:
@@ -262,7 +265,7 @@ class GfalWorker(Agent):
         return True
 
     def _cancelled(self, job_id: str, file_id: str) -> bool:
-        if self.stop_copies.is_set():
+        if self.stop_copies.is_set() or job_id in self.lost:
             return True
         doc = self.jobs.db.get(job_id)
         return bool(doc and file_id in doc.get("cancel", {}))
@@ -288,11 +291,8 @@ class GfalWorker(Agent):
                 )
             return True
 
-        self.jobs.update(job_id, write)
+        self.update(job_id, write)
 
     def close(self) -> None:
         self.stop_copies.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-__all__ = ["CANCELED", "DONE", "FAILED", "CopyResult", "GfalWorker"]

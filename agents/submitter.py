@@ -145,13 +145,19 @@ def plan_jobs(
     return jobs
 
 
-def transfer_url(config: Config, site: str, lfn: str) -> str:
-    """The URL a transfer uses (the simulator moves no data and needs no site catalogue)."""
+def transfer_urls(config: Config, doc: Mapping[str, Any]) -> tuple[str, str]:
+    """(source, destination) URLs of a copy, in one protocol for both ends (a third-party
+    copy needs it); the simulator moves no data and needs no site catalogue."""
     if config.transfer.backend == "sim":
-        return f"sim://{site}{lfn}"
+        return (
+            f"sim://{doc['source']}{doc['source_lfn']}",
+            f"sim://{doc['destination']}{doc['destination_lfn']}",
+        )
     from aso import sites
 
-    return sites.pfn(config, site, lfn)
+    return sites.transfer_urls(
+        config, doc["source"], doc["destination"], doc["source_lfn"], doc["destination_lfn"]
+    )
 
 
 def job_request(config: Config, key: str, docs: list[Mapping[str, Any]]) -> JobRequest:
@@ -159,9 +165,8 @@ def job_request(config: Config, key: str, docs: list[Mapping[str, Any]]) -> JobR
     transfer = config.transfer
     files = tuple(
         FileTransfer(
-            file_id=doc["_id"],
-            source=transfer_url(config, doc["source"], doc["source_lfn"]),
-            destination=transfer_url(config, doc["destination"], doc["destination_lfn"]),
+            doc["_id"],
+            *transfer_urls(config, doc),
             size=doc["size"],
             adler32=doc["checksum"]["adler32"],
             metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},

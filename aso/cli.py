@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,10 +21,12 @@ from rich.table import Table
 from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
+from aso.cli_storage import storage_app
 from aso.config import Config, ConfigError
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedError, EmbeddedStore
 from aso.runtime import Runner
+from aso.storage import StorageError
 from aso.store import Server, StoreError, redact
 from aso.supervisor import Supervisor
 from aso.upload import adler32_of, requests_from_json, upload
@@ -48,6 +51,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(store_app, name="store")
 app.add_typer(db_app, name="db")
 app.add_typer(request_app, name="request")
+app.add_typer(storage_app, name="storage")
 
 
 class UsageError(Exception):
@@ -335,6 +339,46 @@ def request_list(
     console.print(table)
 
 
+@app.command("demo")
+def demo_cmd(
+    ctx: typer.Context,
+    files: Annotated[int, typer.Option(help="How many files to write and transfer.")] = 200,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for them to end.")] = 600,
+    wait: Annotated[bool, typer.Option(help="Follow the transfers until they end.")] = True,
+) -> None:
+    """Write files into two source sites' temp areas, upload their transfer requests for two
+    users and follow them (needs `aso run` on the embedded defaults)."""
+    from aso.demo import DemoPlan, follow, write_and_upload
+    from aso.storage import write_file
+
+    config = _config(ctx)
+    plan = DemoPlan(files=files)
+    missing = [s for s in (*plan.sources, plan.destination) if s not in config.sites]
+    if missing:
+        raise UsageError(f"the site catalogue lacks {', '.join(missing)}")
+    db = _files_db(ctx)
+    started = time.monotonic()
+    ids, report = write_and_upload(config, db, plan, write_file)
+    console.print(
+        f"wrote {files} files at {', '.join(plan.sources)}; "
+        f"{len(report.recorded)} requests recorded for {', '.join(plan.users)}"
+    )
+    if not wait:
+        return
+    counts = follow(db, ids, timeout, console=console)
+    elapsed = time.monotonic() - started
+    table = Table("state", "files")
+    for state, n in counts.most_common():
+        table.add_row(state, str(n))
+    console.print(table)
+    console.print(
+        f"{counts['done']} of {files} done in {elapsed:.1f} s "
+        f"({counts['done'] / elapsed:.1f} files/s)"
+    )
+    if counts["done"] != files:
+        raise typer.Exit(1)
+
+
 # --- agents ----------------------------------------------------------------------------------
 @app.command("agent")
 def agent_cmd(
@@ -392,7 +436,7 @@ def main() -> None:
     except (ConfigError, UsageError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(2)
-    except (StoreError, EmbeddedError, model.ModelError, ValueError) as exc:
+    except (StoreError, EmbeddedError, StorageError, model.ModelError, ValueError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,35 @@ from aso.store import Conflict, Database, Server, StoreError
 from aso.workqueue import ChangesWorkSet
 
 log = logging.getLogger("aso.agent")
+
+
+class StopFlag:
+    """Stop request set from a signal handler. A plain attribute, no lock: a handler runs
+    between two bytecodes of the main thread, and one that takes a lock the interrupted code
+    holds (threading.Event.set inside Event.wait) deadlocks the process for good."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, waking within 0.1 s of a stop request."""
+        deadline = time.monotonic() + timeout
+        while not self._set:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(0.1, left))
+        return self._set
+
+    def install(self, *signals: signal.Signals) -> None:
+        for sig in signals or (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.set())
 
 
 def default_instance() -> str:
@@ -168,7 +196,7 @@ class Runner:
     def __init__(self, agent: Agent):
         self.agent = agent
         self.config = agent.config
-        self.stop_event = threading.Event()
+        self.stop_event = StopFlag()
         self.heartbeat = Heartbeat(agent.db, agent.name, agent.instance)
         self.membership = Membership(agent.instance, [agent.instance])
         self.workset = ChangesWorkSet(agent.db, agent.kinds)
@@ -176,8 +204,7 @@ class Runner:
         self._last_cycle: dict[str, Any] = {}
 
     def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop_event.set())
+        self.stop_event.install()
 
     def run(self, *, once: bool = False) -> None:
         agent = self.agent

@@ -16,20 +16,22 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedStore
+from aso.runtime import StopFlag
 from aso.store import Server
 
 log = logging.getLogger("aso.run")
 
 GRACE = 15.0  # seconds agents get to finish their cycle after SIGTERM
 MAX_BACKOFF = 30.0
+STORAGE_CHECK = 10.0  # seconds between two looks at the embedded storage servers
 
 
 @dataclass
@@ -64,9 +66,11 @@ class Supervisor:
         self.config_file = config_file
         self.agents_only = agents_only
         self.host_id = host_id or socket.gethostname()
-        self.stop_event = threading.Event()
+        self.stop_event = StopFlag()
         self.children: list[Child] = []
         self.cleanups: list[tuple[str, object]] = []
+        self.storage: Any = None  # the embedded storage, when this host runs it
+        self._storage_checked = 0.0
 
     # -- start-up -------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -88,6 +92,7 @@ class Supervisor:
         storage = EmbeddedStorage(self.config)
         for line in storage.start():
             log.info(line)
+        self.storage = storage
         self.cleanups.append(("embedded storage", storage.stop))
 
     def spawn_all(self) -> None:
@@ -126,9 +131,24 @@ class Supervisor:
         return ["--config", str(self.config_file)] if self.config_file else []
 
     # -- supervision ----------------------------------------------------------------------------
+    def watch_storage(self, now: float) -> None:
+        """Start again a site server that died (XRootD has crashed under load here)."""
+        if self.storage is None or now - self._storage_checked < STORAGE_CHECK:
+            return
+        self._storage_checked = now
+        dead = [s.site for s in self.storage.status() if s.embedded and s.pid is None]
+        if dead:
+            log.warning("storage of %s is down: starting it again", ", ".join(dead))
+            try:
+                for line in self.storage.start():
+                    log.info(line)
+            except Exception as exc:
+                log.error("could not start the storage again: %s", exc)
+
     def supervise(self) -> None:
         while not self.stop_event.wait(1.0):
             now = time.monotonic()
+            self.watch_storage(now)
             for child in self.children:
                 if child.process is not None and child.process.poll() is not None:
                     code = child.process.returncode
@@ -168,8 +188,7 @@ class Supervisor:
             stop()  # type: ignore[operator]
 
     def run(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop_event.set())
+        self.stop_event.install()
         try:
             self.prepare()
             self.spawn_all()

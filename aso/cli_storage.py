@@ -1,0 +1,54 @@
+"""`aso storage start|stop|status`: the embedded XRootD servers of the site catalogue.
+
+aso/cli.py mounts `storage_app` as `aso storage` and turns StorageError into a one-line error.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from aso.config import Config
+from aso.storage import EmbeddedStorage
+
+console = Console(soft_wrap=True)  # one line per site, however long
+
+storage_app = typer.Typer(
+    help="Run the embedded storage: one XRootD server per embedded site (root:// and https).",
+    no_args_is_help=True,
+)
+
+
+def _config(ctx: typer.Context) -> Config:
+    # Imported here: aso.cli imports this module to mount storage_app.
+    from aso.cli import _config as cli_config
+
+    return cli_config(ctx)
+
+
+def _print(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
+
+
+@storage_app.command("start")
+def storage_start(ctx: typer.Context) -> None:
+    """Start an XRootD server per embedded site and wait until each answers (idempotent)."""
+    for line in EmbeddedStorage(_config(ctx)).start():
+        _print(line)
+
+
+@storage_app.command("stop")
+def storage_stop(ctx: typer.Context) -> None:
+    """Stop the XRootD servers started from this config (and no other process)."""
+    for line in EmbeddedStorage(_config(ctx)).stop():
+        _print(line)
+
+
+@storage_app.command("status")
+def storage_status(ctx: typer.Context) -> None:
+    """Say per site whether its server runs and answers (exit 1 if one does not answer)."""
+    statuses = EmbeddedStorage(_config(ctx)).status()
+    for status in statuses:
+        _print(status.line())
+    if any(s.embedded and not s.answering for s in statuses):
+        raise typer.Exit(1)

@@ -1,0 +1,133 @@
+"""gfal2 as ASO uses it: the client environment to set before `import gfal2`, and configured
+contexts. The gfal transfer back end and the cleaner take their contexts from here.
+
+Measured reasons (../shared/STORAGE-NOTES.md, and the notes below):
+- XRootD client (read once, when the XRootD plugin first starts, hence before the import):
+  without XRD_CONNECTIONWINDOW/XRD_CONNECTIONRETRY a refused connection takes ~480 s; without
+  XRD_REQUESTTIMEOUT/XRD_STREAMTIMEOUT a server that accepts and never answers hangs a copy.
+  Neither timeout bounds a long third-party copy (a 1.5 GB root:// copy passed with both at 1 s).
+- X509_CERT_DIR (read when a context is created): the hashed directory of the embedded
+  storage's CA, or the operator's own for real sites.
+- SSL_CERT_FILE: davix (gfal2's HTTP library) loads OpenSSL's default CA file for every HTTPS
+  request; Debian's bundle (~140 CAs) costs ~27 ms each time, which made one davs://
+  third-party copy take ~0.15 s instead of ~0.012 s. Pointing it at the embedded CA's file
+  removes that cost; OpenSSL still finds the system CAs through its hashed directory
+  (SSL_CERT_DIR, by default /usr/lib/ssl/certs), looked up by hash only when needed.
+- HTTP plugin: OPERATION_TIMEOUT (a stalled request blocked a thread > 10 min without it; it
+  does not bound a third-party copy, whose server sends progress markers), the headers
+  `Credential: none` and `X-No-Delegate: true` (else the servers want a delegated proxy) and
+  RETRIEVE_BEARER_TOKEN off (no token service here). Without the headers gfal2 silently fell
+  back to streaming the data through the client: stream copies between two HTTP endpoints are
+  off unless asked for, so a failed third-party copy is an error, not a silent detour.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+from aso.config import Config
+
+XRD_ENVIRONMENT = {
+    "XRD_CONNECTIONWINDOW": "5",  # seconds to wait for a TCP connection
+    "XRD_CONNECTIONRETRY": "1",  # connection attempts
+    "XRD_REQUESTTIMEOUT": "120",  # seconds for one request (a checksum of a big file included)
+    "XRD_STREAMTIMEOUT": "60",  # seconds a stream with requests in flight may stay silent
+}
+HTTP_OPERATION_TIMEOUT = 120
+HTTP_HEADERS = ["Credential: none", "X-No-Delegate: true"]
+
+
+def _embedded_ca(config: Config) -> tuple[str, str] | None:
+    """(hashed CA directory, CA file) of the embedded storage, if the catalogue has an embedded
+    site."""
+    if not any(site.embedded for site in config.sites.values()):
+        return None
+    from aso.storage import tls_files
+
+    files = tls_files(config)
+    return str(files.ca_dir), str(files.ca_cert)
+
+
+def client_environment(config: Config) -> dict[str, str]:
+    """The environment variables the gfal2 client of this config needs."""
+    env = dict(XRD_ENVIRONMENT)
+    embedded = _embedded_ca(config)
+    if embedded:
+        env["X509_CERT_DIR"], env["SSL_CERT_FILE"] = embedded
+    return env
+
+
+FORCED = ("X509_CERT_DIR", "SSL_CERT_FILE")
+
+
+def set_client_environment(config: Config) -> None:
+    """Set the client environment in this process. XRD_* values already set win (an
+    operator's tuning); X509_CERT_DIR and SSL_CERT_FILE are replaced when the catalogue has
+    embedded sites: those are trusted only through their own CA, and a generic
+    SSL_CERT_FILE=<system bundle> (set on many machines) costs ~27 ms per HTTPS request."""
+    for name, value in client_environment(config).items():
+        if name in FORCED:
+            os.environ[name] = value
+        else:
+            os.environ.setdefault(name, value)
+
+
+def import_gfal2(config: Config) -> ModuleType:
+    """gfal2, imported after the client environment is set: the XRootD client reads it once,
+    when the first context loads its plugin."""
+    set_client_environment(config)
+    import gfal2
+
+    return gfal2
+
+
+def new_context(config: Config, *, allow_streaming: bool = False) -> Any:
+    """A gfal2 context with ASO's settings. One context runs one operation at a time: give
+    each thread its own. `allow_streaming` permits copies through the client between two HTTP
+    endpoints (uploads and downloads are always streamed)."""
+    gfal2 = import_gfal2(config)
+    ctx = gfal2.creat_context()
+    ctx.set_opt_integer("HTTP PLUGIN", "OPERATION_TIMEOUT", HTTP_OPERATION_TIMEOUT)
+    ctx.set_opt_string_list("HTTP PLUGIN", "HEADERS", HTTP_HEADERS)
+    ctx.set_opt_boolean("HTTP PLUGIN", "RETRIEVE_BEARER_TOKEN", False)
+    ctx.set_opt_boolean("HTTP PLUGIN", "ENABLE_STREAM_COPY", allow_streaming)
+    ctx.set_opt_string("XROOTD PLUGIN", "COPY_CHECKSUM_TYPE", "ADLER32")
+    return ctx
+
+
+def transfer_parameters(ctx: Any, *, overwrite: bool = False, adler32: str | None = None) -> Any:
+    """Copy parameters ASO always wants: adler32 compared at both ends (and with `adler32` if
+    given), parents created, no proxy delegation (with it a missing root:// source reads as
+    ENOTSUP "does not support delegation")."""
+    import gfal2
+
+    params = ctx.transfer_parameters()
+    params.overwrite = overwrite
+    params.create_parent = True
+    params.proxy_delegation = False
+    params.set_checksum(gfal2.checksum_mode.both, "ADLER32", adler32 or "")
+    return params
+
+
+class TransferEvents:
+    """An `event_callback` that records (stage, description) of every gfal2 event of a copy,
+    to tell afterwards how the data moved."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def __call__(self, event: Any) -> None:
+        self.events.append((str(event.stage), str(event.description)))
+
+    @property
+    def types(self) -> list[str]:
+        """The TRANSFER:TYPE descriptions in order ('3rd pull', '3rd push', 'streamed'):
+        gfal2 announces each mode it tries; the last one moved the data."""
+        return [description for stage, description in self.events if stage == "TRANSFER:TYPE"]
+
+    @property
+    def third_party(self) -> bool:
+        """Whether the data went from storage to storage, not through this client."""
+        return bool(self.types) and self.types[-1].startswith("3rd")

@@ -1,0 +1,386 @@
+"""The site catalogue (pure) and the embedded storage against real XRootD servers: third-party
+copies with gfal2 between two sites, adler32-verified, over https (davs), http and root, the
+documented error codes, and start/stop that touch only ASO's own processes."""
+
+from __future__ import annotations
+
+import copy
+import errno
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import NameOID
+from typer.testing import CliRunner
+
+from aso import gfalctx, sites
+from aso.cli_storage import storage_app
+from aso.config import Config, SiteConfig, render
+from aso.embedded import free_port
+from aso.storage import (
+    EmbeddedStorage,
+    StorageError,
+    export_path,
+    subject_hash,
+    write_file,
+)
+from tests.storage_helpers import reachable_tmp_dir, storage_config
+
+SOURCE, DESTINATION, THIRD = "T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"
+
+
+# -- the site catalogue (no servers) ----------------------------------------------------------
+@pytest.fixture
+def catalogue() -> Config:
+    config = Config()
+    config.sites = {
+        "T2_A": SiteConfig(root_url="root://127.0.0.1:21094", http_url="https://127.0.0.1:21095"),
+        "T2_P": SiteConfig(
+            root_url="root://se.example.org:1094/",
+            http_url="https://se.example.org:443",
+            protocol="root",
+            path_prefix="/eos/cms/",
+            temp_area="/store/temp/user",
+        ),
+        "T2_R": SiteConfig(root_url="root://xrd.example.org:1094", protocol="root"),
+    }
+    return config
+
+
+def test_pfn_per_protocol(catalogue: Config) -> None:
+    lfn = "/store/temp/user/alice.x/f.root"
+    assert sites.pfn(catalogue, "T2_A", lfn) == "davs://127.0.0.1:21095" + lfn
+    assert sites.pfn(catalogue, "T2_A", lfn, "http") == "http://127.0.0.1:21095" + lfn
+    assert sites.pfn(catalogue, "T2_A", lfn, "root") == "root://127.0.0.1:21094/" + lfn
+    assert sites.pfn(catalogue, "T2_P", lfn) == "root://se.example.org:1094//eos/cms" + lfn
+    assert sites.pfn(catalogue, "T2_P", lfn, "https") == "davs://se.example.org:443/eos/cms" + lfn
+
+
+def test_pfn_refuses_what_it_cannot_build(catalogue: Config) -> None:
+    with pytest.raises(sites.SiteError, match=r"unknown site 'T2_XX'.*T2_A, T2_P, T2_R"):
+        sites.pfn(catalogue, "T2_XX", "/store/user/a")
+    with pytest.raises(sites.SiteError, match="no http_url"):
+        sites.pfn(catalogue, "T2_R", "/store/user/a", "https")
+    with pytest.raises(sites.SiteError, match="unknown protocol"):
+        sites.pfn(catalogue, "T2_A", "/store/user/a", "gsiftp")
+    for bad in ("/store/user/../x", "/store//user/x", "store/user/x", "/etc/passwd", "/store/u/"):
+        with pytest.raises(sites.SiteError, match="not a valid LFN"):
+            sites.pfn(catalogue, "T2_A", bad)
+
+
+def test_link_protocol_is_common_to_both_ends(catalogue: Config) -> None:
+    assert sites.link_protocol(catalogue, "T2_A", "T2_P") == "root"  # T2_A offers root
+    assert sites.link_protocol(catalogue, "T2_P", "T2_A") == "https"
+    assert sites.link_protocol(catalogue, "T2_A", "T2_R") == "root"
+    src, dst = sites.transfer_urls(catalogue, "T2_A", "T2_R", "/store/temp/user/a", "/store/user/a")
+    assert src.startswith("root://127.0.0.1:21094//") and dst.startswith("root://xrd.example")
+
+
+@pytest.mark.parametrize(
+    ("lfn", "inside"),
+    [
+        ("/store/temp/user/alice.abc/out.root", True),
+        ("/store/temp/user/x", True),
+        ("/store/temp/user/", False),  # the area itself
+        ("/store/temp/user", False),
+        ("/store/temp/username/x", False),  # a sibling that shares the prefix
+        ("/store/temp/user/../../user/alice/x", False),
+        ("/store/temp/user/./x", False),
+        ("/store/temp/user//x", False),
+        ("/store/temp/user/x/", False),
+        ("store/temp/user/x", False),
+        ("/store/user/alice/x", False),
+        ("/store/temp/user/a\x00b", False),
+    ],
+)
+def test_in_temp_area_is_strict(catalogue: Config, lfn: str, inside: bool) -> None:
+    assert sites.in_temp_area(catalogue, "T2_A", lfn) is inside
+    assert sites.in_temp_area(catalogue, "T2_P", lfn) is inside  # temp_area without a slash
+
+
+def test_temp_pfn_refuses_everything_outside_the_temp_area(catalogue: Config) -> None:
+    assert sites.temp_pfn(catalogue, "T2_A", "/store/temp/user/a/b").endswith(
+        "/store/temp/user/a/b"
+    )
+    with pytest.raises(sites.SiteError, match="not in the temp area"):
+        sites.temp_pfn(catalogue, "T2_A", "/store/user/alice/b")
+    assert sites.in_user_area(catalogue, "T2_A", "/store/user/alice/b")
+
+
+def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.skip("no openssl to compare with")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COUNTRY_NAME, "CH"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "  Mixed   Case  Org "),
+            x509.NameAttribute(NameOID.COMMON_NAME, "ASO Test CA ünïcode"),
+        ]
+    )
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = tmp_path / "ca.pem"
+    pem.write_bytes(cert.public_bytes(Encoding.PEM))
+    expected = subprocess.run(
+        [openssl, "x509", "-hash", "-noout", "-in", str(pem)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert subject_hash(cert) == expected
+
+
+def test_client_environment_trusts_the_embedded_ca(catalogue: Config) -> None:
+    env = gfalctx.client_environment(Config())
+    assert env["X509_CERT_DIR"].endswith("var/storage/tls/certificates")
+    assert env["SSL_CERT_FILE"].endswith("var/storage/tls/ca.pem")
+    assert env["XRD_CONNECTIONRETRY"] == "1"
+    assert "X509_CERT_DIR" not in gfalctx.client_environment(_not_embedded(catalogue))
+
+
+def _not_embedded(config: Config) -> Config:
+    for site in config.sites.values():
+        site.embedded = False
+    return config
+
+
+# -- real servers -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def storage() -> Iterator[EmbeddedStorage]:
+    """Three embedded sites on free ports, started once for this module."""
+    with reachable_tmp_dir() as base:
+        config = storage_config(base, [SOURCE, DESTINATION, THIRD])
+        embedded = EmbeddedStorage(config)
+        embedded.start()
+        try:
+            yield embedded
+        finally:
+            embedded.stop()
+
+
+@pytest.fixture(scope="module")
+def gfal2(storage: EmbeddedStorage) -> Iterator[Any]:
+    """gfal2 with this module's client environment; the CA settings, which point into this
+    module's temporary directory, are put back afterwards."""
+    saved = {name: os.environ.get(name) for name in gfalctx.FORCED}
+    yield gfalctx.import_gfal2(storage.config)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _lfn(area: str = "/store/temp/user/alice.test") -> str:
+    return f"{area}/{uuid.uuid4().hex}.root"
+
+
+def _copy(
+    config: Config, src: str, dst: str, *, adler32: str | None = None, overwrite: bool = False
+) -> gfalctx.TransferEvents:
+    ctx = gfalctx.new_context(config)
+    params = gfalctx.transfer_parameters(ctx, overwrite=overwrite, adler32=adler32)
+    events = gfalctx.TransferEvents()
+    params.event_callback = events
+    ctx.filecopy(params, src, dst)
+    return events
+
+
+def test_start_again_changes_nothing_and_status_answers(storage: EmbeddedStorage) -> None:
+    pids = {s.site: s.pid for s in storage.status()}
+    lines = storage.start()
+    assert all("already running" in line for line in lines), lines
+    statuses = storage.status()
+    assert all(s.embedded and s.answering and s.pid for s in statuses)
+    assert {s.site: s.pid for s in statuses} == pids
+
+
+def test_start_refuses_a_running_server_whose_config_changed(storage: EmbeddedStorage) -> None:
+    changed = copy.deepcopy(storage.config)
+    changed.sites[THIRD].root_url = f"root://127.0.0.1:{free_port()}"
+    with pytest.raises(StorageError, match=f"{THIRD}: runs \\(pid \\d+\\) with an older config"):
+        EmbeddedStorage(changed).start()
+    assert all(s.answering for s in storage.status())
+
+
+def test_cli_status_prints_one_line_per_site(storage: EmbeddedStorage) -> None:
+    config = storage.config
+    assert config.source is not None
+    config.source.write_text(render(config, show_secrets=True))
+    obj = {"config_file": str(config.source), "verbose": False}
+    result = CliRunner().invoke(storage_app, ["status"], obj=obj)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 3 and all(": answering (pid " in line for line in lines)
+
+
+def test_written_file_is_served_with_its_adler32(storage: EmbeddedStorage, gfal2: Any) -> None:
+    config = storage.config
+    stored = write_file(config, SOURCE, _lfn(), 100_000)
+    ctx = gfalctx.new_context(config)
+    for protocol in ("https", "http", "root"):
+        url = sites.pfn(config, SOURCE, stored.lfn, protocol)
+        assert ctx.stat(url).st_size == stored.size
+        assert ctx.checksum(url, "ADLER32").rjust(8, "0") == stored.adler32
+
+
+@pytest.mark.parametrize("protocol", ["https", "http", "root"])
+def test_third_party_copy_is_verified(storage: EmbeddedStorage, gfal2: Any, protocol: str) -> None:
+    config = storage.config
+    stored = write_file(config, SOURCE, _lfn(), 1 << 20)
+    destination_lfn = _lfn("/store/user/alice/test")
+    src = sites.pfn(config, SOURCE, stored.lfn, protocol)
+    dst = sites.pfn(config, DESTINATION, destination_lfn, protocol)
+    events = _copy(config, src, dst, adler32=stored.adler32)
+    assert events.third_party and events.types == ["3rd pull"], events.events
+    copied = export_path(config, DESTINATION, destination_lfn).read_bytes()
+    assert copied == export_path(config, SOURCE, stored.lfn).read_bytes()
+    ctx = gfalctx.new_context(config)
+    assert ctx.checksum(dst, "ADLER32").rjust(8, "0") == stored.adler32
+
+
+def test_wrong_expected_checksum_fails_the_copy(storage: EmbeddedStorage, gfal2: Any) -> None:
+    config = storage.config
+    stored = write_file(config, SOURCE, _lfn(), 1000)
+    src = sites.pfn(config, SOURCE, stored.lfn)
+    dst = sites.pfn(config, DESTINATION, _lfn("/store/user/alice/test"))
+    with pytest.raises(gfal2.GError) as failure:
+        _copy(config, src, dst, adler32="0badc0de")
+    assert failure.value.code == errno.EIO and "CHECKSUM MISMATCH" in failure.value.message
+
+
+@pytest.mark.parametrize("protocol", ["https", "root"])
+def test_missing_source_is_enoent(storage: EmbeddedStorage, gfal2: Any, protocol: str) -> None:
+    config = storage.config
+    src = sites.pfn(config, SOURCE, _lfn(), protocol)
+    dst = sites.pfn(config, THIRD, _lfn("/store/user/alice/test"), protocol)
+    with pytest.raises(gfal2.GError) as failure:
+        _copy(config, src, dst)
+    assert failure.value.code == errno.ENOENT, failure.value.message
+
+
+@pytest.mark.parametrize("protocol", ["https", "root"])
+def test_existing_destination_without_overwrite_is_eexist(
+    storage: EmbeddedStorage, gfal2: Any, protocol: str
+) -> None:
+    config = storage.config
+    stored = write_file(config, SOURCE, _lfn(), 1000)
+    existing = write_file(config, THIRD, _lfn("/store/user/alice/test"), b"already here")
+    src = sites.pfn(config, SOURCE, stored.lfn, protocol)
+    dst = sites.pfn(config, THIRD, existing.lfn, protocol)
+    with pytest.raises(gfal2.GError) as failure:
+        _copy(config, src, dst, adler32=stored.adler32)
+    assert failure.value.code == errno.EEXIST, failure.value.message
+    assert export_path(config, THIRD, existing.lfn).read_bytes() == b"already here"
+
+
+def test_cleaner_can_delete_a_written_temp_file(storage: EmbeddedStorage, gfal2: Any) -> None:
+    config = storage.config
+    stored = write_file(config, SOURCE, _lfn(), 1000)
+    gfalctx.new_context(config).unlink(sites.temp_pfn(config, SOURCE, stored.lfn))
+    assert not export_path(config, SOURCE, stored.lfn).exists()
+
+
+def test_start_refuses_a_port_taken_by_another_process() -> None:
+    with reachable_tmp_dir() as base, socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        config = storage_config(base, ["T2_X"])
+        port = squatter.getsockname()[1]
+        config.sites["T2_X"].root_url = f"root://127.0.0.1:{port}"
+        with pytest.raises(StorageError, match=f"port {port} is already in use"):
+            EmbeddedStorage(config).start()
+        assert not (base / "storage" / "T2_X" / "xrootd.pid").exists()
+
+
+def test_a_server_that_exits_at_start_is_reported_with_its_log() -> None:
+    with reachable_tmp_dir() as base:
+        fake = base / "bin" / "xrootd"
+        fake.parent.mkdir()
+        fake.write_text("#!/bin/sh\necho 'Config: bad directive xyz' >&2\nexit 3\n")
+        fake.chmod(0o755)
+        config = storage_config(base, ["T2_X"])
+        config.storage.xrootd = str(fake)
+        with pytest.raises(StorageError, match="exited with code 3: Config: bad directive xyz"):
+            EmbeddedStorage(config).start()
+        assert not (base / "storage" / "T2_X" / "xrootd.pid").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root-started servers change user")
+def test_start_refuses_a_data_dir_the_xrootd_user_cannot_enter(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)  # as pytest's base directory is
+    config = storage_config(tmp_path, ["T2_X"])
+    with pytest.raises(StorageError, match=r"the xrootd user cannot enter /\S+ \(mode 0700\)"):
+        EmbeddedStorage(config).start()
+
+
+def test_stop_spares_processes_it_did_not_start() -> None:
+    """A pid file naming a process that is not this site's xrootd (a reused pid, an xrootd of
+    another config) leads to no signal."""
+    with reachable_tmp_dir() as base:
+        config = storage_config(base, ["T2_X", "T2_Y"])
+        storage = EmbeddedStorage(config)
+        other_xrootd = [
+            "xrootd",
+            "-c",
+            "import time; time.sleep(60)",
+            str(base / "elsewhere" / "xrootd.cfg"),
+        ]
+        decoys = [
+            subprocess.Popen(["sleep", "60"]),
+            subprocess.Popen(other_xrootd, executable=sys.executable),
+        ]
+        try:
+            for server, decoy in zip(storage.servers.values(), decoys, strict=True):
+                server.dir.mkdir(parents=True)
+                server.pid_file.write_text(f"{decoy.pid}\n")
+            assert storage.stop() == ["T2_X: not running", "T2_Y: not running"]
+            assert all(decoy.poll() is None for decoy in decoys)
+        finally:
+            for decoy in decoys:
+                decoy.send_signal(signal.SIGKILL)
+                decoy.wait()
+
+
+def test_stop_leaves_none_of_our_servers_running(storage: EmbeddedStorage) -> None:
+    """Runs last in this module (the fixture's own stop then finds nothing to do)."""
+    pids = [s.pid for s in storage.status()]
+    assert all(pids)
+    stopped = [
+        f"{site}: stopped (pid {pid})" for site, pid in zip(storage.servers, pids, strict=True)
+    ]
+    assert storage.stop() == stopped
+    data_dir = str(storage.data_dir)
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            assert data_dir not in cmdline, f"pid {proc.name} still runs: {cmdline}"
+    assert not any(s.answering or s.pid for s in storage.status())
+    assert storage.stop() == [f"{site}: not running" for site in storage.servers]
