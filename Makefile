@@ -1,6 +1,7 @@
 # ASO's one entry point for set-up, running and checking. Every install step lives here or in
 # deploy/*.sh: a fresh Debian machine needs nothing else. Targets a user needs:
-#   make run    set up, then start the service on its embedded defaults
+#   make run    set up, then run the service on its embedded defaults (foreground)
+#   make demo   while `make run` runs: 200 real files through the pipeline
 #   make test   set up, then run the linter and the test suite (what CI runs)
 #   make stop   stop what `make run` started
 #   make bench  the benchmarks (long; not part of `make test`)
@@ -14,10 +15,11 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run stop test lint bench bench-workqueue clean
+.PHONY: help setup run demo stop test lint bench bench-workqueue clean
 
 help:
-	@echo "make run    - set up and start ASO on its embedded defaults (store, databases, demo requests)"
+	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
+	@echo "make demo   - while 'make run' runs: write 200 files at two sites and follow their transfers"
 	@echo "make test   - set up and run the linter and the test suite"
 	@echo "make stop   - stop what 'make run' started"
 	@echo "make bench  - run the benchmarks (prints figures; long)"
@@ -41,11 +43,11 @@ $(ASO): setup.cfg pyproject.toml deploy/python-constraints.txt deploy/install-py
 
 run: setup
 	$(ASO) config init $(CONFIG) --if-missing
-	$(ASO) --config $(CONFIG) store start
-	$(ASO) --config $(CONFIG) db init
-	$(ASO) --config $(CONFIG) upload --file deploy/demo/requests.json
-	$(ASO) --config $(CONFIG) request list
-	@echo "ASO is up: store at $$($(ASO) --config $(CONFIG) config show | sed -n 's/^url = \"\(.*\)\"/\1/p' | head -1); 'make stop' stops it."
+	@echo "Starting ASO (Ctrl-C stops it). In another terminal: 'make demo' moves 200 real files."
+	$(ASO) --config $(CONFIG) run
+
+demo: $(ASO)
+	$(ASO) --config $(CONFIG) demo --files 200
 
 stop:
 	@if [ -x $(ASO) ] && [ -f $(CONFIG) ]; then $(ASO) --config $(CONFIG) storage stop; $(ASO) --config $(CONFIG) store stop; else echo "nothing to stop"; fi

@@ -1,0 +1,123 @@
+"""`aso run` as an operator runs it: the embedded store, storage and every agent as supervised
+processes; `aso demo` moves real files through it; a killed agent is started again; SIGTERM
+stops everything it started and nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aso.config import render
+from aso.embedded import free_port
+from aso.store import Server, Settings, StoreUnavailable
+from tests.storage_helpers import reachable_tmp_dir, storage_config
+
+ASO = str(Path(sys.executable).parent / "aso")
+
+
+def our_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eww" not in line]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture()
+def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
+    """`aso run` on a config of its own: store, three storage sites, agents (gfal back end)."""
+    with reachable_tmp_dir("aso-run-test-") as base:
+        config = storage_config(base, ["T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"], "http")
+        config.store.url = f"http://127.0.0.1:{free_port()}"
+        config.store.admin_password = "run-test-admin"
+        config.store.agent_password = "run-test-agent"
+        config.embedded.data_dir = str(base / "store")
+        config.agents.poll_interval = 0.5
+        config.agents.heartbeat_interval = 1.0
+        config.gfal.poll_interval = 0.5
+        path = base / "aso.toml"
+        path.write_text(render(config, show_secrets=True))
+        log = base / "run.log"
+        with open(log, "w") as out:
+            process = subprocess.Popen(
+                [ASO, "--config", str(path), "run"], stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+        try:
+            wait_for(lambda: "ASO running" in log.read_text(), 60, "aso run to start")
+            yield path, process, base
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(60)
+            for line in our_processes(str(base)):  # nothing of ours may survive the test
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def test_run_demo_restart_and_clean_stop(service):
+    path, process, base = service
+    demo = subprocess.run(
+        [ASO, "--config", str(path), "demo", "--files", "20", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "20 of 20 done" in demo.stdout
+
+    # kill -9 one agent: the supervisor starts it again under the same instance name.
+    def monitors() -> list[str]:
+        return [line for line in our_processes("agent monitor") if str(path) in line]
+
+    [monitor] = monitors()
+    os.kill(int(monitor.split()[0]), signal.SIGKILL)
+    wait_for(
+        lambda: len(monitors()) == 1 and monitors()[0] != monitor,
+        30,
+        "the monitor to be started again",
+    )
+    again = subprocess.run(
+        [ASO, "--config", str(path), "demo", "--files", "6", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert again.returncode == 0 and "6 of 6 done" in again.stdout, again.stdout + again.stderr
+
+    # Heartbeats name every instance.
+    config_text = path.read_text()
+    url = next(line.split('"')[1] for line in config_text.splitlines() if line.startswith("url"))
+    admin = Server(url, "admin", "run-test-admin")
+    rows = admin.raw(
+        "GET",
+        "/asynctransfer/_all_docs",
+        params={
+            "startkey": json.dumps("heartbeat:"),
+            "endkey": json.dumps("heartbeat:\ufff0"),
+            "include_docs": "true",
+        },
+    )
+    agents = {row["doc"]["agent"] for row in rows["rows"]}
+    assert agents == {"submitter", "monitor", "gfal-worker"}
+
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0
+    log = (base / "run.log").read_text()
+    assert "exited with code -9; restart" in log
+    assert "agents stopped" in log and "stopping embedded storage" in log
+    assert our_processes(str(base)) == []  # store, storage and agents all gone
+    with pytest.raises(StoreUnavailable):  # the store it started is stopped too
+        Server(url, "admin", "run-test-admin", Settings(retries=0)).info()
