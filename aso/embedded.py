@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from aso import procs
 from aso.config import Config
 from aso.store import Server, Settings, StoreError, redact
 
@@ -74,17 +73,13 @@ class EmbeddedStore:
 
     def _our_pid(self) -> int | None:
         """The pid in the pid file if that process is our pouchdb-server for this data dir."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return None
-        if "pouchdb-server" in cmdline and str(self.data_dir) in cmdline:
-            return pid
-        return None
+        return procs.pid_if_ours(
+            self.pid_file,
+            lambda argv: (
+                any("pouchdb-server" in a for a in argv)
+                and any(a.startswith(str(self.data_dir)) for a in argv)
+            ),
+        )
 
     def _answers(self) -> bool:
         try:
@@ -139,16 +134,9 @@ class EmbeddedStore:
             "--no-stdout-logs",
             "--no-color",
         ]
-        with open(self.log_file, "ab") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=self.data_dir,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.pid_file.write_text(f"{process.pid}\n")
+        process = procs.spawn_detached(
+            argv, cwd=self.data_dir, output=self.log_file, pid_file=self.pid_file
+        )
         deadline = time.monotonic() + self.config.embedded.start_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -199,12 +187,7 @@ class EmbeddedStore:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return "embedded store is not running"
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        procs.terminate([pid], timeout)
         self.pid_file.unlink(missing_ok=True)
         return f"embedded store stopped (pid {pid})"
 
@@ -214,16 +197,3 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose (our own child that nobody reaped yet).
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"

@@ -25,14 +25,12 @@ Layout of `storage.data_dir`:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import ipaddress
 import os
 import pwd
 import shutil
-import signal
 import socket
 import ssl
 import stat
@@ -51,7 +49,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from aso import sites
+from aso import procs, sites
 from aso.config import Config
 
 XROOTD_USER = "xrootd"  # created by Debian's xrootd-server; xrootd will not run as root
@@ -448,55 +446,6 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-# -- processes ------------------------------------------------------------------------------------
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return raw.decode(errors="replace").split("\0")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie is dead for our purpose (a child nobody reaped yet)
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status of a server that is our own child, so no zombie remains."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    """Signal the server and its process group (its xrdcp third-party-copy helpers): ASO
-    starts each server as the leader of a session of its own."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _terminate(pids: list[int], timeout: float) -> None:
-    for pid in pids:
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-        for pid in pids:
-            _reap(pid)
-        time.sleep(0.05)
-    for pid in pids:
-        if _alive(pid):
-            _signal_group(pid, signal.SIGKILL)
-        _reap(pid)
-
-
 # -- the servers of the catalogue -----------------------------------------------------------------
 @dataclass(frozen=True)
 class SiteStatus:
@@ -554,14 +503,11 @@ class EmbeddedStorage:
 
     def _our_pid(self, server: SiteServer) -> int | None:
         """The pid in the site's pid file if that process is an xrootd of this site's config."""
-        try:
-            pid = int(server.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        argv = _cmdline(pid)
         program = Path(self.config.storage.xrootd).name
-        ours = bool(argv) and Path(argv[0]).name == program and str(server.config_file) in argv
-        return pid if ours and _alive(pid) else None
+        return procs.pid_if_ours(
+            server.pid_file,
+            lambda argv: Path(argv[0]).name == program and str(server.config_file) in argv,
+        )
 
     def _answers(self, server: SiteServer) -> bool:
         return _root_answers(server.host, server.root_port) and _https_answers(
@@ -621,7 +567,7 @@ class EmbeddedStorage:
             for name, server in self.servers.items():
                 self._wait_until_answering(server, spawned.get(name))
         except BaseException:
-            _terminate([p.pid for p in spawned.values()], 10.0)
+            procs.terminate([p.pid for p in spawned.values()], 10.0)
             for name in spawned:
                 self.servers[name].pid_file.unlink(missing_ok=True)
             raise
@@ -679,17 +625,9 @@ class EmbeddedStorage:
         argv = [str(xrootd), "-c", str(server.config_file), "-l", str(server.log_file)]
         if owner.user:
             argv[1:1] = ["-R", owner.user]
-        with open(server.out_file, "ab") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=server.dir,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        server.pid_file.write_text(f"{process.pid}\n")
-        return process
+        return procs.spawn_detached(
+            argv, cwd=server.dir, output=server.out_file, pid_file=server.pid_file
+        )
 
     def _wait_until_answering(self, server: SiteServer, process: subprocess.Popen | None) -> None:
         timeout = self.config.storage.start_timeout
@@ -713,7 +651,7 @@ class EmbeddedStorage:
         """Stop the servers this config started (checked by pid file and command line), and no
         other process; one line per embedded site."""
         pids = {name: self._our_pid(server) for name, server in self.servers.items()}
-        _terminate([pid for pid in pids.values() if pid], timeout)
+        procs.terminate([pid for pid in pids.values() if pid], timeout)
         lines = []
         for name, server in self.servers.items():
             server.pid_file.unlink(missing_ok=True)

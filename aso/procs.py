@@ -1,0 +1,90 @@
+"""The daemons ASO starts itself (the embedded store, the XRootD servers of the sites): start
+them detached with a pid file, recognise them again, stop them and nobody else."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie is dead for our purpose (a child nobody reaped yet)
+
+
+def pid_if_ours(pid_file: Path, ours: Callable[[list[str]], bool]) -> int | None:
+    """The pid in `pid_file` if that process lives and its command line passes `ours` (a pid
+    file can outlive its process, and the pid be reused by something else)."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    argv = cmdline(pid)
+    return pid if argv and ours(argv) and alive(pid) else None
+
+
+def spawn_detached(
+    argv: Sequence[str], *, cwd: Path, output: Path, pid_file: Path
+) -> subprocess.Popen[bytes]:
+    """Start a daemon in a session of its own (a Ctrl-C of the terminal does not reach it),
+    its output appended to `output`, its pid written to `pid_file`."""
+    with open(output, "ab") as out:
+        process = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pid_file.write_text(f"{process.pid}\n")
+    return process
+
+
+def reap(pid: int) -> None:
+    """Collect the exit status of a daemon that is our own child, so no zombie remains."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Signal a daemon and its process group (helpers it started): `spawn_detached` makes
+    each daemon the leader of a session of its own."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def terminate(pids: Sequence[int], timeout: float) -> None:
+    """SIGTERM, then SIGKILL whatever still lives after `timeout` seconds."""
+    for pid in pids:
+        signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        for pid in pids:
+            reap(pid)
+        time.sleep(0.05)
+    for pid in pids:
+        if alive(pid):
+            signal_group(pid, signal.SIGKILL)
+        reap(pid)
