@@ -28,11 +28,14 @@ from aso import faults
 from aso.config import Config
 from aso.runtime import Agent, Membership
 from aso.store import Conflict, StoreError
-from aso.transfer.base import ACTIVE, CANCELED, PENDING, TERMINAL
+from aso.transfer import errors
+from aso.transfer.base import ACTIVE, CANCELED, FAILED, PENDING, TERMINAL
 from aso.transfer.gfalcopy import Copier, CopyResult, GfalCopier
 from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_file
 
 log = logging.getLogger("aso.agent.gfal_worker")
+
+RETRY_CLASSES = (errors.CONNECTION, errors.TIMEOUT)
 
 
 def claimable(doc: Mapping[str, Any], now: float) -> bool:
@@ -148,6 +151,8 @@ class GfalWorker(Agent):
                 break
             if entry["state"] != PENDING or (doc["_id"], file_id) in self.running:
                 continue
+            if entry.get("not_before", 0) > time.time():
+                continue  # a retry waiting for its delay
             self.running[(doc["_id"], file_id)] = self.pool.submit(
                 self.run_copy, doc["_id"], file_id
             )
@@ -208,9 +213,14 @@ class GfalWorker(Agent):
             current = self.jobs.db.get(job_id)
             if current is None:
                 return
-            # Refuse an existing destination before the copy is marked active, so that a
-            # destination found after a crash under an `active` file is always ours.
-            early = self.copier.precheck(current["files"][file_id], current["params"])
+            entry = current["files"][file_id]
+            if entry.get("ours"):
+                # A retry after our own failed run: what is at the destination is ours.
+                early = self.copier.resume(entry, current["params"])
+            else:
+                # Refuse an existing destination before the copy is marked active, so that a
+                # destination found after a crash under an `active` file is always ours.
+                early = self.copier.precheck(entry, current["params"])
             if early is not None:
                 self.record(job_id, file_id, early, ended_run=False)
                 log.info(
@@ -233,6 +243,9 @@ class GfalWorker(Agent):
                 result = self.copier.copy(
                     entry, doc["params"], lambda: self._cancelled(job_id, file_id)
                 )
+            if self.retryable(result, entry):
+                self.retry_later(job_id, file_id, result)
+                return
             self.record(job_id, file_id, result, ended_run=True)
             log.info(
                 "job %s file %s: %s%s",
@@ -254,6 +267,42 @@ class GfalWorker(Agent):
             lock = self.job_locks.setdefault(job_id, threading.Lock())
         with lock:
             return self.jobs.update(job_id, mutate)
+
+    def retryable(self, result: CopyResult, entry: Mapping[str, Any]) -> bool:
+        """A storage that refused or dropped the connection may be restarting: try again
+        (`gfal.retries` times, `gfal.retry_delay` apart) before the attempt counts as failed."""
+        return (
+            result.state == FAILED
+            and result.error_class in RETRY_CLASSES
+            and entry.get("retries", 0) < self.config.gfal.retries
+        )
+
+    def retry_later(self, job_id: str, file_id: str, result: CopyResult) -> None:
+        def again(doc: dict[str, Any]) -> bool:
+            entry = doc["files"][file_id]
+            now = time.time()
+            if entry.get("runs") and entry["runs"][-1]["end"] is None:
+                entry["runs"][-1]["end"] = now
+            entry.update(
+                state=PENDING,
+                service_state="SUBMITTED",
+                ours=True,
+                retries=entry.get("retries", 0) + 1,
+                not_before=now + self.config.gfal.retry_delay,
+                reason=result.reason,
+                error_class=result.error_class,
+            )
+            return True
+
+        self.update(job_id, again)
+        log.info(
+            "job %s file %s: [%s] %s; trying again in %.0f s",
+            job_id,
+            file_id,
+            result.error_class,
+            result.reason,
+            self.config.gfal.retry_delay,
+        )
 
     def _mark_active(self, doc: dict[str, Any], file_id: str) -> bool:
         entry = doc["files"][file_id]

@@ -162,6 +162,10 @@ class GfalConfig:
     workers: int = _key(16, "Copies run at once by one gfal worker process.")
     timeout: int = _key(3600, "Seconds one copy may take.")
     poll_interval: float = _key(2.0, "Seconds between two looks for new jobs.")
+    retries: int = _key(
+        2, "Copies retried in place after a connection failure or timeout (a storage restarting)."
+    )
+    retry_delay: float = _key(10.0, "Seconds before such a retry.")
 
 
 @dataclass

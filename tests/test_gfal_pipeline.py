@@ -7,13 +7,16 @@ gfal2's real reasons; a worker killed in the middle of a copy leaves nothing cop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import zlib
@@ -36,24 +39,60 @@ from aso.storage import EmbeddedStorage, export_path, write_file
 from aso.store import Server
 from tests.conftest import write_config
 from tests.storage_helpers import reachable_tmp_dir, storage_config
-from tests.test_pipeline import jobs_of, run_until, states
+from tests.test_pipeline import assert_each_file_in_one_job, jobs_of, run_until, states
 
 SOURCES, DESTINATION = ("T2_CH_CERN", "T2_IT_Pisa"), "T2_DE_DESY"
 ASO = str(Path(sys.executable).parent / "aso")
 
 
+class Watchdog(threading.Thread):
+    """Starts again a site server that died, as `aso run` does: XRootD 5.5.3 crashes now and
+    then under load here (dmesg: segfaults in libssl and libXrdUtils)."""
+
+    def __init__(self, storage: EmbeddedStorage):
+        super().__init__(daemon=True)
+        self.storage = storage
+        self.active = threading.Event()
+        self.active.set()
+        self.done = threading.Event()
+        self.restarts = 0
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            if self.active.is_set() and any(s.pid is None for s in self.storage.status()):
+                self.storage.start()
+                self.restarts += 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.active.clear()
+        try:
+            yield
+        finally:
+            self.active.set()
+
+
 @pytest.fixture(scope="module")
-def storage() -> Iterator[Config]:
+def watchdog() -> Iterator[Watchdog]:
     with reachable_tmp_dir() as base:
         # Plain HTTP, as the default embedded sites: XRootD 5.5.3 segfaults in libssl under
         # concurrent HTTPS third-party copies (README, "Real storage on one machine").
         config = storage_config(base, [*SOURCES, DESTINATION], protocol="http")
         embedded = EmbeddedStorage(config)
         embedded.start()
+        dog = Watchdog(embedded)
+        dog.start()
         try:
-            yield config
+            yield dog
         finally:
+            dog.done.set()
+            dog.join()
             embedded.stop()
+
+
+@pytest.fixture()
+def storage(watchdog: Watchdog) -> Config:
+    return watchdog.storage.config
 
 
 @pytest.fixture()
@@ -72,7 +111,9 @@ def gfal_config(
         transfer=dataclasses.replace(
             store_config.transfer, backend="gfal", max_files_per_job=25, lease=6.0
         ),
-        gfal=dataclasses.replace(store_config.gfal, workers=8, poll_interval=0.2, timeout=60),
+        gfal=dataclasses.replace(
+            store_config.gfal, workers=8, poll_interval=0.2, timeout=60, retry_delay=0.5
+        ),
         agents=dataclasses.replace(
             store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
         ),
@@ -153,25 +194,32 @@ def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admi
         assert [h["to"] for h in doc["history"]] == ["new", "acquired", "submitted", "done"]
         assert doc["attempts"][-1]["outcome"] == "done"
     assert_never_copied_twice_at_once(gfal_config, docs)
-    assert all(
-        len(storage_copies(gfal_config, DESTINATION)[d["destination_lfn"]]) == 2 for d in docs
-    )  # one copy each: start and success
     for job in jobs_of(admin, gfal_config):
         assert job["state"] == "finished" and len(job["files"]) <= 25
         for entry in job["files"].values():
-            assert entry["checksum"] and len(entry["runs"]) == 1  # each file copied once
+            # One copy run per file, unless a crashed XRootD made the worker try again in
+            # place (one run per try, none overlapping).
+            assert entry["checksum"] and len(entry["runs"]) == entry.get("retries", 0) + 1
+            assert not overlapping(entry["runs"])
             assert entry["destination"].startswith("http://127.0.0.1:")
 
 
 TPC_EVENT = re.compile(r"TPC_PullRequest: event=(\w+), local=(\S+?),")
+SERVER_START = re.compile(r"\+\+\+\+\+\+ xrootd \S+ initialization started")
 
 
 def storage_copies(config: Config, site: str) -> dict[str, list[str]]:
-    """The destination server's own record of third-party copies: path → events in order."""
+    """The destination server's own record of third-party copies: path → events in order. A
+    server (re)start ends, as SERVER_START, the copies it had under way when it died."""
     log = Path(config.storage.data_dir) / site / "log" / "xrootd.log"
     events: dict[str, list[str]] = {}
-    for match in TPC_EVENT.finditer(log.read_text(errors="replace")):
-        events.setdefault(match.group(2), []).append(match.group(1))
+    for line in log.read_text(errors="replace").splitlines():
+        if SERVER_START.search(line):
+            for seen in events.values():
+                if seen[-1] == "PULL_START":
+                    seen.append("SERVER_START")
+        elif match := TPC_EVENT.search(line):
+            events.setdefault(match.group(2), []).append(match.group(1))
     return events
 
 
@@ -184,6 +232,7 @@ def assert_never_copied_twice_at_once(config: Config, docs: list[dict[str, Any]]
         for before, after in itertools.pairwise(events):
             assert not (before == after == "PULL_START"), (doc["destination_lfn"], events)
         assert events[-1] == "TRANSFER_SUCCESS", (doc["destination_lfn"], events)
+        assert events.count("TRANSFER_SUCCESS") == 1, (doc["destination_lfn"], events)
 
 
 def test_failures_carry_gfal2s_reason_and_class(gfal_config, accounts, admin):
@@ -214,22 +263,127 @@ def test_failures_carry_gfal2s_reason_and_class(gfal_config, accounts, admin):
     assert states(db, ids)["acquired"] == 0
 
 
-def test_a_stopped_storage_server_is_a_connection_failure(gfal_config, accounts, admin, storage):
-    docs = put_files(gfal_config, accounts, 3, users=("alice",))
+def test_a_storage_server_stopped_mid_run_is_a_connection_failure(
+    gfal_config, accounts, admin, storage, watchdog
+):
+    """The destination's server stops after the first copies: those are done, the rest fail
+    with gfal2's connection error, nothing is left acquired or submitted."""
+    config = dataclasses.replace(gfal_config, gfal=dataclasses.replace(gfal_config.gfal, workers=1))
+    docs = put_files(config, accounts, 30, users=("alice",), sizes=(1 << 20, 2 << 20))
     ids = [d["_id"] for d in docs]
-    db = admin.db(gfal_config.store.files_db)
+    db = admin.db(config.store.files_db)
     embedded = EmbeddedStorage(storage)
-    embedded.stop()  # every site down while the files are submitted
-    runners = agents(gfal_config)
+    destination = {DESTINATION: storage.sites[DESTINATION]}
+    only_destination = EmbeddedStorage(dataclasses.replace(storage, sites=destination))
+    runners = agents(config)
+    stopped = False
+
+    def stop_after_first_copies() -> bool:
+        nonlocal stopped
+        counts = states(db, ids)
+        if not stopped and counts["done"] >= 2:
+            only_destination.stop()
+            stopped = True
+        return counts["done"] + counts["failed_attempt"] == len(ids)
+
     try:
-        run_until(lambda: finished(db, ids), runners, timeout=120)
+        with watchdog.paused():
+            run_until(stop_after_first_copies, runners, timeout=180)
     finally:
         runners[2].agent.close()
         embedded.start()
-    for doc in db.get_many(ids).values():
-        assert doc[STATE] == "failed_attempt"
+    stored = db.get_many(ids).values()
+    done = [d for d in stored if d[STATE] == "done"]
+    failed = [d for d in stored if d[STATE] == "failed_attempt"]
+    assert stopped and len(done) >= 2 and failed, (len(done), len(failed))
+    for doc in failed:
         assert doc["error_class"] in ("connection", "timeout"), doc["failure_reason"]
         assert doc["failure_reason"].startswith("[")  # gfal2's own code and message
+        assert doc["attempts"][-1]["outcome"] == "failed"
+
+
+def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, storage, watchdog):
+    """kill -9 of the destination's XRootD in the middle of the copies: started again (as
+    `aso run` does), the copies that hit it are tried again in place and every file ends done,
+    copied once."""
+    config = dataclasses.replace(gfal_config, gfal=dataclasses.replace(gfal_config.gfal, workers=2))
+    docs = put_files(config, accounts, 20, users=("alice",), sizes=(1 << 20, 2 << 20))
+    ids = [d["_id"] for d in docs]
+    db = admin.db(config.store.files_db)
+    runners = agents(config)
+    crashed = False
+
+    def crash_after_first_copies() -> bool:
+        nonlocal crashed
+        counts = states(db, ids)
+        if not crashed and counts["done"] >= 2:
+            [site] = [s for s in watchdog.storage.status() if s.site == DESTINATION]
+            os.kill(site.pid, signal.SIGKILL)
+            crashed = True
+        return counts["done"] + counts["failed_attempt"] == len(ids)
+
+    try:
+        run_until(crash_after_first_copies, runners, timeout=180)
+    finally:
+        runners[2].agent.close()
+    assert crashed and states(db, ids) == Counter(done=len(ids))
+    retried = [
+        e for job in jobs_of(admin, config) for e in job["files"].values() if e.get("retries")
+    ]
+    assert retried, "no copy met the crash"  # the crash was felt, and ridden out
+    for entry in retried:
+        assert not overlapping(entry["runs"]) and len(entry["runs"]) == entry["retries"] + 1
+    for doc in docs:
+        copied = export_path(config, DESTINATION, doc["destination_lfn"]).read_bytes()
+        assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+
+
+@pytest.mark.parametrize(
+    "fault", ["submitter.after_acquire", "submitter.after_submit", "monitor.after_status"]
+)
+def test_agents_killed_at_the_worst_moment_lose_and_duplicate_nothing(
+    gfal_config, accounts, admin, fault
+):
+    """kill -9 of the submitter between intent and submission (or just after it), or of the
+    monitor between a status call and its write; restarted, every file ends done, copied
+    once, as the documents and the destination server's own log both say."""
+    docs = put_files(gfal_config, accounts, 6, users=("bob",))
+    ids = [d["_id"] for d in docs]
+    db = admin.db(gfal_config.store.files_db)
+    path = write_config(gfal_config)
+    agent = fault.split(".")[0]
+    worker = Runner(GfalWorker(gfal_config, "w1"))
+    try:
+        if agent == "monitor":  # get the files copied, then kill the monitor mid-poll
+            run_until(
+                lambda: states(db, ids)["submitted"] == len(ids),
+                [Runner(Submitter(gfal_config, "s1"))],
+            )
+            run_until(
+                lambda: all(
+                    e["state"] == "done"
+                    for job in jobs_of(admin, gfal_config)
+                    for e in job["files"].values()
+                ),
+                [worker],
+            )
+        env = dict(os.environ, ASO_FAULTS=fault)
+        died = subprocess.run(
+            [ASO, "--config", str(path), "agent", agent, "--once", "--instance", f"{agent}-dying"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert died.returncode == -9, died.stderr
+        time.sleep(gfal_config.transfer.lease)  # leases of the dead submitter run out
+        runners = [Runner(Submitter(gfal_config, "s2")), Runner(Monitor(gfal_config, "m2")), worker]
+        run_until(lambda: finished(db, ids), runners, timeout=120)
+    finally:
+        worker.agent.close()
+    assert states(db, ids) == Counter(done=len(ids))
+    assert_each_file_in_one_job(admin, gfal_config, ids)
+    assert_never_copied_twice_at_once(gfal_config, docs)
 
 
 def overlapping(runs: list[dict[str, Any]]) -> bool:
