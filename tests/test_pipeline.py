@@ -355,3 +355,46 @@ def test_two_submitters_split_the_work_and_never_share_a_file(sim_config, accoun
     for doc in db.get_many(ids).values():
         links.setdefault((doc["source"], doc["destination"]), set()).add(doc["history"][1]["by"])
     assert all(len(who) == 1 for who in links.values())
+
+
+def test_kill_of_a_file_whose_submitter_died_before_submitting(sim_config, accounts, admin):
+    """The owner kills files left `acquired` by a dead submitter: the monitor finds no job for
+    their key and kills them at once; a file whose job did reach the service is cancelled
+    there first."""
+    ids = upload(accounts, sim_config, 3, users=("alice",), links=LINKS[:1])
+    died = _aso_agent(write_config(sim_config), "submitter", "submitter.after_acquire")
+    assert died.returncode == -9, died.stderr
+    owner = owner_db(accounts, sim_config)
+    for doc_id in ids:
+        owner.put(
+            model.transition(owner.get(doc_id), [Change(STATE, "kill_requested", "alice")], OWNER)
+        )
+    db = admin.db(sim_config.store.files_db)
+    run_until(
+        lambda: states(db, ids) == Counter(killed=3),
+        [Runner(Monitor(sim_config, "m1"))],
+        timeout=20,
+    )
+    for doc in db.get_many(ids).values():
+        assert doc["history"][-1]["reason"] == "killed before its job was submitted"
+    assert jobs_of(admin, sim_config) == []  # and no job was ever made for them
+
+    # Killed after its job was made but before `submitted` was written: cancelled there.
+    slow = dataclasses.replace(
+        sim_config, sim=dataclasses.replace(sim_config.sim, mean_duration=60.0)
+    )
+    more = upload(accounts, slow, 2, users=("alice",), links=LINKS[1:2])
+    died = _aso_agent(write_config(slow), "submitter", "submitter.after_submit")
+    assert died.returncode == -9, died.stderr
+    for doc_id in more:
+        owner.put(
+            model.transition(owner.get(doc_id), [Change(STATE, "kill_requested", "alice")], OWNER)
+        )
+    run_until(
+        lambda: states(db, more) == Counter(killed=2), [Runner(Monitor(slow, "m2"))], timeout=20
+    )
+    [job] = jobs_of(admin, slow)
+    assert set(job["cancel"]) == set(more)  # the service was told
+    for doc in db.get_many(more).values():
+        assert doc["transfer"]["job_id"] == job["_id"]
+        assert doc["attempts"][-1]["outcome"] == "canceled"

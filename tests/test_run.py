@@ -10,13 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from aso.config import render
+from aso.config import load, render
 from aso.embedded import free_port
+from aso.storage import export_path
 from aso.store import Server, Settings, StoreUnavailable
 from tests.storage_helpers import reachable_tmp_dir, storage_config
 
@@ -69,14 +71,36 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
 
 def test_run_demo_restart_and_clean_stop(service):
     path, process, base = service
+    # The README's demonstration: 200 real files of mixed sizes at two sources, two users.
     demo = subprocess.run(
-        [ASO, "--config", str(path), "demo", "--files", "20", "--timeout", "120"],
+        [ASO, "--config", str(path), "demo", "--files", "200", "--timeout", "240"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert "20 of 20 done" in demo.stdout
+    assert "200 of 200 done" in demo.stdout
+    config = load(str(path))
+    admin = Server(config.store.url, "admin", "run-test-admin")
+    done = (
+        admin.db("asynctransfer")
+        .view(
+            "asyncstageout",
+            "by_state",
+            start_key=["done"],
+            end_key=["done", {}],
+            reduce=False,
+            include_docs=True,
+        )
+        .docs()
+    )
+    assert len(done) == 200 and {d["user"] for d in done} == {"alice", "bob"}
+    assert {d["source"] for d in done} == {"T2_CH_CERN", "T2_IT_Pisa"}
+    for doc in done:  # at the destination, byte for byte what the request announced
+        copied = export_path(config, "T2_DE_DESY", doc["destination_lfn"]).read_bytes()
+        assert len(copied) == doc["size"]
+        assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+        assert [h["to"] for h in doc["history"]] == ["new", "acquired", "submitted", "done"]
 
     # kill -9 one agent: the supervisor starts it again under the same instance name.
     def monitors() -> list[str]:
@@ -98,9 +122,7 @@ def test_run_demo_restart_and_clean_stop(service):
     assert again.returncode == 0 and "6 of 6 done" in again.stdout, again.stdout + again.stderr
 
     # Heartbeats name every instance.
-    config_text = path.read_text()
-    url = next(line.split('"')[1] for line in config_text.splitlines() if line.startswith("url"))
-    admin = Server(url, "admin", "run-test-admin")
+    url = config.store.url
     rows = admin.raw(
         "GET",
         "/asynctransfer/_all_docs",
