@@ -231,13 +231,17 @@ class Monitor(Agent):
     def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Expired leases, and kills of files that never got a job id in their document."""
         updates = []
+        jobs: dict[str, str | None] = {}  # job key → job id: one look-up per key
         for doc in mine:
             lease = doc.get("lease") or {}
             expired = doc[STATE] == "acquired" and lease.get("until", 0) < now
             orphan_kill = doc[STATE] == "kill_requested" and not doc.get("transfer")
             if not (expired or orphan_kill):
                 continue
-            job_id = self.service.lookup(lease["job_key"]) if lease.get("job_key") else None
+            key = lease.get("job_key")
+            if key and key not in jobs:
+                jobs[key] = self.service.lookup(key)
+            job_id = jobs.get(key) if key else None
             if orphan_kill:
                 if job_id:
                     # Record the job (no transition): the cancel and its outcome then follow
