@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aso import procs, sites
+from aso.certs import subject_hash
 from aso.config import Config
 
 XROOTD_USER = "xrootd"  # created by Debian's xrootd-server; xrootd will not run as root
@@ -152,47 +153,6 @@ class TlsFiles:
 
 def tls_files(config: Config) -> TlsFiles:
     return TlsFiles(config.path(config.storage.data_dir) / "tls")
-
-
-def _der(tag: int, body: bytes) -> bytes:
-    size = len(body)
-    if size < 0x80:
-        return bytes([tag, size]) + body
-    raw = size.to_bytes((size.bit_length() + 7) // 8, "big")
-    return bytes([tag, 0x80 | len(raw)]) + raw + body
-
-
-def _der_oid(dotted: str) -> bytes:
-    first, second, *rest = (int(arc) for arc in dotted.split("."))
-    body = bytearray([40 * first + second])
-    for arc in rest:
-        chunk = [arc & 0x7F]
-        while arc > 0x7F:
-            arc >>= 7
-            chunk.append(0x80 | (arc & 0x7F))
-        body += bytes(reversed(chunk))
-    return _der(0x06, bytes(body))
-
-
-def _canonical_value(value: str) -> bytes:
-    """OpenSSL's canonical form of a name value: whitespace folded, ASCII lower-cased."""
-    folded = " ".join(value.split())
-    return "".join(c.lower() if c < "\x80" else c for c in folded).encode()
-
-
-def subject_hash(cert: x509.Certificate) -> str:
-    """OpenSSL's subject hash (`openssl x509 -hash`), the file name of a CA in a hashed CA
-    directory: SHA-1 of the concatenated DER of the canonical RDNs (each value a lower-cased
-    UTF8String), its first four bytes read little-endian."""
-    canonical = b""
-    for rdn in cert.subject.rdns:
-        entries = sorted(
-            _der(0x30, _der_oid(a.oid.dotted_string) + _der(0x0C, _canonical_value(str(a.value))))
-            for a in rdn
-        )
-        canonical += _der(0x31, b"".join(entries))
-    digest = hashlib.sha1(canonical).digest()
-    return f"{int.from_bytes(digest[:4], 'little'):08x}"
 
 
 def _new_key() -> rsa.RSAPrivateKey:

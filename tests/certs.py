@@ -12,10 +12,8 @@ hashes, computed here (checked against `openssl x509 -hash`).
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import ipaddress
 import os
-import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
+
+from aso.certs import subject_hash
 
 # RFC 3820: proxyCertInfo, and the "inherit all" policy language of an ordinary proxy.
 PROXY_CERT_INFO = ObjectIdentifier("1.3.6.1.5.5.7.1.14")
@@ -215,49 +215,6 @@ def make_proxy(issuer: Credential, lifetime: dt.timedelta = dt.timedelta(hours=1
         .sign(issuer.key, hashes.SHA256())
     )
     return Credential(cert, key, (issuer.cert, *issuer.chain))
-
-
-def _der(tag: int, body: bytes) -> bytes:
-    size = len(body)
-    if size < 0x80:
-        return bytes([tag, size]) + body
-    length = size.to_bytes((size.bit_length() + 7) // 8, "big")
-    return bytes([tag, 0x80 | len(length)]) + length + body
-
-
-def _oid_der(dotted: str) -> bytes:
-    arcs = [int(a) for a in dotted.split(".")]
-    out = bytearray([40 * arcs[0] + arcs[1]])
-    for arc in arcs[2:]:
-        chunk = [arc & 0x7F]
-        arc >>= 7
-        while arc:
-            chunk.append(0x80 | (arc & 0x7F))
-            arc >>= 7
-        out += bytes(reversed(chunk))
-    return _der(0x06, bytes(out))
-
-
-def _canonical(value: str) -> str:
-    # OpenSSL's asn1_string_canon: trim, fold runs of white space, lower-case ASCII.
-    value = re.sub(r"[ \t\n\v\f\r]+", " ", value.strip(" \t\n\v\f\r"))
-    return "".join(c.lower() if c < "\x80" else c for c in value)
-
-
-def subject_hash(cert: x509.Certificate) -> str:
-    """OpenSSL's X509_NAME_hash of the subject (`openssl x509 -hash`): SHA-1 of the canonical
-    encoding (every value a trimmed, lower-cased UTF8String; the RDN SETs without the outer
-    SEQUENCE), first four bytes little-endian. Single-valued RDNs, as every grid name."""
-    encoding = b""
-    for rdn in cert.subject.rdns:
-        entries = sorted(
-            _der(
-                0x30, _oid_der(a.oid.dotted_string) + _der(0x0C, _canonical(str(a.value)).encode())
-            )
-            for a in rdn
-        )
-        encoding += _der(0x31, b"".join(entries))
-    return f"{int.from_bytes(hashlib.sha1(encoding).digest()[:4], 'little'):08x}"
 
 
 def write_capath(directory: Path, *cas: CertificateAuthority) -> Path:
