@@ -352,6 +352,7 @@ def demo_cmd(
     from aso.storage import write_file
 
     config = _config(ctx)
+    logging.getLogger("aso.upload").setLevel(logging.WARNING)  # a line per file is noise here
     plan = DemoPlan(files=files)
     missing = [s for s in (*plan.sources, plan.destination) if s not in config.sites]
     if missing:
