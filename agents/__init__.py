@@ -11,6 +11,7 @@ AGENTS = {
     "submitter": "agents.submitter:Submitter",
     "monitor": "agents.monitor:Monitor",
     "gfal-worker": "agents.gfal_worker:GfalWorker",
+    "retry-manager": "agents.retry_manager:RetryManager",
 }
 
 

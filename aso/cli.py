@@ -380,6 +380,67 @@ def demo_cmd(
         raise typer.Exit(1)
 
 
+def _user_action(
+    ctx: typer.Context, action: str, task: str, job: str | None, json_out: bool
+) -> None:
+    from aso.actions import ACTIONS
+
+    config = _config(ctx)
+    report = ACTIONS[action](_files_db(ctx), task, job, config.store_user[0])
+    if not (report.changed or report.unchanged or report.refused):
+        message = f"no requests for task {task}" + (f" job {job}" if job else "")
+        if json_out:
+            console.print_json(
+                data={"changed": {}, "unchanged": {}, "refused": {}, "message": message}
+            )
+        else:
+            console.print(message)
+        return
+    if json_out:
+        console.print_json(
+            data={
+                "changed": report.changed,
+                "unchanged": report.unchanged,
+                "refused": report.refused,
+            }
+        )
+    else:
+        counts: dict[str, int] = {}
+        for state in report.changed.values():
+            counts[state] = counts.get(state, 0) + 1
+        done = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none changed"
+        console.print(
+            f"{action}: {done}; {len(report.unchanged)} left as they were "
+            f"(nothing to {action}); {len(report.refused)} refused"
+        )
+        for doc_id, reason in report.refused.items():
+            err_console.print(f"refused {doc_id}: {reason}", markup=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("kill")
+def kill_cmd(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Option(help="Task whose transfers to kill.")],
+    job: Annotated[str | None, typer.Option(help="Only this job of the task.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Kill a task's transfers (waiting ones at once, active ones cancelled by the monitor)."""
+    _user_action(ctx, "kill", task, job, json_out)
+
+
+@app.command("resubmit")
+def resubmit_cmd(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Option(help="Task whose failed or killed files to resubmit.")],
+    job: Annotated[str | None, typer.Option(help="Only this job of the task.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Put a task's failed and killed files back in the queue, with a fresh attempt budget."""
+    _user_action(ctx, "resubmit", task, job, json_out)
+
+
 # --- agents ----------------------------------------------------------------------------------
 @app.command("agent")
 def agent_cmd(

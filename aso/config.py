@@ -206,6 +206,37 @@ class SimConfig:
 
 
 @dataclass
+class RetryConfig:
+    policy: str = _key(
+        "default",
+        "Retry policy, by name from the entry points `aso.retry_policies`: default or adaptive.",
+    )
+    max_attempts: int = _key(5, "Attempts of a file (since its last resubmission) before it fails.")
+    base_delay: float = _key(
+        60.0, "Cool-off in seconds after the first failed attempt; doubles after each."
+    )
+    max_delay: float = _key(3600.0, "Longest cool-off in seconds.")
+    jitter: float = _key(
+        0.2, "Cool-offs vary by this fraction either way (spreads retries of a batch)."
+    )
+    checksum_retries: int = _key(1, "Checksum mismatches retried before the file fails.")
+    window: float = _key(3600.0, "adaptive: seconds of a link's recent outcomes that count.")
+    min_samples: int = _key(10, "adaptive: outcomes a link needs before it can be judged bad.")
+    bad_link_ratio: float = _key(0.5, "adaptive: failure ratio above which a link is bad.")
+    link_penalty: float = _key(4.0, "adaptive: factor on the cool-off of a file on a bad link.")
+
+
+@dataclass
+class CleanerConfig:
+    max_per_site: int = _key(8, "Deletions at once at one site.")
+    batch: int = _key(200, "Files a cleaner handles in one cycle.")
+    base_delay: float = _key(
+        60.0, "Seconds before a failed deletion is tried again; doubles each time."
+    )
+    max_delay: float = _key(3600.0, "Longest wait between two tries of a deletion.")
+
+
+@dataclass
 class AgentsConfig:
     poll_interval: float = _key(5.0, "Seconds an agent waits for new work when it has none.")
     heartbeat_interval: float = _key(15.0, "Seconds between two heartbeats of an agent instance.")
@@ -213,7 +244,8 @@ class AgentsConfig:
         60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
     )
     instances: dict = _key(
-        {"submitter": 1, "monitor": 1}, "How many instances of each agent `aso run` starts."
+        {"submitter": 1, "monitor": 1, "retry-manager": 1, "cleaner": 1},
+        "How many instances of each agent `aso run` starts.",
     )
     log_dir: str = _key("var/log", "Directory of the agents' log files under `aso run`.", path=True)
 
@@ -232,6 +264,8 @@ class Config:
     gfal: GfalConfig = field(default_factory=GfalConfig)
     fts3: Fts3Config = field(default_factory=Fts3Config)
     sim: SimConfig = field(default_factory=SimConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     source: Path | None = field(default=None, metadata={"internal": True})
 
@@ -355,6 +389,8 @@ def _check_values(config: Config, label: str) -> None:
     rates = [config.sim.failure_rate, *config.sim.link_failure_rates.values()]
     if any(not isinstance(r, int | float) or not 0 <= r <= 1 for r in rates):
         raise bad("sim failure rates must be numbers between 0 and 1")
+    if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
+        raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     for agent, count in config.agents.instances.items():
         if not isinstance(count, int) or count < 0:
             raise bad(f"agents.instances.{agent} must be a whole number >= 0")

@@ -301,6 +301,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "failure_reason": {"type": ["string", "null"], "max": 4096},
         "error_class": {"type": ["string", "null"], "max": 64},
         "cleanup_attempts": _COUNT,
+        "cleanup_retry_after": {"type": ["number", "null"], "min": 0},
         "cleanup_error": {"type": ["string", "null"], "max": 4096},
         "publication_block": {"type": ["string", "null"], "max": 512},
         "publication_attempts": _COUNT,

@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +178,9 @@ class Agent:
         global counts such as a site's active files); return figures for the heartbeat."""
         raise NotImplementedError
 
+    observe: Callable[[Mapping[str, Any]], None] | None = None
+    """Optional: called with every document of the `_changes` feed (not only the work)."""
+
     def written(self, docs: list[dict[str, Any]]) -> None:
         """Hook: documents this agent wrote (the runner applies them to the work set)."""
 
@@ -199,7 +202,7 @@ class Runner:
         self.stop_event = StopFlag()
         self.heartbeat = Heartbeat(agent.db, agent.name, agent.instance)
         self.membership = Membership(agent.instance, [agent.instance])
-        self.workset = ChangesWorkSet(agent.db, agent.kinds)
+        self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=agent.observe)
         self._last_beat = 0.0
         self._last_cycle: dict[str, Any] = {}
 

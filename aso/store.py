@@ -41,10 +41,12 @@ EMBEDDED_GZIP_BODIES             (found here) `/_config` there does not inflate 
                                  bodies, which the client library sends by default: off.
 EMBEDDED_CONFIG_PATH             the server configuration lives at `/_config` there and at
                                  `/_node/_local/_config` on CouchDB 3 (`Server.set_server_admin`).
-EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a create of an existing id runs validate_doc_update
-                                 against the existing document before the conflict is found
-                                 (CouchDB: 409 first); the validation lets such a create pass so
-                                 that both stores answer 409 (validate_doc_update.js).
+EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a write based on a revision that is not the
+                                 current one (a create of an existing id, a stale update) runs
+                                 validate_doc_update against the current document before the
+                                 conflict is found (CouchDB: 409 first, no validation); the
+                                 validation lets such a write pass so that both stores answer
+                                 409 (validate_doc_update.js).
 EMBEDDED_USERCTX_HAS_NO_DB       `userCtx.db` is missing in validate_doc_update: never read it
                                  (couchapp/asyncstageout/validate_doc_update.js).
 EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: identity forwarding is

@@ -120,6 +120,8 @@ class ChangesWorkSet:
     batch: int = 2000
     since: str = "0"
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Sees every document of the feed, wanted or not (a policy learning from all outcomes).
+    observer: Callable[[Mapping[str, Any]], None] | None = None
 
     def wants(self, doc: Mapping[str, Any]) -> bool:
         return any(key[0] in self.kinds for key in work_kinds(doc)) and self.accept(doc)
@@ -166,6 +168,8 @@ class ChangesWorkSet:
 
     def apply(self, docs: Iterable[Mapping[str, Any]]) -> None:
         for doc in docs:
+            if self.observer is not None:
+                self.observer(doc)
             if self.wants(doc):
                 self.docs[doc["_id"]] = dict(doc)
             else:

@@ -124,3 +124,27 @@ def sample_request(user: str = "alice", **overrides: Any) -> dict[str, Any]:
     )
     args.update(overrides)
     return model.new_request(**args)
+
+
+@pytest.fixture()
+def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
+    """A fresh files and jobs database with the sim back end (fast, fixed transfer times)."""
+    suffix = uuid.uuid4().hex[:8]
+    config = dataclasses.replace(
+        store_config,
+        source=tmp_path / "aso.toml",
+        store=dataclasses.replace(
+            store_config.store, files_db=f"files_{suffix}", transfers_db=f"jobs_{suffix}"
+        ),
+        transfer=dataclasses.replace(
+            store_config.transfer, backend="sim", max_files_per_job=10, lease=4.0
+        ),
+        sim=dataclasses.replace(store_config.sim, mean_duration=0.3, distribution="fixed"),
+        agents=dataclasses.replace(
+            store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
+        ),
+    )
+    init_databases(admin, config)
+    yield config
+    admin.delete_db(config.store.files_db)
+    admin.delete_db(config.store.transfers_db)

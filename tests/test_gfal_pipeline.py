@@ -38,8 +38,8 @@ from aso.runtime import Runner
 from aso.storage import EmbeddedStorage, export_path, write_file
 from aso.store import Server
 from tests.conftest import write_config
+from tests.pipeline_helpers import assert_each_file_in_one_job, jobs_of, run_until, states
 from tests.storage_helpers import reachable_tmp_dir, storage_config
-from tests.test_pipeline import assert_each_file_in_one_job, jobs_of, run_until, states
 
 SOURCES, DESTINATION = ("T2_CH_CERN", "T2_IT_Pisa"), "T2_DE_DESY"
 ASO = str(Path(sys.executable).parent / "aso")

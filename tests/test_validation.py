@@ -432,3 +432,22 @@ def test_heartbeats_are_written_by_agents_only(files_db, accounts):
     rev = agent.put(dict(beat, _rev=rev, last_seen=3.0))
     agent.delete(beat["_id"], rev)
     assert agent.get(beat["_id"]) is None
+
+
+def test_a_stale_write_is_a_conflict_not_a_refusal(files_db, accounts, stored):
+    """Both stores answer 409 to a write based on an old revision, whatever it would change
+    (the embedded store validates before it finds the conflict: EMBEDDED_VALIDATES_BEFORE_
+    CONFLICT), so writers read again instead of taking a refusal for the rules' answer."""
+    agent, owner = db_as(accounts, "agent", files_db), db_as(accounts, "alice", files_db)
+    acquired = model.transition(
+        stored,
+        [Change(STATE, "acquired", "s1")],
+        AGENT,
+        lease={"owner": "s1", "until": 1e10, "job_key": "k"},
+    )
+    agent.put(acquired)
+    with pytest.raises(Conflict):  # new → killed is legal from what alice read...
+        owner.put(model.transition(stored, [Change(STATE, "killed", "alice")], OWNER))
+    current = owner.get(stored["_id"])
+    with pytest.raises(Forbidden):  # ...and acquired → killed is not, once she reads again
+        owner.put(model.transition(current, [Change(STATE, "killed", "alice")], model.ADMIN))

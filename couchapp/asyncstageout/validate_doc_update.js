@@ -113,10 +113,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // A deleted request may be created again: judge it as a creation.
   if (oldDoc && oldDoc._deleted) { oldDoc = null; }
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs this function for a create
-  // (no _rev) of an id that exists, before it finds the conflict; CouchDB finds the conflict
-  // first. Let it pass: the store then answers 409, as CouchDB does.
-  if (oldDoc && !newDoc._rev && !newDoc._deleted) { return; }
+  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs this function for a write
+  // based on a revision that is not the current one (a create of an existing id, or a stale
+  // update) before it finds the conflict; CouchDB finds the conflict first and never asks.
+  // Let it pass: the store then answers 409, as CouchDB does, and the writer reads again.
+  // (Deletions are judged anyway: a DELETE without rev deletes the current revision there.)
+  if (oldDoc && newDoc._rev !== oldDoc._rev && !newDoc._deleted) { return; }
 
   var isAdmin = hasRole(model.admin_roles);
   var isAgent = hasRole([model.agent_role]);

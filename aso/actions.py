@@ -1,0 +1,91 @@
+"""What users do to their requests: kill and resubmit, task by task (or job by job).
+
+Both go through the owner's transitions of the model, which the store's validate_doc_update
+enforces: a kill is immediate for a file with nothing in flight (`new`, `retry`,
+`failed_attempt` → `killed`) and a request for the agents otherwise (`acquired`, `submitted` →
+`kill_requested`: the monitor cancels the transfer, then marks it killed); a resubmission puts
+`failed` and `killed` files back to `new`. A write that conflicts (an agent moved the file
+meanwhile) is read again and decided again, so a kill racing the submitter still lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aso import model
+from aso.model import STATE, Change
+from aso.store import Database
+
+KILL = {
+    "new": "killed",
+    "retry": "killed",
+    "failed_attempt": "killed",
+    "acquired": "kill_requested",
+    "submitted": "kill_requested",
+}
+RESUBMIT = {"failed": "new", "killed": "new"}
+ROUNDS = 5  # reads again after conflicts, at most
+
+
+@dataclass
+class ActionReport:
+    changed: dict[str, str] = field(default_factory=dict)  # id → new state
+    unchanged: dict[str, str] = field(default_factory=dict)  # id → state (nothing to do)
+    refused: dict[str, str] = field(default_factory=dict)  # id → reason
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+
+def task_requests(db: Database, task: str, job: str | None = None) -> list[dict[str, Any]]:
+    start, end = ([task, job], [task, job, {}]) if job else ([task], [task, {}])
+    return db.view(
+        "asyncstageout", "by_task", start_key=start, end_key=end, include_docs=True
+    ).docs()
+
+
+def _act(
+    db: Database, docs: list[dict[str, Any]], targets: Mapping[str, str], by: str, reason: str
+) -> ActionReport:
+    report = ActionReport()
+    pending = docs
+    for _ in range(ROUNDS):
+        updates = []
+        for doc in pending:
+            target = targets.get(doc[STATE])
+            if target is None:
+                report.unchanged[doc["_id"]] = doc[STATE]
+                report.changed.pop(doc["_id"], None)
+                continue
+            updates.append(model.transition(doc, [Change(STATE, target, by, reason)], model.OWNER))
+        if not updates:
+            break
+        conflicts = []
+        for doc, result in zip(updates, db.bulk_write(updates), strict=True):
+            if result.ok:
+                report.changed[doc["_id"]] = doc[STATE]
+            elif result.conflict:
+                conflicts.append(doc["_id"])
+            else:
+                report.refused[doc["_id"]] = f"{result.error}: {result.reason}"
+        if not conflicts:
+            break
+        pending = [d for d in db.get_many(conflicts).values() if d]
+    return report
+
+
+def kill(db: Database, task: str, job: str | None, by: str) -> ActionReport:
+    return _act(db, task_requests(db, task, job), KILL, by, "killed by the user")
+
+
+def resubmit(db: Database, task: str, job: str | None, by: str) -> ActionReport:
+    return _act(db, task_requests(db, task, job), RESUBMIT, by, "resubmitted by the user")
+
+
+ACTIONS: dict[str, Callable[[Database, str, str | None, str], ActionReport]] = {
+    "kill": kill,
+    "resubmit": resubmit,
+}

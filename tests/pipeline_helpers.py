@@ -1,0 +1,80 @@
+"""Helpers shared by the pipeline tests: uploading requests, driving agents in-process,
+reading back states and jobs."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from aso.config import Config
+from aso.model import STATE
+from aso.runtime import Runner
+from aso.store import Database, Server
+from aso.transfer.jobstore import JOB_TYPE
+from tests.conftest import sample_request
+
+LINKS = [
+    ("T2_CH_CERN", "T2_DE_DESY"),
+    ("T2_IT_Pisa", "T2_DE_DESY"),
+    ("T2_US_MIT", "T2_DE_DESY"),
+    ("T2_CH_CERN", "T2_IT_Pisa"),
+    ("T2_UK_ICL", "T1_US_FNAL"),
+    ("T2_FR_GRIF", "T2_IT_Bari"),
+]
+
+
+def owner_db(accounts: dict[str, Server], config: Config, user: str = "alice") -> Database:
+    return accounts[user].db(config.store.files_db)
+
+
+def upload(
+    accounts: dict[str, Server],
+    config: Config,
+    n: int,
+    users=("alice", "bob"),
+    links=LINKS[:2],
+    **kw: Any,
+) -> list[str]:
+    ids = []
+    for user in users:
+        docs = [
+            sample_request(
+                user, source=links[i % len(links)][0], destination=links[i % len(links)][1], **kw
+            )
+            for i in range(n)
+        ]
+        assert all(r.ok for r in owner_db(accounts, config, user).bulk_write(docs))
+        ids += [d["_id"] for d in docs]
+    return ids
+
+
+def states(db: Database, ids: list[str]) -> Counter[str]:
+    return Counter(doc[STATE] for doc in db.get_many(ids).values())
+
+
+def run_until(done: Callable[[], bool], runners: list[Runner], timeout: float = 60.0) -> None:
+    for runner in runners:
+        runner.workset.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for runner in runners:
+            runner.step(wait=False)
+        if done():
+            return
+        time.sleep(0.1)
+    raise AssertionError("the pipeline did not finish in time")
+
+
+def jobs_of(admin: Server, config: Config) -> list[dict[str, Any]]:
+    rows = admin.db(config.store.transfers_db).server.call(
+        admin.client.post_all_docs, db=config.store.transfers_db, include_docs=True
+    )["rows"]
+    return [r["doc"] for r in rows if r["doc"].get("type") == JOB_TYPE]
+
+
+def assert_each_file_in_one_job(admin: Server, config: Config, ids: list[str]) -> None:
+    seen = Counter(fid for job in jobs_of(admin, config) for fid in job["files"])
+    assert set(seen) == set(ids)
+    assert [fid for fid, n in seen.items() if n > 1] == []
