@@ -12,6 +12,7 @@ AGENTS = {
     "monitor": "agents.monitor:Monitor",
     "gfal-worker": "agents.gfal_worker:GfalWorker",
     "retry-manager": "agents.retry_manager:RetryManager",
+    "cleaner": "agents.cleaner:Cleaner",
 }
 
 

@@ -19,7 +19,9 @@ from aso import model
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedStore, free_port
+from aso.storage import EmbeddedStorage
 from aso.store import Database, Server, Settings
+from tests.storage_helpers import Watchdog, reachable_tmp_dir, storage_config
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
 
@@ -140,6 +142,62 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
             store_config.transfer, backend="sim", max_files_per_job=10, lease=4.0
         ),
         sim=dataclasses.replace(store_config.sim, mean_duration=0.3, distribution="fixed"),
+        agents=dataclasses.replace(
+            store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
+        ),
+    )
+    init_databases(admin, config)
+    yield config
+    admin.delete_db(config.store.files_db)
+    admin.delete_db(config.store.transfers_db)
+
+
+# The sites of the storage tests: two sources and a destination.
+SOURCES, DESTINATION = ("T2_CH_CERN", "T2_IT_Pisa"), "T2_DE_DESY"
+
+
+@pytest.fixture(scope="module")
+def watchdog() -> Iterator[Watchdog]:
+    with reachable_tmp_dir() as base:
+        # Plain HTTP, as the default embedded sites: XRootD 5.5.3 segfaults in libssl under
+        # concurrent HTTPS third-party copies (README, "Real storage on one machine").
+        config = storage_config(base, [*SOURCES, DESTINATION], protocol="http")
+        embedded = EmbeddedStorage(config)
+        embedded.start()
+        dog = Watchdog(embedded)
+        dog.start()
+        try:
+            yield dog
+        finally:
+            dog.done.set()
+            dog.join()
+            embedded.stop()
+
+
+@pytest.fixture()
+def storage(watchdog: Watchdog) -> Config:
+    return watchdog.storage.config
+
+
+@pytest.fixture()
+def gfal_config(
+    store_config: Config, storage: Config, admin: Server, tmp_path: Path
+) -> Iterator[Config]:
+    suffix = uuid.uuid4().hex[:8]
+    config = dataclasses.replace(
+        store_config,
+        source=tmp_path / "aso.toml",
+        store=dataclasses.replace(
+            store_config.store, files_db=f"files_{suffix}", transfers_db=f"jobs_{suffix}"
+        ),
+        sites=storage.sites,
+        storage=storage.storage,
+        transfer=dataclasses.replace(
+            store_config.transfer, backend="gfal", max_files_per_job=25, lease=6.0
+        ),
+        gfal=dataclasses.replace(
+            store_config.gfal, workers=8, poll_interval=0.2, timeout=60, retry_delay=0.5
+        ),
         agents=dataclasses.replace(
             store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
         ),

@@ -4,8 +4,10 @@ root-started servers run as cannot enter)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,3 +51,30 @@ def running_storage(config: Config) -> Iterator[EmbeddedStorage]:
         yield storage
     finally:
         storage.stop()
+
+
+class Watchdog(threading.Thread):
+    """Starts again a site server that died, as `aso run` does: XRootD 5.5.3 crashes now and
+    then under load here (dmesg: segfaults in libssl and libXrdUtils)."""
+
+    def __init__(self, storage: EmbeddedStorage):
+        super().__init__(daemon=True)
+        self.storage = storage
+        self.active = threading.Event()
+        self.active.set()
+        self.done = threading.Event()
+        self.restarts = 0
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            if self.active.is_set() and any(s.pid is None for s in self.storage.status()):
+                self.storage.start()
+                self.restarts += 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.active.clear()
+        try:
+            yield
+        finally:
+            self.active.set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -499,5 +500,9 @@ def test_monitor_link(config: Config) -> None:
 def test_double_demands_a_trusted_client_certificate(fts: Fts3Double, pki: Pki) -> None:
     with pytest.raises(requests.exceptions.ConnectionError):
         requests.get(fts.url + "/whoami", verify=str(pki.ca_file), timeout=10)
+    # The double's thread counts the refused handshake after the client has given up: wait.
+    deadline = time.monotonic() + 10
+    while fts.refused_connections < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert fts.refused_connections >= 1
     assert fts.requests == []

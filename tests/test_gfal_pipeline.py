@@ -7,7 +7,6 @@ gfal2's real reasons; a worker killed in the middle of a copy leaves nothing cop
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -16,12 +15,10 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,96 +29,14 @@ from agents.monitor import Monitor
 from agents.submitter import Submitter
 from aso import model
 from aso.config import Config
-from aso.designdocs import init_databases
 from aso.model import STATE
 from aso.runtime import Runner
 from aso.storage import EmbeddedStorage, export_path, write_file
 from aso.store import Server
-from tests.conftest import write_config
+from tests.conftest import DESTINATION, SOURCES, write_config
 from tests.pipeline_helpers import assert_each_file_in_one_job, jobs_of, run_until, states
-from tests.storage_helpers import reachable_tmp_dir, storage_config
 
-SOURCES, DESTINATION = ("T2_CH_CERN", "T2_IT_Pisa"), "T2_DE_DESY"
 ASO = str(Path(sys.executable).parent / "aso")
-
-
-class Watchdog(threading.Thread):
-    """Starts again a site server that died, as `aso run` does: XRootD 5.5.3 crashes now and
-    then under load here (dmesg: segfaults in libssl and libXrdUtils)."""
-
-    def __init__(self, storage: EmbeddedStorage):
-        super().__init__(daemon=True)
-        self.storage = storage
-        self.active = threading.Event()
-        self.active.set()
-        self.done = threading.Event()
-        self.restarts = 0
-
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            if self.active.is_set() and any(s.pid is None for s in self.storage.status()):
-                self.storage.start()
-                self.restarts += 1
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        self.active.clear()
-        try:
-            yield
-        finally:
-            self.active.set()
-
-
-@pytest.fixture(scope="module")
-def watchdog() -> Iterator[Watchdog]:
-    with reachable_tmp_dir() as base:
-        # Plain HTTP, as the default embedded sites: XRootD 5.5.3 segfaults in libssl under
-        # concurrent HTTPS third-party copies (README, "Real storage on one machine").
-        config = storage_config(base, [*SOURCES, DESTINATION], protocol="http")
-        embedded = EmbeddedStorage(config)
-        embedded.start()
-        dog = Watchdog(embedded)
-        dog.start()
-        try:
-            yield dog
-        finally:
-            dog.done.set()
-            dog.join()
-            embedded.stop()
-
-
-@pytest.fixture()
-def storage(watchdog: Watchdog) -> Config:
-    return watchdog.storage.config
-
-
-@pytest.fixture()
-def gfal_config(
-    store_config: Config, storage: Config, admin: Server, tmp_path: Path
-) -> Iterator[Config]:
-    suffix = uuid.uuid4().hex[:8]
-    config = dataclasses.replace(
-        store_config,
-        source=tmp_path / "aso.toml",
-        store=dataclasses.replace(
-            store_config.store, files_db=f"files_{suffix}", transfers_db=f"jobs_{suffix}"
-        ),
-        sites=storage.sites,
-        storage=storage.storage,
-        transfer=dataclasses.replace(
-            store_config.transfer, backend="gfal", max_files_per_job=25, lease=6.0
-        ),
-        gfal=dataclasses.replace(
-            store_config.gfal, workers=8, poll_interval=0.2, timeout=60, retry_delay=0.5
-        ),
-        agents=dataclasses.replace(
-            store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
-        ),
-    )
-    init_databases(admin, config)
-    yield config
-    admin.delete_db(config.store.files_db)
-    admin.delete_db(config.store.transfers_db)
 
 
 def put_files(

@@ -100,7 +100,22 @@ def test_run_demo_restart_and_clean_stop(service):
         copied = export_path(config, "T2_DE_DESY", doc["destination_lfn"]).read_bytes()
         assert len(copied) == doc["size"]
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
-        assert [h["to"] for h in doc["history"]] == ["new", "acquired", "submitted", "done"]
+        assert [h["to"] for h in doc["history"] if h["axis"] == "state"] == [
+            "new",
+            "acquired",
+            "submitted",
+            "done",
+        ]
+
+    # The cleaner then removes every temporary copy, the destination being confirmed.
+    def all_cleaned() -> bool:
+        docs = admin.db("asynctransfer").get_many(d["_id"] for d in done).values()
+        return all(d["cleanup"] == "cleaned" for d in docs)
+
+    wait_for(all_cleaned, 120, "the cleaner to remove the temporary copies")
+    for doc in done:
+        assert not export_path(config, doc["source"], doc["source_lfn"]).exists()
+        assert export_path(config, "T2_DE_DESY", doc["destination_lfn"]).exists()
 
     # kill -9 one agent: the supervisor starts it again under the same instance name.
     def monitors() -> list[str]:
@@ -133,7 +148,7 @@ def test_run_demo_restart_and_clean_stop(service):
         },
     )
     agents = {row["doc"]["agent"] for row in rows["rows"]}
-    assert agents == {"submitter", "monitor", "gfal-worker"}
+    assert agents == {"submitter", "monitor", "gfal-worker", "retry-manager", "cleaner"}
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0

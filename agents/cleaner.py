@@ -1,0 +1,168 @@
+"""Cleaner: deletes a file's temporary copy at the source once the file is safe.
+
+For each `done` request whose cleanup is pending (or failed before and due again):
+1. the temporary copy must be inside the source site's temp area (`sites.temp_pfn` refuses
+   anything else: the cleaner never touches a user's files);
+2. the destination copy must be confirmed: there, with the request's size and adler32;
+3. only then the temporary copy is deleted with gfal2 (already gone counts as deleted).
+The outcome is written in one bulk write per cycle: `cleaned`, or `cleanup_error` with the
+reason, a count of attempts and the time of the next try (backoff `cleaner.base_delay` · 2^n,
+capped at `cleaner.max_delay`). Deletions run `cleaner.max_per_site` at a time per source site.
+Partition: by source site (a site's deletions are one instance's, so the bound holds).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from aso import model, sites
+from aso.config import Config, SiteConfig
+from aso.files import FileError, Files, open_files
+from aso.model import AGENT, CLEANUP, Change
+from aso.runtime import Agent, Membership
+from aso.transfer.gfalcopy import normal_adler32
+from aso.workqueue import CLEAN
+
+log = logging.getLogger("aso.agent.cleaner")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    cleaned: bool
+    reason: str
+
+
+def destination_url(config: Config, doc: Mapping[str, Any]) -> str:
+    if config.transfer.backend == "sim":
+        return f"sim://{doc['destination']}{doc['destination_lfn']}"
+    return sites.pfn(config, doc["destination"], doc["destination_lfn"])
+
+
+def temp_url(config: Config, doc: Mapping[str, Any]) -> str:
+    if config.transfer.backend == "sim":
+        if not sites.in_area(SiteConfig().temp_area, doc["source_lfn"]):
+            raise sites.SiteError(f"{doc['source_lfn']} is not in a temp area")
+        return f"sim://{doc['source']}{doc['source_lfn']}"
+    return sites.temp_pfn(config, doc["source"], doc["source_lfn"])
+
+
+def clean_one(config: Config, files: Files, doc: Mapping[str, Any]) -> Outcome:
+    """Confirm the destination, then delete the temporary copy; never the other way round."""
+    try:
+        temp = temp_url(config, doc)
+    except sites.SiteError as exc:
+        return Outcome(False, f"refused: {exc}")
+    try:
+        wrong = files.confirm(
+            destination_url(config, doc), doc["size"], normal_adler32(doc["checksum"]["adler32"])
+        )
+        if wrong:
+            return Outcome(False, f"destination not confirmed ({wrong}): temporary copy kept")
+        deleted = files.delete(temp)
+    except FileError as exc:
+        return Outcome(False, str(exc))
+    return Outcome(True, "temporary copy deleted" if deleted else "temporary copy already gone")
+
+
+def due(doc: Mapping[str, Any], now: float) -> bool:
+    return (
+        doc.get(model.STATE) == "done"
+        and doc.get(CLEANUP) in ("pending", "cleanup_error")
+        and (doc.get("cleanup_retry_after") or 0) <= now
+    )
+
+
+class Cleaner(Agent):
+    name = "cleaner"
+    kinds = (CLEAN,)
+
+    def __init__(self, config: Config, instance: str | None = None, files: Files | None = None):
+        super().__init__(config, instance)
+        self.files = files or open_files(config)
+        self.pools: dict[str, ThreadPoolExecutor] = {}
+
+    def partition_key(self, doc: Mapping[str, Any]) -> str:
+        return doc["source"]
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        now = time.time()
+        work = sorted((d for d in mine if due(d, now)), key=lambda d: d["last_update"])
+        work = work[: self.config.cleaner.batch]
+        report = {"cleaned": 0, "cleanup_errors": 0, "conflicts": 0}
+        if not work:
+            return report
+        outcomes = self.clean_all(work)
+        updates = [self.recorded(doc, outcomes[doc["_id"]], now) for doc in work]
+        written = []
+        for doc, result in zip(updates, self.db.bulk_write(updates), strict=True):
+            if not result.ok:
+                report["conflicts"] += 1
+                continue
+            written.append(dict(doc, _rev=result.rev))
+            report["cleaned" if doc[CLEANUP] == "cleaned" else "cleanup_errors"] += 1
+            log.info(
+                "file %s: temporary copy %s at %s: %s",
+                doc["_id"],
+                doc["source_lfn"],
+                doc["source"],
+                outcomes[doc["_id"]].reason,
+            )
+        self.written(written)
+        return report
+
+    def clean_all(self, docs: list[dict[str, Any]]) -> dict[str, Outcome]:
+        """Deletions of all sites at once, `cleaner.max_per_site` at a time at each site (one
+        lasting thread pool per site, so its threads keep their gfal2 contexts)."""
+        futures = {}
+        for doc in docs:
+            pool = self.pools.get(doc["source"])
+            if pool is None:
+                pool = self.pools[doc["source"]] = ThreadPoolExecutor(
+                    max_workers=self.config.cleaner.max_per_site,
+                    thread_name_prefix=f"clean-{doc['source']}",
+                )
+            futures[doc["_id"]] = pool.submit(clean_one, self.config, self.files, doc)
+        return {doc_id: future.result() for doc_id, future in futures.items()}
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def recorded(self, doc: dict[str, Any], outcome: Outcome, now: float) -> dict[str, Any]:
+        if outcome.cleaned:
+            return model.transition(
+                doc,
+                [Change(CLEANUP, "cleaned", self.instance, outcome.reason)],
+                AGENT,
+                at=now,
+                cleanup_error=None,
+                cleanup_retry_after=None,
+            )
+        attempts = doc.get("cleanup_attempts", 0) + 1
+        delay = min(
+            self.config.cleaner.max_delay, self.config.cleaner.base_delay * 2 ** (attempts - 1)
+        )
+        changes = (
+            [Change(CLEANUP, "cleanup_error", self.instance, outcome.reason)]
+            if doc[CLEANUP] != "cleanup_error"
+            else []
+        )
+        return model.transition(
+            doc,
+            changes,
+            AGENT,
+            at=now,
+            cleanup_attempts=attempts,
+            cleanup_error=outcome.reason[:4096],
+            cleanup_retry_after=round(now + delay, 3),
+        )

@@ -1,0 +1,147 @@
+"""The cleaner against real storage: it deletes a temporary copy only once the destination is
+confirmed, never outside the temp area, and retries failed deletions with backoff."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Any
+
+from agents.cleaner import Cleaner
+from aso import model
+from aso.files import SimFiles
+from aso.model import AGENT, CLEANUP, STATE, Change
+from aso.runtime import Runner
+from aso.storage import export_path, write_file
+from tests.conftest import DESTINATION, SOURCES, sample_request
+
+
+def done_request(
+    config,
+    accounts,
+    *,
+    copy: bool = True,
+    dest_content: bytes | None = None,
+    source_lfn: str | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """A request whose transfer is `done`: its temporary copy at the source and (unless told
+    otherwise) its destination copy are real files."""
+    doc = sample_request("alice", source=SOURCES[0], destination=DESTINATION, **kw)
+    lfn = source_lfn or doc["source_lfn"]
+    stored = write_file(config, SOURCES[0], lfn, os.urandom(3000))
+    doc = model.new_request(
+        user="alice",
+        task=doc["task"],
+        job_id=doc["job_id"],
+        source=SOURCES[0],
+        destination=DESTINATION,
+        source_lfn=lfn,
+        destination_lfn=doc["destination_lfn"],
+        size=stored.size,
+        adler32=stored.adler32,
+    )
+    if copy:
+        data = export_path(config, SOURCES[0], lfn).read_bytes()
+        write_file(config, DESTINATION, doc["destination_lfn"], dest_content or data)
+    owner = accounts["alice"].db(config.store.files_db)
+    agent = accounts["agent"].db(config.store.files_db)
+    doc["_rev"] = owner.create(doc)
+    for to in ("acquired", "submitted", "done"):
+        doc = model.transition(doc, [Change(STATE, to, "test")], AGENT)
+        doc["_rev"] = agent.put(doc)
+    return doc
+
+
+def clean(config, docs, cleaner=None) -> dict[str, dict[str, Any]]:
+    cleaner = cleaner or Cleaner(config, "c1")
+    runner = Runner(cleaner)
+    runner.workset.start()
+    runner.step(wait=False)
+    cleaner.close()
+    return cleaner.db.get_many([d["_id"] for d in docs])
+
+
+def test_cleans_only_what_is_safe(gfal_config, accounts):
+    good = done_request(gfal_config, accounts)
+    no_copy = done_request(gfal_config, accounts, copy=False)
+    bad_copy = done_request(gfal_config, accounts, dest_content=b"x" * 3000)  # wrong adler32
+    outside = done_request(
+        gfal_config, accounts, source_lfn="/store/user/alice/precious/not_temp.root"
+    )
+    stored = clean(gfal_config, [good, no_copy, bad_copy, outside])
+
+    assert stored[good["_id"]][CLEANUP] == "cleaned"
+    assert not export_path(gfal_config, SOURCES[0], good["source_lfn"]).exists()
+    assert export_path(gfal_config, DESTINATION, good["destination_lfn"]).exists()
+    assert stored[good["_id"]]["history"][-1]["reason"] == "temporary copy deleted"
+
+    for doc, why in (
+        (no_copy, "destination not confirmed (no such file)"),
+        (bad_copy, "destination not confirmed (adler32"),
+        (outside, "refused: refusing '/store/user/alice/precious/not_temp.root'"),
+    ):
+        after = stored[doc["_id"]]
+        assert after[CLEANUP] == "cleanup_error" and after["cleanup_error"].startswith(why)
+        assert after["cleanup_attempts"] == 1 and after["cleanup_retry_after"] > 0
+        assert export_path(gfal_config, SOURCES[0], doc["source_lfn"]).exists()  # kept
+
+
+def test_a_copy_already_gone_counts_as_cleaned(gfal_config, accounts):
+    doc = done_request(gfal_config, accounts)
+    export_path(gfal_config, SOURCES[0], doc["source_lfn"]).unlink()
+    after = clean(gfal_config, [doc])[doc["_id"]]
+    assert after[CLEANUP] == "cleaned"
+    assert after["history"][-1]["reason"] == "temporary copy already gone"
+
+
+def test_failed_deletions_back_off_and_succeed_later(gfal_config, accounts, watchdog):
+    config = dataclasses.replace(
+        gfal_config, cleaner=dataclasses.replace(gfal_config.cleaner, base_delay=0.2, max_delay=1.0)
+    )
+    doc = done_request(config, accounts)
+    [site] = [s for s in watchdog.storage.status() if s.site == SOURCES[0]]
+    with watchdog.paused():
+        os.kill(site.pid, signal.SIGKILL)  # the source's storage is down
+        first = clean(config, [doc])[doc["_id"]]
+        assert first[CLEANUP] == "cleanup_error" and first["cleanup_error"].startswith(
+            "deletion of "
+        )
+        assert first["cleanup_attempts"] == 1
+        watchdog.storage.start()
+    time.sleep(0.3)  # the backoff has passed
+    second = clean(config, [doc])[doc["_id"]]
+    assert second[CLEANUP] == "cleaned" and second["cleanup_error"] is None
+    assert [h["to"] for h in second["history"] if h["axis"] == "cleanup"] == [
+        "cleanup_error",
+        "cleaned",
+    ]
+    assert not export_path(config, SOURCES[0], doc["source_lfn"]).exists()
+
+
+def test_nothing_happens_before_the_copy_is_done(gfal_config, accounts):
+    doc = sample_request("alice", source=SOURCES[0], destination=DESTINATION)
+    accounts["alice"].db(gfal_config.store.files_db).create(doc)
+    cleaner = Cleaner(gfal_config, "c1", files=SimFiles())
+    clean(gfal_config, [doc], cleaner)
+    assert cleaner.files.deleted == []
+
+
+def test_sim_back_end_cleans_without_storage(sim_config, accounts):
+    docs = []
+    for _ in range(3):
+        doc = sample_request("alice")
+        agent = accounts["agent"].db(sim_config.store.files_db)
+        doc["_rev"] = accounts["alice"].db(sim_config.store.files_db).create(doc)
+        for to in ("acquired", "submitted", "done"):
+            doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
+            doc["_rev"] = agent.put(doc)
+        docs.append(doc)
+    cleaner = Cleaner(sim_config, "c1")
+    stored = clean(sim_config, docs, cleaner)
+    assert all(d[CLEANUP] == "cleaned" for d in stored.values())
+    assert sorted(cleaner.files.deleted) == sorted(
+        f"sim://{d['source']}{d['source_lfn']}" for d in docs
+    )
