@@ -13,6 +13,7 @@ AGENTS = {
     "gfal-worker": "agents.gfal_worker:GfalWorker",
     "retry-manager": "agents.retry_manager:RetryManager",
     "cleaner": "agents.cleaner:Cleaner",
+    "publisher": "agents.publisher:Publisher",
 }
 
 

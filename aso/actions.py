@@ -26,6 +26,7 @@ KILL = {
     "submitted": "kill_requested",
 }
 RESUBMIT = {"failed": "new", "killed": "new"}
+REPUBLISH = {"publication_failed": "pending"}
 ROUNDS = 5  # reads again after conflicts, at most
 
 
@@ -48,25 +49,30 @@ def task_requests(db: Database, task: str, job: str | None = None) -> list[dict[
 
 
 def _act(
-    db: Database, docs: list[dict[str, Any]], targets: Mapping[str, str], by: str, reason: str
+    db: Database,
+    docs: list[dict[str, Any]],
+    targets: Mapping[str, str],
+    by: str,
+    reason: str,
+    axis: str = STATE,
 ) -> ActionReport:
     report = ActionReport()
     pending = docs
     for _ in range(ROUNDS):
         updates = []
         for doc in pending:
-            target = targets.get(doc[STATE])
+            target = targets.get(doc[axis])
             if target is None:
-                report.unchanged[doc["_id"]] = doc[STATE]
+                report.unchanged[doc["_id"]] = doc[axis]
                 report.changed.pop(doc["_id"], None)
                 continue
-            updates.append(model.transition(doc, [Change(STATE, target, by, reason)], model.OWNER))
+            updates.append(model.transition(doc, [Change(axis, target, by, reason)], model.OWNER))
         if not updates:
             break
         conflicts = []
         for doc, result in zip(updates, db.bulk_write(updates), strict=True):
             if result.ok:
-                report.changed[doc["_id"]] = doc[STATE]
+                report.changed[doc["_id"]] = doc[axis]
             elif result.conflict:
                 conflicts.append(doc["_id"])
             else:
@@ -83,6 +89,18 @@ def kill(db: Database, task: str, job: str | None, by: str) -> ActionReport:
 
 def resubmit(db: Database, task: str, job: str | None, by: str) -> ActionReport:
     return _act(db, task_requests(db, task, job), RESUBMIT, by, "resubmitted by the user")
+
+
+def republish(db: Database, task: str, job: str | None, by: str) -> ActionReport:
+    """`aso publish --retry`: files whose publication failed go back to the publisher."""
+    return _act(
+        db,
+        task_requests(db, task, job),
+        REPUBLISH,
+        by,
+        "publication retried by the user",
+        axis=model.PUBLICATION,
+    )
 
 
 ACTIONS: dict[str, Callable[[Database, str, str | None, str], ActionReport]] = {

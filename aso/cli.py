@@ -21,6 +21,7 @@ from rich.table import Table
 from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
+from aso.cli_catalog import catalog_app
 from aso.cli_storage import storage_app
 from aso.config import Config, ConfigError
 from aso.designdocs import init_databases
@@ -52,6 +53,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(db_app, name="db")
 app.add_typer(request_app, name="request")
 app.add_typer(storage_app, name="storage")
+app.add_typer(catalog_app, name="catalog")
 
 
 class UsageError(Exception):
@@ -439,6 +441,20 @@ def resubmit_cmd(
 ) -> None:
     """Put a task's failed and killed files back in the queue, with a fresh attempt budget."""
     _user_action(ctx, "resubmit", task, job, json_out)
+
+
+@app.command("publish")
+def publish_cmd(
+    ctx: typer.Context,
+    retry: Annotated[
+        str,
+        typer.Option("--retry", help="Task whose failed publications to retry.", metavar="TASK"),
+    ],
+    job: Annotated[str | None, typer.Option(help="Only this job of the task.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Give a task's files whose publication failed back to the publisher."""
+    _user_action(ctx, "publish --retry", retry, job, json_out)
 
 
 # --- agents ----------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ class StoreConfig:
     transfers_db: str = _key(
         "aso_transfers", "Database of the gfal and sim transfer services' jobs."
     )
+    catalog_db: str = _key("aso_catalog", "Database of the embedded catalog.")
     connect_timeout: float = _key(5.0, "Seconds to wait for a TCP connection to the store.")
     read_timeout: float = _key(
         120.0, "Seconds to wait for a store answer (view builds can be slow)."
@@ -237,6 +238,33 @@ class CleanerConfig:
 
 
 @dataclass
+class PublisherConfig:
+    catalog: str = _key("embedded", "Catalog: embedded (a database in the store) or dbs (DBS3).")
+    max_files_per_block: int = _key(100, "Files in a block; a full block is published at once.")
+    block_closure_timeout: float = _key(
+        3600.0, "Seconds a block waits for more files after its oldest file was copied."
+    )
+    max_attempts: int = _key(5, "Failed publications of a file before it is publication_failed.")
+    base_delay: float = _key(60.0, "Seconds before a failed publication is tried again; doubles.")
+    max_delay: float = _key(3600.0, "Longest wait between two tries of a publication.")
+
+
+@dataclass
+class DbsConfig:
+    url: str = _key("", "DBS3 writer URL, e.g. https://cmsweb.cern.ch/dbs/prod/phys03/DBSWriter.")
+    reader_url: str = _key(
+        "", "DBS3 reader URL; empty: the writer URL with DBSWriter replaced by DBSReader."
+    )
+    proxy: str = _key("", "X.509 proxy for DBS; empty: $X509_USER_PROXY.", path=True)
+    capath: str = _key("/etc/grid-security/certificates", "CA directory to verify DBS.", path=True)
+    acquisition_era: str = _key("CRAB", "Acquisition era of published datasets.")
+    processing_version: int = _key(1, "Processing version of published datasets.")
+    global_tag: str = _key("None", "Global tag recorded in the dataset configuration.")
+    release_version: str = _key("CMSSW_X", "Release recorded in the dataset configuration.")
+    timeout: float = _key(300.0, "Seconds one DBS call may take (the client sets none itself).")
+
+
+@dataclass
 class AgentsConfig:
     poll_interval: float = _key(5.0, "Seconds an agent waits for new work when it has none.")
     heartbeat_interval: float = _key(15.0, "Seconds between two heartbeats of an agent instance.")
@@ -244,7 +272,7 @@ class AgentsConfig:
         60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
     )
     instances: dict = _key(
-        {"submitter": 1, "monitor": 1, "retry-manager": 1, "cleaner": 1},
+        {"submitter": 1, "monitor": 1, "retry-manager": 1, "cleaner": 1, "publisher": 1},
         "How many instances of each agent `aso run` starts.",
     )
     log_dir: str = _key("var/log", "Directory of the agents' log files under `aso run`.", path=True)
@@ -266,6 +294,8 @@ class Config:
     sim: SimConfig = field(default_factory=SimConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     cleaner: CleanerConfig = field(default_factory=CleanerConfig)
+    publisher: PublisherConfig = field(default_factory=PublisherConfig)
+    dbs: DbsConfig = field(default_factory=DbsConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     source: Path | None = field(default=None, metadata={"internal": True})
 
@@ -389,6 +419,10 @@ def _check_values(config: Config, label: str) -> None:
     rates = [config.sim.failure_rate, *config.sim.link_failure_rates.values()]
     if any(not isinstance(r, int | float) or not 0 <= r <= 1 for r in rates):
         raise bad("sim failure rates must be numbers between 0 and 1")
+    if config.publisher.catalog not in ("embedded", "dbs"):
+        raise bad("publisher.catalog must be embedded or dbs")
+    if config.publisher.catalog == "dbs" and not config.dbs.url:
+        raise bad("publisher.catalog is dbs but dbs.url is empty")
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     for agent, count in config.agents.instances.items():

@@ -37,6 +37,11 @@ class DemoPlan:
     seed: int | None = None
 
 
+def demo_dataset(user: str, run: str) -> str:
+    """Each user's demo task publishes into a dataset of its own."""
+    return f"/Demo/{user}-crab_demo_{run}/USER"
+
+
 def write_and_upload(
     config: Config, db: Database, plan: DemoPlan, write: Callable[..., Any]
 ) -> tuple[list[str], UploadReport]:
@@ -62,6 +67,12 @@ def write_and_upload(
                 destination_lfn=f"/store/user/{path}",
                 size=size,
                 adler32=stored.adler32,
+                publish=True,
+                publish_info={
+                    "dataset": demo_dataset(user, run),
+                    "events": rng.randint(100, 5000),
+                    "lumis": {"1": [i + 1]},
+                },
             )
         )
     return [d["_id"] for d in docs], upload(db, docs)

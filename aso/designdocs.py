@@ -19,6 +19,7 @@ from typing import Any
 from couchapp import localdoc
 
 from aso import model
+from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.store import Server
 from aso.transfer.jobstore import JOBS_DDOC
@@ -86,6 +87,8 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.created_dbs.append(config.store.transfers_db)
     if admin.db(config.store.transfers_db).push_design(JOBS_DDOC):
         report.design_written.append(f"{config.store.transfers_db}/{JOBS_DDOC['_id']}")
+    if init_catalog_db(admin, config.store.catalog_db):
+        report.created_dbs.append(config.store.catalog_db)
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")

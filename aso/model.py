@@ -305,6 +305,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "cleanup_error": {"type": ["string", "null"], "max": 4096},
         "publication_block": {"type": ["string", "null"], "max": 512},
         "publication_attempts": _COUNT,
+        "publication_retry_after": {"type": ["number", "null"], "min": 0},
         "publication_error": {"type": ["string", "null"], "max": 4096},
     },
 }

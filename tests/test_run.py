@@ -148,7 +148,14 @@ def test_run_demo_restart_and_clean_stop(service):
         },
     )
     agents = {row["doc"]["agent"] for row in rows["rows"]}
-    assert agents == {"submitter", "monitor", "gfal-worker", "retry-manager", "cleaner"}
+    assert agents == {
+        "submitter",
+        "monitor",
+        "gfal-worker",
+        "retry-manager",
+        "cleaner",
+        "publisher",
+    }
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0

@@ -1,0 +1,202 @@
+"""The publisher over the real store and the embedded catalog: blocks by size, by age and at
+the end of a task, idempotent after a crash between the catalog call and the documents'
+update, failures retried then given up, and `aso publish --retry`."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from agents.publisher import Publisher, close_blocks, done_at
+from aso import model
+from aso.actions import republish
+from aso.catalog.base import CatalogError
+from aso.catalog.embedded import EmbeddedCatalog
+from aso.model import AGENT, PUBLICATION, STATE, Change
+from aso.runtime import Runner
+from tests.conftest import sample_request
+
+DATASET = "/Prim/alice-proc-v1/USER"
+
+
+def done_outputs(
+    config,
+    accounts,
+    n: int,
+    *,
+    task: str = "261121_190000:alice_pub",
+    dataset: str = DATASET,
+    state_done: bool = True,
+) -> list[dict[str, Any]]:
+    owner = accounts["alice"].db(config.store.files_db)
+    agent = accounts["agent"].db(config.store.files_db)
+    docs = []
+    for i in range(n):
+        doc = sample_request(
+            "alice",
+            task=task,
+            job_id=str(i),
+            publish=True,
+            publish_info={
+                "dataset": dataset,
+                "events": 100 + i,
+                "lumis": {"1": [i]},
+                "parents": [],
+            },
+        )
+        doc["_rev"] = owner.create(doc)
+        for to in ("acquired", "submitted", "done") if state_done else ("acquired",):
+            doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
+            doc["_rev"] = agent.put(doc)
+        docs.append(doc)
+    return docs
+
+
+def catalog_of(config, admin) -> EmbeddedCatalog:
+    return EmbeddedCatalog(admin.db(config.store.catalog_db))
+
+
+def run_publisher(config, publisher=None) -> Publisher:
+    publisher = publisher or Publisher(config, "p1")
+    runner = Runner(publisher)
+    runner.workset.start()
+    runner.step(wait=False)
+    return publisher
+
+
+@pytest.fixture()
+def pub_config(sim_config, admin):
+    name = f"catalog_{sim_config.store.files_db}"
+    from aso.catalog.embedded import init_catalog_db
+
+    init_catalog_db(admin, name)
+    config = dataclasses.replace(
+        sim_config,
+        store=dataclasses.replace(sim_config.store, catalog_db=name),
+        publisher=dataclasses.replace(
+            sim_config.publisher, max_files_per_block=4, block_closure_timeout=3600, base_delay=0.1
+        ),
+    )
+    yield config
+    admin.delete_db(name)
+
+
+def states_of(config, accounts, docs) -> Counter[str]:
+    db = accounts["agent"].db(config.store.files_db)
+    return Counter(d[PUBLICATION] for d in db.get_many(d["_id"] for d in docs).values())
+
+
+def test_full_blocks_go_at_once_and_the_rest_waits(pub_config, accounts, admin):
+    # 10 done files of a task that still has a file on its way: 2 full blocks, 2 files wait.
+    docs = done_outputs(pub_config, accounts, 10)
+    done_outputs(pub_config, accounts, 1, state_done=False)
+    run_publisher(pub_config)
+    assert states_of(pub_config, accounts, docs) == {"published": 8, "pending": 2}
+    blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
+    assert sorted(len(lfns) for lfns in blocks.values()) == [4, 4]
+    published = {lfn for lfns in blocks.values() for lfn in lfns}
+    stored = accounts["agent"].db(pub_config.store.files_db).get_many(d["_id"] for d in docs)
+    for doc in stored.values():
+        if doc[PUBLICATION] == "published":
+            assert doc["destination_lfn"] in published
+            assert doc["publication_block"] in blocks
+            assert [h["to"] for h in doc["history"] if h["axis"] == PUBLICATION] == [
+                "publishing",
+                "published",
+            ]
+
+
+def test_a_block_closes_when_the_task_is_over_or_its_oldest_file_waited(
+    pub_config, accounts, admin
+):
+    over = done_outputs(
+        pub_config, accounts, 3, task="261121_190001:alice_over", dataset="/Prim/alice-over-v1/USER"
+    )
+    run_publisher(pub_config)
+    assert states_of(pub_config, accounts, over) == {"published": 3}  # no file on its way
+    # The age rule, as a pure function.
+    now = time.time()
+    old = [
+        dict(
+            d,
+            history=[
+                {"axis": "state", "from": "submitted", "to": "done", "at": now - 7200, "by": "m"}
+            ],
+        )
+        for d in over
+    ]
+    assert close_blocks(old, now, 100, 3600, lambda task: False) == [
+        sorted(old, key=lambda d: (done_at(d), d["_id"]))
+    ]
+    assert close_blocks(old, now, 100, 10800, lambda task: False) == []
+
+
+def test_publishing_again_after_a_crash_duplicates_nothing(pub_config, accounts, admin):
+    """The publisher died after the catalog call: the files are still `publishing`; the next
+    one publishes the same block again, the catalog keeps one copy, the files end published."""
+    docs = done_outputs(pub_config, accounts, 4)
+
+    class DiesAfterTheCatalog(Publisher):
+        def publish(self, docs, name, report, now):  # the catalog call, then the crash
+            self.catalog.publish_block(
+                __import__("agents.publisher").publisher.make_block(docs, name)
+            )
+            raise SystemExit("killed after the catalog call")
+
+    with pytest.raises(SystemExit):
+        run_publisher(pub_config, DiesAfterTheCatalog(pub_config, "p-dying"))
+    assert states_of(pub_config, accounts, docs) == {"publishing": 4}
+    time.sleep(pub_config.agents.heartbeat_expiry)  # the dead one's part passes to the living
+    run_publisher(pub_config)
+    assert states_of(pub_config, accounts, docs) == {"published": 4}
+    blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
+    assert len(blocks) == 1 and sorted(next(iter(blocks.values()))) == sorted(
+        d["destination_lfn"] for d in docs
+    )
+
+
+class BrokenCatalog:
+    name = "broken"
+
+    def __init__(self, retryable: bool):
+        self.retryable = retryable
+        self.calls = 0
+
+    def publish_block(self, block):
+        self.calls += 1
+        raise CatalogError("catalog unavailable: 503", retryable=self.retryable)
+
+    def close(self):
+        pass
+
+
+def test_failed_publications_are_retried_then_given_up_then_reset(pub_config, accounts, admin):
+    config = dataclasses.replace(
+        pub_config, publisher=dataclasses.replace(pub_config.publisher, max_attempts=2)
+    )
+    docs = done_outputs(config, accounts, 4)
+    broken = BrokenCatalog(retryable=True)
+    run_publisher(config, Publisher(config, "p1", catalog=broken))
+    assert states_of(config, accounts, docs) == {"publication_error": 4}
+    time.sleep(0.2)  # the backoff passes
+    run_publisher(config, Publisher(config, "p1", catalog=broken))
+    assert states_of(config, accounts, docs) == {"publication_failed": 4}
+    assert broken.calls == 2
+    stored = accounts["agent"].db(config.store.files_db).get_many(d["_id"] for d in docs)
+    assert all(d["publication_error"] == "catalog unavailable: 503" for d in stored.values())
+
+    owner = accounts["alice"].db(config.store.files_db)
+    report = republish(owner, docs[0]["task"], None, "alice")
+    assert len(report.changed) == 4 and set(report.changed.values()) == {"pending"}
+    run_publisher(config)  # the real catalog works: published, with a fresh attempt budget
+    assert states_of(config, accounts, docs) == {"published": 4}
+
+
+def test_a_refusal_that_cannot_heal_is_given_up_at_once(pub_config, accounts):
+    docs = done_outputs(pub_config, accounts, 4)
+    run_publisher(pub_config, Publisher(pub_config, "p1", catalog=BrokenCatalog(False)))
+    assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
