@@ -62,6 +62,7 @@ class StoreConfig:
         "aso_transfers", "Database of the gfal and sim transfer services' jobs."
     )
     catalog_db: str = _key("aso_catalog", "Database of the embedded catalog.")
+    stats_db: str = _key("aso_stats", "Database of the daily statistics analytics writes.")
     connect_timeout: float = _key(5.0, "Seconds to wait for a TCP connection to the store.")
     read_timeout: float = _key(
         120.0, "Seconds to wait for a store answer (view builds can be slow)."
@@ -265,6 +266,26 @@ class DbsConfig:
 
 
 @dataclass
+class AnalyticsConfig:
+    interval: float = _key(600.0, "Seconds between two aggregations of finished requests.")
+    purge_after: float = _key(
+        604800.0, "Seconds after its last change a finished request is purged (0: never)."
+    )
+    batch: int = _key(1000, "Requests aggregated (and purged) in one bulk write.")
+
+
+@dataclass
+class ReconcilerConfig:
+    interval: float = _key(3600.0, "Seconds between two reconciliations by the reconciler agent.")
+    stuck_after: float = _key(
+        86400.0, "Seconds in one non-final state after which a request counts as stuck."
+    )
+    orphan_grace: float = _key(
+        3600.0, "Seconds a temporary file may exist without its request before it is reported."
+    )
+
+
+@dataclass
 class AgentsConfig:
     poll_interval: float = _key(5.0, "Seconds an agent waits for new work when it has none.")
     heartbeat_interval: float = _key(15.0, "Seconds between two heartbeats of an agent instance.")
@@ -296,6 +317,8 @@ class Config:
     cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     publisher: PublisherConfig = field(default_factory=PublisherConfig)
     dbs: DbsConfig = field(default_factory=DbsConfig)
+    analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
+    reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     source: Path | None = field(default=None, metadata={"internal": True})
 
