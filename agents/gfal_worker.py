@@ -282,7 +282,7 @@ class GfalWorker(Agent):
             entry = doc["files"][file_id]
             now = time.time()
             if entry.get("runs") and entry["runs"][-1]["end"] is None:
-                entry["runs"][-1]["end"] = now
+                entry["runs"][-1].update(end=now, reason=result.reason)
             entry.update(
                 state=PENDING,
                 service_state="SUBMITTED",

@@ -218,36 +218,38 @@ def test_a_storage_server_stopped_mid_run_is_a_connection_failure(
 
 
 def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, storage, watchdog):
-    """kill -9 of the destination's XRootD in the middle of the copies: started again (as
-    `aso run` does), the copies that hit it are tried again in place and every file ends done,
-    copied once."""
-    config = dataclasses.replace(gfal_config, gfal=dataclasses.replace(gfal_config.gfal, workers=2))
-    docs = put_files(config, accounts, 20, users=("alice",), sizes=(1 << 20, 2 << 20))
+    """kill -9 of the destination's XRootD just as its copies are about to start: the watchdog
+    starts it again (as `aso run` does), the copies that met the dead server are tried again
+    in place, and every file ends done, copied once."""
+    # In-place retries for 10 s: enough for the watchdog to start the server again even on a
+    # loaded machine (its start takes about a second).
+    config = dataclasses.replace(
+        gfal_config,
+        gfal=dataclasses.replace(gfal_config.gfal, workers=2, retries=10, retry_delay=1.0),
+    )
+    docs = put_files(config, accounts, 10, users=("alice",), sizes=(1 << 20, 2 << 20))
     ids = [d["_id"] for d in docs]
     db = admin.db(config.store.files_db)
     runners = agents(config)
-    crashed = False
-
-    def crash_after_first_copies() -> bool:
-        nonlocal crashed
-        counts = states(db, ids)
-        if not crashed and counts["done"] >= 2:
-            [site] = [s for s in watchdog.storage.status() if s.site == DESTINATION]
-            os.kill(site.pid, signal.SIGKILL)
-            crashed = True
-        return counts["done"] + counts["failed_attempt"] == len(ids)
-
+    run_until(lambda: states(db, ids)["submitted"] == len(ids), runners[:1])
+    [site] = [s for s in watchdog.storage.status() if s.site == DESTINATION]
+    os.kill(site.pid, signal.SIGKILL)  # the first copies meet a dead server, for sure
     try:
-        run_until(crash_after_first_copies, runners, timeout=180)
+        run_until(
+            lambda: states(db, ids)["done"] + states(db, ids)["failed_attempt"] == len(ids),
+            runners,
+            timeout=180,
+        )
     finally:
         runners[2].agent.close()
-    assert crashed and states(db, ids) == Counter(done=len(ids))
+    assert states(db, ids) == Counter(done=len(ids))
     retried = [
         e for job in jobs_of(admin, config) for e in job["files"].values() if e.get("retries")
     ]
     assert retried, "no copy met the crash"  # the crash was felt, and ridden out
     for entry in retried:
         assert not overlapping(entry["runs"]) and len(entry["runs"]) == entry["retries"] + 1
+        assert "[112]" in entry["runs"][0]["reason"]  # gfal2's "could not connect"
     for doc in docs:
         copied = export_path(config, DESTINATION, doc["destination_lfn"]).read_bytes()
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]

@@ -124,7 +124,7 @@ def test_run_demo_restart_and_clean_stop(service):
     [monitor] = monitors()
     os.kill(int(monitor.split()[0]), signal.SIGKILL)
     wait_for(
-        lambda: len(monitors()) == 1 and monitors()[0] != monitor,
+        lambda: (now := monitors()) and len(now) == 1 and now[0] != monitor,
         30,
         "the monitor to be started again",
     )
