@@ -5,12 +5,15 @@ root-started servers run as cannot enter)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import re
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from aso.config import Config, SiteConfig
 from aso.embedded import free_port
@@ -78,3 +81,36 @@ class Watchdog(threading.Thread):
             yield
         finally:
             self.active.set()
+
+
+TPC_EVENT = re.compile(r"TPC_PullRequest: event=(\w+), local=(\S+?),")
+SERVER_START = re.compile(r"\+\+\+\+\+\+ xrootd \S+ initialization started")
+
+
+def storage_copies(config: Config, site: str) -> dict[str, list[str]]:
+    """The destination server's own record of third-party copies: path → events in order. A
+    server (re)start ends, as SERVER_START, the copies it had under way when it died."""
+    log = Path(config.storage.data_dir) / site / "log" / "xrootd.log"
+    events: dict[str, list[str]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if SERVER_START.search(line):
+            for seen in events.values():
+                if seen[-1] == "PULL_START":
+                    seen.append("SERVER_START")
+        elif match := TPC_EVENT.search(line):
+            events.setdefault(match.group(2), []).append(match.group(1))
+    return events
+
+
+def assert_never_copied_twice_at_once(
+    config: Config, docs: list[dict[str, Any]], site: str = "T2_DE_DESY"
+) -> None:
+    """From the storage side: every copy into a file ended before the next one began."""
+    copies = storage_copies(config, site)
+    for doc in docs:
+        events = copies.get(doc["destination_lfn"], [])
+        assert events and events[0] == "PULL_START", (doc["destination_lfn"], events)
+        for before, after in itertools.pairwise(events):
+            assert not (before == after == "PULL_START"), (doc["destination_lfn"], events)
+        assert events[-1] == "TRANSFER_SUCCESS", (doc["destination_lfn"], events)
+        assert events.count("TRANSFER_SUCCESS") == 1, (doc["destination_lfn"], events)

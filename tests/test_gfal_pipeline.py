@@ -35,6 +35,7 @@ from aso.storage import EmbeddedStorage, export_path, write_file
 from aso.store import Server
 from tests.conftest import DESTINATION, SOURCES, write_config
 from tests.pipeline_helpers import assert_each_file_in_one_job, jobs_of, run_until, states
+from tests.storage_helpers import assert_never_copied_twice_at_once
 
 ASO = str(Path(sys.executable).parent / "aso")
 
@@ -117,37 +118,6 @@ def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admi
             assert entry["checksum"] and len(entry["runs"]) == entry.get("retries", 0) + 1
             assert not overlapping(entry["runs"])
             assert entry["destination"].startswith("http://127.0.0.1:")
-
-
-TPC_EVENT = re.compile(r"TPC_PullRequest: event=(\w+), local=(\S+?),")
-SERVER_START = re.compile(r"\+\+\+\+\+\+ xrootd \S+ initialization started")
-
-
-def storage_copies(config: Config, site: str) -> dict[str, list[str]]:
-    """The destination server's own record of third-party copies: path → events in order. A
-    server (re)start ends, as SERVER_START, the copies it had under way when it died."""
-    log = Path(config.storage.data_dir) / site / "log" / "xrootd.log"
-    events: dict[str, list[str]] = {}
-    for line in log.read_text(errors="replace").splitlines():
-        if SERVER_START.search(line):
-            for seen in events.values():
-                if seen[-1] == "PULL_START":
-                    seen.append("SERVER_START")
-        elif match := TPC_EVENT.search(line):
-            events.setdefault(match.group(2), []).append(match.group(1))
-    return events
-
-
-def assert_never_copied_twice_at_once(config: Config, docs: list[dict[str, Any]]) -> None:
-    """From the storage side: every copy into a file ended before the next one began."""
-    copies = storage_copies(config, DESTINATION)
-    for doc in docs:
-        events = copies.get(doc["destination_lfn"], [])
-        assert events and events[0] == "PULL_START", (doc["destination_lfn"], events)
-        for before, after in itertools.pairwise(events):
-            assert not (before == after == "PULL_START"), (doc["destination_lfn"], events)
-        assert events[-1] == "TRANSFER_SUCCESS", (doc["destination_lfn"], events)
-        assert events.count("TRANSFER_SUCCESS") == 1, (doc["destination_lfn"], events)
 
 
 def test_failures_carry_gfal2s_reason_and_class(gfal_config, accounts, admin):

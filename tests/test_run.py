@@ -11,16 +11,22 @@ import subprocess
 import sys
 import time
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import load, render
 from aso.embedded import free_port
 from aso.storage import export_path
 from aso.store import Server, Settings, StoreUnavailable
-from tests.storage_helpers import reachable_tmp_dir, storage_config
+from tests.storage_helpers import (
+    assert_never_copied_twice_at_once,
+    reachable_tmp_dir,
+    storage_config,
+)
 
 ASO = str(Path(sys.executable).parent / "aso")
 
@@ -59,7 +65,10 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
                 [ASO, "--config", str(path), "run"], stdout=out, stderr=subprocess.STDOUT, text=True
             )
         try:
-            wait_for(lambda: "ASO running" in log.read_text(), 60, "aso run to start")
+            try:
+                wait_for(lambda: "ASO running" in log.read_text(), 90, "aso run to start")
+            except AssertionError as timeout:
+                raise AssertionError(f"{timeout}; its log:\n{log.read_text()[-4000:]}") from None
             yield path, process, base
         finally:
             if process.poll() is None:
@@ -113,6 +122,21 @@ def test_run_demo_restart_and_clean_stop(service):
         return all(d["cleanup"] == "cleaned" for d in docs)
 
     wait_for(all_cleaned, 120, "the cleaner to remove the temporary copies")
+
+    # The publisher puts them in the catalog, each user's task in blocks of at most 100.
+    def all_published() -> bool:
+        docs = admin.db("asynctransfer").get_many(d["_id"] for d in done).values()
+        return all(d["publication"] == "published" for d in docs)
+
+    wait_for(all_published, 120, "the publisher to publish the files")
+    catalog = EmbeddedCatalog(admin.db(config.store.catalog_db))
+    for user in ("alice", "bob"):
+        mine = [d for d in done if d["user"] == user]
+        blocks = catalog.dataset_files(mine[0]["publish_info"]["dataset"])
+        assert sorted(lfn for lfns in blocks.values() for lfn in lfns) == sorted(
+            d["destination_lfn"] for d in mine
+        )
+        assert sorted(len(lfns) for lfns in blocks.values()) == [100]
     for doc in done:
         assert not export_path(config, doc["source"], doc["source_lfn"]).exists()
         assert export_path(config, "T2_DE_DESY", doc["destination_lfn"]).exists()
@@ -165,3 +189,71 @@ def test_run_demo_restart_and_clean_stop(service):
     assert our_processes(str(base)) == []  # store, storage and agents all gone
     with pytest.raises(StoreUnavailable):  # the store it started is stopped too
         Server(url, "admin", "run-test-admin", Settings(retries=0)).info()
+
+
+def test_every_agent_killed_mid_work_loses_and_duplicates_nothing(service):
+    """kill -9 of each agent in turn while 120 files move; `aso run` starts each again. In the
+    end every file is done, cleaned and published once: checked from the documents, from the
+    storage (temp areas emptied, every destination file right, no two copies of a file at once
+    in the destination server's own log) and from the catalog (each file in exactly one
+    block)."""
+    path, _process, base = service
+    config = load(str(path))
+    demo = subprocess.Popen(
+        [ASO, "--config", str(path), "demo", "--files", "120", "--timeout", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    victims = ["submitter", "gfal-worker", "monitor", "retry-manager", "cleaner", "publisher"]
+    for victim in victims:
+        time.sleep(1.5)
+        running = [ln for ln in our_processes(f"agent {victim}") if str(path) in ln]
+        if running:
+            os.kill(int(running[0].split()[0]), signal.SIGKILL)
+    out, _ = demo.communicate(timeout=360)
+    assert demo.returncode == 0, out
+    assert "120 of 120 done" in out
+    admin = Server(config.store.url, "admin", "run-test-admin")
+    done = (
+        admin.db("asynctransfer")
+        .view(
+            "asyncstageout",
+            "by_state",
+            start_key=["done"],
+            end_key=["done", {}],
+            reduce=False,
+            include_docs=True,
+        )
+        .docs()
+    )
+    ids = [d["_id"] for d in done]
+    assert len(ids) == 120
+
+    def settled() -> bool:
+        docs = admin.db("asynctransfer").get_many(ids).values()
+        return all(d["cleanup"] == "cleaned" and d["publication"] == "published" for d in docs)
+
+    wait_for(settled, 180, "cleanup and publication after the kills")
+    log = (base / "run.log").read_text()
+    assert sum(
+        f"{victim} " in line and "exited with code -9" in line
+        for victim in victims
+        for line in log.splitlines()
+    ) == len(victims)
+    for doc in done:
+        assert not export_path(config, doc["source"], doc["source_lfn"]).exists()
+        copied = export_path(config, "T2_DE_DESY", doc["destination_lfn"]).read_bytes()
+        assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+    assert_never_copied_twice_at_once(config, done)
+    catalog = EmbeddedCatalog(admin.db(config.store.catalog_db))
+    in_blocks = Counter(
+        lfn
+        for user in ("alice", "bob")
+        for lfns in catalog.dataset_files(
+            next(d["publish_info"]["dataset"] for d in done if d["user"] == user)
+        ).values()
+        for lfn in lfns
+    )
+    assert set(in_blocks) == {d["destination_lfn"] for d in done}
+    assert set(in_blocks.values()) == {1}  # each file in exactly one block
