@@ -14,6 +14,8 @@ AGENTS = {
     "retry-manager": "agents.retry_manager:RetryManager",
     "cleaner": "agents.cleaner:Cleaner",
     "publisher": "agents.publisher:Publisher",
+    "reconciler": "agents.reconciler:Reconciler",
+    "analytics": "agents.analytics:Analytics",
 }
 
 

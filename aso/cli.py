@@ -22,6 +22,8 @@ from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
 from aso.cli_catalog import catalog_app
+from aso.cli_reconcile import reconcile_cmd
+from aso.cli_stats import stats_cmd
 from aso.cli_storage import storage_app
 from aso.config import Config, ConfigError
 from aso.designdocs import init_databases
@@ -54,6 +56,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(request_app, name="request")
 app.add_typer(storage_app, name="storage")
 app.add_typer(catalog_app, name="catalog")
+app.command("reconcile")(reconcile_cmd)
+app.command("stats")(stats_cmd)
 
 
 class UsageError(Exception):

@@ -293,7 +293,15 @@ class AgentsConfig:
         60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
     )
     instances: dict = _key(
-        {"submitter": 1, "monitor": 1, "retry-manager": 1, "cleaner": 1, "publisher": 1},
+        {
+            "submitter": 1,
+            "monitor": 1,
+            "retry-manager": 1,
+            "cleaner": 1,
+            "publisher": 1,
+            "analytics": 1,
+            "reconciler": 1,
+        },
         "How many instances of each agent `aso run` starts.",
     )
     log_dir: str = _key("var/log", "Directory of the agents' log files under `aso run`.", path=True)

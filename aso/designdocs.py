@@ -21,6 +21,7 @@ from couchapp import localdoc
 from aso import model
 from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
+from aso.stats import init_stats_db
 from aso.store import Server
 from aso.transfer.jobstore import JOBS_DDOC
 from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
@@ -89,6 +90,8 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.design_written.append(f"{config.store.transfers_db}/{JOBS_DDOC['_id']}")
     if init_catalog_db(admin, config.store.catalog_db):
         report.created_dbs.append(config.store.catalog_db)
+    if init_stats_db(admin, config.store.stats_db, files_db):
+        report.created_dbs.append(config.store.stats_db)
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")

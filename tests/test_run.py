@@ -178,6 +178,8 @@ def test_run_demo_restart_and_clean_stop(service):
         "gfal-worker",
         "retry-manager",
         "cleaner",
+        "analytics",
+        "reconciler",
         "publisher",
     }
 

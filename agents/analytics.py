@@ -1,0 +1,87 @@
+"""Analytics agent: keeps the files database small. Every `analytics.interval` seconds it counts
+the finished requests older than `analytics.purge_after` into the statistics database and
+deletes them (aso.purge: each counted exactly once, crash or not).
+
+The statistics of requests still in the files database come from its own views
+(aso.stats.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge: `aso stats` and
+the monitoring add both. With `purge_after = 0` the agent does nothing but its heartbeat.
+
+The agent has no work kinds. It wakes every min(`analytics.interval`,
+`agents.heartbeat_interval`) seconds so that its heartbeat stays fresh, and purges when the
+interval has passed (at once when it starts). With several instances only the first live one
+purges, and a lease in the statistics database keeps a second purger out during a handover.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aso import purge
+from aso.config import Config
+from aso.runtime import Agent, Membership
+
+log = logging.getLogger("aso.agent.analytics")
+
+
+class Analytics(Agent):
+    name = "analytics"
+    kinds = ()
+
+    def __init__(self, config: Config, instance: str | None = None):
+        super().__init__(config, instance)
+        self.stats_db = self.server.db(config.store.stats_db)
+        self.last_run: float | None = None  # monotonic time of the last purge
+
+    @property
+    def idle(self) -> float:
+        return min(self.config.analytics.interval, self.config.agents.heartbeat_interval)
+
+    @property
+    def lease(self) -> float:
+        # Long enough for a purge cycle, short enough for a successor to take over soon.
+        return max(2 * self.config.analytics.interval, self.config.agents.heartbeat_expiry)
+
+    def due(self) -> bool:
+        return (
+            self.last_run is None
+            or time.monotonic() - self.last_run >= self.config.analytics.interval
+        )
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        settings = self.config.analytics
+        if settings.purge_after <= 0 or membership.index != 0 or not self.due():
+            return {}
+        self.last_run = time.monotonic()
+        report = purge.purge(
+            self.db,
+            self.stats_db,
+            older_than=time.time() - settings.purge_after,
+            batch_size=settings.batch,
+            by=self.instance,
+            lease=self.lease,
+        )
+        if report.batches:
+            log.info(
+                "purged %d finished requests older than %.0f s in %d batches (%d kept: changed)",
+                report.purged,
+                settings.purge_after,
+                report.batches,
+                report.kept,
+            )
+        return {
+            "purged": report.purged,
+            "kept": report.kept,
+            "batches": report.batches,
+            "recovered": report.recovered,
+        }
+
+    def close(self) -> None:
+        purge.release_lease(self.stats_db, self.instance)

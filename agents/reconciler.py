@@ -1,0 +1,96 @@
+"""Reconciler agent: compares the documents, the storage and the catalog every
+`reconciler.interval` seconds and reports what disagrees (aso.reconcile). It never repairs:
+`aso reconcile --fix` does, when an operator decides to.
+
+Each finding is logged with its kind and its request id (or path, or block); a lost file at
+ERROR level, the others at WARNING; the counts per kind go into the heartbeat's last cycle.
+
+The agent has no work kinds: it reads all requests itself. It wakes every
+min(`reconciler.interval`, `agents.heartbeat_interval`) seconds so that its heartbeat stays
+fresh, and reconciles when `reconciler.interval` has passed since its last reconciliation (at
+once when it starts). With several instances, only the first live one reconciles.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aso import reconcile
+from aso.catalog import open_catalog
+from aso.catalog.base import Catalog
+from aso.config import Config
+from aso.files import Files, open_files
+from aso.runtime import Agent, Membership
+
+log = logging.getLogger("aso.agent.reconciler")
+
+
+class Reconciler(Agent):
+    name = "reconciler"
+    kinds = ()
+
+    def __init__(
+        self,
+        config: Config,
+        instance: str | None = None,
+        files: Files | None = None,
+        catalog: Catalog | None = None,
+    ):
+        super().__init__(config, instance)
+        self.files = files or open_files(config)
+        self.catalog = catalog or open_catalog(config, self.server)
+        self.last_run: float | None = None  # monotonic time of the last reconciliation
+        self.last_report: reconcile.Report | None = None
+
+    @property
+    def idle(self) -> float:
+        return min(self.config.reconciler.interval, self.config.agents.heartbeat_interval)
+
+    def due(self) -> bool:
+        return (
+            self.last_run is None
+            or time.monotonic() - self.last_run >= self.config.reconciler.interval
+        )
+
+    def cycle(
+        self,
+        mine: list[dict[str, Any]],
+        membership: Membership,
+        everything: Mapping[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        if membership.index != 0 or not self.due():
+            return {}
+        self.last_run = time.monotonic()
+        report = reconcile.reconcile(self.config, self.db, catalog=self.catalog, files=self.files)
+        self.last_report = report
+        for finding in report.findings:
+            log.log(
+                logging.ERROR if finding.lost else logging.WARNING,
+                "%s %s%s: %s%s",
+                finding.kind,
+                finding.subject,
+                f" at {finding.site}" if finding.site else "",
+                finding.detail,
+                f" (repair: {finding.repair.text})" if finding.repair else "",
+            )
+        for error in report.errors:
+            log.error("not checked: %s", error)
+        counts = report.counts()
+        log.info(
+            "reconciled %d requests in %.1f s: %s",
+            report.checked.get("requests", 0),
+            report.seconds,
+            ", ".join(f"{k} {n}" for k, n in counts.items()) or "all agree",
+        )
+        return {
+            **{kind: counts.get(kind, 0) for kind in reconcile.KINDS},
+            "lost": sum(1 for f in report.findings if f.lost),
+            "check_errors": len(report.errors),
+            "requests": report.checked.get("requests", 0),
+        }
+
+    def close(self) -> None:
+        self.catalog.close()

@@ -1,0 +1,436 @@
+"""The reconciler against real parts: the embedded store, XRootD sites with real files, the
+embedded catalog. A clean run (requests cleaned and published by the real cleaner and
+publisher, plus work in flight) reports nothing; then one disagreement of each kind is planted
+(and a lost file besides), the agent reports them all and changes nothing, `aso reconcile --fix`
+repairs the repairable ones through transitions the store accepts, the requests put back are
+copied again by the real pipeline, and what is left is exactly what cannot be repaired."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from agents.cleaner import Cleaner
+from agents.gfal_worker import GfalWorker
+from agents.monitor import Monitor
+from agents.publisher import Publisher, make_block
+from agents.reconciler import Reconciler
+from agents.submitter import Submitter
+from aso import model, reconcile
+from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
+from aso.cli_reconcile import reconcile_cmd
+from aso.config import Config
+from aso.files import GfalFiles
+from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.reconcile import (
+    CATALOG_EXTRA,
+    CATALOG_MISSING,
+    DESTINATION_MISMATCH,
+    DESTINATION_MISSING,
+    LEFTOVER_TEMP,
+    ORPHAN_TEMP,
+    STUCK,
+    CatalogState,
+    Request,
+)
+from aso.runtime import Runner
+from aso.storage import export_path, write_file
+from aso.store import Server
+from tests.conftest import DESTINATION, SOURCES
+from tests.pipeline_helpers import run_until
+
+DATASET = "/Prim/alice-rec-v1/USER"
+OTHER_DATASET = "/Prim/alice-rec-v2/USER"
+HOUR = 3600.0
+
+
+@pytest.fixture()
+def rec_config(gfal_config: Config, admin: Server):
+    name = f"catalog_{gfal_config.store.files_db}"
+    init_catalog_db(admin, name)
+    yield dataclasses.replace(
+        gfal_config,
+        store=dataclasses.replace(gfal_config.store, catalog_db=name),
+        reconciler=dataclasses.replace(
+            gfal_config.reconciler, stuck_after=HOUR, orphan_grace=600.0
+        ),
+    )
+    admin.delete_db(name)
+
+
+class Plant:
+    """Requests with real files at the sites, in the states a test needs."""
+
+    def __init__(self, config: Config, accounts: dict[str, Server]):
+        self.config = config
+        self.owner = accounts["alice"].db(config.store.files_db)
+        self.agent = accounts["agent"].db(config.store.files_db)
+        self.content: dict[str, bytes] = {}
+        self.token = uuid.uuid4().hex[:8]
+
+    def request(
+        self,
+        job: int,
+        *,
+        task: str,
+        dataset: str | None = None,
+        to: tuple[str, ...] = ("acquired", "submitted", "done"),
+        dest: bool = True,
+        at: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        src = f"/store/temp/user/alice.rec/{self.token}/out_{job}.root"
+        dst = f"/store/user/alice/rec/{self.token}/out_{job}.root"
+        data = os.urandom(2000 + job)
+        stored = write_file(self.config, SOURCES[0], src, data)
+        if dest:
+            write_file(self.config, DESTINATION, dst, data)
+        doc = model.new_request(
+            user="alice",
+            task=task,
+            job_id=job,
+            source=SOURCES[0],
+            destination=DESTINATION,
+            source_lfn=src,
+            destination_lfn=dst,
+            size=len(data),
+            adler32=stored.adler32,
+            publish=dataset is not None,
+            publish_info={"dataset": dataset, "events": 10, "lumis": {"1": [job]}, "parents": []}
+            if dataset
+            else None,
+            at=at,
+        )
+        self.content[doc["_id"]] = data
+        doc["_rev"] = self.owner.create(doc)
+        for i, state in enumerate(to):
+            extra = fields if i == len(to) - 1 else {}
+            doc = self.move(doc, STATE, state, at=at, **extra)
+        return doc
+
+    def move(self, doc: dict[str, Any], axis: str, to: str, **fields: Any) -> dict[str, Any]:
+        at = fields.pop("at", None)
+        doc = model.transition(doc, [Change(axis, to, "test")], AGENT, at=at, **fields)
+        doc["_rev"] = self.agent.put(doc)
+        return doc
+
+    def temp(self, doc: dict[str, Any]) -> Any:
+        return export_path(self.config, doc["source"], doc["source_lfn"])
+
+    def dest(self, doc: dict[str, Any]) -> Any:
+        return export_path(self.config, doc["destination"], doc["destination_lfn"])
+
+    def rewrite_temp(self, doc: dict[str, Any]) -> None:
+        write_file(self.config, doc["source"], doc["source_lfn"], self.content[doc["_id"]])
+
+
+def step(agent: Any) -> dict[str, Any]:
+    runner = Runner(agent)
+    if agent.kinds:
+        runner.workset.start()
+    try:
+        return runner.step(wait=False)
+    finally:
+        agent.close()
+
+
+def cli(config: Config) -> typer.Typer:
+    """`aso reconcile` as aso/cli.py registers it, on a preloaded config."""
+    app = typer.Typer()
+
+    @app.callback()
+    def main(ctx: typer.Context) -> None:
+        ctx.obj = {"config_file": None, "verbose": False, "config": config}
+
+    app.command("reconcile")(reconcile_cmd)
+    return app
+
+
+def run_reconcile(config: Config, admin: Server) -> reconcile.Report:
+    catalog = EmbeddedCatalog(admin.db(config.store.catalog_db))
+    return reconcile.reconcile(
+        config, admin.db(config.store.files_db), catalog=catalog, files=GfalFiles(config)
+    )
+
+
+def found(report: reconcile.Report) -> Counter[tuple[str, str]]:
+    return Counter((f.kind, f.subject) for f in report.findings)
+
+
+def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
+    rec_config: Config, accounts: dict[str, Server], admin: Server, caplog
+):
+    config = rec_config
+    plant = Plant(config, accounts)
+    db = admin.db(config.store.files_db)
+    now = time.time()
+
+    # --- a clean store: copied, cleaned and published by the real agents, and work in flight
+    published = [
+        plant.request(i, task="261121_200000:alice_rec_pub", dataset=DATASET) for i in range(3)
+    ]
+    plain = [plant.request(10 + i, task="261121_200001:alice_rec") for i in range(3)]
+    assert step(Cleaner(config, "c1"))["cleaned"] == 6
+    assert step(Publisher(config, "p1"))["published"] == 3
+    blocks = EmbeddedCatalog(admin.db(config.store.catalog_db)).dataset_files(DATASET)
+    assert [sorted(lfns) for lfns in blocks.values()] == [
+        sorted(d["destination_lfn"] for d in published)
+    ]
+    in_flight = plant.request(20, task="261121_200002:alice_rec_new", to=(), dest=False)
+    fresh_orphan = f"/store/temp/user/alice.rec/{plant.token}/fresh_unrecorded.root"
+    write_file(config, SOURCES[1], fresh_orphan, 300)  # its request may be on its way
+
+    clean = run_reconcile(config, admin)
+    assert clean.findings == [] and clean.errors == [], clean
+    assert clean.checked["requests"] == 7 and clean.checked["destinations"] == 6
+    assert clean.checked["temp_files"] == 2  # the fresh one and the in-flight request's
+    result = CliRunner().invoke(cli(config), ["reconcile"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "all agree" in result.stdout
+
+    # --- one disagreement of each kind, and a lost file
+    old = now - 2 * HOUR
+    stuck = plant.request(
+        30,
+        task="261121_200003:alice_rec_stuck",
+        to=("acquired", "submitted"),
+        dest=False,
+        at=old,
+        transfer={"job_id": str(uuid.uuid4()), "service": "gfal", "file_id": "x"},
+        attempts=[{"job_id": "j", "service": "gfal", "submitted": old}],
+    )
+    orphan = f"/store/temp/user/alice.rec/{plant.token}/old_unrecorded.root"
+    write_file(config, SOURCES[1], orphan, 400)
+    os.utime(export_path(config, SOURCES[1], orphan), (old, old))
+    leftover, recopy, lost = plain
+    plant.rewrite_temp(leftover)  # the cleaner said cleaned: the copy came back
+    plant.dest(recopy).unlink()  # destination gone, temporary copy still there...
+    plant.rewrite_temp(recopy)  # ...(which is therefore no leftover)
+    plant.dest(lost).unlink()  # destination gone, temporary copy gone: lost
+    damaged = plant.request(31, task="261121_200004:alice_rec_bad")
+    plant.dest(damaged).write_bytes(bytes(len(plant.content[damaged["_id"]])))  # same size
+    # The catalog: block B holds `extra` (whose request waits for publication), and `missing`
+    # says it is published in B, which does not hold it.
+    task = "261121_200005:alice_rec_cat"
+    extra = plant.request(40, task=task, dataset=OTHER_DATASET)
+    block = make_block([extra])
+    assert EmbeddedCatalog(accounts["agent"].db(config.store.catalog_db)).publish_block(block)
+    missing = plant.request(41, task=task, dataset=OTHER_DATASET)
+    missing = plant.move(missing, PUBLICATION, "publishing", publication_block=block.name)
+    missing = plant.move(missing, PUBLICATION, "published")
+
+    expected = Counter(
+        {
+            (STUCK, stuck["_id"]): 1,
+            (ORPHAN_TEMP, orphan): 1,
+            (LEFTOVER_TEMP, leftover["_id"]): 1,
+            (DESTINATION_MISSING, recopy["_id"]): 1,
+            (DESTINATION_MISSING, lost["_id"]): 1,
+            (DESTINATION_MISMATCH, damaged["_id"]): 1,
+            (CATALOG_MISSING, missing["_id"]): 1,
+            (CATALOG_EXTRA, extra["_id"]): 1,
+        }
+    )
+    report = run_reconcile(config, admin)
+    assert report.errors == []
+    assert found(report) == expected
+    by_subject = {f.subject: f for f in report.findings}
+    assert by_subject[stuck["_id"]].repair.action == reconcile.JOB_LOST
+    assert by_subject[orphan].site == SOURCES[1]
+    assert by_subject[recopy["_id"]].repair.changes == (
+        (STATE, "done", "new"),
+        (CLEANUP, "cleaned", "pending"),
+    )
+    assert by_subject[damaged["_id"]].repair.delete_destination
+    assert by_subject[damaged["_id"]].detail.startswith(f"destination copy at {DESTINATION}: ")
+    assert by_subject[lost["_id"]].lost and by_subject[lost["_id"]].repair is None
+    assert "LOST" in by_subject[lost["_id"]].detail
+    assert by_subject[missing["_id"]].repair.changes == ((PUBLICATION, "published", "pending"),)
+    assert by_subject[extra["_id"]].repair is None and by_subject[extra["_id"]].block == block.name
+
+    # --- the agent reports the same, logs each finding, and changes nothing
+    revs = {d["_id"]: d["_rev"] for d in db.get_many(d["_id"] for d in [*plain, stuck]).values()}
+    with caplog.at_level(logging.WARNING, logger="aso.agent.reconciler"):
+        cycle = step(Reconciler(config, "r1"))
+    assert {k: cycle[k] for k in reconcile.KINDS} == {
+        STUCK: 1,
+        ORPHAN_TEMP: 1,
+        LEFTOVER_TEMP: 1,
+        DESTINATION_MISSING: 2,
+        DESTINATION_MISMATCH: 1,
+        CATALOG_MISSING: 1,
+        CATALOG_EXTRA: 1,
+    }
+    assert cycle["lost"] == 1 and cycle["check_errors"] == 0
+    logged = [r for r in caplog.records if r.name == "aso.agent.reconciler"]
+    assert any(r.levelno == logging.ERROR and lost["_id"] in r.getMessage() for r in logged)
+    for kind, subject in expected:
+        assert any(r.getMessage().startswith(f"{kind} {subject}") for r in logged), kind
+    after = db.get_many(revs)
+    assert {i: d["_rev"] for i, d in after.items()} == revs
+    assert export_path(config, SOURCES[1], orphan).exists() and plant.temp(leftover).exists()
+
+    # --- the command: a table per kind and exit 1; --fix repairs through legal transitions
+    result = CliRunner().invoke(cli(config), ["reconcile"], env={"COLUMNS": "250"})
+    assert result.exit_code == 1, result.output
+    print(result.stdout)
+    for title in cli_titles():
+        assert title in result.stdout
+    assert "8 disagreement(s)" in result.stdout and "1 file(s) LOST" in result.stdout
+    result = CliRunner().invoke(cli(config), ["reconcile", "--kind", "nonsense"])
+    assert result.exit_code == 2
+    result = CliRunner().invoke(cli(config), ["reconcile", "--fix", "--json"])
+    assert result.exit_code == 1, result.output  # the lost file and the catalog entry remain
+    fixes = {
+        (f["finding"]["kind"], f["finding"]["request_id"] or f["finding"]["path"]): f
+        for f in json.loads(result.stdout)["fixes"]
+    }
+    assert {key for key, f in fixes.items() if f["repaired"]} == set(expected) - {
+        (DESTINATION_MISSING, lost["_id"]),
+        (CATALOG_EXTRA, extra["_id"]),
+    }, fixes
+    assert len(fixes) == 6  # report-only findings are not tried
+
+    docs = db.get_many(d["_id"] for d in [stuck, leftover, recopy, lost, damaged, extra, missing])
+    last = {i: d["history"][-1] for i, d in docs.items()}
+    assert docs[stuck["_id"]][STATE] == "failed_attempt"
+    assert docs[stuck["_id"]]["error_class"] == "job_lost"
+    assert docs[stuck["_id"]]["attempts"][-1]["outcome"] == "failed"
+    assert last[stuck["_id"]]["by"] == f"reconciler:{admin.user}"
+    assert not export_path(config, SOURCES[1], orphan).exists()
+    assert export_path(config, SOURCES[1], fresh_orphan).exists()  # within the grace
+    assert not plant.temp(leftover).exists() and plant.dest(leftover).exists()
+    assert docs[leftover["_id"]]["_rev"] == revs[leftover["_id"]]
+    assert (docs[recopy["_id"]][STATE], docs[recopy["_id"]][CLEANUP]) == ("new", "pending")
+    assert [(h["axis"], h["from"], h["to"]) for h in docs[recopy["_id"]]["history"][-2:]] == [
+        (STATE, "done", "new"),
+        (CLEANUP, "cleaned", "pending"),
+    ]
+    assert plant.temp(recopy).exists()
+    assert (docs[damaged["_id"]][STATE], docs[damaged["_id"]][CLEANUP]) == ("new", "pending")
+    assert not plant.dest(damaged).exists()  # the damaged copy made room for a good one
+    assert docs[missing["_id"]][PUBLICATION] == "pending"
+    assert docs[missing["_id"]]["publication_block"] is None
+    assert docs[lost["_id"]]["_rev"] == revs[lost["_id"]]  # nothing touched
+    assert docs[extra["_id"]][PUBLICATION] == "pending"
+
+    # --- what is left is what cannot be repaired
+    left = run_reconcile(config, admin)
+    assert found(left) == Counter(
+        {(DESTINATION_MISSING, lost["_id"]): 1, (CATALOG_EXTRA, extra["_id"]): 1}
+    )
+
+    # --- the requests put back are copied again by the normal pipeline
+    again = [recopy["_id"], damaged["_id"], in_flight["_id"]]
+    runners = [
+        Runner(Submitter(config, "s1")),
+        Runner(Monitor(config, "m1")),
+        Runner(GfalWorker(config, "w1")),
+    ]
+    try:
+        run_until(
+            lambda: all(d[STATE] == "done" for d in db.get_many(again).values()),
+            runners,
+            timeout=30,
+        )
+    finally:
+        runners[2].agent.close()
+    for doc in (recopy, damaged):
+        assert plant.dest(doc).read_bytes() == plant.content[doc["_id"]]
+    assert found(run_reconcile(config, admin)) == found(left)
+
+
+def cli_titles() -> list[str]:
+    from aso.cli_reconcile import TITLES
+
+    return [f"{title} (" for title in TITLES.values()]
+
+
+# --- the checks as plain functions --------------------------------------------------------------
+def request(**kw: Any) -> Request:
+    doc = model.new_request(
+        user="alice",
+        task="t",
+        job_id=1,
+        source=SOURCES[0],
+        destination=DESTINATION,
+        source_lfn=f"/store/temp/user/alice/{uuid.uuid4().hex}.root",
+        destination_lfn=f"/store/user/alice/{uuid.uuid4().hex}.root",
+        size=1,
+        adler32="00000001",
+        publish=True,
+        publish_info={"dataset": DATASET},
+        at=kw.pop("created", 0.0),
+    )
+    doc["_rev"] = "1-x"
+    for axis, to, at in kw.pop("moves", []):
+        doc = model.transition(doc, [Change(axis, to, "t")], model.ADMIN, at=at)
+    doc.update(kw)
+    return Request.from_doc(doc)
+
+
+def test_stuck_is_judged_per_axis_from_the_history():
+    now = 100 * HOUR
+    done = [(STATE, "acquired", 1), (STATE, "submitted", 2), (STATE, "done", now - 10)]
+    fresh_cleanup = request(moves=done)
+    assert reconcile.find_stuck([fresh_cleanup], now, HOUR) == []
+    # Done long ago: cleanup and publication have waited since then, each is reported.
+    old_done = request(moves=[(STATE, "done", now - 2 * HOUR)])
+    assert sorted(f.detail.split()[0] for f in reconcile.find_stuck([old_done], now, HOUR)) == [
+        CLEANUP,
+        PUBLICATION,
+    ]
+    # A recent transition on the axis counts, an old one on another axis does not.
+    lease = {"owner": "s9", "until": now - HOUR / 2}
+    acquired = request(moves=[(STATE, "acquired", now - 3 * HOUR)], lease=lease)
+    [f] = reconcile.find_stuck([acquired], now, HOUR)
+    assert f.repair is None and "leased to s9, lease expired 30 min ago" in f.detail
+    assert "the monitor" in f.detail
+    retry = request(moves=[(STATE, "retry", now - 2 * HOUR)], retry_after=now - HOUR)
+    [f] = reconcile.find_stuck([retry], now, HOUR)
+    assert f.repair.changes == ((STATE, "retry", "new"),) and f.repair.role == AGENT
+    failed = request(moves=[(STATE, "failed", 0.0)])
+    assert reconcile.find_stuck([failed], now, HOUR) == []
+
+
+def test_a_stuck_publication_goes_on_as_the_catalog_says():
+    now = 100 * HOUR
+    moves = [(STATE, "done", 1.0), (PUBLICATION, "publishing", 2.0)]
+    held = request(moves=moves, publication_block=DATASET + "#b1")
+    lost = request(moves=moves, publication_block=DATASET + "#b2")
+    catalog = CatalogState(
+        blocks={DATASET + "#b1": [held.destination_lfn], DATASET + "#b2": None},
+        lfn_block={held.destination_lfn: DATASET + "#b1"},
+    )
+    findings = {
+        f.request_id: f
+        for f in reconcile.find_stuck([held, lost], now, HOUR, catalog)
+        if f.detail.startswith(PUBLICATION)
+    }
+    assert findings[held.id].repair.changes == ((PUBLICATION, "publishing", "published"),)
+    assert findings[lost.id].repair.changes == ((PUBLICATION, "publishing", "pending"),)
+    assert {f.repair.role for f in findings.values()} == {AGENT}
+
+
+def test_a_published_file_in_another_block_gets_that_block_recorded():
+    moves = [(STATE, "done", 1.0), (PUBLICATION, "publishing", 2.0), (PUBLICATION, "published", 3)]
+    doc = request(moves=moves, publication_block=DATASET + "#wrong")
+    catalog = CatalogState(
+        blocks={DATASET + "#right": [doc.destination_lfn], DATASET + "#wrong": ["/store/user/x"]},
+        lfn_block={doc.destination_lfn: DATASET + "#right", "/store/user/x": DATASET + "#wrong"},
+    )
+    [f] = reconcile.find_catalog_missing([doc], catalog)
+    assert f.repair.changes == () and f.repair.fields == {"publication_block": DATASET + "#right"}
+    assert f.repair.role == AGENT
+    # The right block's file is not reported as extra; a file without a request is not either.
+    assert reconcile.find_catalog_extra({doc.destination_lfn: doc}, catalog) == []
