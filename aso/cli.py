@@ -22,6 +22,7 @@ from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
 from aso.cli_catalog import catalog_app
+from aso.cli_frontend import certs_app, frontend_cmd
 from aso.cli_reconcile import reconcile_cmd
 from aso.cli_stats import stats_cmd
 from aso.cli_storage import storage_app
@@ -58,6 +59,8 @@ app.add_typer(storage_app, name="storage")
 app.add_typer(catalog_app, name="catalog")
 app.command("reconcile")(reconcile_cmd)
 app.command("stats")(stats_cmd)
+app.command("frontend")(frontend_cmd)
+app.add_typer(certs_app, name="certs")
 
 
 class UsageError(Exception):

@@ -308,6 +308,38 @@ class AgentsConfig:
 
 
 @dataclass
+class FrontendConfig:
+    listen: str = _key("127.0.0.1:8443", "host:port the X.509 front end (`aso frontend`) serves.")
+    host_cert: str = _key("certs/hostcert.pem", "The front end's certificate (PEM).", path=True)
+    host_key: str = _key("certs/hostkey.pem", "The front end's private key (PEM).", path=True)
+    capath: str = _key(
+        "certs/certificates",
+        "Grid CA directory: trusted CAs `<hash>.0` and their CRLs `<hash>.r0`.",
+        path=True,
+    )
+    require_crl: bool = _key(True, "Refuse certificates whose CA has no valid CRL in `capath`.")
+    mapfile: str = _key(
+        "certs/grid-mapfile",
+        'Identity mapping, one line per DN: "DN" user [role,...] (default role aso-user).',
+        path=True,
+    )
+    auth: str = _key(
+        "session",
+        "How the store learns who it is: `proxy` (CouchDB proxy authentication with "
+        "`proxy_secret`) or `session` (per-user store accounts only the front end knows).",
+    )
+    secret: str = _key(
+        "",
+        "Front-end secret: the CouchDB proxy-auth secret, or the key of the per-user passwords.",
+        secret=True,
+    )
+    proxy_hash: str = _key(
+        "sha256", "HMAC hash of CouchDB proxy-auth tokens (the store's `chttpd_auth` setting)."
+    )
+    max_body: int = _key(67108864, "Largest request body forwarded, in bytes (larger: 413).")
+
+
+@dataclass
 class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
@@ -328,6 +360,7 @@ class Config:
     analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
     source: Path | None = field(default=None, metadata={"internal": True})
 
     @property
@@ -433,6 +466,13 @@ def _check_values(config: Config, label: str) -> None:
     for name in ("retries", "pool_size"):
         if getattr(config.store, name) < (0 if name == "retries" else 1):
             raise bad(f"store.{name} is out of range")
+    if config.frontend.auth not in ("proxy", "session"):
+        raise bad("frontend.auth must be proxy or session")
+    if config.frontend.proxy_hash not in ("sha1", "sha256", "sha512"):
+        raise bad("frontend.proxy_hash must be sha1, sha256 or sha512")
+    host, _, port = config.frontend.listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad("frontend.listen must be host:port")
     if config.transfer.backend not in ("gfal", "fts3", "sim"):
         raise bad("transfer.backend must be gfal, fts3 or sim")
     if not 1 <= config.transfer.max_files_per_job <= 1000:
@@ -528,6 +568,7 @@ def new_config_text() -> str:
     config = Config()
     config.store.admin_password = secrets.token_urlsafe(18)
     config.store.agent_password = secrets.token_urlsafe(18)
+    config.frontend.secret = secrets.token_urlsafe(24)
     header = (
         "# ASO configuration, written by `aso config init`. Every key and its default is listed\n"
         "# in README.md (section Configuration); `aso config show` prints the effective values.\n"

@@ -28,8 +28,8 @@ from aso.catalog.embedded import DESIGN, EmbeddedCatalog, init_catalog_db
 from aso.cli_catalog import catalog_app
 from aso.config import Config
 from aso.embedded import free_port
+from aso.pki import Pki
 from aso.store import Server, Settings
-from tests.certs import Pki
 from tests.dbs_double import DbsDouble
 
 SITE = "T2_DE_DESY"

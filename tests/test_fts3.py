@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from aso.config import Config, ConfigError
+from aso.pki import Pki
 from aso.transfer import errors
 from aso.transfer.base import (
     ACTIVE,
@@ -31,7 +32,6 @@ from aso.transfer.base import (
     TransferError,
 )
 from aso.transfer.fts3 import FILE_STATES, Fts3Service
-from tests.certs import Pki
 from tests.fts3_double import FILE_STATES as FTS_FILE_STATES
 from tests.fts3_double import Fts3Double
 

@@ -1,5 +1,6 @@
-"""Throw-away grid PKI for tests: a CA, host and user certificates, RFC 3820 proxies, and a CA
-directory in the grid layout (`<subject hash>.0`, what `capath`/X509_CERT_DIR point at).
+"""Throw-away grid PKI for demos and tests (`aso certs demo`): a CA, host and user
+certificates, RFC 3820 proxies, a CRL, and a CA directory in the grid layout (`<subject
+hash>.0` for a CA, `<subject hash>.r0` for its CRL: what `capath`/X509_CERT_DIR point at).
 
 Everything is made with `cryptography`; the CA directory's file names are OpenSSL's subject
 hashes, computed here (checked against `openssl x509 -hash`).
@@ -106,8 +107,15 @@ class Credential:
         )
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, days: float):
-    start = _now() - dt.timedelta(minutes=5)  # tolerate small clock differences
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: rsa.RSAPrivateKey,
+    days: float,
+    start: dt.datetime | None = None,
+):
+    # Five minutes in the past by default: tolerate small clock differences.
+    start = start or _now() - dt.timedelta(minutes=5)
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -153,10 +161,17 @@ class CertificateAuthority:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def _issue(self, subject: x509.Name, usage: ObjectIdentifier, days: float, san=None):
+    def _issue(
+        self,
+        subject: x509.Name,
+        usage: ObjectIdentifier,
+        days: float,
+        san=None,
+        start: dt.datetime | None = None,
+    ):
         key = new_key()
         builder = (
-            _builder(subject, self.cert.subject, key, days)
+            _builder(subject, self.cert.subject, key, days, start)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_end_entity_usage(), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
@@ -174,9 +189,32 @@ class CertificateAuthority:
         subject = name(*BASE_NAME, ("OU", "Hosts"), ("CN", hostname))
         return self._issue(subject, ExtendedKeyUsageOID.SERVER_AUTH, days, san)
 
-    def user(self, common_name: str, days: float = 30) -> Credential:
+    def user(
+        self, common_name: str, days: float = 30, start: dt.datetime | None = None
+    ) -> Credential:
+        """A user certificate valid `days` from `start` (default: now)."""
         subject = name(*BASE_NAME, ("OU", "Users"), ("CN", common_name))
-        return self._issue(subject, ExtendedKeyUsageOID.CLIENT_AUTH, days)
+        return self._issue(subject, ExtendedKeyUsageOID.CLIENT_AUTH, days, start=start)
+
+    def crl(
+        self, revoked: list[x509.Certificate] = (), days: float = 7
+    ) -> x509.CertificateRevocationList:
+        """A CRL of this CA listing `revoked`, valid `days`."""
+        now = _now() - dt.timedelta(minutes=5)
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(self.cert.subject)
+            .last_update(now)
+            .next_update(now + dt.timedelta(days=days))
+        )
+        for cert in revoked:
+            builder = builder.add_revoked_certificate(
+                x509.RevokedCertificateBuilder()
+                .serial_number(cert.serial_number)
+                .revocation_date(now)
+                .build()
+            )
+        return builder.sign(self.key, hashes.SHA256())
 
 
 def _end_entity_usage() -> x509.KeyUsage:
@@ -193,13 +231,20 @@ def _end_entity_usage() -> x509.KeyUsage:
     )
 
 
-def make_proxy(issuer: Credential, lifetime: dt.timedelta = dt.timedelta(hours=12)) -> Credential:
+def make_proxy(
+    issuer: Credential,
+    lifetime: dt.timedelta = dt.timedelta(hours=12),
+    *,
+    start: dt.datetime | None = None,
+    signer: rsa.RSAPrivateKey | None = None,
+) -> Credential:
     """An RFC 3820 proxy of `issuer`: subject = issuer's subject + CN=<number>, proxyCertInfo
-    (inherit all), signed with the issuer's key, valid no longer than the issuer."""
+    (inherit all), signed with the issuer's key (or, to forge one, `signer`), valid from `start`
+    (default: now) and no longer than the issuer."""
     key = new_key()
     serial = secrets.randbelow(2**31) + 1
     subject = x509.Name([*issuer.cert.subject.rdns, *name(("CN", str(serial))).rdns])
-    start = _now() - dt.timedelta(minutes=5)
+    start = start or _now() - dt.timedelta(minutes=5)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -212,16 +257,24 @@ def make_proxy(issuer: Credential, lifetime: dt.timedelta = dt.timedelta(hours=1
         .add_extension(
             x509.UnrecognizedExtension(PROXY_CERT_INFO, PROXY_INHERIT_ALL), critical=True
         )
-        .sign(issuer.key, hashes.SHA256())
+        .sign(signer or issuer.key, hashes.SHA256())
     )
     return Credential(cert, key, (issuer.cert, *issuer.chain))
 
 
 def write_capath(directory: Path, *cas: CertificateAuthority) -> Path:
+    """The CAs, each with an empty CRL, in the grid layout."""
     directory.mkdir(parents=True, exist_ok=True)
     for ca in cas:
         (directory / f"{subject_hash(ca.cert)}.0").write_bytes(ca.pem())
+        write_crl(directory, ca)
     return directory
+
+
+def write_crl(directory: Path, ca: CertificateAuthority, revoked=()) -> Path:
+    path = directory / f"{subject_hash(ca.cert)}.r0"
+    path.write_bytes(ca.crl(list(revoked)).public_bytes(serialization.Encoding.PEM))
+    return path
 
 
 def write_private(path: Path, data: bytes) -> Path:
@@ -269,10 +322,56 @@ class Pki:
         return self.users[common_name]
 
     def proxy_file(
-        self, user: Credential, lifetime: dt.timedelta = dt.timedelta(hours=12), tag: str = ""
+        self,
+        user: Credential,
+        lifetime: dt.timedelta = dt.timedelta(hours=12),
+        tag: str = "",
+        **kw,
     ) -> Path:
         cn = user.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[-1].value
-        path = self.root / f"x509up_{cn}{tag}"
+        return self.write_proxy(make_proxy(user, lifetime, **kw), f"x509up_{cn}{tag}")
+
+    def write_proxy(self, proxy: Credential, file_name: str) -> Path:
+        path = self.root / file_name
         if path.exists():
             os.unlink(path)
-        return write_proxy(path, make_proxy(user, lifetime))
+        return write_proxy(path, proxy)
+
+    def revoke(self, *certs: x509.Certificate) -> Path:
+        """Publish a CRL listing `certs` in the CA directory."""
+        return write_crl(self.capath, self.ca, certs)
+
+    def write_user(self, user: Credential, stem: str) -> tuple[Path, Path]:
+        """usercert.pem / userkey.pem style files (the key 0600)."""
+        cert = self.root / f"{stem}cert.pem"
+        cert.write_bytes(user.cert_pem())
+        return cert, write_private(self.root / f"{stem}key.pem", user.key_pem())
+
+
+def demo(
+    root: Path, users: list[str], agent: str = "aso-agent-host", admin: str = "aso-operator"
+) -> dict[str, Path]:
+    """`aso certs demo`: a CA directory, a host certificate for 127.0.0.1, and for each user,
+    the agent and the operator a certificate, key and proxy; a grid-mapfile mapping them.
+    Returns the paths by name."""
+    pki = Pki.create(root)
+    paths: dict[str, Path] = {
+        "capath": pki.capath,
+        "ca": pki.ca_file,
+        "hostcert": pki.host_cert,
+        "hostkey": pki.host_key,
+    }
+    lines = []
+    for who, roles in [
+        *((u, "aso-user") for u in users),
+        (agent, "aso-agent"),
+        (admin, "aso-admin"),
+    ]:
+        cred = pki.user(who)
+        paths[f"{who}.cert"], paths[f"{who}.key"] = pki.write_user(cred, f"{who}-")
+        paths[f"{who}.proxy"] = pki.proxy_file(cred)
+        lines.append(f'"{cred.dn}" {who} {roles}')
+    mapfile = root / "grid-mapfile"
+    mapfile.write_text("# DN  user  roles (aso certs demo)\n" + "\n".join(lines) + "\n")
+    paths["grid-mapfile"] = mapfile
+    return paths

@@ -1,0 +1,307 @@
+"""`aso frontend`: the X.509 front end, the only public entrance to the document store.
+
+A Twisted HTTPS server. Every request must come with a client certificate or proxy
+(aso.x509auth checks the chain against the grid CA directory, CRLs included); the end-entity DN
+is mapped to a store user and roles by a grid-mapfile (`GridMap`); the request then goes to the
+store carrying that identity and no other:
+
+* `auth = "proxy"` (a real CouchDB): CouchDB proxy authentication, X-Auth-CouchDB-UserName /
+  -Roles / -Token, the token an HMAC of the name with the secret the store shares;
+* `auth = "session"` (the embedded store, which ignores proxy-auth headers): each mapped user
+  has a store account whose password is an HMAC of its name with the front end's secret, made
+  (or its roles brought up to date) by the front end with the admin account the first time the
+  user comes; the request carries that account's Basic credentials.
+
+Either way the store sees the real user in `userCtx`, so `validate_doc_update` and `_security`
+decide what the user may do. Whatever identity a client sends itself (Authorization, Cookie,
+X-Auth-CouchDB-*, X-Forwarded-*) is dropped first, and cookies the store hands out are not passed
+back. Responses are streamed as they come (the `_changes` feed).
+
+Refusals are JSON answers in CouchDB's shape: 401 for a missing or bad certificate, 403 for a DN
+no one mapped, 413 for a body over `frontend.max_body`, 502 when the store is unreachable.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import shlex
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography import x509
+from OpenSSL import SSL
+from twisted.internet import reactor, threads
+from twisted.web import proxy, resource, server
+
+from aso import model
+from aso.config import Config
+from aso.store import Server
+from aso.x509auth import Refused, TrustStore, verify_chain
+
+log = logging.getLogger("aso.frontend")
+
+# Headers a client may not send: they would claim an identity.
+_DROPPED_PREFIXES = (b"x-auth-", b"x-forwarded-", b"x-couchdb-")
+_DROPPED = {b"authorization", b"cookie", b"proxy-authorization", b"forwarded"}
+KNOWN_ROLES = (model.USER_ROLE, model.AGENT_ROLE, "aso-admin")
+
+
+class MapfileError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Mapped:
+    name: str
+    roles: tuple[str, ...]
+
+
+class GridMap:
+    """DN → user and roles, from a grid-mapfile: one line per DN, `"DN" user [role,...]`
+    (default role aso-user), `#` comments. Read again when the file changes."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._mtime: int | None = None
+        self._map: dict[str, Mapped] = {}
+        self.lookup("")  # a broken file is an error at start, not at the first request
+
+    @staticmethod
+    def parse(text: str, where: str = "mapfile") -> dict[str, Mapped]:
+        out: dict[str, Mapped] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                words = shlex.split(line)
+            except ValueError as error:
+                raise MapfileError(f"{where}:{number}: {error}") from None
+            if len(words) not in (2, 3) or not words[0].startswith("/"):
+                raise MapfileError(f'{where}:{number}: expected "DN" user [role,...]')
+            roles = tuple(words[2].split(",")) if len(words) == 3 else (model.USER_ROLE,)
+            unknown = [r for r in roles if r not in KNOWN_ROLES]
+            if unknown:
+                raise MapfileError(f"{where}:{number}: unknown role {unknown[0]!r}")
+            if words[1].startswith("_") or not words[1]:
+                raise MapfileError(f"{where}:{number}: {words[1]!r} is not a user name")
+            out[words[0]] = Mapped(words[1], roles)
+        return out
+
+    def lookup(self, dn: str) -> Mapped | None:
+        with self._lock:
+            mtime = self.path.stat().st_mtime_ns
+            if mtime != self._mtime:
+                self._map = self.parse(self.path.read_text(), str(self.path))
+                self._mtime = mtime
+            return self._map.get(dn)
+
+
+class ProxyAuth:
+    """CouchDB proxy authentication."""
+
+    def __init__(self, secret: str, digest: str):
+        if not secret:
+            raise ValueError("frontend.secret is empty: the store's proxy-auth secret is needed")
+        self.secret, self.digest = secret.encode(), digest
+
+    def prepare(self, who: Mapped) -> dict[bytes, bytes]:
+        token = hmac.new(self.secret, who.name.encode(), self.digest).hexdigest()
+        return {
+            b"x-auth-couchdb-username": who.name.encode(),
+            b"x-auth-couchdb-roles": ",".join(who.roles).encode(),
+            b"x-auth-couchdb-token": token.encode(),
+        }
+
+
+class Sessions:
+    """Per-user store accounts only the front end can use (the embedded store)."""
+
+    def __init__(self, secret: str, admin: Server, reserved: tuple[str, ...] = ()):
+        if not secret:
+            raise ValueError("frontend.secret is empty: run `aso config init`")
+        self.secret, self.admin = secret.encode(), admin
+        # Accounts of the config (admin, agents, everyday): never given a front-end password.
+        self.reserved = {name for name in reserved if name}
+        self._ready: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.Lock()
+
+    def password(self, name: str) -> str:
+        digest = hmac.new(self.secret, b"aso-frontend-user:" + name.encode(), hashlib.sha256)
+        return base64.urlsafe_b64encode(digest.digest()).decode().rstrip("=")
+
+    def prepare(self, who: Mapped) -> dict[bytes, bytes]:
+        """(In a thread: may write `_users`.)"""
+        if who.name in self.reserved:
+            raise Refused(
+                403, f"{who.name} is a service account of the store, not for the front end"
+            )
+        password = self.password(who.name)
+        with self._lock:
+            if self._ready.get(who.name) != who.roles:
+                if self.admin.put_user(who.name, password, list(who.roles)):
+                    log.info("store account %s set up with roles %s", who.name, ",".join(who.roles))
+                self._ready[who.name] = who.roles
+        basic = base64.b64encode(f"{who.name}:{password}".encode())
+        return {b"authorization": b"Basic " + basic}
+
+
+class _StoreClient(proxy.ProxyClient):
+    def handleHeader(self, key: bytes, value: bytes) -> None:
+        if key.lower() == b"set-cookie":  # a store session would bypass the front end
+            return
+        super().handleHeader(key, value)
+
+
+class _StoreClientFactory(proxy.ProxyClientFactory):
+    protocol = _StoreClient
+
+    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+        log.error("store unreachable: %s", reason.getErrorMessage())
+        _answer(self.father, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _answer(request: server.Request, status: int, error: str, reason: str) -> None:
+    request.setResponseCode(status)
+    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+    request.write(json.dumps({"error": error, "reason": reason}).encode() + b"\n")
+    request.finish()
+
+
+def peer_chain(request: server.Request) -> list[x509.Certificate]:
+    """The client's certificate, then the certificates it sent with it."""
+    connection = request.channel.transport.getHandle()
+    leaf = connection.get_peer_certificate()
+    if leaf is None:
+        return []
+    sent = connection.get_peer_cert_chain() or []
+    chain = [leaf.to_cryptography()]
+    chain += [c.to_cryptography() for c in sent if c.to_cryptography() != chain[0]]
+    return chain
+
+
+class FrontEnd(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, config: Config, trust: TrustStore, gridmap: GridMap, identity: Any):
+        super().__init__()
+        self.config = config
+        self.trust, self.gridmap, self.identity = trust, gridmap, identity
+        url = urlsplit(config.store.url)
+        if url.scheme != "http":
+            raise ValueError("the front end forwards to a store on http:// (its loopback side)")
+        self.store_host, self.store_port = url.hostname or "127.0.0.1", url.port or 80
+
+    def render(self, request: server.Request) -> Any:
+        length = request.getHeader(b"content-length")
+        if length and length.isdigit() and int(length) > self.config.frontend.max_body:
+            _answer(
+                request,
+                413,
+                "too_large",
+                f"bodies are limited to {self.config.frontend.max_body} bytes",
+            )
+            return server.NOT_DONE_YET
+        try:
+            chain = peer_chain(request)
+            identity = verify_chain(chain, self.trust, require_crl=self.config.frontend.require_crl)
+        except Refused as refused:
+            log.warning("refused %s %s: %s", _method(request), _path(request), refused.reason)
+            _answer(request, refused.status, "unauthorized", refused.reason)
+            return server.NOT_DONE_YET
+        who = self.gridmap.lookup(identity.dn)
+        if who is None:
+            log.warning("refused %s: DN %s is not mapped", _path(request), identity.dn)
+            _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
+            return server.NOT_DONE_YET
+        done = threads.deferToThread(self.identity.prepare, who)
+        done.addCallback(lambda headers: self.forward(request, who, headers))
+        done.addErrback(self._failed, request)
+        return server.NOT_DONE_YET
+
+    def _failed(self, failure: Any, request: server.Request) -> None:
+        if failure.check(Refused) and not request.finished:
+            refused = failure.value
+            _answer(request, refused.status, "forbidden", refused.reason)
+            return
+        log.error("cannot forward %s: %s", _path(request), failure.getErrorMessage())
+        if not request.finished:
+            _answer(request, 502, "bad_gateway", "the document store is not available")
+
+    def forward(self, request: server.Request, who: Mapped, identity: dict[bytes, bytes]) -> None:
+        headers = {
+            key: value
+            for key, value in request.getAllHeaders().items()
+            if key not in _DROPPED and not key.startswith(_DROPPED_PREFIXES)
+        }
+        headers.update(identity)
+        headers[b"host"] = f"{self.store_host}:{self.store_port}".encode()
+        request.content.seek(0)
+        body = request.content.read()
+        log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
+        # HTTP/1.0 upstream: the store answers unchunked, ended by close; streamed as it comes.
+        factory = _StoreClientFactory(
+            request.method, request.uri, b"HTTP/1.0", headers, body, request
+        )
+        reactor.connectTCP(self.store_host, self.store_port, factory)
+
+
+def _method(request: server.Request) -> str:
+    return request.method.decode("latin-1")
+
+
+def _path(request: server.Request) -> str:
+    return request.uri.decode("latin-1").split("?", 1)[0]
+
+
+class ServerTLS:
+    """The TLS context: the host certificate; a client certificate is asked for and accepted
+    here whatever it is, then judged by aso.x509auth, whose refusals are HTTP answers."""
+
+    def __init__(self, cert: Path, key: Path):
+        context = SSL.Context(SSL.TLS_SERVER_METHOD)
+        context.set_min_proto_version(SSL.TLS1_2_VERSION)
+        context.use_certificate_chain_file(str(cert))
+        context.use_privatekey_file(str(key))
+        context.check_privatekey()
+        context.set_verify(SSL.VERIFY_PEER, lambda conn, cert, errno, depth, ok: True)
+        context.set_session_id(b"aso-frontend")
+        self.context = context
+
+    def getContext(self) -> SSL.Context:
+        return self.context
+
+
+def build(config: Config) -> tuple[FrontEnd, ServerTLS]:
+    fe = config.frontend
+    trust = TrustStore(config.path(fe.capath))
+    trust.refresh()
+    gridmap = GridMap(config.path(fe.mapfile))
+    if fe.auth == "proxy":
+        identity: Any = ProxyAuth(fe.secret, fe.proxy_hash)
+    else:
+        reserved = (config.store.admin_user, config.store.agent_user, config.store.user)
+        identity = Sessions(fe.secret, Server.from_config(config, account="admin"), reserved)
+    tls = ServerTLS(config.path(fe.host_cert), config.path(fe.host_key))
+    return FrontEnd(config, trust, gridmap, identity), tls
+
+
+def serve(config: Config) -> None:
+    """Run the front end until SIGTERM/SIGINT."""
+    root, tls = build(config)
+    host, _, port = config.frontend.listen.rpartition(":")
+    site = server.Site(root)
+    site.displayTracebacks = False
+    reactor.suggestThreadPoolSize(16)
+    reactor.listenSSL(int(port), site, tls, interface=host)
+    log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
+             config.store.url, config.frontend.auth)  # fmt: skip
+    print(f"ASO front end listening on https://{host}:{port}", flush=True)
+    reactor.run()

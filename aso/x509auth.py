@@ -1,0 +1,213 @@
+"""Who is at the other end of a TLS connection: the grid's certificate checks, done in Python so
+that every refusal is an HTTP answer with a reason (a TLS alert tells a user nothing).
+
+`verify_chain` walks from the client's certificate up to a trusted CA of a grid CA directory
+(`<hash>.N` CA files, `<hash>.rN` CRLs):
+
+* proxies first (RFC 3820, with the proxyCertInfo extension, or legacy Globus ones whose last
+  CN is `proxy` / `limited proxy`): each must be signed by the certificate it names as issuer,
+  which the client sent, its subject must be that issuer's plus one CN, and the issuer must not
+  be a CA; proxies of proxies go on up the same way;
+* then the end-entity certificate (the identity: its DN) and any intermediate CAs up to a
+  self-signed CA of the directory: signatures, CA flags, and the issuer's CRL (signed by it, not
+  out of date; required unless `require_crl` is off): a revoked serial is refused;
+* every certificate must be inside its validity period.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import NameOID
+
+from aso.pki import PROXY_CERT_INFO, slash_dn
+
+LEGACY_PROXY_CNS = ("proxy", "limited proxy")
+MAX_DEPTH = 12
+
+
+class Refused(Exception):
+    """A client the front end turns away: HTTP status and reason."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def unauthorized(reason: str) -> Refused:
+    return Refused(401, reason)
+
+
+def is_proxy(cert: x509.Certificate) -> bool:
+    try:
+        cert.extensions.get_extension_for_oid(PROXY_CERT_INFO)
+        return True
+    except x509.ExtensionNotFound:
+        pass
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    last_rdn = cert.subject.rdns[-1] if cert.subject.rdns else None
+    return bool(
+        cns
+        and last_rdn is not None
+        and str(cns[-1].value) in LEGACY_PROXY_CNS
+        and cns[-1] in last_rdn
+        and x509.Name(cert.subject.rdns[:-1]) == cert.issuer
+    )
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
+def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+class TrustStore:
+    """The CAs and CRLs of a grid CA directory, read again when the directory changes (a
+    fetch-crl run), at most every `recheck` seconds."""
+
+    def __init__(self, capath: Path, recheck: float = 30.0):
+        self.capath = Path(capath)
+        self.recheck = recheck
+        self._lock = threading.Lock()
+        self._checked = 0.0
+        self._stamp: tuple = ()
+        self.cas: dict[x509.Name, list[x509.Certificate]] = {}
+        self.crls: dict[x509.Name, list[x509.CertificateRevocationList]] = {}
+
+    def _listing(self) -> tuple:
+        return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in self.capath.iterdir()))
+
+    def refresh(self) -> None:
+        with self._lock:
+            if time.monotonic() - self._checked < self.recheck and self._stamp:
+                return
+            self._checked = time.monotonic()
+            stamp = self._listing()
+            if stamp == self._stamp:
+                return
+            cas: dict[x509.Name, list[x509.Certificate]] = {}
+            crls: dict[x509.Name, list[x509.CertificateRevocationList]] = {}
+            for path in sorted(self.capath.iterdir()):
+                stem, _, suffix = path.name.partition(".")
+                if len(stem) != 8 or not suffix:
+                    continue
+                data = path.read_bytes()
+                if suffix.isdigit():
+                    for cert in x509.load_pem_x509_certificates(data):
+                        cas.setdefault(cert.subject, []).append(cert)
+                elif suffix[0] == "r" and suffix[1:].isdigit():
+                    crl = x509.load_pem_x509_crl(data)
+                    crls.setdefault(crl.issuer, []).append(crl)
+            self.cas, self.crls, self._stamp = cas, crls, stamp
+
+
+@dataclass(frozen=True)
+class Identity:
+    dn: str  # the end-entity certificate's subject, /DC=.../CN=...
+    proxies: int  # how many proxy certificates stood in front of it
+
+
+def _check_time(cert: x509.Certificate, now: dt.datetime, what: str) -> None:
+    if now < cert.not_valid_before_utc:
+        raise unauthorized(f"{what} {slash_dn(cert.subject)} is not valid before "
+                           f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M:%S} UTC")  # fmt: skip
+    if now > cert.not_valid_after_utc:
+        raise unauthorized(f"{what} {slash_dn(cert.subject)} expired on "
+                           f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC")  # fmt: skip
+
+
+def _check_revocation(
+    cert: x509.Certificate,
+    issuer: x509.Certificate,
+    trust: TrustStore,
+    now: dt.datetime,
+    require_crl: bool,
+) -> None:
+    crls = [
+        c for c in trust.crls.get(issuer.subject, []) if c.is_signature_valid(issuer.public_key())
+    ]
+    if not crls:
+        if require_crl:
+            raise unauthorized(f"no valid CRL of CA {slash_dn(issuer.subject)} in the CA directory")
+        return
+    current = [c for c in crls if c.next_update_utc is None or c.next_update_utc >= now]
+    if not current:
+        raise unauthorized(f"the CRL of CA {slash_dn(issuer.subject)} is out of date")
+    for crl in current:
+        if crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
+            raise unauthorized(f"certificate {slash_dn(cert.subject)} is revoked")
+
+
+def verify_chain(
+    chain: list[x509.Certificate],
+    trust: TrustStore,
+    *,
+    require_crl: bool = True,
+    now: dt.datetime | None = None,
+) -> Identity:
+    """The identity a client's certificate chain (its certificate first, then what it sent
+    with it) stands for, or Refused(401) with the reason."""
+    if not chain:
+        raise unauthorized("a client certificate (or proxy) is required")
+    now = now or dt.datetime.now(dt.UTC)
+    trust.refresh()
+    sent = chain[1:]
+    cert, proxies = chain[0], 0
+    # Proxies: each signed by the certificate it was made from, which the client sent.
+    while is_proxy(cert):
+        _check_time(cert, now, "proxy")
+        issuer = next((c for c in sent if c.subject == cert.issuer), None)
+        if issuer is None:
+            raise unauthorized(f"the issuer of proxy {slash_dn(cert.subject)} was not sent")
+        if not _signed_by(cert, issuer):
+            raise unauthorized(f"proxy {slash_dn(cert.subject)} is not signed by its issuer's key")
+        if (
+            x509.Name(cert.subject.rdns[:-1]) != issuer.subject
+            or len(cert.subject.rdns[-1]) != 1
+            or cert.subject.rdns[-1].get_attributes_for_oid(NameOID.COMMON_NAME) == []
+        ):
+            raise unauthorized(f"proxy {slash_dn(cert.subject)}: subject is not its issuer's + CN")
+        if _is_ca(issuer):
+            raise unauthorized("a CA certificate cannot issue proxies")
+        proxies += 1
+        if proxies > MAX_DEPTH:
+            raise unauthorized("too many proxies in the chain")
+        cert = issuer
+    end_entity = cert
+    if _is_ca(end_entity):
+        raise unauthorized(f"{slash_dn(end_entity.subject)} is a CA, not a user or service")
+    # The end-entity certificate and any intermediate CAs, up to a trusted self-signed CA.
+    for _ in range(MAX_DEPTH):
+        _check_time(cert, now, "certificate" if cert is end_entity else "CA")
+        candidates = trust.cas.get(cert.issuer, []) + [c for c in sent if c.subject == cert.issuer]
+        issuer = next((c for c in candidates if _is_ca(c) and _signed_by(cert, c)), None)
+        if issuer is None:
+            if candidates:
+                raise unauthorized(
+                    f"{slash_dn(cert.subject)} is not signed by the CA {slash_dn(cert.issuer)}"
+                )
+            raise unauthorized(f"{slash_dn(cert.issuer)} is not a trusted CA")
+        _check_revocation(cert, issuer, trust, now, require_crl)
+        if issuer.subject == issuer.issuer:
+            if issuer not in trust.cas.get(issuer.subject, []):
+                raise unauthorized(f"{slash_dn(issuer.subject)} is not a trusted CA")
+            _check_time(issuer, now, "CA")
+            return Identity(slash_dn(end_entity.subject), proxies)
+        cert = issuer
+    raise unauthorized("the certificate chain is too long")
