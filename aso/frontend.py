@@ -146,11 +146,25 @@ class Sessions:
         password = self.password(who.name)
         with self._lock:
             if self._ready.get(who.name) != who.roles:
-                if self.admin.put_user(who.name, password, list(who.roles)):
-                    log.info("store account %s set up with roles %s", who.name, ",".join(who.roles))
+                self._set_up(who, password)
                 self._ready[who.name] = who.roles
         basic = base64.b64encode(f"{who.name}:{password}".encode())
         return {b"authorization": b"Basic " + basic}
+
+    def _set_up(self, who: Mapped, password: str) -> None:
+        """Write the user's account (once per user and start): roles and password. An account
+        the front end did not make is never taken over."""
+        users = self.admin.db("_users")
+        doc_id = f"org.couchdb.user:{who.name}"
+        current = users.get(doc_id)
+        if current is not None and not current.get("aso_frontend"):
+            raise Refused(403, f"store account {who.name} exists and is not the front end's")
+        doc = {"_id": doc_id, "name": who.name, "type": "user", "roles": sorted(who.roles),
+               "password": password, "aso_frontend": True}  # fmt: skip
+        if current is not None:
+            doc["_rev"] = current["_rev"]
+        users.put(doc)
+        log.info("store account %s set up with roles %s", who.name, ",".join(who.roles))
 
 
 class _StoreClient(proxy.ProxyClient):

@@ -31,7 +31,7 @@ PAST = dt.datetime.now(dt.UTC) - dt.timedelta(days=60)
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     pki = Pki.create(tmp_path_factory.mktemp("pki"))
     lines = [
-        f'"{pki.user(u).dn}" {u}' for u in ("alice", "bob")
+        f'"{pki.user(u).dn}" {u}' for u in ("carol", "dave")
     ] + [  # the revoked user is mapped: only the CRL keeps it out
         f'"{pki.user("agent-host").dn}" agent-host aso-agent',
         f'"{pki.user("operator-x").dn}" operator-x aso-admin',
@@ -93,28 +93,28 @@ def cert_files(pki: Pki, who: str) -> tuple[str, str]:
 
 def credentials(pki: Pki, kind: str) -> Any:
     """The client credential of each case, as `requests` takes it."""
-    alice = pki.user("alice")
+    carol = pki.user("carol")
     if kind == "user cert":
-        return cert_files(pki, "alice")
+        return cert_files(pki, "carol")
     if kind == "proxy":
-        return str(pki.proxy_file(alice))
+        return str(pki.proxy_file(carol))
     if kind == "proxy of a proxy":
-        return str(pki.write_proxy(make_proxy(make_proxy(alice)), "x509up_pp"))
+        return str(pki.write_proxy(make_proxy(make_proxy(carol)), "x509up_pp"))
     if kind == "expired cert":
-        old = pki.ca.user("alice", days=30, start=PAST)
-        cert, key = pki.write_user(old, "old-alice-")
+        old = pki.ca.user("carol", days=30, start=PAST)
+        cert, key = pki.write_user(old, "old-carol-")
         return str(cert), str(key)
     if kind == "expired proxy":
-        proxy = make_proxy(alice, dt.timedelta(hours=1), start=PAST)
+        proxy = make_proxy(carol, dt.timedelta(hours=1), start=PAST)
         return str(pki.write_proxy(proxy, "x509up_expired"))
     if kind == "revoked cert":
         return cert_files(pki, "mallory")
     if kind == "untrusted CA":
         rogue = CertificateAuthority("ASO Test CA")  # same name, another key
-        cert, key = pki.write_user(rogue.user("alice"), "rogue-alice-")
+        cert, key = pki.write_user(rogue.user("carol"), "rogue-carol-")
         return str(cert), str(key)
     if kind == "proxy signed by the wrong key":
-        forged = make_proxy(alice, signer=pki.user("bob").key)
+        forged = make_proxy(carol, signer=pki.user("dave").key)
         return str(pki.write_proxy(forged, "x509up_forged"))
     if kind == "unknown DN":
         return cert_files(pki, "stranger")
@@ -139,20 +139,20 @@ CASES = [
 
 @pytest.mark.parametrize(("kind", "status", "reason"), CASES, ids=[c[0] for c in CASES])
 def test_who_gets_in(frontend, pki, files_db, admin, kind, status, reason):
-    who = "mallory" if kind == "revoked cert" else "alice"
+    who = "mallory" if kind == "revoked cert" else "carol"
     doc = sample_request(who)
     answer = call(frontend, pki, credentials(pki, kind), "POST", f"/{files_db}", json=doc)
     assert answer.status_code == status, answer.text
     stored = admin.db(files_db).get(doc["_id"])
     if reason is None:
-        assert stored is not None and stored["user"] == "alice"
+        assert stored is not None and stored["user"] == "carol"
     else:
         assert reason in answer.json()["reason"]
         assert stored is None  # nothing written for a refused client
 
 
 def test_identity_headers_of_the_client_are_ignored(frontend, pki, files_db, admin, store_config):
-    bob = cert_files(pki, "bob")
+    dave = cert_files(pki, "dave")
     forged = {
         "X-Auth-CouchDB-UserName": "admin",
         "X-Auth-CouchDB-Roles": "_admin",
@@ -160,61 +160,63 @@ def test_identity_headers_of_the_client_are_ignored(frontend, pki, files_db, adm
     }
     auth = (store_config.store.admin_user, store_config.store.admin_password)
     design = {"_id": "_design/evil", "validate_doc_update": "function () {}"}
-    answer = call(frontend, pki, bob, "PUT", f"/{files_db}/_design/evil", json=design,
+    answer = call(frontend, pki, dave, "PUT", f"/{files_db}/_design/evil", json=design,
                   headers=forged, auth=auth)  # fmt: skip
     assert answer.status_code in (401, 403), answer.text
     assert admin.db(files_db).get("_design/evil") is None
-    session = call(frontend, pki, bob, "GET", "/_session", headers=forged, auth=auth).json()
-    assert session["userCtx"] == {"name": "bob", "roles": [model.USER_ROLE]}
+    session = call(frontend, pki, dave, "GET", "/_session", headers=forged, auth=auth).json()
+    assert session["userCtx"] == {"name": "dave", "roles": [model.USER_ROLE]}
     assert "set-cookie" not in {k.lower() for k in session}
 
 
 def test_one_user_cannot_touch_another_s_requests(frontend, pki, files_db, admin):
-    alice, bob = cert_files(pki, "alice"), cert_files(pki, "bob")
-    doc = sample_request("alice")
-    assert call(frontend, pki, alice, "POST", f"/{files_db}", json=doc).status_code == 201
+    carol, dave = cert_files(pki, "carol"), cert_files(pki, "dave")
+    doc = sample_request("carol")
+    assert call(frontend, pki, carol, "POST", f"/{files_db}", json=doc).status_code == 201
     current = admin.db(files_db).get(doc["_id"])
     # Bob creating a request in Alice's name.
-    forged = sample_request("alice")
-    assert call(frontend, pki, bob, "POST", f"/{files_db}", json=forged).status_code == 403
+    forged = sample_request("carol")
+    assert call(frontend, pki, dave, "POST", f"/{files_db}", json=forged).status_code == 403
     # Bob killing, resubmitting, editing or deleting Alice's request.
-    killed = model.transition(current, [Change(STATE, "killed", "bob")], model.OWNER)
-    edited = dict(current, destination_lfn="/store/user/bob/stolen.root")
+    killed = model.transition(current, [Change(STATE, "killed", "dave")], model.OWNER)
+    edited = dict(current, destination_lfn="/store/user/dave/stolen.root")
     for body in (killed, edited):
-        answer = call(frontend, pki, bob, "PUT", f"/{files_db}/{doc['_id']}", json=body)
+        answer = call(frontend, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=body)
         assert answer.status_code == 403, answer.text
-    gone = call(frontend, pki, bob, "DELETE", f"/{files_db}/{doc['_id']}",
+    gone = call(frontend, pki, dave, "DELETE", f"/{files_db}/{doc['_id']}",
                 params={"rev": current["_rev"]})  # fmt: skip
     assert gone.status_code == 403
     # Nor design documents or _security.
     design = {"_id": "_design/x", "views": {}}
-    assert call(frontend, pki, bob, "PUT", f"/{files_db}/_design/x", json=design).status_code in (
+    assert call(frontend, pki, dave, "PUT", f"/{files_db}/_design/x", json=design).status_code in (
         401,
         403,
     )
-    security = {"admins": {"names": ["bob"]}, "members": {"names": ["bob"]}}
-    assert call(frontend, pki, bob, "PUT", f"/{files_db}/_security", json=security).status_code in (
+    security = {"admins": {"names": ["dave"]}, "members": {"names": ["dave"]}}
+    assert call(
+        frontend, pki, dave, "PUT", f"/{files_db}/_security", json=security
+    ).status_code in (
         401,
         403,
     )
     assert admin.db(files_db).get(doc["_id"])["_rev"] == current["_rev"]
     # Bob may read (a member); Alice may kill her own.
-    assert call(frontend, pki, bob, "GET", f"/{files_db}/{doc['_id']}").status_code == 200
-    own_kill = model.transition(current, [Change(STATE, "killed", "alice")], model.OWNER)
-    mine = call(frontend, pki, alice, "PUT", f"/{files_db}/{doc['_id']}", json=own_kill)
+    assert call(frontend, pki, dave, "GET", f"/{files_db}/{doc['_id']}").status_code == 200
+    own_kill = model.transition(current, [Change(STATE, "killed", "carol")], model.OWNER)
+    mine = call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=own_kill)
     assert mine.status_code == 201, mine.text
 
 
 def test_agents_and_operators_act_in_their_roles(frontend, pki, files_db, admin):
-    alice, agent = cert_files(pki, "alice"), cert_files(pki, "agent-host")
+    carol, agent = cert_files(pki, "carol"), cert_files(pki, "agent-host")
     operator = cert_files(pki, "operator-x")
-    doc = sample_request("alice")
-    assert call(frontend, pki, alice, "POST", f"/{files_db}", json=doc).status_code == 201
+    doc = sample_request("carol")
+    assert call(frontend, pki, carol, "POST", f"/{files_db}", json=doc).status_code == 201
     current = admin.db(files_db).get(doc["_id"])
     acquired = model.transition(current, [Change(STATE, "acquired", "agent-host")], AGENT)
     # Alice cannot make the agents' transition; the agent can.
     assert (
-        call(frontend, pki, alice, "PUT", f"/{files_db}/{doc['_id']}", json=acquired).status_code
+        call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=acquired).status_code
         == 403
     )
     answer = call(frontend, pki, agent, "PUT", f"/{files_db}/{doc['_id']}", json=acquired)
@@ -225,7 +227,7 @@ def test_agents_and_operators_act_in_their_roles(frontend, pki, files_db, admin)
 
 
 def test_a_service_account_of_the_store_is_not_given_out(
-    frontend, pki, files_db, store_config: Config
+    frontend, pki, files_db, store_config: Config, accounts
 ):
     # The mapfile is read again when it changes: map a DN onto the agents' store account.
     mapfile = pki.root / "grid-mapfile"
@@ -235,6 +237,10 @@ def test_a_service_account_of_the_store_is_not_given_out(
     try:
         answer = call(frontend, pki, cert_files(pki, "intruder"), "GET", f"/{files_db}")
         assert answer.status_code == 403 and "service account" in answer.json()["reason"]
+        # Nor any store account the front end did not make (alice has one of her own).
+        mapfile.write_text(before + f'"{intruder.dn}" alice\n')
+        answer = call(frontend, pki, cert_files(pki, "intruder"), "GET", f"/{files_db}")
+        assert answer.status_code == 403 and "not the front end's" in answer.json()["reason"]
         agent = Server(store_config.store.url, store_config.store.agent_user,
                        store_config.store.agent_password)  # fmt: skip
         assert agent.session()["name"] == store_config.store.agent_user  # password unchanged
