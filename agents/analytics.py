@@ -21,34 +21,27 @@ from typing import Any
 
 from aso import purge
 from aso.config import Config
-from aso.runtime import Agent, Membership
+from aso.runtime import Membership, PeriodicAgent
 
 log = logging.getLogger("aso.agent.analytics")
 
 
-class Analytics(Agent):
+class Analytics(PeriodicAgent):
     name = "analytics"
     kinds = ()
 
     def __init__(self, config: Config, instance: str | None = None):
         super().__init__(config, instance)
         self.stats_db = self.server.db(config.store.stats_db)
-        self.last_run: float | None = None  # monotonic time of the last purge
 
     @property
-    def idle(self) -> float:
-        return min(self.config.analytics.interval, self.config.agents.heartbeat_interval)
+    def interval(self) -> float:
+        return self.config.analytics.interval
 
     @property
     def lease(self) -> float:
         # Long enough for a purge cycle, short enough for a successor to take over soon.
         return max(2 * self.config.analytics.interval, self.config.agents.heartbeat_expiry)
-
-    def due(self) -> bool:
-        return (
-            self.last_run is None
-            or time.monotonic() - self.last_run >= self.config.analytics.interval
-        )
 
     def cycle(
         self,
@@ -57,9 +50,8 @@ class Analytics(Agent):
         everything: Mapping[str, dict[str, Any]],
     ) -> dict[str, Any]:
         settings = self.config.analytics
-        if settings.purge_after <= 0 or membership.index != 0 or not self.due():
+        if settings.purge_after <= 0 or not self.take_turn(membership):
             return {}
-        self.last_run = time.monotonic()
         report = purge.purge(
             self.db,
             self.stats_db,

@@ -14,7 +14,6 @@ once when it starts). With several instances, only the first live one reconciles
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,12 +22,12 @@ from aso.catalog import open_catalog
 from aso.catalog.base import Catalog
 from aso.config import Config
 from aso.files import Files, open_files
-from aso.runtime import Agent, Membership
+from aso.runtime import Membership, PeriodicAgent
 
 log = logging.getLogger("aso.agent.reconciler")
 
 
-class Reconciler(Agent):
+class Reconciler(PeriodicAgent):
     name = "reconciler"
     kinds = ()
 
@@ -42,18 +41,11 @@ class Reconciler(Agent):
         super().__init__(config, instance)
         self.files = files or open_files(config)
         self.catalog = catalog or open_catalog(config, self.server)
-        self.last_run: float | None = None  # monotonic time of the last reconciliation
         self.last_report: reconcile.Report | None = None
 
     @property
-    def idle(self) -> float:
-        return min(self.config.reconciler.interval, self.config.agents.heartbeat_interval)
-
-    def due(self) -> bool:
-        return (
-            self.last_run is None
-            or time.monotonic() - self.last_run >= self.config.reconciler.interval
-        )
+    def interval(self) -> float:
+        return self.config.reconciler.interval
 
     def cycle(
         self,
@@ -61,9 +53,8 @@ class Reconciler(Agent):
         membership: Membership,
         everything: Mapping[str, dict[str, Any]],
     ) -> dict[str, Any]:
-        if membership.index != 0 or not self.due():
+        if not self.take_turn(membership):
             return {}
-        self.last_run = time.monotonic()
         report = reconcile.reconcile(self.config, self.db, catalog=self.catalog, files=self.files)
         self.last_report = report
         for finding in report.findings:

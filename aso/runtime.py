@@ -193,6 +193,34 @@ class Agent:
         return self.config.agents.poll_interval
 
 
+class PeriodicAgent(Agent):
+    """An agent without work kinds that acts every `interval` seconds (at once when it starts)
+    and only as the first live instance. It wakes every min(interval, heartbeat interval)
+    seconds so that its heartbeat stays fresh."""
+
+    def __init__(self, config: Config, instance: str | None = None):
+        super().__init__(config, instance)
+        self.last_run: float | None = None  # monotonic time of the last run
+
+    @property
+    def interval(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def idle(self) -> float:
+        return min(self.interval, self.config.agents.heartbeat_interval)
+
+    def take_turn(self, membership: Membership) -> bool:
+        """True (and the run is recorded as started) when this instance should act now."""
+        if membership.index != 0:
+            return False
+        now = time.monotonic()
+        if self.last_run is not None and now - self.last_run < self.interval:
+            return False
+        self.last_run = now
+        return True
+
+
 class Runner:
     """Runs one agent instance until stopped."""
 
