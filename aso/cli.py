@@ -22,11 +22,12 @@ from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
 from aso.cli_catalog import catalog_app
+from aso.cli_common import config_of as _config
 from aso.cli_frontend import certs_app, frontend_cmd
 from aso.cli_reconcile import reconcile_cmd
 from aso.cli_stats import stats_cmd
 from aso.cli_storage import storage_app
-from aso.config import Config, ConfigError
+from aso.config import ConfigError
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedError, EmbeddedStore
 from aso.runtime import Runner
@@ -65,25 +66,6 @@ app.add_typer(certs_app, name="certs")
 
 class UsageError(Exception):
     """Bad arguments: exit code 2."""
-
-
-def _config(ctx: typer.Context) -> Config:
-    """The configuration, loaded on first use (so that `aso config init` needs none)."""
-    obj = ctx.find_root().obj
-    if "config" not in obj:
-        config = aso_config.load(obj["config_file"])
-        level = "DEBUG" if obj["verbose"] else config.log.level.upper()
-        logging.basicConfig(
-            level=getattr(logging, level),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-        if not obj["verbose"]:
-            # The HTTP stack's own retry warnings would repeat what our one-line errors say.
-            logging.getLogger("urllib3").setLevel(logging.ERROR)
-            logging.getLogger("ibm_cloud_sdk_core").setLevel(logging.ERROR)
-        obj["config"] = config
-    return obj["config"]
 
 
 def _server(ctx: typer.Context, account: str = "user") -> Server:

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from aso.catalog import open_catalog
 from aso.catalog.base import Catalog, CatalogError
+from aso.cli_common import config_of as _config
 from aso.config import Config
 
 console = Console()
@@ -31,13 +32,6 @@ catalog_app = typer.Typer(
 
 DatasetArg = Annotated[str, typer.Argument(help="Dataset name, /primary/processed/USER.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")]
-
-
-def _config(ctx: typer.Context) -> Config:
-    # Imported here: aso.cli imports this module to mount catalog_app.
-    from aso.cli import _config as cli_config
-
-    return cli_config(ctx)
 
 
 def _catalog(config: Config) -> Catalog:

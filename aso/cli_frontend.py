@@ -9,16 +9,9 @@ from typing import Annotated
 
 import typer
 
-from aso.config import Config
+from aso.cli_common import config_of as _config
 
 certs_app = typer.Typer(help="Certificates for demos and tests.", no_args_is_help=True)
-
-
-def _config(ctx: typer.Context) -> Config:
-    # Imported here: aso.cli imports this module to register the commands.
-    from aso.cli import _config as cli_config
-
-    return cli_config(ctx)
 
 
 def frontend_cmd(ctx: typer.Context) -> None:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aso import model, reconcile
+from aso.cli_common import config_of as _config
 from aso.config import Config
 
 console = Console()
@@ -32,13 +33,6 @@ TITLES = {
     reconcile.CATALOG_MISSING: "Published files their block does not hold",
     reconcile.CATALOG_EXTRA: "Catalog files whose request is not published",
 }
-
-
-def _config(ctx: typer.Context) -> Config:
-    # Imported here: aso.cli imports this module to register the command.
-    from aso.cli import _config as cli_config
-
-    return cli_config(ctx)
 
 
 def _print(text: str, **kwargs: Any) -> None:

@@ -16,17 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from aso import stats
-from aso.config import Config
+from aso.cli_common import config_of as _config
 from aso.store import Server
 
 console = Console()
-
-
-def _config(ctx: typer.Context) -> Config:
-    # Imported here: aso.cli imports this module to register the command.
-    from aso.cli import _config as cli_config
-
-    return cli_config(ctx)
 
 
 def _day(value: str | None, option: str) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from aso.config import Config
+from aso.cli_common import config_of as _config
 from aso.storage import EmbeddedStorage
 
 console = Console(soft_wrap=True)  # one line per site, however long
@@ -17,13 +17,6 @@ storage_app = typer.Typer(
     help="Run the embedded storage: one XRootD server per embedded site (root:// and https).",
     no_args_is_help=True,
 )
-
-
-def _config(ctx: typer.Context) -> Config:
-    # Imported here: aso.cli imports this module to mount storage_app.
-    from aso.cli import _config as cli_config
-
-    return cli_config(ctx)
 
 
 def _print(line: str) -> None:

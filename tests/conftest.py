@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 
 from aso import model
 from aso.config import Config
@@ -206,3 +207,22 @@ def gfal_config(
     yield config
     admin.delete_db(config.store.files_db)
     admin.delete_db(config.store.transfers_db)
+
+
+def preloaded_cli(
+    config: Config,
+    commands: dict[str, Any] | None = None,
+    typers: dict[str, Any] | None = None,
+) -> typer.Typer:
+    """`aso` commands and sub-apps mounted as aso/cli.py mounts them, on a preloaded config."""
+    app = typer.Typer()
+
+    @app.callback()
+    def main(ctx: typer.Context) -> None:
+        ctx.obj = {"config_file": None, "verbose": False, "config": config}
+
+    for name, command in (commands or {}).items():
+        app.command(name)(command)
+    for name, sub in (typers or {}).items():
+        app.add_typer(sub, name=name)
+    return app

@@ -29,7 +29,7 @@ from aso.config import Config
 from aso.model import STATE
 from aso.runtime import Runner
 from aso.store import Database, Server
-from tests.conftest import sample_request
+from tests.conftest import preloaded_cli, sample_request
 from tests.pipeline_helpers import LINKS, owner_db, run_until, upload
 
 BAD_LINK = LINKS[0]  # every copy on it fails with a timeout: failed after two attempts
@@ -282,14 +282,7 @@ def test_statistics_database_refuses_what_is_not_an_agent_s_batch(config, accoun
 
 
 def stats_cli(config: Config) -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def main(ctx: typer.Context) -> None:
-        ctx.obj = {"config_file": None, "verbose": False, "config": config}
-
-    app.command("stats")(stats_cmd)
-    return app
+    return preloaded_cli(config, commands={"stats": stats_cmd})
 
 
 def test_aso_stats_prints_the_table_and_json(config, accounts, admin):

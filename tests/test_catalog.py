@@ -30,6 +30,7 @@ from aso.config import Config
 from aso.embedded import free_port
 from aso.pki import Pki
 from aso.store import Server, Settings
+from tests.conftest import preloaded_cli
 from tests.dbs_double import DbsDouble
 
 SITE = "T2_DE_DESY"
@@ -578,14 +579,7 @@ def test_embedded_store_away_is_retryable(catalog_db: str):
 
 def cli(config: Config) -> typer.Typer:
     """`aso` with the catalog sub-app, as aso/cli.py mounts it, on a preloaded config."""
-    app = typer.Typer()
-
-    @app.callback()
-    def main(ctx: typer.Context) -> None:
-        ctx.obj = {"config_file": None, "verbose": False, "config": config}
-
-    app.add_typer(catalog_app, name="catalog")
-    return app
+    return preloaded_cli(config, typers={"catalog": catalog_app})
 
 
 @pytest.fixture

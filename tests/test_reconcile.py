@@ -46,7 +46,7 @@ from aso.reconcile import (
 from aso.runtime import Runner
 from aso.storage import export_path, write_file
 from aso.store import Server
-from tests.conftest import DESTINATION, SOURCES
+from tests.conftest import DESTINATION, SOURCES, preloaded_cli
 from tests.pipeline_helpers import run_until
 
 DATASET = "/Prim/alice-rec-v1/USER"
@@ -146,14 +146,7 @@ def step(agent: Any) -> dict[str, Any]:
 
 def cli(config: Config) -> typer.Typer:
     """`aso reconcile` as aso/cli.py registers it, on a preloaded config."""
-    app = typer.Typer()
-
-    @app.callback()
-    def main(ctx: typer.Context) -> None:
-        ctx.obj = {"config_file": None, "verbose": False, "config": config}
-
-    app.command("reconcile")(reconcile_cmd)
-    return app
+    return preloaded_cli(config, commands={"reconcile": reconcile_cmd})
 
 
 def run_reconcile(config: Config, admin: Server) -> reconcile.Report:

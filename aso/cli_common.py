@@ -1,0 +1,32 @@
+"""What every `aso` sub-command module shares: the configuration of the invocation. Its own
+module so that aso/cli.py and the modules it mounts (cli_catalog, cli_storage, ...) import it
+without importing each other."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from aso import config as aso_config
+from aso.config import Config
+
+
+def config_of(ctx: typer.Context) -> Config:
+    """The configuration, loaded on first use (so that `aso config init` needs none)."""
+    obj = ctx.find_root().obj
+    if "config" not in obj:
+        config = aso_config.load(obj["config_file"])
+        level = "DEBUG" if obj["verbose"] else config.log.level.upper()
+        logging.basicConfig(
+            level=getattr(logging, level),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        if not obj["verbose"]:
+            # The HTTP stack's own retry warnings would repeat what our one-line errors say.
+            logging.getLogger("urllib3").setLevel(logging.ERROR)
+            logging.getLogger("ibm_cloud_sdk_core").setLevel(logging.ERROR)
+        obj["config"] = config
+    return obj["config"]
