@@ -21,12 +21,19 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aso import model
 from aso.catalog import open_catalog
-from aso.catalog.base import Block, BlockConflict, CatalogError, CatalogFile, block_name
+from aso.catalog.base import (
+    Block,
+    BlockConflict,
+    CatalogError,
+    CatalogFile,
+    block_name,
+    content_message,
+)
 from aso.config import Config
 from aso.model import AGENT, PUBLICATION, STATE, Change
 from aso.runtime import Agent, Membership
@@ -123,6 +130,7 @@ class Publisher(Agent):
         docs = [d for d in mine if d.get(STATE) == "done"]
         # 1. blocks recorded earlier and not finished (a crash), and failed ones now due again
         recorded: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        freed: list[dict[str, Any]] = []  # files of blocks abandoned half-way, pending again
         for doc in docs:
             if doc[PUBLICATION] == PUBLISHING or (
                 doc[PUBLICATION] == ERROR and (doc.get("publication_retry_after") or 0) <= now
@@ -131,18 +139,18 @@ class Publisher(Agent):
         for name, block_docs in recorded.items():
             retrying = [d for d in block_docs if d[PUBLICATION] == ERROR]
             if retrying:
-                again, failed = self._write(
-                    [self._moved(d, PUBLISHING, now) for d in retrying], report
-                )
+                again, failed = self._advance(retrying, ERROR, PUBLISHING, now, report, block=name)
                 if failed:
                     continue  # a file changed under us: the block is taken up next cycle
                 block_docs = [d for d in block_docs if d[PUBLICATION] == PUBLISHING] + again
-            self.publish(block_docs, name, report, now)
+            if make_block(block_docs).name == name:  # the whole block
+                self.publish(block_docs, name, report, now)
+            else:
+                freed.extend(self.settle_remainder(name, block_docs, report, now))
         # 2. new blocks from the waiting files
         waiting: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for doc in docs:
-            if doc[PUBLICATION] == WAITING:
-                waiting[(doc["user"], dataset_of(doc))].append(doc)
+        for doc in [d for d in docs if d[PUBLICATION] == WAITING] + freed:
+            waiting[(doc["user"], dataset_of(doc))].append(doc)
         tasks: dict[str, bool] = {}
         for group in waiting.values():
             for block_docs in close_blocks(
@@ -167,19 +175,52 @@ class Publisher(Agent):
         self, docs: list[dict[str, Any]], report: dict[str, int], now: float
     ) -> list[dict[str, Any]]:
         name = make_block(docs).name
-        updates = [self._moved(d, PUBLISHING, now, publication_block=name) for d in docs]
-        written, failed = self._write(updates, report)
+        written, failed = self._advance(
+            docs, WAITING, PUBLISHING, now, report, publication_block=name
+        )
         if failed and written:
             # All or none: a block's name stands for exactly its files.
-            back = [
-                self._moved(
-                    d, WAITING, now, "block abandoned: a file changed", publication_block=None
-                )
-                for d in written
-            ]
-            self._write(back, report)
+            self.abandon(written, name, report, now)
             return []
         return written
+
+    def abandon(
+        self, docs: list[dict[str, Any]], name: str, report: dict[str, int], now: float
+    ) -> list[dict[str, Any]]:
+        """Files of a block that will not be published as recorded go back to `pending`."""
+        written, _ = self._advance(
+            docs,
+            PUBLISHING,
+            WAITING,
+            now,
+            report,
+            "block abandoned: a file changed",
+            block=name,
+            publication_block=None,
+        )
+        return written
+
+    def settle_remainder(
+        self, name: str, docs: list[dict[str, Any]], report: dict[str, int], now: float
+    ) -> list[dict[str, Any]]:
+        """`docs` are `publishing` in block `name` but are not all of it (a block's name is
+        derived from exactly its files' LFNs): what is left of the block after a crash or a
+        file that changed. They are `published` if the catalog holds the block with them, and
+        go back to `pending` (returned) if it holds no such block: abandoned half-way."""
+        try:
+            stored = self.catalog.block_files(name)
+        except CatalogError as exc:
+            log.warning("block %s: remainder of %d files not settled: %s", name, len(docs), exc)
+            return []
+        lfns = sorted(d["destination_lfn"] for d in docs)
+        if stored is None:
+            log.info("block %s was never published: %d files back to pending", name, len(docs))
+            return self.abandon(docs, name, report, now)
+        if set(lfns) <= set(stored):
+            self.mark_published(docs, name, report, now, inserted=False)
+        else:
+            self.failed(docs, BlockConflict(content_message(name, stored, lfns)), report, now)
+        return []
 
     def _moved(
         self, doc: dict[str, Any], to: str, now: float, reason: str | None = None, **fields: Any
@@ -198,26 +239,33 @@ class Publisher(Agent):
         except CatalogError as exc:
             self.failed(docs, exc, report, now)
             return
-        written, _ = self._write(
-            [
-                self._moved(
-                    d,
-                    "published",
-                    now,
-                    f"in block {name}",
-                    publication_error=None,
-                    publication_retry_after=None,
-                )
-                for d in docs
-            ],
+        self.mark_published(docs, name, report, now, inserted)
+
+    def mark_published(
+        self,
+        docs: list[dict[str, Any]],
+        name: str,
+        report: dict[str, int],
+        now: float,
+        inserted: bool,
+    ) -> None:
+        written, _ = self._advance(
+            docs,
+            PUBLISHING,
+            "published",
+            now,
             report,
+            f"in block {name}",
+            block=name,
+            publication_error=None,
+            publication_retry_after=None,
         )
         report["blocks"] += 1
         report["published"] += len(written)
         log.info(
             "block %s (%s, %d files) %s the catalog",
             name,
-            block.dataset,
+            dataset_of(docs[0]),
             len(written),
             "inserted in" if inserted else "was already in",
         )
@@ -228,53 +276,75 @@ class Publisher(Agent):
         """`publication_error` with a next try after a backoff; `publication_failed` once the
         attempts are spent or the catalog's answer cannot change."""
         settings = self.config.publisher
-        errored, give_up = [], []
-        for doc in docs:
+        name = docs[0]["publication_block"]
+        reason = str(exc)[:4096]
+
+        def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
             attempts = failures_since_reset(doc) + 1
             delay = min(settings.max_delay, settings.base_delay * 2 ** (attempts - 1))
-            errored.append(
-                self._moved(
-                    doc,
-                    ERROR,
-                    now,
-                    str(exc)[:4096],
-                    publication_attempts=attempts,
-                    publication_error=str(exc)[:4096],
-                    publication_retry_after=round(now + delay, 3),
-                )
-            )
-            if attempts >= settings.max_attempts or not exc.retryable:
-                give_up.append(doc["_id"])
-        written, _ = self._write(errored, report)
-        final = [
-            self._moved(d, "publication_failed", now, str(exc)[:4096], publication_retry_after=None)
+            return {
+                "publication_attempts": attempts,
+                "publication_error": reason,
+                "publication_retry_after": round(now + delay, 3),
+            }
+
+        written, _ = self._advance(
+            docs, PUBLISHING, ERROR, now, report, reason, block=name, fields_of=attempt
+        )
+        give_up = [
+            d
             for d in written
-            if d["_id"] in give_up
+            if d["publication_attempts"] >= settings.max_attempts or not exc.retryable
         ]
-        failed, _ = self._write(final, report)
+        failed, _ = self._advance(
+            give_up,
+            ERROR,
+            "publication_failed",
+            now,
+            report,
+            reason,
+            block=name,
+            publication_retry_after=None,
+        )
         report["errors"] += len(written) - len(failed)
         report["failed"] += len(failed)
         kind = "conflict" if isinstance(exc, BlockConflict) else "error"
         log.warning(
             "block %s of %d files not published (%s%s): %s",
-            docs[0].get("publication_block"),
+            name,
             len(docs),
             kind,
             ", given up" if failed else "",
             exc,
         )
 
-    def _write(
-        self, updates: list[dict[str, Any]], report: dict[str, int]
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        if not updates:
-            return [], []
-        written, failed = [], []
-        for doc, result in zip(updates, self.db.bulk_write(updates), strict=True):
-            if result.ok:
-                written.append(dict(doc, _rev=result.rev))
-            else:
-                failed.append(doc)
-                report["conflicts"] += 1
-        self.written(written)
-        return written, failed
+    def _advance(
+        self,
+        docs: list[dict[str, Any]],
+        source: str,
+        to: str,
+        now: float,
+        report: dict[str, int],
+        reason: str | None = None,
+        *,
+        block: str | None = None,
+        fields_of: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Move files on the publication axis from `source` to `to`; returns (the files as
+        written, the ids not moved). A file written meanwhile by another agent (the cleaner, on
+        its own axis) is read again and moved if it is still done, at `source` and (when
+        given) in block `block`: losing such a race would split a block."""
+
+        def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+            if doc.get(STATE) != "done" or doc.get(PUBLICATION) != source:
+                return None
+            if block is not None and doc.get("publication_block") != block:
+                return None
+            extra = fields_of(doc) if fields_of else {}
+            return self._moved(doc, to, now, reason, **fields, **extra)
+
+        outcome = self.db.write_decided(docs, decide)
+        report["conflicts"] += len(outcome.not_written)
+        self.written(outcome.written)
+        return outcome.written, outcome.not_written

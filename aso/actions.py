@@ -56,30 +56,22 @@ def _act(
     reason: str,
     axis: str = STATE,
 ) -> ActionReport:
+    def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+        target = targets.get(doc[axis])
+        if target is None:
+            return None
+        return model.transition(doc, [Change(axis, target, by, reason)], model.OWNER)
+
+    outcome = db.write_decided(docs, decide, ROUNDS)
     report = ActionReport()
-    pending = docs
-    for _ in range(ROUNDS):
-        updates = []
-        for doc in pending:
-            target = targets.get(doc[axis])
-            if target is None:
-                report.unchanged[doc["_id"]] = doc[axis]
-                report.changed.pop(doc["_id"], None)
-                continue
-            updates.append(model.transition(doc, [Change(axis, target, by, reason)], model.OWNER))
-        if not updates:
-            break
-        conflicts = []
-        for doc, result in zip(updates, db.bulk_write(updates), strict=True):
-            if result.ok:
-                report.changed[doc["_id"]] = doc[axis]
-            elif result.conflict:
-                conflicts.append(doc["_id"])
-            else:
-                report.refused[doc["_id"]] = f"{result.error}: {result.reason}"
-        if not conflicts:
-            break
-        pending = [d for d in db.get_many(conflicts).values() if d]
+    report.changed.update((d["_id"], d[axis]) for d in outcome.written)
+    report.unchanged.update((d["_id"], d[axis]) for d in outcome.declined)
+    report.refused.update((r.id, f"{r.error}: {r.reason}") for r in outcome.refused)
+    report.refused.update((i, "deleted meanwhile") for i in outcome.gone)
+    report.refused.update(
+        (i, f"conflict: changed by agents {ROUNDS} times in a row; try again")
+        for i in outcome.conflicted
+    )
     return report
 
 

@@ -59,8 +59,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -155,6 +155,26 @@ class WriteResult:
     @property
     def conflict(self) -> bool:
         return self.error == "conflict"
+
+
+@dataclass
+class Decided:
+    """Outcome of `Database.write_decided`."""
+
+    written: list[dict[str, Any]] = field(default_factory=list)  # as written, with the new _rev
+    declined: list[dict[str, Any]] = field(default_factory=list)  # fresh docs decided against
+    gone: list[str] = field(default_factory=list)  # deleted meanwhile
+    refused: list[WriteResult] = field(default_factory=list)  # forbidden and other errors
+    conflicted: list[str] = field(default_factory=list)  # still in conflict after every round
+
+    @property
+    def not_written(self) -> list[str]:
+        return (
+            [d["_id"] for d in self.declined]
+            + self.gone
+            + [r.id for r in self.refused]
+            + self.conflicted
+        )
 
 
 @dataclass
@@ -479,6 +499,42 @@ class Database:
             else:
                 results.append(WriteResult(doc_id, True, rev=item.get("rev")))
         return results
+
+    def write_decided(
+        self,
+        docs: Sequence[Mapping[str, Any]],
+        decide: Callable[[dict[str, Any]], dict[str, Any] | None],
+        rounds: int = 5,
+    ) -> Decided:
+        """Write `decide(doc)` for each document (None: leave it alone), in bulk. A document that
+        conflicts (someone else wrote it since it was read: another agent on another axis) is
+        read again and decided again, up to `rounds` times, so that one agent's write never
+        undoes another's and is not lost to it either."""
+        outcome = Decided()
+        pending = [dict(d) for d in docs]
+        for _ in range(rounds):
+            updates = []
+            for doc in pending:
+                update = decide(doc)
+                if update is None:
+                    outcome.declined.append(doc)
+                else:
+                    updates.append(update)
+            conflicts = []
+            for update, result in zip(updates, self.bulk_write(updates), strict=True):
+                if result.ok:
+                    outcome.written.append(dict(update, _rev=result.rev))
+                elif result.conflict:
+                    conflicts.append(result.id)
+                else:
+                    outcome.refused.append(result)
+            if not conflicts:
+                return outcome
+            fresh = self.get_many(conflicts)
+            outcome.gone.extend(i for i, d in fresh.items() if d is None)
+            pending = [d for d in fresh.values() if d is not None]
+        outcome.conflicted.extend(d["_id"] for d in pending)
+        return outcome
 
     # -- views ------------------------------------------------------------------------------------
     def view(

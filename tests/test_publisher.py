@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from agents.publisher import Publisher, close_blocks, done_at
+from agents.publisher import Publisher, close_blocks, done_at, make_block
 from aso import model
 from aso.actions import republish
 from aso.catalog.base import CatalogError
 from aso.catalog.embedded import EmbeddedCatalog
-from aso.model import AGENT, PUBLICATION, STATE, Change
+from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.runtime import Runner
+from aso.store import Database
 from tests.conftest import sample_request
 
 DATASET = "/Prim/alice-proc-v1/USER"
@@ -200,3 +201,75 @@ def test_a_refusal_that_cannot_heal_is_given_up_at_once(pub_config, accounts):
     docs = done_outputs(pub_config, accounts, 4)
     run_publisher(pub_config, Publisher(pub_config, "p1", catalog=BrokenCatalog(False)))
     assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
+
+
+def cleaned(config, accounts, doc_id: str) -> None:
+    """What the cleaner writes on a done file: its own axis, a new revision."""
+    db = accounts["agent"].db(config.store.files_db)
+    doc = db.get(doc_id)
+    db.put(model.transition(doc, [Change(CLEANUP, "cleaned", "cleaner-x")], AGENT))
+
+
+def test_the_cleaner_writing_the_same_files_meanwhile_splits_no_block(pub_config, accounts, admin):
+    """Before each of the publisher's writes the cleaner writes one more of the block's files
+    (a conflict for the publisher). The publisher reads those files again and goes on: one
+    whole block, every file published, and every cleaner write kept."""
+    docs = done_outputs(pub_config, accounts, 4)
+    ids = [d["_id"] for d in docs]
+
+    victims = list(ids)
+
+    class RacingDb(Database):
+        def bulk_write(self, updates):
+            if victims:
+                cleaned(pub_config, accounts, victims.pop())
+            return super().bulk_write(updates)
+
+    class RacedByTheCleaner(Publisher):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.db = RacingDb(self.db.server, self.db.name)
+
+    run_publisher(pub_config, RacedByTheCleaner(pub_config, "p-raced"))
+    stored = accounts["agent"].db(pub_config.store.files_db).get_many(ids)
+    assert Counter(d[PUBLICATION] for d in stored.values()) == {"published": 4}
+    assert Counter(d[CLEANUP] for d in stored.values())["cleaned"] >= 2  # the race happened
+    blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
+    assert list(map(sorted, blocks.values())) == [sorted(d["destination_lfn"] for d in docs)]
+    assert {d["publication_block"] for d in stored.values()} == set(blocks)
+
+
+def test_what_is_left_of_a_block_is_settled_with_the_catalog(pub_config, accounts, admin):
+    """Files left `publishing` under a block name that stands for more files: back to pending
+    when the catalog never got that block (and published whole in the same cycle), `published`
+    when the catalog has the block with them."""
+    agent = accounts["agent"].db(pub_config.store.files_db)
+
+    def left_publishing(docs, name):
+        for doc in agent.get_many(d["_id"] for d in docs).values():
+            change = Change(PUBLICATION, "publishing", "p-gone")
+            agent.put(model.transition(doc, [change], AGENT, publication_block=name))
+
+    # 1. abandoned half-way: two of four files still carry the block's name
+    docs = done_outputs(pub_config, accounts, 4)
+    name = make_block(docs).name
+    left_publishing(docs[:2], name)
+    run_publisher(pub_config)  # back to pending, then one block with the two others
+    assert states_of(pub_config, accounts, docs) == {"published": 4}
+    assert catalog_of(pub_config, admin).dataset_files(DATASET) == {
+        name: sorted(d["destination_lfn"] for d in docs)
+    }
+
+    # 2. the catalog has the whole block; two files were marked published, then a crash
+    other = "/Prim/alice-rest-v1/USER"
+    docs = done_outputs(pub_config, accounts, 4, task="261121_190002:alice_rest", dataset=other)
+    name = make_block(docs).name
+    catalog_of(pub_config, admin).publish_block(make_block(docs, name))
+    left_publishing(docs, name)
+    for doc in agent.get_many(d["_id"] for d in docs[:2]).values():
+        agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-gone")], AGENT))
+    run_publisher(pub_config)
+    assert states_of(pub_config, accounts, docs) == {"published": 4}
+    assert catalog_of(pub_config, admin).dataset_files(other) == {
+        name: sorted(d["destination_lfn"] for d in docs)
+    }

@@ -89,6 +89,39 @@ def test_get_many_returns_none_for_missing_and_deleted(files_db, accounts):
     assert found[gone["_id"]] is None and found["f" * 64] is None
 
 
+def test_write_decided_reads_conflicts_again_and_decides_again(files_db, accounts):
+    """Four requests read at one revision; then someone else writes two of them and deletes
+    one. The two are read again and decided again (one is still wanted, one no longer is);
+    the deleted one is reported gone; the untouched one is written at once."""
+    admin = db_as(accounts, "admin", files_db)
+    docs = [sample_request("alice") for _ in range(4)]
+    for doc in docs:
+        doc["_rev"] = admin.create(doc)
+    untouched, moved_on, still_wanted, deleted = docs
+    admin.put(model.transition(moved_on, [Change(STATE, "acquired", "other")], AGENT))
+    admin.put(still_wanted)  # a new revision, nothing else changed
+    admin.delete(deleted["_id"], deleted["_rev"])
+    decisions: list[str] = []
+
+    def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+        decisions.append(doc["_id"])
+        if doc[STATE] != "new":
+            return None
+        return model.transition(doc, [Change(STATE, "killed", "alice")], model.OWNER)
+
+    outcome = admin.write_decided(docs, decide)
+    assert sorted(d["_id"] for d in outcome.written) == sorted(
+        [untouched["_id"], still_wanted["_id"]]
+    )
+    assert [d["_id"] for d in outcome.declined] == [moved_on["_id"]]
+    assert outcome.gone == [deleted["_id"]] and not outcome.refused and not outcome.conflicted
+    assert sorted(outcome.not_written) == sorted([moved_on["_id"], deleted["_id"]])
+    stored = admin.get(still_wanted["_id"])
+    assert stored["state"] == "killed" and stored["_rev"].startswith("3-")
+    assert decisions.count(still_wanted["_id"]) == 2  # decided again on the fresh copy
+    assert admin.get(moved_on["_id"])["state"] == "acquired"  # the other writer's move stands
+
+
 def test_delete_needs_the_revision(files_db, accounts):
     admin = db_as(accounts, "admin", files_db)
     doc = sample_request("alice")

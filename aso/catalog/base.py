@@ -60,6 +60,16 @@ class BlockConflict(CatalogError):
         super().__init__(message, retryable=False)
 
 
+def content_message(name: str, stored: list[str], wanted: list[str]) -> str:
+    """Why a block name is refused: the catalog holds it with other files."""
+    missing = sorted(set(wanted) - set(stored))
+    extra = sorted(set(stored) - set(wanted))
+    return (
+        f"block {name} exists with other files ({len(stored)} stored, {len(wanted)} given; "
+        f"not stored: {missing[:3]}, stored but not given: {extra[:3]})"
+    )
+
+
 class Catalog(abc.ABC):
     name = "abstract"
 

@@ -58,8 +58,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aso.catalog.base import Block, BlockConflict, Catalog, CatalogError, CatalogFile
-from aso.catalog.embedded import check_block, content_message, elsewhere_message
+from aso.catalog.base import (
+    Block,
+    BlockConflict,
+    Catalog,
+    CatalogError,
+    CatalogFile,
+    content_message,
+)
+from aso.catalog.embedded import check_block, elsewhere_message
 
 log = logging.getLogger("aso.catalog.dbs")
 

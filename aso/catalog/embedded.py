@@ -31,7 +31,14 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aso.catalog.base import Block, BlockConflict, Catalog, CatalogError, CatalogFile
+from aso.catalog.base import (
+    Block,
+    BlockConflict,
+    Catalog,
+    CatalogError,
+    CatalogFile,
+    content_message,
+)
 from aso.store import Conflict, Database, Forbidden, Server, StoreError, StoreUnavailable
 
 log = logging.getLogger("aso.catalog.embedded")
@@ -341,13 +348,4 @@ def elsewhere_message(block: Block, elsewhere: Mapping[str, str]) -> str:
     return (
         f"block {block.name}: {len(shown)} file(s) already published in another block: "
         f"{listed}{more}"
-    )
-
-
-def content_message(name: str, stored: list[str], wanted: list[str]) -> str:
-    missing = sorted(set(wanted) - set(stored))
-    extra = sorted(set(stored) - set(wanted))
-    return (
-        f"block {name} exists with other files ({len(stored)} stored, {len(wanted)} given; "
-        f"not stored: {missing[:3]}, stored but not given: {extra[:3]})"
     )
