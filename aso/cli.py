@@ -30,6 +30,7 @@ from aso.cli_storage import storage_app
 from aso.config import ConfigError
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedError, EmbeddedStore
+from aso.gridenv import CredentialError
 from aso.runtime import Runner
 from aso.storage import StorageError
 from aso.store import Server, StoreError, redact
@@ -74,6 +75,18 @@ def _server(ctx: typer.Context, account: str = "user") -> Server:
 
 def _files_db(ctx: typer.Context):
     return _server(ctx).db(_config(ctx).store.files_db)
+
+
+def _me(ctx: typer.Context) -> str:
+    """The user this command acts as: the account, or through the front end (x509) the name
+    the front end mapped the certificate to, as the store sees it."""
+    config = _config(ctx)
+    if config.store.auth == "x509":
+        name = _server(ctx).session().get("name")
+        if not name:
+            raise UsageError("the front end did not say who this certificate is")
+        return name
+    return config.store_user[0]
 
 
 @app.callback()
@@ -136,6 +149,14 @@ def config_init(
         raise UsageError(f"{path} exists; remove it first or use --if-missing")
     aso_config.write_new_config(path)
     console.print(f"wrote {path} (mode 0600: it holds the store passwords)")
+    certs = path.parent / "certs"
+    if not certs.exists():
+        from aso import pki
+
+        pki.demo(certs, ["alice", "bob"])
+        console.print(
+            f"wrote a throw-away PKI for the front end in {certs} (as `aso certs demo` does)"
+        )
 
 
 # --- embedded store --------------------------------------------------------------------------
@@ -225,8 +246,7 @@ def upload_cmd(
 ) -> None:
     """Record transfer requests (the job wrapper's stage-out step). Idempotent: uploading the
     same file again reports it as already recorded."""
-    config = _config(ctx)
-    owner = user or config.store_user[0]
+    owner = user or _me(ctx)
     if file is not None:
         docs = requests_from_json(file, default_user=owner)
     else:
@@ -336,10 +356,18 @@ def demo_cmd(
     files: Annotated[int, typer.Option(help="How many files to write and transfer.")] = 200,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for them to end.")] = 600,
     wait: Annotated[bool, typer.Option(help="Follow the transfers until they end.")] = True,
+    frontend: Annotated[
+        bool | None,
+        typer.Option(
+            "--frontend/--direct",
+            help="Record and follow the requests through the X.509 front end, each user with "
+            "a proxy of their own, or straight to the store (default: frontend.enabled).",
+        ),
+    ] = None,
 ) -> None:
     """Write files into two source sites' temp areas, upload their transfer requests for two
     users and follow them (needs `aso run` on the embedded defaults)."""
-    from aso.demo import DemoPlan, follow, write_and_upload
+    from aso.demo import DemoPlan, follow, through_frontend, write_and_upload
     from aso.storage import write_file
 
     config = _config(ctx)
@@ -348,12 +376,20 @@ def demo_cmd(
     missing = [s for s in (*plan.sources, plan.destination) if s not in config.sites]
     if missing:
         raise UsageError(f"the site catalogue lacks {', '.join(missing)}")
-    db = _files_db(ctx)
+    if frontend is None:
+        frontend = config.frontend.enabled
+    if frontend:
+        dbs = through_frontend(config, plan.users)
+        how = f"through the front end at {next(iter(dbs.values())).server.url}"
+    else:
+        dbs = dict.fromkeys(plan.users, _files_db(ctx))
+        how = f"straight to the store at {redact(config.store.url)}"
+    db = dbs[plan.users[0]]
     started = time.monotonic()
-    ids, report = write_and_upload(config, db, plan, write_file)
+    ids, report = write_and_upload(config, dbs, plan, write_file)
     console.print(
         f"wrote {files} files at {', '.join(plan.sources)}; "
-        f"{len(report.recorded)} requests recorded for {', '.join(plan.users)}"
+        f"{len(report.recorded)} requests recorded for {', '.join(plan.users)} {how}"
     )
     if not wait:
         return
@@ -376,8 +412,7 @@ def _user_action(
 ) -> None:
     from aso.actions import ACTIONS
 
-    config = _config(ctx)
-    report = ACTIONS[action](_files_db(ctx), task, job, config.store_user[0])
+    report = ACTIONS[action](_files_db(ctx), task, job, _me(ctx))
     if not (report.changed or report.unchanged or report.refused):
         message = f"no requests for task {task}" + (f" job {job}" if job else "")
         if json_out:
@@ -500,7 +535,7 @@ def main() -> None:
     """Console entry point: run the app, turn known failures into one-line errors."""
     try:
         app()
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, CredentialError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(2)
     except (StoreError, EmbeddedError, StorageError, model.ModelError, ValueError) as exc:

@@ -57,6 +57,24 @@ class StoreConfig:
     agent_password: str = _key(
         "", "Password of `store.agent_user`; `aso config init` generates one.", secret=True
     )
+    auth: str = _key(
+        "password",
+        "How this process proves who it is: `password` (the accounts above, straight to the "
+        "store) or `x509` (a certificate or proxy, through the front end at an https:// URL).",
+    )
+    x509_proxy: str = _key(
+        "", "x509: proxy file; empty: $X509_USER_PROXY, then the next keys.", path=True
+    )
+    x509_cert: str = _key(
+        "", "x509: certificate; empty: $X509_USER_CERT, /tmp/x509up_u<uid>, ~/.globus.", path=True
+    )
+    x509_key: str = _key("", "x509: key of `x509_cert`; empty: $X509_USER_KEY.", path=True)
+    x509_cert_dir: str = _key(
+        "",
+        "x509: CA directory that verifies the front end; empty: $X509_CERT_DIR, "
+        "then /etc/grid-security/certificates.",
+        path=True,
+    )
     files_db: str = _key("asynctransfer", "Database holding the transfer requests.")
     transfers_db: str = _key(
         "aso_transfers", "Database of the gfal and sim transfer services' jobs."
@@ -309,6 +327,7 @@ class AgentsConfig:
 
 @dataclass
 class FrontendConfig:
+    enabled: bool = _key(False, "`aso run` starts the front end too (`aso config init`: true).")
     listen: str = _key("127.0.0.1:8443", "host:port the X.509 front end (`aso frontend`) serves.")
     host_cert: str = _key("certs/hostcert.pem", "The front end's certificate (PEM).", path=True)
     host_key: str = _key("certs/hostkey.pem", "The front end's private key (PEM).", path=True)
@@ -337,6 +356,12 @@ class FrontendConfig:
         "sha256", "HMAC hash of CouchDB proxy-auth tokens (the store's `chttpd_auth` setting)."
     )
     max_body: int = _key(67108864, "Largest request body forwarded, in bytes (larger: 413).")
+    demo_certs: str = _key(
+        "certs",
+        "`aso certs demo` directory whose users' certificates `aso demo` goes through the front "
+        "end with (a fresh proxy each run).",
+        path=True,
+    )
 
 
 @dataclass
@@ -466,6 +491,10 @@ def _check_values(config: Config, label: str) -> None:
     for name in ("retries", "pool_size"):
         if getattr(config.store, name) < (0 if name == "retries" else 1):
             raise bad(f"store.{name} is out of range")
+    if config.store.auth not in ("password", "x509"):
+        raise bad("store.auth must be password or x509")
+    if config.store.auth == "x509" and not config.store.url.startswith("https://"):
+        raise bad("store.auth = x509 needs an https:// store.url (the front end)")
     if config.frontend.auth not in ("proxy", "session"):
         raise bad("frontend.auth must be proxy or session")
     if config.frontend.proxy_hash not in ("sha1", "sha256", "sha512"):
@@ -569,6 +598,7 @@ def new_config_text() -> str:
     config.store.admin_password = secrets.token_urlsafe(18)
     config.store.agent_password = secrets.token_urlsafe(18)
     config.frontend.secret = secrets.token_urlsafe(24)
+    config.frontend.enabled = True  # with the throw-away PKI `aso config init` writes
     header = (
         "# ASO configuration, written by `aso config init`. Every key and its default is listed\n"
         "# in README.md (section Configuration); `aso config show` prints the effective values.\n"

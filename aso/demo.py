@@ -12,15 +12,15 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from aso import model
+from aso import model, pki
 from aso.config import Config
-from aso.store import Database
+from aso.store import Database, Server, Settings
 from aso.upload import UploadReport, upload
 
 ENDED = ("done", "failed_attempt", "failed", "killed")
@@ -42,10 +42,29 @@ def demo_dataset(user: str, run: str) -> str:
     return f"/Demo/{user}-crab_demo_{run}/USER"
 
 
+def through_frontend(config: Config, users: Sequence[str]) -> dict[str, Database]:
+    """Each user's files database through the front end, as that user: a fresh proxy from the
+    user's certificate and key in `frontend.demo_certs` (written by `aso certs demo`)."""
+    certs = config.path(config.frontend.demo_certs)
+    host, _, port = config.frontend.listen.rpartition(":")
+    url = f"https://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
+    capath = str(config.path(config.frontend.capath))
+    dbs = {}
+    for user in users:
+        cert, key = certs / f"{user}-cert.pem", certs / f"{user}-key.pem"
+        if not (cert.is_file() and key.is_file()):
+            raise ValueError(f"no certificate for {user} in {certs}: run `aso certs demo {certs}`")
+        proxy = pki.renew_proxy(cert, key, certs / f"x509up_{user}")
+        server = Server(url, settings=Settings.of(config.store), verify=capath, cert=str(proxy))
+        dbs[user] = server.db(config.store.files_db)
+    return dbs
+
+
 def write_and_upload(
-    config: Config, db: Database, plan: DemoPlan, write: Callable[..., Any]
+    config: Config, dbs: Mapping[str, Database], plan: DemoPlan, write: Callable[..., Any]
 ) -> tuple[list[str], UploadReport]:
-    """Write plan.files files at the sources and record their requests; returns the ids."""
+    """Write plan.files files at the sources and record their requests, each user's through
+    `dbs[user]`; returns the ids."""
     rng = random.Random(plan.seed)
     run = time.strftime("%y%m%d_%H%M%S", time.gmtime()) + "_" + uuid.uuid4().hex[:6]
     docs = []
@@ -75,7 +94,13 @@ def write_and_upload(
                 },
             )
         )
-    return [d["_id"] for d in docs], upload(db, docs)
+    report = UploadReport()
+    for user in plan.users:
+        mine = upload(dbs[user], [d for d in docs if d["user"] == user])
+        report.recorded += mine.recorded
+        report.already += mine.already
+        report.refused.update(mine.refused)
+    return [d["_id"] for d in docs], report
 
 
 def follow(

@@ -30,20 +30,24 @@ import json
 import logging
 import shlex
 import threading
+import time
 from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from cryptography import x509
 from OpenSSL import SSL
-from twisted.internet import reactor, threads
-from twisted.web import proxy, resource, server
+from twisted.internet import defer, protocol, reactor, threads
+from twisted.web import client, http, resource, server
+from twisted.web.client import FileBodyProducer
+from twisted.web.http_headers import Headers
 
 from aso import model
 from aso.config import Config
 from aso.store import Server
-from aso.x509auth import Refused, TrustStore, verify_chain
+from aso.x509auth import Identity, Refused, TrustStore, verify_chain
 
 log = logging.getLogger("aso.frontend")
 
@@ -51,6 +55,12 @@ log = logging.getLogger("aso.frontend")
 _DROPPED_PREFIXES = (b"x-auth-", b"x-forwarded-", b"x-couchdb-")
 _DROPPED = {b"authorization", b"cookie", b"proxy-authorization", b"forwarded"}
 KNOWN_ROLES = (model.USER_ROLE, model.AGENT_ROLE, "aso-admin")
+# Hop-by-hop headers (RFC 9110 7.6.1): each side of the front end frames its own messages.
+HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+              b"transfer-encoding", b"upgrade", b"content-length", b"host"}  # fmt: skip
+BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
+STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
+REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
 
 
 class MapfileError(Exception):
@@ -112,6 +122,9 @@ class ProxyAuth:
             raise ValueError("frontend.secret is empty: the store's proxy-auth secret is needed")
         self.secret, self.digest = secret.encode(), digest
 
+    def ready(self, who: Mapped) -> dict[bytes, bytes]:
+        return self.prepare(who)
+
     def prepare(self, who: Mapped) -> dict[bytes, bytes]:
         token = hmac.new(self.secret, who.name.encode(), self.digest).hexdigest()
         return {
@@ -137,6 +150,16 @@ class Sessions:
         digest = hmac.new(self.secret, b"aso-frontend-user:" + name.encode(), hashlib.sha256)
         return base64.urlsafe_b64encode(digest.digest()).decode().rstrip("=")
 
+    def ready(self, who: Mapped) -> dict[bytes, bytes] | None:
+        """The headers at once if the user's account is already set up, else None."""
+        if who.name in self.reserved or self._ready.get(who.name) != who.roles:
+            return None
+        return self._basic(who.name)
+
+    def _basic(self, name: str) -> dict[bytes, bytes]:
+        basic = base64.b64encode(f"{name}:{self.password(name)}".encode())
+        return {b"authorization": b"Basic " + basic}
+
     def prepare(self, who: Mapped) -> dict[bytes, bytes]:
         """(In a thread: may write `_users`.)"""
         if who.name in self.reserved:
@@ -148,8 +171,7 @@ class Sessions:
             if self._ready.get(who.name) != who.roles:
                 self._set_up(who, password)
                 self._ready[who.name] = who.roles
-        basic = base64.b64encode(f"{who.name}:{password}".encode())
-        return {b"authorization": b"Basic " + basic}
+        return self._basic(who.name)
 
     def _set_up(self, who: Mapped, password: str) -> None:
         """Write the user's account (once per user and start): roles and password. An account
@@ -167,19 +189,34 @@ class Sessions:
         log.info("store account %s set up with roles %s", who.name, ",".join(who.roles))
 
 
-class _StoreClient(proxy.ProxyClient):
-    def handleHeader(self, key: bytes, value: bytes) -> None:
-        if key.lower() == b"set-cookie":  # a store session would bypass the front end
+class _Relay(protocol.Protocol):
+    """Streams a store answer's body to the client as it comes (a `_changes` feed never
+    ends), and ends the store's side when the client goes away: the embedded store never
+    ends a feed itself (EMBEDDED_FEED_NEVER_TIMES_OUT)."""
+
+    def __init__(self, request: server.Request):
+        self.request = request
+        self.gone = False
+
+    def connectionMade(self) -> None:
+        self.request.notifyFinish().addErrback(self._client_gone)
+
+    def _client_gone(self, _failure: Any) -> None:
+        self.gone = True
+        self.transport.stopProducing()  # drops the store connection (not back in the pool)
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.gone:
+            self.request.write(data)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self.gone or self.request.finished:
             return
-        super().handleHeader(key, value)
-
-
-class _StoreClientFactory(proxy.ProxyClientFactory):
-    protocol = _StoreClient
-
-    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
-        log.error("store unreachable: %s", reason.getErrorMessage())
-        _answer(self.father, 502, "bad_gateway", "the document store is unreachable")
+        if reason is None or reason.check(client.ResponseDone, http.PotentialDataLoss):
+            self.request.finish()
+        else:  # cut short: the client must not take a truncated answer for a whole one
+            log.error("store answer to %s cut: %s", _path(self.request), reason.getErrorMessage())
+            self.request.loseConnection()
 
 
 def _answer(request: server.Request, status: int, error: str, reason: str) -> None:
@@ -211,7 +248,17 @@ class FrontEnd(resource.Resource):
         url = urlsplit(config.store.url)
         if url.scheme != "http":
             raise ValueError("the front end forwards to a store on http:// (its loopback side)")
-        self.store_host, self.store_port = url.hostname or "127.0.0.1", url.port or 80
+        self.store_url = f"http://{url.hostname or '127.0.0.1'}:{url.port or 80}".encode()
+        # HTTP/1.1 to the store with kept-alive connections (not one per request).
+        pool = client.HTTPConnectionPool(reactor, persistent=True)
+        pool.maxPersistentPerHost = STORE_CONNECTIONS
+        timeout = config.store.connect_timeout
+        self.agent = client.Agent(reactor, pool=pool, connectTimeout=timeout)
+        # A feed holds its connection for as long as it lasts: its own, never pooled.
+        self.feeds = client.Agent(
+            reactor, pool=client.HTTPConnectionPool(reactor, persistent=False),
+            connectTimeout=timeout,
+        )  # fmt: skip
 
     def render(self, request: server.Request) -> Any:
         length = request.getHeader(b"content-length")
@@ -224,8 +271,7 @@ class FrontEnd(resource.Resource):
             )
             return server.NOT_DONE_YET
         try:
-            chain = peer_chain(request)
-            identity = verify_chain(chain, self.trust, require_crl=self.config.frontend.require_crl)
+            identity = self.client_identity(request)
         except Refused as refused:
             log.warning("refused %s %s: %s", _method(request), _path(request), refused.reason)
             _answer(request, refused.status, "unauthorized", refused.reason)
@@ -235,10 +281,30 @@ class FrontEnd(resource.Resource):
             log.warning("refused %s: DN %s is not mapped", _path(request), identity.dn)
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return server.NOT_DONE_YET
-        done = threads.deferToThread(self.identity.prepare, who)
+        headers = self.identity.ready(who)
+        if headers is not None:
+            self.forward(request, who, headers)
+            return server.NOT_DONE_YET
+        done = threads.deferToThread(self.identity.prepare, who)  # may write to the store
         done.addCallback(lambda headers: self.forward(request, who, headers))
         done.addErrback(self._failed, request)
         return server.NOT_DONE_YET
+
+    def client_identity(self, request: server.Request) -> Identity:
+        """The verified identity of the request's TLS connection. A connection's chain is
+        verified once and the verdict kept for REVERIFY seconds, so that keep-alive clients do
+        not pay for it on every request, while an expired proxy or a new CRL still takes
+        effect within that time."""
+        channel = request.channel
+        kept = getattr(channel, "_aso_identity", None)
+        now = time.monotonic()
+        if kept is not None and now - kept[1] < REVERIFY:
+            return kept[0]
+        identity = verify_chain(
+            peer_chain(request), self.trust, require_crl=self.config.frontend.require_crl
+        )
+        channel._aso_identity = (identity, now)
+        return identity
 
     def _failed(self, failure: Any, request: server.Request) -> None:
         if failure.check(Refused) and not request.finished:
@@ -251,20 +317,44 @@ class FrontEnd(resource.Resource):
 
     def forward(self, request: server.Request, who: Mapped, identity: dict[bytes, bytes]) -> None:
         headers = {
-            key: value
+            key: [value]
             for key, value in request.getAllHeaders().items()
-            if key not in _DROPPED and not key.startswith(_DROPPED_PREFIXES)
+            if key not in _DROPPED
+            and key not in HOP_BY_HOP
+            and not key.startswith(_DROPPED_PREFIXES)
         }
-        headers.update(identity)
-        headers[b"host"] = f"{self.store_host}:{self.store_port}".encode()
+        headers.update({key: [value] for key, value in identity.items()})
+        # The store's gzip holds a stream back until its buffer fills: a `_changes` feed would
+        # stall. The store is on loopback; its answers come through as they are.
+        headers.pop(b"accept-encoding", None)
         request.content.seek(0)
         body = request.content.read()
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
-        # HTTP/1.0 upstream: the store answers unchunked, ended by close; streamed as it comes.
-        factory = _StoreClientFactory(
-            request.method, request.uri, b"HTTP/1.0", headers, body, request
+        producer = FileBodyProducer(BytesIO(body)) if body or request.method in BODY else None
+        feed = request.args.get(b"feed", [b""])[-1] in (b"continuous", b"longpoll", b"eventsource")
+        sent = (self.feeds if feed else self.agent).request(
+            request.method, self.store_url + request.uri, Headers(headers), producer
         )
-        reactor.connectTCP(self.store_host, self.store_port, factory)
+        request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
+        sent.addCallback(self._relay, request)
+        sent.addErrback(self._upstream_failed, request)
+
+    def _relay(self, response: Any, request: server.Request) -> None:
+        if request.finished or request._disconnected:
+            response.deliverBody(_Relay(request))  # read nothing more; the relay drops it
+            return
+        request.setResponseCode(response.code, response.phrase)
+        for name, values in response.headers.getAllRawHeaders():
+            # A store session would bypass the front end; framing is each hop's own.
+            if name.lower() not in HOP_BY_HOP and name.lower() != b"set-cookie":
+                request.responseHeaders.setRawHeaders(name, values)
+        response.deliverBody(_Relay(request))
+
+    def _upstream_failed(self, failure: Any, request: server.Request) -> None:
+        if failure.check(defer.CancelledError) or request.finished or request._disconnected:
+            return
+        log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
+        _answer(request, 502, "bad_gateway", "the document store is unreachable")
 
 
 def _method(request: server.Request) -> str:

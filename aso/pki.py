@@ -262,18 +262,36 @@ def make_proxy(
     return Credential(cert, key, (issuer.cert, *issuer.chain))
 
 
-def write_capath(directory: Path, *cas: CertificateAuthority) -> Path:
+def load_credential(cert_path: Path, key_path: Path) -> Credential:
+    """A usercert.pem / userkey.pem pair (unencrypted key) as a Credential."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise ValueError(f"{key_path}: not an RSA key")
+    return Credential(cert, key)
+
+
+def renew_proxy(
+    cert_path: Path, key_path: Path, out: Path, lifetime: dt.timedelta = dt.timedelta(hours=12)
+) -> Path:
+    """What voms-proxy-init does without the VOMS part: a fresh RFC 3820 proxy at `out`."""
+    if out.exists():
+        out.unlink()
+    return write_proxy(out, make_proxy(load_credential(cert_path, key_path), lifetime))
+
+
+def write_capath(directory: Path, *cas: CertificateAuthority, crl_days: float = 7) -> Path:
     """The CAs, each with an empty CRL, in the grid layout."""
     directory.mkdir(parents=True, exist_ok=True)
     for ca in cas:
         (directory / f"{subject_hash(ca.cert)}.0").write_bytes(ca.pem())
-        write_crl(directory, ca)
+        write_crl(directory, ca, days=crl_days)
     return directory
 
 
-def write_crl(directory: Path, ca: CertificateAuthority, revoked=()) -> Path:
+def write_crl(directory: Path, ca: CertificateAuthority, revoked=(), days: float = 7) -> Path:
     path = directory / f"{subject_hash(ca.cert)}.r0"
-    path.write_bytes(ca.crl(list(revoked)).public_bytes(serialization.Encoding.PEM))
+    path.write_bytes(ca.crl(list(revoked), days).public_bytes(serialization.Encoding.PEM))
     return path
 
 
@@ -302,23 +320,24 @@ class Pki:
     host_key: Path
     host: Credential
     users: dict[str, Credential] = field(default_factory=dict)
+    days: float = 30  # lifetime of everything it issues, its CRLs included
 
     @classmethod
-    def create(cls, root: Path) -> Pki:
+    def create(cls, root: Path, days: float = 30) -> Pki:
         root.mkdir(parents=True, exist_ok=True)
-        ca = CertificateAuthority()
-        host = ca.host()
+        ca = CertificateAuthority(days=days)
+        host = ca.host(days=days)
         ca_file = root / "ca.pem"
         ca_file.write_bytes(ca.pem())
         host_cert = root / "hostcert.pem"
         host_cert.write_bytes(host.cert_pem())
         host_key = write_private(root / "hostkey.pem", host.key_pem())
-        capath = write_capath(root / "certificates", ca)
-        return cls(root, ca, capath, ca_file, host_cert, host_key, host)
+        capath = write_capath(root / "certificates", ca, crl_days=days)
+        return cls(root, ca, capath, ca_file, host_cert, host_key, host, days=days)
 
     def user(self, common_name: str) -> Credential:
         if common_name not in self.users:
-            self.users[common_name] = self.ca.user(common_name)
+            self.users[common_name] = self.ca.user(common_name, self.days)
         return self.users[common_name]
 
     def proxy_file(
@@ -339,7 +358,7 @@ class Pki:
 
     def revoke(self, *certs: x509.Certificate) -> Path:
         """Publish a CRL listing `certs` in the CA directory."""
-        return write_crl(self.capath, self.ca, certs)
+        return write_crl(self.capath, self.ca, certs, self.days)
 
     def write_user(self, user: Credential, stem: str) -> tuple[Path, Path]:
         """usercert.pem / userkey.pem style files (the key 0600)."""
@@ -348,13 +367,16 @@ class Pki:
         return cert, write_private(self.root / f"{stem}key.pem", user.key_pem())
 
 
+DEMO_DAYS = 365  # a throw-away PKI, but one that lasts for a single-machine install
+
+
 def demo(
     root: Path, users: list[str], agent: str = "aso-agent-host", admin: str = "aso-operator"
 ) -> dict[str, Path]:
     """`aso certs demo`: a CA directory, a host certificate for 127.0.0.1, and for each user,
     the agent and the operator a certificate, key and proxy; a grid-mapfile mapping them.
-    Returns the paths by name."""
-    pki = Pki.create(root)
+    Returns the paths by name. Everything is valid DEMO_DAYS days (the CRL too)."""
+    pki = Pki.create(root, DEMO_DAYS)
     paths: dict[str, Path] = {
         "capath": pki.capath,
         "ca": pki.ca_file,

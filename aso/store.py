@@ -71,6 +71,8 @@ from ibmcloudant.cloudant_v1 import CloudantV1, SecurityObject
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from aso import gridenv
+
 log = logging.getLogger("aso.store")
 
 COUCHDB = "couchdb"
@@ -205,6 +207,19 @@ class Settings:
     pool_size: int = 16
     feed_timeout: float = 30.0
 
+    @classmethod
+    def of(cls, store: Any) -> Settings:
+        """From the [store] section of the config."""
+        return cls(
+            connect_timeout=store.connect_timeout,
+            read_timeout=store.read_timeout,
+            retries=store.retries,
+            backoff=store.backoff,
+            backoff_max=store.backoff_max,
+            pool_size=store.pool_size,
+            feed_timeout=store.feed_timeout,
+        )
+
 
 def _session(settings: Settings, retries: int, read_retries: int) -> requests.Session:
     retry = Retry(
@@ -242,15 +257,18 @@ class Server:
         settings: Settings | None = None,
         *,
         verify: bool | str = True,
+        cert: str | tuple[str, str] | None = None,
     ):
+        """`cert`: an X.509 client credential (a proxy file, or certificate and key) for the
+        front end, which then knows who this is: user and password are not sent."""
         self.url = url.rstrip("/")
-        self.user = user
+        self.user = "" if cert else user
         self.settings = settings or Settings()
         self._password = password
         self._kind: str | None = None
+        self._verify, self._cert = verify, cert
         self.client = self._client(self.settings.read_timeout, verify, read_retries=True)
         self._feed_client: CloudantV1 | None = None
-        self._verify = verify
 
     def _client(
         self, read_timeout: float | None, verify: bool | str, *, read_retries: bool
@@ -268,6 +286,8 @@ class Server:
             config["timeout"] = (self.settings.connect_timeout, read_timeout)
         if verify is not True:
             config["verify"] = verify
+        if self._cert:
+            config["cert"] = self._cert
         client.set_http_config(config)
         return client
 
@@ -288,15 +308,19 @@ class Server:
             "agent": (store.agent_user, store.agent_password),
             "user": config.store_user,
         }[account]
-        settings = Settings(
-            connect_timeout=store.connect_timeout,
-            read_timeout=store.read_timeout,
-            retries=store.retries,
-            backoff=store.backoff,
-            backoff_max=store.backoff_max,
-            pool_size=store.pool_size,
-            feed_timeout=store.feed_timeout,
-        )
+        settings = Settings.of(store)
+        if store.auth == "x509":
+            # Through the front end: the certificate says who this is, whatever the account.
+            path = config.path
+            credential = gridenv.client_credential(
+                str(path(store.x509_proxy)) if store.x509_proxy else "",
+                str(path(store.x509_cert)) if store.x509_cert else "",
+                str(path(store.x509_key)) if store.x509_key else "",
+            )
+            capath = gridenv.ca_directory(
+                str(path(store.x509_cert_dir)) if store.x509_cert_dir else ""
+            )
+            return cls(store.url, settings=settings, verify=capath, cert=credential)
         return cls(store.url, user, password, settings)
 
     # -- calling ------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """`aso run`: the whole service on one host, as supervised processes.
 
 It starts what this host needs and is not running yet (the embedded store, the databases and
-design documents, the embedded storage sites when the gfal service uses them), then every agent
-instance of `agents.instances` as its own process (`aso agent NAME --instance ...`), restarts an
-instance that dies (with a growing delay), and on Ctrl-C or SIGTERM stops the agents (SIGTERM,
-then SIGKILL after a grace period) and then what it started itself, in reverse order.
-`--agents-only` runs only the agents, against a store that runs elsewhere (a second agent host).
+design documents, the embedded storage sites when the gfal service uses them), then the X.509
+front end (`frontend.enabled`) and every agent instance of `agents.instances`, each as its own
+process (`aso frontend`, `aso agent NAME --instance ...`), restarts one that dies (with a
+growing delay), and on Ctrl-C or SIGTERM stops them (SIGTERM, then SIGKILL after a grace
+period) and then what it started itself, in reverse order. `--agents-only` runs only the
+agents, against a store that runs elsewhere (a second agent host).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from cryptography import x509
 
 from aso.config import Config
 from aso.designdocs import init_databases
@@ -32,6 +36,7 @@ log = logging.getLogger("aso.run")
 GRACE = 15.0  # seconds agents get to finish their cycle after SIGTERM
 MAX_BACKOFF = 30.0
 STORAGE_CHECK = 10.0  # seconds between two looks at the embedded storage servers
+FRONTEND = "frontend"  # the X.509 front end, supervised as the agents are
 
 
 @dataclass
@@ -51,6 +56,24 @@ def planned_instances(config: Config, host_id: str) -> list[tuple[str, str]]:
     if config.transfer.backend == "gfal":
         counts.setdefault("gfal-worker", 1)
     return [(agent, f"{host_id}-{slot}") for agent, n in counts.items() for slot in range(n)]
+
+
+def check_frontend_files(config: Config) -> None:
+    """Say now, not in a restart loop, when the front end cannot start for want of its files."""
+    fe = config.frontend
+    for key in ("host_cert", "host_key", "capath", "mapfile"):
+        if not config.path(getattr(fe, key)).exists():
+            raise ValueError(
+                f"frontend.{key} {config.path(getattr(fe, key))} does not exist: run "
+                "`aso certs demo certs` for a throw-away PKI, or set it (or frontend.enabled "
+                "= false)"
+            )
+    host = x509.load_pem_x509_certificate(config.path(fe.host_cert).read_bytes())
+    if host.not_valid_after_utc < datetime.now(UTC):
+        raise ValueError(
+            f"the front end's certificate {config.path(fe.host_cert)} expired on "
+            f"{host.not_valid_after_utc:%Y-%m-%d}: renew it (`aso certs demo` for a demo PKI)"
+        )
 
 
 class Supervisor:
@@ -81,6 +104,8 @@ class Supervisor:
                 self.cleanups.append(("embedded store", store.stop))
             init_databases(Server.from_config(self.config, account="admin"), self.config)
             self._start_storage()
+            if self.config.frontend.enabled:
+                check_frontend_files(self.config)
 
     def _start_storage(self) -> None:
         if self.config.transfer.backend != "gfal":
@@ -98,22 +123,21 @@ class Supervisor:
     def spawn_all(self) -> None:
         log_dir = self.config.path(self.config.agents.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        for agent, instance in planned_instances(self.config, self.host_id):
+        planned = planned_instances(self.config, self.host_id)
+        if self.config.frontend.enabled and not self.agents_only:
+            planned.insert(0, (FRONTEND, self.host_id))
+        for agent, instance in planned:
             child = Child(agent, instance, log_dir / f"{agent}-{instance}.log")
             self.children.append(child)
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "aso",
-            *self._config_args(),
-            "agent",
-            child.agent,
-            "--instance",
-            child.instance,
-        ]
+        command = (
+            ["frontend"]
+            if child.agent == FRONTEND
+            else ["agent", child.agent, "--instance", child.instance]
+        )
+        argv = [sys.executable, "-m", "aso", *self._config_args(), *command]
         with open(child.log_file, "ab") as out:
             child.process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

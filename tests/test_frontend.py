@@ -4,10 +4,15 @@ users behind them may do (the store's validate_doc_update and _security, seen th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import json
+import os
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return pki
 
 
+PIDS: dict[str, int] = {}  # front end URL → its process
+
+
 @pytest.fixture(scope="module")
 def frontend(
     store_config: Config, pki: Pki, files_db: str, tmp_path_factory: pytest.TempPathFactory
@@ -74,6 +82,7 @@ def frontend(
         while "listening" not in log.read_text():
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
+        PIDS[url] = process.pid
         yield url
     finally:
         process.terminate()
@@ -246,3 +255,167 @@ def test_a_service_account_of_the_store_is_not_given_out(
         assert agent.session()["name"] == store_config.store.agent_user  # password unchanged
     finally:
         mapfile.write_text(before)
+
+
+# --- clients through the front end ----------------------------------------------------------
+@pytest.fixture()
+def client_config(frontend: str, store_config: Config, files_db: str, tmp_path: Path) -> Config:
+    """What a user's or an agent host's config holds: the front end's URL and `auth = x509`,
+    no store password; the credential comes from the grid variables."""
+    store = dataclasses.replace(
+        store_config.store, url=frontend, auth="x509", files_db=files_db, user="",
+        password="", admin_password="", agent_password="",
+    )  # fmt: skip
+    config = dataclasses.replace(store_config, source=tmp_path / "client.toml", store=store)
+    write_config(config)
+    return config
+
+
+def aso_with(config: Config, grid: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`aso` with exactly these grid variables set (X509_CERT_DIR among them)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("X509_")}
+    return subprocess.run([ASO, "--config", str(config.source), *args], env=env | grid,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def upload_args(user: str, task: str) -> list[str]:
+    token = uuid.uuid4().hex[:8]
+    path = f"/{user}/fe/{token}.root"
+    return ["upload", "--task", task, "--job-id", "1", "--source", "T2_CH_CERN",
+            "--destination", "T2_DE_DESY", "--source-lfn", f"/store/temp/user{path}",
+            "--destination-lfn", f"/store/user{path}", "--size", "10",
+            "--adler32", "0000000a", "--json"]  # fmt: skip
+
+
+def test_aso_commands_go_through_the_front_end_with_the_grid_variables(
+    client_config, pki, admin, files_db
+):
+    cadir = {"X509_CERT_DIR": str(pki.capath)}
+    carol = cadir | {"X509_USER_PROXY": str(pki.proxy_file(pki.user("carol")))}
+    dave_cert, dave_key = cert_files(pki, "dave")
+    dave = cadir | {"X509_USER_CERT": dave_cert, "X509_USER_KEY": dave_key}
+    task = f"261121_120000:carol_fe_{uuid.uuid4().hex[:6]}"
+    db = admin.db(files_db)
+
+    # Carol's proxy: the request is hers (the front end said who she is; no --user given).
+    up = aso_with(client_config, carol, *upload_args("carol", task))
+    assert up.returncode == 0, up.stderr
+    [doc_id] = json.loads(up.stdout)["recorded"]
+    assert db.get(doc_id)["user"] == "carol"
+
+    # Dave's certificate and key: he cannot record in Carol's name, nor kill her task.
+    forged = aso_with(client_config, dave, *upload_args("carol", task), "--user", "carol")
+    assert forged.returncode == 1 and "forbidden" in forged.stdout + forged.stderr
+    kill = aso_with(client_config, dave, "kill", "--task", task, "--json")
+    assert kill.returncode == 1 and doc_id in json.loads(kill.stdout)["refused"]
+    assert db.get(doc_id)["state"] == "new"
+
+    # Carol kills her own task; the history says she did.
+    kill = aso_with(client_config, carol, "kill", "--task", task, "--json")
+    assert kill.returncode == 0, kill.stdout + kill.stderr
+    stored = db.get(doc_id)
+    assert stored["state"] == "killed" and stored["history"][-1]["by"] == "carol"
+
+    # A credential named but missing, or none at all: one clear line, exit code 2.
+    missing = aso_with(client_config, cadir | {"X509_USER_PROXY": "/nonexistent/x509up"},
+                       "kill", "--task", task)  # fmt: skip
+    assert missing.returncode == 2 and "cannot read /nonexistent/x509up" in missing.stderr
+    no_ca = aso_with(client_config, carol | {"X509_CERT_DIR": "/nonexistent/ca"}, "kill",
+                     "--task", task)  # fmt: skip
+    assert no_ca.returncode == 2 and "CA directory /nonexistent/ca" in no_ca.stderr
+
+
+def test_an_agent_works_through_the_front_end_with_its_host_certificate(
+    client_config, pki, admin, files_db, monkeypatch
+):
+    """The retry manager, as an agent host runs it: the host certificate in X509_USER_CERT/KEY,
+    its work set read from the `_changes` feed through the front end, its writes judged as the
+    agent's."""
+    from agents.retry_manager import RetryManager
+    from aso.runtime import Runner
+
+    cert, key = cert_files(pki, "agent-host")
+    monkeypatch.setenv("X509_USER_CERT", cert)
+    monkeypatch.setenv("X509_USER_KEY", key)
+    monkeypatch.setenv("X509_CERT_DIR", str(pki.capath))
+    monkeypatch.delenv("X509_USER_PROXY", raising=False)
+    db = admin.db(files_db)
+    doc = sample_request("carol")
+    doc["_rev"] = db.create(doc)
+    for to in ("acquired", "submitted", "failed_attempt"):
+        doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
+        doc["_rev"] = db.put(doc)
+    agent = RetryManager(client_config, "fe-retry")
+    assert agent.server.session()["name"] == "agent-host"
+    runner = Runner(agent)
+    runner.workset.start("feed")
+    runner.step(wait=False)
+    stored = db.get(doc["_id"])
+    assert stored["state"] in ("retry", "failed") and stored["history"][-1]["by"] == "fe-retry"
+
+
+@pytest.fixture()
+def frontend_pid(frontend: str) -> int:
+    return PIDS[frontend]
+
+
+def store_connections(pid: int, port: int) -> set[int]:
+    """Local ports of the established TCP connections of process `pid` to `port` (/proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if fields[3] == "01" and remote_port == port and fields[9] in inodes:
+                found.add(local_port)
+    return found
+
+
+def test_the_changes_feed_streams_through_and_ends_with_its_client(
+    frontend, frontend_pid, pki, admin, files_db, store_config
+):
+    """A continuous `_changes` feed through the front end: each change arrives while the
+    feed stays open; when the client goes, the front end's connection to the store goes too
+    (the embedded store never ends a feed itself)."""
+    carol = cert_files(pki, "carol")
+    db = admin.db(files_db)
+    since = db.info()["update_seq"]
+    store_port = int(store_config.store.url.rsplit(":", 1)[1])
+    # Carol's store account is set up by her first request: before the count.
+    assert call(frontend, pki, carol, "GET", "/_session").json()["userCtx"]["name"] == "carol"
+    before = store_connections(frontend_pid, store_port)  # kept alive, for other requests
+    docs = [sample_request("carol") for _ in range(2)]
+    # The embedded store sends the feed's headers with its first change: write it from a timer.
+    timers = [threading.Timer(1.0 + i, db.create, [doc]) for i, doc in enumerate(docs)]
+    for timer in timers:
+        timer.start()
+    feed = requests.get(f"{frontend}/{files_db}/_changes", cert=carol, verify=str(pki.ca_file),
+                        params={"feed": "continuous", "since": since, "heartbeat": 500},
+                        stream=True, timeout=30)  # fmt: skip
+    try:
+        assert feed.status_code == 200
+        # One iterator for the whole feed: leaving a for loop over it would close it.
+        lines = feed.iter_lines(chunk_size=1)  # each line as it comes
+        seen: list[str] = []
+        while len(seen) < len(docs):
+            line = next(lines)
+            if line.strip():  # not a heartbeat
+                seen.append(json.loads(line)["id"])
+        assert seen == [d["_id"] for d in docs]
+        assert next(lines) == b""  # a heartbeat: the feed goes on
+        [feed_port] = store_connections(frontend_pid, store_port) - before  # still open
+    finally:
+        feed.close()
+        for timer in timers:
+            timer.join()
+    deadline = time.monotonic() + 15
+    while feed_port in store_connections(frontend_pid, store_port):
+        assert time.monotonic() < deadline, "the front end kept the feed open to the store"
+        time.sleep(0.2)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from aso import pki
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import load, render
 from aso.embedded import free_port
@@ -57,6 +58,11 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
         config.agents.poll_interval = 0.5
         config.agents.heartbeat_interval = 1.0
         config.gfal.poll_interval = 0.5
+        # As `aso config init` leaves it: the front end on, with a throw-away PKI.
+        pki.demo(base / "certs", ["alice", "bob"])
+        config.frontend.enabled = True
+        config.frontend.listen = f"127.0.0.1:{free_port()}"
+        config.frontend.secret = "run-test-frontend"
         path = base / "aso.toml"
         path.write_text(render(config, show_secrets=True))
         log = base / "run.log"
@@ -89,6 +95,7 @@ def test_run_demo_restart_and_clean_stop(service):
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "200 of 200 done" in demo.stdout
+    assert "through the front end at https://" in demo.stdout
     config = load(str(path))
     admin = Server(config.store.url, "admin", "run-test-admin")
     done = (

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from aso import gridenv
 from aso.catalog.base import (
     Block,
     BlockConflict,
@@ -142,7 +143,7 @@ class DbsSettings:
 
     @property
     def proxy_path(self) -> str:
-        return self.proxy or os.environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.geteuid()}"
+        return self.proxy or gridenv.default_proxy()
 
 
 # --- the block dump --------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from fts3.rest.client.exceptions import (
 )
 from fts3.rest.client.submitter import Submitter
 
+from aso import gridenv
 from aso.config import Config, ConfigError
 from aso.transfer import errors
 from aso.transfer.base import (
@@ -236,8 +237,7 @@ class Fts3Service(TransferService):
     def _default_proxy(config: Config) -> str:
         if config.fts3.proxy:
             return str(config.path(config.fts3.proxy))
-        # The grid's conventions, as the client's own: $X509_USER_PROXY, /tmp/x509up_u<uid>.
-        return os.environ.get("X509_USER_PROXY") or f"/tmp/x509up_u{os.geteuid()}"
+        return gridenv.default_proxy()
 
     # -- the interface ----------------------------------------------------------------------
 
