@@ -15,7 +15,7 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run demo stop test lint bench bench-workqueue clean
+.PHONY: help setup run demo stop test lint bench bench-workqueue bench-frontend clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -59,10 +59,13 @@ lint: $(ASO)
 test: setup lint
 	$(VENV)/bin/pytest
 
-bench: bench-workqueue
+bench: bench-workqueue bench-frontend
 
 bench-workqueue: setup
 	$(VENV)/bin/python -m sim.bench_workqueue
+
+bench-frontend: setup
+	$(VENV)/bin/python -m sim.bench_frontend
 
 clean:
 	rm -rf $(VENV) $(STAMPS) deploy/store/node_modules

@@ -112,6 +112,23 @@ class Publisher(Agent):
     def __init__(self, config: Config, instance: str | None = None, catalog: Any = None):
         super().__init__(config, instance)
         self.catalog = catalog or open_catalog(config, self.server)
+        # Requests on their way, by task, as the `_changes` feed last showed them.
+        self.on_its_way: dict[str, set[str]] = defaultdict(set)
+        self.observe = self._observe
+
+    def _observe(self, doc: Mapping[str, Any]) -> None:
+        """Every document of the feed. A request's creation comes before its copy ends in the
+        feed, so when a task's file is seen done, every request of the task recorded before
+        it has been seen too: the feed's view of a task is never behind the files at hand."""
+        task = doc.get("task")
+        if doc.get("type") != model.REQUEST_TYPE or not task:
+            return
+        if doc.get(STATE) in ON_ITS_WAY:
+            self.on_its_way[task].add(doc["_id"])
+        elif task in self.on_its_way:
+            self.on_its_way[task].discard(doc["_id"])
+            if not self.on_its_way[task]:
+                del self.on_its_way[task]
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return f"{doc['user']}:{dataset_of(doc)}"
@@ -166,8 +183,13 @@ class Publisher(Agent):
         return report
 
     def task_over(self, task: str) -> bool:
-        """No request of the task is still on its way. A fresh read: a stale index lacks the
-        newest requests and would call a task over too early."""
+        """No request of the task is still on its way: neither in the feed this agent has
+        read (the requests since it started) nor in the task's index (those before; a fresh
+        read). The index alone once called a task over while 99 of its 100 files were still
+        on their way (embedded store, agents writing; not reproduced since), and the feed
+        alone knows nothing from before the agent started."""
+        if self.on_its_way.get(task):
+            return False
         rows = self.db.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}]).rows
         return not any(row["value"]["state"] in ON_ITS_WAY for row in rows)
 

@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -23,6 +24,7 @@ import requests
 from aso import model
 from aso.config import Config
 from aso.embedded import free_port
+from aso.frontend import Mapped, ProxyAuth
 from aso.model import AGENT, STATE, Change
 from aso.pki import CertificateAuthority, Pki, make_proxy
 from aso.store import Server
@@ -419,3 +421,23 @@ def test_the_changes_feed_streams_through_and_ends_with_its_client(
     while feed_port in store_connections(frontend_pid, store_port):
         assert time.monotonic() < deadline, "the front end kept the feed open to the store"
         time.sleep(0.2)
+
+
+def test_proxy_mode_sends_couchdb_proxy_authentication():
+    """The `proxy` identity (a real CouchDB): the three X-Auth-CouchDB headers, the token being
+    what CouchDB computes, HMAC-SHA256 of the name with the shared secret, in hex (here
+    computed by openssl)."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to compute the token independently")
+    headers = ProxyAuth("s3cret", "sha256").prepare(Mapped("alice", ("aso-user", "aso-agent")))
+    expected = subprocess.run(
+        ["openssl", "dgst", "-sha256", "-hmac", "s3cret"],
+        input=b"alice", capture_output=True, check=True,
+    ).stdout.split()[-1]  # fmt: skip
+    assert headers == {
+        b"x-auth-couchdb-username": b"alice",
+        b"x-auth-couchdb-roles": b"aso-user,aso-agent",
+        b"x-auth-couchdb-token": expected,
+    }
+    with pytest.raises(ValueError, match="secret"):
+        ProxyAuth("", "sha256")
