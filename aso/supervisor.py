@@ -217,7 +217,7 @@ class Supervisor:
             self.prepare()
             self.spawn_all()
             log.info(
-                "ASO running on %s: %d agent processes (pid %d); Ctrl-C stops it",
+                "ASO running on %s: %d supervised processes (pid %d); Ctrl-C stops it",
                 self.host_id,
                 len(self.children),
                 os.getpid(),
