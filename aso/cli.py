@@ -26,6 +26,7 @@ from aso.cli_common import config_of as _config
 from aso.cli_frontend import certs_app, frontend_cmd
 from aso.cli_reconcile import reconcile_cmd
 from aso.cli_stats import stats_cmd
+from aso.cli_status import status_cmd
 from aso.cli_storage import storage_app
 from aso.config import ConfigError
 from aso.designdocs import init_databases
@@ -60,6 +61,7 @@ app.add_typer(request_app, name="request")
 app.add_typer(storage_app, name="storage")
 app.add_typer(catalog_app, name="catalog")
 app.command("reconcile")(reconcile_cmd)
+app.command("status")(status_cmd)
 app.command("stats")(stats_cmd)
 app.command("frontend")(frontend_cmd)
 app.add_typer(certs_app, name="certs")
