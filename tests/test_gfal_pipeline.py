@@ -188,9 +188,9 @@ def test_a_storage_server_stopped_mid_run_is_a_connection_failure(
 
 
 def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, storage, watchdog):
-    """kill -9 of the destination's XRootD just as its copies are about to start: the watchdog
-    starts it again (as `aso run` does), the copies that met the dead server are tried again
-    in place, and every file ends done, copied once."""
+    """kill -9 of the destination's XRootD just as its copies are about to start: once a copy
+    has met the dead server, the watchdog starts it again (as `aso run` does), the copies that
+    met it are tried again in place, and every file ends done, copied once."""
     # In-place retries for 10 s: enough for the watchdog to start the server again even on a
     # loaded machine (its start takes about a second).
     config = dataclasses.replace(
@@ -203,8 +203,18 @@ def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, st
     runners = agents(config)
     run_until(lambda: states(db, ids)["submitted"] == len(ids), runners[:1])
     [site] = [s for s in watchdog.storage.status() if s.site == DESTINATION]
-    os.kill(site.pid, signal.SIGKILL)  # the first copies meet a dead server, for sure
+
+    def retried_entries() -> list[dict]:
+        return [
+            e for job in jobs_of(admin, config) for e in job["files"].values() if e.get("retries")
+        ]
+
     try:
+        # The watchdog waits until a copy has met the dead server (it restarted the server
+        # before the first copy began once, on a loaded machine), then starts it again.
+        with watchdog.paused():
+            os.kill(site.pid, signal.SIGKILL)
+            run_until(lambda: bool(retried_entries()), runners, timeout=120)
         run_until(
             lambda: states(db, ids)["done"] + states(db, ids)["failed_attempt"] == len(ids),
             runners,
@@ -213,9 +223,7 @@ def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, st
     finally:
         runners[2].agent.close()
     assert states(db, ids) == Counter(done=len(ids))
-    retried = [
-        e for job in jobs_of(admin, config) for e in job["files"].values() if e.get("retries")
-    ]
+    retried = retried_entries()
     assert retried, "no copy met the crash"  # the crash was felt, and ridden out
     for entry in retried:
         assert not overlapping(entry["runs"]) and len(entry["runs"]) == entry["retries"] + 1
