@@ -1,0 +1,138 @@
+// ASO monitoring: a single page served from the design document, reading the store's views
+// with the reader's own credentials (through the front end, or on loopback). Plain JS, no
+// build step. Pages: #overview (files per state now, tasks), #agents (heartbeats, stale in red),
+// #task/NAME (every file of a task), #file/ID (one file's history).
+'use strict';
+
+var DB = location.pathname.split('/')[1];
+var DDOC = '/' + DB + '/_design/asyncstageout/_view/';
+var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown as stale
+var REFRESH = 30000;
+
+function get(path, params) {
+  var query = Object.keys(params || {}).map(function (k) {
+    return encodeURIComponent(k) + '=' + encodeURIComponent(JSON.stringify(params[k]));
+  }).join('&');
+  return fetch(path + (query ? '?' + query : ''), {credentials: 'same-origin'})
+    .then(function (r) {
+      if (!r.ok) { throw new Error(path + ': HTTP ' + r.status); }
+      return r.json();
+    });
+}
+
+function el(tag, attrs, children) {
+  var node = document.createElement(tag);
+  Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+  (children || []).forEach(function (c) {
+    node.appendChild(typeof c === 'string' || typeof c === 'number'
+      ? document.createTextNode(String(c)) : c);
+  });
+  return node;
+}
+
+function table(id, headers, rows) {
+  return el('table', {id: id}, [
+    el('thead', {}, [el('tr', {}, headers.map(function (h) { return el('th', {}, [h]); }))]),
+    el('tbody', {}, rows)
+  ]);
+}
+
+function when(epoch) {
+  return epoch ? new Date(epoch * 1000).toISOString().replace('T', ' ').slice(0, 19) : '';
+}
+
+function overview() {
+  // Files per state now: one grouped read of by_state (lazy: monitoring may lag a little).
+  return get(DDOC + 'by_state', {group_level: 1}).then(function (res) {
+    var total = 0;
+    var rows = res.rows.map(function (r) {
+      total += r.value;
+      return el('tr', {'data-state': r.key[0]}, [el('td', {}, [r.key[0]]),
+        el('td', {'class': 'n'}, [r.value])]);
+    });
+    rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']),
+      el('td', {'class': 'n'}, [total])]));
+    return [el('h2', {}, ['Files per state']), table('states', ['state', 'files'], rows)];
+  }).then(function (nodes) {
+    // Files per task: task_states grouped by [task, axis]; each axis counts every file once.
+    return get(DDOC + 'task_states', {group_level: 2}).then(function (res) {
+      var rows = res.rows.filter(function (r) { return r.key[1] === 'state'; }).map(function (r) {
+        return el('tr', {'data-task': r.key[0]}, [
+          el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(r.key[0])}, [r.key[0]])]),
+          el('td', {'class': 'n'}, [r.value])]);
+      });
+      return nodes.concat([el('h2', {}, ['Tasks']), table('tasks', ['task', 'files'], rows)]);
+    });
+  });
+}
+
+function agents() {
+  return get('/' + DB + '/_all_docs', {startkey: 'heartbeat:', endkey: 'heartbeat:\ufff0',
+    include_docs: true}).then(function (res) {
+    var now = Date.now() / 1000;
+    var rows = res.rows.map(function (r) {
+      var d = r.doc;
+      var state = d.stopped ? 'stopped' : (now - d.last_seen > STALE_AFTER ? 'stale' : 'alive');
+      var last = d.last_cycle ? Object.keys(d.last_cycle).map(function (k) {
+        return k + ' ' + d.last_cycle[k];
+      }).join(', ') : '';
+      return el('tr', {'class': state, 'data-instance': d.instance}, [
+        el('td', {}, [d.agent]), el('td', {}, [d.instance]), el('td', {}, [d.host]),
+        el('td', {}, [when(d.last_seen)]), el('td', {}, [state]),
+        el('td', {'class': 'n'}, [d.cycles]), el('td', {}, [last])
+      ]);
+    });
+    return [el('h2', {}, ['Agents']), table('agents',
+      ['agent', 'instance', 'host', 'last heartbeat (UTC)', 'state', 'cycles', 'last cycle'], rows)];
+  });
+}
+
+function task(name) {
+  return get(DDOC + 'by_task', {start_key: [name], end_key: [name, {}]}).then(function (res) {
+    if (!res.rows.length) { return [el('p', {}, ['no requests for task ' + name])]; }
+    var rows = res.rows.map(function (r) {
+      return el('tr', {'data-id': r.id}, [
+        el('td', {}, [r.key[1]]), el('td', {}, [r.key[2]]),
+        el('td', {}, [el('a', {href: '#file/' + r.id}, [r.value.state])]),
+        el('td', {}, [r.value.cleanup]), el('td', {}, [r.value.publication]),
+        el('td', {}, [when(r.value.last_update)]), el('td', {}, [r.value.reason || ''])
+      ]);
+    });
+    return [el('h2', {}, ['Task ' + name]), table('files',
+      ['job', 'type', 'state', 'cleanup', 'publication', 'last change (UTC)', 'reason'], rows)];
+  });
+}
+
+function file(id) {
+  return get('/' + DB + '/' + encodeURIComponent(id)).then(function (doc) {
+    var rows = (doc.history || []).map(function (h) {
+      return el('tr', {}, [el('td', {}, [when(h.at)]), el('td', {}, [h.axis]),
+        el('td', {}, [h.from === null ? '' : h.from]), el('td', {}, [h.to]),
+        el('td', {}, [h.by]), el('td', {}, [h.reason || ''])]);
+    });
+    return [el('h2', {}, [doc.source_lfn]),
+      el('p', {}, ['task ', el('a', {href: '#task/' + doc.task}, [doc.task]), ', job ' + doc.job_id,
+        ', ' + doc.source + ' → ' + doc.destination]),
+      table('history', ['time (UTC)', 'axis', 'from', 'to', 'by', 'reason'], rows)];
+  });
+}
+
+function route() {
+  var hash = decodeURIComponent(location.hash.slice(1)) || 'overview';
+  var slash = hash.indexOf('/');
+  var page = slash < 0 ? hash : hash.slice(0, slash);
+  var arg = slash < 0 ? '' : hash.slice(slash + 1);
+  var render = {overview: overview, agents: agents, task: task, file: file}[page] || overview;
+  var main = document.getElementById('page');
+  render(arg).then(function (nodes) {
+    main.replaceChildren.apply(main, nodes);
+    document.getElementById('refreshed').textContent = 'as of ' + when(Date.now() / 1000) + ' UTC';
+    document.body.setAttribute('data-page', page);
+  }).catch(function (err) {
+    main.replaceChildren(el('p', {'class': 'error'}, [String(err.message || err)]));
+  });
+}
+
+window.addEventListener('hashchange', route);
+setInterval(route, REFRESH);
+route();

@@ -1,0 +1,108 @@
+"""The monitoring pages (couchapp/asyncstageout/_attachments), served by the store itself and
+driven in headless Chromium (Debian's, through Playwright): after a real run of the submitter
+and monitor (sim back end), the numbers on the pages equal counts made directly from the
+documents; overview → task → file is clicked through; screenshots are kept as artefacts
+(`test-artefacts/`, or $ASO_TEST_ARTEFACTS)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agents.monitor import Monitor
+from agents.submitter import Submitter
+from aso import model
+from aso.runtime import Runner
+from tests.conftest import PASSWORD
+from tests.pipeline_helpers import run_until, states, upload
+
+CHROMIUM = shutil.which("chromium")
+ARTEFACTS = Path(
+    os.environ.get("ASO_TEST_ARTEFACTS")
+    or Path(__file__).resolve().parent.parent / "test-artefacts"
+)
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+
+
+@pytest.fixture()
+def browser_page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # bob is an ordinary user: any member may read; he owns none of the files.
+        basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
+        context = browser.new_context(extra_http_headers={"Authorization": f"Basic {basic}"})
+        try:
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def cells(page, selector: str) -> dict[str, str]:
+    """{first cell: second cell} of the rows of a table."""
+    rows = page.locator(f"{selector} tbody tr").all()
+    return {
+        r.locator("td, th").nth(0).inner_text(): r.locator("td").last.inner_text() for r in rows
+    }
+
+
+def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_page):
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    ids = upload(accounts, sim_config, 12, users=("alice",), task="261121_210000:alice_pages")
+    db = admin.db(sim_config.store.files_db)
+    runners = [Runner(Submitter(sim_config, "sub-p")), Runner(Monitor(sim_config, "mon-p"))]
+    run_until(lambda: states(db, ids)["done"] >= 4, runners)  # a mix of states, then stop
+    # An instance that stopped beating a while ago: the agents page shows it stale.
+    db.put({"_id": model.heartbeat_id("cleaner", "gone-0"), "type": model.HEARTBEAT_TYPE,
+            "agent": "cleaner", "instance": "gone-0", "host": "old", "pid": 1,
+            "started": time.time() - 7200, "last_seen": time.time() - 3600, "stopped": None,
+            "cycles": 3, "totals": {}})  # fmt: skip
+    docs = [d for d in db.get_many(ids).values() if d]
+    truth = Counter(d["state"] for d in docs)
+    page = browser_page
+    base = f"{sim_config.store.url}/{sim_config.store.files_db}/_design/asyncstageout/index.html"
+
+    page.goto(base + "#overview")
+    page.wait_for_selector("#states")
+    shown = cells(page, "#states")
+    assert {k: int(v) for k, v in shown.items() if k != "total"} == dict(truth)
+    assert int(shown["total"]) == len(docs) == 12
+    assert cells(page, "#tasks") == {"261121_210000:alice_pages": "12"}
+    page.screenshot(path=str(ARTEFACTS / "overview.png"), full_page=True)
+
+    page.click("#tasks a")  # → the task: every file with its states
+    page.wait_for_selector("#files")
+    assert page.locator("#files tbody tr").count() == 12
+    by_id = {d["_id"]: d for d in docs}
+    for row in page.locator("#files tbody tr").all():
+        doc = by_id[row.get_attribute("data-id")]
+        texts = [c.inner_text() for c in row.locator("td").all()]
+        assert texts[:5] == [doc["job_id"], doc["file_type"], doc["state"], doc["cleanup"],
+                             doc["publication"]]  # fmt: skip
+    page.screenshot(path=str(ARTEFACTS / "task.png"), full_page=True)
+
+    done_row = page.locator("#files tbody tr", has_text="done").first
+    done_id = done_row.get_attribute("data-id")
+    done_row.locator("a").click()  # → the file: its whole history
+    page.wait_for_selector("#history")
+    history = [[c.inner_text() for c in r.locator("td").all()][1:5]
+               for r in page.locator("#history tbody tr").all()]  # fmt: skip
+    expected = [[h["axis"], h["from"] or "", h["to"], h["by"]] for h in by_id[done_id]["history"]]
+    assert history == expected
+    page.screenshot(path=str(ARTEFACTS / "file.png"), full_page=True)
+
+    page.goto(base + "#agents")
+    page.wait_for_selector("#agents")
+    rows = {r.get_attribute("data-instance"): r for r in page.locator("#agents tbody tr").all()}
+    assert {"sub-p", "mon-p", "gone-0"} <= set(rows)
+    assert rows["gone-0"].get_attribute("class") == "stale"
+    assert rows["sub-p"].get_attribute("class") == "alive"
+    page.screenshot(path=str(ARTEFACTS / "agents.png"), full_page=True)
