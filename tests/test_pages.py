@@ -7,6 +7,7 @@ documents; overview → task → file is clicked through; screenshots are kept a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import shutil
 import time
@@ -56,10 +57,17 @@ def cells(page, selector: str) -> dict[str, str]:
 
 def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_page):
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    # Every copy on one link fails: the links page has a worst link to show.
+    sim_config = dataclasses.replace(
+        sim_config,
+        sim=dataclasses.replace(sim_config.sim, link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0}),
+    )
     ids = upload(accounts, sim_config, 12, users=("alice",), task="261121_210000:alice_pages")
     db = admin.db(sim_config.store.files_db)
     runners = [Runner(Submitter(sim_config, "sub-p")), Runner(Monitor(sim_config, "mon-p"))]
-    run_until(lambda: states(db, ids)["done"] >= 4, runners)  # a mix of states, then stop
+    run_until(  # a mix of states, then stop
+        lambda: states(db, ids)["done"] >= 4 and states(db, ids)["failed_attempt"] >= 2, runners
+    )
     # An instance that stopped beating a while ago: the agents page shows it stale.
     db.put({"_id": model.heartbeat_id("cleaner", "gone-0"), "type": model.HEARTBEAT_TYPE,
             "agent": "cleaner", "instance": "gone-0", "host": "old", "pid": 1,
@@ -98,6 +106,56 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     expected = [[h["axis"], h["from"] or "", h["to"], h["by"]] for h in by_id[done_id]["history"]]
     assert history == expected
     page.screenshot(path=str(ARTEFACTS / "file.png"), full_page=True)
+
+    # overview → links → a link → its task → a file
+    page.goto(base + "#overview")
+    page.wait_for_selector("#states")
+    page.click("nav a[href='#links']")
+    page.wait_for_selector("#matrix")
+    active, failed = ("acquired", "submitted", "kill_requested"), ("failed", "failed_attempt")
+    per_link: dict[str, Counter] = {}
+    for d in docs:
+        per_link.setdefault(f"{d['source']}>{d['destination']}", Counter())[d["state"]] += 1
+    for name, c in per_link.items():
+        cell = page.locator(f"#matrix td[data-link='{name}']").inner_text()
+        expected_cell = f"{c['done']} / {sum(c[s] for s in failed)} / {sum(c[s] for s in active)}"
+        assert cell == expected_cell
+    worst = [r.get_attribute("data-link") for r in page.locator("#worst tbody tr").all()]
+    assert set(worst) == set(per_link) and worst[0] == "T2_IT_Pisa>T2_DE_DESY"
+    # Its error classes, as the documents' failed attempts give them.
+    classes = Counter(
+        a["error_class"]
+        for d in docs
+        if d["source"] == "T2_IT_Pisa"
+        for a in d.get("attempts", [])
+        if a.get("outcome") == "failed"
+    )
+    top = page.locator("#worst tbody tr").first.locator("td").last.inner_text()
+    shown = {part.rsplit(" ", 1)[0]: int(part.rsplit(" ", 1)[1]) for part in top.split(", ")}
+    assert len(shown) == min(3, len(classes)) and all(classes[c] == n for c, n in shown.items())
+    assert min(shown.values()) >= max([n for c, n in classes.items() if c not in shown] or [0])
+    page.screenshot(path=str(ARTEFACTS / "links.png"), full_page=True)
+    name = sorted(per_link)[0]
+    page.click(f"#matrix td[data-link='{name}'] a")
+    page.wait_for_selector("#link-tasks")
+    assert cells(page, "#link-tasks") == {
+        "261121_210000:alice_pages": str(sum(per_link[name].values()))
+    }
+    page.click("#link-tasks a")
+    page.wait_for_selector("#files")
+    page.locator("#files tbody tr a").first.click()
+    page.wait_for_selector("#history")
+    assert page.locator("#history tbody tr").count() >= 1
+
+    page.goto(base + "#users")
+    page.wait_for_selector("#users")
+    row = page.locator("#users tbody tr[data-user='alice']")
+    shown_users = {
+        c.get_attribute("data-state"): int(c.inner_text())
+        for c in row.locator("td[data-state]").all()
+    }
+    assert shown_users == {**truth, "total": len(docs)}  # the only user of this database
+    page.screenshot(path=str(ARTEFACTS / "users.png"), full_page=True)
 
     page.goto(base + "#agents")
     page.wait_for_selector("#agents")

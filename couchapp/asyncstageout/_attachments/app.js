@@ -1,7 +1,9 @@
 // ASO monitoring: a single page served from the design document, reading the store's views
 // with the reader's own credentials (through the front end, or on loopback). Plain JS, no
-// build step. Pages: #overview (files per state now, tasks), #agents (heartbeats, stale in red),
-// #task/NAME (every file of a task), #file/ID (one file's history).
+// build step. Pages: #overview (files per state now, tasks), #links (source × destination
+// matrix, worst links with their error classes), #link/SRC>DST (its tasks), #users (files per
+// user and state), #agents (heartbeats, stale in red), #task/NAME (every file of a task),
+// #file/ID (one file's history).
 'use strict';
 
 var DB = location.pathname.split('/')[1];
@@ -87,6 +89,114 @@ function agents() {
   });
 }
 
+var ACTIVE = ['acquired', 'submitted', 'kill_requested'];
+var FAILED = ['failed', 'failed_attempt'];
+
+function sumOf(states, names) {
+  return names.reduce(function (n, s) { return n + (states[s] || 0); }, 0);
+}
+
+function linkStates() {
+  // {"SRC>DST": {source, destination, states: {state: files}}} from one grouped read.
+  return get(DDOC + 'links', {group_level: 4}).then(function (res) {
+    var links = {};
+    res.rows.forEach(function (r) {
+      if (r.key[2] !== 'state') { return; }
+      var name = r.key[0] + '>' + r.key[1];
+      links[name] = links[name] || {source: r.key[0], destination: r.key[1], states: {}};
+      links[name].states[r.key[3]] = r.value;
+    });
+    return links;
+  });
+}
+
+function linkErrors() {
+  // Failed attempts per link and error class, of the requests in the database.
+  return get(DDOC + 'link_errors', {group_level: 3}).then(function (res) {
+    var errors = {};
+    res.rows.forEach(function (r) {
+      var name = r.key[0] + '>' + r.key[1];
+      errors[name] = errors[name] || {};
+      errors[name][r.key[2]] = r.value;
+    });
+    return errors;
+  });
+}
+
+function links() {
+  return Promise.all([linkStates(), linkErrors()]).then(function (got) {
+    var all = got[0], errors = got[1];
+    var names = Object.keys(all);
+    var sources = [], destinations = [];
+    names.forEach(function (n) {
+      if (sources.indexOf(all[n].source) < 0) { sources.push(all[n].source); }
+      if (destinations.indexOf(all[n].destination) < 0) { destinations.push(all[n].destination); }
+    });
+    sources.sort(); destinations.sort();
+    var matrix = sources.map(function (src) {
+      return el('tr', {'data-source': src}, [el('th', {}, [src])].concat(destinations.map(function (dst) {
+        var link = all[src + '>' + dst];
+        if (!link) { return el('td', {}, ['']); }
+        var s = link.states;
+        return el('td', {'data-link': src + '>' + dst, 'class': 'n'}, [
+          el('a', {href: '#link/' + encodeURIComponent(src + '>' + dst)},
+            [s.done || 0, ' / ', sumOf(s, FAILED), ' / ', sumOf(s, ACTIVE)])]);
+      })));
+    });
+    var ranked = names.map(function (n) {
+      var s = all[n].states, done = s.done || 0, failed = sumOf(s, FAILED);
+      return {name: n, done: done, failed: failed,
+        ratio: done + failed ? failed / (done + failed) : 0};
+    }).sort(function (a, b) { return b.ratio - a.ratio || a.name.localeCompare(b.name); });
+    var worst = ranked.map(function (l) {
+      var classes = errors[l.name] || {};
+      var top = Object.keys(classes).sort(function (a, b) { return classes[b] - classes[a]; })
+        .slice(0, 3).map(function (c) { return c + ' ' + classes[c]; }).join(', ');
+      return el('tr', {'data-link': l.name}, [
+        el('td', {}, [el('a', {href: '#link/' + encodeURIComponent(l.name)}, [l.name])]),
+        el('td', {'class': 'n'}, [l.done]), el('td', {'class': 'n'}, [l.failed]),
+        el('td', {'class': 'n'}, [(100 * l.ratio).toFixed(1) + ' %']), el('td', {}, [top])]);
+    });
+    return [el('h2', {}, ['Links: done / failed / active']),
+      table('matrix', ['source \\ destination'].concat(destinations), matrix),
+      el('h2', {}, ['Worst links first']),
+      table('worst', ['link', 'done', 'failed', 'failure ratio',
+        'top error classes (failed attempts)'], worst)];
+  });
+}
+
+function link(name) {
+  var parts = name.split('>');
+  return get(DDOC + 'links', {start_key: [parts[0], parts[1], 'task'],
+    end_key: [parts[0], parts[1], 'task', {}], group_level: 4}).then(function (res) {
+    var rows = res.rows.map(function (r) {
+      return el('tr', {'data-task': r.key[3]}, [
+        el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(r.key[3])}, [r.key[3]])]),
+        el('td', {'class': 'n'}, [r.value])]);
+    });
+    return [el('h2', {}, ['Link ' + name]), table('link-tasks', ['task', 'files'], rows)];
+  });
+}
+
+function users() {
+  return get(DDOC + 'user_states', {group_level: 2}).then(function (res) {
+    var byUser = {}, states = [];
+    res.rows.forEach(function (r) {
+      byUser[r.key[0]] = byUser[r.key[0]] || {};
+      byUser[r.key[0]][r.key[1]] = r.value;
+      if (states.indexOf(r.key[1]) < 0) { states.push(r.key[1]); }
+    });
+    states.sort();
+    var rows = Object.keys(byUser).sort().map(function (u) {
+      var total = states.reduce(function (n, s) { return n + (byUser[u][s] || 0); }, 0);
+      return el('tr', {'data-user': u}, [el('td', {}, [u])].concat(states.map(function (s) {
+        return el('td', {'class': 'n', 'data-state': s}, [byUser[u][s] || 0]);
+      })).concat([el('td', {'class': 'n', 'data-state': 'total'}, [total])]));
+    });
+    return [el('h2', {}, ['Users']), table('users', ['user'].concat(states, ['total']), rows)];
+  });
+}
+
 function task(name) {
   return get(DDOC + 'by_task', {start_key: [name], end_key: [name, {}]}).then(function (res) {
     if (!res.rows.length) { return [el('p', {}, ['no requests for task ' + name])]; }
@@ -122,7 +232,8 @@ function route() {
   var slash = hash.indexOf('/');
   var page = slash < 0 ? hash : hash.slice(0, slash);
   var arg = slash < 0 ? '' : hash.slice(slash + 1);
-  var render = {overview: overview, agents: agents, task: task, file: file}[page] || overview;
+  var render = {overview: overview, agents: agents, links: links, link: link, users: users,
+    task: task, file: file}[page] || overview;
   var main = document.getElementById('page');
   render(arg).then(function (nodes) {
     main.replaceChildren.apply(main, nodes);
