@@ -84,7 +84,40 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert {k: int(v) for k, v in shown.items() if k != "total"} == dict(truth)
     assert int(shown["total"]) == len(docs) == 12
     assert cells(page, "#tasks") == {"261121_210000:alice_pages": "12"}
+    # What ended per hour, from the documents' histories (UTC hours of the epoch timestamps).
+    ends = ("done", "failed_attempt", "failed", "killed")
+    ended: dict[str, Counter] = {}
+    done_bytes: Counter = Counter()
+    for d in docs:
+        for h in d["history"]:
+            if h["axis"] == "state" and h["to"] in ends:
+                hour = time.strftime("%Y-%m-%dT%H", time.gmtime(h["at"]))
+                ended.setdefault(hour, Counter())[h["to"]] += 1
+                done_bytes[hour] += d["size"] if h["to"] == "done" else 0
+
+    def hourly_table() -> dict[str, dict[str, str]]:
+        return {
+            row.get_attribute("data-hour"): {
+                c.get_attribute("data-end"): c.inner_text()
+                for c in row.locator("td[data-end]").all()
+            }
+            for row in page.locator("#hourly tbody tr").all()
+        }
+
+    assert hourly_table() == {
+        hour: {**{e: str(c[e]) for e in ends}, "throughput": f"{done_bytes[hour] / 3600:.1f}"}
+        for hour, c in ended.items()
+    }
+    # One bar per hour and end with files, the tallest hour named in the chart's label.
+    assert page.locator("#hourly-chart rect").count() == sum(len(c) for c in ended.values())
+    tallest = max(sum(c.values()) for c in ended.values())
+    assert f"top {tallest} files per hour" in page.locator("#hourly-chart text").text_content()
     page.screenshot(path=str(ARTEFACTS / "overview.png"), full_page=True)
+    page.select_option("#unit", "bytes")  # the same hours in bytes
+    page.wait_for_selector("h2:has-text('Ended per hour (bytes)')")
+    assert {h: v["done"] for h, v in hourly_table().items()} == {
+        hour: str(done_bytes[hour]) for hour in ended
+    }
 
     page.click("#tasks a")  # → the task: every file with its states
     page.wait_for_selector("#files")

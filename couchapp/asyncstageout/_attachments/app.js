@@ -1,9 +1,9 @@
 // ASO monitoring: a single page served from the design document, reading the store's views
 // with the reader's own credentials (through the front end, or on loopback). Plain JS, no
-// build step. Pages: #overview (files per state now, tasks), #links (source × destination
-// matrix, worst links with their error classes), #link/SRC>DST (its tasks), #users (files per
-// user and state), #agents (heartbeats, stale in red), #task/NAME (every file of a task),
-// #file/ID (one file's history).
+// build step. Pages: #overview (files per state now, tasks, what ended per hour), #links
+// (source × destination matrix, worst links with their error classes), #link/SRC>DST (its
+// tasks), #users (files per user and state), #agents (heartbeats, stale in red), #task/NAME
+// (every file of a task), #file/ID (one file's history).
 'use strict';
 
 var DB = location.pathname.split('/')[1];
@@ -43,6 +43,101 @@ function when(epoch) {
   return epoch ? new Date(epoch * 1000).toISOString().replace('T', ' ').slice(0, 19) : '';
 }
 
+var WINDOWS = {'24 h': 24, '7 days': 168, '30 days': 720};
+var COLOURS = {done: '#3a7', failed_attempt: '#e93', failed: '#c33', killed: '#888',
+  published: '#37a', publication_error: '#e93', publication_failed: '#c33'};
+var view = {window: '24 h', unit: 'files'}; // the overview's choices, kept across refreshes
+
+function hours(n) {
+  // The last n UTC hours, oldest first, as the hourly view writes them ("2026-11-21T13").
+  var out = [], now = Date.now();
+  for (var i = n - 1; i >= 0; i--) {
+    out.push(new Date(now - i * 3600000).toISOString().slice(0, 13));
+  }
+  return out;
+}
+
+function hourly(axis, n) {
+  var span = hours(n);
+  return get(DDOC + 'hourly', {start_key: [axis, span[0]], end_key: [axis, span[n - 1], {}],
+    group_level: 3}).then(function (res) {
+    var by = {};
+    res.rows.forEach(function (r) {
+      by[r.key[1]] = by[r.key[1]] || {};
+      by[r.key[1]][r.key[2]] = {files: r.value.count, bytes: r.value.sum};
+    });
+    return {span: span, by: by};
+  });
+}
+
+function svgChart(span, by, ends, unit) {
+  // Stacked bars, one per hour: plain SVG, no library.
+  var NS = 'http://www.w3.org/2000/svg', width = 720, height = 160, pad = 20;
+  var value = function (h, e) { return ((by[h] || {})[e] || {})[unit] || 0; };
+  var totals = span.map(function (h) {
+    return ends.reduce(function (n, e) { return n + value(h, e); }, 0);
+  });
+  var top = Math.max.apply(null, totals.concat([1]));
+  var svg = document.createElementNS(NS, 'svg');
+  svg.setAttribute('width', width); svg.setAttribute('height', height + pad);
+  svg.setAttribute('id', 'hourly-chart');
+  var w = width / span.length;
+  span.forEach(function (h, i) {
+    var y = height;
+    ends.forEach(function (e) {
+      var v = value(h, e);
+      if (!v) { return; }
+      var bar = document.createElementNS(NS, 'rect');
+      var hgt = v / top * (height - pad);
+      y -= hgt;
+      bar.setAttribute('x', i * w + 1); bar.setAttribute('width', Math.max(w - 2, 1));
+      bar.setAttribute('y', y); bar.setAttribute('height', hgt);
+      bar.setAttribute('fill', COLOURS[e] || '#999');
+      var title = document.createElementNS(NS, 'title');
+      title.textContent = h + ':00 UTC ' + e + ' ' + v;
+      bar.appendChild(title);
+      svg.appendChild(bar);
+    });
+  });
+  var label = document.createElementNS(NS, 'text');
+  label.setAttribute('x', 0); label.setAttribute('y', height + pad - 4);
+  label.textContent = span[0] + ':00 … ' + span[span.length - 1] + ':00 UTC, top ' + top +
+    (unit === 'bytes' ? ' bytes' : ' files') + ' per hour';
+  svg.appendChild(label);
+  return svg;
+}
+
+function choices() {
+  var pick = function (name, options) {
+    var select = el('select', {id: name}, options.map(function (o) {
+      var opt = el('option', {value: o}, [o]);
+      if (view[name] === o) { opt.setAttribute('selected', 'selected'); }
+      return opt;
+    }));
+    select.addEventListener('change', function () { view[name] = select.value; route(); });
+    return select;
+  };
+  return el('p', {}, ['window ', pick('window', Object.keys(WINDOWS)), ' in ',
+    pick('unit', ['files', 'bytes'])]);
+}
+
+function endedPerHour() {
+  var ends = ['done', 'failed_attempt', 'failed', 'killed'];
+  return hourly('state', WINDOWS[view.window]).then(function (got) {
+    var rows = got.span.filter(function (h) { return got.by[h]; }).map(function (h) {
+      var cellsOf = ends.map(function (e) {
+        return el('td', {'class': 'n', 'data-end': e}, [((got.by[h][e] || {})[view.unit]) || 0]);
+      });
+      var bytes = (got.by[h].done || {}).bytes || 0;
+      return el('tr', {'data-hour': h}, [el('td', {}, [h + ':00'])].concat(cellsOf,
+        [el('td', {'class': 'n', 'data-end': 'throughput'}, [(bytes / 3600).toFixed(1)])]));
+    });
+    return [el('h2', {}, ['Ended per hour (' + view.unit + ')']), choices(),
+      svgChart(got.span, got.by, ends, view.unit),
+      table('hourly', ['hour (UTC)'].concat(ends, ['throughput (bytes/s)']), rows)];
+  });
+}
+
 function overview() {
   // Files per state now: one grouped read of by_state (lazy: monitoring may lag a little).
   return get(DDOC + 'by_state', {group_level: 1}).then(function (res) {
@@ -65,6 +160,8 @@ function overview() {
       });
       return nodes.concat([el('h2', {}, ['Tasks']), table('tasks', ['task', 'files'], rows)]);
     });
+  }).then(function (nodes) {
+    return endedPerHour().then(function (more) { return nodes.concat(more); });
   });
 }
 
