@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import ipaddress
+import logging
 import os
 import pwd
 import shutil
@@ -53,10 +54,18 @@ from aso import procs, sites
 from aso.certs import subject_hash
 from aso.config import Config
 
+log = logging.getLogger("aso.storage")
 XROOTD_USER = "xrootd"  # created by Debian's xrootd-server; xrootd will not run as root
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ALLOWED_CLIENTS = ("127.0.0.1", "[::1]")  # xrd.allow takes addresses (no DNS needed)
 CERT_DAYS = 3650
+# XRootD 5.5.3 now and then segfaults while starting here (README, "Real storage on one
+# machine"); such a start is tried again this many times before it is reported.
+CRASH_RESTARTS = 2
+
+
+class CrashedAtStart(Exception):
+    """Internal: a server killed by a signal while starting (not a configuration error)."""
 
 
 class StorageError(Exception):
@@ -525,7 +534,15 @@ class EmbeddedStorage:
                 if running[name] is None:
                     spawned[name] = self._spawn(server, xrootd, wanted[name], owner)
             for name, server in self.servers.items():
-                self._wait_until_answering(server, spawned.get(name))
+                for attempt in range(CRASH_RESTARTS + 1):
+                    try:
+                        self._wait_until_answering(
+                            server, spawned.get(name), crash_is_final=attempt == CRASH_RESTARTS
+                        )
+                        break
+                    except CrashedAtStart as crash:
+                        log.warning("%s; starting it again", crash)
+                        spawned[name] = self._spawn(server, xrootd, wanted[name], owner)
         except BaseException:
             procs.terminate([p.pid for p in spawned.values()], 10.0)
             for name in spawned:
@@ -589,11 +606,21 @@ class EmbeddedStorage:
             argv, cwd=server.dir, output=server.out_file, pid_file=server.pid_file
         )
 
-    def _wait_until_answering(self, server: SiteServer, process: subprocess.Popen | None) -> None:
+    def _wait_until_answering(
+        self,
+        server: SiteServer,
+        process: subprocess.Popen | None,
+        crash_is_final: bool = True,
+    ) -> None:
         timeout = self.config.storage.start_timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
+                if process.returncode < 0 and not crash_is_final:
+                    raise CrashedAtStart(
+                        f"{server.site}: xrootd was killed by signal {-process.returncode} "
+                        "while starting"
+                    )
                 raise StorageError(
                     f"{server.site}: xrootd exited with code {process.returncode}:"
                     f" {self._log_tail(server)}"
