@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from agents.monitor import Monitor
+from agents.publisher import Publisher
 from agents.submitter import Submitter
 from aso import model
 from aso.runtime import Runner
 from tests.conftest import PASSWORD
 from tests.pipeline_helpers import run_until, states, upload
+from tests.test_publisher import BrokenCatalog
 
 CHROMIUM = shutil.which("chromium")
 ARTEFACTS = Path(
@@ -57,17 +59,24 @@ def cells(page, selector: str) -> dict[str, str]:
 
 def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_page):
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    # Every copy on one link fails: the links page has a worst link to show.
+    # Every copy on one link fails: the links page has a worst link to show. Done files are
+    # published at once, to a catalog that refuses them for good.
     sim_config = dataclasses.replace(
         sim_config,
         sim=dataclasses.replace(sim_config.sim, link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0}),
+        publisher=dataclasses.replace(sim_config.publisher, block_closure_timeout=0),
     )
-    ids = upload(accounts, sim_config, 12, users=("alice",), task="261121_210000:alice_pages")
+    publish = {"publish": True, "publish_info": {"dataset": "/Prim/alice-pages-v1/USER"}}
+    task = "261121_210000:alice_pages"
+    ids = upload(accounts, sim_config, 12, users=("alice",), task=task, **publish)
     db = admin.db(sim_config.store.files_db)
     runners = [Runner(Submitter(sim_config, "sub-p")), Runner(Monitor(sim_config, "mon-p"))]
     run_until(  # a mix of states, then stop
         lambda: states(db, ids)["done"] >= 4 and states(db, ids)["failed_attempt"] >= 2, runners
     )
+    publisher = Runner(Publisher(sim_config, "pub-p", catalog=BrokenCatalog(retryable=False)))
+    publisher.workset.start()
+    publisher.step(wait=False)
     # An instance that stopped beating a while ago: the agents page shows it stale.
     db.put({"_id": model.heartbeat_id("cleaner", "gone-0"), "type": model.HEARTBEAT_TYPE,
             "agent": "cleaner", "instance": "gone-0", "host": "old", "pid": 1,
@@ -189,6 +198,38 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     }
     assert shown_users == {**truth, "total": len(docs)}  # the only user of this database
     page.screenshot(path=str(ARTEFACTS / "users.png"), full_page=True)
+
+    page.goto(base + "#publication")
+    page.wait_for_selector("#publication-failed")
+    pub = Counter(d["publication"] for d in docs)
+    assert pub["publication_failed"] >= 4  # every done file, refused for good
+    row = page.locator(f"#publication-tasks tbody tr[data-task='{task}']")
+    assert {
+        c.get_attribute("data-state"): int(c.inner_text())
+        for c in row.locator("td[data-state]").all()
+    } == dict(pub)
+    failures = {
+        r.get_attribute("data-id"): [c.inner_text() for c in r.locator("td").all()]
+        for r in page.locator("#publication-failed tbody tr").all()
+    }
+    assert failures == {
+        d["_id"]: [task, d["job_id"], "publication_failed", "1", "catalog unavailable: 503"]
+        for d in docs
+        if d["publication"] == "publication_failed"
+    }
+    failed_hours = Counter(
+        time.strftime("%Y-%m-%dT%H", time.gmtime(h["at"]))
+        for d in docs
+        for h in d["history"]
+        if h["axis"] == "publication" and h["to"] == "publication_failed"
+    )
+    assert {
+        r.get_attribute("data-hour"): int(
+            r.locator("td[data-end='publication_failed']").inner_text()
+        )
+        for r in page.locator("#publication-hourly tbody tr").all()
+    } == dict(failed_hours)
+    page.screenshot(path=str(ARTEFACTS / "publication.png"), full_page=True)
 
     page.goto(base + "#agents")
     page.wait_for_selector("#agents")

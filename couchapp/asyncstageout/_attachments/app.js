@@ -2,8 +2,9 @@
 // with the reader's own credentials (through the front end, or on loopback). Plain JS, no
 // build step. Pages: #overview (files per state now, tasks, what ended per hour), #links
 // (source × destination matrix, worst links with their error classes), #link/SRC>DST (its
-// tasks), #users (files per user and state), #agents (heartbeats, stale in red), #task/NAME
-// (every file of a task), #file/ID (one file's history).
+// tasks), #users (files per user and state), #publication (per task, per hour, failures),
+// #agents (heartbeats, stale in red), #task/NAME (every file of a task), #file/ID (one
+// file's history).
 'use strict';
 
 var DB = location.pathname.split('/')[1];
@@ -294,6 +295,50 @@ function users() {
   });
 }
 
+function publication() {
+  var ends = ['published', 'publication_error', 'publication_failed'];
+  var perTask = get(DDOC + 'task_states', {group_level: 3}).then(function (res) {
+    var tasks = {}, states = [];
+    res.rows.forEach(function (r) {
+      if (r.key[1] !== 'publication') { return; }
+      tasks[r.key[0]] = tasks[r.key[0]] || {};
+      tasks[r.key[0]][r.key[2]] = r.value;
+      if (states.indexOf(r.key[2]) < 0) { states.push(r.key[2]); }
+    });
+    states.sort();
+    var rows = Object.keys(tasks).sort().map(function (t) {
+      return el('tr', {'data-task': t}, [el('td', {}, [el('a', {href: '#task/' +
+        encodeURIComponent(t)}, [t])])].concat(states.map(function (s) {
+        return el('td', {'class': 'n', 'data-state': s}, [tasks[t][s] || 0]);
+      })));
+    });
+    return [el('h2', {}, ['Publication per task']),
+      table('publication-tasks', ['task'].concat(states), rows)];
+  });
+  var perHour = hourly('publication', WINDOWS[view.window]).then(function (got) {
+    var rows = got.span.filter(function (h) { return got.by[h]; }).map(function (h) {
+      return el('tr', {'data-hour': h}, [el('td', {}, [h + ':00'])].concat(ends.map(function (e) {
+        return el('td', {'class': 'n', 'data-end': e}, [((got.by[h][e] || {}).files) || 0]);
+      })));
+    });
+    return [el('h2', {}, ['Publication outcomes per hour (' + view.window + ')']),
+      svgChart(got.span, got.by, ends, 'files'),
+      table('publication-hourly', ['hour (UTC)'].concat(ends), rows)];
+  });
+  var failed = get(DDOC + 'publication_problems', {}).then(function (res) {
+    var rows = res.rows.map(function (r) {
+      return el('tr', {'data-id': r.id}, [el('td', {}, [r.key[1]]), el('td', {}, [r.key[2]]),
+        el('td', {}, [el('a', {href: '#file/' + r.id}, [r.key[0]])]),
+        el('td', {'class': 'n'}, [r.value.attempts]), el('td', {}, [r.value.error || ''])]);
+    });
+    return [el('h2', {}, ['Failed publications']),
+      table('publication-failed', ['task', 'job', 'state', 'attempts', 'reason'], rows)];
+  });
+  return Promise.all([perTask, perHour, failed]).then(function (parts) {
+    return parts[0].concat(parts[1], parts[2]);
+  });
+}
+
 function task(name) {
   return get(DDOC + 'by_task', {start_key: [name], end_key: [name, {}]}).then(function (res) {
     if (!res.rows.length) { return [el('p', {}, ['no requests for task ' + name])]; }
@@ -330,7 +375,7 @@ function route() {
   var page = slash < 0 ? hash : hash.slice(0, slash);
   var arg = slash < 0 ? '' : hash.slice(slash + 1);
   var render = {overview: overview, agents: agents, links: links, link: link, users: users,
-    task: task, file: file}[page] || overview;
+    publication: publication, task: task, file: file}[page] || overview;
   var main = document.getElementById('page');
   render(arg).then(function (nodes) {
     main.replaceChildren.apply(main, nodes);
