@@ -35,14 +35,13 @@ from aso.catalog.base import (
     content_message,
 )
 from aso.config import Config
-from aso.model import AGENT, PUBLICATION, STATE, Change
+from aso.model import AGENT, ON_ITS_WAY, PUBLICATION, STATE, Change
 from aso.runtime import Agent, Membership
 from aso.workqueue import PUBLISH
 
 log = logging.getLogger("aso.agent.publisher")
 
 WAITING, PUBLISHING, ERROR = "pending", "publishing", "publication_error"
-ON_ITS_WAY = ("new", "acquired", "submitted", "failed_attempt", "retry", "kill_requested")
 
 
 def dataset_of(doc: Mapping[str, Any]) -> str:

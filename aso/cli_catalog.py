@@ -8,7 +8,6 @@ error: a message on stderr, exit 0, and an empty list with --json.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Annotated, Any
 
@@ -19,6 +18,7 @@ from rich.table import Table
 from aso.catalog import open_catalog
 from aso.catalog.base import Catalog, CatalogError
 from aso.cli_common import config_of as _config
+from aso.cli_common import utc_time
 from aso.config import Config
 
 console = Console()
@@ -63,12 +63,6 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
-def _when(epoch: float) -> str:
-    if not epoch:
-        return ""
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _listing(ctx: typer.Context, dataset: str, what: str) -> tuple[Catalog, Any]:
     """(catalog, its `blocks` or `files` answer for the dataset); a CatalogError ends the
     command with a one-line error and exit code 1."""
@@ -100,7 +94,7 @@ def catalog_blocks(ctx: typer.Context, dataset: DatasetArg, json_out: JsonOpt = 
     for title in ("files", "size", "origin site", "created (UTC)"):
         table.add_column(title)
     for b in blocks:
-        size, when = human_size(b["size"]), _when(b["created"])
+        size, when = human_size(b["size"]), utc_time(b["created"])
         table.add_row(b["block"], str(b["files"]), size, b["origin_site"], when)
     console.print(table)
     total = sum(b["size"] for b in blocks)

@@ -4,6 +4,7 @@ without importing each other."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import sys
 
@@ -30,3 +31,10 @@ def config_of(ctx: typer.Context) -> Config:
             logging.getLogger("ibm_cloud_sdk_core").setLevel(logging.ERROR)
         obj["config"] = config
     return obj["config"]
+
+
+def utc_time(epoch: float | None) -> str:
+    """An epoch time as `YYYY-MM-DD HH:MM:SS` (UTC); empty when unknown."""
+    if not epoch:
+        return ""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

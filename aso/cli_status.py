@@ -3,7 +3,6 @@ since a time, or one file's whole story (aso.status). aso/cli.py registers `stat
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 import typer
@@ -12,13 +11,10 @@ from rich.table import Table
 
 from aso import status
 from aso.cli_common import config_of as _config
+from aso.cli_common import utc_time
 from aso.store import Server
 
 console = Console()
-
-
-def _when(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _duration(seconds: float | None) -> str:
@@ -61,10 +57,10 @@ def status_cmd(
         if json_out:
             console.print_json(data={"task": task, "since": since, "files": changed})
             return
-        console.print(f"{len(changed)} files of task {task} changed since {_when(since)} UTC")
+        console.print(f"{len(changed)} files of task {task} changed since {utc_time(since)} UTC")
         for f in changed:
             console.print(
-                f"{_when(f['last_update'])}  job {f['job_id']}  {f['state']}/{f['cleanup']}/"
+                f"{utc_time(f['last_update'])}  job {f['job_id']}  {f['state']}/{f['cleanup']}/"
                 f"{f['publication']}  {f['id']}",
                 markup=False,
             )
@@ -87,7 +83,7 @@ def status_cmd(
     files = Table("job", "type", "state", "cleanup", "publication", "last change (UTC)", "reason")
     for f in answer.files:
         files.add_row(
-            f.job_id, f.file_type, f.state, f.cleanup, f.publication, _when(f.last_update),
+            f.job_id, f.file_type, f.state, f.cleanup, f.publication, utc_time(f.last_update),
             (f.reason or "")[:80],
         )  # fmt: skip
     console.print(files)
@@ -115,5 +111,5 @@ def _file_story(db, doc_id: str, json_out: bool) -> None:
     console.print(f"{doc['source_lfn']} → {doc['destination']} {doc['destination_lfn']}")
     table = Table("time (UTC)", "what", "detail")
     for e in events:
-        table.add_row(_when(e.at), e.what, e.detail[:120])
+        table.add_row(utc_time(e.at), e.what, e.detail[:120])
     console.print(table)

@@ -81,6 +81,8 @@ FINAL: dict[str, tuple[str, ...]] = {
     CLEANUP: ("cleaned", "not_needed"),
     PUBLICATION: ("not_required", "published", "publication_failed"),
 }
+# A copy still on its way: every state of the state axis that is not final.
+ON_ITS_WAY: tuple[str, ...] = tuple(s for s in STATES[STATE] if s not in FINAL[STATE])
 
 # Transitions other than on the `state` axis are only legal while `state` is this value.
 AXIS_REQUIRES_STATE: dict[str, str | None] = {STATE: None, CLEANUP: "done", PUBLICATION: "done"}

@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aso.model import AXES
+from aso.model import AXES, ON_ITS_WAY
 from aso.store import Database
 
 DDOC = "asyncstageout"
-ON_ITS_WAY = ("new", "acquired", "submitted", "failed_attempt", "retry", "kill_requested")
 RATE_WINDOW = 3600.0  # seconds of link throughput an estimate is made from
 
 
