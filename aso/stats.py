@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model
+from aso import model, monitor
 from aso.store import Database, Server
 
 SCHEMA_VERSION = 1
@@ -367,6 +367,13 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
     }
     return;
   }
+  if (newDoc._id.indexOf('monitor:') === 0) {
+    // The monitoring summaries (aso/monitor.py): recomputed, so rewritten as they come.
+    if ($monitor_types.indexOf(newDoc.type) < 0) {
+      refuse('schema', 'monitor: documents have one of the types ' + $monitor_types.join(', '));
+    }
+    return;
+  }
   if (newDoc.type !== 'analytics_batch' || newDoc._id.indexOf('batch:') !== 0) {
     refuse('schema', 'statistics documents are analytics_batch documents with ids batch:...');
   }
@@ -388,7 +395,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
 DESIGN: dict[str, Any] = {
     "_id": f"_design/{DDOC}",
     "language": "javascript",
-    "validate_doc_update": VALIDATE,
+    "validate_doc_update": VALIDATE.replace("$monitor_types", json.dumps(list(monitor.TYPES))),
     "views": {
         **{
             name: {"map": _batch_map(emit), "reduce": _REDUCES[name]}

@@ -498,6 +498,13 @@ class Database:
                 found[row["key"]] = row["doc"]
         return found
 
+    def all_docs(self, first: str, last: str) -> list[dict[str, Any]]:
+        """The documents whose ids run from `first` to `last` (inclusive), in id order."""
+        result = self._call(
+            self.client.post_all_docs, start_key=first, end_key=last, include_docs=True
+        )
+        return [row["doc"] for row in result["rows"] if row.get("doc")]
+
     def bulk_write(self, docs: Sequence[Mapping[str, Any]]) -> list[WriteResult]:
         """Write documents in one `_bulk_docs`; one WriteResult per document, in input order.
 

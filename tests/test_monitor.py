@@ -1,0 +1,292 @@
+"""Monitoring summaries (aso.monitor): hour, day and live documents agree with counts made
+directly over the requests' documents, across hours closing, restarts, a crash between the hour
+documents and the state document, requests changing while they are read, and the purge."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from aso import model, monitor, purge
+from aso.config import Config
+from aso.designdocs import init_databases
+from aso.model import Change
+from aso.store import Database, Server, StoreError
+from tests.conftest import sample_request
+
+HOUR = 3600.0
+T0 = 1_790_000_000.0 - (1_790_000_000.0 % 86400) + 5 * HOUR  # a UTC day, 05:00
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def dbs(admin: Server, store_config: Config) -> Iterator[tuple[Database, Database]]:
+    """A fresh files database and statistics database."""
+    suffix = uuid.uuid4().hex[:8]
+    store = dataclasses.replace(
+        store_config.store, files_db=f"mon_files_{suffix}", stats_db=f"mon_stats_{suffix}"
+    )
+    init_databases(admin, dataclasses.replace(store_config, store=store))
+    yield admin.db(store.files_db), admin.db(store.stats_db)
+    admin.delete_db(store.files_db)
+    admin.delete_db(store.stats_db)
+
+
+def lifecycle(start: float, rng: random.Random, **overrides: Any) -> dict[str, Any]:
+    """A request created at `start` that goes some way through its life, a minute per step."""
+    doc = sample_request(at=start, **overrides)
+    steps = rng.choice(["new", "submitted", "done", "done", "failed", "retry", "cleaned"])
+    t = start
+
+    def step(axis: str, to: str, **fields: Any) -> None:
+        nonlocal doc, t
+        t += 60
+        doc = model.transition(doc, [Change(axis, to, "test")], model.ADMIN, at=t, **fields)
+
+    if steps == "new":
+        return doc
+    step(model.STATE, "acquired")
+    step(model.STATE, "submitted")
+    if steps == "submitted":
+        return doc
+    attempt = {"job_id": uuid.uuid4().hex, "service": "sim", "submitted": t}
+    if steps in ("failed", "retry"):
+        attempt.update(ended=t + 60, outcome="failed", error_class=rng.choice(["timeout", "io"]))
+        step(model.STATE, "failed_attempt", attempts=[attempt])
+        step(model.STATE, "failed" if steps == "failed" else "retry")
+        return doc
+    attempt.update(ended=t + 60, outcome="done")
+    step(model.STATE, "done", attempts=[attempt])
+    if steps == "cleaned":
+        step(model.CLEANUP, "cleaned")
+    return doc
+
+
+def write(db: Database, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    written = []
+    for result, doc in zip(db.bulk_write(docs), docs, strict=True):
+        assert result.ok, result
+        written.append(dict(doc, _rev=result.rev))
+    return written
+
+
+def requests(db: Database) -> list[dict[str, Any]]:
+    return [d for d in db.all_docs("", "\ufff0") if d.get("type") == model.REQUEST_TYPE]
+
+
+def direct_totals(docs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Files per state of each axis, straight from the documents."""
+    return {axis: dict(sorted(Counter(d[axis] for d in docs).items())) for axis in model.AXES}
+
+
+def direct_moves(docs: list[dict[str, Any]], start: float, end: float) -> dict[str, list[int]]:
+    """State-axis history entries of one hour, straight from the documents."""
+    moves: dict[str, list[int]] = {}
+    for doc in docs:
+        for h in doc["history"]:
+            if h["axis"] == model.STATE and start <= h["at"] < end:
+                move = moves.setdefault(f"{h['from'] or ''}>{h['to']}", [0, 0])
+                move[0] += 1
+                move[1] += doc["size"]
+    return moves
+
+
+def check_against(
+    stats_db: Database, docs: list[dict[str, Any]], closed_end: float
+) -> dict[str, Any]:
+    """Every hour document, the state and the live documents against the documents."""
+    live = stats_db.get(monitor.LIVE_ID)
+    assert live["totals"] == direct_totals(docs)
+    assert live["backlog"] == sum(d[model.STATE] in monitor.BACKLOG for d in docs)
+    hours = {h["start"]: h for h in stats_db.all_docs(monitor.HOUR_PREFIX, "monitor:hour;")}
+    first = min(h["at"] for d in docs for h in d["history"])
+    start = monitor.hour_start(first)
+    while start < closed_end:
+        expected = direct_moves(docs, start, start + HOUR)
+        got = hours.get(start, {}).get("moves", {}).get(model.STATE, {})
+        assert got == expected, monitor.hour_name(start)
+        start += HOUR
+    assert all(s < closed_end for s in hours)
+    # The live document's open hours and the closed ones add up to every event.
+    open_moves = Counter()
+    for h in live["open"]:
+        assert h["start"] >= closed_end
+        for name, (files, _) in h["moves"].get(model.STATE, {}).items():
+            open_moves[name] += files
+    everything = direct_moves(docs, closed_end, float("inf"))
+    assert dict(open_moves) == {k: v[0] for k, v in everything.items()}
+    return hours
+
+
+def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database]) -> None:
+    files, stats_db = dbs
+    rng = random.Random(1)
+    docs = [
+        lifecycle(T0 - rng.uniform(0, 50 * HOUR), rng, user=rng.choice(["alice", "bob"]))
+        for _ in range(300)
+    ]
+    docs = write(files, docs)
+    clock = Clock(T0 + 10)
+    aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=70, clock=clock)
+    report = aggregator.step()
+    assert report.backfilled and report.read == 300
+    # 05:00:10 minus close_after: the hours up to 04:00 are over.
+    assert aggregator.closed_end == T0 - HOUR
+    hours = check_against(stats_db, requests(files), T0 - HOUR)
+    assert len(report.closed) == len(hours)
+    # Days: the two full days before T0's day; each holds the sum of its hours and its end.
+    days = stats_db.all_docs(monitor.DAY_PREFIX, "monitor:day;")
+    assert [d["day"] for d in days] == report.days
+    assert len(days) == 2
+    for day in days:
+        in_day = [h for s, h in hours.items() if day["start"] <= s < day["start"] + 86400]
+        assert day["moves"]["state"]["submitted>done"][0] == sum(
+            h["moves"].get("state", {}).get("submitted>done", [0])[0] for h in in_day
+        )
+        assert day["backlog_max"] == max(h["backlog"] for h in in_day)
+    # Links and users now.
+    live_links = stats_db.get(monitor.LIVE_LINKS_ID)["links"]
+    link = "T2_CH_CERN>T2_DE_DESY"
+    assert live_links[link] == {k: v for k, v in direct_totals(docs)[model.STATE].items()}
+    failed_attempts = Counter(
+        a["error_class"] for d in docs for a in d.get("attempts", []) if a["outcome"] == "failed"
+    )
+    assert stats_db.get(monitor.LIVE_LINKS_ID)["errors"][link] == dict(failed_attempts)
+    users = stats_db.get(monitor.LIVE_USERS_ID)["users"]
+    for user in ("alice", "bob"):
+        assert users[user] == dict(Counter(d["state"] for d in docs if d["user"] == user))
+
+
+def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(
+    dbs: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files, stats_db = dbs
+    rng = random.Random(2)
+    clock = Clock(T0)
+    write(files, [lifecycle(T0 - rng.uniform(0, 3 * HOUR), rng) for _ in range(100)])
+    aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
+    aggregator.step()
+    for n in range(1, 7):
+        # An hour goes by (the agent's cycles read the feed all along: one ten minutes before
+        # the hour closes the last one), then new requests, and requests of the open hours move.
+        clock.now = T0 + n * HOUR - 600
+        if n == 5:
+            # A crash after the hour documents, before the state document: the next instance
+            # writes the same hours again.
+            real_put = stats_db.put
+
+            def crash(doc: dict[str, Any], real_put: Any = real_put) -> str:
+                if doc["_id"] == monitor.STATE_ID:
+                    raise StoreError(503, "crash", "before the state document")
+                return real_put(doc)
+
+            monkeypatch.setattr(stats_db, "put", crash)
+            with pytest.raises(StoreError):
+                aggregator.step()
+            monkeypatch.setattr(stats_db, "put", real_put)
+            aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
+        assert aggregator.step().closed == [monitor.hour_name(T0 + (n - 2) * HOUR)]
+        clock.now = T0 + n * HOUR
+        moved = []
+        for doc in rng.sample(requests(files), 20):
+            if doc["state"] == "retry":
+                doc = model.transition(
+                    doc, [Change(model.STATE, "new", "t")], model.ADMIN, at=clock.now - 900
+                )
+                moved.append(doc)
+        fresh = [lifecycle(clock.now - rng.uniform(0, HOUR), rng) for _ in range(40)]
+        write(files, moved + fresh)
+        if n == 3:
+            # A restart: a new instance resumes from what was written.
+            aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
+        report = aggregator.step()
+        assert report.read > 0
+        assert aggregator.closed_end == monitor.hour_start(clock.now - 300)
+        check_against(stats_db, requests(files), aggregator.closed_end)
+    state = stats_db.get(monitor.STATE_ID)
+    assert state["resume_seq"] != "0"  # resumes from a recent point of the feed, not the start
+    assert (
+        monitor.Tally.from_json(state["cumulative"]).totals()
+        == stats_db.get(f"{monitor.HOUR_PREFIX}{monitor.hour_name(aggregator.closed_end - HOUR)}")[
+            "totals"
+        ]
+    )
+
+
+def test_a_request_changed_while_the_first_run_reads_is_counted_once(
+    dbs: tuple[Database, Database],
+) -> None:
+    files, stats_db = dbs
+    rng = random.Random(3)
+    docs = write(files, [lifecycle(T0 - 5 * HOUR, rng) for _ in range(60)])
+    clock = Clock(T0)
+    aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=10, clock=clock)
+    real_changes = files.changes
+    touched = {"done": False}
+
+    def changes_then_touch(since: str, **kw: Any) -> Any:
+        batch = real_changes(since, **kw)
+        if not touched["done"] and batch.results:
+            # Requests already read change again: the feed shows them a second time.
+            touched["done"] = True
+            seen = {c["id"] for c in batch.results}
+            again = [dict(d, priority=2) for d in docs if d["_id"] in seen]
+            write(files, again)
+        return batch
+
+    files.changes = changes_then_touch  # type: ignore[method-assign]
+    report = aggregator.step()
+    assert report.read > 60  # some requests came twice
+    check_against(stats_db, requests(files), aggregator.closed_end)
+
+
+def test_purged_requests_stay_in_the_history(dbs: tuple[Database, Database], admin: Server) -> None:
+    files, stats_db = dbs
+    rng = random.Random(4)
+    old = [lifecycle(T0 - 30 * HOUR - rng.uniform(0, HOUR), rng) for _ in range(80)]
+    write(files, old + [lifecycle(T0 - rng.uniform(0, HOUR), rng) for _ in range(20)])
+    clock = Clock(T0)
+    aggregator = monitor.Aggregator(files, stats_db, close_after=300, clock=clock)
+    aggregator.step()
+    before = {h["_id"]: h["moves"] for h in stats_db.all_docs("monitor:hour:", "monitor:hour;")}
+    totals = stats_db.get(monitor.LIVE_ID)["totals"]
+    bound = aggregator.purge_bound()
+    assert bound is not None
+    report = purge.purge(
+        files, stats_db, older_than=min(T0 - 24 * HOUR, bound), batch_size=50, by="t", lease=60
+    )
+    assert report.purged > 0
+    assert len(requests(files)) == 100 - report.purged
+    clock.now += HOUR
+    aggregator.step()
+    after = {h["_id"]: h["moves"] for h in stats_db.all_docs("monitor:hour:", "monitor:hour;")}
+    assert {k: v for k, v in after.items() if k in before} == before
+    # "Now" still counts the purged requests: the history since the records began.
+    assert stats_db.get(monitor.LIVE_ID)["totals"] == totals
+
+
+def test_agents_write_monitor_documents_and_others_may_not(
+    dbs: tuple[Database, Database], accounts: dict[str, Server]
+) -> None:
+    _, stats_db = dbs
+    as_agent = accounts["agent"].db(stats_db.name)
+    as_agent.put({"_id": "monitor:live:x", "type": "monitor_live"})
+    with pytest.raises(StoreError) as refused:
+        as_agent.put({"_id": "monitor:bogus", "type": "something"})
+    assert refused.value.status == 403
+    with pytest.raises(StoreError) as refused:
+        accounts["alice"].db(stats_db.name).put({"_id": "monitor:live", "type": "monitor_live"})
+    assert refused.value.status == 403
