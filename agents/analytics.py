@@ -1,15 +1,20 @@
-"""Analytics agent: keeps the files database small. Every `analytics.interval` seconds it counts
-the finished requests older than `analytics.purge_after` into the statistics database and
-deletes them (aso.purge: each counted exactly once, crash or not).
+"""Analytics agent: keeps the monitoring summaries up to date and the files database small.
+
+Every `analytics.summary_interval` seconds it brings the monitoring summaries (aso.monitor: the
+hour, day and live documents the pages read) up to date from the `_changes` feed. Every
+`analytics.interval` seconds it counts the finished requests older than `analytics.purge_after`
+into the statistics database and deletes them (aso.purge: each counted exactly once, crash or
+not); only requests whose every event is already in the closed hours' summaries.
 
 The statistics of requests still in the files database come from its own views
 (aso.stats.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge: `aso stats` and
 the monitoring add both. With `purge_after = 0` the agent does nothing but its heartbeat.
 
 The agent has no work kinds. It wakes every min(`analytics.interval`,
-`agents.heartbeat_interval`) seconds so that its heartbeat stays fresh, and purges when the
-interval has passed (at once when it starts). With several instances only the first live one
-purges, and a lease in the statistics database keeps a second purger out during a handover.
+`analytics.summary_interval`, `agents.heartbeat_interval`) seconds so that its heartbeat stays
+fresh, and purges when the interval has passed (at once when it starts). With several instances
+only the first live one sums up and purges, and a lease in the statistics database keeps a
+second purger out during a handover.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from aso import purge
+from aso import monitor, purge
 from aso.config import Config
 from aso.runtime import Membership, PeriodicAgent
 
@@ -33,10 +38,19 @@ class Analytics(PeriodicAgent):
     def __init__(self, config: Config, instance: str | None = None):
         super().__init__(config, instance)
         self.stats_db = self.server.db(config.store.stats_db)
+        settings = config.analytics
+        self.summaries = monitor.Aggregator(
+            self.db, self.stats_db, close_after=settings.close_after, batch=settings.batch
+        )
+        self.last_summary: float | None = None  # monotonic time of the last summary update
 
     @property
     def interval(self) -> float:
         return self.config.analytics.interval
+
+    @property
+    def idle(self) -> float:
+        return min(super().idle, self.config.analytics.summary_interval)
 
     @property
     def lease(self) -> float:
@@ -49,13 +63,32 @@ class Analytics(PeriodicAgent):
         membership: Membership,
         everything: Mapping[str, dict[str, Any]],
     ) -> dict[str, Any]:
-        settings = self.config.analytics
-        if settings.purge_after <= 0 or not self.take_turn(membership):
+        if membership.index != 0:
+            self.summaries.loaded = False  # another instance sums up: read its state on return
             return {}
+        report: dict[str, Any] = {}
+        now = time.monotonic()
+        interval = self.config.analytics.summary_interval
+        if self.last_summary is None or now - self.last_summary >= interval:
+            self.last_summary = now
+            step = self.summaries.step()
+            if step.closed:
+                log.info("monitoring summaries: hours %s closed", ", ".join(step.closed))
+            report.update(step.to_json())
+        if self.take_turn(membership):
+            report.update(self.purge())
+        return report
+
+    def purge(self) -> dict[str, Any]:
+        settings = self.config.analytics
+        bound = self.summaries.purge_bound()
+        if settings.purge_after <= 0 or bound is None:
+            return {}
+        older_than = min(time.time() - settings.purge_after, bound)
         report = purge.purge(
             self.db,
             self.stats_db,
-            older_than=time.time() - settings.purge_after,
+            older_than=older_than,
             batch_size=settings.batch,
             by=self.instance,
             lease=self.lease,

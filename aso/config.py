@@ -290,6 +290,13 @@ class AnalyticsConfig:
         604800.0, "Seconds after its last change a finished request is purged (0: never)."
     )
     batch: int = _key(1000, "Requests aggregated (and purged) in one bulk write.")
+    summary_interval: float = _key(
+        30.0, "Seconds between two updates of the monitoring summaries (the pages' 'now')."
+    )
+    close_after: float = _key(
+        300.0,
+        "Seconds after its end an hour is summed up for good (clock skew and slow writes).",
+    )
 
 
 @dataclass

@@ -28,6 +28,7 @@ from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
 log = logging.getLogger("aso.db")
 
+PAGES_DDOC = "_design/asyncstageout"  # serves the monitoring pages (its _attachments)
 COUCHAPP_DIR = Path(__file__).resolve().parent.parent / "couchapp"
 
 # Who may use the files database: any ASO role reads (a member); writes are then decided by
@@ -82,6 +83,12 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.created_dbs.append(files_db)
     db = admin.db(files_db)
     for ddoc in design_documents():
+        if ddoc["_id"] == PAGES_DDOC:
+            # What the monitoring pages need to know of the configuration.
+            ddoc["aso"] = {
+                "stats_db": config.store.stats_db,
+                "transfer_job_url": config.fts3.monitor_url,
+            }
         written = db.push_design(ddoc)
         (report.design_written if written else report.design_unchanged).append(ddoc["_id"])
     if admin.create_db(config.store.transfers_db, JOBS_SECURITY):

@@ -16,7 +16,8 @@ its error class). Events are counted in the UTC hour they happened in:
 * `links`   "SRC>DST" → state → net files on the `state` axis (+1 into, -1 out of)
 * `users`   user → state → net files on the `state` axis
 * `errors`  "SRC>DST" → error class → failed attempts
-* `tasks`   task → "axis:to" → files (which tasks were active in an hour; hour documents only)
+* `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
+            how (hour documents and the live document's open hours only)
 
 Added up from the first event on, the moves give the files per state of every axis, exactly
 what the documents say (`totals`), and the backlog (new + retry + acquired + submitted).
@@ -172,7 +173,8 @@ class Tally:
                 _bump(self.links, meta.link, frm, -1)
                 _bump(self.users, meta.user, frm, -1)
         if tasks:
-            _bump(self.tasks, meta.task, f"{axis}:{to}", 1)
+            created = axis == model.STATE and frm is None
+            _bump(self.tasks, meta.task, "created" if created else f"{axis}:{to}", 1)
 
     def add(self, other: Tally, *, tasks: bool = True) -> None:
         for axis, moves in other.moves.items():

@@ -22,7 +22,7 @@ from agents.cleaner import Cleaner
 from agents.monitor import Monitor
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model, purge, stats
+from aso import model, monitor, purge, stats
 from aso.actions import kill, resubmit
 from aso.cli_stats import stats_cmd
 from aso.config import Config
@@ -254,7 +254,16 @@ def test_the_agent_purges_with_a_lease_and_only_as_first_instance(config, accoun
     assert runner.step(wait=False)["purged"] == 0
     purge.release_lease(accounts["agent"].db(config.store.stats_db), "other")
     second.last_run = None
+    # Not before the monitoring summaries hold the hours of their events.
+    assert runner.step(wait=False)["purged"] == 0
+    assert second.summaries.purge_bound() < min(d["last_update"] for d in every_request(db))
+    # Two hours later (the summaries' clock) those hours are over and summed up.
+    second.summaries.clock = lambda: time.time() + 7200
+    second.last_run = second.last_summary = None
     assert runner.step(wait=False)["purged"] == len(ids)
+    hours = admin.db(config.store.stats_db).all_docs(monitor.HOUR_PREFIX, "monitor:hour;")
+    done = sum(h["moves"]["state"].get("submitted>done", [0])[0] for h in hours)
+    assert done == len(ids)
     assert every_request(db) == [] and as_read(config, admin) == expected
     # Not due again before its interval; the lease is released when the agent stops.
     assert "purged" not in runner.step(wait=False)

@@ -1,12 +1,15 @@
 """The monitoring pages (couchapp/asyncstageout/_attachments), served by the store itself and
-driven in headless Chromium (Debian's, through Playwright): after a real run of the submitter
-and monitor (sim back end), the numbers on the pages equal counts made directly from the
-documents; overview → task → file is clicked through; screenshots are kept as artefacts
-(`test-artefacts/`, or $ASO_TEST_ARTEFACTS)."""
+driven in headless Chromium (Debian's, through Playwright): after a real run of the submitter,
+monitor and publisher (sim back end) and of the analytics agent that writes the monitoring
+summaries, the numbers on the pages equal counts made directly from the documents, both while
+the hours are open and once they are closed; overview → task → file and overview → links →
+link → task → file are clicked through; screenshots are kept as artefacts (`test-artefacts/`,
+or $ASO_TEST_ARTEFACTS)."""
 
 from __future__ import annotations
 
 import base64
+import calendar
 import dataclasses
 import os
 import shutil
@@ -16,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from agents.analytics import Analytics
 from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.submitter import Submitter
-from aso import model
+from aso import model, monitor
+from aso.designdocs import init_databases
 from aso.runtime import Runner
 from tests.conftest import PASSWORD
-from tests.pipeline_helpers import run_until, states, upload
+from tests.pipeline_helpers import LINKS, run_until, states, upload
 from tests.test_publisher import BrokenCatalog
 
 CHROMIUM = shutil.which("chromium")
@@ -65,7 +70,10 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
         sim_config,
         sim=dataclasses.replace(sim_config.sim, link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0}),
         publisher=dataclasses.replace(sim_config.publisher, block_closure_timeout=0),
+        store=dataclasses.replace(sim_config.store, stats_db=f"{sim_config.store.files_db}_stats"),
+        fts3=dataclasses.replace(sim_config.fts3, monitor_url="https://fts.example/job/{job_id}"),
     )
+    init_databases(admin, sim_config)  # the pages' settings, a statistics database of its own
     publish = {"publish": True, "publish_info": {"dataset": "/Prim/alice-pages-v1/USER"}}
     task = "261121_210000:alice_pages"
     ids = upload(accounts, sim_config, 12, users=("alice",), task=task, **publish)
@@ -82,7 +90,12 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
             "agent": "cleaner", "instance": "gone-0", "host": "old", "pid": 1,
             "started": time.time() - 7200, "last_seen": time.time() - 3600, "stopped": None,
             "cycles": 3, "totals": {}})  # fmt: skip
-    docs = [d for d in db.get_many(ids).values() if d]
+    # Files of another task still waiting: a backlog to show.
+    later = upload(accounts, sim_config, 3, users=("alice",), task=f"{task}_later",
+                   links=LINKS[2:3])  # fmt: skip
+    analytics = Analytics(sim_config, "an-p")
+    Runner(analytics).step(wait=False)  # the monitoring summaries, up to now
+    docs = [d for d in db.get_many(ids + later).values() if d]
     truth = Counter(d["state"] for d in docs)
     page = browser_page
     base = f"{sim_config.store.url}/{sim_config.store.files_db}/_design/asyncstageout/index.html"
@@ -91,9 +104,25 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     page.wait_for_selector("#states")
     shown = cells(page, "#states")
     assert {k: int(v) for k, v in shown.items() if k != "total"} == dict(truth)
-    assert int(shown["total"]) == len(docs) == 12
-    assert cells(page, "#tasks") == {"261121_210000:alice_pages": "12"}
-    # What ended per hour, from the documents' histories (UTC hours of the epoch timestamps).
+    assert int(shown["total"]) == len(docs) == 15
+    # The active tasks: what their files did in the window, from the documents' histories.
+    columns = ("created", "state:done", "state:failed_attempt", "state:failed", "state:killed",
+               "publication:published")  # fmt: skip
+    for name in (task, f"{task}_later"):
+        events = Counter(
+            "created" if h["from"] is None else f"{h['axis']}:{h['to']}"
+            for d in docs
+            if d["task"] == name
+            for h in d["history"]
+        )
+        row = page.locator(f"#tasks tbody tr[data-task='{name}']")
+        assert {
+            c.get_attribute("data-column"): int(c.inner_text())
+            for c in row.locator("td[data-column]").all()
+        } == {c: events[c] for c in columns}
+    assert page.locator("#tasks tbody tr").first.get_attribute("data-task") == task  # busiest
+    # What ended per hour, from the documents' histories (UTC hours of the epoch timestamps),
+    # and the backlog at the end of each hour: the files whose state then was a backlog state.
     ends = ("done", "failed_attempt", "failed", "killed")
     ended: dict[str, Counter] = {}
     done_bytes: Counter = Counter()
@@ -104,6 +133,13 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
                 ended.setdefault(hour, Counter())[h["to"]] += 1
                 done_bytes[hour] += d["size"] if h["to"] == "done" else 0
 
+    def backlog_at(end: float) -> int:
+        def state_then(doc: dict) -> str | None:
+            before = [h["to"] for h in doc["history"] if h["axis"] == "state" and h["at"] < end]
+            return before[-1] if before else None
+
+        return sum(state_then(d) in monitor.BACKLOG for d in docs)
+
     def hourly_table() -> dict[str, dict[str, str]]:
         return {
             row.get_attribute("data-hour"): {
@@ -113,10 +149,23 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
             for row in page.locator("#hourly tbody tr").all()
         }
 
-    assert hourly_table() == {
+    def backlogs() -> dict[str, int]:
+        return {
+            row.get_attribute("data-hour"): int(row.locator("td[data-backlog]").inner_text())
+            for row in page.locator("#hourly tbody tr").all()
+        }
+
+    expected_hours = {
         hour: {**{e: str(c[e]) for e in ends}, "throughput": f"{done_bytes[hour] / 3600:.1f}"}
         for hour, c in ended.items()
     }
+    expected_backlogs = {
+        hour: backlog_at(calendar.timegm(time.strptime(hour, "%Y-%m-%dT%H")) + 3600)
+        for hour in ended
+    }
+    assert hourly_table() == expected_hours
+    assert backlogs() == expected_backlogs
+    assert int(page.locator("#backlog-now").inner_text()) == backlog_at(float("inf"))
     # One bar per hour and end with files, the tallest hour named in the chart's label.
     assert page.locator("#hourly-chart rect").count() == sum(len(c) for c in ended.values())
     tallest = max(sum(c.values()) for c in ended.values())
@@ -127,6 +176,29 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert {h: v["done"] for h, v in hourly_table().items()} == {
         hour: str(done_bytes[hour]) for hour in ended
     }
+    page.select_option("#unit", "files")
+    page.wait_for_selector("h2:has-text('Ended per hour (files)')")
+    # Two hours later these hours are closed: the same figures from the hour documents.
+    analytics.summaries.clock = lambda: time.time() + 7200
+    assert analytics.summaries.step().closed
+    page.reload()
+    page.wait_for_selector("#hourly")
+    assert hourly_table() == expected_hours
+    assert backlogs() == expected_backlogs
+    assert page.locator("#states tbody tr[data-state='total'] td").inner_text() == "15"
+    # A window of days ending today: today's row adds up the same hours.
+    page.select_option("#window", "30 days")
+    page.wait_for_selector("h2:has-text('Ended per day (files)')")
+    days: dict[str, Counter] = {}
+    for hour, c in ended.items():
+        days.setdefault(hour[:10], Counter()).update(c)
+    assert hourly_table() == {
+        day: {**{e: str(c[e]) for e in ends},
+              "throughput": f"{sum(done_bytes[h] for h in ended if h[:10] == day) / 86400:.1f}"}
+        for day, c in days.items()
+    }  # fmt: skip
+    page.select_option("#window", "24 h")
+    page.wait_for_selector("h2:has-text('Ended per hour (files)')")
 
     page.click("#tasks a")  # → the task: every file with its states
     page.wait_for_selector("#files")
@@ -147,6 +219,12 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
                for r in page.locator("#history tbody tr").all()]  # fmt: skip
     expected = [[h["axis"], h["from"] or "", h["to"], h["by"]] for h in by_id[done_id]["history"]]
     assert history == expected
+    # Its transfer attempts, each job linked to the transfer service's web monitor.
+    attempts = by_id[done_id]["attempts"]
+    links = page.locator("#attempts tbody tr a.job").all()
+    assert [a.get_attribute("href") for a in links] == [
+        f"https://fts.example/job/{a['job_id']}" for a in attempts
+    ]
     page.screenshot(path=str(ARTEFACTS / "file.png"), full_page=True)
 
     # overview → links → a link → its task → a file
@@ -180,9 +258,8 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     name = sorted(per_link)[0]
     page.click(f"#matrix td[data-link='{name}'] a")
     page.wait_for_selector("#link-tasks")
-    assert cells(page, "#link-tasks") == {
-        "261121_210000:alice_pages": str(sum(per_link[name].values()))
-    }
+    on_link = Counter(d["task"] for d in docs if f"{d['source']}>{d['destination']}" == name)
+    assert cells(page, "#link-tasks") == {t: str(n) for t, n in on_link.items()}
     page.click("#link-tasks a")
     page.wait_for_selector("#files")
     page.locator("#files tbody tr a").first.click()
@@ -204,10 +281,11 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     pub = Counter(d["publication"] for d in docs)
     assert pub["publication_failed"] >= 4  # every done file, refused for good
     row = page.locator(f"#publication-tasks tbody tr[data-task='{task}']")
+    outcomes = Counter(h["to"] for d in docs for h in d["history"] if h["axis"] == "publication")
     assert {
         c.get_attribute("data-state"): int(c.inner_text())
         for c in row.locator("td[data-state]").all()
-    } == dict(pub)
+    } == {e: outcomes[e] for e in ("published", "publication_error", "publication_failed")}
     failures = {
         r.get_attribute("data-id"): [c.inner_text() for c in r.locator("td").all()]
         for r in page.locator("#publication-failed tbody tr").all()

@@ -1,16 +1,59 @@
-// ASO monitoring: a single page served from the design document, reading the store's views
-// with the reader's own credentials (through the front end, or on loopback). Plain JS, no
-// build step. Pages: #overview (files per state now, tasks, what ended per hour), #links
-// (source × destination matrix, worst links with their error classes), #link/SRC>DST (its
-// tasks), #users (files per user and state), #publication (per task, per hour, failures),
-// #agents (heartbeats, stale in red), #task/NAME (every file of a task), #file/ID (one
-// file's history).
+// ASO monitoring: a single page served from the design document, with the reader's own
+// credentials (through the front end, or on loopback). Plain JS, no build step.
+//
+// Figures over all requests come from the monitoring summaries the analytics agent keeps in the
+// statistics database (aso/monitor.py): a few small documents per page whatever the number of
+// requests, and history that outlives the purge. Pages about one task, link or file read the
+// files database (a key range of a view, or one document).
+//
+// Pages: #overview (files per state now, what ended per hour or day in any window, throughput,
+// backlog over time, active tasks), #links (source × destination matrix, worst links with their
+// error classes), #link/SRC>DST (its tasks), #users (files per user and state), #publication
+// (outcomes per hour and per task, failures), #agents (heartbeats, stale in red),
+// #task/NAME (every file of a task), #file/ID (one file's history and transfer attempts).
 'use strict';
 
 var DB = location.pathname.split('/')[1];
 var DDOC = '/' + DB + '/_design/asyncstageout/_view/';
 var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown as stale
 var REFRESH = 30000;
+var SETTINGS = null; // the design document's `aso` member: stats_db, transfer_job_url
+var HOUR = 3600, DAY = 86400;
+var BACKLOG = ['new', 'retry', 'acquired', 'submitted'];
+
+function settings() {
+  if (SETTINGS) { return Promise.resolve(SETTINGS); }
+  return get('/' + DB + '/_design/asyncstageout').then(function (ddoc) {
+    SETTINGS = ddoc.aso || {};
+    return SETTINGS;
+  });
+}
+
+function summary(id) {
+  // One monitoring summary document (null until the analytics agent has written it).
+  return settings().then(function (s) {
+    return fetch('/' + s.stats_db + '/' + encodeURIComponent(id), {credentials: 'same-origin'});
+  }).then(function (r) {
+    if (r.status === 404) { return null; }
+    if (!r.ok) { throw new Error(id + ': HTTP ' + r.status); }
+    return r.json();
+  });
+}
+
+function summaries(prefix, first, last) {
+  // The summary documents with ids prefix+first ... prefix+last, in time order.
+  return settings().then(function (s) {
+    return get('/' + s.stats_db + '/_all_docs', {start_key: prefix + first,
+      end_key: prefix + last, include_docs: true});
+  }).then(function (res) {
+    return res.rows.filter(function (r) { return r.doc; }).map(function (r) { return r.doc; });
+  });
+}
+
+function noSummaries() {
+  return [el('p', {'class': 'error', id: 'no-summaries'}, ['No monitoring summaries yet: ' +
+    'the analytics agent writes them (aso run starts it).'])];
+}
 
 function get(path, params) {
   var query = Object.keys(params || {}).map(function (k) {
@@ -44,49 +87,136 @@ function when(epoch) {
   return epoch ? new Date(epoch * 1000).toISOString().replace('T', ' ').slice(0, 19) : '';
 }
 
-var WINDOWS = {'24 h': 24, '7 days': 168, '30 days': 720};
+var WINDOWS = {'24 h': 24 * HOUR, '7 days': 7 * DAY, '30 days': 30 * DAY, '1 year': 365 * DAY};
 var COLOURS = {done: '#3a7', failed_attempt: '#e93', failed: '#c33', killed: '#888',
   published: '#37a', publication_error: '#e93', publication_failed: '#c33'};
-var view = {window: '24 h', unit: 'files'}; // the overview's choices, kept across refreshes
+// The overview's choices, kept across refreshes: window, unit, and the window's end ('' = now).
+var view = {window: '24 h', unit: 'files', until: ''};
 
-function hours(n) {
-  // The last n UTC hours, oldest first, as the hourly view writes them ("2026-11-21T13").
-  var out = [], now = Date.now();
-  for (var i = n - 1; i >= 0; i--) {
-    out.push(new Date(now - i * 3600000).toISOString().slice(0, 13));
-  }
+function iso(epoch) { return new Date(epoch * 1000).toISOString(); }
+
+function windowSpan() {
+  // {step, starts: bucket starts (epoch), oldest first}: hours up to 7 days, days beyond.
+  var length = WINDOWS[view.window];
+  var step = length > 7 * DAY ? DAY : HOUR;
+  var end = view.until ? Date.parse(view.until + 'T00:00:00Z') / 1000 + DAY : Date.now() / 1000;
+  var last = Math.floor((end - 1) / step) * step;
+  var starts = [];
+  for (var t = last - length + step; t <= last; t += step) { starts.push(t); }
+  return {step: step, starts: starts};
+}
+
+function endsOf(moves, axis) {
+  // {to: {files, bytes}} of the moves of one axis.
+  var out = {};
+  Object.keys((moves || {})[axis] || {}).forEach(function (name) {
+    var to = name.split('>')[1], m = moves[axis][name];
+    out[to] = out[to] || {files: 0, bytes: 0};
+    out[to].files += m[0]; out[to].bytes += m[1];
+  });
   return out;
 }
 
-function hourly(axis, n) {
-  var span = hours(n);
-  return get(DDOC + 'hourly', {start_key: [axis, span[0]], end_key: [axis, span[n - 1], {}],
-    group_level: 3}).then(function (res) {
-    var by = {};
-    res.rows.forEach(function (r) {
-      by[r.key[1]] = by[r.key[1]] || {};
-      by[r.key[1]][r.key[2]] = {files: r.value.count, bytes: r.value.sum};
+function netBacklog(moves) {
+  var n = 0;
+  Object.keys((moves || {}).state || {}).forEach(function (name) {
+    var parts = name.split('>'), files = moves.state[name][0];
+    if (BACKLOG.indexOf(parts[1]) >= 0) { n += files; }
+    if (BACKLOG.indexOf(parts[0]) >= 0) { n -= files; }
+  });
+  return n;
+}
+
+function addMoves(into, moves) {
+  Object.keys(moves || {}).forEach(function (axis) {
+    into[axis] = into[axis] || {};
+    Object.keys(moves[axis]).forEach(function (name) {
+      var m = into[axis][name] = into[axis][name] || [0, 0];
+      m[0] += moves[axis][name][0]; m[1] += moves[axis][name][1];
     });
-    return {span: span, by: by};
   });
 }
 
-function svgChart(span, by, ends, unit) {
-  // Stacked bars, one per hour: plain SVG, no library.
+function history() {
+  // The window's buckets: {span, live, buckets: [{start, moves, tasks, backlog}]} from the
+  // closed hour (or day) documents, the live document's open hours, and the last closed bucket
+  // before the window (where the backlog stood).
+  var span = windowSpan(), step = span.step;
+  var first = span.starts[0], last = span.starts[span.starts.length - 1];
+  var name = step === DAY ? function (t) { return iso(t).slice(0, 10); }
+    : function (t) { return iso(t).slice(0, 13); };
+  var prefix = step === DAY ? 'monitor:day:' : 'monitor:hour:';
+  return Promise.all([
+    summary('monitor:live'),
+    summaries(prefix, name(first), name(last) + '\ufff0'),
+    settings().then(function (s) {
+      return get('/' + s.stats_db + '/_all_docs', {start_key: prefix + name(first - 1),
+        end_key: prefix, descending: true, limit: 1, include_docs: true});
+    }),
+    // A day not yet closed: its closed hours so far.
+    step === DAY ? summaries('monitor:hour:', name(last), name(last) + '\ufff0') : Promise.resolve([])
+  ]).then(function (got) {
+    var live = got[0];
+    if (!live) { return null; }
+    var by = {};
+    var bucket = function (start) {
+      return by[start] = by[start] || {start: start, moves: {}, tasks: {}, backlog: null};
+    };
+    got[1].forEach(function (d) {
+      var b = bucket(d.start);
+      addMoves(b.moves, d.moves); b.backlog = d.backlog; b.tasks = d.tasks || {};
+    });
+    var closedDay = by[last] !== undefined;
+    got[3].forEach(function (d) {
+      if (!closedDay) { addMoves(bucket(last).moves, d.moves); }
+    });
+    (live.open || []).forEach(function (h) {
+      var start = Math.floor(h.start / step) * step;
+      if (start < first || start > last) { return; }
+      var b = bucket(start);
+      addMoves(b.moves, h.moves);
+      Object.keys(h.tasks || {}).forEach(function (t) {
+        b.tasks[t] = b.tasks[t] || {};
+        Object.keys(h.tasks[t]).forEach(function (k) {
+          b.tasks[t][k] = (b.tasks[t][k] || 0) + h.tasks[t][k];
+        });
+      });
+    });
+    // The backlog at each bucket's end: a closed bucket says it; otherwise the one before plus
+    // what this bucket's moves added to it (open hours, the day so far, or nothing).
+    var carry = got[2].rows.length ? got[2].rows[0].doc.backlog : 0;
+    var buckets = span.starts.map(function (start) {
+      var b = by[start] || {start: start, moves: {}, tasks: {}, backlog: null};
+      if (start > live.as_of) {
+        b.backlog = null; // not yet
+      } else {
+        if (b.backlog === null) { b.backlog = carry + netBacklog(b.moves); }
+        carry = b.backlog;
+      }
+      return b;
+    });
+    return {span: span, live: live, buckets: buckets, label: name};
+  });
+}
+
+function svgChart(got, axis, ends, unit) {
+  // Stacked bars, one per bucket, and the backlog as a line: plain SVG, no library.
   var NS = 'http://www.w3.org/2000/svg', width = 720, height = 160, pad = 20;
-  var value = function (h, e) { return ((by[h] || {})[e] || {})[unit] || 0; };
-  var totals = span.map(function (h) {
-    return ends.reduce(function (n, e) { return n + value(h, e); }, 0);
+  var buckets = got.buckets;
+  var value = function (b, e) { return (endsOf(b.moves, axis)[e] || {})[unit] || 0; };
+  var totals = buckets.map(function (b) {
+    return ends.reduce(function (n, e) { return n + value(b, e); }, 0);
   });
   var top = Math.max.apply(null, totals.concat([1]));
   var svg = document.createElementNS(NS, 'svg');
   svg.setAttribute('width', width); svg.setAttribute('height', height + pad);
-  svg.setAttribute('id', 'hourly-chart');
-  var w = width / span.length;
-  span.forEach(function (h, i) {
+  svg.setAttribute('id', axis === 'state' ? 'hourly-chart' : 'publication-chart');
+  var w = width / buckets.length;
+  var per = got.span.step === DAY ? ' per day' : ' per hour';
+  buckets.forEach(function (b, i) {
     var y = height;
     ends.forEach(function (e) {
-      var v = value(h, e);
+      var v = value(b, e);
       if (!v) { return; }
       var bar = document.createElementNS(NS, 'rect');
       var hgt = v / top * (height - pad);
@@ -95,15 +225,27 @@ function svgChart(span, by, ends, unit) {
       bar.setAttribute('y', y); bar.setAttribute('height', hgt);
       bar.setAttribute('fill', COLOURS[e] || '#999');
       var title = document.createElementNS(NS, 'title');
-      title.textContent = h + ':00 UTC ' + e + ' ' + v;
+      title.textContent = got.label(b.start) + ' UTC ' + e + ' ' + v;
       bar.appendChild(title);
       svg.appendChild(bar);
     });
   });
+  if (axis === 'state') {
+    var most = Math.max.apply(null, buckets.map(function (b) { return b.backlog || 0; }).concat([1]));
+    var points = buckets.filter(function (b) { return b.backlog !== null; }).map(function (b) {
+      var i = buckets.indexOf(b);
+      return (i * w + w / 2).toFixed(1) + ',' + (height - b.backlog / most * (height - pad)).toFixed(1);
+    });
+    var line = document.createElementNS(NS, 'polyline');
+    line.setAttribute('points', points.join(' ')); line.setAttribute('id', 'backlog-line');
+    line.setAttribute('fill', 'none'); line.setAttribute('stroke', '#33c');
+    svg.appendChild(line);
+  }
   var label = document.createElementNS(NS, 'text');
   label.setAttribute('x', 0); label.setAttribute('y', height + pad - 4);
-  label.textContent = span[0] + ':00 … ' + span[span.length - 1] + ':00 UTC, top ' + top +
-    (unit === 'bytes' ? ' bytes' : ' files') + ' per hour';
+  label.textContent = got.label(buckets[0].start) + ' … ' + got.label(buckets[buckets.length - 1].start) +
+    ' UTC, top ' + top + (unit === 'bytes' ? ' bytes' : ' files') + per +
+    (axis === 'state' ? '; blue line: backlog' : '');
   svg.appendChild(label);
   return svg;
 }
@@ -118,51 +260,72 @@ function choices() {
     select.addEventListener('change', function () { view[name] = select.value; route(); });
     return select;
   };
-  return el('p', {}, ['window ', pick('window', Object.keys(WINDOWS)), ' in ',
-    pick('unit', ['files', 'bytes'])]);
+  var until = el('input', {type: 'date', id: 'until', value: view.until});
+  until.addEventListener('change', function () { view.until = until.value; route(); });
+  return el('p', {}, ['window ', pick('window', Object.keys(WINDOWS)), ' ending ', until,
+    ' (empty: now) in ', pick('unit', ['files', 'bytes'])]);
 }
 
-function endedPerHour() {
-  var ends = ['done', 'failed_attempt', 'failed', 'killed'];
-  return hourly('state', WINDOWS[view.window]).then(function (got) {
-    var rows = got.span.filter(function (h) { return got.by[h]; }).map(function (h) {
-      var cellsOf = ends.map(function (e) {
-        return el('td', {'class': 'n', 'data-end': e}, [((got.by[h][e] || {})[view.unit]) || 0]);
-      });
-      var bytes = (got.by[h].done || {}).bytes || 0;
-      return el('tr', {'data-hour': h}, [el('td', {}, [h + ':00'])].concat(cellsOf,
-        [el('td', {'class': 'n', 'data-end': 'throughput'}, [(bytes / 3600).toFixed(1)])]));
+function activeTasks(got) {
+  // Tasks with events in the window: files created, ended and published there.
+  var columns = ['created', 'state:done', 'state:failed_attempt', 'state:failed', 'state:killed',
+    'publication:published'];
+  var tasks = {};
+  got.buckets.forEach(function (b) {
+    Object.keys(b.tasks || {}).forEach(function (t) {
+      tasks[t] = tasks[t] || {};
+      Object.keys(b.tasks[t]).forEach(function (k) { tasks[t][k] = (tasks[t][k] || 0) + b.tasks[t][k]; });
     });
-    return [el('h2', {}, ['Ended per hour (' + view.unit + ')']), choices(),
-      svgChart(got.span, got.by, ends, view.unit),
-      table('hourly', ['hour (UTC)'].concat(ends, ['throughput (bytes/s)']), rows)];
   });
+  var names = Object.keys(tasks).sort(function (a, b) {
+    var n = function (t) { return columns.reduce(function (s, c) { return s + (tasks[t][c] || 0); }, 0); };
+    return n(b) - n(a) || a.localeCompare(b);
+  });
+  var rows = names.slice(0, 100).map(function (t) {
+    return el('tr', {'data-task': t}, [
+      el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(t)}, [t])])].concat(columns.map(function (c) {
+      return el('td', {'class': 'n', 'data-column': c}, [tasks[t][c] || 0]);
+    })));
+  });
+  var title = 'Active tasks (' + view.window + (names.length > 100 ? ', the 100 busiest of ' +
+    names.length : '') + ')';
+  return [el('h2', {}, [title]), table('tasks', ['task'].concat(columns.map(function (c) {
+    return c.replace('state:', '').replace('publication:', ''); })), rows)];
 }
 
 function overview() {
-  // Files per state now: one grouped read of by_state (lazy: monitoring may lag a little).
-  return get(DDOC + 'by_state', {group_level: 1}).then(function (res) {
-    var total = 0;
-    var rows = res.rows.map(function (r) {
-      total += r.value;
-      return el('tr', {'data-state': r.key[0]}, [el('td', {}, [r.key[0]]),
-        el('td', {'class': 'n'}, [r.value])]);
+  return history().then(function (got) {
+    if (!got) { return noSummaries(); }
+    var live = got.live, total = 0;
+    var states = (live.totals || {}).state || {};
+    var rows = Object.keys(states).sort().map(function (s) {
+      total += states[s];
+      return el('tr', {'data-state': s}, [el('td', {}, [s]), el('td', {'class': 'n'}, [states[s]])]);
     });
     rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']),
       el('td', {'class': 'n'}, [total])]));
-    return [el('h2', {}, ['Files per state']), table('states', ['state', 'files'], rows)];
-  }).then(function (nodes) {
-    // Files per task: task_states grouped by [task, axis]; each axis counts every file once.
-    return get(DDOC + 'task_states', {group_level: 2}).then(function (res) {
-      var rows = res.rows.filter(function (r) { return r.key[1] === 'state'; }).map(function (r) {
-        return el('tr', {'data-task': r.key[0]}, [
-          el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(r.key[0])}, [r.key[0]])]),
-          el('td', {'class': 'n'}, [r.value])]);
+    var ends = ['done', 'failed_attempt', 'failed', 'killed'];
+    var seconds = got.span.step;
+    var perBucket = got.buckets.filter(function (b) {
+      return Object.keys(endsOf(b.moves, 'state')).some(function (e) { return ends.indexOf(e) >= 0; });
+    }).map(function (b) {
+      var e = endsOf(b.moves, 'state');
+      var cellsOf = ends.map(function (end) {
+        return el('td', {'class': 'n', 'data-end': end}, [(e[end] || {})[view.unit] || 0]);
       });
-      return nodes.concat([el('h2', {}, ['Tasks']), table('tasks', ['task', 'files'], rows)]);
+      return el('tr', {'data-hour': got.label(b.start)}, [el('td', {}, [got.label(b.start)])].concat(cellsOf, [
+        el('td', {'class': 'n', 'data-end': 'throughput'}, [(((e.done || {}).bytes || 0) / seconds).toFixed(1)]),
+        el('td', {'class': 'n', 'data-backlog': ''}, [b.backlog === null ? '' : b.backlog])]));
     });
-  }).then(function (nodes) {
-    return endedPerHour().then(function (more) { return nodes.concat(more); });
+    var unitName = got.span.step === DAY ? 'day' : 'hour';
+    return [el('h2', {}, ['Files per state']),
+      el('p', {id: 'as-of'}, ['as of ' + when(live.as_of) + ' UTC (monitoring summaries; ' +
+        'backlog ', el('span', {id: 'backlog-now'}, [live.backlog]), ')']),
+      table('states', ['state', 'files'], rows),
+      el('h2', {}, ['Ended per ' + unitName + ' (' + view.unit + ')']), choices(),
+      svgChart(got, 'state', ends, view.unit),
+      table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput (bytes/s)', 'backlog at end']),
+        perBucket)].concat(got.span.step === HOUR ? activeTasks(got) : []);
   });
 }
 
@@ -194,36 +357,24 @@ function sumOf(states, names) {
   return names.reduce(function (n, s) { return n + (states[s] || 0); }, 0);
 }
 
-function linkStates() {
-  // {"SRC>DST": {source, destination, states: {state: files}}} from one grouped read.
-  return get(DDOC + 'links', {group_level: 4}).then(function (res) {
+function liveLinks() {
+  // {links: {"SRC>DST": {source, destination, states: {state: files}}}, errors: {link: {class:
+  // failed attempts}}} from the live summary (null before the first one).
+  return summary('monitor:live:links').then(function (doc) {
+    if (!doc) { return null; }
     var links = {};
-    res.rows.forEach(function (r) {
-      if (r.key[2] !== 'state') { return; }
-      var name = r.key[0] + '>' + r.key[1];
-      links[name] = links[name] || {source: r.key[0], destination: r.key[1], states: {}};
-      links[name].states[r.key[3]] = r.value;
+    Object.keys(doc.links || {}).forEach(function (name) {
+      var parts = name.split('>');
+      links[name] = {source: parts[0], destination: parts[1], states: doc.links[name]};
     });
-    return links;
-  });
-}
-
-function linkErrors() {
-  // Failed attempts per link and error class, of the requests in the database.
-  return get(DDOC + 'link_errors', {group_level: 3}).then(function (res) {
-    var errors = {};
-    res.rows.forEach(function (r) {
-      var name = r.key[0] + '>' + r.key[1];
-      errors[name] = errors[name] || {};
-      errors[name][r.key[2]] = r.value;
-    });
-    return errors;
+    return {links: links, errors: doc.errors || {}};
   });
 }
 
 function links() {
-  return Promise.all([linkStates(), linkErrors()]).then(function (got) {
-    var all = got[0], errors = got[1];
+  return liveLinks().then(function (got) {
+    if (!got) { return noSummaries(); }
+    var all = got.links, errors = got.errors;
     var names = Object.keys(all);
     var sources = [], destinations = [];
     names.forEach(function (n) {
@@ -277,12 +428,13 @@ function link(name) {
 }
 
 function users() {
-  return get(DDOC + 'user_states', {group_level: 2}).then(function (res) {
-    var byUser = {}, states = [];
-    res.rows.forEach(function (r) {
-      byUser[r.key[0]] = byUser[r.key[0]] || {};
-      byUser[r.key[0]][r.key[1]] = r.value;
-      if (states.indexOf(r.key[1]) < 0) { states.push(r.key[1]); }
+  return summary('monitor:live:users').then(function (doc) {
+    if (!doc) { return noSummaries(); }
+    var byUser = doc.users || {}, states = [];
+    Object.keys(byUser).forEach(function (u) {
+      Object.keys(byUser[u]).forEach(function (s) {
+        if (states.indexOf(s) < 0) { states.push(s); }
+      });
     });
     states.sort();
     var rows = Object.keys(byUser).sort().map(function (u) {
@@ -297,33 +449,37 @@ function users() {
 
 function publication() {
   var ends = ['published', 'publication_error', 'publication_failed'];
-  var perTask = get(DDOC + 'task_states', {group_level: 3}).then(function (res) {
-    var tasks = {}, states = [];
-    res.rows.forEach(function (r) {
-      if (r.key[1] !== 'publication') { return; }
-      tasks[r.key[0]] = tasks[r.key[0]] || {};
-      tasks[r.key[0]][r.key[2]] = r.value;
-      if (states.indexOf(r.key[2]) < 0) { states.push(r.key[2]); }
+  var outcomes = history().then(function (got) {
+    if (!got) { return noSummaries(); }
+    var tasks = {};
+    got.buckets.forEach(function (b) {
+      Object.keys(b.tasks || {}).forEach(function (t) {
+        ends.forEach(function (e) {
+          var n = b.tasks[t]['publication:' + e] || 0;
+          if (n) { tasks[t] = tasks[t] || {}; tasks[t][e] = (tasks[t][e] || 0) + n; }
+        });
+      });
     });
-    states.sort();
-    var rows = Object.keys(tasks).sort().map(function (t) {
+    var taskRows = Object.keys(tasks).sort().map(function (t) {
       return el('tr', {'data-task': t}, [el('td', {}, [el('a', {href: '#task/' +
-        encodeURIComponent(t)}, [t])])].concat(states.map(function (s) {
-        return el('td', {'class': 'n', 'data-state': s}, [tasks[t][s] || 0]);
+        encodeURIComponent(t)}, [t])])].concat(ends.map(function (e) {
+        return el('td', {'class': 'n', 'data-state': e}, [tasks[t][e] || 0]);
       })));
     });
-    return [el('h2', {}, ['Publication per task']),
-      table('publication-tasks', ['task'].concat(states), rows)];
-  });
-  var perHour = hourly('publication', WINDOWS[view.window]).then(function (got) {
-    var rows = got.span.filter(function (h) { return got.by[h]; }).map(function (h) {
-      return el('tr', {'data-hour': h}, [el('td', {}, [h + ':00'])].concat(ends.map(function (e) {
-        return el('td', {'class': 'n', 'data-end': e}, [((got.by[h][e] || {}).files) || 0]);
+    var rows = got.buckets.filter(function (b) {
+      var e = endsOf(b.moves, 'publication');
+      return ends.some(function (end) { return e[end]; });
+    }).map(function (b) {
+      var e = endsOf(b.moves, 'publication');
+      return el('tr', {'data-hour': got.label(b.start)}, [el('td', {}, [got.label(b.start)])].concat(ends.map(function (end) {
+        return el('td', {'class': 'n', 'data-end': end}, [(e[end] || {}).files || 0]);
       })));
     });
-    return [el('h2', {}, ['Publication outcomes per hour (' + view.window + ')']),
-      svgChart(got.span, got.by, ends, 'files'),
-      table('publication-hourly', ['hour (UTC)'].concat(ends), rows)];
+    return [el('h2', {}, ['Publication outcomes per task (' + view.window + ')']), choices(),
+      table('publication-tasks', ['task'].concat(ends), got.span.step === HOUR ? taskRows : []),
+      el('h2', {}, ['Publication outcomes per ' + (got.span.step === DAY ? 'day' : 'hour')]),
+      svgChart(got, 'publication', ends, 'files'),
+      table('publication-hourly', ['UTC'].concat(ends), rows)];
   });
   var failed = get(DDOC + 'publication_problems', {}).then(function (res) {
     var rows = res.rows.map(function (r) {
@@ -334,8 +490,8 @@ function publication() {
     return [el('h2', {}, ['Failed publications']),
       table('publication-failed', ['task', 'job', 'state', 'attempts', 'reason'], rows)];
   });
-  return Promise.all([perTask, perHour, failed]).then(function (parts) {
-    return parts[0].concat(parts[1], parts[2]);
+  return Promise.all([outcomes, failed]).then(function (parts) {
+    return parts[0].concat(parts[1]);
   });
 }
 
@@ -355,17 +511,35 @@ function task(name) {
   });
 }
 
+function jobLink(attempt) {
+  // The transfer job in the FTS web monitor, when the configuration names its link template.
+  var template = (SETTINGS || {}).transfer_job_url;
+  if (!template) { return attempt.job_id; }
+  return el('a', {href: template.replace('{job_id}', encodeURIComponent(attempt.job_id)),
+    'class': 'job', target: '_blank', rel: 'noopener'}, [attempt.job_id]);
+}
+
 function file(id) {
-  return get('/' + DB + '/' + encodeURIComponent(id)).then(function (doc) {
+  return Promise.all([get('/' + DB + '/' + encodeURIComponent(id)), settings()]).then(function (got) {
+    var doc = got[0];
     var rows = (doc.history || []).map(function (h) {
       return el('tr', {}, [el('td', {}, [when(h.at)]), el('td', {}, [h.axis]),
         el('td', {}, [h.from === null ? '' : h.from]), el('td', {}, [h.to]),
         el('td', {}, [h.by]), el('td', {}, [h.reason || ''])]);
     });
+    var attempts = (doc.attempts || []).map(function (a, i) {
+      return el('tr', {'data-job': a.job_id}, [el('td', {'class': 'n'}, [i + 1]),
+        el('td', {}, [jobLink(a)]), el('td', {}, [a.service]), el('td', {}, [when(a.submitted)]),
+        el('td', {}, [when(a.ended)]), el('td', {}, [a.outcome || '']),
+        el('td', {}, [a.error_class || '']), el('td', {}, [a.reason || ''])]);
+    });
     return [el('h2', {}, [doc.source_lfn]),
       el('p', {}, ['task ', el('a', {href: '#task/' + doc.task}, [doc.task]), ', job ' + doc.job_id,
-        ', ' + doc.source + ' → ' + doc.destination]),
-      table('history', ['time (UTC)', 'axis', 'from', 'to', 'by', 'reason'], rows)];
+        ', ' + doc.source + ' → ' + doc.destination, ', ' + doc.size + ' bytes']),
+      table('history', ['time (UTC)', 'axis', 'from', 'to', 'by', 'reason'], rows),
+      el('h2', {}, ['Transfer attempts']),
+      table('attempts', ['#', 'transfer job', 'service', 'submitted (UTC)', 'ended (UTC)',
+        'outcome', 'error class', 'reason'], attempts)];
   });
 }
 
