@@ -80,7 +80,9 @@ class StoreConfig:
         "aso_transfers", "Database of the gfal and sim transfer services' jobs."
     )
     catalog_db: str = _key("aso_catalog", "Database of the embedded catalog.")
-    stats_db: str = _key("aso_stats", "Database of the daily statistics analytics writes.")
+    stats_db: str = _key(
+        "aso_stats", "Database of the statistics and monitoring summaries analytics writes."
+    )
     connect_timeout: float = _key(5.0, "Seconds to wait for a TCP connection to the store.")
     read_timeout: float = _key(
         120.0, "Seconds to wait for a store answer (view builds can be slow)."

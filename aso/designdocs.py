@@ -54,9 +54,18 @@ def load_design_document(path: Path) -> dict[str, Any]:
     return doc
 
 
-def design_documents(root: Path = COUCHAPP_DIR) -> list[dict[str, Any]]:
+def design_documents(config: Config | None = None, root: Path = COUCHAPP_DIR) -> list[dict]:
+    """The design documents of `root`; with `config`, the pages' one tells the monitoring pages
+    what they need to know of it (the statistics database, the FTS web monitor's links)."""
     folders = sorted(p for p in root.iterdir() if (p / "_id").is_file())
-    return [load_design_document(folder) for folder in folders]
+    docs = [load_design_document(folder) for folder in folders]
+    for ddoc in docs:
+        if config is not None and ddoc["_id"] == PAGES_DDOC:
+            ddoc["aso"] = {
+                "stats_db": config.store.stats_db,
+                "transfer_job_url": config.fts3.monitor_url,
+            }
+    return docs
 
 
 @dataclass
@@ -82,13 +91,7 @@ def init_databases(admin: Server, config: Config) -> InitReport:
     if admin.create_db(files_db, FILES_SECURITY):
         report.created_dbs.append(files_db)
     db = admin.db(files_db)
-    for ddoc in design_documents():
-        if ddoc["_id"] == PAGES_DDOC:
-            # What the monitoring pages need to know of the configuration.
-            ddoc["aso"] = {
-                "stats_db": config.store.stats_db,
-                "transfer_job_url": config.fts3.monitor_url,
-            }
+    for ddoc in design_documents(config):
         written = db.push_design(ddoc)
         (report.design_written if written else report.design_unchanged).append(ddoc["_id"])
     if admin.create_db(config.store.transfers_db, JOBS_SECURITY):

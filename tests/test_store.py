@@ -357,13 +357,14 @@ def test_5xx_beyond_the_retries_is_reported(admin, files_db):
         assert err.value.status == 503 and proxy.refused == 2
 
 
-def test_push_design_is_idempotent(files_db, admin):
+def test_push_design_is_idempotent(files_db, admin, store_config):
     from aso.designdocs import design_documents
 
     db = admin.db(files_db)
-    revs_before = {d["_id"]: db.get(d["_id"])["_rev"] for d in design_documents()}
-    assert [db.push_design(d) for d in design_documents()] == [False] * len(revs_before)
-    assert {d["_id"]: db.get(d["_id"])["_rev"] for d in design_documents()} == revs_before
+    ddocs = design_documents(store_config)
+    revs_before = {d["_id"]: db.get(d["_id"])["_rev"] for d in ddocs}
+    assert [db.push_design(d) for d in ddocs] == [False] * len(revs_before)
+    assert {d["_id"]: db.get(d["_id"])["_rev"] for d in ddocs} == revs_before
 
 
 def test_store_kind_is_detected(admin):

@@ -1,0 +1,297 @@
+"""Benchmark: the monitoring pages with many requests in the store (1M by default).
+
+Fills an embedded store with synthetic requests whose histories spread over `--days` days (200
+users, 60 sites, tasks of 1000 jobs; most done and cleaned, some failed after failed attempts,
+half published, the last hour's still on their way), runs the monitoring summaries' first run
+(aso.monitor, as the analytics agent does), builds the view indexes the per-task, per-link and
+publication pages read (unless --skip-views), then loads every page `--loads` times in headless
+Chromium (Debian's, through Playwright) and prints, per page, the median and 95th percentile of
+the time from navigation to the page's content on screen, and the bytes it read.
+
+The filled store is kept in `--data-dir` (default var/bench-pages) and used again by the next run
+with the same `--requests`: filling 1M requests and building the view indexes take long on the
+embedded store (it builds each view index in a pass of its own, about 600 requests/s here).
+
+    python -m sim.bench_pages [--requests 1000000] [--days 30] [--loads 5] [--skip-views]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import contextlib
+import json
+import random
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from aso import model, monitor
+from aso.config import Config, render
+from aso.designdocs import PAGES_DDOC, init_databases
+from aso.embedded import EmbeddedStore, free_port
+from aso.store import Server
+
+console = Console()
+USERS, SITES, JOBS_PER_TASK = 200, 60, 1000
+PAGE_VIEWS = ("by_task", "links", "publication_problems")  # what the pages' key-range reads use
+
+
+def site(i: int) -> str:
+    return f"T2_X{i:02d}_Site"
+
+
+def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, Any]:
+    """Request number i: a valid document, its life so far."""
+    task_no = i // JOBS_PER_TASK
+    user = f"user{task_no % USERS:03d}"
+    task = f"261101_000000:{user}_task{task_no:06d}"
+    src, dst = site(rng.randrange(SITES)), site((task_no * 7) % SITES)
+    if src == dst:
+        src = site((task_no * 7 + 1) % SITES)
+    lfn = f"/store/temp/user/{user}/bench/{task_no:06d}/out_{i}.root"
+    created = now - rng.random() * days * 86400
+    size = rng.randrange(10**6, 4 * 10**9)
+    publish = task_no % 2 == 0
+    doc: dict[str, Any] = {
+        "_id": model.request_id(lfn), "type": model.REQUEST_TYPE, "schema": model.SCHEMA_VERSION,
+        "user": user, "task": task, "job_id": str(i % JOBS_PER_TASK), "job_retry": 0,
+        "file_type": "output", "source": src, "destination": dst, "source_lfn": lfn,
+        "destination_lfn": lfn.replace("/store/temp/user/", "/store/user/"), "size": size,
+        "checksum": {"adler32": f"{i:08x}"[-8:]}, "publish": publish, "state": "new",
+        "cleanup": "pending", "publication": "pending" if publish else "not_required",
+        "created": created, "last_update": created,
+        "history": [{"axis": "state", "from": None, "to": "new", "at": created, "by": user}],
+    }  # fmt: skip
+    if publish:
+        doc["publish_info"] = {"dataset": f"/Bench/{user}-task{task_no}-v1/USER"}
+    t = created
+    fresh = now - created < 3600  # the last hour's requests are still on their way
+
+    def move(axis: str, to: str, after: float, by: str = "bench-agent") -> None:
+        nonlocal t
+        t = min(t + after, now)
+        doc["history"].append({"axis": axis, "from": doc[axis], "to": to, "at": t, "by": by})
+        doc[axis], doc["last_update"] = to, t
+
+    if fresh and rng.random() < 0.5:
+        return doc
+    attempts = []
+    for n in range(1 + (rng.random() < 0.08) + (rng.random() < 0.02)):
+        move("state", "acquired", 30)
+        move("state", "submitted", 5)
+        if fresh and rng.random() < 0.5:
+            break
+        job = {"job_id": f"{i:08x}-{n}", "service": "https://fts3.example:8446", "submitted": t}
+        attempts.append(job)
+        last = n == 0 or rng.random() < 0.7
+        if last and rng.random() < 0.97:
+            job.update(ended=t + 20 + rng.expovariate(1 / 40), outcome="done")
+            move("state", "done", job["ended"] - t)
+            move("cleanup", "cleaned", 60)
+            if publish:
+                move("publication", "publishing", 600)
+                move("publication", "published", 5)
+            break
+        job.update(ended=t + 60, outcome="failed", error_class=rng.choice(["timeout", "io"]))
+        job["reason"] = "TRANSFER ERROR: simulated"
+        move("state", "failed_attempt", 60)
+        if n == 2 or not last:
+            move("state", "failed", 1)
+            break
+        move("state", "retry", 1)
+        move("state", "new", 300)
+    doc["attempts"] = attempts
+    return doc
+
+
+def fill(admin: Server, config: Config, n: int, days: float, now: float) -> float:
+    """Write n synthetic requests; requests/s. The store's validation is set aside meanwhile
+    (the fill is not what is measured; a test run of 20,000 passed it) and put back after."""
+    db = admin.db(config.store.files_db)
+    pages_ddoc = db.get(PAGES_DDOC)
+    db.put({k: v for k, v in pages_ddoc.items() if k != "validate_doc_update"})
+    rng = random.Random(42)
+    started = time.monotonic()
+    batch = 1000
+    with (
+        Progress(console=console) as progress,
+        concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool,
+    ):
+        bar = progress.add_task("requests written", total=n)
+        in_flight: list[concurrent.futures.Future] = []
+        for first in range(0, n, batch):
+            docs = [synthetic(i, now, days, rng) for i in range(first, min(n, first + batch))]
+            in_flight.append(pool.submit(db.bulk_write, docs))
+            if len(in_flight) >= 3:
+                results = in_flight.pop(0).result()
+                assert all(r.ok for r in results), [r for r in results if not r.ok][:3]
+                progress.advance(bar, len(results))
+        for future in in_flight:
+            progress.advance(bar, len(future.result()))
+    rate = n / (time.monotonic() - started)
+    db.put(dict(pages_ddoc, _rev=db.get(PAGES_DDOC)["_rev"]))  # the validation back
+    assert "validate_doc_update" in db.get(PAGES_DDOC)
+    return rate
+
+
+def build_views(admin: Server, config: Config) -> dict[str, float]:
+    """Seconds to bring each view index the pages read up to date."""
+    db = admin.db(config.store.files_db)
+    seconds = {}
+    for name in PAGE_VIEWS:
+        started = time.monotonic()
+        db.view("asyncstageout", name, limit=1, reduce=False if name == "by_task" else None)
+        seconds[name] = time.monotonic() - started
+        console.print(f"view {name}: index built in {seconds[name]:.0f} s")
+    return seconds
+
+
+def pages(admin: Server, config: Config) -> dict[str, str]:
+    """page name → hash of the page, for a busy task, link and file of the store."""
+    stats_db = admin.db(config.store.stats_db)
+    links = stats_db.get(monitor.LIVE_LINKS_ID)["links"]
+    busiest = max(links, key=lambda name: sum(links[name].values()))
+    db = admin.db(config.store.files_db)
+    first = db.changes("0", limit=20, include_docs=True).results
+    one = next(c["doc"] for c in first if c["doc"].get("type") == model.REQUEST_TYPE)
+    return {
+        "overview (24 h)": "#overview",
+        "links": "#links",
+        "users": "#users",
+        "publication": "#publication",
+        "agents": "#agents",
+        "task (1000 files)": f"#task/{one['task']}",
+        "file": f"#file/{one['_id']}",
+        "link": f"#link/{busiest}",
+    }
+
+
+PAGE_DONE = {  # what is on screen once a page has loaded
+    "#overview": "#hourly",
+    "#links": "#worst",
+    "#users": "#users",
+    "#publication": "#publication-failed",
+    "#agents": "#agents",
+    "#task": "#files",
+    "#file": "#attempts",
+    "#link": "#link-tasks",
+}
+
+
+def load_pages(config: Config, password: str, targets: dict[str, str], loads: int) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    base = f"{config.store.url}/{config.store.files_db}/_design/asyncstageout/index.html"
+    auth = base64.b64encode(f"benchuser:{password}".encode()).decode()
+    figures: dict[str, dict[str, Any]] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+        context = browser.new_context(extra_http_headers={"Authorization": f"Basic {auth}"})
+        page = context.new_page()
+        received = {"bytes": 0}
+
+        def count(response: Any) -> None:
+            # A redirect or an aborted load has no body.
+            with contextlib.suppress(Exception):
+                received["bytes"] += len(response.body())
+
+        page.on("response", count)
+        for name, fragment in targets.items():
+            done = PAGE_DONE[fragment.split("/")[0]]
+            times, sizes = [], []
+            for _ in range(loads + 1):  # the first load warms the browser's and store's caches
+                received["bytes"] = 0
+                page.goto("about:blank")
+                started = time.perf_counter()
+                page.goto(base + fragment)
+                page.wait_for_selector(done, timeout=600_000)
+                times.append(time.perf_counter() - started)
+                sizes.append(received["bytes"])
+            times = times[1:]
+            figures[name] = {
+                "median_s": statistics.median(times),
+                "p95_s": sorted(times)[max(0, round(0.95 * len(times)) - 1)],
+                "bytes": statistics.median(sizes[1:]),
+            }
+        browser.close()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1_000_000, help="requests in the store")
+    parser.add_argument("--days", type=float, default=30, help="days their histories span")
+    parser.add_argument("--loads", type=int, default=5, help="loads of each page")
+    parser.add_argument("--data-dir", default="var/bench-pages", help="kept between runs")
+    parser.add_argument("--skip-views", action="store_true", help="no task/link/publication pages")
+    args = parser.parse_args(argv)
+
+    root = Path(args.data_dir).resolve() / str(args.requests)
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / "filled.json"
+    config = Config(source=root / "aso.toml")
+    config.store.url = f"http://127.0.0.1:{free_port()}"
+    config.store.admin_password = "bench-admin"
+    config.store.agent_password = "bench-agent"
+    config.embedded.data_dir = str(root / "store")
+    config.source.write_text(render(config, show_secrets=True))
+    embedded = EmbeddedStore(config)
+    embedded.start()
+    try:
+        admin = Server.from_config(config, account="admin")
+        init_databases(admin, config)
+        admin.put_user("benchuser", "bench-user", [model.USER_ROLE])
+        figures: dict[str, Any] = {"requests": args.requests, "days": args.days}
+        if marker.exists():
+            figures.update(json.loads(marker.read_text()))
+            console.print(f"using the {args.requests} requests filled before in {root}")
+        else:
+            now = time.time()
+            figures["fill_per_s"] = fill(admin, config, args.requests, args.days, now)
+            aggregator = monitor.Aggregator(
+                admin.db(config.store.files_db), admin.db(config.store.stats_db)
+            )
+            started = time.monotonic()
+            report = aggregator.step()
+            figures["summaries_first_run_s"] = time.monotonic() - started
+            figures["summaries_hours"] = len(report.closed)
+            marker.write_text(json.dumps(figures))
+        targets = pages(admin, config)
+        if args.skip_views:
+            targets = {k: v for k, v in targets.items() if not v.startswith(("#task/", "#link/"))}
+            targets.pop("publication")
+        else:
+            figures["view_build_s"] = build_views(admin, config)
+            marker.write_text(json.dumps({k: v for k, v in figures.items() if k != "pages"}))
+        figures["pages"] = load_pages(config, "bench-user", targets, args.loads)
+    finally:
+        embedded.stop()
+    report_figures(figures)
+
+
+def report_figures(figures: dict[str, Any]) -> None:
+    console.print(
+        f"{figures['requests']} requests over {figures['days']:.0f} days; filled at "
+        f"{figures['fill_per_s']:.0f} requests/s; monitoring summaries' first run "
+        f"{figures['summaries_first_run_s']:.0f} s ({figures['summaries_hours']} hours)"
+    )
+    for name, seconds in (figures.get("view_build_s") or {}).items():
+        console.print(f"view index {name}: built in {seconds:.0f} s")
+    table = Table(title="page loads (navigation → content on screen), headless Chromium")
+    for column in ("page", "median (s)", "p95 (s)", "bytes read"):
+        table.add_column(column, justify="left" if column == "page" else "right")
+    for name, f in figures["pages"].items():
+        table.add_row(name, f"{f['median_s']:.3f}", f"{f['p95_s']:.3f}", f"{f['bytes']:.0f}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
