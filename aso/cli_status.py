@@ -48,7 +48,7 @@ def status_cmd(
     config = _config(ctx)
     db = Server.from_config(config).db(config.store.files_db)
     if file is not None:
-        _file_story(db, file, json_out)
+        _file_story(db, file, json_out, config.fts3.monitor_url)
         return
     if task is None:
         raise typer.BadParameter("give a TASK, or --file ID", param_hint="TASK")
@@ -89,7 +89,7 @@ def status_cmd(
     console.print(files)
 
 
-def _file_story(db, doc_id: str, json_out: bool) -> None:
+def _file_story(db, doc_id: str, json_out: bool, job_url: str) -> None:
     doc = db.get(doc_id)
     if doc is None or doc.get("type") != "transfer_request":
         if json_out:
@@ -97,7 +97,7 @@ def _file_story(db, doc_id: str, json_out: bool) -> None:
         else:
             console.print(f"no request {doc_id}")
         raise typer.Exit(1)
-    events = status.timeline(doc)
+    events = status.timeline(doc, job_url)
     if json_out:
         console.print_json(
             data={

@@ -26,16 +26,17 @@ Documents written into the statistics database by the aggregator (one instance a
 analytics agent that holds the turn):
 
 * `monitor:hour:YYYY-MM-DDTHH`  an hour once it is over (closed `close_after` seconds after
-  its end, when no write can still carry an event of it): moves, tasks, totals and backlog at
-  its end. Written once; the same content if written again.
+  its end, when no write can still carry an event of it): moves, totals and backlog at its
+  end; `monitor:tasks:YYYY-MM-DDTHH` what each task did in it (kept apart: thousands of tasks
+  can be active in an hour). Written once; the same content if written again.
 * `monitor:day:YYYY-MM-DD`      a day once its last hour is closed: the sum of its hours' moves,
   totals and backlog at its end, the day's highest hourly backlog. Long windows read these.
 * `monitor:state`               where the aggregator stands: the end of the last closed hour,
   the cumulative tally up to it, and a `_changes` sequence to resume from. Written after the
   hour and day documents it accounts for: a crash in between writes the same hours again.
 * `monitor:live`, `monitor:live:links`, `monitor:live:users`  the same figures up to now
-  (closed hours + the events of the open hours), rewritten every cycle: what the pages show
-  as "now", at most one cycle old.
+  (closed hours + the events of the open hours, and what each task did in the last 24 hours),
+  rewritten every cycle: what the pages show as "now", at most one cycle old.
 
 Exactly once, without remembering every request: the aggregator follows the files database's
 `_changes` feed and keeps, per request, only its events of the open hours (`pending`, replaced
@@ -67,12 +68,14 @@ log = logging.getLogger("aso.monitor")
 HOUR = 3600.0
 DAY = 86400.0
 HOUR_PREFIX = "monitor:hour:"
+TASKS_PREFIX = "monitor:tasks:"
 DAY_PREFIX = "monitor:day:"
 STATE_ID = "monitor:state"
 LIVE_ID = "monitor:live"
 LIVE_LINKS_ID = "monitor:live:links"
 LIVE_USERS_ID = "monitor:live:users"
-TYPES = ("monitor_hour", "monitor_day", "monitor_state", "monitor_live")
+TYPES = ("monitor_hour", "monitor_tasks", "monitor_day", "monitor_state", "monitor_live")
+RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 hours
 ATTEMPT = "attempt"  # the pseudo-axis of failed attempts in events
 # What the overview calls the backlog: files waiting for or in transfer.
 BACKLOG = ("new", "retry", "acquired", "submitted")
@@ -158,21 +161,27 @@ class Tally:
     errors: dict[str, dict[str, int]] = field(default_factory=dict)
     tasks: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def count(self, event: Event, meta: Meta, *, tasks: bool = True) -> None:
+    def count(
+        self, event: Event, meta: Meta, *, moves: bool = True, dims: bool = True, tasks: bool = True
+    ) -> None:
+        """Count one event; or only its moves, or only its links, users and errors (an hour's
+        own tally needs only its moves and tasks: thousands of hours of links would not fit)."""
         _, axis, frm, to = event
         if axis == ATTEMPT:
-            _bump(self.errors, meta.link, to, 1)
+            if dims:
+                _bump(self.errors, meta.link, to, 1)
             return
-        move = self.moves.setdefault(axis, {}).setdefault(f"{frm or ''}>{to}", [0, 0])
-        move[0] += 1
-        move[1] += meta.size
-        if axis == model.STATE:
+        if moves:
+            move = self.moves.setdefault(axis, {}).setdefault(f"{frm or ''}>{to}", [0, 0])
+            move[0] += 1
+            move[1] += meta.size
+        if axis == model.STATE and dims:
             _bump(self.links, meta.link, to, 1)
             _bump(self.users, meta.user, to, 1)
             if frm:
                 _bump(self.links, meta.link, frm, -1)
                 _bump(self.users, meta.user, frm, -1)
-        if tasks:
+        if tasks and moves:
             created = axis == model.STATE and frm is None
             _bump(self.tasks, meta.task, "created" if created else f"{axis}:{to}", 1)
 
@@ -292,17 +301,25 @@ class Aggregator:
         self.pending: dict[str, tuple[Meta, list[Event]]] = {}
         self.feed_seq = "0"
         self.samples: list[tuple[float, str]] = []  # (time, seq): writes after time come after seq
+        self.recent_tasks: dict[float, dict[str, dict[str, int]]] = {}  # closed hour → tasks
         self._revs: dict[str, str] = {}
 
     # -- where it stands --------------------------------------------------------------------
     def load(self) -> None:
         state = self.stats_db.get(STATE_ID)
-        self.pending, self.samples, self._revs = {}, [], {}
+        self.pending, self.samples, self._revs, self.recent_tasks = {}, [], {}, {}
         if state:
             self.closed_end = float(state["closed_end"])
             self.resume_seq = str(state["resume_seq"])
             self.cumulative = Tally.from_json(state["cumulative"])
             self._revs[STATE_ID] = state["_rev"]
+            since = self.closed_end - RECENT
+            self.recent_tasks = {
+                d["start"]: d["tasks"]
+                for d in self.stats_db.all_docs(
+                    TASKS_PREFIX + hour_name(since), TASKS_PREFIX + "\ufff0"
+                )
+            }
         else:
             self.closed_end, self.resume_seq, self.cumulative = None, "0", Tally()
         self.feed_seq = self.resume_seq
@@ -373,6 +390,7 @@ class Aggregator:
         started = self.clock()
         until = hour_start(started - self.close_after)
         hours: dict[float, Tally] = defaultdict(Tally)
+        dims = Tally()  # links, users and errors of all those hours at once
         seen: set[int] = set()
         for doc_id, doc in self._changes("0"):
             report.read += 1
@@ -386,10 +404,11 @@ class Aggregator:
                 meta = Meta.of(doc)
                 for event in events_of(doc):
                     if event[0] < until:
-                        hours[hour_start(event[0])].count(event, meta)
+                        hours[hour_start(event[0])].count(event, meta, dims=False)
+                        dims.count(event, meta, moves=False, tasks=False)
             self._keep_open(doc_id, doc, until)
         report.backfilled = True
-        self._commit_hours(sorted(hours.items()), until, "0", report)
+        self._commit_hours(sorted(hours.items()), dims, until, "0", report)
         log.info(
             "monitoring summaries started: %d requests read, %d hours with events before %s",
             report.read,
@@ -405,11 +424,13 @@ class Aggregator:
         if until <= self.closed_end:
             return
         hours: dict[float, Tally] = defaultdict(Tally)
+        dims = Tally()
         for doc_id, (meta, events) in list(self.pending.items()):
             still_open = []
             for event in events:
                 if event[0] < until:
-                    hours[hour_start(event[0])].count(event, meta)
+                    hours[hour_start(event[0])].count(event, meta, dims=False)
+                    dims.count(event, meta, moves=False, tasks=False)
                 else:
                     still_open.append(event)
             if still_open:
@@ -421,12 +442,18 @@ class Aggregator:
         resume = usable[-1][1] if usable else self.resume_seq
         if usable:
             self.samples = self.samples[len(usable) - 1 :]
-        self._commit_hours(sorted(hours.items()), until, resume, report)
+        self._commit_hours(sorted(hours.items()), dims, until, resume, report)
 
     def _commit_hours(
-        self, hours: list[tuple[float, Tally]], until: float, resume: str, report: StepReport
+        self,
+        hours: list[tuple[float, Tally]],
+        dims: Tally,
+        until: float,
+        resume: str,
+        report: StepReport,
     ) -> None:
-        """Write the hour documents, the days they end, then where the aggregator stands."""
+        """Write the hour documents (`hours`: their moves and tasks; `dims`: the links, users
+        and errors of them all), the days they end, then where the aggregator stands."""
         previous = self.closed_end
         docs: list[dict[str, Any]] = []
         for start, tally in hours:
@@ -439,12 +466,25 @@ class Aggregator:
                     "hour": hour_name(start),
                     "start": start,
                     "moves": tally.moves,
-                    "tasks": tally.tasks,
                     "totals": totals,
                     "backlog": backlog(totals),
                 }
             )
+            docs.append(
+                {
+                    "_id": TASKS_PREFIX + hour_name(start),
+                    "type": "monitor_tasks",
+                    "hour": hour_name(start),
+                    "start": start,
+                    "tasks": tally.tasks,
+                }
+            )
+            if start >= until - RECENT:
+                self.recent_tasks[start] = tally.tasks
             report.closed.append(hour_name(start))
+        self.cumulative.add(dims, tasks=False)
+        for start in [s for s in self.recent_tasks if s < until - RECENT]:
+            del self.recent_tasks[start]
         self._overwrite(docs)
         self._overwrite(self._days(previous, until, report))
         state = {
@@ -519,6 +559,12 @@ class Aggregator:
             now_tally.add(tally, tasks=False)
         as_of = self.samples[-1][0] if self.samples else self.clock()
         totals = now_tally.totals()
+        recent = Tally()
+        for start, tasks in self.recent_tasks.items():
+            if start >= as_of - RECENT:
+                recent.add(Tally(tasks=tasks))
+        for tally in open_hours.values():
+            recent.add(Tally(tasks=tally.tasks))
         live = {
             "_id": LIVE_ID,
             "type": "monitor_live",
@@ -527,9 +573,11 @@ class Aggregator:
             "totals": totals,
             "backlog": backlog(totals),
             "open": [
-                {"hour": hour_name(start), "start": start, "moves": t.moves, "tasks": t.tasks}
+                {"hour": hour_name(start), "start": start, "moves": t.moves}
                 for start, t in sorted(open_hours.items())
             ],
+            "tasks_since": as_of - RECENT,
+            "tasks": recent.tasks,
         }
         links = {
             "_id": LIVE_LINKS_ID,

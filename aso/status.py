@@ -173,10 +173,11 @@ class Event:
     detail: str = ""
 
 
-def timeline(doc: Mapping[str, Any]) -> list[Event]:
+def timeline(doc: Mapping[str, Any], job_url: str = "") -> list[Event]:
     """A file's whole story, oldest first: its recording, every change of its three states
     (with the reason: the cleanup's outcome, the catalog block it went into), and each transfer
-    attempt with its job id and error."""
+    attempt with its job id (and its link to the FTS web monitor: `job_url`, `fts3.monitor_url`,
+    with {job_id} replaced) and error."""
     events = []
     for h in doc.get("history", []):
         if h.get("from") is None:
@@ -189,6 +190,7 @@ def timeline(doc: Mapping[str, Any]) -> list[Event]:
             Event(
                 attempt["submitted"],
                 f"attempt {n} submitted to {attempt['service']} as job {attempt['job_id']}",
+                job_url.replace("{job_id}", attempt["job_id"]) if job_url else "",
             )
         )
         if attempt.get("ended") is not None:

@@ -13,6 +13,7 @@ with the same `--requests`: filling 1M requests and building the view indexes ta
 embedded store (it builds each view index in a pass of its own, about 600 requests/s here).
 
     python -m sim.bench_pages [--requests 1000000] [--days 30] [--loads 5] [--skip-views]
+                              [--summaries-again]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import concurrent.futures
 import contextlib
 import json
 import random
+import resource
 import shutil
 import statistics
 import time
@@ -142,6 +144,18 @@ def fill(admin: Server, config: Config, n: int, days: float, now: float) -> floa
     return rate
 
 
+def first_summaries(admin: Server, config: Config) -> dict[str, Any]:
+    """The monitoring summaries' first run over the whole store: seconds, hours, peak memory."""
+    aggregator = monitor.Aggregator(admin.db(config.store.files_db), admin.db(config.store.stats_db))
+    started = time.monotonic()
+    report = aggregator.step()
+    return {
+        "summaries_first_run_s": time.monotonic() - started,
+        "summaries_hours": len(report.closed),
+        "summaries_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
 def build_views(admin: Server, config: Config) -> dict[str, float]:
     """Seconds to bring each view index the pages read up to date."""
     db = admin.db(config.store.files_db)
@@ -232,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loads", type=int, default=5, help="loads of each page")
     parser.add_argument("--data-dir", default="var/bench-pages", help="kept between runs")
     parser.add_argument("--skip-views", action="store_true", help="no task/link/publication pages")
+    parser.add_argument(
+        "--summaries-again", action="store_true", help="redo the summaries' first run"
+    )
     args = parser.parse_args(argv)
 
     root = Path(args.data_dir).resolve() / str(args.requests)
@@ -254,16 +271,12 @@ def main(argv: list[str] | None = None) -> None:
             figures.update(json.loads(marker.read_text()))
             console.print(f"using the {args.requests} requests filled before in {root}")
         else:
-            now = time.time()
-            figures["fill_per_s"] = fill(admin, config, args.requests, args.days, now)
-            aggregator = monitor.Aggregator(
-                admin.db(config.store.files_db), admin.db(config.store.stats_db)
-            )
-            started = time.monotonic()
-            report = aggregator.step()
-            figures["summaries_first_run_s"] = time.monotonic() - started
-            figures["summaries_hours"] = len(report.closed)
-            marker.write_text(json.dumps(figures))
+            figures["fill_per_s"] = fill(admin, config, args.requests, args.days, time.time())
+        if args.summaries_again or "summaries_first_run_s" not in figures:
+            admin.delete_db(config.store.stats_db)
+            init_databases(admin, config)
+            figures.update(first_summaries(admin, config))
+        marker.write_text(json.dumps(figures))
         targets = pages(admin, config)
         if args.skip_views:
             targets = {k: v for k, v in targets.items() if not v.startswith(("#task/", "#link/"))}
@@ -281,7 +294,8 @@ def report_figures(figures: dict[str, Any]) -> None:
     console.print(
         f"{figures['requests']} requests over {figures['days']:.0f} days; filled at "
         f"{figures['fill_per_s']:.0f} requests/s; monitoring summaries' first run "
-        f"{figures['summaries_first_run_s']:.0f} s ({figures['summaries_hours']} hours)"
+        f"{figures['summaries_first_run_s']:.0f} s ({figures['summaries_hours']} hours, peak "
+        f"memory {figures.get('summaries_peak_rss_mb', 0):.0f} MB)"
     )
     for name, seconds in (figures.get("view_build_s") or {}).items():
         console.print(f"view index {name}: built in {seconds:.0f} s")

@@ -216,6 +216,19 @@ def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(
         assert report.read > 0
         assert aggregator.closed_end == monitor.hour_start(clock.now - 300)
         check_against(stats_db, requests(files), aggregator.closed_end)
+    # What each task did in the last 24 hours (the live document; closed hours read back after
+    # the restarts), against the documents' state-axis history.
+    live = stats_db.get(monitor.LIVE_ID)
+    recent: Counter = Counter()
+    for doc in requests(files):
+        for h in doc["history"]:
+            if h["axis"] == model.STATE and monitor.hour_start(h["at"]) >= live["tasks_since"]:
+                recent[(doc["task"], "created" if h["from"] is None else f"state:{h['to']}")] += 1
+    shown = Counter(
+        {(t, k): n for t, keys in live["tasks"].items() for k, n in keys.items()
+         if k == "created" or k.startswith("state:")}
+    )  # fmt: skip
+    assert shown == recent
     state = stats_db.get(monitor.STATE_ID)
     assert state["resume_seq"] != "0"  # resumes from a recent point of the feed, not the start
     assert (

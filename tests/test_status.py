@@ -175,5 +175,9 @@ def test_a_file_timeline_tells_its_whole_story(config, files_db, accounts):
     ended = next(e for e in events if e.what == "attempt 1 failed")
     assert ended.detail == "[destination_full] no space left"
     assert [e.at for e in events] == sorted(e.at for e in events)
+    # With the FTS web monitor's link template, each attempt's job links there.
+    linked = status.timeline(agent.get(doc["_id"]), "https://fts.example/ftsmon/#/job/{job_id}")
+    submitted = next(e for e in linked if e.what.startswith("attempt 1 submitted"))
+    assert submitted.detail == "https://fts.example/ftsmon/#/job/fts-job-1"
     cli = json.loads(aso("status", "--file", doc["_id"], "--json", config=config.source).stdout)
     assert [e["what"] for e in cli["events"]] == whats

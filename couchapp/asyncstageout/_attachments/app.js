@@ -138,7 +138,7 @@ function addMoves(into, moves) {
 }
 
 function history() {
-  // The window's buckets: {span, live, buckets: [{start, moves, tasks, backlog}]} from the
+  // The window's buckets: {span, live, buckets: [{start, moves, backlog}]} from the
   // closed hour (or day) documents, the live document's open hours, and the last closed bucket
   // before the window (where the backlog stood).
   var span = windowSpan(), step = span.step;
@@ -160,11 +160,11 @@ function history() {
     if (!live) { return null; }
     var by = {};
     var bucket = function (start) {
-      return by[start] = by[start] || {start: start, moves: {}, tasks: {}, backlog: null};
+      return by[start] = by[start] || {start: start, moves: {}, backlog: null};
     };
     got[1].forEach(function (d) {
       var b = bucket(d.start);
-      addMoves(b.moves, d.moves); b.backlog = d.backlog; b.tasks = d.tasks || {};
+      addMoves(b.moves, d.moves); b.backlog = d.backlog;
     });
     var closedDay = by[last] !== undefined;
     got[3].forEach(function (d) {
@@ -173,20 +173,13 @@ function history() {
     (live.open || []).forEach(function (h) {
       var start = Math.floor(h.start / step) * step;
       if (start < first || start > last) { return; }
-      var b = bucket(start);
-      addMoves(b.moves, h.moves);
-      Object.keys(h.tasks || {}).forEach(function (t) {
-        b.tasks[t] = b.tasks[t] || {};
-        Object.keys(h.tasks[t]).forEach(function (k) {
-          b.tasks[t][k] = (b.tasks[t][k] || 0) + h.tasks[t][k];
-        });
-      });
+      addMoves(bucket(start).moves, h.moves);
     });
     // The backlog at each bucket's end: a closed bucket says it; otherwise the one before plus
     // what this bucket's moves added to it (open hours, the day so far, or nothing).
     var carry = got[2].rows.length ? got[2].rows[0].doc.backlog : 0;
     var buckets = span.starts.map(function (start) {
-      var b = by[start] || {start: start, moves: {}, tasks: {}, backlog: null};
+      var b = by[start] || {start: start, moves: {}, backlog: null};
       if (start > live.as_of) {
         b.backlog = null; // not yet
       } else {
@@ -266,17 +259,31 @@ function choices() {
     ' (empty: now) in ', pick('unit', ['files', 'bytes'])]);
 }
 
-function activeTasks(got) {
+function windowTasks(got) {
+  // What each task did in a 24-hour window: {task: {"axis:to" or "created": files}}, from the
+  // live document when the window ends now, else from the window's hourly task documents;
+  // null for longer windows (thousands of tasks may be active in a day).
+  if (view.window !== '24 h') { return Promise.resolve(null); }
+  if (!view.until) { return Promise.resolve(got.live.tasks || {}); }
+  var starts = got.span.starts;
+  return summaries('monitor:tasks:', got.label(starts[0]),
+    got.label(starts[starts.length - 1]) + '\ufff0').then(function (docs) {
+    var tasks = {};
+    docs.forEach(function (d) {
+      Object.keys(d.tasks).forEach(function (t) {
+        tasks[t] = tasks[t] || {};
+        Object.keys(d.tasks[t]).forEach(function (k) { tasks[t][k] = (tasks[t][k] || 0) + d.tasks[t][k]; });
+      });
+    });
+    return tasks;
+  });
+}
+
+function activeTasks(tasks) {
   // Tasks with events in the window: files created, ended and published there.
+  if (tasks === null) { return [el('p', {id: 'tasks-note'}, ['Active tasks: choose a 24 h window.'])]; }
   var columns = ['created', 'state:done', 'state:failed_attempt', 'state:failed', 'state:killed',
     'publication:published'];
-  var tasks = {};
-  got.buckets.forEach(function (b) {
-    Object.keys(b.tasks || {}).forEach(function (t) {
-      tasks[t] = tasks[t] || {};
-      Object.keys(b.tasks[t]).forEach(function (k) { tasks[t][k] = (tasks[t][k] || 0) + b.tasks[t][k]; });
-    });
-  });
   var names = Object.keys(tasks).sort(function (a, b) {
     var n = function (t) { return columns.reduce(function (s, c) { return s + (tasks[t][c] || 0); }, 0); };
     return n(b) - n(a) || a.localeCompare(b);
@@ -295,6 +302,10 @@ function activeTasks(got) {
 
 function overview() {
   return history().then(function (got) {
+    if (!got) { return [got, null]; }
+    return windowTasks(got).then(function (tasks) { return [got, tasks]; });
+  }).then(function (both) {
+    var got = both[0], tasks = both[1];
     if (!got) { return noSummaries(); }
     var live = got.live, total = 0;
     var states = (live.totals || {}).state || {};
@@ -325,7 +336,7 @@ function overview() {
       el('h2', {}, ['Ended per ' + unitName + ' (' + view.unit + ')']), choices(),
       svgChart(got, 'state', ends, view.unit),
       table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput (bytes/s)', 'backlog at end']),
-        perBucket)].concat(got.span.step === HOUR ? activeTasks(got) : []);
+        perBucket)].concat(activeTasks(tasks));
   });
 }
 
@@ -389,7 +400,7 @@ function links() {
         var s = link.states;
         return el('td', {'data-link': src + '>' + dst, 'class': 'n'}, [
           el('a', {href: '#link/' + encodeURIComponent(src + '>' + dst)},
-            [s.done || 0, ' / ', sumOf(s, FAILED), ' / ', sumOf(s, ACTIVE)])]);
+            [(s.done || 0) + ' / ' + sumOf(s, FAILED) + ' / ' + sumOf(s, ACTIVE)])]);
       })));
     });
     var ranked = names.map(function (n) {
@@ -397,7 +408,8 @@ function links() {
       return {name: n, done: done, failed: failed,
         ratio: done + failed ? failed / (done + failed) : 0};
     }).sort(function (a, b) { return b.ratio - a.ratio || a.name.localeCompare(b.name); });
-    var worst = ranked.map(function (l) {
+    var WORST = 50; // the worst links are what an operator looks for
+    var worst = ranked.slice(0, WORST).map(function (l) {
       var classes = errors[l.name] || {};
       var top = Object.keys(classes).sort(function (a, b) { return classes[b] - classes[a]; })
         .slice(0, 3).map(function (c) { return c + ' ' + classes[c]; }).join(', ');
@@ -408,7 +420,8 @@ function links() {
     });
     return [el('h2', {}, ['Links: done / failed / active']),
       table('matrix', ['source \\ destination'].concat(destinations), matrix),
-      el('h2', {}, ['Worst links first']),
+      el('h2', {}, ['Worst links first' + (ranked.length > WORST ? ' (' + WORST + ' of ' +
+        ranked.length + ')' : '')]),
       table('worst', ['link', 'done', 'failed', 'failure ratio',
         'top error classes (failed attempts)'], worst)];
   });
@@ -450,14 +463,16 @@ function users() {
 function publication() {
   var ends = ['published', 'publication_error', 'publication_failed'];
   var outcomes = history().then(function (got) {
+    if (!got) { return [got, null]; }
+    return windowTasks(got).then(function (active) { return [got, active]; });
+  }).then(function (both) {
+    var got = both[0], active = both[1];
     if (!got) { return noSummaries(); }
     var tasks = {};
-    got.buckets.forEach(function (b) {
-      Object.keys(b.tasks || {}).forEach(function (t) {
-        ends.forEach(function (e) {
-          var n = b.tasks[t]['publication:' + e] || 0;
-          if (n) { tasks[t] = tasks[t] || {}; tasks[t][e] = (tasks[t][e] || 0) + n; }
-        });
+    Object.keys(active || {}).forEach(function (t) {
+      ends.forEach(function (e) {
+        var n = active[t]['publication:' + e] || 0;
+        if (n) { tasks[t] = tasks[t] || {}; tasks[t][e] = n; }
       });
     });
     var taskRows = Object.keys(tasks).sort().map(function (t) {
@@ -476,7 +491,7 @@ function publication() {
       })));
     });
     return [el('h2', {}, ['Publication outcomes per task (' + view.window + ')']), choices(),
-      table('publication-tasks', ['task'].concat(ends), got.span.step === HOUR ? taskRows : []),
+      table('publication-tasks', ['task'].concat(ends), taskRows),
       el('h2', {}, ['Publication outcomes per ' + (got.span.step === DAY ? 'day' : 'hour')]),
       svgChart(got, 'publication', ends, 'files'),
       table('publication-hourly', ['UTC'].concat(ends), rows)];
