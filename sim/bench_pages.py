@@ -146,7 +146,8 @@ def fill(admin: Server, config: Config, n: int, days: float, now: float) -> floa
 
 def first_summaries(admin: Server, config: Config) -> dict[str, Any]:
     """The monitoring summaries' first run over the whole store: seconds, hours, peak memory."""
-    aggregator = monitor.Aggregator(admin.db(config.store.files_db), admin.db(config.store.stats_db))
+    files, stats_db = admin.db(config.store.files_db), admin.db(config.store.stats_db)
+    aggregator = monitor.Aggregator(files, stats_db)
     started = time.monotonic()
     report = aggregator.step()
     return {
