@@ -45,7 +45,8 @@ a feed read that ended `close_after` seconds after the hour's end has been taken
 after a restart it reads the feed again from a sequence taken at least `close_after` seconds
 before the end of the last closed hour: every write that could carry a later event comes after
 it. The very first run (no `monitor:state`) reads the whole feed once and counts every event of
-the closed hours from the first copy of each request it sees. The purge deletes only requests
+the closed hours from the first copy of each request it sees (what tasks did: its last week
+only, FIRST_RUN_TASKS). The purge deletes only requests
 whose last change is before the end of the last closed hour (`purge_bound`), so every purged
 request is already in the hour documents.
 """
@@ -76,6 +77,9 @@ LIVE_LINKS_ID = "monitor:live:links"
 LIVE_USERS_ID = "monitor:live:users"
 TYPES = ("monitor_hour", "monitor_tasks", "monitor_day", "monitor_state", "monitor_live")
 RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 hours
+# The first run over an existing store holds every hour in memory until the whole feed is read;
+# thousands of tasks an hour over months would not fit: it records tasks of its last week only.
+FIRST_RUN_TASKS = 7 * 86400.0
 ATTEMPT = "attempt"  # the pseudo-axis of failed attempts in events
 # What the overview calls the backlog: files waiting for or in transfer.
 BACKLOG = ("new", "retry", "acquired", "submitted")
@@ -404,7 +408,8 @@ class Aggregator:
                 meta = Meta.of(doc)
                 for event in events_of(doc):
                     if event[0] < until:
-                        hours[hour_start(event[0])].count(event, meta, dims=False)
+                        tasks = event[0] >= until - FIRST_RUN_TASKS
+                        hours[hour_start(event[0])].count(event, meta, dims=False, tasks=tasks)
                         dims.count(event, meta, moves=False, tasks=False)
             self._keep_open(doc_id, doc, until)
         report.backfilled = True

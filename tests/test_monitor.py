@@ -303,3 +303,18 @@ def test_agents_write_monitor_documents_and_others_may_not(
     with pytest.raises(StoreError) as refused:
         accounts["alice"].db(stats_db.name).put({"_id": "monitor:live", "type": "monitor_live"})
     assert refused.value.status == 403
+
+
+def test_the_first_run_records_tasks_of_its_last_week_only(dbs: tuple[Database, Database]) -> None:
+    files, stats_db = dbs
+    rng = random.Random(5)
+    old, recent = T0 - 10 * 86400, T0 - 2 * 86400
+    write(files, [lifecycle(old, rng, task="261101_000000:alice_old"),
+                  lifecycle(recent, rng, task="261111_000000:alice_recent")])  # fmt: skip
+    monitor.Aggregator(files, stats_db, clock=Clock(T0)).step()
+    hours = {h["hour"]: h for h in stats_db.all_docs(monitor.HOUR_PREFIX, "monitor:hour;")}
+    tasks = {h["hour"]: h for h in stats_db.all_docs(monitor.TASKS_PREFIX, "monitor:tasks;")}
+    old_hour, recent_hour = monitor.hour_name(old), monitor.hour_name(recent)
+    assert hours[old_hour]["moves"]["state"][">new"][0] == 1  # the moves of every hour
+    assert tasks[old_hour]["tasks"] == {}
+    assert tasks[recent_hour]["tasks"]["261111_000000:alice_recent"]["created"] == 1
