@@ -15,7 +15,7 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run demo stop test lint bench bench-workqueue bench-frontend bench-pages clean
+.PHONY: help setup run demo stop test lint bench bench-workqueue bench-frontend bench-locust bench-pages clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -66,6 +66,10 @@ bench-workqueue: setup
 
 bench-frontend: setup
 	$(VENV)/bin/python -m sim.bench_frontend
+
+# Locust against the X.509 front end: job wrappers uploading, CRAB clients polling (50 users, 60 s).
+bench-locust: setup
+	$(VENV)/bin/python -m sim.bench_locust
 
 # The monitoring pages with 1M requests in the store (the filled store is kept in var/).
 bench-pages: setup

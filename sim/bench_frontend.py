@@ -16,6 +16,7 @@ then whether the front end still answers after the load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,53 @@ def start_frontend(config: Config, log: Path) -> subprocess.Popen:
     return process
 
 
+@dataclasses.dataclass
+class Stack:
+    """What `frontend_stack` started."""
+
+    config: Config  # the store's (admin credentials included) and the front end's
+    admin: Server
+    authority: pki.Pki  # CA file, host credential, users' certificates
+    url: str  # the front end
+    frontend: subprocess.Popen
+
+
+@contextlib.contextmanager
+def frontend_stack(root: Path, users: list[str]) -> Iterator[Stack]:
+    """A throw-away embedded store with ASO's databases and `aso frontend` (session identity)
+    on free loopback ports, under `root`, with a demo PKI in root/certs whose grid-mapfile maps
+    each of `users` (aso-user); both stopped on leaving, whatever happened inside."""
+    config = Config(source=root / "aso.toml")
+    config.store.url = f"http://127.0.0.1:{free_port()}"
+    config.store.admin_password = "bench-admin"
+    config.store.agent_password = "bench-agent"
+    config.embedded.data_dir = str(root / "store")
+    authority = pki.Pki.create(root / "certs")
+    (root / "certs" / "grid-mapfile").write_text(
+        "".join(f'"{authority.user(u).dn}" {u}\n' for u in users)
+    )
+    port = free_port()
+    config.frontend = dataclasses.replace(
+        config.frontend, listen=f"127.0.0.1:{port}", secret="bench-frontend",
+        host_cert=str(authority.host_cert), host_key=str(authority.host_key),
+        capath=str(authority.capath), mapfile=str(root / "certs" / "grid-mapfile"),
+    )  # fmt: skip
+    config.source.write_text(render(config, show_secrets=True))
+    embedded = EmbeddedStore(config)
+    embedded.start()
+    frontend = None
+    try:
+        admin = Server.from_config(config, account="admin")
+        init_databases(admin, config)
+        frontend = start_frontend(config, root / "frontend.log")
+        yield Stack(config, admin, authority, f"https://127.0.0.1:{port}", frontend)
+    finally:
+        if frontend is not None:
+            frontend.terminate()
+            frontend.wait(30)
+        embedded.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
@@ -172,71 +221,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-every", type=int, default=10, help="one write per N operations")
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="aso-bench-fe-") as tmp:
-        root = Path(tmp)
-        config = Config(source=root / "aso.toml")
-        config.store.url = f"http://127.0.0.1:{free_port()}"
-        config.store.admin_password = "bench-admin"
-        config.store.agent_password = "bench-agent"
-        config.embedded.data_dir = str(root / "store")
-        authority = pki.Pki.create(root / "certs")
-        users = [f"bench{i}" for i in range(USERS)]
-        (root / "certs" / "grid-mapfile").write_text(
-            "".join(f'"{authority.user(u).dn}" {u}\n' for u in users)
+    users = [f"bench{i}" for i in range(USERS)]
+    with (
+        tempfile.TemporaryDirectory(prefix="aso-bench-fe-") as tmp,
+        frontend_stack(Path(tmp), users) as stack,
+    ):
+        config, admin, authority = stack.config, stack.admin, stack.authority
+        direct_users = {f"direct{i}": f"pw-direct{i}" for i in range(USERS)}
+        for user, password in direct_users.items():
+            admin.put_user(user, password, [model.USER_ROLE])
+        proxies = {u: str(authority.proxy_file(authority.user(u))) for u in users}
+        files_db, ca = config.store.files_db, str(authority.ca_file)
+        via = Target("front end (TLS, X.509)", stack.url, files_db, proxies, ca, x509=True)
+        direct = Target("store direct (HTTP, basic)", config.store.url, files_db, direct_users)
+        console.print(
+            f"{args.clients} clients in {args.procs} processes, {args.rounds} rounds of "
+            f"{args.seconds:.0f} s per target, one write per {args.write_every} operations"
         )
-        port = free_port()
-        config.frontend = dataclasses.replace(
-            config.frontend, listen=f"127.0.0.1:{port}", secret="bench-frontend",
-            host_cert=str(authority.host_cert), host_key=str(authority.host_key),
-            capath=str(authority.capath), mapfile=str(root / "certs" / "grid-mapfile"),
-        )  # fmt: skip
-        config.source.write_text(render(config, show_secrets=True))
-        embedded = EmbeddedStore(config)
-        embedded.start()
-        frontend = None
-        try:
-            admin = Server.from_config(config, account="admin")
-            init_databases(admin, config)
-            direct_users = {f"direct{i}": f"pw-direct{i}" for i in range(USERS)}
-            for user, password in direct_users.items():
-                admin.put_user(user, password, [model.USER_ROLE])
-            frontend = start_frontend(config, root / "frontend.log")
-            proxies = {u: str(authority.proxy_file(authority.user(u))) for u in users}
-            files_db, ca = config.store.files_db, str(authority.ca_file)
-            via = Target("front end (TLS, X.509)", f"https://127.0.0.1:{port}", files_db,
-                         proxies, ca, x509=True)  # fmt: skip
-            direct = Target("store direct (HTTP, basic)", config.store.url, files_db, direct_users)
-            console.print(
-                f"{args.clients} clients in {args.procs} processes, {args.rounds} rounds of "
-                f"{args.seconds:.0f} s per target, one write per {args.write_every} operations"
-            )
-            figures: dict[str, list[tuple[float, list[float], int]]] = {
-                via.name: [],
-                direct.name: [],
-            }
-            for n in range(args.rounds):
-                for target in (via, direct) if n % 2 == 0 else (direct, via):
-                    rate, latencies, errors, ran = run_round(
-                        target, args.clients, args.procs, args.seconds, args.write_every
-                    )
-                    figures[target.name].append((rate, latencies, errors))
-                    console.print(
-                        f"round {n + 1} {target.name}: {ran} clients, {rate:.0f} ops/s, "
-                        f"p50 {percentile(latencies, 50) * 1000:.0f} ms, {errors} errors"
-                    )
-            report(figures, via.name, direct.name)
-            probe = requests.get(f"{via.url}/_session", cert=proxies[users[0]],
-                                 verify=str(authority.ca_file), timeout=30)  # fmt: skip
-            console.print(
-                f"front end after the load: HTTP {probe.status_code}, "
-                f"user {probe.json().get('userCtx', {}).get('name')}; "
-                f"front end process {'running' if frontend.poll() is None else 'DEAD'}"
-            )
-        finally:
-            if frontend is not None:
-                frontend.terminate()
-                frontend.wait(30)
-            embedded.stop()
+        figures: dict[str, list[tuple[float, list[float], int]]] = {via.name: [], direct.name: []}
+        for n in range(args.rounds):
+            for target in (via, direct) if n % 2 == 0 else (direct, via):
+                rate, latencies, errors, ran = run_round(
+                    target, args.clients, args.procs, args.seconds, args.write_every
+                )
+                figures[target.name].append((rate, latencies, errors))
+                console.print(
+                    f"round {n + 1} {target.name}: {ran} clients, {rate:.0f} ops/s, "
+                    f"p50 {percentile(latencies, 50) * 1000:.0f} ms, {errors} errors"
+                )
+        report(figures, via.name, direct.name)
+        probe = requests.get(f"{via.url}/_session", cert=proxies[users[0]],
+                             verify=str(authority.ca_file), timeout=30)  # fmt: skip
+        console.print(
+            f"front end after the load: HTTP {probe.status_code}, "
+            f"user {probe.json().get('userCtx', {}).get('name')}; "
+            f"front end process {'running' if stack.frontend.poll() is None else 'DEAD'}"
+        )
 
 
 def report(figures: dict, via: str, direct: str) -> None:
