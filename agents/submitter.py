@@ -11,6 +11,9 @@ Core logic (plain functions over documents):
   conflicts (someone else acted) simply drops out of its job.
 * then the job is submitted under that key (idempotent at the service), and the documents move to
   `submitted` with the job id.
+A cycle does this for a batch of jobs at once (FILES_PER_BATCH files): one bulk write of intents,
+the jobs to the service (`submit_many`: one bulk write of the job table for the gfal and sim
+services), one bulk write of `submitted`.
 
 Crash safety: a submitter killed after `acquire` leaves `acquired` documents whose lease names
 the job key; when the lease expires the monitor asks the service for that key and either adopts
@@ -45,6 +48,24 @@ IN_FLIGHT = ("acquired", "submitted", "kill_requested")
 # Seconds of lease a submission must have left (more than its call may take; at most half the
 # lease, so short test leases work).
 SUBMIT_MARGIN = 120.0
+# Files whose jobs are acquired, submitted and marked together (one bulk write each way).
+FILES_PER_BATCH = 1000
+
+
+def batches_of(
+    plans: list[list[Mapping[str, Any]]], files: int
+) -> Iterable[list[list[Mapping[str, Any]]]]:
+    """Jobs in batches of about `files` files (a job is never split)."""
+    batch: list[list[Mapping[str, Any]]] = []
+    count = 0
+    for plan in plans:
+        batch.append(plan)
+        count += len(plan)
+        if count >= files:
+            yield batch
+            batch, count = [], 0
+    if batch:
+        yield batch
 
 
 def link_of(doc: Mapping[str, Any]) -> str:
@@ -223,100 +244,125 @@ class Submitter(Agent):
         in_flight = [d for d in everything.values() if d[STATE] in IN_FLIGHT]
         plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
         report = {"jobs": 0, "submitted": 0, "conflicts": 0, "refused": 0, "deferred": 0}
-        for docs in plans:
-            self.submit_job(docs, report)
+        for batch in batches_of(plans, FILES_PER_BATCH):
+            self.submit_jobs(batch, report)
         return report
 
-    def submit_job(self, docs: list[Mapping[str, Any]], report: dict[str, int]) -> None:
-        key = f"{self.instance}:{uuid.uuid4()}"
-        acquired = self.acquire(docs, key, report)
+    def submit_jobs(self, plans: list[list[Mapping[str, Any]]], report: dict[str, int]) -> None:
+        """Intent for every job of the batch in one bulk write, then the jobs to the service
+        (in one call where it can take many), then `submitted` in one bulk write: three round
+        trips for the batch instead of three per job, which capped a submitter at ~8 jobs/s."""
+        keys = [f"{self.instance}:{uuid.uuid4()}" for _ in plans]
+        acquired = self.acquire(plans, keys, report)
         if not acquired:
             return
         faults.point("submitter.after_acquire")
-        request = job_request(self.config, key, acquired)
-        lease_left = acquired[0]["lease"]["until"] - time.time()
-        if lease_left < min(SUBMIT_MARGIN, self.config.transfer.lease / 2):
-            log.warning(
-                "job %s: only %.0f s of lease left; leaving it to lease expiry", key, lease_left
-            )
-            return
-        try:
-            job_id = self.service.submit(request)
-        except JobRefused as exc:
-            self.refused(acquired, str(exc), exc.error_class, report)
-            return
-        except TransferError as exc:
-            # The service is unreachable: the files stay acquired; when the lease expires the
-            # monitor asks the service for this key and adopts the job or releases the files.
-            log.warning(
-                "job %s for %d files not submitted (%s): left to lease expiry",
-                key,
-                len(acquired),
-                exc,
-            )
-            report["deferred"] += len(acquired)
-            return
+        margin = min(SUBMIT_MARGIN, self.config.transfer.lease / 2)
+        ready = {}
+        for key, docs in acquired.items():
+            lease_left = docs[0]["lease"]["until"] - time.time()
+            if lease_left < margin:
+                log.warning(
+                    "job %s: only %.0f s of lease left; leaving it to lease expiry", key, lease_left
+                )
+                continue
+            ready[key] = docs
+        outcomes = self.service.submit_many(
+            [job_request(self.config, k, d) for k, d in ready.items()]
+        )
         faults.point("submitter.after_submit")
-        self.mark_submitted(acquired, job_id, report)
+        accepted = []
+        for (key, docs), outcome in zip(ready.items(), outcomes, strict=True):
+            if isinstance(outcome, JobRefused):
+                self.refused(docs, str(outcome), outcome.error_class, report)
+            elif isinstance(outcome, TransferError):
+                # The service is unreachable: the files stay acquired; when the lease expires
+                # the monitor asks the service for this key and adopts the job or releases them.
+                log.warning(
+                    "job %s for %d files not submitted (%s): left to lease expiry",
+                    key,
+                    len(docs),
+                    outcome,
+                )
+                report["deferred"] += len(docs)
+            else:
+                accepted.append((docs, outcome))
+        self.mark_submitted(accepted, report)
 
     def acquire(
-        self, docs: list[Mapping[str, Any]], key: str, report: dict[str, int]
-    ) -> list[dict[str, Any]]:
+        self, plans: list[list[Mapping[str, Any]]], keys: list[str], report: dict[str, int]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Record the intent (acquired, with a lease naming the job key) of every job; returns
+        the documents written, by job key (a conflicting document drops out of its job)."""
         now = time.time()
-        lease = {"owner": self.instance, "until": now + self.config.transfer.lease, "job_key": key}
-        updated = [
-            model.transition(
-                d, [Change(STATE, "acquired", self.instance)], AGENT, at=now, lease=lease
-            )
-            for d in docs
-        ]
-        return self._write(updated, report)
+        updated = []
+        for docs, key in zip(plans, keys, strict=True):
+            lease = {
+                "owner": self.instance,
+                "until": now + self.config.transfer.lease,
+                "job_key": key,
+            }
+            updated += [
+                model.transition(
+                    d, [Change(STATE, "acquired", self.instance)], AGENT, at=now, lease=lease
+                )
+                for d in docs
+            ]
+        by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for doc in self._write(updated, report):
+            by_key[doc["lease"]["job_key"]].append(doc)
+        return {key: by_key[key] for key in keys if by_key.get(key)}
 
     def mark_submitted(
-        self, docs: list[dict[str, Any]], job_id: str, report: dict[str, int]
+        self, jobs: list[tuple[list[dict[str, Any]], str]], report: dict[str, int]
     ) -> None:
         now = time.time()
         updated = []
-        for doc in docs:
-            attempt = {
-                "job_id": job_id,
-                "service": self.service.name,
-                "submitted": now,
-                "ended": None,
-                "outcome": None,
-                "reason": None,
-                "error_class": None,
-            }
-            updated.append(
-                model.transition(
-                    doc,
-                    [Change(STATE, "submitted", self.instance)],
-                    AGENT,
-                    at=now,
-                    lease=None,
-                    transfer={
-                        "job_id": job_id,
-                        "service": self.service.name,
-                        "file_id": doc["_id"],
-                    },
-                    attempts=[*doc.get("attempts", []), attempt][-200:],
+        for docs, job_id in jobs:
+            for doc in docs:
+                attempt = {
+                    "job_id": job_id,
+                    "service": self.service.name,
+                    "submitted": now,
+                    "ended": None,
+                    "outcome": None,
+                    "reason": None,
+                    "error_class": None,
+                }
+                updated.append(
+                    model.transition(
+                        doc,
+                        [Change(STATE, "submitted", self.instance)],
+                        AGENT,
+                        at=now,
+                        lease=None,
+                        transfer={
+                            "job_id": job_id,
+                            "service": self.service.name,
+                            "file_id": doc["_id"],
+                        },
+                        attempts=[*doc.get("attempts", []), attempt][-200:],
+                    )
                 )
+        written: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for doc in self._write(updated, report):
+            written[doc["transfer"]["job_id"]].append(doc)
+        for docs, job_id in jobs:
+            files = written.get(job_id, [])
+            report["jobs"] += 1
+            report["submitted"] += len(files)
+            log.info(
+                "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
+                job_id,
+                self.service.name,
+                len(files),
+                docs[0]["source"],
+                docs[0]["destination"],
+                docs[0]["user"],
+                docs[0]["task"],
             )
-        written = self._write(updated, report)
-        report["jobs"] += 1
-        report["submitted"] += len(written)
-        log.info(
-            "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
-            job_id,
-            self.service.name,
-            len(written),
-            docs[0]["source"],
-            docs[0]["destination"],
-            docs[0]["user"],
-            docs[0]["task"],
-        )
-        for doc in written:
-            log.info("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
+            for doc in files:
+                log.info("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
 
     def refused(
         self, docs: list[dict[str, Any]], reason: str, error_class: str, report: dict[str, int]

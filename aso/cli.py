@@ -25,6 +25,7 @@ from aso.cli_catalog import catalog_app
 from aso.cli_common import config_of as _config
 from aso.cli_frontend import certs_app, frontend_cmd
 from aso.cli_reconcile import reconcile_cmd
+from aso.cli_sim import sim_cmd
 from aso.cli_stats import stats_cmd
 from aso.cli_status import status_cmd
 from aso.cli_storage import storage_app
@@ -63,6 +64,7 @@ app.add_typer(catalog_app, name="catalog")
 app.command("reconcile")(reconcile_cmd)
 app.command("status")(status_cmd)
 app.command("stats")(stats_cmd)
+app.command("sim")(sim_cmd)
 app.command("frontend")(frontend_cmd)
 app.add_typer(certs_app, name="certs")
 

@@ -21,4 +21,4 @@ if [ -n "$gfal2_so" ]; then
   ln -sf "$gfal2_so" "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
-  -c "$top/deploy/python-constraints.txt" -e "$top[test]"
+  -c "$top/deploy/python-constraints.txt" -e "$top[test,sim]"

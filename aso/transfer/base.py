@@ -4,6 +4,7 @@ embedded gfal2 service or from the simulator, and nothing more.
 * `submit(job)`   one job of N file pairs with its parameters and metadata; idempotent on
                   `job.key`, the client-chosen key recorded in the requests before the call, so a
                   resubmitted intent (after a crash) finds the job instead of making a second one;
+* `submit_many(jobs)`  several jobs in one go where the service allows it (else one by one);
 * `lookup(key)`   the job id of a key, or None if the service never got the job;
 * `status(ids)`   the state of many jobs and of their files in one call;
 * `cancel(id, files)`  a whole job or some of its files.
@@ -114,6 +115,18 @@ class TransferService(abc.ABC):
     @abc.abstractmethod
     def submit(self, job: JobRequest) -> str:
         """Create the job (or find the one made earlier for `job.key`); returns its id."""
+
+    def submit_many(self, jobs: Sequence[JobRequest]) -> list[str | TransferError]:
+        """Submit several jobs; per job its id, or the TransferError (JobRefused included) that
+        it met, in input order. One job's failure does not stop the others. Back ends that can
+        create many jobs in one call (the job table's bulk write) override this loop."""
+        results: list[str | TransferError] = []
+        for job in jobs:
+            try:
+                results.append(self.submit(job))
+            except TransferError as exc:
+                results.append(exc)
+        return results
 
     @abc.abstractmethod
     def lookup(self, key: str) -> str | None:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from aso.store import Database
-from aso.transfer.base import JobRequest, JobStatus, TransferService
+from aso.transfer.base import JobRequest, JobStatus, TransferError, TransferService
 from aso.transfer.jobstore import JobStore, job_status
 
 
@@ -21,6 +21,9 @@ class GfalService(TransferService):
 
     def submit(self, job: JobRequest) -> str:
         return self.jobs.create(job)
+
+    def submit_many(self, jobs: Sequence[JobRequest]) -> list[str | TransferError]:
+        return list(self.jobs.create_many(jobs))
 
     def lookup(self, key: str) -> str | None:
         return self.jobs.exists(key)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from aso.store import Conflict, Database
+from aso.store import Conflict, Database, StoreError
 from aso.transfer.base import (
     CANCELED,
     DONE,
@@ -116,6 +116,25 @@ class JobStore:
         except Conflict:
             log.info("job %s (key %s) exists: not created again", doc["_id"], job.key)
         return doc["_id"]
+
+    def create_many(self, jobs: Sequence[JobRequest]) -> list[str]:
+        """Record many jobs in one bulk write (the submitter's batch); a job whose key was
+        submitted before keeps its existing document (the conflict is its idempotence)."""
+        now = time.time()
+        docs = [new_job_document(job, self.service, now) for job in jobs]
+        for doc, result in zip(docs, self.db.bulk_write(docs), strict=True):
+            if result.ok:
+                log.info(
+                    "job %s (key %s) created with %d files",
+                    doc["_id"],
+                    doc["key"],
+                    len(doc["files"]),
+                )
+            elif result.conflict:
+                log.info("job %s (key %s) exists: not created again", doc["_id"], doc["key"])
+            else:
+                raise StoreError(403, result.error or "error", result.reason or "", self.db.name)
+        return [doc["_id"] for doc in docs]
 
     def exists(self, key: str) -> str | None:
         job_id = job_id_for(key)

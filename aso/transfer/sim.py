@@ -32,6 +32,7 @@ from aso.transfer.base import (
     FileStatus,
     JobRequest,
     JobStatus,
+    TransferError,
     TransferService,
 )
 from aso.transfer.jobstore import JobStore
@@ -93,6 +94,9 @@ class SimService(TransferService):
     # -- the interface ------------------------------------------------------------------------
     def submit(self, job: JobRequest) -> str:
         return self.jobs.create(job)
+
+    def submit_many(self, jobs: Sequence[JobRequest]) -> list[str | TransferError]:
+        return list(self.jobs.create_many(jobs))
 
     def lookup(self, key: str) -> str | None:
         return self.jobs.exists(key)

@@ -1,0 +1,171 @@
+"""`aso sim`: the lifecycle simulator (sim/lifecycle.py) from the command line. aso/cli.py
+registers `sim_cmd`. It needs no config file: the run writes its own into its workspace."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of `90`, `90s`, `15m`, `2h` or `1d`."""
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 90, 90s, 15m, 2h or 1d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_instances(values: list[str]) -> dict[str, int]:
+    from sim.lifecycle import AGENTS
+
+    counts = dict.fromkeys(AGENTS, 1)
+    for value in values:
+        agent, _, number = value.partition("=")
+        if agent not in AGENTS or not number.isdigit() or int(number) < 1:
+            raise typer.BadParameter(
+                f"{value!r}: expected AGENT=N (N >= 1) with AGENT one of {', '.join(AGENTS)}"
+            )
+        counts[agent] = int(number)
+    return counts
+
+
+def parse_outage(value: str) -> dict[str, float | str]:
+    site, _, span = value.partition(":")
+    start, _, end = span.partition("-")
+    try:
+        begin, finish = parse_duration(start), parse_duration(end)
+    except typer.BadParameter:
+        begin = finish = -1.0
+    if not site or begin < 0 or finish <= begin:
+        raise typer.BadParameter(
+            f"{value!r}: expected SITE:START-END in simulated time, e.g. T2_SM_Site003:10m-20m"
+        )
+    return {"site": site, "start": begin, "end": finish}
+
+
+def sim_cmd(
+    scale: Annotated[
+        float, typer.Option(help="Load as a multiple of design (300k files/day).")
+    ] = 1.0,
+    duration: Annotated[
+        str, typer.Option(help="Simulated time of injection: 90s, 15m, 2h, 1d.")
+    ] = "1h",
+    compression: Annotated[
+        float, typer.Option(help="Simulated seconds per wall second (time compression).")
+    ] = 1.0,
+    users: Annotated[int, typer.Option(help="Users injecting work in parallel.")] = 200,
+    sites: Annotated[int, typer.Option(help="Sites files come from and go to.")] = 60,
+    interval: Annotated[str, typer.Option(help="Simulated time between two injections.")] = "1m",
+    mean_duration: Annotated[
+        float, typer.Option(help="Mean simulated transfer time, seconds.")
+    ] = 20.0,
+    distribution: Annotated[
+        str, typer.Option(help="Transfer times: exponential, lognormal or fixed.")
+    ] = "exponential",
+    failure_rate: Annotated[
+        float, typer.Option(help="Probability that one transfer attempt fails.")
+    ] = 0.02,
+    retry_delay: Annotated[
+        float, typer.Option(help="Simulated cool-off after a first failed attempt, seconds.")
+    ] = 60.0,
+    block_timeout: Annotated[
+        float, typer.Option(help="Simulated seconds a catalog block waits for more files.")
+    ] = 300.0,
+    outage: Annotated[
+        list[str] | None,
+        typer.Option(help="A site outage SITE:START-END in simulated time (repeatable)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 1,
+    instances: Annotated[
+        list[str] | None, typer.Option(help="Agent instances, AGENT=N (repeatable).")
+    ] = None,
+    uploaders: Annotated[int, typer.Option(help="Upload threads (job wrappers at once).")] = 8,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Workspace (default var/sim/<time>): config, logs, report.")
+    ] = None,
+    store_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Run against this store (http://admin:pw@host:5984; fresh databases) instead "
+            "of an embedded one."
+        ),
+    ] = None,
+    bucket: Annotated[
+        str | None, typer.Option(help="Simulated time per report row (default: fits the run).")
+    ] = None,
+    ceiling: Annotated[
+        bool, typer.Option(help="Measure the store's bulk-write ceiling first.")
+    ] = True,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Wall seconds to wait for every file to end after injection.")
+    ] = 900.0,
+    progress: Annotated[bool, typer.Option(help="Show live progress.")] = True,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the whole report as JSON.")
+    ] = False,
+) -> None:
+    """Drive the whole service with synthetic work and report how it held (docs: README, The
+    lifecycle simulator). Exit code 1 when the accounting is not exact."""
+    from sim.lifecycle import RunOptions, run_simulation
+    from sim.workload import Plan
+
+    try:
+        plan = Plan(
+            scale=scale,
+            users=users,
+            sites=sites,
+            interval=parse_duration(interval),
+            duration=parse_duration(duration),
+            compression=compression,
+            mean_duration=mean_duration,
+            distribution=distribution,
+            failure_rate=failure_rate,
+            retry_delay=retry_delay,
+            block_timeout=block_timeout,
+            outages=[parse_outage(o) for o in outage or []],
+            seed=seed,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if distribution not in ("exponential", "lognormal", "fixed"):
+        raise typer.BadParameter("--distribution must be exponential, lognormal or fixed")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    options = RunOptions(
+        workdir=workdir or Path("var/sim") / stamp,
+        store_url=store_url,
+        instances=parse_instances(instances or []),
+        uploaders=uploaders,
+        bucket=parse_duration(bucket) if bucket else None,
+        measure_ceiling=ceiling,
+        drain_timeout=drain_timeout,
+        progress=progress,
+    )
+    err_console.print(
+        f"simulating {plan.scale:g}x design ({plan.files_per_second * 86400:,.0f} files/day) "
+        f"for {plan.duration:g} simulated s ({plan.wall(plan.duration):.0f} wall s), "
+        f"{plan.users} users, {plan.sites} sites; workspace {options.workdir}"
+    )
+    report = run_simulation(plan, options, err_console)
+    data = report.to_dict()
+    if json_out:
+        console.print_json(json.dumps(data))
+    else:
+        console.print(report.summary_line(), markup=False, highlight=False)
+        out = options.workdir / "report"
+        console.print(f"report: {out} (report.json, completed.png, backlog.png)")
+    if not report.accounting.exact:
+        for line in report.accounting.problems():
+            err_console.print(f"aso sim: accounting: {line}", markup=False)
+        raise typer.Exit(1)

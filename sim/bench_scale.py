@@ -1,0 +1,145 @@
+"""`make bench`: the lifecycle simulator at 2x, 4x and 8x design load, one after the other on
+this machine, each on a fresh embedded store with every agent running, for a fixed simulated
+time (long enough for the backlog to settle), then a drain.
+
+Printed, one line per scale: completed/expected in the steady state, the highest backlog and
+its growth over the second half, latency percentiles (injection → done, the same without the
+simulated transfer time, done → published), the store's write rate against its bulk-write
+ceiling measured in the same run (on the same store, just before the agents start), whether
+the scale holds, and whether the accounting is exact. Plots of all scales go to `--plots`.
+
+    python -m sim.bench_scale [--scales 2,4,8] [--duration 150s] [--interval 10s]
+                              [--plots docs/bench] [--workdir var/bench-scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from aso.cli_sim import parse_duration
+from sim.lifecycle import RunOptions, run_simulation
+from sim.report import Report
+from sim.workload import Plan
+
+console = Console()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", default="2,4,8", help="Multiples of design, comma-separated.")
+    parser.add_argument("--duration", default="150s", help="Simulated injection time per scale.")
+    parser.add_argument("--interval", default="10s", help="Simulated time between injections.")
+    parser.add_argument("--compression", type=float, default=1.0)
+    parser.add_argument("--block-timeout", type=float, default=60.0)
+    parser.add_argument("--bucket", default="15s", help="Simulated time per report row.")
+    parser.add_argument("--drain-timeout", type=float, default=150.0, help="Wall seconds.")
+    parser.add_argument("--workdir", type=Path, default=Path("var/bench-scale"))
+    parser.add_argument("--plots", type=Path, default=Path("docs/bench"))
+    parser.add_argument("--store-url", default=None, help="Run against this store instead.")
+    return parser.parse_args(argv)
+
+
+def table(reports: list[Report]) -> Table:
+    out = Table(title="ASO under 2x/4x/8x design load (steady state; latencies in simulated s)")
+    for column in (
+        "scale",
+        "completed/expected",
+        "backlog max",
+        "growth",
+        "inj→done p50/p95/p99",
+        "w/o transfers p50/p95/p99",
+        "done→published p50/p95",
+        "store writes/s",
+        "ceiling/s",
+        "holds",
+        "accounting",
+    ):
+        out.add_column(column, justify="right")
+    for report in reports:
+        s = report.steady()
+        out.add_row(
+            f"{report.plan.scale:g}x",
+            f"{s['ratio']}",
+            f"{s['backlog_max']}",
+            f"{s['backlog_growth']:+.0f}",
+            _three(s["latency"]),
+            _three(s["overhead"]),
+            f"{s['publish']['p50']}/{s['publish']['p95']}",
+            f"{s['store_writes_per_s']}",
+            f"{report.ceiling:.0f}" if report.ceiling else "–",
+            "yes" if s["holds"] else "no",
+            "exact" if report.accounting.exact else "; ".join(report.accounting.problems()),
+        )
+    return out
+
+
+def _three(p: dict) -> str:
+    return "/".join("–" if p[k] is None else f"{p[k]:.0f}" for k in ("p50", "p95", "p99"))
+
+
+def plot_all(reports: list[Report], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, draw in (("completed", Report.draw_completed), ("backlog", Report.draw_backlog)):
+        fig, axes = plt.subplots(1, len(reports), figsize=(5 * len(reports), 3.6), squeeze=False)
+        for ax, report in zip(axes[0], reports, strict=True):
+            draw(report, ax)
+        fig.tight_layout()
+        paths.append(out / f"scale-{name}.png")
+        fig.savefig(paths[-1], dpi=90)
+        plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    scales = [float(s) for s in args.scales.split(",") if s.strip()]
+    started = time.monotonic()
+    reports = []
+    for scale in scales:
+        workdir = args.workdir / f"{scale:g}x"
+        shutil.rmtree(workdir, ignore_errors=True)
+        plan = Plan(
+            scale=scale,
+            duration=parse_duration(args.duration),
+            interval=parse_duration(args.interval),
+            compression=args.compression,
+            block_timeout=args.block_timeout,
+        )
+        options = RunOptions(
+            workdir=workdir,
+            store_url=args.store_url,
+            bucket=parse_duration(args.bucket),
+            drain_timeout=args.drain_timeout,
+        )
+        console.rule(f"{scale:g}x design: {plan.files_per_second * 3600:,.0f} files/hour")
+        report = run_simulation(plan, options, console)
+        console.print(report.summary_line(), markup=False, highlight=False)
+        reports.append(report)
+    console.rule("results")
+    for report in reports:
+        console.print(report.summary_line(), markup=False, highlight=False)
+    console.print(table(reports))
+    paths = plot_all(reports, args.plots)
+    summary = {f"{r.plan.scale:g}x": r.to_dict() | {"rows": None} for r in reports}
+    (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
+    console.print(
+        f"plots: {', '.join(map(str, paths))}; reports in {args.workdir}/*/report; "
+        f"wall time {time.monotonic() - started:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

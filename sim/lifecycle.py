@@ -1,0 +1,533 @@
+"""`aso sim`: the lifecycle simulator (after PhEDEx's LifeCycle agent in the paper).
+
+One run, start to end:
+
+1. a workspace (`var/sim/<run>/`) with a config of its own: the `sim` transfer back end, the
+   embedded catalog, the simulated durations of the plan divided by its compression, and the
+   embedded store on a free loopback port (or `--store-url`, fresh databases of their own);
+2. the store and its databases, optionally the store's bulk-write ceiling measured on a scratch
+   database with ASO's design documents (the same store, the same run);
+3. every agent as in production: `aso run --agents-only` supervising one process per instance;
+4. injections every `plan.interval` simulated seconds through the job wrappers' upload path
+   (`aso.upload.upload`, one call per job, from a pool of uploader threads), with a live
+   progress display fed by the monitoring summaries (`monitor:live`);
+5. a drain: injection stops and the run waits until every injected file is final;
+6. the agents stop, every document is read once from the `_changes` feed and the report is
+   computed from the documents themselves (sim/report.py): the accounting check, per-bucket
+   figures, latencies, the store's write rate and each process's CPU share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from aso import model, monitor
+from aso.config import Config, render
+from aso.designdocs import FILES_SECURITY, design_documents, init_databases
+from aso.embedded import EmbeddedStore, free_port
+from aso.store import Server, StoreError
+from aso.upload import upload
+from sim.report import Analysis, Report, Sample, account
+from sim.workload import Plan, Workload, injections
+
+log = logging.getLogger("aso.sim")
+
+AGENTS = ("submitter", "monitor", "retry-manager", "cleaner", "publisher", "analytics")
+HOST_ID = "sim"
+START_TIMEOUT = 120.0
+STOP_GRACE = 60.0
+UPLOAD_TRIES = 5
+
+
+@dataclass
+class RunOptions:
+    workdir: Path
+    store_url: str | None = None  # an external store (admin credentials in the URL)
+    instances: dict[str, int] = field(default_factory=lambda: dict.fromkeys(AGENTS, 1))
+    uploaders: int = 8
+    sample_every: float = 5.0  # wall seconds between two samples of the store and processes
+    drain_timeout: float = 900.0  # wall seconds the drain may take
+    bucket: float | None = None  # simulated seconds per report row (default: fits the run)
+    measure_ceiling: bool = True
+    ceiling_docs: int = 10_000
+    keep_store: bool = False
+    log_level: str = "INFO"
+    progress: bool = True
+
+
+def sim_config(plan: Plan, options: RunOptions) -> Config:
+    """The workspace's configuration: production defaults, the sim back end, the plan's
+    simulated durations in wall seconds."""
+    workdir = options.workdir.resolve()
+    config = Config(source=workdir / "aso.toml")
+    store, wall = config.store, plan.wall
+    if options.store_url:
+        parts = urlsplit(options.store_url)
+        store.url = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", ""))
+        store.admin_user = parts.username or "admin"
+        store.admin_password = parts.password or ""
+        suffix = f"_sim{uuid.uuid4().hex[:8]}"
+        for name in ("files_db", "transfers_db", "catalog_db", "stats_db"):
+            setattr(store, name, getattr(store, name) + suffix)
+    else:
+        store.url = f"http://127.0.0.1:{free_port()}"
+        store.admin_password = secrets.token_urlsafe(12)
+        config.embedded.data_dir = str(workdir / "store")
+    store.agent_password = secrets.token_urlsafe(12)
+    config.log.level = options.log_level
+    config.transfer.backend = "sim"
+    config.sites = {}  # the sim back end needs no site catalogue
+    config.sim.mean_duration = wall(plan.mean_duration)
+    config.sim.distribution = plan.distribution
+    config.sim.failure_rate = plan.failure_rate
+    config.sim.seed = plan.seed
+    config.sim.outages = [
+        {**o, "start": wall(float(o["start"])), "end": wall(float(o["end"]))} for o in plan.outages
+    ]
+    config.retry.base_delay = wall(plan.retry_delay)
+    config.retry.max_delay = wall(3600.0)
+    config.cleaner.base_delay = wall(60.0)
+    config.cleaner.max_delay = wall(3600.0)
+    config.publisher.block_closure_timeout = wall(plan.block_timeout)
+    config.publisher.base_delay = wall(60.0)
+    config.publisher.max_delay = wall(3600.0)
+    # The report reads every document at the end: nothing may be purged during the run.
+    config.analytics.purge_after = 0.0
+    config.analytics.summary_interval = min(config.analytics.summary_interval, 5.0)
+    config.agents.instances = dict(options.instances)
+    config.agents.log_dir = str(workdir / "log")
+    return config
+
+
+# -- the store's ceiling -------------------------------------------------------------------------
+def measure_write_ceiling(admin: Server, config: Config, docs: int, writers: int = 2) -> float:
+    """New request documents per second that bulk writes of 500 get into a scratch database
+    with ASO's design documents (the same validation as the files database), from `writers`
+    concurrent clients: what the store can take at most in this run."""
+    name = f"{config.store.files_db}_ceiling"
+    admin.create_db(name, FILES_SECURITY)
+    db = admin.db(name)
+    for ddoc in design_documents(config):
+        db.push_design(ddoc)
+    token = uuid.uuid4().hex[:8]
+    batches = [
+        [
+            model.new_request(
+                user="ceiling",
+                task=f"ceiling:{token}",
+                job_id=str(i),
+                source="T2_SM_Site000",
+                destination="T2_SM_Site001",
+                source_lfn=f"/store/temp/user/ceiling/{token}/{i}.root",
+                destination_lfn=f"/store/user/ceiling/{token}/{i}.root",
+                size=1000,
+                adler32="00000001",
+                publish=True,
+                publish_info={"dataset": f"/Ceiling/ceiling-{token}/USER"},
+            )
+            for i in range(start, min(docs, start + 500))
+        ]
+        for start in range(0, docs, 500)
+    ]
+    started = time.monotonic()
+    with ThreadPoolExecutor(writers) as pool:
+        written = sum(pool.map(lambda b: sum(r.ok for r in db.bulk_write(b)), batches))
+    rate = written / (time.monotonic() - started)
+    admin.delete_db(name)
+    return rate
+
+
+# -- the service under test ----------------------------------------------------------------------
+class Service:
+    """The store (embedded, unless external) and `aso run --agents-only` over it."""
+
+    def __init__(self, config: Config, options: RunOptions):
+        self.config, self.options = config, options
+        self.embedded = None if options.store_url else EmbeddedStore(config)
+        self.supervisor: subprocess.Popen[bytes] | None = None
+        self.admin = Server.from_config(config, account="admin")
+
+    def start_store(self) -> None:
+        if self.embedded is not None:
+            log.info(self.embedded.start())
+        init_databases(self.admin, self.config)
+
+    def start_agents(self) -> None:
+        config_file = self.config.source
+        assert config_file is not None
+        log_file = self.options.workdir / "aso-run.log"
+        argv = [sys.executable, "-m", "aso", "--config", str(config_file), "run"]
+        argv += ["--agents-only", "--host-id", HOST_ID]
+        with open(log_file, "ab") as out:
+            self.supervisor = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self._wait_for_heartbeats()
+
+    def _wait_for_heartbeats(self) -> None:
+        """Every planned instance beat once: the agents are up and following the feed."""
+        db = self.admin.db(self.config.store.files_db)
+        wanted = {
+            model.heartbeat_id(agent, f"{HOST_ID}-{slot}")
+            for agent, n in self.config.agents.instances.items()
+            for slot in range(n)
+        }
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if all(db.get_many(wanted).values()):
+                return
+            if self.supervisor is not None and self.supervisor.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"the agents did not start in {START_TIMEOUT:.0f} s: see {self.options.workdir}/log"
+        )
+
+    def processes(self) -> dict[str, psutil.Process]:
+        """Name → process of the store, every agent process and the simulator itself."""
+        found: dict[str, psutil.Process] = {"simulator": psutil.Process()}
+        if self.embedded is not None and (pid := self.embedded.status().pid):
+            found["store"] = psutil.Process(pid)
+        if self.supervisor is not None:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(self.supervisor.pid).children():
+                    argv = child.cmdline()
+                    if "agent" in argv:
+                        at = argv.index("agent")
+                        found[f"{argv[at + 1]} {argv[at + 3]}"] = child
+        return found
+
+    def stop_agents(self) -> None:
+        if self.supervisor is None or self.supervisor.poll() is not None:
+            return
+        self.supervisor.send_signal(signal.SIGTERM)
+        try:
+            self.supervisor.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            log.warning("the agents' supervisor did not stop: killed")
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(self.supervisor.pid).children(recursive=True):
+                    child.kill()
+            self.supervisor.kill()
+            self.supervisor.wait()
+
+    def stop(self) -> None:
+        self.stop_agents()
+        if self.embedded is not None and not self.options.keep_store:
+            self.embedded.stop()
+
+
+# -- sampling while the run goes -----------------------------------------------------------------
+def seq_number(seq: Any) -> int:
+    """The count in an update sequence: an integer on the embedded store, "N-opaque" on
+    CouchDB (where N is the number of updates this node saw: enough for a rate)."""
+    return int(str(seq).split("-", 1)[0])
+
+
+class Sampler(threading.Thread):
+    """Every `every` seconds: the files database's update count, the monitoring summary's
+    totals and backlog, and the CPU seconds of every process of the run."""
+
+    def __init__(self, service: Service, every: float):
+        super().__init__(name="sampler", daemon=True)
+        self.service, self.every = service, every
+        self.samples: list[Sample] = []
+        self.latest: Sample | None = None
+        self._halt = threading.Event()
+        self._procs: dict[str, psutil.Process] = {}
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            with contextlib.suppress(StoreError, psutil.Error, OSError):
+                self.take()
+            self._halt.wait(self.every)
+
+    def take(self) -> Sample:
+        config = self.service.config
+        admin = self.service.admin
+        info = admin.db(config.store.files_db).info()
+        live = admin.db(config.store.stats_db).get(monitor.LIVE_ID) or {}
+        if not self._procs or len(self._procs) < 2 + sum(config.agents.instances.values()):
+            self._procs = self.service.processes()
+        cpu = {}
+        for name, proc in list(self._procs.items()):
+            try:
+                times = proc.cpu_times()
+                cpu[name] = times.user + times.system
+            except psutil.Error:
+                self._procs.pop(name)  # a restarted agent is found again next time
+        sample = Sample(
+            at=time.time(),
+            seq=seq_number(info.get("update_seq", 0)),
+            docs=int(info.get("doc_count", 0)),
+            totals=live.get("totals", {}),
+            backlog=live.get("backlog"),
+            cpu=cpu,
+        )
+        self.samples.append(sample)
+        self.latest = sample
+        return sample
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+
+
+# -- injection -----------------------------------------------------------------------------------
+@dataclass
+class Injected:
+    ids: set[str] = field(default_factory=set)
+    refused: dict[str, str] = field(default_factory=dict)
+    failed_calls: int = 0
+    lag: list[float] = field(default_factory=list)  # wall seconds an upload started late
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Injector:
+    """Uploads each injection's jobs, one upload call per job, from a pool of threads."""
+
+    def __init__(self, config: Config, uploaders: int):
+        server = Server.from_config(config, account="admin")
+        self.db = server.db(config.store.files_db)
+        self.pool = ThreadPoolExecutor(uploaders, thread_name_prefix="uploader")
+        self.injected = Injected()
+        self._lock = threading.Lock()
+        self._futures: list[Future[None]] = []
+
+    def submit(self, docs: Iterable[dict[str, Any]], due: float) -> None:
+        self._futures.append(self.pool.submit(self._upload, list(docs), due))
+
+    def _upload(self, docs: list[dict[str, Any]], due: float) -> None:
+        lag = time.time() - due
+        for attempt in range(UPLOAD_TRIES):
+            try:
+                report = upload(self.db, docs)
+                break
+            except StoreError as exc:
+                # A job wrapper retries its stage-out upload; upload() is idempotent.
+                with self._lock:
+                    self.injected.failed_calls += 1
+                if attempt == UPLOAD_TRIES - 1:
+                    with self._lock:
+                        for doc in docs:
+                            self.injected.refused[doc["_id"]] = f"upload failed: {exc}"
+                    return
+                time.sleep(0.5 * 2**attempt)
+        with self._lock:
+            self.injected.ids.update(report.recorded)
+            self.injected.ids.update(report.already)
+            self.injected.refused.update(report.refused)
+            self.injected.lag.append(lag)
+
+    def wait(self) -> None:
+        for future in self._futures:
+            future.result()
+        self._futures.clear()
+        self.pool.shutdown()
+
+    @property
+    def queued(self) -> int:
+        return sum(not f.done() for f in self._futures)
+
+
+# -- the run -------------------------------------------------------------------------------------
+class Simulation:
+    def __init__(self, plan: Plan, options: RunOptions, console: Console | None = None):
+        self.plan, self.options = plan, options
+        self.console = console or Console(stderr=True)
+        options.workdir.mkdir(parents=True, exist_ok=True)
+        self.config = sim_config(plan, options)
+        assert self.config.source is not None
+        self.config.source.write_text(render(self.config, show_secrets=True))
+        self.config.source.chmod(0o600)
+        self.service = Service(self.config, options)
+        self.run_token = time.strftime("%y%m%d_%H%M%S", time.gmtime()) + "_" + uuid.uuid4().hex[:4]
+
+    def run(self) -> Report:
+        service = self.service
+        try:
+            service.start_store()
+            ceiling = None
+            if self.options.measure_ceiling:
+                self.console.print("measuring the store's bulk-write ceiling…")
+                ceiling = measure_write_ceiling(
+                    service.admin, self.config, self.options.ceiling_docs
+                )
+            service.start_agents()
+            sampler = Sampler(service, self.options.sample_every)
+            sampler.take()
+            sampler.start()
+            injector = Injector(self.config, self.options.uploaders)
+            started = time.time()
+            with self._progress() as progress:
+                self._inject(injector, started, progress, sampler)
+                injection_end = time.time()
+                unfinished = self._drain(injector.injected.ids, progress, sampler)
+            drained = time.time()
+            sampler.stop()
+            sampler.take()
+            service.stop_agents()
+            report = self._report(injector.injected, started, injection_end, drained, sampler)
+            report.ceiling = ceiling
+            report.drain_unfinished = unfinished
+            return report
+        finally:
+            service.stop()
+
+    # -- phases ----------------------------------------------------------------------------------
+    def _progress(self) -> Progress:
+        return Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[figures]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not self.options.progress,
+            refresh_per_second=2,
+        )
+
+    def _figures(self, injector_count: int, sampler: Sampler) -> str:
+        sample = sampler.latest
+        state = (sample.totals.get(model.STATE, {}) if sample else {}) or {}
+        publication = (sample.totals.get(model.PUBLICATION, {}) if sample else {}) or {}
+        backlog = sample.backlog if sample and sample.backlog is not None else "?"
+        return (
+            f"injected {injector_count} · done {state.get('done', 0)} · failed "
+            f"{state.get('failed', 0)} · published {publication.get('published', 0)} · "
+            f"backlog {backlog}"
+        )
+
+    def _inject(
+        self, injector: Injector, started: float, progress: Progress, sampler: Sampler
+    ) -> None:
+        plan = self.plan
+        workload = Workload(plan, self.run_token)
+        bar = progress.add_task(
+            f"simulated time (×{plan.compression:g})", total=plan.duration, figures=""
+        )
+        for at in injections(plan):
+            due = started + plan.wall(at)
+            while (left := due - time.time()) > 0:
+                time.sleep(min(left, 0.5))
+                progress.update(
+                    bar,
+                    completed=min(plan.duration, (time.time() - started) * plan.compression),
+                    figures=self._figures(len(injector.injected), sampler),
+                )
+            for job in workload.tick(time.time()):
+                injector.submit(job.docs, due)
+        end = started + plan.wall(plan.duration)
+        while (left := end - time.time()) > 0:
+            time.sleep(min(left, 0.5))
+            progress.update(
+                bar,
+                completed=(time.time() - started) * plan.compression,
+                figures=self._figures(len(injector.injected), sampler),
+            )
+        injector.wait()
+        progress.update(bar, completed=plan.duration)
+
+    def _drain(self, ids: set[str], progress: Progress, sampler: Sampler) -> int:
+        """Wait until every injected file is final (read back in batches; final files are not
+        read again). Returns how many were still unfinished at the drain's time limit."""
+        db = self.service.admin.db(self.config.store.files_db)
+        waiting = sorted(ids)
+        bar = progress.add_task("drain: files not final", total=len(waiting), figures="")
+        deadline = time.monotonic() + self.options.drain_timeout
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for start in range(0, len(waiting), 1000):
+                chunk = waiting[start : start + 1000]
+                docs = db.get_many(chunk)
+                still += [i for i in chunk if docs[i] is None or not model.is_final(docs[i])]
+            waiting = still
+            progress.update(
+                bar,
+                completed=len(ids) - len(waiting),
+                figures=self._figures(len(ids), sampler),
+            )
+            if waiting:
+                time.sleep(2.0)
+        return len(waiting)
+
+    def _report(
+        self,
+        injected: Injected,
+        started: float,
+        injection_end: float,
+        drained: float,
+        sampler: Sampler,
+    ) -> Report:
+        plan = self.plan
+        bucket = self.options.bucket or default_bucket(plan.duration)
+        analysis = Analysis(started, plan.compression, bucket)
+        db = self.service.admin.db(self.config.store.files_db)
+        requests: dict[str, dict[str, Any]] = {}
+        for batch in db.follow("0", batch=2000, include_docs=True):
+            for change in batch.results:
+                doc = change.get("doc")
+                if doc and doc.get("type") == model.REQUEST_TYPE and not change.get("deleted"):
+                    requests[doc["_id"]] = doc
+        accounting = account(injected.ids, requests.values())
+        for doc in requests.values():
+            analysis.add(doc)
+        return Report(
+            plan=plan,
+            started=started,
+            injection_end=injection_end,
+            drained=drained,
+            bucket=bucket,
+            analysis=analysis,
+            accounting=accounting,
+            samples=sampler.samples,
+            refused=dict(list(injected.refused.items())[:20]),
+            refused_count=len(injected.refused),
+            upload_retries=injected.failed_calls,
+            upload_lag=sorted(injected.lag),
+        )
+
+
+def default_bucket(duration: float) -> float:
+    """Report rows per simulated hour, or finer when the run is short (at least ~12 rows)."""
+    for width in (3600.0, 900.0, 300.0, 60.0):
+        if duration / width >= 12:
+            return width
+    return max(10.0, duration / 12)
+
+
+def run_simulation(
+    plan: Plan,
+    options: RunOptions,
+    console: Console | None = None,
+    on_report: Callable[[Report], None] | None = None,
+) -> Report:
+    """Run one simulation and write its report (JSON and plots) into the workspace."""
+    report = Simulation(plan, options, console).run()
+    out = options.workdir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+    report.plot(out)
+    if on_report:
+        on_report(report)
+    return report

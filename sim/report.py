@@ -1,0 +1,459 @@
+"""The simulator's report, computed from the documents at the end of a run.
+
+* `account`: every injected file in exactly one final outcome (done, publication_failed,
+  failed, killed), none missing, none that nobody injected, none completed twice.
+* `Analysis`: per bucket of simulated time, files injected, completed (done), failed for good,
+  failed attempts and published; the backlog (new + retry + acquired + submitted, as the
+  monitoring pages count it) rebuilt from every file's history; latencies in simulated seconds:
+  injection → done, the same without the time the transfer service held the file (the sum of
+  its attempts), and done → published.
+* `Report`: the above with the store's write rate and every process's CPU from the samples
+  taken during the run, the verdict (does this scale hold?), JSON and PNG plots in the style of
+  the paper's figures (files completed per hour against the expected rate; backlog over time).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aso import model
+from aso.model import PUBLICATION, STATE
+from aso.monitor import BACKLOG
+from sim.workload import Plan
+
+HOUR = 3600.0
+OUTCOMES = ("done", "publication_failed", "failed", "killed")
+# What "holds" means (issue 7): completed/expected, a bounded backlog, and the p95 of the
+# time ASO itself adds to a file (injection → done without the simulated transfers).
+MIN_RATIO = 0.99
+MAX_P95_OVERHEAD = 300.0
+
+
+# -- accounting ----------------------------------------------------------------------------------
+def outcome(doc: Mapping[str, Any]) -> str:
+    """The one final outcome of a request, or "unfinished"."""
+    if not model.is_final(doc):
+        return "unfinished"
+    if doc[STATE] == "done":
+        return "publication_failed" if doc[PUBLICATION] == "publication_failed" else "done"
+    return str(doc[STATE])
+
+
+def times_reached(doc: Mapping[str, Any], axis: str, to: str) -> int:
+    return sum(1 for h in doc.get("history", []) if h["axis"] == axis and h["to"] == to)
+
+
+@dataclass
+class Accounting:
+    injected: int
+    outcomes: dict[str, int]
+    missing: list[str] = field(default_factory=list)  # injected, no document
+    unexpected: list[str] = field(default_factory=list)  # a document nobody injected
+    twice: list[str] = field(default_factory=list)  # done or published more than once
+    unfinished: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return (
+            not (self.missing or self.unexpected or self.twice or self.unfinished)
+            and sum(self.outcomes.values()) == self.injected
+        )
+
+    def problems(self) -> list[str]:
+        lines = []
+        for name in ("missing", "unexpected", "twice", "unfinished"):
+            ids = getattr(self, name)
+            if ids:
+                more = " …" if len(ids) > 5 else ""
+                lines.append(f"{len(ids)} {name}: {', '.join(ids[:5])}{more}")
+        total = sum(self.outcomes.values())
+        if total != self.injected:
+            lines.append(f"outcomes add up to {total}, {self.injected} files were injected")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "injected": self.injected,
+            "outcomes": self.outcomes,
+            "exact": self.exact,
+            "missing": self.missing[:100],
+            "unexpected": self.unexpected[:100],
+            "twice": self.twice[:100],
+            "unfinished": self.unfinished[:100],
+            "problems": self.problems(),
+        }
+
+
+def account(injected: Iterable[str], docs: Iterable[Mapping[str, Any]]) -> Accounting:
+    """Check that every injected file is in exactly one final outcome."""
+    wanted = set(injected)
+    seen: set[str] = set()
+    outcomes: Counter[str] = Counter()
+    result = Accounting(len(wanted), {})
+    for doc in docs:
+        doc_id = doc["_id"]
+        if doc_id not in wanted:
+            result.unexpected.append(doc_id)
+            continue
+        seen.add(doc_id)
+        done, published = (
+            times_reached(doc, STATE, "done"),
+            times_reached(doc, PUBLICATION, "published"),
+        )
+        if done > 1 or published > 1:
+            result.twice.append(doc_id)
+        kind = outcome(doc)
+        if kind == "unfinished":
+            result.unfinished.append(doc_id)
+        else:
+            outcomes[kind] += 1
+    result.missing = sorted(wanted - seen)
+    result.outcomes = {k: outcomes.get(k, 0) for k in OUTCOMES}
+    return result
+
+
+# -- per-bucket analysis -------------------------------------------------------------------------
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)], 2)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99)}
+
+
+class Analysis:
+    """Figures per bucket of `bucket` simulated seconds since `t0` (wall epoch)."""
+
+    def __init__(self, t0: float, compression: float, bucket: float):
+        self.t0, self.compression, self.bucket = t0, compression, bucket
+        self.counts: dict[str, Counter[int]] = defaultdict(Counter)
+        self.latency: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        self.events: list[tuple[float, int]] = []  # (simulated time, ±1) of the backlog
+
+    def sim(self, t: float) -> float:
+        return (t - self.t0) * self.compression
+
+    def index(self, t: float) -> int:
+        return math.floor(self.sim(t) / self.bucket)
+
+    def add(self, doc: Mapping[str, Any]) -> None:
+        created = float(doc["created"])
+        self.counts["injected"][self.index(created)] += 1
+        in_backlog = False
+        done_at = None
+        for entry in doc.get("history", []):
+            at, to = float(entry["at"]), entry["to"]
+            if entry["axis"] == STATE:
+                now_in = to in BACKLOG
+                if now_in != in_backlog:
+                    self.events.append((self.sim(at), 1 if now_in else -1))
+                    in_backlog = now_in
+                if to == "done" and done_at is None:
+                    done_at = at
+                    self._done(doc, created, at)
+                elif to in ("failed", "failed_attempt", "killed"):
+                    self.counts[to][self.index(at)] += 1
+            elif entry["axis"] == PUBLICATION and to == "published" and done_at is not None:
+                self.counts["published"][self.index(at)] += 1
+                self.latency["publish"][self.index(at)].append((at - done_at) * self.compression)
+
+    def _done(self, doc: Mapping[str, Any], created: float, at: float) -> None:
+        index = self.index(at)
+        self.counts["done"][index] += 1
+        self.counts["bytes"][index] += int(doc.get("size", 0))
+        total = (at - created) * self.compression
+        transfer = sum(
+            float(a["ended"]) - float(a["submitted"])
+            for a in doc.get("attempts", [])
+            if a.get("ended") is not None
+        )
+        self.latency["done"][index].append(total)
+        self.latency["overhead"][index].append(max(0.0, total - transfer * self.compression))
+
+    # -- the backlog, rebuilt ------------------------------------------------------------------
+    def backlog_series(self, step: float, end: float) -> list[tuple[float, int]]:
+        """(simulated time, backlog) every `step` simulated seconds up to `end`."""
+        events = sorted(self.events)
+        times = [t for t, _ in events]
+        running, cumulative = 0, []
+        for _, delta in events:
+            running += delta
+            cumulative.append(running)
+        series = []
+        t = 0.0
+        while t <= end + 1e-9:
+            k = bisect.bisect_right(times, t)
+            series.append((t, cumulative[k - 1] if k else 0))
+            t += step
+        return series
+
+    def last_index(self) -> int:
+        indices = [i for counter in self.counts.values() for i in counter]
+        return max(indices, default=0)
+
+    def latencies(self, kind: str, first: int = 0, last: int | None = None) -> list[float]:
+        return [
+            v
+            for i, values in self.latency[kind].items()
+            if i >= first and (last is None or i <= last)
+            for v in values
+        ]
+
+
+# -- samples taken during the run ----------------------------------------------------------------
+@dataclass
+class Sample:
+    at: float  # wall epoch
+    seq: int  # updates of the files database so far
+    docs: int
+    totals: Mapping[str, Mapping[str, int]]
+    backlog: int | None
+    cpu: Mapping[str, float]  # process name → CPU seconds so far
+
+
+def write_rate(samples: Sequence[Sample], start: float, end: float) -> float | None:
+    """Writes per wall second to the files database between two wall times."""
+    inside = [s for s in samples if start <= s.at <= end]
+    if len(inside) < 2 or inside[-1].at <= inside[0].at:
+        return None
+    return (inside[-1].seq - inside[0].seq) / (inside[-1].at - inside[0].at)
+
+
+def cpu_shares(samples: Sequence[Sample]) -> dict[str, float]:
+    """Cores used by each process (by agent: instances summed) over the sampled time."""
+    if len(samples) < 2:
+        return {}
+    first, last = samples[0], samples[-1]
+    wall = last.at - first.at
+    used: Counter[str] = Counter()
+    for name, seconds in last.cpu.items():
+        base = first.cpu.get(name, 0.0)
+        used[name.split(" ")[0]] += max(0.0, seconds - base)
+    return {name: round(seconds / wall, 3) for name, seconds in used.most_common()} if wall else {}
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass
+class Report:
+    plan: Plan
+    started: float
+    injection_end: float
+    drained: float
+    bucket: float
+    analysis: Analysis
+    accounting: Accounting
+    samples: list[Sample]
+    refused: dict[str, str]
+    refused_count: int
+    upload_retries: int
+    upload_lag: list[float]
+    ceiling: float | None = None
+    drain_unfinished: int = 0
+
+    # -- windows ---------------------------------------------------------------------------------
+    @property
+    def warmup(self) -> float:
+        """Simulated seconds left out of the steady-state figures at the start."""
+        plan = self.plan
+        return min(0.25 * plan.duration, max(10 * plan.mean_duration, 2 * plan.interval))
+
+    def _window_files(self, kinds: Sequence[str]) -> int:
+        lo, hi = self.warmup, self.plan.duration
+        first, last = math.ceil(lo / self.bucket), math.floor(hi / self.bucket) - 1
+        return sum(self.analysis.counts[k][i] for k in kinds for i in range(first, last + 1))
+
+    def steady(self) -> dict[str, Any]:
+        """Steady-state figures over whole buckets between the warm-up and the injection's end."""
+        plan, analysis = self.plan, self.analysis
+        first = math.ceil(self.warmup / self.bucket)
+        last = math.floor(plan.duration / self.bucket) - 1
+        seconds = max(0.0, (last - first + 1) * self.bucket)
+        injected = self._window_files(["injected"])
+        ended = self._window_files(["done", "failed"])
+        series = analysis.backlog_series(self.bucket / 10, plan.duration)
+        middle = (self.warmup + plan.duration) / 2
+        half = [(t, b) for t, b in series if middle <= t <= plan.duration]
+        slope = _slope(half)
+        mean_backlog = statistics.fmean(b for _, b in half) if half else 0.0
+        growth = slope * (half[-1][0] - half[0][0]) if len(half) > 1 else 0.0
+        per_tick = plan.files_per_second * plan.interval
+        overhead = percentiles(analysis.latencies("overhead", first, last))
+        wall_start = self.started + plan.wall(first * self.bucket)
+        wall_end = self.started + plan.wall((last + 1) * self.bucket)
+        rate = write_rate(self.samples, wall_start, wall_end)
+        expected = plan.files_per_second * seconds
+        figures: dict[str, Any] = {
+            "window": [first * self.bucket, (last + 1) * self.bucket],
+            "expected": round(expected),
+            "injected": injected,
+            "ended": ended,
+            "done": self._window_files(["done"]),
+            "ratio": round(ended / injected, 4) if injected else None,
+            "injected_vs_expected": round(injected / expected, 4) if expected else None,
+            "completed_per_hour": round(ended * HOUR / seconds) if seconds else None,
+            "expected_per_hour": round(plan.files_per_second * HOUR),
+            "backlog_mean": round(mean_backlog, 1),
+            "backlog_max": max((b for _, b in series), default=0),
+            "backlog_growth": round(growth, 1),
+            "backlog_bounded": growth <= 0.2 * mean_backlog + per_tick,
+            "latency": percentiles(analysis.latencies("done", first, last)),
+            "overhead": overhead,
+            "publish": percentiles(analysis.latencies("publish")),
+            "store_writes_per_s": round(rate, 1) if rate is not None else None,
+            "store_writes_per_s_simulated": (
+                round(rate / plan.compression, 1) if rate is not None else None
+            ),
+        }
+        figures["holds"] = bool(
+            figures["ratio"] is not None
+            and figures["ratio"] >= MIN_RATIO
+            and figures["backlog_bounded"]
+            and overhead["p95"] is not None
+            and overhead["p95"] < MAX_P95_OVERHEAD
+        )
+        return figures
+
+    def rows(self) -> list[dict[str, Any]]:
+        analysis, counts = self.analysis, self.analysis.counts
+        last = analysis.last_index()
+        series = dict(analysis.backlog_series(self.bucket, (last + 1) * self.bucket))
+        rows = []
+        for i in range(last + 1):
+            start = i * self.bucket
+            wall_start = self.started + self.plan.wall(start)
+            rate = write_rate(self.samples, wall_start, wall_start + self.plan.wall(self.bucket))
+            rows.append(
+                {
+                    "simulated_start": start,
+                    "injected": counts["injected"][i],
+                    "done": counts["done"][i],
+                    "failed": counts["failed"][i],
+                    "failed_attempts": counts["failed_attempt"][i],
+                    "published": counts["published"][i],
+                    "bytes_done": counts["bytes"][i],
+                    "backlog_end": series.get(start + self.bucket, 0),
+                    "latency": percentiles(analysis.latency["done"].get(i, [])),
+                    "overhead": percentiles(analysis.latency["overhead"].get(i, [])),
+                    "publish": percentiles(analysis.latency["publish"].get(i, [])),
+                    "store_writes_per_s": round(rate, 1) if rate is not None else None,
+                }
+            )
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        steady = self.steady()
+        rate = steady["store_writes_per_s"]
+        return {
+            "plan": self.plan.to_dict(),
+            "bucket": self.bucket,
+            "wall": {
+                "injection": round(self.injection_end - self.started, 1),
+                "drain": round(self.drained - self.injection_end, 1),
+            },
+            "steady": steady,
+            "store_ceiling_writes_per_s": round(self.ceiling, 1) if self.ceiling else None,
+            "store_use_of_ceiling": (
+                round(rate / self.ceiling, 3) if rate is not None and self.ceiling else None
+            ),
+            "cpu_cores": cpu_shares(self.samples),
+            "accounting": self.accounting.to_dict(),
+            "drain_unfinished": self.drain_unfinished,
+            "uploads": {
+                "refused": self.refused_count,
+                "refused_examples": self.refused,
+                "retried_calls": self.upload_retries,
+                "lag": percentiles(self.upload_lag),
+            },
+            "rows": self.rows(),
+        }
+
+    def summary_line(self) -> str:
+        s = self.steady()
+        use = ""
+        if self.ceiling and s["store_writes_per_s"] is not None:
+            use = (
+                f" · store {s['store_writes_per_s']:.0f} writes/s of a {self.ceiling:.0f}/s "
+                f"ceiling ({s['store_writes_per_s'] / self.ceiling:.0%})"
+            )
+        return (
+            f"{self.plan.scale:g}x: completed/expected {s['ratio']} · backlog max "
+            f"{s['backlog_max']} (growth {s['backlog_growth']:+.0f}) · injection→done p50/p95/p99 "
+            f"{_fmt(s['latency'])} s · without transfers {_fmt(s['overhead'])} s · "
+            f"done→published {_fmt(s['publish'])} s{use} · "
+            f"{'HOLDS' if s['holds'] else 'does not hold'} · accounting "
+            f"{'exact' if self.accounting.exact else 'NOT exact'}"
+        )
+
+    # -- plots -----------------------------------------------------------------------------------
+    def plot(self, out: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        paths = []
+        fig, ax = plt.subplots(figsize=(8, 4))
+        self.draw_completed(ax)
+        fig.tight_layout()
+        paths.append(out / "completed.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+        fig, ax = plt.subplots(figsize=(8, 4))
+        self.draw_backlog(ax)
+        fig.tight_layout()
+        paths.append(out / "backlog.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+        return paths
+
+    def draw_completed(self, ax: Any, label: str = "") -> None:
+        """Files completed per hour (bars per bucket) against the expected rate."""
+        counts, per_hour = self.analysis.counts, HOUR / self.bucket
+        last = self.analysis.last_index()
+        xs = [(i + 0.5) * self.bucket / 60 for i in range(last + 1)]
+        ended = [(counts["done"][i] + counts["failed"][i]) * per_hour for i in range(last + 1)]
+        ax.bar(xs, ended, width=self.bucket / 60 * 0.9, label=f"{label}completed", alpha=0.7)
+        ax.axhline(
+            self.plan.files_per_second * HOUR,
+            color="red",
+            linestyle="--",
+            label=f"{label}expected ({self.plan.scale:g}x design)",
+        )
+        ax.axvline(self.plan.duration / 60, color="grey", linestyle=":", label="injection ends")
+        ax.set_xlabel("simulated minutes")
+        ax.set_ylabel("files per hour")
+        ax.set_title(f"Files completed per hour, {self.plan.scale:g}x design load")
+        ax.legend(loc="lower right", fontsize="small")
+
+    def draw_backlog(self, ax: Any, label: str = "") -> None:
+        last = self.analysis.last_index()
+        series = self.analysis.backlog_series(self.bucket / 10, (last + 1) * self.bucket)
+        ax.plot([t / 60 for t, _ in series], [b for _, b in series], label=f"{label}backlog")
+        ax.axvline(self.plan.duration / 60, color="grey", linestyle=":", label="injection ends")
+        ax.set_xlabel("simulated minutes")
+        ax.set_ylabel("files (new + retry + acquired + submitted)")
+        ax.set_title(f"Backlog, {self.plan.scale:g}x design load")
+        ax.legend(loc="upper right", fontsize="small")
+
+
+def _slope(points: Sequence[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in points) / den if den else 0.0
+
+
+def _fmt(p: Mapping[str, float | None]) -> str:
+    return "/".join("–" if p[k] is None else f"{p[k]:.0f}" for k in ("p50", "p95", "p99"))
