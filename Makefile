@@ -4,7 +4,7 @@
 #   make demo   while `make run` runs: 200 real files through the pipeline
 #   make test   set up, then run the linter and the test suite (what CI runs)
 #   make stop   stop what `make run` started
-#   make bench  the benchmarks (long; not part of `make test`)
+#   make bench  the scalability benchmark: the simulator at 2x, 4x, 8x design load (~13 min)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -15,14 +15,14 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run demo stop test lint bench bench-workqueue bench-frontend bench-locust bench-pages clean
+.PHONY: help setup run demo stop test lint bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
 	@echo "make demo   - while 'make run' runs: write 200 files at two sites and follow their transfers"
 	@echo "make test   - set up and run the linter and the test suite"
 	@echo "make stop   - stop what 'make run' started"
-	@echo "make bench  - run the benchmarks (prints figures; long)"
+	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min)"
 	@echo "make clean  - remove the virtual environment and installed Node packages (keeps var/)"
 
 setup: $(STAMPS)/system $(POUCHDB_SERVER) $(ASO)
@@ -59,7 +59,12 @@ lint: $(ASO)
 test: setup lint
 	$(VENV)/bin/pytest
 
-bench: bench-workqueue bench-frontend
+# The lifecycle simulator at 2x, 4x and 8x design load, each on a fresh store with every agent
+# (sim/bench_scale.py; plots to docs/bench/). The other benchmarks have targets of their own.
+bench: bench-scale
+
+bench-scale: setup
+	$(VENV)/bin/python -m sim.bench_scale
 
 bench-workqueue: setup
 	$(VENV)/bin/python -m sim.bench_workqueue

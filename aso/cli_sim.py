@@ -77,6 +77,9 @@ def sim_cmd(
     failure_rate: Annotated[
         float, typer.Option(help="Probability that one transfer attempt fails.")
     ] = 0.02,
+    transfer_timeout: Annotated[
+        float, typer.Option(help="Simulated seconds a transfer may take before it times out.")
+    ] = 3600.0,
     retry_delay: Annotated[
         float, typer.Option(help="Simulated cool-off after a first failed attempt, seconds.")
     ] = 60.0,
@@ -132,6 +135,7 @@ def sim_cmd(
             mean_duration=mean_duration,
             distribution=distribution,
             failure_rate=failure_rate,
+            transfer_timeout=transfer_timeout,
             retry_delay=retry_delay,
             block_timeout=block_timeout,
             outages=[parse_outage(o) for o in outage or []],

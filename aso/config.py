@@ -225,6 +225,9 @@ class SimConfig:
         [], 'Outages: [{site = "T2_X", start = 0, end = 600}] in seconds after the service starts.'
     )
     seed: int = _key(0, "Seed of the random draws (same seed, same durations and failures).")
+    timeout: float = _key(
+        3600.0, "Seconds a simulated transfer may take; a longer one fails (class timeout)."
+    )
 
 
 @dataclass

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from aso.cli_sim import parse_duration
 from sim.lifecycle import RunOptions, run_simulation
@@ -34,54 +33,21 @@ console = Console()
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", default="2,4,8", help="Multiples of design, comma-separated.")
-    parser.add_argument("--duration", default="150s", help="Simulated injection time per scale.")
+    parser.add_argument("--duration", default="120s", help="Simulated injection time per scale.")
     parser.add_argument("--interval", default="10s", help="Simulated time between injections.")
     parser.add_argument("--compression", type=float, default=1.0)
-    parser.add_argument("--block-timeout", type=float, default=60.0)
+    # Shorter than production's waits (simulated seconds) so that the drain after the
+    # injection, which waits for the last retries and catalog blocks, stays short.
+    parser.add_argument("--block-timeout", type=float, default=30.0)
+    parser.add_argument("--retry-delay", type=float, default=20.0)
+    parser.add_argument("--transfer-timeout", type=float, default=100.0)
+    parser.add_argument("--ceiling-docs", type=int, default=5000)
     parser.add_argument("--bucket", default="15s", help="Simulated time per report row.")
-    parser.add_argument("--drain-timeout", type=float, default=150.0, help="Wall seconds.")
+    parser.add_argument("--drain-timeout", type=float, default=300.0, help="Wall seconds.")
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-scale"))
     parser.add_argument("--plots", type=Path, default=Path("docs/bench"))
     parser.add_argument("--store-url", default=None, help="Run against this store instead.")
     return parser.parse_args(argv)
-
-
-def table(reports: list[Report]) -> Table:
-    out = Table(title="ASO under 2x/4x/8x design load (steady state; latencies in simulated s)")
-    for column in (
-        "scale",
-        "completed/expected",
-        "backlog max",
-        "growth",
-        "inj→done p50/p95/p99",
-        "w/o transfers p50/p95/p99",
-        "done→published p50/p95",
-        "store writes/s",
-        "ceiling/s",
-        "holds",
-        "accounting",
-    ):
-        out.add_column(column, justify="right")
-    for report in reports:
-        s = report.steady()
-        out.add_row(
-            f"{report.plan.scale:g}x",
-            f"{s['ratio']}",
-            f"{s['backlog_max']}",
-            f"{s['backlog_growth']:+.0f}",
-            _three(s["latency"]),
-            _three(s["overhead"]),
-            f"{s['publish']['p50']}/{s['publish']['p95']}",
-            f"{s['store_writes_per_s']}",
-            f"{report.ceiling:.0f}" if report.ceiling else "–",
-            "yes" if s["holds"] else "no",
-            "exact" if report.accounting.exact else "; ".join(report.accounting.problems()),
-        )
-    return out
-
-
-def _three(p: dict) -> str:
-    return "/".join("–" if p[k] is None else f"{p[k]:.0f}" for k in ("p50", "p95", "p99"))
 
 
 def plot_all(reports: list[Report], out: Path) -> list[Path]:
@@ -117,12 +83,15 @@ def main(argv: list[str] | None = None) -> None:
             interval=parse_duration(args.interval),
             compression=args.compression,
             block_timeout=args.block_timeout,
+            retry_delay=args.retry_delay,
+            transfer_timeout=args.transfer_timeout,
         )
         options = RunOptions(
             workdir=workdir,
             store_url=args.store_url,
             bucket=parse_duration(args.bucket),
             drain_timeout=args.drain_timeout,
+            ceiling_docs=args.ceiling_docs,
         )
         console.rule(f"{scale:g}x design: {plan.files_per_second * 3600:,.0f} files/hour")
         report = run_simulation(plan, options, console)
@@ -131,7 +100,6 @@ def main(argv: list[str] | None = None) -> None:
     console.rule("results")
     for report in reports:
         console.print(report.summary_line(), markup=False, highlight=False)
-    console.print(table(reports))
     paths = plot_all(reports, args.plots)
     summary = {f"{r.plan.scale:g}x": r.to_dict() | {"rows": None} for r in reports}
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -53,6 +53,7 @@ log = logging.getLogger("aso.sim")
 
 AGENTS = ("submitter", "monitor", "retry-manager", "cleaner", "publisher", "analytics")
 HOST_ID = "sim"
+DATABASES = ("files_db", "transfers_db", "catalog_db", "stats_db")
 START_TIMEOUT = 120.0
 STOP_GRACE = 60.0
 UPLOAD_TRIES = 5
@@ -69,7 +70,8 @@ class RunOptions:
     bucket: float | None = None  # simulated seconds per report row (default: fits the run)
     measure_ceiling: bool = True
     ceiling_docs: int = 10_000
-    keep_store: bool = False
+    keep_store: bool = False  # leave the embedded store running after the run
+    drop_databases: bool = False  # an external store: delete the run's databases at the end
     log_level: str = "INFO"
     progress: bool = True
 
@@ -86,8 +88,10 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
         store.admin_user = parts.username or "admin"
         store.admin_password = parts.password or ""
         suffix = f"_sim{uuid.uuid4().hex[:8]}"
-        for name in ("files_db", "transfers_db", "catalog_db", "stats_db"):
+        for name in DATABASES:
             setattr(store, name, getattr(store, name) + suffix)
+        # An agent account of its own: never change the password of the store's real one.
+        store.agent_user = f"aso-agent{suffix.replace('_', '-')}"
     else:
         store.url = f"http://127.0.0.1:{free_port()}"
         store.admin_password = secrets.token_urlsafe(12)
@@ -100,6 +104,7 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     config.sim.distribution = plan.distribution
     config.sim.failure_rate = plan.failure_rate
     config.sim.seed = plan.seed
+    config.sim.timeout = wall(plan.transfer_timeout)
     config.sim.outages = [
         {**o, "start": wall(float(o["start"])), "end": wall(float(o["end"]))} for o in plan.outages
     ]
@@ -234,6 +239,10 @@ class Service:
         self.stop_agents()
         if self.embedded is not None and not self.options.keep_store:
             self.embedded.stop()
+        if self.embedded is None and self.options.drop_databases:
+            for name in DATABASES:
+                with contextlib.suppress(StoreError):
+                    self.admin.delete_db(getattr(self.config.store, name))
 
 
 # -- sampling while the run goes -----------------------------------------------------------------

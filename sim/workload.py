@@ -42,12 +42,14 @@ class Plan:
     mean_duration: float = 20.0
     distribution: str = "exponential"
     failure_rate: float = 0.02
+    transfer_timeout: float = 3600.0  # a longer transfer fails (class timeout), as in FTS
     retry_delay: float = 60.0
     block_timeout: float = 300.0
     outages: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("scale", "interval", "duration", "compression", "mean_duration"):
+        positive = ("scale", "interval", "duration", "compression", "mean_duration")
+        for name in (*positive, "transfer_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.users < 1 or self.sites < 2:

@@ -3,10 +3,11 @@
 Jobs are kept in the job table (aso.transfer.jobstore) like the gfal service's; the fate of each
 file is drawn when it is asked for, from a random generator seeded with (sim.seed, job, file),
 so every process that asks sees the same outcome: a start, a duration from `sim.distribution`
-with mean `sim.mean_duration`, a failure with probability `sim.link_failure_rates["SRC>DST"]`
-(else `sim.failure_rate`) and a class drawn from `sim.failure_classes`, and failures for the
-files in flight at a site during one of `sim.outages` (seconds after the simulation's epoch,
-recorded once in the job table so that all processes share it).
+with mean `sim.mean_duration` (one longer than `sim.timeout` fails as a timeout), a failure
+with probability `sim.link_failure_rates["SRC>DST"]` (else `sim.failure_rate`) and a class
+drawn from `sim.failure_classes`, and failures for the files in flight at a site during one of
+`sim.outages` (seconds after the simulation's epoch, recorded once in the job table so that all
+processes share it).
 """
 
 from __future__ import annotations
@@ -124,6 +125,15 @@ class SimService(TransferService):
                 max(start, at),
                 errors.CONNECTION,
                 f"simulated outage of {site}: connection refused",
+            )
+        if self.config.timeout and end - start > self.config.timeout:
+            # What FTS does to a transfer that outlasts its timeout; it also bounds the
+            # exponential distribution's tail.
+            return Fate(
+                start,
+                start + self.config.timeout,
+                errors.TIMEOUT,
+                f"simulated transfer timeout after {self.config.timeout:g} s on {link}",
             )
         if rng.random() < rate:
             error_class = draw_error_class(rng, self.config.failure_classes)

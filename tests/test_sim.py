@@ -1,0 +1,198 @@
+"""The lifecycle simulator: its accounting (every injected file in exactly one final outcome)
+on made-up documents, and a short real run of `aso sim`'s machinery: the real agents as
+processes (`aso run --agents-only`) over fresh databases of the session's store, synthetic
+jobs through the upload path, the sim transfer back end with failures and retries, a drain,
+and the report computed from the documents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from aso import model
+from sim.lifecycle import RunOptions, run_simulation
+from sim.report import Analysis, account, outcome, percentiles
+from sim.workload import Plan, Workload
+
+
+def request(i: int, **fields) -> dict:
+    doc = model.new_request(
+        user="alice",
+        task="t:alice_sim",
+        job_id=str(i),
+        source="T2_SM_Site000",
+        destination="T2_SM_Site001",
+        source_lfn=f"/store/temp/user/alice/f{i}.root",
+        destination_lfn=f"/store/user/alice/f{i}.root",
+        size=10,
+        adler32="00000001",
+        publish=True,
+        publish_info={"dataset": "/Sim/alice-sim/USER"},
+        at=1000.0 + i,
+    )
+    doc.update(fields)
+    return doc
+
+
+def walk(doc: dict, *steps: tuple[str, str], at: float = 2000.0) -> dict:
+    for axis, to in steps:
+        doc = model.transition(doc, [model.Change(axis, to, "agent")], model.ADMIN, at=at)
+        at += 1
+    return doc
+
+
+DONE = ((model.STATE, "acquired"), (model.STATE, "submitted"), (model.STATE, "done"))
+FINISHED = (*DONE, (model.CLEANUP, "cleaned"), (model.PUBLICATION, "published"))
+
+
+def test_outcomes_of_finished_and_unfinished_files():
+    assert outcome(walk(request(1), *FINISHED)) == "done"
+    assert outcome(walk(request(2), *DONE)) == "unfinished"  # not cleaned nor published yet
+    failed = walk(
+        request(3),
+        (model.STATE, "acquired"),
+        (model.STATE, "failed_attempt"),
+        (model.STATE, "failed"),
+    )
+    assert outcome(failed) == "failed"
+    pub_failed = walk(
+        request(4),
+        *DONE,
+        (model.CLEANUP, "cleaned"),
+        (model.PUBLICATION, "publishing"),
+        (model.PUBLICATION, "publication_error"),
+        (model.PUBLICATION, "publication_failed"),
+    )
+    assert outcome(pub_failed) == "publication_failed"
+
+
+def test_accounting_is_exact_only_when_every_file_ends_once():
+    docs = [walk(request(i), *FINISHED) for i in range(5)]
+    ids = [d["_id"] for d in docs]
+    good = account(ids, docs)
+    assert good.exact and good.outcomes["done"] == 5 and not good.problems()
+
+    lost = account([*ids, "f" * 64], docs)
+    assert not lost.exact and lost.missing == ["f" * 64]
+
+    stranger = walk(request(99), *FINISHED)
+    extra = account(ids, [*docs, stranger])
+    assert not extra.exact and extra.unexpected == [stranger["_id"]]
+
+    unfinished = account(ids, [*docs[:4], walk(request(4), *DONE)])
+    assert not unfinished.exact and unfinished.unfinished == [docs[4]["_id"]]
+
+    # A file copied twice (a second `done` in its history) would be counted twice.
+    again = walk(
+        docs[0],
+        (model.STATE, "new"),
+        (model.STATE, "acquired"),
+        (model.STATE, "submitted"),
+        (model.STATE, "done"),
+    )
+    twice = account(ids, [again, *docs[1:]])
+    assert not twice.exact and twice.twice == [docs[0]["_id"]]
+
+
+def test_backlog_and_latencies_rebuilt_from_history():
+    analysis = Analysis(t0=1000.0, compression=2.0, bucket=60.0)
+    doc = walk(request(0), *FINISHED, at=1010.0)  # created at 1000, done at 1012
+    doc["attempts"] = [{"job_id": "j", "service": "sim", "submitted": 1011.0, "ended": 1011.5}]
+    analysis.add(doc)
+    assert analysis.counts["injected"][0] == 1 and analysis.counts["done"][0] == 1
+    # injection → done: 12 wall s = 24 simulated s; without the 0.5 s at the service: 23.
+    assert analysis.latency["done"][0] == [24.0]
+    assert analysis.latency["overhead"][0] == [23.0]
+    series = dict(analysis.backlog_series(2.0, 30.0))
+    assert series[0.0] == 1 and series[22.0] == 1 and series[24.0] == 0
+    assert percentiles([1, 2, 3, 4]) == {"p50": 2, "p95": 4, "p99": 4}
+
+
+def test_workload_injects_the_planned_rate_with_logs_for_some_users():
+    plan = Plan(scale=4, users=50, sites=10, interval=60, duration=600, seed=3)
+    workload = Workload(plan, "run1")
+    files = [d for _ in range(10) for job in workload.tick(1000.0) for d in job.docs]
+    expected = plan.files_per_second * plan.duration
+    assert abs(len(files) - expected) / expected < 0.05
+    kinds = {d["file_type"] for d in files}
+    assert kinds == {"output", "log"}
+    assert len({d["_id"] for d in files}) == len(files)
+    for doc in files:
+        model.check_schema(doc)
+        assert doc["destination"] == next(u.home for u in workload.users if u.name == doc["user"])
+
+
+def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
+    plan = Plan(
+        scale=2,
+        users=10,
+        sites=4,
+        interval=2.0,
+        duration=20.0,
+        mean_duration=2.0,
+        failure_rate=0.2,
+        retry_delay=1.0,
+        block_timeout=3.0,
+        jobs_per_task=(5, 20),
+    )
+    url = store_config.store.url.replace(
+        "://", f"://{store_config.store.admin_user}:{store_config.store.admin_password}@"
+    )
+    options = RunOptions(
+        workdir=tmp_path / "sim",
+        store_url=url,
+        sample_every=1.0,
+        drain_timeout=120.0,
+        bucket=5.0,
+        measure_ceiling=False,
+        progress=False,
+        drop_databases=True,
+    )
+    report = run_simulation(plan, options)
+    accounting = report.accounting
+    assert accounting.exact, accounting.problems()
+    assert accounting.injected == sum(accounting.outcomes.values()) > 30
+    assert accounting.outcomes["done"] > 0
+    # Failures happened and were retried; none of that lost or doubled a file.
+    assert sum(report.analysis.counts["failed_attempt"].values()) > 0
+    data = json.loads((options.workdir / "report" / "report.json").read_text())
+    assert data["accounting"]["exact"] is True
+    assert sum(r["injected"] for r in data["rows"]) == accounting.injected
+    assert sum(r["done"] for r in data["rows"]) == accounting.outcomes["done"]
+    assert (options.workdir / "report" / "completed.png").stat().st_size > 1000
+    assert (options.workdir / "report" / "backlog.png").stat().st_size > 1000
+    assert data["steady"]["ratio"] is not None and data["cpu_cores"]
+    # The run had databases (and an agent account) of its own, dropped at its end.
+    assert not [name for name in admin.all_dbs() if "_sim" in name]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--scale", "0"], "scale must be positive"),
+        (["--duration", "soon"], "not a duration"),
+        (["--instances", "submitter=0"], "expected AGENT=N"),
+        (["--outage", "T2_X:5m-1m"], "SITE:START-END"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_message(args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "aso", "sim", *args], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_a_simulated_transfer_longer_than_the_timeout_fails_as_a_timeout():
+    from aso.config import SimConfig
+    from aso.transfer.sim import SimService
+
+    job = {"_id": "j1", "created": 100.0, "source_site": "A", "destination_site": "B"}
+    slow = SimService(None, SimConfig(mean_duration=50.0, distribution="fixed", timeout=30.0))
+    fate = slow.fate(job, "f1")
+    assert (fate.error_class, fate.end) == ("timeout", 130.0)
+    quick = SimService(None, SimConfig(mean_duration=20.0, distribution="fixed", timeout=30.0))
+    assert quick.fate(job, "f1") == type(fate)(100.0, 120.0, None, None)
