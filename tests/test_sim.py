@@ -196,3 +196,23 @@ def test_a_simulated_transfer_longer_than_the_timeout_fails_as_a_timeout():
     assert (fate.error_class, fate.end) == ("timeout", 130.0)
     quick = SimService(None, SimConfig(mean_duration=20.0, distribution="fixed", timeout=30.0))
     assert quick.fate(job, "f1") == type(fate)(100.0, 120.0, None, None)
+
+
+def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_off_time():
+    from sim.report import ideal_time
+
+    doc = walk(
+        request(0),
+        (model.STATE, "acquired"),
+        (model.STATE, "submitted"),
+        (model.STATE, "failed_attempt"),
+        (model.STATE, "retry"),
+        (model.STATE, "new"),
+        at=1000.0,
+    )  # in retry from 1003 to 1004
+    doc = walk(doc, *DONE, at=1010.0)
+    doc["attempts"] = [
+        {"job_id": "a", "service": "sim", "submitted": 1001.0, "ended": 1002.0},
+        {"job_id": "b", "service": "sim", "submitted": 1011.0, "ended": 1011.5},
+    ]
+    assert ideal_time(doc) == 1.0 + 0.5 + 1.0
