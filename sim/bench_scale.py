@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # injection, which waits for the last retries and catalog blocks, stays short.
     parser.add_argument("--block-timeout", type=float, default=15.0)
     parser.add_argument("--retry-delay", type=float, default=10.0)
-    parser.add_argument("--transfer-timeout", type=float, default=80.0)
+    parser.add_argument("--transfer-timeout", type=float, default=60.0)
     parser.add_argument("--ceiling-docs", type=int, default=5000)
     parser.add_argument("--bucket", default="15s", help="Simulated time per report row.")
     parser.add_argument("--drain-timeout", type=float, default=300.0, help="Wall seconds.")

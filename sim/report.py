@@ -320,7 +320,10 @@ class Report:
     def warmup(self) -> float:
         """Simulated seconds left out of the steady-state figures at the start."""
         plan = self.plan
-        return min(0.25 * plan.duration, max(10 * plan.mean_duration, 2 * plan.interval))
+        # Long enough for the agents' first cycles and the completions' ramp (three mean
+        # transfer times), at most half of the run.
+        first = max(3 * plan.mean_duration, 2 * plan.interval, 0.1 * plan.duration)
+        return min(0.5 * plan.duration, first)
 
     def _window_files(self, kinds: Sequence[str]) -> int:
         lo, hi = self.warmup, self.plan.duration
