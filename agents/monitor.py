@@ -173,6 +173,14 @@ class Monitor(Agent):
     def close(self) -> None:
         self.service.close()
 
+    def pause(self, mine: list[dict[str, Any]]) -> tuple[float, bool]:
+        """With files at the service: poll it every `transfer.status_interval`, whatever else
+        is written meanwhile (a steady pace; the feed woke it after every upload and let it
+        sleep up to `agents.poll_interval` plus the feed's margin in between)."""
+        if any(doc.get(STATE) in ("submitted", "kill_requested") for doc in mine):
+            return self.config.transfer.status_interval, False
+        return super().pause(mine)
+
     def cycle(
         self,
         mine: list[dict[str, Any]],

@@ -132,6 +132,9 @@ class TransferConfig:
     max_time_in_queue: int = _key(
         21600, "Seconds a job may wait at the transfer service before it gives up."
     )
+    status_interval: float = _key(
+        2.0, "Seconds between two status polls of the transfer service while files are in it."
+    )
     lease: float = _key(
         300.0, "Seconds an `acquired` request stays leased to its submitter before others may act."
     )

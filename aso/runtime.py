@@ -192,6 +192,13 @@ class Agent:
         """Seconds to wait when a cycle did nothing (agents with work kinds wait on the feed)."""
         return self.config.agents.poll_interval
 
+    def pause(self, mine: list[dict[str, Any]]) -> tuple[float, bool]:
+        """After a cycle that did nothing: how long to wait, and whether a change in the
+        database should end the wait early (the feed) or only time. Agents whose work is to
+        ask someone else at a steady pace (the monitor polling the transfer service) wait on
+        time: woken by every unrelated write, their polls bunched up after each upload."""
+        return self.idle, bool(self.kinds)
+
 
 class PeriodicAgent(Agent):
     """An agent without work kinds that acts every `interval` seconds (at once when it starts)
@@ -281,11 +288,12 @@ class Runner:
             if isinstance(value, int | float) and key not in ("work", "seconds"):
                 self.heartbeat.totals[key] = self.heartbeat.totals.get(key, 0) + value
         if wait and not self._did_something(report):
-            if agent.kinds:
+            seconds, on_feed = agent.pause(mine)
+            if on_feed:
                 # Nothing to do: wait on the feed, so that new work wakes us at once.
-                self.workset.refresh(wait=agent.idle)
+                self.workset.refresh(wait=seconds)
             else:
-                self.stop_event.wait(agent.idle)
+                self.stop_event.wait(seconds)
         return report
 
     @staticmethod

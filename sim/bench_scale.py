@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retry-delay", type=float, default=10.0)
     parser.add_argument("--transfer-timeout", type=float, default=60.0)
     parser.add_argument("--ceiling-docs", type=int, default=5000)
-    parser.add_argument("--bucket", default="15s", help="Simulated time per report row.")
+    # A multiple of the injection interval: every row holds the same number of injections.
+    parser.add_argument("--bucket", default="20s", help="Simulated time per report row.")
     parser.add_argument("--drain-timeout", type=float, default=300.0, help="Wall seconds.")
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-scale"))
     parser.add_argument("--plots", type=Path, default=Path("docs/bench"))
