@@ -369,6 +369,10 @@ class Report:
             "injected_vs_design": round(injected / expected, 4) if expected else None,
             "completed_per_hour": round(ended * HOUR / seconds) if seconds else None,
             "expected_per_hour": round(plan.files_per_second * HOUR),
+            # The same per wall hour (the machine's load): times the compression.
+            "completed_per_wall_hour": (
+                round(ended * HOUR / seconds * plan.compression) if seconds else None
+            ),
             "backlog_mean": round(mean_backlog, 1),
             "backlog_max": max((b for _, b in series), default=0),
             "backlog_growth": round(growth, 1),
