@@ -38,7 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from aso import model, monitor
 from aso.config import Config, render
@@ -275,7 +275,10 @@ class Sampler(threading.Thread):
         admin = self.service.admin
         info = admin.db(config.store.files_db).info()
         live = admin.db(config.store.stats_db).get(monitor.LIVE_ID) or {}
-        if not self._procs or len(self._procs) < 2 + sum(config.agents.instances.values()):
+        # The simulator, the embedded store (if any) and every agent instance: look again
+        # while one is missing (still starting, or restarted by the supervisor).
+        expected = 1 + (self.service.embedded is not None) + sum(config.agents.instances.values())
+        if len(self._procs) < expected:
             self._procs = self.service.processes()
         cpu = {}
         for name, proc in list(self._procs.items()):
@@ -437,25 +440,32 @@ class Simulation:
         )
         for at in injections(plan):
             due = started + plan.wall(at)
-            while (left := due - time.time()) > 0:
-                time.sleep(min(left, 0.5))
-                progress.update(
-                    bar,
-                    completed=min(plan.duration, (time.time() - started) * plan.compression),
-                    figures=self._figures(len(injector.injected), sampler),
-                )
+            self._wait_until(due, bar, started, progress, injector, sampler)
             for job in workload.tick(time.time()):
                 injector.submit(job.docs, due)
         end = started + plan.wall(plan.duration)
-        while (left := end - time.time()) > 0:
+        self._wait_until(end, bar, started, progress, injector, sampler)
+        injector.wait()
+        progress.update(bar, completed=plan.duration)
+
+    def _wait_until(
+        self,
+        deadline: float,
+        bar: TaskID,
+        started: float,
+        progress: Progress,
+        injector: Injector,
+        sampler: Sampler,
+    ) -> None:
+        """Sleep until `deadline` (wall epoch), moving the simulated-time bar meanwhile."""
+        plan = self.plan
+        while (left := deadline - time.time()) > 0:
             time.sleep(min(left, 0.5))
             progress.update(
                 bar,
-                completed=(time.time() - started) * plan.compression,
+                completed=min(plan.duration, (time.time() - started) * plan.compression),
                 figures=self._figures(len(injector.injected), sampler),
             )
-        injector.wait()
-        progress.update(bar, completed=plan.duration)
 
     def _drain(self, ids: set[str], progress: Progress, sampler: Sampler) -> int:
         """Wait until every injected file is final (read back in batches; final files are not

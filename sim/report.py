@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -325,16 +326,24 @@ class Report:
         first = max(3 * plan.mean_duration, 2 * plan.interval, 0.1 * plan.duration)
         return min(0.5 * plan.duration, first)
 
+    @property
+    def window(self) -> tuple[int, int]:
+        """First and last bucket of the steady state: whole buckets between the warm-up and
+        the injection's end."""
+        return math.ceil(self.warmup / self.bucket), math.floor(
+            self.plan.duration / self.bucket
+        ) - 1
+
     def _window_files(self, kinds: Sequence[str]) -> int:
-        lo, hi = self.warmup, self.plan.duration
-        first, last = math.ceil(lo / self.bucket), math.floor(hi / self.bucket) - 1
+        first, last = self.window
         return sum(self.analysis.counts[k][i] for k in kinds for i in range(first, last + 1))
 
+    @functools.cached_property
     def steady(self) -> dict[str, Any]:
-        """Steady-state figures over whole buckets between the warm-up and the injection's end."""
+        """Steady-state figures over the window (computed once: the report, its summary line
+        and the benchmark's table all read them)."""
         plan, analysis = self.plan, self.analysis
-        first = math.ceil(self.warmup / self.bucket)
-        last = math.floor(plan.duration / self.bucket) - 1
+        first, last = self.window
         seconds = max(0.0, (last - first + 1) * self.bucket)
         # Expected in the window: the files a transfer service with nothing around it would
         # have finished in it (each file's injection time plus the time the service held it
@@ -423,7 +432,7 @@ class Report:
         return rows
 
     def to_dict(self) -> dict[str, Any]:
-        steady = self.steady()
+        steady = self.steady
         rate = steady["store_writes_per_s"]
         return {
             "plan": self.plan.to_dict(),
@@ -450,7 +459,7 @@ class Report:
         }
 
     def summary_line(self) -> str:
-        s = self.steady()
+        s = self.steady
         use = ""
         if self.ceiling and s["store_writes_per_s"] is not None:
             use = (
@@ -474,18 +483,13 @@ class Report:
         import matplotlib.pyplot as plt
 
         paths = []
-        fig, ax = plt.subplots(figsize=(8, 4))
-        self.draw_completed(ax)
-        fig.tight_layout()
-        paths.append(out / "completed.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-        fig, ax = plt.subplots(figsize=(8, 4))
-        self.draw_backlog(ax)
-        fig.tight_layout()
-        paths.append(out / "backlog.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        for name, draw in (("completed", self.draw_completed), ("backlog", self.draw_backlog)):
+            fig, ax = plt.subplots(figsize=(8, 4))
+            draw(ax)
+            fig.tight_layout()
+            paths.append(out / f"{name}.png")
+            fig.savefig(paths[-1], dpi=100)
+            plt.close(fig)
         return paths
 
     def draw_completed(self, ax: Any, label: str = "") -> None:
