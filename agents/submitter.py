@@ -38,7 +38,7 @@ from aso import faults, model
 from aso.config import Config
 from aso.model import AGENT, STATE, Change
 from aso.runtime import Agent, Membership
-from aso.transfer import open_service
+from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, LEASE, SUBMIT
 
@@ -181,6 +181,16 @@ def transfer_urls(config: Config, doc: Mapping[str, Any]) -> tuple[str, str]:
     )
 
 
+def may_have_left_a_copy(doc: Mapping[str, Any]) -> bool:
+    """An earlier attempt got as far as copying (it did not fail on an existing destination),
+    so whatever is at the destination now is a leftover of ours, whose removal failed with the
+    attempt (typically: the destination server was what failed)."""
+    return any(
+        a.get("error_class") not in (None, errors.DESTINATION_EXISTS)
+        for a in doc.get("attempts", [])
+    )
+
+
 def job_request(config: Config, key: str, docs: list[Mapping[str, Any]]) -> JobRequest:
     first = docs[0]
     transfer = config.transfer
@@ -191,6 +201,7 @@ def job_request(config: Config, key: str, docs: list[Mapping[str, Any]]) -> JobR
             size=doc["size"],
             adler32=doc["checksum"]["adler32"],
             metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},
+            ours=may_have_left_a_copy(doc),
         )
         for doc in docs
     )

@@ -26,6 +26,7 @@ import pytest
 
 from agents.gfal_worker import GfalWorker
 from agents.monitor import Monitor
+from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
 from aso.config import Config
@@ -231,6 +232,71 @@ def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, st
     for doc in docs:
         copied = export_path(config, DESTINATION, doc["destination_lfn"]).read_bytes()
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+
+
+def test_leftovers_of_our_own_failed_attempts_do_not_block_the_retry(
+    gfal_config, accounts, admin, storage, watchdog
+):
+    """An attempt fails on a dead destination, whose server cannot remove the partial copy:
+    the next attempt settles a complete leftover (no copy) and replaces a partial one, instead
+    of failing for good on an existing destination. A file no attempt of ours got to copy is
+    still refused."""
+    config = dataclasses.replace(
+        gfal_config,
+        gfal=dataclasses.replace(gfal_config.gfal, retries=0),
+        retry=dataclasses.replace(gfal_config.retry, base_delay=0.2, jitter=0.0),
+    )
+    docs = put_files(config, accounts, 3, users=("alice",), sizes=(64 << 10, 128 << 10))
+    ids = [d["_id"] for d in docs]
+    db = admin.db(config.store.files_db)
+    embedded = EmbeddedStorage(storage)
+    only_destination = EmbeddedStorage(
+        dataclasses.replace(storage, sites={DESTINATION: storage.sites[DESTINATION]})
+    )
+    runners = agents(config)
+    try:
+        with watchdog.paused():
+            only_destination.stop()
+            run_until(lambda: states(db, ids)["failed_attempt"] == len(ids), runners, timeout=120)
+    finally:
+        embedded.start()
+    assert {d["error_class"] for d in db.get_many(ids).values()} == {"connection"}
+    complete, partial, foreign = docs
+    source = export_path(config, complete["source"], complete["source_lfn"]).read_bytes()
+    write_file(config, DESTINATION, complete["destination_lfn"], source)
+    write_file(config, DESTINATION, partial["destination_lfn"], b"half a file")
+    # Someone else's file, at the destination of a request no attempt of ours got to copy.
+    write_file(config, DESTINATION, foreign["destination_lfn"], b"someone else's file")
+    forgotten = db.get(foreign["_id"])
+    db.put({**forgotten, "attempts": []})
+    runners.append(Runner(RetryManager(config, "r1")))
+    try:
+        run_until(
+            lambda: {d[STATE] for d in db.get_many(ids).values()} <= {"done", "failed"},
+            runners,
+            timeout=120,
+        )
+    finally:
+        runners[2].agent.close()
+    stored = db.get_many(ids)
+    assert stored[complete["_id"]][STATE] == stored[partial["_id"]][STATE] == "done"
+    assert stored[foreign["_id"]][STATE] == "failed"
+    assert stored[foreign["_id"]]["error_class"] == "destination_exists"
+    for doc in (complete, partial):
+        copied = export_path(config, DESTINATION, doc["destination_lfn"]).read_bytes()
+        assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+    assert export_path(config, DESTINATION, foreign["destination_lfn"]).read_bytes() == (
+        b"someone else's file"
+    )
+    retry_entries = {
+        file_id: entry
+        for job in jobs_of(admin, config)
+        for file_id, entry in job["files"].items()
+        if entry.get("ours")
+    }
+    assert set(retry_entries) == {complete["_id"], partial["_id"]}
+    assert "runs" not in retry_entries[complete["_id"]]  # settled without a copy
+    assert len(retry_entries[partial["_id"]]["runs"]) == 1  # copied again
 
 
 @pytest.mark.parametrize(

@@ -148,11 +148,16 @@ def test_three_hundred_files_end_where_they_should(life_config, accounts, admin,
 
     # The documents: each file in the right final state, with the right reason.
     outcome = Counter((fate[i], d[STATE]) for i, d in stored.items())
+    unexpected = [
+        (d["source_lfn"], d[STATE], d.get("failure_reason"))
+        for i, d in stored.items()
+        if fate[i] == "good" and d[STATE] != "done"
+    ]
     assert outcome == {
         ("good", "done"): 288,
         ("missing", "failed"): 6,
         ("bad_checksum", "failed"): 6,
-    }
+    }, unexpected
     for doc_id, doc in stored.items():
         if fate[doc_id] == "missing":
             assert doc["failure_reason"].startswith("permanent error (source_missing)")

@@ -44,6 +44,9 @@ class FileTransfer:
     size: int
     adler32: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # An earlier attempt of ours may have left a copy at the destination (its cleanup can fail
+    # when the destination server is what failed): settle or replace it, do not refuse it.
+    ours: bool = False
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ def new_job_document(job: JobRequest, service: str, now: float) -> dict[str, Any
                 "checksum": None,
                 "started": None,
                 "ended": None,
+                **({"ours": True} if f.ours else {}),
             }
             for i, f in enumerate(job.files)
         },
