@@ -19,6 +19,10 @@ Crash safety: a submitter killed after `acquire` leaves `acquired` documents who
 the job key; when the lease expires the monitor asks the service for that key and either adopts
 the job or puts the files back to `new`. A submitter never submits with less lease left than the
 service's call may take, so the monitor cannot release a file whose job is still being created.
+A submitter started again under the same instance name (its host's `aso run` restarts it) knows
+that the leases it holds from before its start belong to its dead predecessor: it shortens them
+to end SUBMIT_MARGIN after its own start (by then any call its predecessor made has ended), so
+the monitor settles those files minutes earlier than the full lease would have let it.
 
 Partition: by link (source → destination), so a link's cap is kept by one instance; a site's cap
 is shared out between the live instances.
@@ -234,6 +238,7 @@ class Submitter(Agent):
     def __init__(self, config: Config, instance: str | None = None):
         super().__init__(config, instance)
         self.service = open_service(config, self.server)
+        self.started = time.time()
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return link_of(doc)
@@ -247,17 +252,43 @@ class Submitter(Agent):
         membership: Membership,
         everything: Mapping[str, dict[str, Any]],
     ) -> dict[str, Any]:
+        report = {"jobs": 0, "submitted": 0, "conflicts": 0, "refused": 0, "deferred": 0}
+        report["leases_shortened"] = self.shorten_predecessors_leases(mine, report)
         new = [d for d in mine if d[STATE] == "new"]
         if not new:
-            return {}
+            return report if report["leases_shortened"] else {}
         caps = caps_for(self.config, membership.size)
         # Links are mine alone; sites are shared: count site load over everyone's files.
         in_flight = [d for d in everything.values() if d[STATE] in IN_FLIGHT]
         plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
-        report = {"jobs": 0, "submitted": 0, "conflicts": 0, "refused": 0, "deferred": 0}
         for batch in batches_of(plans, FILES_PER_BATCH):
             self.submit_jobs(batch, report)
         return report
+
+    def shorten_predecessors_leases(
+        self, mine: list[dict[str, Any]], report: dict[str, int]
+    ) -> int:
+        """Leases of this instance's name taken before this process started: end them
+        SUBMIT_MARGIN after our start (see the module's doc). Returns how many were shortened."""
+        margin = min(SUBMIT_MARGIN, self.config.transfer.lease / 2)
+        end = self.started + margin
+        stale = [
+            d
+            for d in mine
+            if d[STATE] == "acquired"
+            and (lease := d.get("lease") or {}).get("owner") == self.instance
+            and lease["until"] - self.config.transfer.lease < self.started
+            and lease["until"] > end
+        ]
+        if not stale:
+            return 0
+        written = self._write([{**d, "lease": {**d["lease"], "until": end}} for d in stale], report)
+        log.info(
+            "%d files acquired by this instance before its restart: leases end at +%.0f s",
+            len(written),
+            margin,
+        )
+        return len(written)
 
     def submit_jobs(self, plans: list[list[Mapping[str, Any]]], report: dict[str, int]) -> None:
         """Intent for every job of the batch in one bulk write, then the jobs to the service

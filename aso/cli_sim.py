@@ -114,6 +114,24 @@ def sim_cmd(
     drain_timeout: Annotated[
         float, typer.Option(help="Wall seconds to wait for every file to end after injection.")
     ] = 900.0,
+    hosts: Annotated[
+        int,
+        typer.Option(help="Agent hosts: `aso run --agents-only` processes, each with every agent."),
+    ] = 1,
+    chaos: Annotated[
+        bool,
+        typer.Option(
+            help="Faults during the injection: kill -9 an agent every --chaos-every s, restart "
+            "the store twice, a storage outage, a failing link (README: Chaos)."
+        ),
+    ] = False,
+    chaos_every: Annotated[
+        float, typer.Option(help="Wall seconds between two agent kills with --chaos.")
+    ] = 5.0,
+    kill_host: Annotated[
+        str | None,
+        typer.Option(help="With --hosts 2 or more: kill this host (e.g. sim2) for good midway."),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show live progress.")] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the whole report as JSON.")
@@ -121,7 +139,8 @@ def sim_cmd(
 ) -> None:
     """Drive the whole service with synthetic work and report how it held (docs: README, The
     lifecycle simulator). Exit code 1 when the accounting is not exact."""
-    from sim.lifecycle import RunOptions, run_simulation
+    from sim.chaos import ChaosPlan
+    from sim.lifecycle import RunOptions, host_ids, run_simulation
     from sim.workload import Plan
 
     try:
@@ -145,6 +164,23 @@ def sim_cmd(
         raise typer.BadParameter(str(exc)) from None
     if distribution not in ("exponential", "lognormal", "fixed"):
         raise typer.BadParameter("--distribution must be exponential, lognormal or fixed")
+    if hosts < 1:
+        raise typer.BadParameter("--hosts must be at least 1")
+    if kill_host is not None and kill_host not in host_ids(hosts)[1:]:
+        raise typer.BadParameter(
+            f"--kill-host {kill_host!r}: expected one of {', '.join(host_ids(hosts)[1:]) or '—'} "
+            "(the first host stays; --hosts 2 or more)"
+        )
+    try:
+        chaos_plan = None
+        if chaos:
+            chaos_plan = ChaosPlan(kill_every=chaos_every, kill_host=kill_host)
+        elif kill_host:  # only the host's death
+            chaos_plan = ChaosPlan(
+                kill_every=None, store_restarts=0, outages=False, kill_host=kill_host
+            )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     options = RunOptions(
         workdir=workdir or Path("var/sim") / stamp,
@@ -155,6 +191,8 @@ def sim_cmd(
         measure_ceiling=ceiling,
         drain_timeout=drain_timeout,
         progress=progress,
+        hosts=hosts,
+        chaos=chaos_plan,
     )
     err_console.print(
         f"simulating {plan.scale:g}x design ({plan.files_per_second * 86400:,.0f} files/day) "
@@ -167,6 +205,8 @@ def sim_cmd(
         console.print_json(json.dumps(data))
     else:
         console.print(report.summary_line(), markup=False, highlight=False)
+        for line in report.extra_lines():
+            console.print(line, markup=False, highlight=False)
         out = options.workdir / "report"
         console.print(f"report: {out} (report.json, completed.png, backlog.png)")
     if not report.accounting.exact:

@@ -225,7 +225,9 @@ class SimConfig:
         "Weights of the error classes of simulated failures.",
     )
     outages: list = _key(
-        [], 'Outages: [{site = "T2_X", start = 0, end = 600}] in seconds after the service starts.'
+        [],
+        'Outages of a site or a link ("SRC>DST", wildcards): '
+        '[{site = "T2_X", start = 0, end = 600}], seconds after the service starts.',
     )
     seed: int = _key(0, "Seed of the random draws (same seed, same durations and failures).")
     timeout: float = _key(

@@ -20,6 +20,7 @@ One run, start to end:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import secrets
@@ -45,8 +46,19 @@ from aso.config import Config, render
 from aso.designdocs import FILES_SECURITY, design_documents, init_databases
 from aso.embedded import EmbeddedStore, free_port
 from aso.store import Server, StoreError
+from aso.transfer.jobstore import JOB_TYPE
+from aso.transfer.sim import SimService
 from aso.upload import upload
-from sim.report import Analysis, Report, Sample, account
+from sim.chaos import Chaos, ChaosLog, ChaosPlan, chaos_outages
+from sim.report import (
+    Analysis,
+    Report,
+    Sample,
+    account,
+    check_catalog,
+    check_copies,
+    work_by_host,
+)
 from sim.workload import Plan, Workload, injections
 
 log = logging.getLogger("aso.sim")
@@ -56,7 +68,7 @@ HOST_ID = "sim"
 DATABASES = ("files_db", "transfers_db", "catalog_db", "stats_db")
 START_TIMEOUT = 120.0
 STOP_GRACE = 60.0
-UPLOAD_TRIES = 5
+UPLOAD_BACKOFF = (0.5, 5.0)  # first and longest wait between two tries of one upload
 
 
 @dataclass
@@ -74,6 +86,9 @@ class RunOptions:
     drop_databases: bool = False  # an external store: delete the run's databases at the end
     log_level: str = "INFO"
     progress: bool = True
+    hosts: int = 1  # agent hosts: `aso run --agents-only` processes, each with every agent
+    chaos: ChaosPlan | None = None  # faults during the injection (sim/chaos.py)
+    upload_patience: float = 180.0  # wall seconds a job's upload keeps being retried
 
 
 def sim_config(plan: Plan, options: RunOptions) -> Config:
@@ -162,13 +177,19 @@ def measure_write_ceiling(admin: Server, config: Config, docs: int, writers: int
 
 
 # -- the service under test ----------------------------------------------------------------------
+def host_ids(hosts: int) -> list[str]:
+    """`sim`, then `sim2`, `sim3`…: instances are named `<host>-<slot>`."""
+    return [HOST_ID] + [f"{HOST_ID}{k}" for k in range(2, hosts + 1)]
+
+
 class Service:
-    """The store (embedded, unless external) and `aso run --agents-only` over it."""
+    """The store (embedded, unless external) and `aso run --agents-only` over it, once per
+    agent host."""
 
     def __init__(self, config: Config, options: RunOptions):
         self.config, self.options = config, options
         self.embedded = None if options.store_url else EmbeddedStore(config)
-        self.supervisor: subprocess.Popen[bytes] | None = None
+        self.supervisors: dict[str, subprocess.Popen[bytes]] = {}
         self.admin = Server.from_config(config, account="admin")
 
     def start_store(self) -> None:
@@ -179,20 +200,22 @@ class Service:
     def start_agents(self) -> None:
         config_file = self.config.source
         assert config_file is not None
-        log_file = self.options.workdir / "aso-run.log"
-        argv = [sys.executable, "-m", "aso", "--config", str(config_file), "run"]
-        argv += ["--agents-only", "--host-id", HOST_ID]
-        with open(log_file, "ab") as out:
-            self.supervisor = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        for host in host_ids(self.options.hosts):
+            log_file = self.options.workdir / f"aso-run-{host}.log"
+            argv = [sys.executable, "-m", "aso", "--config", str(config_file), "run"]
+            argv += ["--agents-only", "--host-id", host]
+            with open(log_file, "ab") as out:
+                self.supervisors[host] = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
         self._wait_for_heartbeats()
 
     def _wait_for_heartbeats(self) -> None:
         """Every planned instance beat once: the agents are up and following the feed."""
         db = self.admin.db(self.config.store.files_db)
         wanted = {
-            model.heartbeat_id(agent, f"{HOST_ID}-{slot}")
+            model.heartbeat_id(agent, f"{host}-{slot}")
+            for host in self.supervisors
             for agent, n in self.config.agents.instances.items()
             for slot in range(n)
         }
@@ -200,7 +223,7 @@ class Service:
         while time.monotonic() < deadline:
             if all(db.get_many(wanted).values()):
                 return
-            if self.supervisor is not None and self.supervisor.poll() is not None:
+            if any(p.poll() is not None for p in self.supervisors.values()):
                 break
             time.sleep(0.5)
         raise RuntimeError(
@@ -211,29 +234,37 @@ class Service:
         """Name → process of the store, every agent process and the simulator itself."""
         found: dict[str, psutil.Process] = {"simulator": psutil.Process()}
         if self.embedded is not None and (pid := self.embedded.status().pid):
-            found["store"] = psutil.Process(pid)
-        if self.supervisor is not None:
             with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(self.supervisor.pid).children():
-                    argv = child.cmdline()
-                    if "agent" in argv:
-                        at = argv.index("agent")
-                        found[f"{argv[at + 1]} {argv[at + 3]}"] = child
+                found["store"] = psutil.Process(pid)
+        return found | self.agent_processes()
+
+    def agent_processes(self) -> dict[str, psutil.Process]:
+        """ "AGENT INSTANCE" → process, for every host's running agents."""
+        found: dict[str, psutil.Process] = {}
+        for supervisor in self.supervisors.values():
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(supervisor.pid).children():
+                    with contextlib.suppress(psutil.Error):
+                        argv = child.cmdline()
+                        if "agent" in argv:
+                            at = argv.index("agent")
+                            found[f"{argv[at + 1]} {argv[at + 3]}"] = child
         return found
 
     def stop_agents(self) -> None:
-        if self.supervisor is None or self.supervisor.poll() is not None:
-            return
-        self.supervisor.send_signal(signal.SIGTERM)
-        try:
-            self.supervisor.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            log.warning("the agents' supervisor did not stop: killed")
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(self.supervisor.pid).children(recursive=True):
-                    child.kill()
-            self.supervisor.kill()
-            self.supervisor.wait()
+        for supervisor in self.supervisors.values():
+            if supervisor.poll() is None:
+                supervisor.send_signal(signal.SIGTERM)
+        for host, supervisor in self.supervisors.items():
+            try:
+                supervisor.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                log.warning("the agents' supervisor of %s did not stop: killed", host)
+                with contextlib.suppress(psutil.Error):
+                    for child in psutil.Process(supervisor.pid).children(recursive=True):
+                        child.kill()
+                supervisor.kill()
+                supervisor.wait()
 
     def stop(self) -> None:
         self.stop_agents()
@@ -277,14 +308,18 @@ class Sampler(threading.Thread):
         live = admin.db(config.store.stats_db).get(monitor.LIVE_ID) or {}
         # The simulator, the embedded store (if any) and every agent instance: look again
         # while one is missing (still starting, or restarted by the supervisor).
-        expected = 1 + (self.service.embedded is not None) + sum(config.agents.instances.values())
+        per_host = sum(config.agents.instances.values())
+        expected = 1 + (self.service.embedded is not None) + per_host * self.service.options.hosts
         if len(self._procs) < expected:
             self._procs = self.service.processes()
-        cpu = {}
+        cpu, rss, fds = {}, {}, {}
         for name, proc in list(self._procs.items()):
             try:
-                times = proc.cpu_times()
-                cpu[name] = times.user + times.system
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    cpu[name] = times.user + times.system
+                    rss[name] = proc.memory_info().rss
+                    fds[name] = proc.num_fds()
             except psutil.Error:
                 self._procs.pop(name)  # a restarted agent is found again next time
         sample = Sample(
@@ -294,6 +329,8 @@ class Sampler(threading.Thread):
             totals=live.get("totals", {}),
             backlog=live.get("backlog"),
             cpu=cpu,
+            rss=rss,
+            fds=fds,
         )
         self.samples.append(sample)
         self.latest = sample
@@ -319,7 +356,8 @@ class Injected:
 class Injector:
     """Uploads each injection's jobs, one upload call per job, from a pool of threads."""
 
-    def __init__(self, config: Config, uploaders: int):
+    def __init__(self, config: Config, uploaders: int, patience: float):
+        self.patience = patience
         server = Server.from_config(config, account="admin")
         self.db = server.db(config.store.files_db)
         self.pool = ThreadPoolExecutor(uploaders, thread_name_prefix="uploader")
@@ -332,20 +370,24 @@ class Injector:
 
     def _upload(self, docs: list[dict[str, Any]], due: float) -> None:
         lag = time.time() - due
-        for attempt in range(UPLOAD_TRIES):
+        give_up = time.monotonic() + self.patience
+        wait, longest = UPLOAD_BACKOFF
+        while True:
             try:
                 report = upload(self.db, docs)
                 break
             except StoreError as exc:
-                # A job wrapper retries its stage-out upload; upload() is idempotent.
+                # A job wrapper retries its stage-out upload (a store restarting, say);
+                # upload() is idempotent, so a write whose answer was lost is not doubled.
                 with self._lock:
                     self.injected.failed_calls += 1
-                if attempt == UPLOAD_TRIES - 1:
+                if time.monotonic() + wait > give_up:
                     with self._lock:
                         for doc in docs:
                             self.injected.refused[doc["_id"]] = f"upload failed: {exc}"
                     return
-                time.sleep(0.5 * 2**attempt)
+                time.sleep(wait)
+                wait = min(longest, 2 * wait)
         with self._lock:
             self.injected.ids.update(report.recorded)
             self.injected.ids.update(report.already)
@@ -366,6 +408,10 @@ class Injector:
 # -- the run -------------------------------------------------------------------------------------
 class Simulation:
     def __init__(self, plan: Plan, options: RunOptions, console: Console | None = None):
+        if options.chaos is not None:
+            plan = dataclasses.replace(
+                plan, outages=[*plan.outages, *chaos_outages(plan, options.chaos)]
+            )
         self.plan, self.options = plan, options
         self.console = console or Console(stderr=True)
         options.workdir.mkdir(parents=True, exist_ok=True)
@@ -374,6 +420,7 @@ class Simulation:
         self.config.source.write_text(render(self.config, show_secrets=True))
         self.config.source.chmod(0o600)
         self.service = Service(self.config, options)
+        self.chaos_log: ChaosLog | None = None
         self.run_token = time.strftime("%y%m%d_%H%M%S", time.gmtime()) + "_" + uuid.uuid4().hex[:4]
 
     def run(self) -> Report:
@@ -390,11 +437,15 @@ class Simulation:
             sampler = Sampler(service, self.options.sample_every)
             sampler.take()
             sampler.start()
-            injector = Injector(self.config, self.options.uploaders)
+            injector = Injector(self.config, self.options.uploaders, self.options.upload_patience)
             started = time.time()
+            chaos = self._start_chaos(started)
+            self.chaos_log = chaos.log if chaos is not None else None
             with self._progress() as progress:
                 self._inject(injector, started, progress, sampler)
                 injection_end = time.time()
+                if chaos is not None:
+                    chaos.stop()
                 unfinished = self._drain(injector.injected.ids, progress, sampler)
             drained = time.time()
             sampler.stop()
@@ -403,11 +454,27 @@ class Simulation:
             report = self._report(injector.injected, started, injection_end, drained, sampler)
             report.ceiling = ceiling
             report.drain_unfinished = unfinished
+            if chaos is not None:
+                report.chaos = chaos.log.to_dict(started)
             return report
         finally:
             service.stop()
 
     # -- phases ----------------------------------------------------------------------------------
+    def _start_chaos(self, started: float) -> Chaos | None:
+        if self.options.chaos is None:
+            return None
+        chaos = Chaos(
+            self.options.chaos,
+            agents=self.service.agent_processes,
+            store=self.service.embedded,
+            hosts=lambda: dict(self.service.supervisors),
+            start=started,
+            end=started + self.plan.wall(self.plan.duration),
+        )
+        chaos.start()
+        return chaos
+
     def _progress(self) -> Progress:
         return Progress(
             TextColumn("{task.description}"),
@@ -476,10 +543,15 @@ class Simulation:
         deadline = time.monotonic() + self.options.drain_timeout
         while waiting and time.monotonic() < deadline:
             still = []
-            for start in range(0, len(waiting), 1000):
-                chunk = waiting[start : start + 1000]
-                docs = db.get_many(chunk)
-                still += [i for i in chunk if docs[i] is None or not model.is_final(docs[i])]
+            try:
+                for start in range(0, len(waiting), 1000):
+                    chunk = waiting[start : start + 1000]
+                    docs = db.get_many(chunk)
+                    still += [i for i in chunk if docs[i] is None or not model.is_final(docs[i])]
+            except StoreError as exc:
+                log.warning("drain: the store did not answer (%s); trying again", exc)
+                time.sleep(2.0)
+                continue
             waiting = still
             progress.update(
                 bar,
@@ -509,6 +581,9 @@ class Simulation:
                 if doc and doc.get("type") == model.REQUEST_TYPE and not change.get("deleted"):
                     requests[doc["_id"]] = doc
         accounting = account(injected.ids, requests.values())
+        check_copies(accounting, self._copies())
+        check_catalog(accounting, self._catalog_lfns(), requests.values())
+        hosts = self._work_by_host(requests.values())
         for doc in requests.values():
             analysis.add(doc)
         return Report(
@@ -524,7 +599,40 @@ class Simulation:
             refused_count=len(injected.refused),
             upload_retries=injected.failed_calls,
             upload_lag=sorted(injected.lag),
+            hosts=hosts,
         )
+
+    def _work_by_host(self, docs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+        if self.options.hosts < 2:
+            return None
+        killed = None
+        chaos = self.options.chaos
+        if chaos is not None and chaos.kill_host and self.chaos_log is not None:
+            at = [e.at for e in self.chaos_log.events if e.what == "host_killed"]
+            killed = (chaos.kill_host, at[0]) if at else None
+        return work_by_host(docs, host_ids(self.options.hosts), killed)
+
+    def _all_docs(self, name: str) -> Iterable[dict[str, Any]]:
+        """Every live document of one of the run's databases, from its `_changes` feed."""
+        db = self.service.admin.db(name)
+        for batch in db.follow("0", batch=2000, include_docs=True):
+            for change in batch.results:
+                if change.get("doc") and not change.get("deleted"):
+                    yield change["doc"]
+
+    def _copies(self) -> Iterable[tuple[str, float, float]]:
+        """(file id, start, end) of every copy the sim service made, from its job table."""
+        jobs_db = self.service.admin.db(self.config.store.transfers_db)
+        service = SimService(jobs_db, self.config.sim)
+        for doc in self._all_docs(self.config.store.transfers_db):
+            if doc.get("type") == JOB_TYPE:
+                for file_id, (start, end) in service.copies(doc).items():
+                    yield file_id, start, end
+
+    def _catalog_lfns(self) -> Iterable[str]:
+        for doc in self._all_docs(self.config.store.catalog_db):
+            if doc.get("type") == "block":
+                yield from (f["lfn"] for f in doc.get("files", []))
 
 
 def default_bucket(duration: float) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -59,17 +60,36 @@ class Accounting:
     unexpected: list[str] = field(default_factory=list)  # a document nobody injected
     twice: list[str] = field(default_factory=list)  # done or published more than once
     unfinished: list[str] = field(default_factory=list)
+    # From the transfer service's records (the job table): files with two copies at once.
+    copied_twice_at_once: list[str] = field(default_factory=list)
+    copies_checked: int = 0  # copies (one file in one job) looked at
+    # From the catalog: published files it lacks, holds twice, or holds unpublished.
+    catalog_missing: list[str] = field(default_factory=list)
+    catalog_twice: list[str] = field(default_factory=list)
+    catalog_unexpected: list[str] = field(default_factory=list)
+    catalog_files: int | None = None  # files in the catalog (None: not checked)
+
+    CHECKS = (
+        "missing",
+        "unexpected",
+        "twice",
+        "unfinished",
+        "copied_twice_at_once",
+        "catalog_missing",
+        "catalog_twice",
+        "catalog_unexpected",
+    )
 
     @property
     def exact(self) -> bool:
         return (
-            not (self.missing or self.unexpected or self.twice or self.unfinished)
+            not any(getattr(self, name) for name in self.CHECKS)
             and sum(self.outcomes.values()) == self.injected
         )
 
     def problems(self) -> list[str]:
         lines = []
-        for name in ("missing", "unexpected", "twice", "unfinished"):
+        for name in self.CHECKS:
             ids = getattr(self, name)
             if ids:
                 more = " …" if len(ids) > 5 else ""
@@ -88,8 +108,30 @@ class Accounting:
             "unexpected": self.unexpected[:100],
             "twice": self.twice[:100],
             "unfinished": self.unfinished[:100],
+            "copied_twice_at_once": self.copied_twice_at_once[:100],
+            "copies_checked": self.copies_checked,
+            "catalog_missing": self.catalog_missing[:100],
+            "catalog_twice": self.catalog_twice[:100],
+            "catalog_unexpected": self.catalog_unexpected[:100],
+            "catalog_files": self.catalog_files,
             "problems": self.problems(),
         }
+
+    def counts_line(self) -> str:
+        """The zeros that are due, in one line."""
+        catalog = (
+            "catalog not checked"
+            if self.catalog_files is None
+            else f"catalog: {self.catalog_files} files, {len(self.catalog_missing)} missing, "
+            f"{len(self.catalog_twice)} twice, {len(self.catalog_unexpected)} unexpected"
+        )
+        return (
+            f"{self.injected} injected · {len(self.missing)} lost · "
+            f"{len(self.unfinished)} not final · "
+            f"{len(self.unexpected)} unexpected · {len(self.twice)} completed twice · "
+            f"{len(self.copied_twice_at_once)} copied twice at once "
+            f"({self.copies_checked} copies checked) · {catalog}"
+        )
 
 
 def account(injected: Iterable[str], docs: Iterable[Mapping[str, Any]]) -> Accounting:
@@ -118,6 +160,31 @@ def account(injected: Iterable[str], docs: Iterable[Mapping[str, Any]]) -> Accou
     result.missing = sorted(wanted - seen)
     result.outcomes = {k: outcomes.get(k, 0) for k in OUTCOMES}
     return result
+
+
+def check_copies(result: Accounting, copies: Iterable[tuple[str, float, float]]) -> None:
+    """Files with two copy runs that overlap in time: (file id, start, end) per run, as the
+    transfer service recorded them (the gfal worker's `runs`, the sim service's fates)."""
+    runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for file_id, start, end in copies:
+        runs[file_id].append((start, end))
+        result.copies_checked += 1
+    for file_id, spans in runs.items():
+        spans.sort()
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)):
+            result.copied_twice_at_once.append(file_id)
+
+
+def check_catalog(
+    result: Accounting, catalog_lfns: Iterable[str], docs: Iterable[Mapping[str, Any]]
+) -> None:
+    """Every published file in the catalog exactly once, and nothing else of the run there."""
+    held = Counter(catalog_lfns)
+    published = {d["destination_lfn"] for d in docs if d.get(PUBLICATION) == "published"}
+    result.catalog_files = sum(held.values())
+    result.catalog_missing = sorted(lfn for lfn in published if lfn not in held)
+    result.catalog_twice = sorted(lfn for lfn, n in held.items() if n > 1)
+    result.catalog_unexpected = sorted(lfn for lfn in held if lfn not in published)
 
 
 # -- per-bucket analysis -------------------------------------------------------------------------
@@ -275,6 +342,8 @@ class Sample:
     totals: Mapping[str, Mapping[str, int]]
     backlog: int | None
     cpu: Mapping[str, float]  # process name → CPU seconds so far
+    rss: Mapping[str, int] = field(default_factory=dict)  # process name → resident bytes
+    fds: Mapping[str, int] = field(default_factory=dict)  # process name → open descriptors
 
 
 def write_rate(samples: Sequence[Sample], start: float, end: float) -> float | None:
@@ -298,6 +367,74 @@ def cpu_shares(samples: Sequence[Sample]) -> dict[str, float]:
     return {name: round(seconds / wall, 3) for name, seconds in used.most_common()} if wall else {}
 
 
+def host_of(by: str) -> str:
+    """The host of an agent instance `<host>-<slot>` (history's `by`)."""
+    return by.rpartition("-")[0]
+
+
+def work_by_host(
+    docs: Iterable[Mapping[str, Any]],
+    hosts: Sequence[str],
+    killed: tuple[str, float] | None = None,
+) -> dict[str, Any]:
+    """How the agents' work split between the hosts (history entries written by each host's
+    instances) and, when a host was killed at a wall time, how long its unfinished files
+    waited for their next move by anyone (the other host taking its partitions over)."""
+    moves: Counter[str] = Counter()
+    waits: list[float] = []
+    for doc in docs:
+        history = doc.get("history", [])
+        for h in history:
+            host = host_of(str(h.get("by", "")))
+            if host in hosts:
+                moves[host] += 1
+        if killed is None:
+            continue
+        dead, at = killed
+        before = [h for h in history if h["at"] <= at]
+        after = [h["at"] for h in history if h["at"] > at]
+        touched = any(host_of(str(h.get("by", ""))) == dead for h in before)
+        was_final = bool(before) and model.is_final(_state_at(doc, before))
+        if touched and not was_final and after:
+            waits.append(min(after) - at)
+    total = sum(moves.values())
+    result: dict[str, Any] = {
+        "moves": dict(moves),
+        "shares": {h: round(moves[h] / total, 3) if total else 0.0 for h in hosts},
+    }
+    if killed is not None:
+        result["killed"] = {"host": killed[0], "waits": percentiles(sorted(waits))}
+        result["killed"]["files"] = len(waits)
+        result["killed"]["max_wait"] = round(max(waits), 1) if waits else None
+    return result
+
+
+def _state_at(doc: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The axes' values after these first history entries (enough for model.is_final); an
+    axis that never moved keeps the value it has now."""
+    moved = {h["axis"] for h in doc.get("history", [])}
+    state: dict[str, Any] = {a: (None if a in moved else doc.get(a)) for a in model.AXES}
+    for h in history:
+        state[h["axis"]] = h["to"]
+    return state
+
+
+def resources(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each process's resident memory (MB) and open file descriptors at the start, the middle
+    and the end of the run (the first, middle and last sample that saw it), and their peaks."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for name in sorted({n for s in samples for n in s.rss}):
+        seen = [s for s in samples if name in s.rss]
+        points = {"start": seen[0], "middle": seen[len(seen) // 2], "end": seen[-1]}
+        table[name] = {
+            "rss_mb": {k: round(p.rss[name] / 1e6, 1) for k, p in points.items()}
+            | {"max": round(max(s.rss[name] for s in seen) / 1e6, 1)},
+            "fds": {k: p.fds.get(name, 0) for k, p in points.items()}
+            | {"max": max(s.fds.get(name, 0) for s in seen)},
+        }
+    return table
+
+
 # -- the report ----------------------------------------------------------------------------------
 @dataclass
 class Report:
@@ -315,6 +452,8 @@ class Report:
     upload_lag: list[float]
     ceiling: float | None = None
     drain_unfinished: int = 0
+    chaos: dict[str, Any] | None = None  # what the chaos thread did (sim/chaos.py)
+    hosts: dict[str, Any] | None = None  # the work of each agent host (work_by_host)
 
     # -- windows ---------------------------------------------------------------------------------
     @property
@@ -447,7 +586,10 @@ class Report:
                 round(rate / self.ceiling, 3) if rate is not None and self.ceiling else None
             ),
             "cpu_cores": cpu_shares(self.samples),
+            "resources": resources(self.samples),
             "accounting": self.accounting.to_dict(),
+            "chaos": self.chaos,
+            "hosts": self.hosts,
             "drain_unfinished": self.drain_unfinished,
             "uploads": {
                 "refused": self.refused_count,
@@ -473,6 +615,43 @@ class Report:
             f"done→published {_fmt(s['publish'])} s{use} · "
             f"{'HOLDS' if s['holds'] else 'does not hold'} · accounting "
             f"{'exact' if self.accounting.exact else 'NOT exact'}"
+        )
+
+    def extra_lines(self) -> list[str]:
+        """The accounting's counts, and what the chaos and the hosts did, when there were any."""
+        lines = [f"accounting: {self.accounting.counts_line()}"]
+        if self.chaos is not None:
+            c = self.chaos
+            lines.append(
+                f"chaos: {c['kills']} agent processes killed · {c['store_restarts']} store "
+                f"restarts · {c['hosts_killed']} hosts killed · outages: "
+                + (", ".join(_outage_text(o) for o in self.plan.outages) or "none")
+            )
+        if self.hosts is not None:
+            shares = " · ".join(f"{h} {v:.0%}" for h, v in self.hosts["shares"].items())
+            line = f"hosts: share of the agents' moves {shares}"
+            if "killed" in self.hosts:
+                k = self.hosts["killed"]
+                line += (
+                    f" · after {k['host']} died, its {k['files']} unfinished files waited "
+                    f"p50/p95/max {_fmt(k['waits']).rsplit('/', 1)[0]}/{k['max_wait']} s "
+                    "for their next move"
+                )
+            lines.append(line)
+        resources = self.to_resources_line()
+        if resources:
+            lines.append(resources)
+        return lines
+
+    def to_resources_line(self) -> str:
+        table = resources(self.samples)
+        if not table:
+            return ""
+        rss = max(table.items(), key=lambda kv: kv[1]["rss_mb"]["max"])
+        fds = max(table.items(), key=lambda kv: kv[1]["fds"]["max"])
+        return (
+            f"resources: largest RSS {rss[0]} {rss[1]['rss_mb']['max']} MB · most open files "
+            f"{fds[0]} {fds[1]['fds']['max']}"
         )
 
     # -- plots -----------------------------------------------------------------------------------
@@ -529,6 +708,11 @@ def _slope(points: Sequence[tuple[float, float]]) -> float:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in points) / den if den else 0.0
+
+
+def _outage_text(outage: Mapping[str, Any]) -> str:
+    what = f"site {outage['site']}" if "site" in outage else f"link {outage.get('link')}"
+    return f"{what} {outage['start']:.0f}-{outage['end']:.0f} s"
 
 
 def _fmt(p: Mapping[str, float | None]) -> str:

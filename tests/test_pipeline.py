@@ -202,6 +202,39 @@ def test_submitter_killed_between_intent_and_submission(sim_config, accounts, ad
     assert_each_file_in_one_job(admin, sim_config, ids)
 
 
+def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, accounts, admin):
+    """kill -9 after `acquired`; the same instance started again (as `aso run` does) ends the
+    leases its dead predecessor took at SUBMIT_MARGIN after its own start instead of their
+    full length; another instance leaves them alone. The files then end done."""
+    config = dataclasses.replace(
+        sim_config, transfer=dataclasses.replace(sim_config.transfer, lease=20.0)
+    )
+    ids = upload(accounts, config, 4, users=("alice",), links=LINKS[:1])
+    died = _aso_agent(write_config(config), "submitter", "submitter.after_acquire")
+    assert died.returncode == -9, died.stderr
+    db = admin.db(config.store.files_db)
+    taken = {i: d["lease"]["until"] for i, d in db.get_many(ids).items()}
+    other = Submitter(config, "someone-else")
+    acquired = list(db.get_many(ids).values())
+    assert other.shorten_predecessors_leases(acquired, Counter()) == 0
+    assert {i: d["lease"]["until"] for i, d in db.get_many(ids).items()} == taken
+    again = Runner(Submitter(config, "submitter-crashing"))
+    again.workset.start()
+    report = again.step(wait=False)
+    assert report["leases_shortened"] == 4
+    shortened = {d["lease"]["until"] for d in db.get_many(ids).values()}
+    assert shortened == {again.agent.started + 10.0}  # min(SUBMIT_MARGIN, lease / 2)
+    assert max(shortened) < min(taken.values())
+    run_until(
+        lambda: states(db, ids) == Counter(done=4),
+        [Runner(Monitor(config, "m1")), again],
+        timeout=60,
+    )
+    for doc in db.get_many(ids).values():
+        assert doc["history"][2]["reason"] == "lease expired, no job"
+    assert_each_file_in_one_job(admin, config, ids)
+
+
 def test_submitter_killed_after_the_job_was_created(sim_config, accounts, admin):
     """kill -9 after submission and before `submitted` was written: the monitor finds the job
     by the key in the lease and adopts it; no second job is ever made."""

@@ -7,12 +7,18 @@ with mean `sim.mean_duration` (one longer than `sim.timeout` fails as a timeout)
 with probability `sim.link_failure_rates["SRC>DST"]` (else `sim.failure_rate`) and a class
 drawn from `sim.failure_classes`, and failures for the files in flight at a site during one of
 `sim.outages` (seconds after the simulation's epoch, recorded once in the job table so that all
-processes share it).
+processes share it): an outage of a `site` (its storage is down: connection refused) or of a
+`link` ("SRC>DST", shell wildcards allowed, e.g. "T2_SM_Site001>*": the service fails it).
+
+Since a file's copy is a function of its job document, `copies(doc)` gives what the service
+did with each file (start and end, a cancel included): the simulator checks from it that no
+file was ever copied twice at the same time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import math
 import random
@@ -119,13 +125,7 @@ class SimService(TransferService):
         rate = self.config.link_failure_rates.get(link, self.config.failure_rate)
         outage = self._outage(doc, start, end)
         if outage is not None:
-            site, at = outage
-            return Fate(
-                start,
-                max(start, at),
-                errors.CONNECTION,
-                f"simulated outage of {site}: connection refused",
-            )
+            return outage
         if self.config.timeout and end - start > self.config.timeout:
             # What FTS does to a transfer that outlasts its timeout; it also bounds the
             # exponential distribution's tail.
@@ -141,16 +141,40 @@ class SimService(TransferService):
             return Fate(start, at, error_class, f"simulated failure ({error_class}) on {link}")
         return Fate(start, end, None, None)
 
-    def _outage(self, doc: Mapping[str, Any], start: float, end: float) -> tuple[str, float] | None:
+    def _outage(self, doc: Mapping[str, Any], start: float, end: float) -> Fate | None:
+        """The failure of a file in flight during an outage of its sites or its link."""
+        link = f"{doc['source_site']}>{doc['destination_site']}"
         for outage in self.config.outages:
-            site = outage.get("site")
-            if site not in (doc["source_site"], doc["destination_site"]):
-                continue
             o_start = self.epoch + float(outage.get("start", 0))
             o_end = self.epoch + float(outage.get("end", 0))
-            if o_start < end and start < o_end:
-                return site, o_start
+            if not (o_start < end and start < o_end):
+                continue
+            at = max(start, o_start)
+            site = outage.get("site")
+            if site is not None and site in (doc["source_site"], doc["destination_site"]):
+                return Fate(
+                    start, at, errors.CONNECTION, f"simulated outage of {site}: connection refused"
+                )
+            pattern = outage.get("link")
+            if pattern is not None and fnmatch.fnmatchcase(link, pattern):
+                return Fate(
+                    start, at, errors.SERVICE, f"simulated failure of link {link} at the service"
+                )
         return None
+
+    def copies(self, doc: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+        """File id → (start, end) of its copy in this job, as the service ran it (a cancel
+        ends it early; one canceled before its start never ran and is left out)."""
+        runs = {}
+        for file_id in doc["files"]:
+            fate = self.fate(doc, file_id)
+            end = fate.end
+            canceled_at = doc.get("cancel", {}).get(file_id)
+            if canceled_at is not None and canceled_at < fate.end:
+                end = max(canceled_at, fate.start)
+            if end > fate.start:
+                runs[file_id] = (fate.start, end)
+        return runs
 
     def _status(self, doc: Mapping[str, Any], now: float) -> JobStatus:
         files = {}
