@@ -161,7 +161,7 @@ class Publisher(Agent):
                 block_docs = [d for d in block_docs if d[PUBLICATION] == PUBLISHING] + again
             if make_block(block_docs).name == name:  # the whole block
                 self.publish(block_docs, name, report, now)
-            else:
+            elif self.left_behind(block_docs, now):
                 freed.extend(self.settle_remainder(name, block_docs, report, now))
         # 2. new blocks from the waiting files
         waiting: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -206,7 +206,12 @@ class Publisher(Agent):
         return written
 
     def abandon(
-        self, docs: list[dict[str, Any]], name: str, report: dict[str, int], now: float
+        self,
+        docs: list[dict[str, Any]],
+        name: str,
+        report: dict[str, int],
+        now: float,
+        reason: str = "block abandoned: a file changed",
     ) -> list[dict[str, Any]]:
         """Files of a block that will not be published as recorded go back to `pending`."""
         written, _ = self._advance(
@@ -215,11 +220,30 @@ class Publisher(Agent):
             WAITING,
             now,
             report,
-            "block abandoned: a file changed",
+            reason,
             block=name,
             publication_block=None,
         )
         return written
+
+    def left_behind(self, docs: list[dict[str, Any]], now: float) -> bool:
+        """A part of a block is a crash's remainder if this instance recorded it (before a
+        restart), or if its recorder has had a heartbeat expiry to finish it. Otherwise it is
+        most likely another publisher's block still being recorded, seen half-way (two
+        instances both act on a dataset while their membership settles): hands off."""
+        intents = [
+            h
+            for d in docs
+            for h in d.get("history", [])
+            if h["axis"] == PUBLICATION and h["to"] == PUBLISHING
+        ]
+        if not intents:
+            return True
+        latest = max(intents, key=lambda h: h["at"])
+        return (
+            latest["by"] == self.instance
+            or now - latest["at"] > self.config.agents.heartbeat_expiry
+        )
 
     def settle_remainder(
         self, name: str, docs: list[dict[str, Any]], report: dict[str, int], now: float
@@ -257,10 +281,61 @@ class Publisher(Agent):
         block = make_block(docs, name)
         try:
             inserted = self.catalog.publish_block(block)
+        except BlockConflict as exc:
+            if not self.settle_published_elsewhere(docs, name, exc, report, now):
+                self.failed(docs, exc, report, now)
+            return
         except CatalogError as exc:
             self.failed(docs, exc, report, now)
             return
         self.mark_published(docs, name, report, now, inserted)
+
+    def settle_published_elsewhere(
+        self,
+        docs: list[dict[str, Any]],
+        name: str,
+        exc: BlockConflict,
+        report: dict[str, int],
+        now: float,
+    ) -> bool:
+        """Files the catalog already holds in another block of their dataset were published
+        there (by another publisher that acted on them at the same time, or before a crash):
+        they are `published` in that block, and the rest of this block goes back to `pending`
+        to be blocked again. The catalog is the truth; calling such a file failed would tell
+        its owner the opposite of what the catalog says. False: not that case (a file is in
+        another dataset's block, a real conflict)."""
+        dataset = dataset_of(docs[0])
+        elsewhere = exc.elsewhere
+        if not elsewhere or any(b.split("#", 1)[0] != dataset for b in elsewhere.values()):
+            return False
+        by_block: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        rest = []
+        for doc in docs:
+            other = elsewhere.get(doc["destination_lfn"])
+            (by_block[other] if other else rest).append(doc)
+        for other, published in by_block.items():
+            written, _ = self._advance(
+                published,
+                PUBLISHING,
+                "published",
+                now,
+                report,
+                f"in block {other} (published there by another publisher)",
+                block=name,
+                publication_block=other,
+                publication_error=None,
+                publication_retry_after=None,
+            )
+            report["published"] += len(written)
+            log.info(
+                "block %s: %d files were already in block %s: published there",
+                name,
+                len(written),
+                other,
+            )
+        if rest:
+            self.abandon(rest, name, report, now, "block abandoned: some files were elsewhere")
+        return True
 
     def mark_published(
         self,

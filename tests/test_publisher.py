@@ -254,6 +254,7 @@ def test_what_is_left_of_a_block_is_settled_with_the_catalog(pub_config, account
     docs = done_outputs(pub_config, accounts, 4)
     name = make_block(docs).name
     left_publishing(docs[:2], name)
+    time.sleep(pub_config.agents.heartbeat_expiry)  # its recorder had time to finish it
     run_publisher(pub_config)  # back to pending, then one block with the two others
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert catalog_of(pub_config, admin).dataset_files(DATASET) == {
@@ -268,11 +269,55 @@ def test_what_is_left_of_a_block_is_settled_with_the_catalog(pub_config, account
     left_publishing(docs, name)
     for doc in agent.get_many(d["_id"] for d in docs[:2]).values():
         agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-gone")], AGENT))
+    time.sleep(pub_config.agents.heartbeat_expiry)
     run_publisher(pub_config)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert catalog_of(pub_config, admin).dataset_files(other) == {
         name: sorted(d["destination_lfn"] for d in docs)
     }
+
+    # 3. fresh, by another instance: maybe its block being recorded right now; hands off.
+    third = "/Prim/alice-third-v1/USER"
+    docs = done_outputs(pub_config, accounts, 4, task="261121_190003:alice_3", dataset=third)
+    left_publishing(docs[:2], make_block(docs).name)
+    run_publisher(pub_config)
+    stored = agent.get_many(d["_id"] for d in docs[:2])
+    assert {d[PUBLICATION] for d in stored.values()} == {"publishing"}
+
+
+def test_files_another_publisher_put_in_another_block_are_published_there(
+    pub_config, accounts, admin
+):
+    """Two publishers blocked the same files differently (both acted on the dataset while
+    their membership settled): the catalog holds the other's block; the files it holds end
+    `published` in that block, the others are blocked again; none is called failed."""
+    docs = done_outputs(pub_config, accounts, 4)
+    theirs = make_block(docs[:3])  # the other publisher's block, already in the catalog
+    catalog_of(pub_config, admin).publish_block(theirs)
+    run_publisher(pub_config)  # ours: a block of all four, refused; settled from the catalog
+    run_publisher(pub_config)  # the fourth file, blocked again on its own
+    stored = accounts["agent"].db(pub_config.store.files_db).get_many(d["_id"] for d in docs)
+    assert states_of(pub_config, accounts, docs) == {"published": 4}
+    assert {stored[d["_id"]]["publication_block"] for d in docs[:3]} == {theirs.name}
+    assert stored[docs[3]["_id"]]["publication_block"] != theirs.name
+    assert all(d.get("publication_attempts", 0) == 0 for d in stored.values())
+    blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
+    assert sorted(lfn for lfns in blocks.values() for lfn in lfns) == sorted(
+        d["destination_lfn"] for d in docs
+    )
+
+
+def test_a_file_in_another_datasets_block_is_a_real_conflict(pub_config, accounts, admin):
+    docs = done_outputs(pub_config, accounts, 4)
+    elsewhere = make_block(
+        done_outputs(pub_config, accounts, 1, dataset="/Prim/alice-other-v1/USER")
+    )
+    squatted = dataclasses.replace(
+        elsewhere, files=(dataclasses.replace(elsewhere.files[0], lfn=docs[0]["destination_lfn"]),)
+    )
+    catalog_of(pub_config, admin).publish_block(squatted)
+    run_publisher(pub_config)
+    assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
 
 
 def test_a_task_is_not_over_while_the_feed_shows_files_on_their_way(pub_config, accounts, admin):

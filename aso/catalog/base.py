@@ -54,10 +54,12 @@ class CatalogError(Exception):
 
 
 class BlockConflict(CatalogError):
-    """A block of that name exists with other files: never overwritten."""
+    """A block of that name exists with other files (never overwritten), or some of the
+    block's files are already in other blocks (`elsewhere`: LFN → the block holding it)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, elsewhere: Mapping[str, str] | None = None):
         super().__init__(message, retryable=False)
+        self.elsewhere = dict(elsewhere or {})
 
 
 def content_message(name: str, stored: list[str], wanted: list[str]) -> str:

@@ -377,7 +377,7 @@ class DbsCatalog(Catalog):
             return existing
         elsewhere = self._published_elsewhere(block)
         if elsewhere:
-            raise BlockConflict(elsewhere_message(block, elsewhere))
+            raise BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
         dump = block_dump(block, self.settings)
         try:
             self._call(
@@ -392,7 +392,7 @@ class DbsCatalog(Catalog):
                 return existing
             elsewhere = self._published_elsewhere(block)
             if elsewhere:
-                raise BlockConflict(elsewhere_message(block, elsewhere)) from None
+                raise BlockConflict(elsewhere_message(block, elsewhere), elsewhere) from None
             raise
         log.info("published block %s (%d files) to DBS", block.name, len(block.files))
         return True

@@ -215,7 +215,7 @@ class EmbeddedCatalog(Catalog):
         try:
             elsewhere = self._published_elsewhere(block)
             if elsewhere:
-                raise BlockConflict(elsewhere_message(block, elsewhere))
+                raise BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
             self._ensure_dataset(block)
             doc = block_document(block, self._clock())
             try:
