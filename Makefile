@@ -5,6 +5,7 @@
 #   make test   set up, then run the linter and the test suite (what CI runs)
 #   make stop   stop what `make run` started
 #   make bench  the scalability benchmark: the simulator at 2x, 4x, 8x design load (~13 min)
+#   make fuzz   the hostile-input suite's long run (~15 min; `make test` runs a bounded one)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -15,7 +16,7 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run demo stop test lint bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages clean
+.PHONY: help setup run demo stop test lint fuzz bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -23,6 +24,7 @@ help:
 	@echo "make test   - set up and run the linter and the test suite"
 	@echo "make stop   - stop what 'make run' started"
 	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min)"
+	@echo "make fuzz   - the hostile-input suite with many more generated cases (~15 min)"
 	@echo "make clean  - remove the virtual environment and installed Node packages (keeps var/)"
 
 setup: $(STAMPS)/system $(POUCHDB_SERVER) $(ASO)
@@ -58,6 +60,13 @@ lint: $(ASO)
 
 test: setup lint
 	$(VENV)/bin/pytest
+
+# tests/test_hostile.py with the "long" Hypothesis profile (tests/hostile_strategies.py): random
+# instead of derandomized, ASO_HYPOTHESIS_EXAMPLES per property (1000), failures kept in
+# var/hypothesis and tried first next time. No per-test timeout: a property runs for minutes.
+fuzz: setup
+	ASO_HYPOTHESIS_PROFILE=long $(VENV)/bin/pytest tests/test_hostile.py --timeout=0 \
+		--hypothesis-show-statistics --durations=0
 
 # The lifecycle simulator at 2x, 4x and 8x design load, each on a fresh store with every agent
 # (sim/bench_scale.py; plots to docs/bench/). The other benchmarks have targets of their own.

@@ -18,7 +18,9 @@ X-Auth-CouchDB-*, X-Forwarded-*) is dropped first, and cookies the store hands o
 back. Responses are streamed as they come (the `_changes` feed).
 
 Refusals are JSON answers in CouchDB's shape: 401 for a missing or bad certificate, 403 for a DN
-no one mapped, 413 for a body over `frontend.max_body`, 502 when the store is unreachable.
+no one mapped, 413 for a body over `frontend.max_body`, 400/403/405 for what the front end does
+not forward (aso.gate: store administration, malformed document bodies), 502 when the store is
+unreachable.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 
-from aso import model
+from aso import gate, model
 from aso.config import Config
 from aso.store import Server
 from aso.x509auth import Identity, Refused, TrustStore, verify_chain
@@ -280,6 +282,13 @@ class FrontEnd(resource.Resource):
         if who is None:
             log.warning("refused %s: DN %s is not mapped", _path(request), identity.dn)
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
+            return server.NOT_DONE_YET
+        request.content.seek(0)
+        refused = gate.check(request.method, request.path, request.content.read())
+        if refused is not None:
+            log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
+                        refused.reason)  # fmt: skip
+            _answer(request, refused.status, refused.error, refused.reason)
             return server.NOT_DONE_YET
         headers = self.identity.ready(who)
         if headers is not None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aso import jsvalues as js
 
 SCHEMA_VERSION = 1
 REQUEST_TYPE = "transfer_request"
@@ -347,8 +347,21 @@ class ModelError(ValueError):
     """A document or a change breaks the model; the message names the rule."""
 
 
-class SchemaError(ModelError):
-    pass
+class Refusal(ModelError):
+    """validate_doc_update's refusal: `reason` is the store's `forbidden` text, "[rule] ..."."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(message)
+        self.rule, self.message = rule, message
+
+    @property
+    def reason(self) -> str:
+        return f"[{self.rule}] {self.message}"
+
+
+class SchemaError(Refusal):
+    def __init__(self, message: str, rule: str = "schema"):
+        super().__init__(rule, message)
 
 
 class TransitionError(ModelError):
@@ -367,85 +380,92 @@ def now() -> float:
 
 
 # --- schema checking -------------------------------------------------------------------------
-_TYPE_CHECKS = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: (
-        isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and v == v
-        and v not in (float("inf"), float("-inf"))
-    ),
-    "boolean": lambda v: isinstance(v, bool),
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "null": lambda v: v is None,
-}
-
-
-def _type_name(value: Any) -> str:
-    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
-        if _TYPE_CHECKS[name](value):
-            return name
-    return type(value).__name__
+# Judged as validate_doc_update.js judges: values as JavaScript sees them (aso.jsvalues), checks
+# in the same order, the same messages, so that both refuse the same documents for the same
+# reason (tests/test_hostile_validation.py compares them on generated documents).
+MAX_SAFE_INTEGER = js.MAX_SAFE_INTEGER
+# The store's own members of a document (they are not the schema's); any other "_" member is
+# refused (CouchDB answers 400 to most before validation; `_attachments` reaches it).
+STORE_MEMBERS = ("_id", "_rev", "_revisions", "_deleted")
 
 
 def _check_value(path: str, value: Any, spec: Mapping[str, Any]) -> None:
     types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
-    kind = next((t for t in types if _TYPE_CHECKS[t](value)), None)
+    kind = next((t for t in types if js.is_type(value, t)), None)
     if kind is None:
-        raise SchemaError(f"{path} must be {' or '.join(types)}, not {_type_name(value)}")
-    if "enum" in spec and value not in spec["enum"]:
-        shown = ", ".join(str(v) for v in spec["enum"])
-        raise SchemaError(f"{path} must be one of {shown}, not {value!r}")
+        raise SchemaError(f"{path} must be {' or '.join(types)}, not {js.typeof(value)}")
+    if "enum" in spec and not any(js.same(value, item) for item in spec["enum"]):
+        # Array.join: strings as they are, null as nothing
+        shown = ", ".join(_joined(v) for v in spec["enum"])
+        raise SchemaError(f"{path} must be one of {shown}, not {js.stringify(value)}")
     if kind == "string":
-        if len(value) > spec.get("max", MAX_STRING):
-            raise SchemaError(f"{path} is longer than {spec.get('max', MAX_STRING)} characters")
-        if len(value) < spec.get("min_length", 0):
+        limit = spec.get("max") or MAX_STRING
+        if js.length(value) > limit:
+            raise SchemaError(f"{path} is longer than {limit} characters")
+        if spec.get("min_length") and js.length(value) < spec["min_length"]:
             raise SchemaError(f"{path} must not be empty")
-        if "pattern" in spec and not re.search(spec["pattern"], value):
-            raise SchemaError(f"{path} {value!r} does not match {spec['pattern']}")
+        if "pattern" in spec and not js.test(spec["pattern"], value):
+            raise SchemaError(f"{path} {js.stringify(value)} does not match {spec['pattern']}")
     elif kind in ("integer", "number"):
         if "min" in spec and value < spec["min"]:
             raise SchemaError(f"{path} must be >= {spec['min']}")
         if "max_value" in spec and value > spec["max_value"]:
             raise SchemaError(f"{path} must be <= {spec['max_value']}")
     elif kind == "array":
-        if len(value) > spec.get("max_items", 1000):
-            raise SchemaError(f"{path} has more than {spec.get('max_items', 1000)} items")
+        limit = spec.get("max_items") or 1000
+        if len(value) > limit:
+            raise SchemaError(f"{path} has more than {limit} items")
         for i, item in enumerate(value):
             _check_value(f"{path}[{i}]", item, spec["items"])
     elif kind == "object":
         _check_object(path, value, spec)
 
 
+def _joined(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else js.stringify(value)
+
+
 def _check_object(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
     if "values" in spec:
-        if len(value) > spec.get("max_keys", 1000):
-            raise SchemaError(f"{path} has more than {spec.get('max_keys', 1000)} keys")
-        for key, item in value.items():
-            _check_value(f"{path}.{key}", item, spec["values"])
+        limit = spec.get("max_keys") or 1000
+        if len(value) > limit:  # counted first: a hostile object is not walked
+            raise SchemaError(f"{path} has more than {limit} keys")
+        for key in js.keys(value):
+            _check_value(f"{path}.{key}", value[key], spec["values"])
         return
     for name in spec.get("required", []):
         if name not in value:
             raise SchemaError(f"{path}.{name} is required")
     fields = spec.get("fields", {})
-    for key, item in value.items():
-        if key.startswith("_") and path == "doc":
-            continue  # _id, _rev, _deleted... belong to the store
+    for key in js.keys(value):
+        if path == "doc" and key in STORE_MEMBERS:
+            continue
         if key not in fields:
             raise SchemaError(f"{path}.{key} is not a field of the schema")
-        _check_value(f"{path}.{key}", item, fields[key])
+        _check_value(f"{path}.{key}", value[key], fields[key])
+
+
+def doc_chars(doc: Mapping[str, Any]) -> int:
+    """A document's size as both sides measure it: its own fields (not the store's `_`
+    members, which differ between stores) as JSON.stringify writes them, in UTF-16 units."""
+    return js.length(js.stringify({k: v for k, v in doc.items() if not k.startswith("_")}))
 
 
 def check_schema(doc: Mapping[str, Any]) -> None:
-    """Raise SchemaError naming the first field that breaks the schema."""
+    """Raise SchemaError naming the first thing that makes `doc` no request (type, size, fields,
+    id, publication intent), in validate_doc_update's order and words."""
     if not isinstance(doc, Mapping):
         raise SchemaError("a request must be a JSON object")
-    if len(json.dumps(doc, separators=(",", ":"))) > MAX_DOC_CHARS:
+    kind = doc.get("type", js.UNDEFINED)
+    if not js.same(kind, REQUEST_TYPE):
+        raise SchemaError(
+            f"unknown document type {js.stringify(kind)}; expected {REQUEST_TYPE}", rule="type"
+        )
+    if doc_chars(doc) > MAX_DOC_CHARS:
         raise SchemaError(f"the document is larger than {MAX_DOC_CHARS} characters")
     _check_object("doc", doc, REQUEST_SCHEMA)
-    if "_id" in doc and not re.search(DOC_ID_PATTERN, str(doc["_id"])):
+    doc_id = doc.get("_id")
+    if not (isinstance(doc_id, str) and js.test(DOC_ID_PATTERN, doc_id)):
         raise SchemaError("doc._id must be the request id (sha256 of source_lfn)")
     if doc.get("publish") and doc.get("file_type") == "output" and "publish_info" not in doc:
         raise SchemaError("doc.publish_info is required when publish is true")
@@ -482,6 +502,164 @@ def is_final(doc: Mapping[str, Any]) -> bool:
     if doc.get(STATE) in ("failed", "killed"):
         return True
     return all(doc.get(axis) in FINAL[axis] for axis in AXES)
+
+
+# --- the store's validation, in Python -------------------------------------------------------
+def validate_doc_update(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, user_ctx: Mapping[str, Any]
+) -> None:
+    """What validate_doc_update.js decides for writing `new` over `old` (None: a creation) as
+    `user_ctx`: returns when the store lets the write through, raises Refusal with the store's
+    reason otherwise. A line-by-line twin of the JavaScript, so that every writer (and the
+    hostile-input tests) can know the store's verdict without asking it."""
+    if old is not None and old.get("_deleted") is True:
+        old = None  # a deleted request may be created again
+    # EMBEDDED_VALIDATES_BEFORE_CONFLICT: a stale write passes here and is the store's 409.
+    stale = old is not None and new.get("_rev", js.UNDEFINED) != old.get("_rev", js.UNDEFINED)
+    if stale and not js.truthy(new.get("_deleted", js.UNDEFINED)):
+        return
+    roles = user_ctx.get("roles") or []
+    is_admin = any(r in roles for r in ADMIN_ROLES)
+    is_agent = AGENT_ROLE in roles
+    doc_id = new.get("_id")
+    if doc_id is not None and not isinstance(doc_id, str):
+        raise Refusal("schema", "doc._id must be a string")
+    if isinstance(doc_id, str) and doc_id.startswith("_design/"):
+        if not is_admin:
+            raise Refusal("design", "only admins may change design documents")
+        return
+    if new.get("_deleted") is True:
+        _check_deletion(old, is_admin, is_agent)
+        return
+    kind = new.get("type")
+    if isinstance(kind, str) and kind == HEARTBEAT_TYPE:
+        _check_agent_doc(new, is_admin, is_agent)
+        return
+    check_schema(new)
+    name = user_ctx.get("name")
+    role = role_of(user_ctx, new)
+    if role is None:
+        raise Refusal(
+            "owner",
+            f"user {js.stringify(name)} may not write requests of user {js.stringify(new['user'])}",
+        )
+    if role == ADMIN:
+        return
+    if old is not None and role == OWNER and old.get("user") != name:
+        raise Refusal(
+            "owner",
+            f"user {js.stringify(name)} may not take over a request of user "
+            f"{js.stringify(old.get('user', js.UNDEFINED))}",
+        )
+    if old is None:
+        _check_creation(new, role, name)
+    else:
+        _check_update(new, old, role, name)
+
+
+def _check_deletion(old: Mapping[str, Any] | None, is_admin: bool, is_agent: bool) -> None:
+    if is_admin:
+        return
+    if is_agent and old is not None and (old.get("type") == HEARTBEAT_TYPE or is_final(old)):
+        return
+    if is_agent:
+        raise Refusal("delete", "agents may only delete finished requests")
+    raise Refusal("delete", "only agents (finished requests) and admins may delete documents")
+
+
+def _check_agent_doc(new: Mapping[str, Any], is_admin: bool, is_agent: bool) -> None:
+    if not is_agent and not is_admin:
+        raise Refusal("agent-doc", f"only agents write {HEARTBEAT_TYPE} documents")
+    _check_object("doc", new, HEARTBEAT_SCHEMA)
+    if not js.test(HEARTBEAT_ID_PATTERN, str(new.get("_id", ""))):
+        raise Refusal("schema", f"doc._id does not name a {HEARTBEAT_TYPE}")
+
+
+def _check_creation(new: Mapping[str, Any], role: str, name: str) -> None:
+    if role != OWNER:
+        raise Refusal("create", "only the owner (or an admin) may create a request")
+    for axis, allowed in CREATION.items():
+        if new[axis] not in allowed:
+            raise Refusal(
+                "create",
+                f"a request is created with {axis} {' or '.join(allowed)}, not {new[axis]}",
+            )
+    if len(new["history"]) != 1:
+        raise Refusal("history", "a new request has exactly one history entry")
+    entry = new["history"][0]
+    if entry["axis"] != STATE or entry["from"] is not None or entry["to"] != new[STATE]:
+        raise Refusal("history", "the first history entry must record the creation state")
+    if entry["by"] != name:
+        raise Refusal("history", f"history entries of an owner must be by {name}")
+
+
+def _check_update(new: Mapping[str, Any], old: Mapping[str, Any], role: str, name: str) -> None:
+    for field_name in IMMUTABLE:
+        if not js.same(new.get(field_name, js.UNDEFINED), old.get(field_name, js.UNDEFINED)):
+            raise Refusal("immutable", f"{field_name} cannot change after creation")
+    if role == OWNER:
+        _check_owner_fields(new, old)
+    old_history = old.get("history") or []
+    history = new["history"]
+    if len(history) < len(old_history):
+        raise Refusal("history", "history entries cannot be removed")
+    if not all(js.same(a, b) for a, b in zip(history, old_history, strict=False)):
+        raise Refusal("history", "history entries cannot be changed")
+    appended = history[len(old_history) :]
+    changed = sum(_check_axis(axis, new, old, appended, role, name) for axis in AXES)
+    if len(appended) != changed:
+        raise Refusal(
+            "history",
+            "history gets exactly one entry per state change "
+            f"({changed} changes, {len(appended)} entries)",
+        )
+    if role == OWNER and changed == 0:
+        raise Refusal("owner", "owners may only request a kill or a resubmission")
+
+
+def _check_owner_fields(new: Mapping[str, Any], old: Mapping[str, Any]) -> None:
+    for key in js.keys(new):
+        if key.startswith("_") or key in OWNER_MUTABLE:
+            continue
+        if not js.same(new[key], old.get(key, js.UNDEFINED)):
+            raise Refusal(
+                "owner", f"owners may only request a kill or a resubmission; {key} cannot change"
+            )
+    for key in js.keys(old):
+        if not key.startswith("_") and key not in new and key not in OWNER_MUTABLE:
+            raise Refusal(
+                "owner",
+                f"owners may only request a kill or a resubmission; {key} cannot be removed",
+            )
+
+
+def _check_axis(
+    axis: str, new: Mapping[str, Any], old: Mapping[str, Any], appended: list, role: str, name: str
+) -> int:
+    """1 if `axis` changed legally (with its history entry), 0 if it did not change."""
+    was, now_ = old.get(axis), new.get(axis)
+    if was == now_:
+        return 0
+    allowed = TRANSITIONS[axis].get((was, now_))
+    if not allowed:
+        raise Refusal("transition", f"{axis} cannot go from {was} to {now_}")
+    if role not in allowed:
+        raise Refusal(
+            "transition",
+            f"only {' or '.join(sorted(allowed))} may move {axis} "
+            f"from {was} to {now_}, not the {role}",
+        )
+    needs = AXIS_REQUIRES_STATE[axis]
+    if needs and new[STATE] != needs:
+        raise Refusal("transition", f"{axis} may only change while state is {needs}")
+    entries = [e for e in appended if (e["axis"], e["from"], e["to"]) == (axis, was, now_)]
+    if not entries:
+        raise Refusal(
+            "history", f"the change of {axis} from {was} to {now_} needs its history entry"
+        )
+    if role == OWNER and entries[-1]["by"] != name:
+        raise Refusal("history", f"history entries of an owner must be by {name}")
+    return 1
 
 
 @dataclass(frozen=True)
@@ -605,6 +783,8 @@ def validation_model() -> dict[str, Any]:
         "agent_schemas": {HEARTBEAT_TYPE: HEARTBEAT_SCHEMA},
         "agent_id_patterns": {HEARTBEAT_TYPE: HEARTBEAT_ID_PATTERN},
         "max_doc_chars": MAX_DOC_CHARS,
+        "max_safe_integer": MAX_SAFE_INTEGER,
+        "store_members": list(STORE_MEMBERS),
         "doc_id_pattern": DOC_ID_PATTERN,
         "axes": list(AXES),
         "states": {axis: list(values) for axis, values in STATES.items()},

@@ -47,6 +47,15 @@ EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a write based on a revision tha
                                  conflict is found (CouchDB: 409 first, no validation); the
                                  validation lets such a write pass so that both stores answer
                                  409 (validate_doc_update.js).
+EMBEDDED_CRASH_ON_NON_ADMIN_MAINTENANCE  (found by tests/test_hostile.py) a non-admin POST
+                                 /db/_compact or /db/_view_cleanup kills the server process
+                                 (an unhandled 401): the front end never forwards them
+                                 (aso/gate.py).
+EMBEDDED_500_ON_MALFORMED_DOCS   (found by tests/test_hostile.py) a document with an unknown "_"
+                                 member, a `_bulk_docs` entry that is not an object, or (before
+                                 validate_doc_update checked it) a non-string `_id` is a 500 there,
+                                 a 400 on CouchDB: the front end refuses them with a 400
+                                 (aso/gate.py), upload() never sends them (aso/upload.py).
 EMBEDDED_USERCTX_HAS_NO_DB       `userCtx.db` is missing in validate_doc_update: never read it
                                  (couchapp/asyncstageout/validate_doc_update.js).
 EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: identity forwarding is

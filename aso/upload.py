@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aso import jsvalues as js
 from aso import model
 from aso.store import Database
 
@@ -37,6 +38,9 @@ BATCH = 500
 
 @dataclass
 class UploadReport:
+    """Every document given ends in exactly one of the three, under its id (under "item N", its
+    place in the input, when it has no id of its own)."""
+
     recorded: list[str] = field(default_factory=list)  # new requests
     already: list[str] = field(default_factory=list)  # the same request existed
     refused: dict[str, str] = field(default_factory=dict)  # id → reason
@@ -47,27 +51,60 @@ class UploadReport:
 
 
 def _same_file(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in IDENTITY)
+    return all(js.same(a.get(k, js.UNDEFINED), b.get(k, js.UNDEFINED)) for k in IDENTITY)
 
 
-def upload(db: Database, docs: Iterable[Mapping[str, Any]]) -> UploadReport:
-    """Record requests (already built with model.new_request); one bulk write per BATCH."""
+def upload(db: Database, docs: Iterable[Any]) -> UploadReport:
+    """Record requests (built with model.new_request); one bulk write per BATCH. What cannot be
+    a new request is refused here, with the model's reason, and never sent."""
     report = UploadReport()
-    pending = list(docs)
+    pending = _screen(list(docs), report)
     for start in range(0, len(pending), BATCH):
         _upload_batch(db, pending[start : start + BATCH], report)
     return report
 
 
-def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadReport) -> None:
-    by_id: dict[str, Mapping[str, Any]] = {}
-    for doc in docs:
-        if doc["_id"] in by_id:
-            if not _same_file(by_id[doc["_id"]], doc):
-                report.refused[doc["_id"]] = "two different files with the same source LFN"
+def _screen(docs: list[Any], report: UploadReport) -> list[Mapping[str, Any]]:
+    """One document per id, in input order; an id whose documents do not all describe the same
+    valid new request is refused as a whole (which of them was meant is not known), so that it
+    ends in one place of the report whatever the batches."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for index, doc in enumerate(docs):
+        doc_id = doc.get("_id") if isinstance(doc, Mapping) else None
+        key = doc_id if isinstance(doc_id, str) else f"item {index}"
+        reason = refusal(doc)
+        if reason and key not in report.refused:
+            report.refused[key] = reason
+        groups.setdefault(key, []).append(doc)
+    chosen = []
+    for key, group in groups.items():
+        if key in report.refused:
             continue
-        by_id[doc["_id"]] = doc
-    results = db.bulk_write(list(by_id.values()))
+        if not all(_same_file(group[0], other) for other in group[1:]):
+            report.refused[key] = "two different files with the same source LFN"
+            continue
+        chosen.append(group[0])
+    return chosen
+
+
+def refusal(doc: Any) -> str | None:
+    """Why `doc` cannot be recorded as a new request (None: it can, as far as the model can tell
+    without knowing the user; the store judges that)."""
+    if not isinstance(doc, Mapping):
+        return "[schema] a request must be a JSON object"
+    members = sorted(k for k in doc if isinstance(k, str) and k.startswith("_") and k != "_id")
+    if members:
+        return f"[upload] {members[0]} belongs to updates: upload records new requests"
+    try:
+        model.check_schema(doc)
+    except model.SchemaError as error:
+        return error.reason
+    return None
+
+
+def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadReport) -> None:
+    by_id = {doc["_id"]: doc for doc in docs}
+    results = db.bulk_write(docs)
     conflicts = [r.id for r in results if r.conflict]
     existing = db.get_many(conflicts) if conflicts else {}
     for result in results:

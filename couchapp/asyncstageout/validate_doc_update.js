@@ -10,6 +10,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
     throw({forbidden: '[' + rule + '] ' + message});
   }
 
+  // Never obj.hasOwnProperty(k): a document may have a member of that name ({"hasOwnProperty":
+  // 1} made the store answer 500).
+  function has(obj, key) {
+    return Object.prototype.hasOwnProperty.call(obj, key);
+  }
+
   function hasRole(roles) {
     var mine = userCtx.roles || [];
     for (var i = 0; i < roles.length; i++) {
@@ -23,6 +29,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (Array.isArray(v)) { return 'array'; }
     if (typeof v === 'number') {
       if (!isFinite(v)) { return 'non-finite number'; }
+      // Past 2^53 two JSON numbers read as one double: what is stored is not what was sent.
+      if (Math.abs(v) > model.max_safe_integer) { return 'number beyond 2^53'; }
       return (v % 1 === 0) ? 'integer' : 'number';
     }
     return typeof v;  // string, boolean, object
@@ -68,21 +76,24 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var key;
     if (spec.values) {
       var n = 0;
-      for (key in obj) {
-        if (obj.hasOwnProperty(key)) { n++; checkValue(path + '.' + key, obj[key], spec.values); }
-      }
+      for (key in obj) { if (has(obj, key)) { n++; } }
+      // Counted before the values are checked: a hostile object is not walked.
       if (n > (spec.max_keys || 1000)) { refuse('schema', path + ' has more than ' + (spec.max_keys || 1000) + ' keys'); }
+      for (key in obj) {
+        if (has(obj, key)) { checkValue(path + '.' + key, obj[key], spec.values); }
+      }
       return;
     }
     var required = spec.required || [];
     for (var i = 0; i < required.length; i++) {
-      if (!obj.hasOwnProperty(required[i])) { refuse('schema', path + '.' + required[i] + ' is required'); }
+      if (!has(obj, required[i])) { refuse('schema', path + '.' + required[i] + ' is required'); }
     }
     var fields = spec.fields || {};
     for (key in obj) {
-      if (!obj.hasOwnProperty(key)) { continue; }
-      if (path === 'doc' && key.charAt(0) === '_') { continue; }  // _id, _rev, _revisions...
-      if (!fields.hasOwnProperty(key)) { refuse('schema', path + '.' + key + ' is not a field of the schema'); }
+      if (!has(obj, key)) { continue; }
+      // The store's own members; any other "_" member (_attachments) is no field of a request.
+      if (path === 'doc' && model.store_members.indexOf(key) !== -1) { continue; }
+      if (!has(fields, key)) { refuse('schema', path + '.' + key + ' is not a field of the schema'); }
       checkValue(path + '.' + key, obj[key], fields[key]);
     }
   }
@@ -97,9 +108,25 @@ function (newDoc, oldDoc, userCtx, secObj) {
       return true;
     }
     var key;
-    for (key in a) { if (a.hasOwnProperty(key) && (!b.hasOwnProperty(key) || !same(a[key], b[key]))) { return false; } }
-    for (key in b) { if (b.hasOwnProperty(key) && !a.hasOwnProperty(key)) { return false; } }
+    for (key in a) { if (has(a, key) && (!has(b, key) || !same(a[key], b[key]))) { return false; } }
+    for (key in b) { if (has(b, key) && !has(a, key)) { return false; } }
     return true;
+  }
+
+  // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
+  // property key).
+  function isAgentDoc(doc) {
+    return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
+  }
+
+  // What a document's size is measured on: its own fields, not the store's "_" members (which
+  // differ between stores), so that aso/model.py measures the same.
+  function ownFields(doc) {
+    var out = {};
+    for (var key in doc) {
+      if (has(doc, key) && key.charAt(0) !== '_') { out[key] = doc[key]; }
+    }
+    return out;
   }
 
   function isFinal(doc) {
@@ -123,6 +150,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var isAdmin = hasRole(model.admin_roles);
   var isAgent = hasRole([model.agent_role]);
 
+  // CouchDB refuses a non-string id before it asks; the embedded store does not (a 500 here).
+  if (newDoc._id !== undefined && typeof newDoc._id !== 'string') {
+    refuse('schema', 'doc._id must be a string');
+  }
+
   // Design documents: only admins (CouchDB refuses others before we run; say it anyway).
   if (newDoc._id.indexOf('_design/') === 0) {
     if (!isAdmin) { refuse('design', 'only admins may change design documents'); }
@@ -132,13 +164,13 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // Deletion: admins, or agents purging a finished request or an agent document.
   if (newDoc._deleted === true) {
     if (isAdmin) { return; }
-    if (isAgent && oldDoc && (model.agent_schemas.hasOwnProperty(oldDoc.type) || isFinal(oldDoc))) { return; }
+    if (isAgent && oldDoc && (isAgentDoc(oldDoc) || isFinal(oldDoc))) { return; }
     if (isAgent) { refuse('delete', 'agents may only delete finished requests'); }
     refuse('delete', 'only agents (finished requests) and admins may delete documents');
   }
 
   // Documents of the agents themselves (heartbeats): agents and admins write them.
-  if (model.agent_schemas.hasOwnProperty(newDoc.type)) {
+  if (isAgentDoc(newDoc)) {
     if (!isAgent && !isAdmin) { refuse('agent-doc', 'only agents write ' + newDoc.type + ' documents'); }
     checkObject('doc', newDoc, model.agent_schemas[newDoc.type]);
     if (!(new RegExp(model.agent_id_patterns[newDoc.type])).test(newDoc._id)) {
@@ -149,7 +181,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (newDoc.type !== model.request_type) {
     refuse('type', 'unknown document type ' + JSON.stringify(newDoc.type) + '; expected ' + model.request_type);
   }
-  if (JSON.stringify(newDoc).length > model.max_doc_chars) {
+  if (JSON.stringify(ownFields(newDoc)).length > model.max_doc_chars) {
     refuse('schema', 'the document is larger than ' + model.max_doc_chars + ' characters');
   }
   checkObject('doc', newDoc, model.schema);
@@ -175,7 +207,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (!oldDoc) {
     if (role !== 'owner') { refuse('create', 'only the owner (or an admin) may create a request'); }
     for (axis in model.creation) {
-      if (model.creation.hasOwnProperty(axis) && model.creation[axis].indexOf(newDoc[axis]) === -1) {
+      if (has(model.creation, axis) && model.creation[axis].indexOf(newDoc[axis]) === -1) {
         refuse('create', 'a request is created with ' + axis + ' ' + model.creation[axis].join(' or ') + ', not ' + newDoc[axis]);
       }
     }
@@ -197,12 +229,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // Owners change only the fields that record a kill, a resubmission or a publication reset.
   if (role === 'owner') {
     for (k in newDoc) {
-      if (newDoc.hasOwnProperty(k) && k.charAt(0) !== '_' && model.owner_mutable.indexOf(k) === -1 && !same(newDoc[k], oldDoc[k])) {
+      if (has(newDoc, k) && k.charAt(0) !== '_' && model.owner_mutable.indexOf(k) === -1 && !same(newDoc[k], oldDoc[k])) {
         refuse('owner', 'owners may only request a kill or a resubmission; ' + k + ' cannot change');
       }
     }
     for (k in oldDoc) {
-      if (oldDoc.hasOwnProperty(k) && k.charAt(0) !== '_' && !newDoc.hasOwnProperty(k) && model.owner_mutable.indexOf(k) === -1) {
+      if (has(oldDoc, k) && k.charAt(0) !== '_' && !has(newDoc, k) && model.owner_mutable.indexOf(k) === -1) {
         refuse('owner', 'owners may only request a kill or a resubmission; ' + k + ' cannot be removed');
       }
     }
