@@ -89,6 +89,10 @@ class RunOptions:
     hosts: int = 1  # agent hosts: `aso run --agents-only` processes, each with every agent
     chaos: ChaosPlan | None = None  # faults during the injection (sim/chaos.py)
     upload_patience: float = 180.0  # wall seconds a job's upload keeps being retried
+    # The service's own timings (None: production's defaults). Short ones let a short run see a
+    # dead host's leases and partitions pass on.
+    lease: float | None = None  # transfer.lease
+    heartbeat_expiry: float | None = None  # agents.heartbeat_expiry
 
 
 def sim_config(plan: Plan, options: RunOptions) -> Config:
@@ -134,6 +138,13 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     config.analytics.purge_after = 0.0
     config.analytics.summary_interval = min(config.analytics.summary_interval, 5.0)
     config.agents.instances = dict(options.instances)
+    if options.lease is not None:
+        config.transfer.lease = options.lease
+    if options.heartbeat_expiry is not None:
+        config.agents.heartbeat_expiry = options.heartbeat_expiry
+        config.agents.heartbeat_interval = min(
+            config.agents.heartbeat_interval, options.heartbeat_expiry / 4
+        )
     config.agents.log_dir = str(workdir / "log")
     return config
 

@@ -206,6 +206,7 @@ class Analysis:
         self.t0, self.compression, self.bucket = t0, compression, bucket
         self.counts: dict[str, Counter[int]] = defaultdict(Counter)
         self.latency: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        self.error_classes: Counter[str] = Counter()  # failed attempts by class
         self.events: list[tuple[float, int]] = []  # (simulated time, ±1) of the backlog
 
     def sim(self, t: float) -> float:
@@ -217,6 +218,9 @@ class Analysis:
     def add(self, doc: Mapping[str, Any]) -> None:
         created = float(doc["created"])
         self.counts["injected"][self.index(created)] += 1
+        for attempt in doc.get("attempts", []):
+            if attempt.get("outcome") == "failed":
+                self.error_classes[attempt.get("error_class") or "unknown"] += 1
         in_backlog = False
         done_at = None
         for entry in doc.get("history", []):
@@ -381,6 +385,7 @@ def work_by_host(
     instances) and, when a host was killed at a wall time, how long its unfinished files
     waited for their next move by anyone (the other host taking its partitions over)."""
     moves: Counter[str] = Counter()
+    before_kill: Counter[str] = Counter()
     waits: list[float] = []
     for doc in docs:
         history = doc.get("history", [])
@@ -388,6 +393,8 @@ def work_by_host(
             host = host_of(str(h.get("by", "")))
             if host in hosts:
                 moves[host] += 1
+                if killed is not None and h["at"] <= killed[1]:
+                    before_kill[host] += 1
         if killed is None:
             continue
         dead, at = killed
@@ -403,6 +410,10 @@ def work_by_host(
         "shares": {h: round(moves[h] / total, 3) if total else 0.0 for h in hosts},
     }
     if killed is not None:
+        total = sum(before_kill.values())
+        result["shares_before_kill"] = {
+            h: round(before_kill[h] / total, 3) if total else 0.0 for h in hosts
+        }
         result["killed"] = {"host": killed[0], "waits": percentiles(sorted(waits))}
         result["killed"]["files"] = len(waits)
         result["killed"]["max_wait"] = round(max(waits), 1) if waits else None
@@ -587,6 +598,7 @@ class Report:
             ),
             "cpu_cores": cpu_shares(self.samples),
             "resources": resources(self.samples),
+            "failed_attempts_by_class": dict(self.analysis.error_classes.most_common()),
             "accounting": self.accounting.to_dict(),
             "chaos": self.chaos,
             "hosts": self.hosts,
@@ -630,6 +642,9 @@ class Report:
         if self.hosts is not None:
             shares = " · ".join(f"{h} {v:.0%}" for h, v in self.hosts["shares"].items())
             line = f"hosts: share of the agents' moves {shares}"
+            if "shares_before_kill" in self.hosts:
+                before = self.hosts["shares_before_kill"].items()
+                line += " (before the kill: " + " · ".join(f"{h} {v:.0%}" for h, v in before) + ")"
             if "killed" in self.hosts:
                 k = self.hosts["killed"]
                 line += (

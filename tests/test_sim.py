@@ -13,8 +13,17 @@ import sys
 import pytest
 
 from aso import model
+from sim.chaos import ChaosPlan
 from sim.lifecycle import RunOptions, run_simulation
-from sim.report import Analysis, account, outcome, percentiles
+from sim.report import (
+    Analysis,
+    account,
+    check_catalog,
+    check_copies,
+    outcome,
+    percentiles,
+    work_by_host,
+)
 from sim.workload import Plan, Workload
 
 
@@ -167,6 +176,84 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     assert data["steady"]["ratio"] is not None and data["cpu_cores"]
     # The run had databases (and an agent account) of its own, dropped at its end.
     assert not [name for name in admin.all_dbs() if "_sim" in name]
+
+
+def test_copies_twice_at_once_and_the_catalog_are_checked():
+    docs = [walk(request(i), *FINISHED) for i in range(3)]
+    result = account([d["_id"] for d in docs], docs)
+    check_copies(result, [("a", 0.0, 5.0), ("a", 5.0, 9.0), ("b", 0.0, 5.0), ("b", 4.0, 6.0)])
+    assert result.copied_twice_at_once == ["b"] and result.copies_checked == 4
+    lfns = [d["destination_lfn"] for d in docs]
+    check_catalog(result, [lfns[0], lfns[0], lfns[1], "/store/user/nobody/x.root"], docs)
+    assert result.catalog_missing == [lfns[2]]
+    assert result.catalog_twice == [lfns[0]]
+    assert result.catalog_unexpected == ["/store/user/nobody/x.root"]
+    assert not result.exact and len(result.problems()) == 4
+    clean = account([d["_id"] for d in docs], docs)
+    check_copies(clean, [("a", 0.0, 5.0), ("a", 5.0, 9.0)])
+    check_catalog(clean, lfns, docs)
+    assert clean.exact, clean.problems()
+    assert "0 copied twice at once" in clean.counts_line()
+
+
+def test_work_by_host_and_the_wait_of_a_dead_hosts_files():
+    finished = walk(request(1), ("state", "acquired"), ("state", "submitted"), at=2000.0)
+    for h in finished["history"][1:]:
+        h["by"] = "sim2-0"
+    finished = walk(finished, ("state", "done"), at=2070.0)
+    finished["history"][-1]["by"] = "sim-0"
+    mine = walk(request(2), ("state", "acquired"), at=1990.0)
+    mine["history"][-1]["by"] = "sim-0"
+    split = work_by_host([finished, mine], ["sim", "sim2"], killed=("sim2", 2050.0))
+    assert split["moves"] == {"sim2": 2, "sim": 2}
+    assert split["shares_before_kill"] == {"sim": 0.333, "sim2": 0.667}
+    # The file sim2 left unfinished at its death moved again 20 s later.
+    assert split["killed"]["files"] == 1 and split["killed"]["max_wait"] == 20.0
+
+
+@pytest.mark.timeout(600)
+def test_a_chaos_run_loses_nothing(tmp_path):
+    """A short run with every fault of `aso sim --chaos` and a second agent host killed
+    midway: agents killed every 2 s, the embedded store killed and started twice, a storage
+    outage, a failing link. Nothing lost, nothing left unfinished, nothing copied twice at
+    once, the catalog exact."""
+    plan = Plan(
+        scale=3,
+        users=10,
+        sites=12,
+        interval=2.0,
+        duration=40.0,
+        mean_duration=2.0,
+        failure_rate=0.05,
+        retry_delay=1.0,
+        block_timeout=3.0,
+        jobs_per_task=(5, 20),
+    )
+    options = RunOptions(
+        workdir=tmp_path / "chaos",
+        sample_every=1.0,
+        drain_timeout=400.0,
+        bucket=5.0,
+        measure_ceiling=False,
+        progress=False,
+        hosts=2,
+        chaos=ChaosPlan(kill_every=2.0, store_down=1.0, kill_host="sim2", kill_host_at=0.3),
+        lease=20.0,
+        heartbeat_expiry=10.0,
+    )
+    report = run_simulation(plan, options)
+    accounting = report.accounting
+    assert accounting.exact, accounting.problems()
+    assert accounting.injected > 50 and accounting.copies_checked >= accounting.injected
+    assert accounting.catalog_files
+    chaos = report.chaos
+    assert chaos is not None
+    assert chaos["kills"] >= 5 and chaos["store_restarts"] == 2 and chaos["hosts_killed"] == 1
+    # The outages were felt: the storage's (connection) and the link's (service).
+    classes = report.analysis.error_classes
+    assert classes["connection"] > 0 and classes["service"] > 0, classes
+    assert report.hosts is not None and report.hosts["killed"]["files"] >= 0
+    assert set(report.hosts["shares_before_kill"]) == {"sim", "sim2"}
 
 
 @pytest.mark.parametrize(
