@@ -535,6 +535,9 @@ def _log_instance(instance: str) -> None:
     logging.setLogRecordFactory(factory)
 
 
+EXIT_RETRYABLE = 75  # sysexits' EX_TEMPFAIL: the store is down, full or overloaded
+
+
 def main() -> None:
     """Console entry point: run the app, turn known failures into one-line errors."""
     try:
@@ -542,7 +545,17 @@ def main() -> None:
     except (ConfigError, UsageError, CredentialError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(2)
-    except (StoreError, EmbeddedError, StorageError, model.ModelError, ValueError) as exc:
+    except StoreError as exc:
+        if not exc.retryable:
+            err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
+            sys.exit(1)
+        # A job wrapper retries on this code; every write ASO makes is idempotent (an upload
+        # again reports what the failed call did record as "already recorded").
+        err_console.print(
+            f"aso: error: {exc} (retryable: try again later)", markup=False, highlight=False
+        )
+        sys.exit(EXIT_RETRYABLE)
+    except (EmbeddedError, StorageError, model.ModelError, ValueError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -99,6 +99,12 @@ class StoreError(Exception):
         self.status, self.error, self.reason, self.url = status, error, reason, url
         super().__init__(f"{status} {error}: {reason}" if reason else f"{status} {error}")
 
+    @property
+    def retryable(self) -> bool:
+        """The same call may succeed later: the store unreachable (0), overloaded or failing
+        (408, 429, 5xx), or out of space (507; CouchDB answers a full disk with a 500)."""
+        return self.status in (0, 408, *RETRY_STATUSES, 507)
+
 
 class StoreUnavailable(StoreError):
     """The store could not be reached (after the configured retries)."""

@@ -190,6 +190,16 @@ def test_start_refuses_a_port_taken_by_another_server(store_config, tmp_path):
     assert "another server already answers" in one_line_error(result)
 
 
+def local_json(tmp_path) -> Path:
+    path = tmp_path / "one.json"
+    path.write_text(
+        '[{"task": "261121_1:alice_down", "job_id": "1", "source": "T2_CH_CERN", '
+        '"destination": "T2_DE_DESY", "source_lfn": "/store/temp/user/alice/d.root", '
+        '"destination_lfn": "/store/user/alice/d.root", "size": 5, "adler32": "0000000a"}]'
+    )
+    return path
+
+
 def test_upload_errors(tmp_path, store_config, files_db):
     path = tmp_path / "aso.toml"
     config = Config(source=path)
@@ -235,3 +245,10 @@ def test_upload_errors(tmp_path, store_config, files_db):
     bad.write_text("{not json")
     result = aso("upload", "--file", str(bad), config=path)
     assert result.returncode == 1 and "not valid JSON" in one_line_error(result)
+    # The store unreachable: a retryable error with its own exit code (EX_TEMPFAIL).
+    config.store = dataclasses.replace(config.store, url=f"http://127.0.0.1:{free_port()}")
+    path.write_text(render(config, show_secrets=True))
+    down = aso("upload", "--file", str(local_json(tmp_path)), config=path)
+    assert down.returncode == 75
+    message = one_line_error(down)
+    assert "cannot reach the store" in message and message.endswith("(retryable: try again later)")
