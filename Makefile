@@ -16,7 +16,7 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run demo stop test lint fuzz bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages clean
+.PHONY: help setup run demo stop test lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -25,6 +25,8 @@ help:
 	@echo "make stop   - stop what 'make run' started"
 	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min)"
 	@echo "make fuzz   - the hostile-input suite with many more generated cases (~15 min)"
+	@echo "make chaos  - 4x design with agents, store and storage failing; then a host killed (~25 min)"
+	@echo "make soak   - one simulated hour at 4x: memory and open files per process (~35 min)"
 	@echo "make clean  - remove the virtual environment and installed Node packages (keeps var/)"
 
 setup: $(STAMPS)/system $(POUCHDB_SERVER) $(ASO)
@@ -88,6 +90,22 @@ bench-locust: setup
 # The monitoring pages with 1M requests in the store (the filled store is kept in var/).
 bench-pages: setup
 	$(VENV)/bin/python -m sim.bench_pages
+
+# Chaos at 4x design (README: Chaos, soak and failures): agents killed every 5 s, the store
+# killed and restarted twice, a storage outage and a failing link; then two agent hosts, one
+# killed midway. Each prints the exact accounting and exits 1 if anything was lost.
+chaos: setup
+	rm -rf var/sim/chaos var/sim/hosts
+	$(VENV)/bin/aso sim --scale 4 --duration 5m --interval 10s --block-timeout 60 --chaos \
+	  --workdir var/sim/chaos
+	$(VENV)/bin/aso sim --scale 4 --duration 5m --interval 10s --block-timeout 60 --hosts 2 \
+	  --kill-host sim2 --workdir var/sim/hosts
+
+# One simulated hour at 4x design, twice as fast as real time (30 min): memory and open files
+# of every process at the start, middle and end (report.json: resources).
+soak: setup
+	rm -rf var/sim/soak
+	$(VENV)/bin/aso sim --scale 4 --duration 1h --compression 2 --workdir var/sim/soak
 
 clean:
 	rm -rf $(VENV) $(STAMPS) deploy/store/node_modules
