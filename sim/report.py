@@ -598,6 +598,14 @@ class Report:
             ),
             "cpu_cores": cpu_shares(self.samples),
             "resources": resources(self.samples),
+            "resource_samples": [
+                {
+                    "at": round(sample.at - self.started, 1),
+                    "rss_mb": {k: round(v / 1e6, 1) for k, v in sample.rss.items()},
+                    "fds": dict(sample.fds),
+                }
+                for sample in self.samples
+            ],
             "failed_attempts_by_class": dict(self.analysis.error_classes.most_common()),
             "accounting": self.accounting.to_dict(),
             "chaos": self.chaos,
