@@ -1,0 +1,96 @@
+"""A full disk under the real embedded store: uploads fail with a retryable error and write
+nothing of the refused call; once there is room again (and the store has been restarted: its
+LevelDB keeps refusing writes after an ENOSPC until then), the same upload succeeds, and the
+uploads that had succeeded report their files as already recorded.
+
+The store's data directory is a small tmpfs mounted for the test (root, as `make test` runs
+here); where mounting is not allowed the test says so and is skipped."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aso import model
+from aso.designdocs import init_databases
+from aso.embedded import EmbeddedStore, free_port
+from aso.store import Server, StoreError
+from aso.upload import upload
+from tests.conftest import make_config
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def batch(token: str, k: int) -> list[dict]:
+    return [
+        model.new_request(
+            user="alice",
+            task="261122_080000:alice_full",
+            job_id=str(k * 100 + i),
+            source="T2_CH_CERN",
+            destination="T2_DE_DESY",
+            source_lfn=f"/store/temp/user/alice/{token}/{k}_{i}.root",
+            destination_lfn=f"/store/user/alice/{token}/{k}_{i}.root",
+            size=1,
+            adler32="00000001",
+        )
+        for i in range(100)
+    ]
+
+
+def test_a_full_disk_is_a_retryable_error_that_writes_nothing(small_disk: Path):
+    config = make_config(small_disk, free_port())
+    store = EmbeddedStore(config)
+    store.start()
+    try:
+        admin = Server.from_config(config, account="admin")
+        init_databases(admin, config)
+        db = admin.db(config.store.files_db)
+        token = uuid.uuid4().hex[:8]
+        uploaded: list[list[dict]] = []
+        refused: StoreError | None = None
+        for k in range(1000):  # about 90 batches fill 6 MB
+            docs = batch(token, k)
+            try:
+                report = upload(db, docs)
+            except StoreError as exc:
+                refused = exc
+                break
+            assert report.ok and len(report.recorded) == 100
+            uploaded.append(docs)
+        assert refused is not None, "the disk never filled"
+        assert refused.retryable and refused.status == 500
+        assert "No space left on device" in str(refused)
+        # Nothing of the refused call was written: all or nothing, no half-written batch.
+        assert set(db.get_many(d["_id"] for d in docs).values()) == {None}
+        assert store.status().answering  # the store itself lives on, and reads work
+        assert db.get(uploaded[-1][-1]["_id"]) is not None
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+        store.stop()
+        store.start()
+        again = upload(db, docs)
+        assert len(again.recorded) == 100 and not again.refused
+        replayed = upload(db, uploaded[-1])  # a wrapper that retried a call that had worked
+        assert len(replayed.already) == 100 and not replayed.recorded
+    finally:
+        store.stop()
