@@ -240,6 +240,29 @@ def peer_chain(request: server.Request) -> list[x509.Certificate]:
     return chain
 
 
+class _Channel(http.HTTPChannel):
+    """Twisted's channel, but a line over MAX_LENGTH (16 KiB) gets an answer: Twisted drops such
+    a connection without a word, which a client cannot tell from a crash."""
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        first = getattr(self, "_HTTPChannel__first_line", 1)  # still reading the request line
+        status = b"414 URI Too Long" if first else b"431 Request Header Fields Too Large"
+        what = "request line" if first else "header line"
+        body = json.dumps(
+            {"error": "too_large", "reason": f"a {what} is limited to {self.MAX_LENGTH} bytes"}
+        ).encode()
+        head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+            status,
+            len(body),
+        )
+        self.transport.write(head + b"Connection: close\r\n\r\n" + body)
+        self.loseConnection()
+
+
+class _Site(server.Site):
+    protocol = _Channel  # HTTP/1.1 only: ASO's clients speak nothing else
+
+
 class FrontEnd(resource.Resource):
     isLeaf = True
 
@@ -410,7 +433,7 @@ def serve(config: Config) -> None:
     """Run the front end until SIGTERM/SIGINT."""
     root, tls = build(config)
     host, _, port = config.frontend.listen.rpartition(":")
-    site = server.Site(root)
+    site = _Site(root)
     site.displayTracebacks = False
     reactor.suggestThreadPoolSize(16)
     reactor.listenSSL(int(port), site, tls, interface=host)

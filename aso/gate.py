@@ -9,7 +9,8 @@ embedded store (EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE, EMBEDDED_CRASH_ON_NON_ADM
 
 Bodies of writes must be JSON that the store can judge: the embedded store answers 500 (or
 crashes) on a document that is not an object, a non-string `_id`, an unknown `_` member, or a
-`_bulk_docs` entry that is not an object (EMBEDDED_500_ON_MALFORMED_DOCS). Each refusal is an
+`_bulk_docs` entry that is not an object (EMBEDDED_500_ON_MALFORMED_DOCS), and it stores a
+document without its members named `__proto__` (EMBEDDED_DROPS_PROTO_MEMBERS). Each refusal is an
 HTTP answer in CouchDB's shape with a reason: 400 bad body or path, 403 not served here, 405
 method.
 """
@@ -139,7 +140,24 @@ def _document(doc: Any, doc_id: bytes | None, what: str = "the document") -> Gat
     special = sorted(k for k in doc if k.startswith("_") and k not in DOC_MEMBERS)
     if special:
         return GateRefusal(400, "doc_validation", f"Bad special document member: {special[0]}")
+    if _has_proto(doc):
+        return GateRefusal(400, "doc_validation", f"{what} has a member named __proto__, which "
+                           "the store would drop without a word")  # fmt: skip
     return None
+
+
+def _has_proto(value: Any) -> bool:
+    """A member named __proto__ anywhere (EMBEDDED_DROPS_PROTO_MEMBERS)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if "__proto__" in item:
+                return True
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _text(raw: bytes) -> str:

@@ -25,6 +25,9 @@ from typing import Any
 
 # Integers a double holds exactly; beyond them two different JSON numbers become the same value.
 MAX_SAFE_INTEGER = 2**53 - 1
+# A member of this name is an object's prototype once a JavaScript store copies the object:
+# the embedded store stores a document without it (EMBEDDED_DROPS_PROTO_MEMBERS).
+PROTO = "__proto__"
 BEYOND_SAFE = "number beyond 2^53"  # the type name both sides give such a number
 _ARRAY_INDEX = re.compile(r"^(0|[1-9][0-9]*)$")
 # JavaScript's \s (ECMA-262 WhiteSpace and LineTerminator).

@@ -431,6 +431,8 @@ def _check_object(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) 
         if len(value) > limit:  # counted first: a hostile object is not walked
             raise SchemaError(f"{path} has more than {limit} keys")
         for key in js.keys(value):
+            if key == js.PROTO:
+                raise SchemaError(f"{path} has a member named {js.PROTO}, which stores lose")
             _check_value(f"{path}.{key}", value[key], spec["values"])
         return
     for name in spec.get("required", []):

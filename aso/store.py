@@ -56,6 +56,11 @@ EMBEDDED_500_ON_MALFORMED_DOCS   (found by tests/test_hostile.py) a document wit
                                  validate_doc_update checked it) a non-string `_id` is a 500 there,
                                  a 400 on CouchDB: the front end refuses them with a 400
                                  (aso/gate.py), upload() never sends them (aso/upload.py).
+EMBEDDED_DROPS_PROTO_MEMBERS     (found by tests/test_hostile.py) a member named `__proto__`
+                                 inside a document (a lumi run) is dropped without a word: the
+                                 store keeps another document than the one it answered 201 for.
+                                 The model refuses such members; the front end and upload() never
+                                 send them.
 EMBEDDED_USERCTX_HAS_NO_DB       `userCtx.db` is missing in validate_doc_update: never read it
                                  (couchapp/asyncstageout/validate_doc_update.js).
 EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: identity forwarding is

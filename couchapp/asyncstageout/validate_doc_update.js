@@ -80,7 +80,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
       // Counted before the values are checked: a hostile object is not walked.
       if (n > (spec.max_keys || 1000)) { refuse('schema', path + ' has more than ' + (spec.max_keys || 1000) + ' keys'); }
       for (key in obj) {
-        if (has(obj, key)) { checkValue(path + '.' + key, obj[key], spec.values); }
+        if (!has(obj, key)) { continue; }
+        // Copying such an object makes it the copy's prototype: the member would be lost.
+        if (key === '__proto__') { refuse('schema', path + ' has a member named __proto__, which stores lose'); }
+        checkValue(path + '.' + key, obj[key], spec.values);
       }
       return;
     }
