@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -127,10 +128,12 @@ class Chaos(threading.Thread):
         hosts: Callable[[], dict[str, Any]],
         start: float,
         end: float,
+        tick: float | None = None,
     ):
         super().__init__(name="chaos", daemon=True)
         self.chaos, self.agents, self.store, self.hosts = chaos, agents, store, hosts
         self.start_at, self.end_at = start, end
+        self.tick = tick  # wall seconds between two injections: the store goes down just before one
         self.rng = random.Random(chaos.seed)
         self.log = ChaosLog()
         self._halt = threading.Event()
@@ -140,9 +143,18 @@ class Chaos(threading.Thread):
         span = self.end_at - self.start_at
         n = self.chaos.store_restarts
         times = [(self.start_at + span * (k + 1) / (n + 1), "store") for k in range(n)]
+        if self.tick:
+            # Half a second before the next injection, so that its uploads find the store down
+            # (and must be retried, as a job wrapper retries).
+            times = [(self._before_tick(at), what) for at, what in times]
         if self.chaos.kill_host:
             times.append((self.start_at + span * self.chaos.kill_host_at, "host"))
         return sorted(times)
+
+    def _before_tick(self, at: float) -> float:
+        assert self.tick
+        ticks = math.ceil((at - self.start_at) / self.tick)
+        return self.start_at + ticks * self.tick - min(0.5, self.tick / 4)
 
     def run(self) -> None:
         scheduled = self.plan_times()

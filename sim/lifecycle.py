@@ -482,6 +482,7 @@ class Simulation:
             hosts=lambda: dict(self.service.supervisors),
             start=started,
             end=started + self.plan.wall(self.plan.duration),
+            tick=self.plan.wall(self.plan.interval),
         )
         chaos.start()
         return chaos
