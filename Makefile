@@ -64,7 +64,7 @@ test: setup lint
 	$(VENV)/bin/pytest
 
 # tests/test_hostile.py with the "long" Hypothesis profile (tests/hostile_strategies.py): random
-# instead of derandomized, ASO_HYPOTHESIS_EXAMPLES per property (1000), failures kept in
+# instead of derandomized, ASO_HYPOTHESIS_EXAMPLES per property (600), failures kept in
 # var/hypothesis and tried first next time. No per-test timeout: a property runs for minutes.
 fuzz: setup
 	ASO_HYPOTHESIS_PROFILE=long $(VENV)/bin/pytest tests/test_hostile.py --timeout=0 \

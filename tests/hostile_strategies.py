@@ -33,7 +33,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "long",
-    max_examples=int(os.environ.get("ASO_HYPOTHESIS_EXAMPLES", "1000")),
+    max_examples=int(os.environ.get("ASO_HYPOTHESIS_EXAMPLES", "600")),
     deadline=None,
     database=DirectoryBasedExampleDatabase(
         Path(__file__).resolve().parent.parent / "var" / "hypothesis"
