@@ -95,14 +95,15 @@ def test_wrong_type_and_bad_toml_and_missing_file(tmp_path):
     assert result.returncode == 2 and "does not exist" in one_line_error(result)
 
 
-def test_unreachable_store_is_one_line_and_exit_1(tmp_path):
+def test_unreachable_store_is_one_line_and_a_retryable_exit(tmp_path):
     config = make_config(tmp_path, free_port(), retries=1)
     path = write_config(config)
     for command in (["db", "init"], ["request", "list"], ["request", "show", "abc"]):
         result = aso(*command, config=path)
-        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert result.returncode == 75, (command, result.stdout, result.stderr)  # EX_TEMPFAIL
         line = one_line_error(result)
         assert f"cannot reach the store at {config.store.url}" in line
+        assert line.endswith("(retryable: try again later)")
 
 
 def test_config_init_show_and_secrets(tmp_path):
