@@ -11,8 +11,8 @@ While the injection runs, a `Chaos` thread:
 
 Two faults are simulated-time windows of the plan, so the transfer service itself plays them
 (aso/transfer/sim.py): the storage of the busiest destination site stops for a while (files in
-flight to or from it fail with "connection refused") and the service fails the links out of a
-tenth of the sites for a while (class `service`).
+flight to or from it fail with "connection refused") and the service fails every link out of
+sites 000-009 for a while (a sixth of the traffic at 60 sites; class `service`).
 
 Afterwards the report checks, from the documents and the job table, what must hold whatever
 happened: every injected file final and in exactly one outcome, none copied twice at the same
@@ -133,7 +133,7 @@ class Chaos(threading.Thread):
         super().__init__(name="chaos", daemon=True)
         self.chaos, self.agents, self.store, self.hosts = chaos, agents, store, hosts
         self.start_at, self.end_at = start, end
-        self.tick = tick  # wall seconds between two injections: the store goes down just before one
+        self.tick = tick  # wall seconds between injections: the store goes down just before one
         self.rng = random.Random(chaos.seed)
         self.log = ChaosLog()
         self._halt = threading.Event()
@@ -144,8 +144,7 @@ class Chaos(threading.Thread):
         n = self.chaos.store_restarts
         times = [(self.start_at + span * (k + 1) / (n + 1), "store") for k in range(n)]
         if self.tick:
-            # Half a second before the next injection, so that its uploads find the store down
-            # (and must be retried, as a job wrapper retries).
+            # Half a second before the next injection, so that its uploads meet the store down.
             times = [(self._before_tick(at), what) for at, what in times]
         if self.chaos.kill_host:
             times.append((self.start_at + span * self.chaos.kill_host_at, "host"))

@@ -585,13 +585,11 @@ class Simulation:
         plan = self.plan
         bucket = self.options.bucket or default_bucket(plan.duration)
         analysis = Analysis(started, plan.compression, bucket)
-        db = self.service.admin.db(self.config.store.files_db)
-        requests: dict[str, dict[str, Any]] = {}
-        for batch in db.follow("0", batch=2000, include_docs=True):
-            for change in batch.results:
-                doc = change.get("doc")
-                if doc and doc.get("type") == model.REQUEST_TYPE and not change.get("deleted"):
-                    requests[doc["_id"]] = doc
+        requests = {
+            doc["_id"]: doc
+            for doc in self._all_docs(self.config.store.files_db)
+            if doc.get("type") == model.REQUEST_TYPE
+        }
         accounting = account(injected.ids, requests.values())
         check_copies(accounting, self._copies())
         check_catalog(accounting, self._catalog_lfns(), requests.values())

@@ -597,7 +597,7 @@ class Report:
                 round(rate / self.ceiling, 3) if rate is not None and self.ceiling else None
             ),
             "cpu_cores": cpu_shares(self.samples),
-            "resources": resources(self.samples),
+            "resources": self.resources,
             "resource_samples": [
                 {
                     "at": round(sample.at - self.started, 1),
@@ -666,8 +666,13 @@ class Report:
             lines.append(resources)
         return lines
 
+    @functools.cached_property
+    def resources(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Memory and open files per process (computed once: the JSON and the summary)."""
+        return resources(self.samples)
+
     def to_resources_line(self) -> str:
-        table = resources(self.samples)
+        table = self.resources
         if not table:
             return ""
         rss = max(table.items(), key=lambda kv: kv[1]["rss_mb"]["max"])

@@ -4,6 +4,7 @@ accounts on it for each test module."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -48,18 +49,24 @@ def write_config(config: Config) -> Path:
     return config.source
 
 
-@pytest.fixture(scope="session")
-def store_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
-    """The session's embedded store; its config (admin credentials included)."""
-    tmp = tmp_path_factory.mktemp("embedded")
+@contextlib.contextmanager
+def embedded_store(tmp: Path) -> Iterator[tuple[Config, EmbeddedStore]]:
+    """An embedded store of its own on a free port, data under `tmp`, stopped at the end."""
     config = make_config(tmp, free_port())
     write_config(config)
     embedded = EmbeddedStore(config)
     embedded.start()
     try:
-        yield config
+        yield config, embedded
     finally:
         embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def store_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
+    """The session's embedded store; its config (admin credentials included)."""
+    with embedded_store(tmp_path_factory.mktemp("embedded")) as (config, _):
+        yield config
 
 
 @pytest.fixture(scope="session")

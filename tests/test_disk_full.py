@@ -17,10 +17,9 @@ import pytest
 
 from aso import model
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore, free_port
 from aso.store import Server, StoreError
 from aso.upload import upload
-from tests.conftest import make_config
+from tests.conftest import embedded_store
 
 
 @pytest.fixture()
@@ -58,10 +57,7 @@ def batch(token: str, k: int) -> list[dict]:
 
 
 def test_a_full_disk_is_a_retryable_error_that_writes_nothing(small_disk: Path):
-    config = make_config(small_disk, free_port())
-    store = EmbeddedStore(config)
-    store.start()
-    try:
+    with embedded_store(small_disk) as (config, store):
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         db = admin.db(config.store.files_db)
@@ -92,5 +88,3 @@ def test_a_full_disk_is_a_retryable_error_that_writes_nothing(small_disk: Path):
         assert len(again.recorded) == 100 and not again.refused
         replayed = upload(db, uploaded[-1])  # a wrapper that retried a call that had worked
         assert len(replayed.already) == 100 and not replayed.recorded
-    finally:
-        store.stop()

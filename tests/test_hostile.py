@@ -50,12 +50,12 @@ from aso import model, openapi
 from aso import upload as upload_module
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore, free_port
+from aso.embedded import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
 from aso.pki import Pki
 from aso.store import Server
 from aso.upload import IDENTITY, upload
-from tests.conftest import make_config, sample_request, write_config
+from tests.conftest import embedded_store, sample_request, write_config
 from tests.hostile_strategies import LONG, json_values, mutated, requests, texts
 from tests.test_frontend import ASO, cert_files
 
@@ -92,19 +92,12 @@ class Store:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    tmp = tmp_path_factory.mktemp("hostile")
-    config = make_config(tmp, free_port())
-    write_config(config)
-    embedded = EmbeddedStore(config)
-    embedded.start()
-    try:
+    with embedded_store(tmp_path_factory.mktemp("hostile")) as (config, _):
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         for name, roles in ACCOUNTS.items():
             admin.put_user(name, PASSWORD, roles)
         yield Store(config, admin, config.store.files_db)
-    finally:
-        embedded.stop()
 
 
 @pytest.fixture(scope="module")
