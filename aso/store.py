@@ -40,7 +40,9 @@ EMBEDDED_STALE_PARAM             (found here) `update=false`/`stable` are ignore
 EMBEDDED_GZIP_BODIES             (found here) `/_config` there does not inflate gzip request
                                  bodies, which the client library sends by default: off.
 EMBEDDED_CONFIG_PATH             the server configuration lives at `/_config` there and at
-                                 `/_node/_local/_config` on CouchDB 3 (`Server.set_server_admin`).
+                                 `/_node/{node}/_config` on CouchDB 3 (`Server.node_config`,
+                                 `Server.set_server_admin`); its sections differ too (no
+                                 [chttpd], [chttpd_auth] or [cluster]).
 EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a write based on a revision that is not the
                                  current one (a create of an existing id, a stale update) runs
                                  validate_doc_update against the current document before the
@@ -66,6 +68,13 @@ EMBEDDED_USERCTX_HAS_NO_DB       `userCtx.db` is missing in validate_doc_update:
 EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: identity forwarding is
                                  the front end's business and uses basic auth with per-user
                                  accounts on the embedded store.
+EMBEDDED_SINGLE_NODE             (found by aso store check) `/_membership` answers one fixed node
+                                 and `GET /db` has no `cluster` member: there is one copy of each
+                                 document and q/n do not apply (aso/storecheck.py says so).
+EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
+                                 one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts,
+                                 ~780 docs/s per view build): one machine's load, and a crash
+                                 (EMBEDDED_CHANGES_FILTER_CRASH, ...) stops all of it.
 """
 
 from __future__ import annotations
@@ -382,9 +391,22 @@ class Server:
     def kind(self) -> str:
         """COUCHDB or EMBEDDED, from the welcome message (asked once)."""
         if self._kind is None:
-            welcome = self.info()
-            self._kind = EMBEDDED if "express-pouchdb" in welcome else COUCHDB
+            self._kind = kind_of(self.info())
         return self._kind
+
+    def membership(self) -> dict[str, Any]:
+        """`GET /_membership`: {all_nodes, cluster_nodes} (EMBEDDED_SINGLE_NODE)."""
+        return self.raw("GET", "/_membership")
+
+    def node_config(self, node: str = "_local") -> dict[str, dict[str, str]]:
+        """The configuration of one node, {section: {key: value}} (server admin only;
+        EMBEDDED_CONFIG_PATH: the embedded store has one, whatever `node` says)."""
+        return self.raw("GET", self._config_path(node))
+
+    def _config_path(self, node: str) -> str:
+        if self.kind == EMBEDDED:
+            return "/_config"
+        return f"/_node/{quote(node, safe='')}/_config"
 
     def session(self) -> dict[str, Any]:
         """The userCtx the store gives these credentials."""
@@ -420,8 +442,9 @@ class Server:
 
     def set_server_admin(self, name: str, password: str) -> None:
         """Create or change a server admin (EMBEDDED_CONFIG_PATH)."""
-        prefix = "/_config" if self.kind == EMBEDDED else "/_node/_local/_config"
-        self.raw("PUT", f"{prefix}/admins/{quote(name, safe='')}", body=password)
+        self.raw(
+            "PUT", f"{self._config_path('_local')}/admins/{quote(name, safe='')}", body=password
+        )
 
     def put_user(self, name: str, password: str, roles: Sequence[str]) -> bool:
         """Create or update a store account in `_users`; True if something changed."""
@@ -727,7 +750,7 @@ class Database:
         revision (a new revision would make every store re-check its view indexes).
         """
         body = {k: v for k, v in ddoc.items() if k not in ("_rev", "aso_signature")}
-        signature = content_signature(body)
+        signature = design_signature(ddoc)
         name = ddoc["_id"].removeprefix("_design/")
         current = self.get(ddoc["_id"])
         if current and current.get("aso_signature") == signature:
@@ -754,6 +777,17 @@ def _doc_path(doc_id: str) -> str:
 
 def content_signature(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def design_signature(ddoc: Mapping[str, Any]) -> str:
+    """The `aso_signature` `Database.push_design` stores with a design document: a stored one
+    whose signature is that of the wanted one is up to date."""
+    return content_signature({k: v for k, v in ddoc.items() if k not in ("_rev", "aso_signature")})
+
+
+def kind_of(welcome: Mapping[str, Any]) -> str:
+    """COUCHDB or EMBEDDED, from the answer to `GET /`."""
+    return EMBEDDED if "express-pouchdb" in welcome else COUCHDB
 
 
 def redact(url: str) -> str:
