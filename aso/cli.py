@@ -24,12 +24,12 @@ from aso import model
 from aso.cli_catalog import catalog_app
 from aso.cli_common import config_of as _config
 from aso.cli_frontend import certs_app, frontend_cmd
+from aso.cli_metrics import metrics_app
 from aso.cli_reconcile import reconcile_cmd
 from aso.cli_sim import sim_cmd
 from aso.cli_stats import stats_cmd
 from aso.cli_status import status_cmd
 from aso.cli_storage import storage_app
-from aso.cli_storecheck import store_check_cmd
 from aso.config import ConfigError
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedError, EmbeddedStore
@@ -58,7 +58,6 @@ db_app = typer.Typer(help="Databases, design documents and store accounts.", no_
 request_app = typer.Typer(help="Look at transfer requests.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(store_app, name="store")
-store_app.command("check")(store_check_cmd)
 app.add_typer(db_app, name="db")
 app.add_typer(request_app, name="request")
 app.add_typer(storage_app, name="storage")
@@ -69,6 +68,7 @@ app.command("stats")(stats_cmd)
 app.command("sim")(sim_cmd)
 app.command("frontend")(frontend_cmd)
 app.add_typer(certs_app, name="certs")
+app.add_typer(metrics_app, name="metrics")
 
 
 class UsageError(Exception):
@@ -497,11 +497,21 @@ def agent_cmd(
         typer.Option(help="Instance name (default: HOST-PID); unique among the agent's instances."),
     ] = None,
     once: Annotated[bool, typer.Option("--once", help="Run one cycle and stop.")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve metrics from this port upward (default: metrics.port; 0: none).",
+        ),
+    ] = None,
 ) -> None:
     """Run one agent instance in the foreground until Ctrl-C or SIGTERM."""
     if name not in AGENTS:
         raise UsageError(f"unknown agent {name!r}; one of {', '.join(AGENTS)}")
     config = _config(ctx)
+    if metrics_port is not None:
+        config.metrics.port = metrics_port
     agent = agent_class(name)(config, instance)
     _log_instance(agent.instance)
     runner = Runner(agent)

@@ -381,6 +381,24 @@ class FrontendConfig:
     )
 
 
+METRICS_PORT_SPAN = 100  # ports an agent tries from metrics.port upward
+
+
+@dataclass
+class MetricsConfig:
+    host: str = _key(
+        "127.0.0.1",
+        "Address the Prometheus metrics are served on (0.0.0.0: every interface, for a "
+        "Prometheus on another host).",
+    )
+    port: int = _key(
+        9400,
+        "First metrics port of the agents: each agent process takes the first free port from "
+        "here upward and records it in its heartbeat (`aso metrics targets`); 0: no metrics.",
+    )
+    frontend_port: int = _key(9399, "Metrics port of the front end; 0: no metrics.")
+
+
 @dataclass
 class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -403,6 +421,7 @@ class Config:
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: Path | None = field(default=None, metadata={"internal": True})
 
     @property
@@ -519,6 +538,9 @@ def _check_values(config: Config, label: str) -> None:
     host, _, port = config.frontend.listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise bad("frontend.listen must be host:port")
+    for name, span in (("port", METRICS_PORT_SPAN), ("frontend_port", 1)):
+        if not 0 <= getattr(config.metrics, name) <= 65536 - span:
+            raise bad(f"metrics.{name} must be a port number (0: no metrics)")
     if config.transfer.backend not in ("gfal", "fts3", "sim"):
         raise bad("transfer.backend must be gfal, fts3 or sim")
     if not 1 <= config.transfer.max_files_per_job <= 1000:

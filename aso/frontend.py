@@ -41,12 +41,13 @@ from urllib.parse import urlsplit
 
 from cryptography import x509
 from OpenSSL import SSL
+from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, protocol, reactor, threads
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 
-from aso import gate, model
+from aso import gate, metrics, model
 from aso.config import Config
 from aso.store import Server
 from aso.x509auth import Identity, Refused, TrustStore, verify_chain
@@ -286,8 +287,10 @@ class FrontEnd(resource.Resource):
         )  # fmt: skip
 
     def render(self, request: server.Request) -> Any:
+        _measure(request)
         length = request.getHeader(b"content-length")
         if length and length.isdigit() and int(length) > self.config.frontend.max_body:
+            metrics.FRONTEND_REFUSALS.labels("too_large").inc()
             _answer(
                 request,
                 413,
@@ -299,11 +302,13 @@ class FrontEnd(resource.Resource):
             identity = self.client_identity(request)
         except Refused as refused:
             log.warning("refused %s %s: %s", _method(request), _path(request), refused.reason)
+            metrics.FRONTEND_REFUSALS.labels("certificate").inc()
             _answer(request, refused.status, "unauthorized", refused.reason)
             return server.NOT_DONE_YET
         who = self.gridmap.lookup(identity.dn)
         if who is None:
             log.warning("refused %s: DN %s is not mapped", _path(request), identity.dn)
+            metrics.FRONTEND_REFUSALS.labels("unmapped").inc()
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return server.NOT_DONE_YET
         request.content.seek(0)
@@ -311,6 +316,7 @@ class FrontEnd(resource.Resource):
         if refused is not None:
             log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
                         refused.reason)  # fmt: skip
+            metrics.FRONTEND_REFUSALS.labels("gate").inc()
             _answer(request, refused.status, refused.error, refused.reason)
             return server.NOT_DONE_YET
         headers = self.identity.ready(who)
@@ -429,6 +435,31 @@ def build(config: Config) -> tuple[FrontEnd, ServerTLS]:
     return FrontEnd(config, trust, gridmap, identity), tls
 
 
+_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "COPY", "OPTIONS"}
+
+
+def _measure(request: server.Request) -> None:
+    """Count and time the request when its answer is finished (or its client went away)."""
+    started = time.monotonic()
+    method = request.method.decode("ascii", "replace")
+    method = method if method in _METHODS else "other"  # labels stay few, whatever is sent
+
+    def finished(result: Any) -> None:
+        metrics.FRONTEND_REQUESTS.labels(method, str(request.code)).inc()
+        metrics.FRONTEND_SECONDS.labels(method).observe(time.monotonic() - started)
+
+    request.notifyFinish().addBoth(finished)
+
+
+def serve_metrics(config: Config) -> None:
+    """The front end's Prometheus metrics, over plain HTTP on metrics.frontend_port."""
+    settings = config.metrics
+    if settings.frontend_port:
+        site = server.Site(MetricsResource())
+        reactor.listenTCP(settings.frontend_port, site, interface=settings.host)
+        log.info("metrics on http://%s:%d/metrics", settings.host, settings.frontend_port)
+
+
 def serve(config: Config) -> None:
     """Run the front end until SIGTERM/SIGINT."""
     root, tls = build(config)
@@ -437,6 +468,7 @@ def serve(config: Config) -> None:
     site.displayTracebacks = False
     reactor.suggestThreadPoolSize(16)
     reactor.listenSSL(int(port), site, tls, interface=host)
+    serve_metrics(config)
     log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
              config.store.url, config.frontend.auth)  # fmt: skip
     print(f"ASO front end listening on https://{host}:{port}", flush=True)

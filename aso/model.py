@@ -333,6 +333,7 @@ HEARTBEAT_SCHEMA: dict[str, Any] = {
             "values": {"type": ["number", "string", "null"], "max": 512},
         },
         "totals": {"type": "object", "max_keys": 50, "values": {"type": "number"}},
+        "metrics": {"type": ["string", "null"], "max": 300},  # host:port of its /metrics
     },
 }
 HEARTBEAT_ID_PATTERN = r"^heartbeat:[a-z][a-z0-9-]{0,63}:[^\s]{1,200}$"

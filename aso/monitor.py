@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model
+from aso import metrics, model
 from aso.store import Conflict, Database
 
 log = logging.getLogger("aso.monitor")
@@ -593,6 +593,7 @@ class Aggregator:
         }
         users = {"_id": LIVE_USERS_ID, "type": "monitor_live", "as_of": as_of}
         users["users"] = now_tally.users
+        metrics.export_summaries(totals, now_tally.links, now_tally.errors, live["backlog"])
         for doc in (live, links, users):
             self._put_live(doc)
 

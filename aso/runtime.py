@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model
+from aso import metrics, model
 from aso.config import Config
 from aso.store import Conflict, Database, Server, StoreError
 from aso.workqueue import ChangesWorkSet
@@ -100,6 +100,7 @@ class Heartbeat:
         self.started = time.time()
         self.cycles = 0
         self.totals: dict[str, float] = {}
+        self.metrics: str | None = None  # host:port of this instance's /metrics
         self._rev: str | None = None
 
     def beat(self, last_cycle: Mapping[str, Any] | None = None, stopped: bool = False) -> None:
@@ -116,6 +117,7 @@ class Heartbeat:
             "stopped": now if stopped else None,
             "cycles": self.cycles,
             "totals": self.totals,
+            "metrics": self.metrics,
         }
         if last_cycle is not None:
             doc["last_cycle"] = dict(last_cycle)
@@ -247,6 +249,7 @@ class Runner:
     def run(self, *, once: bool = False) -> None:
         agent = self.agent
         log.info("%s %s starting (store %s)", agent.name, agent.instance, agent.server.url)
+        self.serve_metrics()
         self._beat(force=True)
         if agent.kinds:
             self.workset.start()
@@ -258,6 +261,7 @@ class Runner:
                 except StoreError as exc:
                     # The store is down or refusing: back off, keep what we know, try again.
                     log.warning("%s %s: store error, retrying: %s", agent.name, agent.instance, exc)
+                    metrics.AGENT_STORE_ERRORS.labels(agent.name).inc()
                     self.stop_event.wait(min(30.0, self.config.agents.poll_interval))
                 if once:
                     break
@@ -281,7 +285,11 @@ class Runner:
         report: dict[str, Any] = {}
         if mine or not agent.kinds:
             report = agent.cycle(mine, self.membership, self.workset.docs)
-        report = {"work": len(mine), "seconds": round(time.monotonic() - started, 3), **report}
+        seconds = time.monotonic() - started
+        report = {"work": len(mine), "seconds": round(seconds, 3), **report}
+        metrics.AGENT_CYCLES.labels(agent.name).inc()
+        metrics.AGENT_CYCLE_SECONDS.labels(agent.name).observe(seconds)
+        metrics.AGENT_WORK.labels(agent.name).set(len(mine))
         self._last_cycle = report
         self.heartbeat.cycles += 1
         for key, value in report.items():
@@ -320,5 +328,16 @@ class Runner:
             )
         self.membership.live = live
 
+    def serve_metrics(self) -> None:
+        """Serve this instance's Prometheus metrics (metrics.port upward) and say where in the
+        heartbeat, for `aso metrics targets`."""
+        settings, agent = self.config.metrics, self.agent
+        port = metrics.serve_agent(settings.host, settings.port)
+        if port is not None:
+            self.heartbeat.metrics = metrics.address(settings.host, port)
+            metrics.AGENT_INFO.labels(agent.name, agent.instance, socket.gethostname()).set(1)
+
     def _apply_own_writes(self, docs: list[dict[str, Any]]) -> None:
+        before = {doc["_id"]: self.workset.docs.get(doc["_id"]) for doc in docs}
+        metrics.record_writes(self.agent.name, docs, {k: v for k, v in before.items() if v})
         self.workset.apply(docs)

@@ -94,7 +94,7 @@ from ibmcloudant.cloudant_v1 import CloudantV1, SecurityObject
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from aso import gridenv
+from aso import gridenv, metrics
 
 log = logging.getLogger("aso.store")
 
@@ -270,6 +270,7 @@ def _session(settings: Settings, retries: int, read_retries: int) -> requests.Se
         pool_connections=2, pool_maxsize=settings.pool_size, max_retries=retry, pool_block=False
     )
     session = requests.Session()
+    session.hooks["response"].append(metrics.observe_store_response)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
@@ -353,15 +354,19 @@ class Server:
         return cls(store.url, user, password, settings)
 
     # -- calling ------------------------------------------------------------------------------
-    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run one client-library call, turning its failures into StoreError subclasses."""
+    def call(self, fn: Any, *args: Any, _poll: bool = False, **kwargs: Any) -> Any:
+        """Run one client-library call, turning its failures into StoreError subclasses
+        (`_poll`: a long poll, which the client's read timeout may end as planned)."""
         try:
             return fn(*args, **kwargs).get_result()
         except ApiException as exc:
             raise _from_api(exc, self.url) from None
         except requests.exceptions.Timeout as exc:
+            if not _poll:
+                metrics.STORE_UNAVAILABLE.inc()
             raise StoreUnavailable(self.url, f"timed out ({_short(exc)})") from None
         except requests.exceptions.RequestException as exc:
+            metrics.STORE_UNAVAILABLE.inc()
             raise StoreUnavailable(self.url, _short(exc)) from None
 
     def raw(
@@ -373,15 +378,17 @@ class Server:
         body: Any = None,
         client: CloudantV1 | None = None,
         timeout: tuple[float, float] | None = None,
+        poll: bool = False,
     ) -> Any:
-        """A request the typed API lacks, through the same pooled, retrying session."""
+        """A request the typed API lacks, through the same pooled, retrying session (`poll`: a
+        long poll that our read timeout may end)."""
         client = client or self.client
         data = None if body is None else json.dumps(body)
         request = client.prepare_request(
             method, path, headers=dict(JSON_HEADERS), params=dict(params or {}), data=data
         )
         extra = {"timeout": timeout} if timeout else {}
-        return self.call(lambda: client.send(request, **extra))
+        return self.call(lambda: client.send(request, **extra), _poll=poll)
 
     # -- server -------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -572,6 +579,7 @@ class Database:
                 )
             else:
                 results.append(WriteResult(doc_id, True, rev=item.get("rev")))
+        metrics.count_bulk_conflicts(self.name, sum(r.conflict for r in results))
         return results
 
     def write_decided(
@@ -700,6 +708,7 @@ class Database:
                 body=body,
                 client=self.server.feed_client,
                 timeout=(self.server.settings.connect_timeout, wait + FEED_MARGIN),
+                poll=True,
             )
         except StoreUnavailable:
             # The poll was cut by our read timeout (or the connection dropped): if the store

@@ -14,12 +14,14 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from aso import model
 from aso.config import Config
@@ -32,6 +34,7 @@ from tests.conftest import sample_request, write_config
 
 ASO = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "aso")
 PAST = dt.datetime.now(dt.UTC) - dt.timedelta(days=60)
+METRICS: dict[str, str] = {}  # front end URL → host:port of its /metrics
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +74,7 @@ def frontend(
             mapfile=str(pki.root / "grid-mapfile"),
             secret="frontend-test-secret",
         ),
+        metrics=dataclasses.replace(store_config.metrics, frontend_port=free_port()),
     )
     write_config(config)
     log = base / "frontend.log"
@@ -85,6 +89,7 @@ def frontend(
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         PIDS[url] = process.pid
+        METRICS[url] = f"127.0.0.1:{config.metrics.frontend_port}"
         yield url
     finally:
         process.terminate()
@@ -441,3 +446,36 @@ def test_proxy_mode_sends_couchdb_proxy_authentication():
     }
     with pytest.raises(ValueError, match="secret"):
         ProxyAuth("", "sha256")
+
+
+def frontend_counts(frontend: str) -> Counter[tuple[str, ...]]:
+    """The front end's request and refusal counters, from its /metrics."""
+    text = requests.get(f"http://{METRICS[frontend]}/metrics", timeout=10).text
+    counts: Counter[tuple[str, ...]] = Counter()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "aso_frontend_requests_total":
+                counts[("requests", s.labels["method"], s.labels["code"])] += s.value
+            elif s.name == "aso_frontend_refusals_total":
+                counts[("refused", s.labels["reason"])] += s.value
+    return counts
+
+
+def test_metrics_count_answers_and_refusals(frontend, pki, files_db):
+    before = frontend_counts(frontend)
+    doc = sample_request("carol")
+    good = call(frontend, pki, cert_files(pki, "carol"), "POST", f"/{files_db}", json=doc)
+    assert good.status_code == 201, good.text
+    refused = call(frontend, pki, None, "GET", f"/{files_db}/{doc['_id']}")
+    assert refused.status_code == 401
+    unmapped = call(frontend, pki, credentials(pki, "unknown DN"), "GET", f"/{files_db}")
+    assert unmapped.status_code == 403
+    after = frontend_counts(frontend)
+    change = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert change == {
+        ("requests", "POST", "201"): 1,
+        ("requests", "GET", "401"): 1,
+        ("requests", "GET", "403"): 1,
+        ("refused", "certificate"): 1,
+        ("refused", "unmapped"): 1,
+    }
