@@ -30,6 +30,7 @@ from aso.cli_sim import sim_cmd
 from aso.cli_stats import stats_cmd
 from aso.cli_status import status_cmd
 from aso.cli_storage import storage_app
+from aso.cli_storecheck import store_check_cmd
 from aso.config import ConfigError
 from aso.designdocs import init_databases
 from aso.embedded import EmbeddedError, EmbeddedStore
@@ -58,6 +59,7 @@ db_app = typer.Typer(help="Databases, design documents and store accounts.", no_
 request_app = typer.Typer(help="Look at transfer requests.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(store_app, name="store")
+store_app.command("check")(store_check_cmd)
 app.add_typer(db_app, name="db")
 app.add_typer(request_app, name="request")
 app.add_typer(storage_app, name="storage")
