@@ -5,9 +5,14 @@ CouchDB cluster reaches."""
 
 from __future__ import annotations
 
+import configparser
 import copy
 import dataclasses
+import http.server
 import json
+import os
+import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -382,3 +387,77 @@ def test_the_checked_databases_are_those_db_init_makes(checked_config, admin):
         for ddoc in spec.design:
             stored: Any = admin.db(name).get(ddoc["_id"])
             assert stored["aso_signature"] == design_signature(ddoc), (name, ddoc["_id"])
+
+
+# --- deploy/couchdb ---------------------------------------------------------------------------
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "couchdb"
+
+
+def read_ini(*names: str) -> dict[str, dict[str, str]]:
+    """The files as CouchDB reads them (later files win, `;` comments), shaped like
+    GET /_node/_local/_config."""
+    parser = configparser.ConfigParser(inline_comment_prefixes=(";",), interpolation=None)
+    parser.read([DEPLOY / name for name in names])
+    return {section: dict(parser[section]) for section in parser.sections()}
+
+
+@pytest.mark.parametrize(
+    ("files", "nodes"), [(("local.ini",), 1), (("local.ini", "cluster.ini"), 3)]
+)
+def test_the_shipped_couchdb_config_passes_the_check(files, nodes):
+    config = proxy_config()
+    ini = read_ini(*files)
+    config.frontend.secret = ini["chttpd_auth"]["secret"]
+    welcome = couchdb_answers(config).welcome
+    findings = storecheck.check_node_config(ini, storecheck.expected_of(config), welcome, nodes)
+    assert not [f for f in findings if f.level == ERROR], findings
+    assert at(findings, OK, "proxy authentication: on, with the front end's secret and hash")
+    assert at(findings, OK, f"n={nodes}")
+    bind = ini["chttpd"]["bind_address"]
+    assert storecheck._is_loopback(bind) == (nodes == 1)
+
+
+def test_setup_cluster_script_sends_the_documented_actions(tmp_path):
+    """setup-cluster.sh against a recording HTTP server: the /_cluster_setup actions in order,
+    valid JSON bodies, the files database created with its q, no password on any command line."""
+    seen: list[tuple[str, str, Any]] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length).decode() if length else ""
+            seen.append((self.command, self.path, json.loads(body) if body else None))
+            assert self.headers["Authorization"].startswith("Basic ")
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"ok":true}')
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {"PATH": os.environ["PATH"], "COUCHDB_USER": "admin", "COUCHDB_PASSWORD": "pw-1",
+               "COUCHDB_PORT": str(server.server_address[1]), "ASO_FILES_Q": "8"}  # fmt: skip
+        hosts = ["127.0.0.1", "node2.example.org", "node3.example.org"]
+        script = str(DEPLOY / "setup-cluster.sh")
+        result = subprocess.run(
+            [script, *hosts], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    actions = [(body or {}).get("action") for method, path, body in seen if method == "POST"]
+    assert actions == ["enable_cluster", "enable_cluster", "add_node", "enable_cluster",
+                       "add_node", "finish_cluster"]  # fmt: skip
+    remote = [b for _, _, b in seen if b and b.get("remote_node")]
+    assert [b["remote_node"] for b in remote] == ["node2.example.org", "node3.example.org"]
+    assert all(b["node_count"] == "3" and b["remote_current_password"] == "pw-1" for b in remote)
+    assert ("PUT", "/asynctransfer?q=8", None) in seen
+    assert [p for m, p, _ in seen if m == "GET"] == ["/_cluster_setup", "/_membership"]
+    assert "pw-1" not in (DEPLOY / "setup-cluster.sh").read_text()
