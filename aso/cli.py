@@ -53,7 +53,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Show or create the configuration file.", no_args_is_help=True)
 store_app = typer.Typer(
-    help="Run the embedded document store (pouchdb-server).", no_args_is_help=True
+    help="The document store: run the embedded one (pouchdb-server), check any CouchDB.",
+    no_args_is_help=True,
 )
 db_app = typer.Typer(help="Databases, design documents and store accounts.", no_args_is_help=True)
 request_app = typer.Typer(help="Look at transfer requests.", no_args_is_help=True)
@@ -169,9 +170,22 @@ def config_init(
 
 # --- embedded store --------------------------------------------------------------------------
 @store_app.command("start")
-def store_start(ctx: typer.Context) -> None:
+def store_start(
+    ctx: typer.Context,
+    foreground: Annotated[
+        bool,
+        typer.Option(
+            "--foreground",
+            help="Become pouchdb-server (exec) and serve until stopped, for a service "
+            "manager (deploy/systemd/aso-store.service).",
+        ),
+    ] = False,
+) -> None:
     """Start pouchdb-server on the loopback address of store.url, data in embedded.data_dir."""
-    console.print(EmbeddedStore(_config(ctx)).start())
+    store = EmbeddedStore(_config(ctx))
+    if foreground:
+        store.serve()  # does not return
+    console.print(store.start())
 
 
 @store_app.command("stop")
