@@ -6,16 +6,26 @@ CouchDB 3 API, so a real CouchDB (`store.url`) replaces it with no code change.
 Layout of `embedded.data_dir`: `dbs/` (the databases), `config.json` (the server's own config,
 holding the hashed admin password), `pouchdb-server.pid`, `pouchdb-server.log` (the server's
 output, crash traces included) and `log.txt` (its request log).
+
+`start` runs the server detached (for `aso run` and `aso store start`); `serve` runs it in the
+foreground of the calling process, for a service manager (deploy/systemd/aso-store.service).
 """
 
 from __future__ import annotations
 
+import array
+import contextlib
 import os
+import select
 import shutil
+import signal
 import socket
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 from aso import procs
@@ -94,16 +104,7 @@ class EmbeddedStore:
     # -- start ----------------------------------------------------------------------------------
     def start(self) -> str:
         """Start the store (if it is not running) and make sure the admin account exists."""
-        if self.host not in LOOPBACK:
-            raise EmbeddedError(
-                f"the embedded store listens on loopback only; store.url has host {self.host!r}"
-            )
-        if self.url.startswith("https://"):
-            raise EmbeddedError("the embedded store speaks plain HTTP on loopback; use http://")
-        if not self.config.store.admin_password:
-            raise EmbeddedError(
-                "store.admin_password is empty; run `aso config init` to write a config file"
-            )
+        self._check_startable()
         pid = self._our_pid()
         if pid is None and self._answers():
             raise EmbeddedError(
@@ -117,11 +118,26 @@ class EmbeddedStore:
         self._ensure_admin()
         return message
 
-    def _spawn(self) -> int:
+    def _check_startable(self) -> None:
+        """Refuse a configuration the embedded store cannot serve."""
+        if self.host not in LOOPBACK:
+            raise EmbeddedError(
+                f"the embedded store listens on loopback only; store.url has host {self.host!r}"
+            )
+        if self.url.startswith("https://"):
+            raise EmbeddedError("the embedded store speaks plain HTTP on loopback; use http://")
+        if not self.config.store.admin_password:
+            raise EmbeddedError(
+                "store.admin_password is empty; run `aso config init` to write a config file"
+            )
+
+    def _server_argv(self) -> list[str]:
+        """pouchdb-server's command line (detached or in the foreground alike); makes its
+        directories, private to the owner (config.json holds the admin's password hash)."""
         command = self.server_command()
         (self.data_dir / "dbs").mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
-        argv = [
+        return [
             str(command),
             "--host",
             self.host,
@@ -134,6 +150,9 @@ class EmbeddedStore:
             "--no-stdout-logs",
             "--no-color",
         ]
+
+    def _spawn(self) -> int:
+        argv = self._server_argv()
         process = procs.spawn_detached(
             argv, cwd=self.data_dir, output=self.log_file, pid_file=self.pid_file
         )
@@ -181,6 +200,66 @@ class EmbeddedStore:
             return "(no log)"
         return " | ".join(text[-lines:]) or "(empty log)"
 
+    # -- foreground (a service manager supervises the server) -----------------------------------
+    def serve(self) -> NoReturn:
+        """Become pouchdb-server (exec: same pid, same arguments as `start`) and serve until
+        stopped, output on this process's stdout and stderr (journald under systemd).
+
+        A detached helper process waits for the server to answer, makes sure the admin account
+        exists and, under systemd (Type=notify), says READY=1. If the store cannot be made
+        usable (no answer within embedded.start_timeout, or the configured admin is not its
+        admin), the helper says why on stderr and stops the server: the service then fails
+        instead of serving half."""
+        self._check_startable()
+        pid = self._our_pid()
+        if pid is not None:
+            raise EmbeddedError(f"the embedded store already runs (pid {pid}); stop it first")
+        if self._answers():
+            raise EmbeddedError(
+                f"another server already answers at {redact(self.url)}; stop it or change store.url"
+            )
+        argv = self._server_argv()
+        server_pid = os.getpid()  # exec keeps the pid: the helper watches this one
+        self.pid_file.write_text(f"{server_pid}\n")
+        run_detached(lambda: self._finish_start(server_pid))
+        os.chdir(self.data_dir)  # pouchdb-server writes its request log (log.txt) in its cwd
+        # Python ignores SIGPIPE and SIGXFSZ; an exec keeps ignored signals ignored, so give
+        # the server the defaults it would get from a shell (as subprocess does for `start`).
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_DFL)
+        try:
+            os.execv(argv[0], argv)
+        except OSError as exc:
+            self.pid_file.unlink(missing_ok=True)
+            raise EmbeddedError(f"cannot run {argv[0]}: {exc}") from None
+
+    def _finish_start(self, server_pid: int) -> int:
+        """In the helper: wait for the server, make sure of the admin, tell systemd. Returns
+        the helper's exit status."""
+        deadline = time.monotonic() + self.config.embedded.start_timeout
+        while not self._answers():
+            if not procs.alive(server_pid):
+                return 1  # it died; its own output (just before this) says why
+            if time.monotonic() > deadline:
+                return self._give_up(
+                    server_pid,
+                    f"pouchdb-server did not answer within "
+                    f"{self.config.embedded.start_timeout:.0f} s",
+                )
+            time.sleep(0.2)
+        try:
+            self._ensure_admin()
+        except (EmbeddedError, StoreError) as exc:
+            return self._give_up(server_pid, str(exc))
+        notify_systemd(f"READY=1\nSTATUS=serving at {redact(self.url)}")
+        return 0
+
+    def _give_up(self, server_pid: int, reason: str) -> int:
+        print(f"aso store: {reason}; stopping pouchdb-server", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server_pid, signal.SIGTERM)  # the server only: its group holds this helper
+        return 1
+
     # -- stop -----------------------------------------------------------------------------------
     def stop(self, timeout: float = 10.0) -> str:
         pid = self._our_pid()
@@ -197,3 +276,63 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def run_detached(work: Callable[[], int]) -> None:
+    """Run `work` in a grandchild of this process and return at once (double fork). The
+    grandchild outlives an exec of this process, and init, not the exec'd program (which does
+    not wait() for children it did not start), collects its exit status. Its exit status is
+    what `work` returns (1 if it raised)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        if os.fork() == 0:
+            code = 1
+            try:
+                code = work()
+            except BaseException as exc:  # never return into the caller's code from here
+                print(f"aso store: {exc}", file=sys.stderr)
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        os._exit(0)
+    os.waitpid(child, 0)
+
+
+NOTIFY_BARRIER_TIMEOUT = 5.0  # seconds: sd_notify_barrier(3)'s default
+
+
+def notify_systemd(state: str) -> bool:
+    """sd_notify(3): send `state` (e.g. "READY=1") to the service manager when it asked for
+    it ($NOTIFY_SOCKET, Type=notify), then wait until it has read the message (a barrier): a
+    sender that exits at once may be gone before systemd looks up its unit, and the message
+    is then dropped. Returns whether a message was sent."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return False
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(state.encode())
+        _notify_barrier(sock)
+    return True
+
+
+def _notify_barrier(sock: socket.socket) -> None:
+    """Send BARRIER=1 with the write end of a pipe; the manager closes it once it has handled
+    every earlier message (an older systemd closes fds it does not want: the same signal)."""
+    read_end, write_end = os.pipe()
+    try:
+        fds = array.array("i", [write_end])
+        sock.sendmsg([b"BARRIER=1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        os.close(write_end)
+        write_end = -1
+        poller = select.poll()
+        poller.register(read_end, select.POLLHUP)
+        poller.poll(NOTIFY_BARRIER_TIMEOUT * 1000)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
