@@ -98,6 +98,12 @@ class StoreConfig:
 
 @dataclass
 class EmbeddedConfig:
+    enabled: bool = _key(
+        True,
+        "`aso run` starts the embedded store when nothing answers at a loopback store.url; "
+        "false where the store is a real CouchDB (one that is down is then an error, not "
+        "replaced by an empty embedded store).",
+    )
     data_dir: str = _key(
         "var/store", "Directory of the embedded store's data, pid file and log.", path=True
     )

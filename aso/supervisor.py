@@ -1,7 +1,8 @@
 """`aso run`: the whole service on one host, as supervised processes.
 
-It starts what this host needs and is not running yet (the embedded store, the databases and
-design documents, the embedded storage sites when the gfal service uses them), then the X.509
+It starts what this host needs and is not running yet (the embedded store, unless
+`embedded.enabled` is false; the databases and design documents; the embedded storage sites
+when the gfal service uses them), then the X.509
 front end (`frontend.enabled`) and every agent instance of `agents.instances`, each as its own
 process (`aso frontend`, `aso agent NAME --instance ...`), restarts one that dies (with a
 growing delay), and on Ctrl-C or SIGTERM stops them (SIGTERM, then SIGKILL after a grace
@@ -99,7 +100,8 @@ class Supervisor:
     def prepare(self) -> None:
         if not self.agents_only:
             store = EmbeddedStore(self.config)
-            if store.host_is_loopback() and not store.status().answering:
+            embedded = self.config.embedded.enabled and store.host_is_loopback()
+            if embedded and not store.status().answering:
                 log.info(store.start())
                 self.cleanups.append(("embedded store", store.stop))
             init_databases(Server.from_config(self.config, account="admin"), self.config)

@@ -257,3 +257,21 @@ def test_every_agent_killed_mid_work_loses_and_duplicates_nothing(service):
     )
     assert set(in_blocks) == {d["destination_lfn"] for d in done}
     assert set(in_blocks.values()) == {1}  # each file in exactly one block
+
+
+def test_run_does_not_replace_a_real_store_that_is_down(tmp_path):
+    """With embedded.enabled = false (a CouchDB host), a store that does not answer is a
+    one-line retryable error: no empty embedded store is started in its place."""
+    from tests.conftest import make_config, write_config
+
+    config = make_config(tmp_path, free_port())
+    config.embedded.enabled = False
+    config.store.retries = 0
+    write_config(config)
+    result = subprocess.run(
+        [ASO, "--config", str(config.source), "run"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 75, result.stderr
+    assert "retryable" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "store").exists()  # no embedded store's data directory
+    assert not our_processes(str(tmp_path))
