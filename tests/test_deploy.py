@@ -295,6 +295,8 @@ def test_compose_writes_a_config_aso_loads(compose: dict[str, Any]) -> None:
     config = loaded_config(compose)
     assert config.store.url.startswith("http://couchdb1.aso:")
     assert config.frontend.auth == "proxy"
+    # the image's user aso may write only under its home (the Dockerfile's useradd)
+    assert str(config.path(config.agents.log_dir)).startswith("/var/lib/aso/")
     assert config.transfer.backend == "fts3"
     secrets = {s["source"] for s in compose["services"]["agents-host-a"]["secrets"]}
     assert config.fts3.proxy == f"/run/secrets/{secrets.pop()}"
