@@ -16,7 +16,7 @@ STAMPS := .stamps
 POUCHDB_SERVER := deploy/store/node_modules/.bin/pouchdb-server
 CONFIG ?= aso.toml
 
-.PHONY: help setup run demo stop test lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages clean
+.PHONY: help setup run demo stop test lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages bench-metrics clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -79,6 +79,10 @@ bench-scale: setup
 
 bench-workqueue: setup
 	$(VENV)/bin/python -m sim.bench_workqueue
+
+# What the Prometheus metrics cost a store call: the same calls with the hook on and off.
+bench-metrics: setup
+	$(VENV)/bin/python -m sim.bench_metrics --rounds 30
 
 bench-frontend: setup
 	$(VENV)/bin/python -m sim.bench_frontend
