@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from urllib.parse import urlsplit
+from collections.abc import Callable
 
 import requests
 from rich.console import Console
@@ -29,36 +25,11 @@ from rich.progress import track
 from rich.table import Table
 
 from aso import metrics
-from aso.config import Config
-from aso.embedded import EmbeddedStore, free_port
 from aso.store import Database, Server
+from sim.benchstore import bench_store
 
 console = Console()
 MODES = ("metrics on", "metrics off")
-
-
-@contextmanager
-def store(url: str | None) -> Iterator[Server]:
-    """An admin Server: of `url`, or of a fresh embedded store stopped at the end."""
-    with tempfile.TemporaryDirectory(prefix="aso-bench-") as tmp:
-        config = Config(source=Path(tmp) / "aso.toml")
-        embedded = None
-        if url:
-            parts = urlsplit(url)
-            config.store.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 5984}"
-            config.store.admin_user = parts.username or "admin"
-            config.store.admin_password = parts.password or ""
-        else:
-            config.store.url = f"http://127.0.0.1:{free_port()}"
-            config.store.admin_password = "bench-admin"
-            config.embedded.data_dir = str(Path(tmp) / "store")
-            embedded = EmbeddedStore(config)
-            embedded.start()
-        try:
-            yield Server.from_config(config, account="admin")
-        finally:
-            if embedded:
-                embedded.stop()
 
 
 def set_metrics(server: Server, on: bool) -> None:
@@ -102,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", help="a store with admin credentials in the URL")
     args = parser.parse_args(argv)
 
-    with store(args.url) as server:
+    with bench_store(args.url) as (config, _):
+        server = Server.from_config(config, account="admin")
         kind = server.kind
         name = f"bench_metrics_{uuid.uuid4().hex[:8]}"
         server.create_db(name, {"admins": {"names": [], "roles": ["_admin"]}})

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import Progress
@@ -41,10 +39,10 @@ from rich.table import Table
 from aso import model
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore, free_port
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.store import Database, Server, Settings
 from aso.workqueue import ACTIVE, CLEAN, PUBLISH, SUBMIT, ChangesWorkSet, QueueView
+from sim.benchstore import bench_store
 
 console = Console()
 USER = "benchuser"
@@ -269,39 +267,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="aso-bench-") as tmp:
-        config = Config(source=Path(tmp) / "aso.toml")
+    with bench_store(args.url) as (config, embedded):
         config.store.agent_password = "bench-agent"
-        embedded = None
-        if args.url:
-            parts = urlsplit(args.url)
-            config.store.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 5984}"
-            config.store.admin_user = parts.username or "admin"
-            config.store.admin_password = parts.password or ""
-        else:
-            config.store.url = f"http://127.0.0.1:{free_port()}"
-            config.store.admin_password = "bench-admin"
-            config.embedded.data_dir = str(Path(tmp) / "store")
-            embedded = EmbeddedStore(config)
-            embedded.start()
-        try:
-            server = Server.from_config(config, account="admin")
-            server.put_user(USER, "bench-user", [model.USER_ROLE])
-            init_databases(server, config)  # creates the agent account
-            agent = Server.from_config(config, account="agent")
-            owner = Server(config.store.url, USER, "bench-user", Settings())
-            pid = embedded.status().pid if embedded else None
-            console.print(
-                f"store: {server.kind} at {config.store.url}; {args.files} files per "
-                f"strategy in rounds of {args.batch}"
-            )
-            tallies = run(
-                server, agent, owner, pid, args.files, args.batch, args.monitoring, config
-            )
-            report(tallies, pid, args.batch)
-        finally:
-            if embedded:
-                embedded.stop()
+        server = Server.from_config(config, account="admin")
+        server.put_user(USER, "bench-user", [model.USER_ROLE])
+        init_databases(server, config)  # creates the agent account
+        agent = Server.from_config(config, account="agent")
+        owner = Server(config.store.url, USER, "bench-user", Settings())
+        pid = embedded.status().pid if embedded else None
+        console.print(
+            f"store: {server.kind} at {config.store.url}; {args.files} files per "
+            f"strategy in rounds of {args.batch}"
+        )
+        tallies = run(server, agent, owner, pid, args.files, args.batch, args.monitoring, config)
+        report(tallies, pid, args.batch)
 
 
 if __name__ == "__main__":
