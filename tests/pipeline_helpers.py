@@ -67,6 +67,16 @@ def run_until(done: Callable[[], bool], runners: list[Runner], timeout: float = 
     raise AssertionError("the pipeline did not finish in time")
 
 
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def jobs_of(admin: Server, config: Config) -> list[dict[str, Any]]:
     rows = admin.db(config.store.transfers_db).server.call(
         admin.client.post_all_docs, db=config.store.transfers_db, include_docs=True

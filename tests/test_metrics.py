@@ -8,7 +8,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from aso.designdocs import init_databases
 from aso.embedded import free_port
 from aso.store import Server
 from tests.conftest import sample_request, write_config
+from tests.pipeline_helpers import wait_for
 
 ASO = str(Path(sys.executable).parent / "aso")
 AGENTS = ("submitter", "monitor", "retry-manager", "analytics")
@@ -145,15 +145,6 @@ def total(pages: list[dict[str, list[Any]]], name: str, **labels: str) -> float:
         for s in page.get(name, [])
         if all(s.labels.get(k) == v for k, v in labels.items())
     )
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_metrics_of_a_run_match_the_documents(metrics_config, admin, accounts):

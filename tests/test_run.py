@@ -23,6 +23,7 @@ from aso.config import load, render
 from aso.embedded import free_port
 from aso.storage import export_path
 from aso.store import Server, Settings, StoreUnavailable
+from tests.pipeline_helpers import wait_for
 from tests.storage_helpers import (
     assert_never_copied_twice_at_once,
     reachable_tmp_dir,
@@ -35,15 +36,6 @@ ASO = str(Path(sys.executable).parent / "aso")
 def our_processes(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eww" not in line]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
