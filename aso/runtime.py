@@ -338,6 +338,7 @@ class Runner:
             metrics.AGENT_INFO.labels(agent.name, agent.instance, socket.gethostname()).set(1)
 
     def _apply_own_writes(self, docs: list[dict[str, Any]]) -> None:
-        before = {doc["_id"]: self.workset.docs.get(doc["_id"]) for doc in docs}
-        metrics.record_writes(self.agent.name, docs, {k: v for k, v in before.items() if v})
+        known = self.workset.docs
+        before = {doc["_id"]: known[doc["_id"]] for doc in docs if doc["_id"] in known}
+        metrics.record_writes(self.agent.name, docs, before)
         self.workset.apply(docs)
