@@ -33,6 +33,16 @@ from tests.storage_helpers import (
 ASO = str(Path(sys.executable).parent / "aso")
 
 
+def service_logs(base: Path, tail: int = 3000) -> str:
+    """The end of `aso run`'s log and of every agent's, to say why a step did not happen."""
+    parts = []
+    for log in sorted(base.rglob("*.log")):
+        if "store" not in log.relative_to(base).parts:
+            text = log.read_text(errors="replace")[-tail:]
+            parts.append(f"--- {log.relative_to(base)} ---\n{text}")
+    return "\n".join(parts)
+
+
 def our_processes(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eww" not in line]
@@ -85,7 +95,7 @@ def test_run_demo_restart_and_clean_stop(service):
         text=True,
         timeout=300,
     )
-    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert demo.returncode == 0, demo.stdout + demo.stderr + service_logs(base)
     assert "200 of 200 done" in demo.stdout
     assert "through the front end at https://" in demo.stdout
     config = load(str(path))
@@ -157,7 +167,9 @@ def test_run_demo_restart_and_clean_stop(service):
         text=True,
         timeout=180,
     )
-    assert again.returncode == 0 and "6 of 6 done" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "6 of 6 done" in again.stdout, (
+        again.stdout + again.stderr + service_logs(base)
+    )
 
     # Heartbeats name every instance.
     url = config.store.url
