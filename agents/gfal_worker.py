@@ -92,7 +92,7 @@ class GfalWorker(Agent):
         now = time.time()
         report = {"claimed": 0, "started": 0, "renewed": 0}
         self.renew_leases(report)
-        free = self.config.gfal.workers - len(self.running)
+        free = self.config.gfal.workers - self.copies_running()
         # Our own jobs first: their files beyond the free slots wait here for a slot.
         held = [doc for doc in self.jobs.get_many(list(self.leases)).values() if doc]
         for doc in held:
@@ -149,21 +149,48 @@ class GfalWorker(Agent):
         for file_id, entry in sorted(doc["files"].items(), key=lambda kv: kv[1]["index"]):
             if started >= free:
                 break
-            if entry["state"] != PENDING or (doc["_id"], file_id) in self.running:
+            if entry["state"] != PENDING or self.is_running(doc["_id"], file_id):
                 continue
             if entry.get("not_before", 0) > time.time():
                 continue  # a retry waiting for its delay
-            self.running[(doc["_id"], file_id)] = self.pool.submit(
-                self.run_copy, doc["_id"], file_id
-            )
+            self.start_copy(doc["_id"], file_id)
             started += 1
         return started
 
+    # The table of running copies is written by the loop (a copy starts) and by the copy
+    # threads (a copy ends). Walking it while a copy ended raised "dictionary changed size
+    # during iteration" in the loop, which stopped the worker (and its jobs until their leases
+    # expired): every look at it holds the lock. A copy may end before `submit` returns; the
+    # done callback, added after the entry, then removes it at once: an ended copy never keeps
+    # a slot.
+    def start_copy(self, job_id: str, file_id: str) -> None:
+        key = (job_id, file_id)
+        future = self.pool.submit(self.run_copy, job_id, file_id)
+        with self.lock:
+            self.running[key] = future
+        future.add_done_callback(lambda _: self._copy_ended(key))
+
+    def _copy_ended(self, key: tuple[str, str]) -> None:
+        with self.lock:
+            self.running.pop(key, None)
+
+    def is_running(self, job_id: str, file_id: str) -> bool:
+        with self.lock:
+            return (job_id, file_id) in self.running
+
+    def copies_running(self) -> int:
+        with self.lock:
+            return len(self.running)
+
+    def jobs_copying(self) -> set[str]:
+        with self.lock:
+            return {job_id for job_id, _ in self.running}
+
     def renew_leases(self, report: dict[str, int]) -> None:
         now = time.time()
+        copying = self.jobs_copying()
         for job_id, until in list(self.leases.items()):
-            busy = any(key[0] == job_id for key in self.running)
-            if not busy and self.maybe_finish(job_id):
+            if job_id not in copying and self.maybe_finish(job_id):
                 continue
             if until - now > self.lease * 2 / 3:
                 continue
@@ -214,6 +241,9 @@ class GfalWorker(Agent):
             if current is None:
                 return
             entry = current["files"][file_id]
+            if entry["state"] != PENDING:
+                # Started from a job read just before an earlier copy of the file ended.
+                return
             if entry.get("ours"):
                 # A retry after our own failed run: what is at the destination is ours.
                 early = self.copier.resume(entry, current["params"])
@@ -256,9 +286,6 @@ class GfalWorker(Agent):
             )
         except Exception:
             log.exception("job %s file %s: copy crashed", job_id, file_id)
-        finally:
-            with self.lock:
-                self.running.pop((job_id, file_id), None)
 
     def update(self, job_id: str, mutate: Any) -> dict[str, Any] | None:
         """Our writes to a job, one at a time: copies of one job end together, and racing

@@ -1,0 +1,123 @@
+"""The gfal worker's own bookkeeping, with copies that need no storage: its loop and its copy
+threads share the table of running copies, and a busy machine may interleave them anyhow."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from agents.gfal_worker import GfalWorker
+from aso.config import Config
+from aso.transfer.base import DONE, FileTransfer, JobRequest
+from aso.transfer.gfalcopy import CopyResult
+from aso.transfer.jobstore import FINISHED, JobStore
+
+
+class QuickCopier:
+    """A copier whose copies take `seconds` and succeed: no storage needed."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        self.copies = 0
+
+    def precheck(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
+        return None
+
+    def copy(
+        self, entry: Mapping[str, Any], params: Mapping[str, Any], cancelled: Callable[[], bool]
+    ) -> CopyResult:
+        time.sleep(self.seconds)
+        self.copies += 1
+        return CopyResult(DONE, checksum=entry["adler32"])
+
+    def resume(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
+        return None
+
+
+class SlowWalk(dict):
+    """A table whose walk takes a while, as it does when the loop is descheduled mid-walk on a
+    busy machine: copies end meanwhile."""
+
+    def __iter__(self) -> Iterator[Any]:
+        for key in super().__iter__():
+            yield key
+            time.sleep(0.01)
+
+
+class EagerPool(ThreadPoolExecutor):
+    """A pool whose `submit` returns once the task has ended, as it may when the loop is
+    descheduled just after handing a quick copy to a thread."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = super().submit(fn, *args, **kwargs)
+        wait([future])
+        return future
+
+
+def job(n: int, files: int) -> JobRequest:
+    return JobRequest(
+        key=f"race-{n}-{uuid.uuid4()}",
+        files=tuple(
+            FileTransfer(
+                file_id=f"race-{n}-{i}",
+                source=f"root://127.0.0.1:1/store/temp/{n}/{i}",
+                destination=f"root://127.0.0.1:2/store/user/{n}/{i}",
+                size=1,
+                adler32="00000001",
+            )
+            for i in range(files)
+        ),
+        user="alice",
+        task="race",
+        source_site="T2_CH_CERN",
+        destination_site="T2_DE_DESY",
+    )
+
+
+def run_jobs(worker: GfalWorker, jobs: int, files: int) -> dict[str, str]:
+    """Submit the jobs, run the worker's rounds until they have all finished (or 120 s) and
+    the last copies' threads have ended; the jobs' states."""
+    table = JobStore(worker.server.db(worker.config.store.transfers_db), "gfal")
+    ids = table.create_many([job(n, files) for n in range(jobs)])
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            worker.work_once()
+            if all(doc and doc["state"] == FINISHED for doc in table.get_many(ids).values()):
+                break
+        for _ in range(100):
+            if not worker.copies_running():
+                break
+            time.sleep(0.05)
+    finally:
+        worker.close()
+    return {doc["_id"]: doc["state"] for doc in table.get_many(ids).values() if doc}
+
+
+def test_copies_ending_while_the_loop_walks_its_table_do_not_stop_it(sim_config: Config) -> None:
+    """The loop walks its table of running copies (to renew the leases of jobs still copying)
+    while copies end: it goes on, and every job finishes with each file copied once."""
+    copier = QuickCopier(seconds=0.02)
+    worker = GfalWorker(sim_config, "w-walk", copier=copier)
+    worker.running = SlowWalk()
+    states = run_jobs(worker, jobs=20, files=4)
+    assert set(states.values()) == {FINISHED} and len(states) == 20
+    assert copier.copies == 80
+    assert worker.running == {} and worker.leases == {}
+
+
+def test_a_copy_ending_before_it_is_recorded_as_started_keeps_no_slot(sim_config: Config) -> None:
+    """A copy that ends before the loop has recorded it as running is not counted as running
+    afterwards: a slot kept by an ended copy is lost until the worker restarts, and a job with
+    such a copy is never closed."""
+    copier = QuickCopier()
+    worker = GfalWorker(sim_config, "w-eager", copier=copier)
+    worker.pool.shutdown()
+    worker.pool = EagerPool(max_workers=4)
+    states = run_jobs(worker, jobs=5, files=3)
+    assert set(states.values()) == {FINISHED} and len(states) == 5
+    assert copier.copies == 15
+    assert worker.running == {} and worker.leases == {}
