@@ -230,6 +230,8 @@ class GfalWorker(Agent):
         doc = self.update(job_id, finish)
         if doc is None or doc["state"] == FINISHED:
             self.leases.pop(job_id, None)
+            with self.lock:  # no copy of it runs: its write lock is not needed any more
+                self.job_locks.pop(job_id, None)
             log.info("job %s finished", job_id)
             return True
         return False

@@ -106,7 +106,7 @@ def test_copies_ending_while_the_loop_walks_its_table_do_not_stop_it(sim_config:
     states = run_jobs(worker, jobs=20, files=4)
     assert set(states.values()) == {FINISHED} and len(states) == 20
     assert copier.copies == 80
-    assert worker.running == {} and worker.leases == {}
+    assert worker.running == {} and worker.leases == {} and worker.job_locks == {}
 
 
 def test_a_copy_ending_before_it_is_recorded_as_started_keeps_no_slot(sim_config: Config) -> None:
