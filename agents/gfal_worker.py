@@ -7,7 +7,10 @@ sites' storage endpoints, adler32-verified, overwrite as the job asks, each boun
 document file by file; cancel requests found there stop the copies they name.
 
 Restart safety: a worker that dies leaves its jobs leased; when the lease expires another worker
-(or the same one, restarted) claims them again and goes on with the files that have not ended.
+claims them again and goes on with the files that have not ended. A worker started again under
+the same instance name (its host's `aso run` or systemd restarts it, only after it has exited)
+takes back at once the jobs leased in that name that it does not hold itself: their holder is
+dead and its copies have ended with it, which is all a lease's expiry tells the others.
 A file found `active` was being copied by the dead worker: its destination is checked first
 (complete and verified: done; otherwise removed, then copied again). Two copies of one file
 never run at once: a job is run by the one worker holding its lease, which renews it while it
@@ -38,10 +41,13 @@ log = logging.getLogger("aso.agent.gfal_worker")
 RETRY_CLASSES = (errors.CONNECTION, errors.TIMEOUT)
 
 
-def claimable(doc: Mapping[str, Any], now: float) -> bool:
+def claimable(doc: Mapping[str, Any], now: float, predecessor: str | None = None) -> bool:
+    """Whether a worker may claim the job: queued, or running under an expired lease or one
+    taken by `predecessor` (an earlier process of the claiming worker's instance name)."""
     lease = doc.get("lease")
     return doc["state"] == QUEUED or (
-        doc["state"] == RUNNING and (not lease or lease["until"] < now)
+        doc["state"] == RUNNING
+        and (not lease or lease["until"] < now or lease.get("owner") == predecessor)
     )
 
 
@@ -106,7 +112,8 @@ class GfalWorker(Agent):
         for doc in self.jobs.unfinished(limit=50):
             if free <= 0:
                 break
-            if doc["_id"] in self.leases or not claimable(doc, now):
+            # A job leased in our name that this process does not hold was our predecessor's.
+            if doc["_id"] in self.leases or not claimable(doc, now, self.instance):
                 continue
             claimed = self.claim(doc, now)
             if claimed is None:
@@ -125,6 +132,7 @@ class GfalWorker(Agent):
         except Conflict:
             return None  # another worker was faster
         self.leases[doc["_id"]] = until
+        self.lost.discard(doc["_id"])  # lost once, ours again: its copies may run
         log.info(
             "job %s claimed (%d files, lease until %.0f)", doc["_id"], len(doc["files"]), until
         )

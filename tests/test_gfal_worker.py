@@ -11,9 +11,10 @@ from typing import Any
 
 from agents.gfal_worker import GfalWorker
 from aso.config import Config
-from aso.transfer.base import DONE, FileTransfer, JobRequest
+from aso.store import Server
+from aso.transfer.base import ACTIVE, DONE, FileTransfer, JobRequest
 from aso.transfer.gfalcopy import CopyResult
-from aso.transfer.jobstore import FINISHED, JobStore
+from aso.transfer.jobstore import FINISHED, RUNNING, JobStore
 
 
 class QuickCopier:
@@ -77,11 +78,17 @@ def job(n: int, files: int) -> JobRequest:
     )
 
 
-def run_jobs(worker: GfalWorker, jobs: int, files: int) -> dict[str, str]:
-    """Submit the jobs, run the worker's rounds until they have all finished (or 120 s) and
-    the last copies' threads have ended; the jobs' states."""
+def submit(config: Config, jobs: int, files: int) -> list[str]:
+    table = JobStore(
+        Server.from_config(config, account="agent").db(config.store.transfers_db), "gfal"
+    )
+    return table.create_many([job(n, files) for n in range(jobs)])
+
+
+def run_jobs(worker: GfalWorker, ids: list[str]) -> dict[str, str]:
+    """Run the worker's rounds until the jobs have all finished (or 120 s) and the last
+    copies' threads have ended; the jobs' states."""
     table = JobStore(worker.server.db(worker.config.store.transfers_db), "gfal")
-    ids = table.create_many([job(n, files) for n in range(jobs)])
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
@@ -103,7 +110,7 @@ def test_copies_ending_while_the_loop_walks_its_table_do_not_stop_it(sim_config:
     copier = QuickCopier(seconds=0.02)
     worker = GfalWorker(sim_config, "w-walk", copier=copier)
     worker.running = SlowWalk()
-    states = run_jobs(worker, jobs=20, files=4)
+    states = run_jobs(worker, submit(sim_config, jobs=20, files=4))
     assert set(states.values()) == {FINISHED} and len(states) == 20
     assert copier.copies == 80
     assert worker.running == {} and worker.leases == {} and worker.job_locks == {}
@@ -117,7 +124,45 @@ def test_a_copy_ending_before_it_is_recorded_as_started_keeps_no_slot(sim_config
     worker = GfalWorker(sim_config, "w-eager", copier=copier)
     worker.pool.shutdown()
     worker.pool = EagerPool(max_workers=4)
-    states = run_jobs(worker, jobs=5, files=3)
+    states = run_jobs(worker, submit(sim_config, jobs=5, files=3))
     assert set(states.values()) == {FINISHED} and len(states) == 5
     assert copier.copies == 15
     assert worker.running == {} and worker.leases == {}
+
+
+def test_a_restarted_worker_takes_back_its_predecessors_jobs_at_once(sim_config: Config) -> None:
+    """A job leased to a worker that died mid-copy (lease far from expiry, one file `active`):
+    another worker leaves it until the lease expires; the dead worker's instance started again
+    takes it at once, settles the orphaned file and finishes the job, the two runs of that file
+    one after the other."""
+    copier = QuickCopier()
+    table = JobStore(
+        Server.from_config(sim_config, account="agent").db(sim_config.store.transfers_db), "gfal"
+    )
+    [job_id] = table.create_many([job(0, 3)])
+    started = time.time()
+
+    def died_mid_copy(doc: dict[str, Any]) -> bool:
+        doc["state"] = RUNNING
+        doc["lease"] = {"owner": "w-restart", "until": started + 1000}
+        entry = doc["files"]["race-0-0"]
+        entry.update(state=ACTIVE, service_state="ACTIVE", started=started)
+        entry["runs"] = [{"worker": "w-restart", "start": started, "end": None}]
+        return True
+
+    table.update(job_id, died_mid_copy)
+    other = GfalWorker(sim_config, "w-other", copier=copier)
+    try:
+        assert other.work_once()["claimed"] == 0
+    finally:
+        other.close()
+    assert table.get_many([job_id])[job_id]["lease"]["owner"] == "w-restart"
+
+    again = GfalWorker(sim_config, "w-restart", copier=copier)
+    states = run_jobs(again, [job_id])
+    assert states == {job_id: FINISHED}
+    files = table.get_many([job_id])[job_id]["files"]
+    assert {entry["state"] for entry in files.values()} == {DONE}
+    assert copier.copies == 3
+    first, second = files["race-0-0"]["runs"]
+    assert first["end"] is not None and first["end"] <= second["start"]
