@@ -15,7 +15,9 @@ A file found `active` was being copied by the dead worker: its destination is ch
 (complete and verified: done; otherwise removed, then copied again). Two copies of one file
 never run at once: a job is run by the one worker holding its lease, which renews it while it
 works and stops its copies if it cannot renew it in time. Every copy run is recorded in the
-file's `runs` ({worker, start, end}) so that this can be checked, not assumed.
+file's `runs` ({worker, start, end}) so that this can be checked, not assumed. A worker that
+stops cleanly (SIGTERM: a drained host) stops its copies, hands their files back to be copied
+again (not failed attempts) and ends its leases, so that another worker takes its jobs at once.
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ class GfalWorker(Agent):
             try:
                 self.update(job_id, lambda d: self._extend(d, now + self.lease))
                 self.leases[job_id] = now + self.lease
+                self.lost.discard(job_id)  # renewed after all: its copies may run again
                 report["renewed"] += 1
             except Conflict:
                 # Another worker holds the job now (our lease ran out): stop our copies of it.
@@ -283,6 +286,9 @@ class GfalWorker(Agent):
                 result = self.copier.copy(
                     entry, doc["params"], lambda: self._cancelled(job_id, file_id)
                 )
+            if result.state == CANCELED and self.stopped_by_us(job_id, doc, file_id):
+                self.hand_back(job_id, file_id)
+                return
             if self.retryable(result, entry):
                 self.retry_later(job_id, file_id, result)
                 return
@@ -379,6 +385,48 @@ class GfalWorker(Agent):
 
         self.update(job_id, write)
 
+    def stopped_by_us(self, job_id: str, doc: Mapping[str, Any], file_id: str) -> bool:
+        """A copy cancelled because this worker is stopping or lost the job's lease, not
+        because its owner asked."""
+        asked = file_id in doc.get("cancel", {})
+        return not asked and (self.stop_copies.is_set() or job_id in self.lost)
+
+    def hand_back(self, job_id: str, file_id: str) -> None:
+        """A copy we stopped ourselves is not a failed attempt: the file is to be copied again
+        by whoever holds the job next, and what it left at the destination is ours. Written
+        only while we hold the lease: a worker that took the job settles the file itself."""
+
+        def back(doc: dict[str, Any]) -> bool:
+            entry = doc["files"][file_id]
+            if (doc.get("lease") or {}).get("owner") != self.instance or entry["state"] != ACTIVE:
+                return False
+            if entry.get("runs") and entry["runs"][-1]["end"] is None:
+                entry["runs"][-1].update(end=time.time(), reason="stopped by its worker")
+            entry.update(state=PENDING, service_state="SUBMITTED", ours=True)
+            return True
+
+        self.update(job_id, back)
+        log.info("job %s file %s: copy stopped by this worker, to be copied again", job_id, file_id)
+
+    def release_leases(self) -> None:
+        """On a clean stop, once our copies have ended: end our leases, so that another worker
+        takes our jobs at its next look instead of after the lease (a drained host's jobs)."""
+
+        def release(doc: dict[str, Any]) -> bool:
+            if (doc.get("lease") or {}).get("owner") != self.instance:
+                return False
+            doc["lease"] = None
+            return True
+
+        for job_id in list(self.leases):
+            try:
+                self.update(job_id, release)
+                log.info("job %s released: this worker is stopping", job_id)
+            except StoreError as exc:
+                log.warning("job %s keeps its lease until it expires: %s", job_id, exc)
+            self.leases.pop(job_id, None)
+
     def close(self) -> None:
         self.stop_copies.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.release_leases()

@@ -11,8 +11,9 @@ from typing import Any
 
 from agents.gfal_worker import GfalWorker
 from aso.config import Config
-from aso.store import Server
-from aso.transfer.base import ACTIVE, DONE, FileTransfer, JobRequest
+from aso.store import Database, Server
+from aso.transfer import errors
+from aso.transfer.base import ACTIVE, CANCELED, DONE, PENDING, FileTransfer, JobRequest
 from aso.transfer.gfalcopy import CopyResult
 from aso.transfer.jobstore import FINISHED, RUNNING, JobStore
 
@@ -78,11 +79,12 @@ def job(n: int, files: int) -> JobRequest:
     )
 
 
+def worker_db(config: Config) -> Database:
+    return Server.from_config(config, account="agent").db(config.store.transfers_db)
+
+
 def submit(config: Config, jobs: int, files: int) -> list[str]:
-    table = JobStore(
-        Server.from_config(config, account="agent").db(config.store.transfers_db), "gfal"
-    )
-    return table.create_many([job(n, files) for n in range(jobs)])
+    return JobStore(worker_db(config), "gfal").create_many([job(n, files) for n in range(jobs)])
 
 
 def run_jobs(worker: GfalWorker, ids: list[str]) -> dict[str, str]:
@@ -136,9 +138,7 @@ def test_a_restarted_worker_takes_back_its_predecessors_jobs_at_once(sim_config:
     takes it at once, settles the orphaned file and finishes the job, the two runs of that file
     one after the other."""
     copier = QuickCopier()
-    table = JobStore(
-        Server.from_config(sim_config, account="agent").db(sim_config.store.transfers_db), "gfal"
-    )
+    table = JobStore(worker_db(sim_config), "gfal")
     [job_id] = table.create_many([job(0, 3)])
     started = time.time()
 
@@ -166,3 +166,75 @@ def test_a_restarted_worker_takes_back_its_predecessors_jobs_at_once(sim_config:
     assert copier.copies == 3
     first, second = files["race-0-0"]["runs"]
     assert first["end"] is not None and first["end"] <= second["start"]
+
+
+class UntilCancelled(QuickCopier):
+    """A copier whose copies run until they are cancelled (long copies under way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    def copy(
+        self, entry: Mapping[str, Any], params: Mapping[str, Any], cancelled: Callable[[], bool]
+    ) -> CopyResult:
+        self.started += 1
+        while not cancelled():
+            time.sleep(0.01)
+        return CopyResult(CANCELED, "canceled by the client", errors.CANCELED)
+
+
+def test_a_worker_stopped_cleanly_hands_its_copies_and_jobs_back(sim_config: Config) -> None:
+    """A drained host: its worker stops with copies under way. They are not failed attempts:
+    the files are to be copied again (whatever they left at the destination is ours), and the
+    jobs' leases end with the worker, so another worker takes them at its next look and
+    finishes them."""
+    ids = submit(sim_config, jobs=2, files=3)
+    table = JobStore(worker_db(sim_config), "gfal")
+    slow = UntilCancelled()
+    draining = GfalWorker(sim_config, "w-drained", copier=slow)
+    draining.work_once()
+    deadline = time.monotonic() + 30
+    while slow.started < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    active = [
+        e
+        for doc in table.get_many(ids).values()
+        for e in doc["files"].values()
+        if e["state"] == ACTIVE
+    ]
+    assert len(active) == 6
+    draining.close()
+    for doc in table.get_many(ids).values():
+        assert doc["lease"] is None and doc["state"] == RUNNING
+        for entry in doc["files"].values():
+            assert entry["state"] == PENDING and entry["ours"] is True
+            [run] = entry["runs"]
+            assert run["worker"] == "w-drained" and run["end"] is not None
+
+    copier = QuickCopier()
+    successor = GfalWorker(sim_config, "w-next", copier=copier)
+    assert successor.work_once()["claimed"] == 2  # at once, not after the lease
+    assert run_jobs(successor, ids) == dict.fromkeys(ids, FINISHED)
+    assert copier.copies == 6
+    for doc in table.get_many(ids).values():
+        assert {e["state"] for e in doc["files"].values()} == {DONE}
+
+
+def test_a_user_cancel_is_not_handed_back(sim_config: Config) -> None:
+    """A copy cancelled because its owner asked ends `canceled`, stopping worker or not."""
+    [job_id] = submit(sim_config, jobs=1, files=1)
+    table = JobStore(worker_db(sim_config), "gfal")
+    slow = UntilCancelled()
+    worker = GfalWorker(sim_config, "w-cancel", copier=slow)
+    worker.work_once()
+    deadline = time.monotonic() + 30
+    while slow.started < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    table.request_cancel(job_id, None, time.time())
+    deadline = time.monotonic() + 30
+    while worker.copies_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.close()
+    [entry] = table.get_many([job_id])[job_id]["files"].values()
+    assert entry["state"] == CANCELED and entry["error_class"] == errors.CANCELED
