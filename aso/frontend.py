@@ -43,6 +43,7 @@ from cryptography import x509
 from OpenSSL import SSL
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, protocol, reactor, threads
+from twisted.internet.error import CannotListenError
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
@@ -452,12 +453,24 @@ def _measure(request: server.Request) -> None:
 
 
 def serve_metrics(config: Config) -> None:
-    """The front end's Prometheus metrics, over plain HTTP on metrics.frontend_port."""
+    """The front end's Prometheus metrics, over plain HTTP on metrics.frontend_port. A port
+    already taken turns the metrics off, loudly, not the front end: users keep their service."""
     settings = config.metrics
-    if settings.frontend_port:
-        site = server.Site(MetricsResource())
-        reactor.listenTCP(settings.frontend_port, site, interface=settings.host)
-        log.info("metrics on http://%s:%d/metrics", settings.host, settings.frontend_port)
+    if not settings.frontend_port:
+        return
+    try:
+        reactor.listenTCP(
+            settings.frontend_port, server.Site(MetricsResource()), interface=settings.host
+        )
+    except CannotListenError as exc:
+        log.error(
+            "metrics off: cannot listen on %s:%d (%s); set metrics.frontend_port to a free port",
+            settings.host,
+            settings.frontend_port,
+            exc.socketError,
+        )
+        return
+    log.info("metrics on http://%s:%d/metrics", settings.host, settings.frontend_port)
 
 
 def serve(config: Config) -> None:

@@ -10,12 +10,14 @@ import datetime as dt
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +57,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 PIDS: dict[str, int] = {}  # front end URL → its process
 
 
-@pytest.fixture(scope="module")
-def frontend(
-    store_config: Config, pki: Pki, files_db: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    base = tmp_path_factory.mktemp("frontend")
+def frontend_config(store_config: Config, pki: Pki, files_db: str, base: Path) -> Config:
+    """A front end of its own on free ports (TLS and metrics) before `files_db`."""
     port = free_port()
-    config = dataclasses.replace(
+    return dataclasses.replace(
         store_config,
         source=base / "aso.toml",
         store=dataclasses.replace(store_config.store, files_db=files_db),
@@ -76,13 +75,20 @@ def frontend(
         ),
         metrics=dataclasses.replace(store_config.metrics, frontend_port=free_port()),
     )
+
+
+@contextmanager
+def frontend_process(config: Config) -> Iterator[str]:
+    """`aso frontend` on `config` (written next to its source), until the block ends; its URL.
+    Its log is `frontend.log` in the same directory."""
+    assert config.source is not None
     write_config(config)
-    log = base / "frontend.log"
+    log = config.source.parent / "frontend.log"
     with open(log, "w") as out:
         process = subprocess.Popen(
             [ASO, "--config", str(config.source), "frontend"], stdout=out, stderr=subprocess.STDOUT
         )
-    url = f"https://127.0.0.1:{port}"
+    url = f"https://{config.frontend.listen}"
     try:
         deadline = time.monotonic() + 30
         while "listening" not in log.read_text():
@@ -94,6 +100,15 @@ def frontend(
     finally:
         process.terminate()
         process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def frontend(
+    store_config: Config, pki: Pki, files_db: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    base = tmp_path_factory.mktemp("frontend")
+    with frontend_process(frontend_config(store_config, pki, files_db, base)) as url:
+        yield url
 
 
 def call(url: str, pki: Pki, cert: Any, method: str, path: str, **kw: Any) -> requests.Response:
@@ -479,3 +494,19 @@ def test_metrics_count_answers_and_refusals(frontend, pki, files_db):
         ("refused", "certificate"): 1,
         ("refused", "unmapped"): 1,
     }
+
+
+def test_a_taken_metrics_port_turns_the_metrics_off_not_the_front_end(
+    store_config, pki, files_db, tmp_path
+):
+    """Another process holds metrics.frontend_port: the front end still serves its users and
+    says in its log that its metrics are off and why."""
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", config.metrics.frontend_port))
+        taken.listen()
+        with frontend_process(config) as url:
+            answer = call(url, pki, cert_files(pki, "carol"), "GET", f"/{files_db}")
+            assert answer.status_code == 200, answer.text
+    log = (tmp_path / "frontend.log").read_text()
+    assert f"metrics off: cannot listen on 127.0.0.1:{config.metrics.frontend_port}" in log
