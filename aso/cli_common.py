@@ -29,6 +29,9 @@ def config_of(ctx: typer.Context) -> Config:
             # The HTTP stack's own retry warnings would repeat what our one-line errors say.
             logging.getLogger("urllib3").setLevel(logging.ERROR)
             logging.getLogger("ibm_cloud_sdk_core").setLevel(logging.ERROR)
+            # gfal2 passes its plugins' protocol traces (every Davix request and answer) at
+            # INFO: ~160 lines a copy drowned the worker's one line per file.
+            logging.getLogger("gfal2").setLevel(logging.WARNING)
         obj["config"] = config
     return obj["config"]
 

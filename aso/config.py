@@ -118,7 +118,10 @@ class EmbeddedConfig:
 
 @dataclass
 class LogConfig:
-    level: str = _key("INFO", "Log level: DEBUG, INFO, WARNING or ERROR.")
+    level: str = _key(
+        "INFO",
+        "Log level: DEBUG, INFO, WARNING or ERROR (gfal2's protocol traces only with `-v`).",
+    )
 
 
 @dataclass

@@ -125,6 +125,15 @@ def test_run_demo_restart_and_clean_stop(service):
             "done",
         ]
 
+    # The gfal worker's log says what became of each file, in a few lines (gfal2's protocol
+    # traces stay out of it unless --verbose).
+    [worker_log] = base.rglob("gfal-worker-*.log")
+    lines = worker_log.read_text().splitlines()
+    for doc in done:
+        assert any(f"file {doc['_id']}: done" in line for line in lines), doc["_id"]
+    assert not [line for line in lines if "Davix" in line]
+    assert len(lines) < 10 * len(done)
+
     # The cleaner then removes every temporary copy, the destination being confirmed.
     def all_cleaned() -> bool:
         docs = admin.db("asynctransfer").get_many(d["_id"] for d in done).values()
