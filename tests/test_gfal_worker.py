@@ -16,6 +16,7 @@ from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, PENDING, FileTransfer, JobRequest
 from aso.transfer.gfalcopy import CopyResult
 from aso.transfer.jobstore import FINISHED, RUNNING, JobStore
+from tests.pipeline_helpers import wait_for
 
 
 class QuickCopier:
@@ -184,6 +185,15 @@ class UntilCancelled(QuickCopier):
         return CopyResult(CANCELED, "canceled by the client", errors.CANCELED)
 
 
+def copying(config: Config, name: str, copies: int) -> GfalWorker:
+    """A worker that has taken the submitted jobs, its first `copies` copies under way."""
+    slow = UntilCancelled()
+    worker = GfalWorker(config, name, copier=slow)
+    worker.work_once()
+    wait_for(lambda: slow.started >= copies, 30, f"{copies} copies to start")
+    return worker
+
+
 def test_a_worker_stopped_cleanly_hands_its_copies_and_jobs_back(sim_config: Config) -> None:
     """A drained host: its worker stops with copies under way. They are not failed attempts:
     the files are to be copied again (whatever they left at the destination is ours), and the
@@ -191,12 +201,7 @@ def test_a_worker_stopped_cleanly_hands_its_copies_and_jobs_back(sim_config: Con
     finishes them."""
     ids = submit(sim_config, jobs=2, files=3)
     table = JobStore(worker_db(sim_config), "gfal")
-    slow = UntilCancelled()
-    draining = GfalWorker(sim_config, "w-drained", copier=slow)
-    draining.work_once()
-    deadline = time.monotonic() + 30
-    while slow.started < 6 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    draining = copying(sim_config, "w-drained", 6)
     active = [
         e
         for doc in table.get_many(ids).values()
@@ -225,16 +230,9 @@ def test_a_user_cancel_is_not_handed_back(sim_config: Config) -> None:
     """A copy cancelled because its owner asked ends `canceled`, stopping worker or not."""
     [job_id] = submit(sim_config, jobs=1, files=1)
     table = JobStore(worker_db(sim_config), "gfal")
-    slow = UntilCancelled()
-    worker = GfalWorker(sim_config, "w-cancel", copier=slow)
-    worker.work_once()
-    deadline = time.monotonic() + 30
-    while slow.started < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    worker = copying(sim_config, "w-cancel", 1)
     table.request_cancel(job_id, None, time.time())
-    deadline = time.monotonic() + 30
-    while worker.copies_running() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not worker.copies_running(), 30, "the cancelled copy to end")
     worker.close()
     [entry] = table.get_many([job_id])[job_id]["files"].values()
     assert entry["state"] == CANCELED and entry["error_class"] == errors.CANCELED
