@@ -758,8 +758,8 @@ class Database:
         The comparison is by content signature, so a push of unchanged files makes no new
         revision (a new revision would make every store re-check its view indexes).
         """
-        body = {k: v for k, v in ddoc.items() if k not in ("_rev", "aso_signature")}
-        signature = design_signature(ddoc)
+        body = _design_body(ddoc)
+        signature = content_signature(body)
         name = ddoc["_id"].removeprefix("_design/")
         current = self.get(ddoc["_id"])
         if current and current.get("aso_signature") == signature:
@@ -791,7 +791,12 @@ def content_signature(doc: Mapping[str, Any]) -> str:
 def design_signature(ddoc: Mapping[str, Any]) -> str:
     """The `aso_signature` `Database.push_design` stores with a design document: a stored one
     whose signature is that of the wanted one is up to date."""
-    return content_signature({k: v for k, v in ddoc.items() if k not in ("_rev", "aso_signature")})
+    return content_signature(_design_body(ddoc))
+
+
+def _design_body(ddoc: Mapping[str, Any]) -> dict[str, Any]:
+    """A design document as it is signed and written: no revision, no signature."""
+    return {k: v for k, v in ddoc.items() if k not in ("_rev", "aso_signature")}
 
 
 def kind_of(welcome: Mapping[str, Any]) -> str:
