@@ -53,6 +53,12 @@ def claimable(doc: Mapping[str, Any], now: float, predecessor: str | None = None
     )
 
 
+def end_open_run(entry: dict[str, Any], now: float, **details: Any) -> None:
+    """End the file's copy run still open (in `runs`), if any, with `details` (a reason)."""
+    if entry.get("runs") and entry["runs"][-1]["end"] is None:
+        entry["runs"][-1].update(end=now, **details)
+
+
 class GfalWorker(Agent):
     """Not a files-database agent: its work is the job table. It reuses the runtime's
     identity, heartbeat and signal handling, and runs its own loop (`run`)."""
@@ -222,8 +228,12 @@ class GfalWorker(Agent):
                     )
                     self.lost.add(job_id)
 
+    def holds(self, doc: Mapping[str, Any]) -> bool:
+        """Whether the job's lease is this worker's."""
+        return (doc.get("lease") or {}).get("owner") == self.instance
+
     def _extend(self, doc: dict[str, Any], until: float) -> bool:
-        if (doc.get("lease") or {}).get("owner") != self.instance:
+        if not self.holds(doc):
             raise Conflict(409, "conflict", "lease taken by another worker")
         doc["lease"] = {"owner": self.instance, "until": until}
         return True
@@ -324,8 +334,7 @@ class GfalWorker(Agent):
         def again(doc: dict[str, Any]) -> bool:
             entry = doc["files"][file_id]
             now = time.time()
-            if entry.get("runs") and entry["runs"][-1]["end"] is None:
-                entry["runs"][-1].update(end=now, reason=result.reason)
+            end_open_run(entry, now, reason=result.reason)
             entry.update(
                 state=PENDING,
                 service_state="SUBMITTED",
@@ -349,7 +358,7 @@ class GfalWorker(Agent):
 
     def _mark_active(self, doc: dict[str, Any], file_id: str) -> bool:
         entry = doc["files"][file_id]
-        if entry["state"] != PENDING or (doc.get("lease") or {}).get("owner") != self.instance:
+        if entry["state"] != PENDING or not self.holds(doc):
             return False
         now = time.time()
         entry.update(state=ACTIVE, service_state="ACTIVE", started=now)
@@ -368,8 +377,8 @@ class GfalWorker(Agent):
         def write(doc: dict[str, Any]) -> bool:
             entry = doc["files"][file_id]
             now = time.time()
-            if ended_run and entry.get("runs") and entry["runs"][-1]["end"] is None:
-                entry["runs"][-1]["end"] = now
+            if ended_run:
+                end_open_run(entry, now)
             if result is None:  # to be copied again
                 entry.update(state=PENDING, service_state="SUBMITTED")
             else:
@@ -398,10 +407,9 @@ class GfalWorker(Agent):
 
         def back(doc: dict[str, Any]) -> bool:
             entry = doc["files"][file_id]
-            if (doc.get("lease") or {}).get("owner") != self.instance or entry["state"] != ACTIVE:
+            if not self.holds(doc) or entry["state"] != ACTIVE:
                 return False
-            if entry.get("runs") and entry["runs"][-1]["end"] is None:
-                entry["runs"][-1].update(end=time.time(), reason="stopped by its worker")
+            end_open_run(entry, time.time(), reason="stopped by its worker")
             entry.update(state=PENDING, service_state="SUBMITTED", ours=True)
             return True
 
@@ -413,7 +421,7 @@ class GfalWorker(Agent):
         takes our jobs at its next look instead of after the lease (a drained host's jobs)."""
 
         def release(doc: dict[str, Any]) -> bool:
-            if (doc.get("lease") or {}).get("owner") != self.instance:
+            if not self.holds(doc):
                 return False
             doc["lease"] = None
             return True

@@ -11,7 +11,7 @@ from typing import Any
 
 from agents.gfal_worker import GfalWorker
 from aso.config import Config
-from aso.store import Database, Server
+from aso.store import Server
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, PENDING, FileTransfer, JobRequest
 from aso.transfer.gfalcopy import CopyResult
@@ -80,18 +80,21 @@ def job(n: int, files: int) -> JobRequest:
     )
 
 
-def worker_db(config: Config) -> Database:
-    return Server.from_config(config, account="agent").db(config.store.transfers_db)
+def job_table(config: Config) -> JobStore:
+    """The gfal service's job table, as an agent sees it."""
+    return JobStore(
+        Server.from_config(config, account="agent").db(config.store.transfers_db), "gfal"
+    )
 
 
 def submit(config: Config, jobs: int, files: int) -> list[str]:
-    return JobStore(worker_db(config), "gfal").create_many([job(n, files) for n in range(jobs)])
+    return job_table(config).create_many([job(n, files) for n in range(jobs)])
 
 
 def run_jobs(worker: GfalWorker, ids: list[str]) -> dict[str, str]:
     """Run the worker's rounds until the jobs have all finished (or 120 s) and the last
     copies' threads have ended; the jobs' states."""
-    table = JobStore(worker.server.db(worker.config.store.transfers_db), "gfal")
+    table = worker.jobs
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
@@ -139,7 +142,7 @@ def test_a_restarted_worker_takes_back_its_predecessors_jobs_at_once(sim_config:
     takes it at once, settles the orphaned file and finishes the job, the two runs of that file
     one after the other."""
     copier = QuickCopier()
-    table = JobStore(worker_db(sim_config), "gfal")
+    table = job_table(sim_config)
     [job_id] = table.create_many([job(0, 3)])
     started = time.time()
 
@@ -200,7 +203,7 @@ def test_a_worker_stopped_cleanly_hands_its_copies_and_jobs_back(sim_config: Con
     jobs' leases end with the worker, so another worker takes them at its next look and
     finishes them."""
     ids = submit(sim_config, jobs=2, files=3)
-    table = JobStore(worker_db(sim_config), "gfal")
+    table = job_table(sim_config)
     draining = copying(sim_config, "w-drained", 6)
     active = [
         e
@@ -229,7 +232,7 @@ def test_a_worker_stopped_cleanly_hands_its_copies_and_jobs_back(sim_config: Con
 def test_a_user_cancel_is_not_handed_back(sim_config: Config) -> None:
     """A copy cancelled because its owner asked ends `canceled`, stopping worker or not."""
     [job_id] = submit(sim_config, jobs=1, files=1)
-    table = JobStore(worker_db(sim_config), "gfal")
+    table = job_table(sim_config)
     worker = copying(sim_config, "w-cancel", 1)
     table.request_cancel(job_id, None, time.time())
     wait_for(lambda: not worker.copies_running(), 30, "the cancelled copy to end")
