@@ -7,14 +7,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agents.gfal_worker import GfalWorker
 from aso.config import Config
 from aso.store import Server
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, PENDING, FileTransfer, JobRequest
-from aso.transfer.gfalcopy import CopyResult
+from aso.transfer.gfalcopy import CopyResult, GfalCopier
 from aso.transfer.jobstore import FINISHED, RUNNING, JobStore
 from tests.pipeline_helpers import wait_for
 
@@ -239,3 +242,29 @@ def test_a_user_cancel_is_not_handed_back(sim_config: Config) -> None:
     worker.close()
     [entry] = table.get_many([job_id])[job_id]["files"].values()
     assert entry["state"] == CANCELED and entry["error_class"] == errors.CANCELED
+
+
+class FlakyChecksums:
+    """A gfal2 context whose first `failures` checksum requests fail as XRootD's did."""
+
+    def __init__(self, gfal2: Any, failures: int) -> None:
+        self.gfal2, self.failures, self.asked = gfal2, failures, 0
+
+    def checksum(self, url: str, kind: str) -> str:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise self.gfal2.GError("HTTP 500 : Unexpected server error: 500", 5)
+        return "0000abcd"
+
+
+@pytest.mark.parametrize(("failures", "expected"), [(2, "0000abcd"), (3, None)])
+def test_the_destination_checksum_is_asked_again_after_a_server_error(
+    tmp_path: Path, failures: int, expected: str | None
+) -> None:
+    """A storage answering a checksum request with a 500 now and then: asked up to three times,
+    the checksum is recorded; three errors in a row record none (the copy was verified by
+    gfal2 itself), after three asks."""
+    copier = GfalCopier(Config(source=tmp_path / "aso.toml"))
+    copier.local.ctx = context = FlakyChecksums(copier.gfal2, failures)
+    assert copier.destination_checksum("http://127.0.0.1:1/store/user/f") == expected
+    assert context.asked == 3

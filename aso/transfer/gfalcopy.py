@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,6 +21,9 @@ from aso.transfer import errors
 from aso.transfer.base import CANCELED, DONE, FAILED
 
 log = logging.getLogger("aso.transfer.gfal")
+
+CHECKSUM_TRIES = 3  # asks for a destination's checksum after a copy
+CHECKSUM_RETRY_DELAY = 0.5  # seconds between two asks
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,24 @@ class GfalCopier:
             )
         return CopyResult(DONE, checksum=self.destination_checksum(entry["destination"]))
 
-    def destination_checksum(self, url: str) -> str | None:
-        try:
-            return normal_adler32(self.context().checksum(url, "ADLER32"))
-        except self.gfal2.GError as exc:
-            log.warning("no checksum of %s after the copy: %s", url, exc.message)
-            return None
+    def destination_checksum(self, url: str, tries: int = CHECKSUM_TRIES) -> str | None:
+        """The destination's adler32, asked up to `tries` times: XRootD has answered a
+        checksum request with "HTTP 500 Unexpected server error" now and then under load
+        (a copy gfal2 had verified then kept no checksum in its record)."""
+        for attempt in range(1, tries + 1):
+            try:
+                return normal_adler32(self.context().checksum(url, "ADLER32"))
+            except self.gfal2.GError as exc:
+                log.warning(
+                    "no checksum of %s after the copy (try %d of %d): %s",
+                    url,
+                    attempt,
+                    tries,
+                    exc.message,
+                )
+                if attempt < tries:
+                    time.sleep(CHECKSUM_RETRY_DELAY)
+        return None
 
     def resume(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
         """Settle a copy a dead worker left active: done if the destination is complete and
