@@ -16,6 +16,7 @@ store: one write wins, the other gets a 409 and skips the document.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import hashlib
 import logging
 import os
@@ -245,6 +246,10 @@ class Runner:
 
     def install_signal_handlers(self) -> None:
         self.stop_event.install()
+        # `kill -USR1 PID` writes every thread's Python stack into the agent's log (stderr):
+        # what a stuck agent is waiting for. faulthandler writes from the signal handler
+        # itself, so it answers even when no Python code can run (a thread holding the GIL).
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
     def run(self, *, once: bool = False) -> None:
         agent = self.agent

@@ -33,13 +33,69 @@ from tests.storage_helpers import (
 ASO = str(Path(sys.executable).parent / "aso")
 
 
-def service_logs(base: Path, tail: int = 3000) -> str:
-    """The end of `aso run`'s log and of every agent's, to say why a step did not happen."""
-    parts = []
-    for log in sorted(base.rglob("*.log")):
-        if "store" not in log.relative_to(base).parts:
-            text = log.read_text(errors="replace")[-tail:]
-            parts.append(f"--- {log.relative_to(base)} ---\n{text}")
+# Lines every XRootD server logs all the time (the supervisor's health checks, clients closing
+# after an answer): left out of a report so that what is unusual shows.
+XROOTD_ROUTINE = ("connection reset by peer", "login as nobody", "disc 0:00:0", "Unable to locate")
+
+
+def tail(path: Path, lines: int, skip: tuple[str, ...] = ()) -> str:
+    kept = [
+        line
+        for line in path.read_text(errors="replace").splitlines()
+        if not any(s in line for s in skip)
+    ]
+    return "\n".join(kept[-lines:])
+
+
+def store_report(config_path: Path) -> list[str]:
+    """Where the files and the gfal jobs stand, and how old each agent's heartbeat is."""
+    config = load(str(config_path))
+    admin = Server(config.store.url, "admin", config.store.admin_password, Settings(retries=0))
+    now = time.time()
+    files = admin.db(config.store.files_db).all_docs("", "\ufff0")
+    out = ["--- files by state ---"]
+    states = Counter(d["state"] for d in files if d.get("type") == "transfer_request")
+    out += [f"{state}: {n}" for state, n in sorted(states.items())]
+    out.append("--- heartbeats (agent instance: seconds since, stopped) ---")
+    for d in files:
+        if d["_id"].startswith("heartbeat:"):
+            age = now - d["last_seen"]
+            out.append(f"{d['agent']} {d['instance']}: {age:.0f} s {d.get('stopped')}")
+    out.append("--- gfal jobs (id state lease-owner lease-left files-by-state) ---")
+    for job in admin.db(config.store.transfers_db).all_docs("", "\ufff0"):
+        if "files" in job:
+            lease = job.get("lease") or {}
+            left = f"{lease['until'] - now:.0f} s" if lease else "-"
+            per_state = Counter(e["state"] for e in job["files"].values())
+            out.append(f"{job['_id']} {job['state']} {lease.get('owner')} {left} {dict(per_state)}")
+    return out
+
+
+def demo_failed(run: subprocess.CompletedProcess[str], base: Path, config_path: Path) -> str:
+    output = (run.stdout + run.stderr).splitlines()
+    return "\n".join(output[-30:]) + service_logs(base, config_path)
+
+
+def service_logs(base: Path, config_path: Path) -> str:
+    """Why a step did not happen, in a report short enough to be read whole in CI's output:
+    the store's picture first, then every agent's threads (SIGUSR1 makes each write its
+    stacks into its log) and the end of its log, the gfal worker's at length, and the
+    storage servers' unusual lines."""
+    for line in our_processes(str(base)):
+        if " agent " in line:
+            os.kill(int(line.split()[0]), signal.SIGUSR1)
+    time.sleep(2)
+    parts = ["", "=== why: the store, agents' stacks and logs ==="]
+    try:
+        parts += store_report(config_path)
+    except Exception as exc:  # the report must not hide the failure it explains
+        parts.append(f"(no store report: {exc!r})")
+    parts.append(f"--- run.log ---\n{tail(base / 'run.log', 15)}")
+    for log in sorted(base.rglob("var/log/*.log")):
+        lines = 150 if "gfal-worker" in log.name else 40
+        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, lines)}")
+    for log in sorted(base.rglob("storage/*/log/*")):
+        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, 10, XROOTD_ROUTINE)}")
     return "\n".join(parts)
 
 
@@ -95,7 +151,7 @@ def test_run_demo_restart_and_clean_stop(service):
         text=True,
         timeout=300,
     )
-    assert demo.returncode == 0, demo.stdout + demo.stderr + service_logs(base)
+    assert demo.returncode == 0, demo_failed(demo, base, path)
     assert "200 of 200 done" in demo.stdout
     assert "through the front end at https://" in demo.stdout
     config = load(str(path))
@@ -176,9 +232,7 @@ def test_run_demo_restart_and_clean_stop(service):
         text=True,
         timeout=180,
     )
-    assert again.returncode == 0 and "6 of 6 done" in again.stdout, (
-        again.stdout + again.stderr + service_logs(base)
-    )
+    assert again.returncode == 0 and "6 of 6 done" in again.stdout, demo_failed(again, base, path)
 
     # Heartbeats name every instance.
     url = config.store.url
