@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import zlib
@@ -15,6 +16,7 @@ import pytest
 from aso.config import Config, render
 from aso.embedded import free_port
 from tests.conftest import make_config, write_config
+from tests.pipeline_helpers import wait_for
 
 ASO = str(Path(sys.executable).parent / "aso")
 REPO = Path(__file__).resolve().parent.parent
@@ -253,3 +255,29 @@ def test_upload_errors(tmp_path, store_config, files_db):
     assert down.returncode == 75
     message = one_line_error(down)
     assert "cannot reach the store" in message and message.endswith("(retryable: try again later)")
+
+
+def test_an_agent_writes_its_threads_stacks_on_sigusr1_and_goes_on(sim_config):
+    """What an operator does with an agent that runs but does nothing: `kill -USR1 PID`."""
+    config_file = write_config(sim_config)
+    log = sim_config.source.parent / "analytics.log"
+    with open(log, "w") as out:
+        agent = subprocess.Popen(
+            [ASO, "--config", str(config_file), "agent", "analytics", "--instance", "usr1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "analytics usr1 starting" in log.read_text(), 60, "the agent to start")
+        agent.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "most recent call first" in log.read_text(), 30, "its stacks")
+        text = log.read_text()
+        # The main thread's stack: the daemon loop, where it waits between two cycles.
+        assert "Current thread" in text or "Thread 0x" in text
+        assert "aso/runtime.py" in text and "in run" in text
+        assert agent.poll() is None  # a look, not a stop
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(30) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
