@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,7 +51,8 @@ def tail(path: Path, lines: int, skip: tuple[str, ...] = ()) -> str:
 def store_report(config_path: Path) -> list[str]:
     """Where the files and the gfal jobs stand, and how old each agent's heartbeat is."""
     config = load(str(config_path))
-    admin = Server(config.store.url, "admin", config.store.admin_password, Settings(retries=0))
+    settings = Settings(retries=0, read_timeout=20)  # a hung store must not hang the report
+    admin = Server(config.store.url, "admin", config.store.admin_password, settings)
     now = time.time()
     files = admin.db(config.store.files_db).all_docs("", "\ufff0")
     out = ["--- files by state ---"]
@@ -73,29 +75,73 @@ def store_report(config_path: Path) -> list[str]:
 
 def demo_failed(run: subprocess.CompletedProcess[str], base: Path, config_path: Path) -> str:
     output = (run.stdout + run.stderr).splitlines()
-    return "\n".join(output[-30:]) + service_logs(base, config_path)
+    return "\n".join(output[-8:]) + service_logs(base, config_path)
+
+
+STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+OURS = ("/aso/", "/agents/", "/sim/")
+
+
+def one_line(frames: list[str], keep: int = 4) -> str:
+    """A thread's stack on one line: the innermost frame (what it waits in), then the
+    innermost frames of ours (why); frames of libraries are marked `~`."""
+    ours = [f for f in frames[1:] if not f.startswith("~")]
+    return " < ".join(frames[:1] + ours[: keep - 1])
+
+
+def condensed_stacks(text: str) -> tuple[list[str], list[str]]:
+    """A log split into its own lines and its last faulthandler dump, one line a thread
+    (the main thread's prefixed `main:`), so that sixteen threads' stacks fit a CI report."""
+    lines: list[str] = []
+    threads: list[tuple[bool, list[str]]] = []
+    current: list[str] | None = None
+    in_dump = False
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            if not in_dump:
+                threads = []  # a new dump: keep the last one only
+            in_dump, current = True, []
+            # The thread that ran the signal handler is the main one: the agent's loop.
+            threads.append((line.startswith("Current"), current))
+        elif in_dump and (frame := STACK_FRAME.search(line)):
+            if current is not None:
+                path, number, function = frame.groups()
+                # The store client's plumbing says less than who called it.
+                ours = any(part in path for part in OURS) and not path.endswith("aso/store.py")
+                current.append(f"{'' if ours else '~'}{function}@{Path(path).name}:{number}")
+        elif in_dump and not line.strip():
+            current = None  # the blank line between two threads
+        else:
+            in_dump, current = False, None
+            lines.append(line)
+    return lines, [("main: " if main else "") + one_line(frames) for main, frames in threads]
 
 
 def service_logs(base: Path, config_path: Path) -> str:
-    """Why a step did not happen, in a report short enough to be read whole in CI's output:
-    the store's picture first, then every agent's threads (SIGUSR1 makes each write its
-    stacks into its log) and the end of its log, the gfal worker's at length, and the
-    storage servers' unusual lines."""
+    """Why a step did not happen, in about a hundred lines (a CI report shows a window of the
+    output, not all of it): the store's picture first, then each agent's threads (SIGUSR1
+    makes it write its stacks into its log), one line a thread, and the end of its log, and
+    the storage servers' unusual lines."""
     for line in our_processes(str(base)):
         if " agent " in line:
             os.kill(int(line.split()[0]), signal.SIGUSR1)
     time.sleep(2)
-    parts = ["", "=== why: the store, agents' stacks and logs ==="]
+    parts = ["", "=== why: the store, agents' threads and logs ==="]
     try:
         parts += store_report(config_path)
     except Exception as exc:  # the report must not hide the failure it explains
         parts.append(f"(no store report: {exc!r})")
-    parts.append(f"--- run.log ---\n{tail(base / 'run.log', 15)}")
-    for log in sorted(base.rglob("var/log/*.log")):
-        lines = 150 if "gfal-worker" in log.name else 40
-        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, lines)}")
-    for log in sorted(base.rglob("storage/*/log/*")):
-        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, 10, XROOTD_ROUTINE)}")
+    logs = sorted(base.rglob("var/log/*.log"), key=lambda p: "gfal-worker" not in p.name)
+    for log in logs:
+        lines, threads = condensed_stacks(log.read_text(errors="replace"))
+        keep = 10 if "gfal-worker" in log.name else 3
+        if "gfal-worker" not in log.name:
+            threads = [t for t in threads if t.startswith("main:")]
+        parts.append(f"--- {log.name}: threads ({len(threads)}), then its last lines ---")
+        parts += [*threads, *lines[-keep:]]
+    parts.append(f"--- run.log ---\n{tail(base / 'run.log', 4)}")
+    for log in sorted(base.rglob("storage/*/log/xrootd.log")):
+        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, 3, XROOTD_ROUTINE)}")
     return "\n".join(parts)
 
 
