@@ -336,6 +336,12 @@ class AgentsConfig:
     heartbeat_expiry: float = _key(
         60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
     )
+    hang_timeout: float = _key(
+        1800.0,
+        "Seconds one turn of an agent's loop may last; past it the agent writes every thread's"
+        " stack into its log and exits (code 1) for `aso run` or systemd to start it again."
+        " 0: never.",
+    )
     instances: dict = _key(
         {
             "submitter": 1,

@@ -251,9 +251,20 @@ class Runner:
         # itself, so it answers even when no Python code can run (a thread holding the GIL).
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
+    def arm_watchdog(self) -> None:
+        """(Re)start the countdown of `agents.hang_timeout` for the loop's next turn. A turn
+        that outlasts it means the agent waits on something that will not come (a request
+        never answered, a lock never released): faulthandler's own thread, which needs no
+        Python lock, then writes every thread's stack into the log and exits with code 1, and
+        the supervisor starts the agent again. A stuck agent looks alive and does nothing; a
+        restarted one takes its work back (its leases are in its instance name)."""
+        if self.config.agents.hang_timeout > 0:
+            faulthandler.dump_traceback_later(self.config.agents.hang_timeout, exit=True)
+
     def run(self, *, once: bool = False) -> None:
         agent = self.agent
         log.info("%s %s starting (store %s)", agent.name, agent.instance, agent.server.url)
+        self.arm_watchdog()  # start-up talks to the store too
         self.serve_metrics()
         self._beat(force=True)
         if agent.kinds:
@@ -261,6 +272,7 @@ class Runner:
         agent.written = self._apply_own_writes  # type: ignore[method-assign]
         try:
             while not self.stop_event.is_set():
+                self.arm_watchdog()
                 try:
                     self.step(wait=not once)
                 except StoreError as exc:
@@ -271,6 +283,7 @@ class Runner:
                 if once:
                     break
         finally:
+            faulthandler.cancel_dump_traceback_later()  # stopping: the grace period rules now
             agent.close()
             with contextlib.suppress(StoreError):
                 self.heartbeat.beat(self._last_cycle, stopped=True)

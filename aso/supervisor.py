@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,6 +50,24 @@ class Child:
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = field(default=0.0)
+
+
+HANG_MARK = re.compile(r"^Timeout \((\d+:\d\d:\d\d)\)!$", re.MULTILINE)
+
+
+def hang_of(log_file: Path, tail: int = 200_000) -> str | None:
+    """How long the agent was stuck when its hang watchdog ended it (faulthandler's
+    "Timeout (H:MM:SS)!" line, then its threads' stacks, end its log), or None."""
+    try:
+        with open(log_file, "rb") as log_data:
+            log_data.seek(max(0, log_file.stat().st_size - tail))
+            text = log_data.read().decode(errors="replace")
+    except OSError:
+        return None
+    marks = HANG_MARK.findall(text)
+    # Only the last run's: an older dump followed by a clean start does not count.
+    last_start = text.rfind(" starting (store ")
+    return marks[-1] if marks and text.rfind("Timeout (") > last_start else None
 
 
 def planned_instances(config: Config, host_id: str) -> list[tuple[str, str]]:
@@ -188,6 +207,15 @@ class Supervisor:
                         code,
                         delay,
                     )
+                    if stuck := hang_of(child.log_file):
+                        log.warning(
+                            "%s %s was stuck for %s (agents.hang_timeout): the stacks of its"
+                            " threads are in %s",
+                            child.agent,
+                            child.instance,
+                            stuck,
+                            child.log_file,
+                        )
                     child.process = None
                     child.restarts += 1
                     child.next_start = now + delay

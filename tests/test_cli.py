@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import zlib
@@ -281,3 +282,40 @@ def test_an_agent_writes_its_threads_stacks_on_sigusr1_and_goes_on(sim_config):
     finally:
         if agent.poll() is None:
             agent.kill()
+
+
+def test_an_agent_stuck_past_hang_timeout_writes_its_stacks_and_exits(tmp_path):
+    """A store that accepts the connection and never answers: the agent's first request
+    waits for it (read timeout 600 s). With `agents.hang_timeout` it writes its threads'
+    stacks and exits with code 1 for its supervisor to start it again; without, it waits."""
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(8)  # connections complete in the kernel; nobody ever answers
+    try:
+        outcomes = {}
+        for hang_timeout in (3.0, 0.0):
+            config = make_config(tmp_path, black_hole.getsockname()[1], read_timeout=600.0)
+            config.store.retries = 0
+            config.agents.hang_timeout = hang_timeout
+            config_file = write_config(config)
+            agent = subprocess.Popen(
+                [ASO, "--config", str(config_file), "agent", "analytics", "--instance", "stuck"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            try:
+                outcomes[hang_timeout] = (agent.wait(30), agent.stdout.read())
+            except subprocess.TimeoutExpired:
+                outcomes[hang_timeout] = (None, "")
+            finally:
+                if agent.poll() is None:
+                    agent.kill()
+                    agent.wait()
+    finally:
+        black_hole.close()
+    code, output = outcomes[3.0]
+    assert code == 1, output
+    assert "Timeout (0:00:03)!" in output
+    assert "aso/store.py" in output and "aso/runtime.py" in output  # where it waited
+    assert outcomes[0.0][0] is None  # no watchdog: still waiting after 30 s
