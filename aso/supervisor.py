@@ -52,7 +52,7 @@ class Child:
     started_at: float = field(default=0.0)
 
 
-HANG_MARK = re.compile(r"^Timeout \((\d+:\d\d:\d\d)\)!$", re.MULTILINE)
+HANG_MARK = re.compile(r"^Timeout \((\d+:\d\d:\d\d(?:\.\d+)?)\)!$", re.MULTILINE)
 
 
 def hang_of(log_file: Path, tail: int = 200_000) -> str | None:

@@ -420,3 +420,6 @@ def test_supervisor_says_which_agent_its_watchdog_ended(tmp_path):
     log.write_text(log.read_text() + "2026 INFO aso.agent: monitor vm-0 starting (store x)\n")
     assert hang_of(log) is None
     assert hang_of(tmp_path / "missing.log") is None
+    # A timeout with a fraction of a second, as faulthandler writes it.
+    log.write_text(log.read_text() + dump.replace("0:01:30", "0:00:01.500000"))
+    assert hang_of(log) == "0:00:01.500000"
