@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -423,3 +424,42 @@ def test_supervisor_says_which_agent_its_watchdog_ended(tmp_path):
     # A timeout with a fraction of a second, as faulthandler writes it.
     log.write_text(log.read_text() + dump.replace("0:01:30", "0:00:01.500000"))
     assert hang_of(log) == "0:00:01.500000"
+
+
+def test_run_starts_again_an_agent_stuck_past_its_hang_timeout(tmp_path):
+    """`aso run --agents-only` against a store that accepts connections and never answers:
+    each agent waits on its first request, ends itself after `agents.hang_timeout` with its
+    threads' stacks, and `aso run` says so and starts it again."""
+    from tests.conftest import make_config, write_config
+
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(64)  # connections complete in the kernel; nobody ever answers
+    config = make_config(tmp_path, black_hole.getsockname()[1], read_timeout=600.0, retries=0)
+    config.agents.hang_timeout = 2.0
+    config.agents.instances = {"retry-manager": 1}
+    config.agents.log_dir = str(tmp_path / "log")
+    write_config(config)
+    run = subprocess.Popen(
+        [ASO, "--config", str(config.source), "run", "--agents-only", "--host-id", "hang"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        agent_log = tmp_path / "log" / "retry-manager-hang-0.log"
+        wait_for(
+            lambda: agent_log.exists() and agent_log.read_text().count("Timeout (") >= 2,
+            60,
+            "the agent to be stuck twice",
+        )
+    finally:
+        run.send_signal(signal.SIGTERM)
+        output = run.communicate(timeout=60)[0]
+        black_hole.close()
+    text = agent_log.read_text()
+    assert "Timeout (0:00:02)!" in text and "aso/runtime.py" in text, text[-3000:]
+    assert "retry-manager hang-0 exited with code 1; restart" in output, output
+    assert "retry-manager hang-0 was stuck for 0:00:02 (agents.hang_timeout)" in output, output
+    assert run.returncode == 0
+    assert not our_processes(str(tmp_path))
