@@ -32,9 +32,10 @@ from aso.cli_status import status_cmd
 from aso.cli_storage import storage_app
 from aso.cli_storecheck import store_check_cmd
 from aso.config import ConfigError
+from aso.couchdb import join_cluster
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedError, EmbeddedStore
 from aso.gridenv import CredentialError
+from aso.localstore import LocalCluster, LocalStoreError, local_store
 from aso.runtime import Runner
 from aso.storage import StorageError
 from aso.store import Server, StoreError, redact
@@ -53,7 +54,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Show or create the configuration file.", no_args_is_help=True)
 store_app = typer.Typer(
-    help="The document store: run the embedded one (pouchdb-server), check any CouchDB.",
+    help="The document store: run the local one (pouchdb-server or CouchDB), check any CouchDB.",
     no_args_is_help=True,
 )
 db_app = typer.Typer(help="Databases, design documents and store accounts.", no_args_is_help=True)
@@ -168,7 +169,7 @@ def config_init(
         )
 
 
-# --- embedded store --------------------------------------------------------------------------
+# --- the local store ---------------------------------------------------------------------
 @store_app.command("start")
 def store_start(
     ctx: typer.Context,
@@ -176,13 +177,25 @@ def store_start(
         bool,
         typer.Option(
             "--foreground",
-            help="Become pouchdb-server (exec) and serve until stopped, for a service "
+            help="Become the store's server (exec) and serve until stopped, for a service "
             "manager (deploy/systemd/aso-store.service).",
         ),
     ] = False,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--nodes",
+            min=1,
+            max=9,
+            help="store.engine = couchdb: nodes of a new store (a cluster on loopback: node i "
+            "on store.url's port + i - 1); default couchdb.nodes.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Start pouchdb-server on the loopback address of store.url, data in embedded.data_dir."""
-    store = EmbeddedStore(_config(ctx))
+    """Start the local store (store.engine: pouchdb-server, or Apache CouchDB from
+    couchdb.home) on the loopback address of store.url, data in embedded.data_dir."""
+    store = local_store(_config(ctx), nodes=nodes)
     if foreground:
         store.serve()  # does not return
     console.print(store.start())
@@ -190,19 +203,52 @@ def store_start(
 
 @store_app.command("stop")
 def store_stop(ctx: typer.Context) -> None:
-    """Stop the embedded store started from this config (and no other process)."""
-    console.print(EmbeddedStore(_config(ctx)).stop())
+    """Stop the local store started from this config (and no other process)."""
+    console.print(local_store(_config(ctx)).stop())
 
 
 @store_app.command("status")
 def store_status(ctx: typer.Context) -> None:
-    """Say whether the embedded store runs and answers (exit 1 if it does not answer)."""
-    status = EmbeddedStore(_config(ctx)).status()
-    pid = f"pid {status.pid}" if status.pid else "not started by this config"
-    state = "answering" if status.answering else "not answering"
-    console.print(f"{status.url}: {state} ({pid}; data in {status.data_dir})")
-    if not status.answering:
+    """Say whether the local store (each node of a cluster) runs and answers; exit 1 if one
+    does not answer."""
+    store = local_store(_config(ctx))
+    statuses = store.statuses() if isinstance(store, LocalCluster) else [store.status()]
+    for status in statuses:
+        pid = f"pid {status.pid}" if status.pid else "not started by this config"
+        state = "answering" if status.answering else "not answering"
+        name = f"{status.name} " if status.name else ""
+        console.print(
+            f"{name}{status.url}: {state} ({store.engine}, {pid}; data in {status.data_dir})"
+        )
+    if not all(status.answering for status in statuses):
         raise typer.Exit(1)
+
+
+@store_app.command("setup-cluster")
+def store_setup_cluster(
+    ctx: typer.Context,
+    nodes: Annotated[
+        list[str],
+        typer.Argument(
+            help="The other nodes: Erlang node names (couchdb@couch2.example.org), or hosts "
+            "(couchdb@HOST, the name deploy/couchdb/vm.args.notes gives).",
+            show_default=False,
+        ),
+    ],
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for every node to be connected.")
+    ] = 120.0,
+) -> None:
+    """Join CouchDB nodes into one cluster from the node at store.url (deploy/README.md,
+    "A CouchDB cluster"): each node must already run with the same admin, secret and Erlang
+    cookie. Adds the nodes, waits until all are connected, creates the system databases.
+    Idempotent. Then `aso db init` (the files database gets store.files_q shards)."""
+    names = [name if "@" in name else f"couchdb@{name}" for name in nodes]
+    admin = _server(ctx, "admin")
+    for line in join_cluster(admin, names, timeout=timeout):
+        console.print(line)
+    membership = admin.membership()
+    console.print(f"cluster nodes: {', '.join(membership.get('cluster_nodes', []))}")
 
 
 # --- databases -------------------------------------------------------------------------------
@@ -583,7 +629,7 @@ def main() -> None:
             f"aso: error: {exc} (retryable: try again later)", markup=False, highlight=False
         )
         sys.exit(EXIT_RETRYABLE)
-    except (EmbeddedError, StorageError, model.ModelError, ValueError) as exc:
+    except (LocalStoreError, StorageError, model.ModelError, ValueError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -45,6 +45,11 @@ class StoreConfig:
         "http://127.0.0.1:5984",
         "CouchDB-3-API URL of the document store: the embedded pouchdb-server or a real CouchDB 3.",
     )
+    engine: str = _key(
+        "pouchdb",
+        "The store `aso store start` and `aso run` run at a loopback store.url: `pouchdb` (the "
+        "embedded pouchdb-server) or `couchdb` (Apache CouchDB 3 from `couchdb.home`).",
+    )
     admin_user: str = _key("admin", "Server admin account (creates databases, design documents).")
     admin_password: str = _key(
         "", "Password of the server admin; `aso config init` generates one.", secret=True
@@ -76,6 +81,11 @@ class StoreConfig:
         path=True,
     )
     files_db: str = _key("asynctransfer", "Database holding the transfer requests.")
+    files_q: int = _key(
+        8,
+        "Shards (q) `aso db init` gives a new files database on a CouchDB cluster (more than "
+        "one node; deploy/couchdb/cluster.ini says why); other databases get the cluster's q.",
+    )
     transfers_db: str = _key(
         "aso_transfers", "Database of the gfal and sim transfer services' jobs."
     )
@@ -100,12 +110,15 @@ class StoreConfig:
 class EmbeddedConfig:
     enabled: bool = _key(
         True,
-        "`aso run` starts the embedded store when nothing answers at a loopback store.url; "
-        "false where the store is a real CouchDB (one that is down is then an error, not "
-        "replaced by an empty embedded store).",
+        "`aso run` starts the local store (store.engine) when nothing answers at a loopback "
+        "store.url; false where the store is run elsewhere (one that is down is then an error, "
+        "not replaced by an empty local store).",
     )
     data_dir: str = _key(
-        "var/store", "Directory of the embedded store's data, pid file and log.", path=True
+        "var/store",
+        "Directory of the local store's data, pid files and logs (pouchdb-server: here; "
+        "CouchDB: couchdb/ below it).",
+        path=True,
     )
     server: str = _key(
         "",
@@ -114,6 +127,24 @@ class EmbeddedConfig:
         path=True,
     )
     start_timeout: float = _key(30.0, "Seconds `aso store start` waits for the store to answer.")
+
+
+@dataclass
+class CouchDBConfig:
+    home: str = _key(
+        "",
+        "Apache CouchDB 3 install that store.engine = couchdb runs (bin/couchdb, etc/default.ini);"
+        " empty: $COUCHDB_HOME, then /opt/couchdb (Apache's packages).",
+        path=True,
+    )
+    nodes: int = _key(
+        1,
+        "Nodes of a new local CouchDB: 1, or a cluster on loopback (node i on store.url's port"
+        " + i - 1); `aso store start --nodes N` overrides it.",
+    )
+    log_level: str = _key(
+        "warning", "CouchDB's log level (its `info` logs every request: gigabytes a day)."
+    )
 
 
 @dataclass
@@ -418,6 +449,7 @@ class MetricsConfig:
 class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+    couchdb: CouchDBConfig = field(default_factory=CouchDBConfig)
     log: LogConfig = field(default_factory=LogConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     sites: dict[str, SiteConfig] = field(
@@ -542,6 +574,14 @@ def _check_values(config: Config, label: str) -> None:
     for name in ("retries", "pool_size"):
         if getattr(config.store, name) < (0 if name == "retries" else 1):
             raise bad(f"store.{name} is out of range")
+    if config.store.engine not in ("pouchdb", "couchdb"):
+        raise bad("store.engine must be pouchdb or couchdb")
+    if not 1 <= config.couchdb.nodes <= 9:
+        raise bad("couchdb.nodes must be 1 to 9")
+    if not 1 <= config.store.files_q <= 64:
+        raise bad("store.files_q must be 1 to 64")
+    if config.couchdb.log_level not in ("debug", "info", "notice", "warning", "error"):
+        raise bad("couchdb.log_level must be debug, info, notice, warning or error")
     if config.store.auth not in ("password", "x509"):
         raise bad("store.auth must be password or x509")
     if config.store.auth == "x509" and not config.store.url.startswith("https://"):

@@ -88,7 +88,7 @@ def init_databases(admin: Server, config: Config) -> InitReport:
     account. Safe to run again: what is already in place is left as it is."""
     report = InitReport()
     files_db = config.store.files_db
-    if admin.create_db(files_db, FILES_SECURITY):
+    if admin.create_db(files_db, FILES_SECURITY, q=config.store.files_q):
         report.created_dbs.append(files_db)
     db = admin.db(files_db)
     for ddoc in design_documents(config):

@@ -81,6 +81,14 @@ def _inside(method: bytes, rest: list[bytes], body: bytes) -> GateRefusal | None
     if first.startswith(b"_"):
         if first not in DB_RESOURCES:
             return GateRefusal(403, "forbidden", f"{_text(method)} {_text(first)}: {NOT_HERE}")
+        if first == b"_security" and method not in READS:
+            # COUCHDB_SECURITY_NO_MAJORITY: CouchDB answers a non-admin's write with a 500.
+            return GateRefusal(
+                403,
+                "forbidden",
+                "a database's _security is set with the store's admin account (aso db init), "
+                "not through the front end",
+            )
         if first == b"_design" and len(rest) < 2:
             return GateRefusal(400, "bad_request", "_design needs a design document's name")
         if first == b"_bulk_docs" and method == b"POST":

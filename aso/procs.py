@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -40,7 +40,12 @@ def pid_if_ours(pid_file: Path, ours: Callable[[list[str]], bool]) -> int | None
 
 
 def spawn_detached(
-    argv: Sequence[str], *, cwd: Path, output: Path, pid_file: Path
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    output: Path,
+    pid_file: Path,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a daemon in a session of its own (a Ctrl-C of the terminal does not reach it),
     its output appended to `output`, its pid written to `pid_file`."""
@@ -48,6 +53,7 @@ def spawn_detached(
         process = subprocess.Popen(
             list(argv),
             cwd=cwd,
+            env=None if env is None else dict(env),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

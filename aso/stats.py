@@ -380,7 +380,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
   if (newDoc.status !== 'pending' && newDoc.status !== 'complete') {
     refuse('schema', 'a batch is pending or complete');
   }
-  if (!(newDoc.rows instanceof Array) || typeof newDoc.requests !== 'object') {
+  if (!Array.isArray(newDoc.rows) || typeof newDoc.requests !== 'object') {
     refuse('schema', 'a batch document needs rows and requests');
   }
   if (oldDoc && oldDoc.status === 'complete') {

@@ -75,6 +75,30 @@ EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and bu
                                  one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts,
                                  ~780 docs/s per view build): one machine's load, and a crash
                                  (EMBEDDED_CHANGES_FILTER_CRASH, ...) stops all of it.
+
+Apache CouchDB 3 itself, and a cluster of it, have behaviour a client must handle too; each is
+named here (COUCHDB_ and CLUSTER_), handled once, and tested on CouchDB (`make test` runs the
+suite on both stores):
+
+COUCHDB_FOREIGN_ARRAYS           the query server runs each document in a JavaScript context of
+                                 its own: `x instanceof Array` is false for the document's arrays.
+                                 ASO's store-side functions use `Array.isArray`
+                                 (tests/test_validation.py checks every one of them).
+COUCHDB_ATTACHMENTS_CSP          attachments are served with `Content-Security-Policy: sandbox`:
+                                 the monitoring pages' script does not run. The local CouchDB
+                                 (aso/couchdb.py) and deploy/couchdb/local.ini set a policy that
+                                 lets the pages' own files run; `aso store check` reports it.
+COUCHDB_REQUIRE_VALID_USER       `require_valid_user` answers 401 to anonymous `GET /` and `/_up`:
+                                 liveness probes take any HTTP answer as "up"
+                                 (aso/localstore.answers_http).
+COUCHDB_SECURITY_NO_MAJORITY     a non-admin's `PUT /db/_security` answers `500 no_majority`: it
+                                 is sent once, not retried as a 5xx, and reported as Forbidden
+                                 when the account is no admin of the database
+                                 (`Database.set_security`); the front end refuses such writes
+                                 with a 403 before the store sees them (aso/gate.py).
+COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
+                                 `last_seq` of its own: it is a timed-out batch, as when our read
+                                 timeout ends a poll on the embedded store (`Database.changes`).
 """
 
 from __future__ import annotations
@@ -90,7 +114,7 @@ from urllib.parse import quote, urlsplit
 import requests
 from ibm_cloud_sdk_core import ApiException
 from ibm_cloud_sdk_core.authenticators import BasicAuthenticator, NoAuthAuthenticator
-from ibmcloudant.cloudant_v1 import CloudantV1, SecurityObject
+from ibmcloudant.cloudant_v1 import CloudantV1
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -250,12 +274,14 @@ class Settings:
         )
 
 
-def _session(settings: Settings, retries: int, read_retries: int) -> requests.Session:
+def _session(
+    settings: Settings, retries: int, read_retries: int, status_retries: int
+) -> requests.Session:
     retry = Retry(
         total=retries,
         connect=retries,
         read=read_retries,
-        status=retries,
+        status=status_retries,
         backoff_factor=settings.backoff,
         backoff_max=settings.backoff_max,
         backoff_jitter=settings.backoff / 2,
@@ -299,9 +325,15 @@ class Server:
         self._verify, self._cert = verify, cert
         self.client = self._client(self.settings.read_timeout, verify, read_retries=True)
         self._feed_client: CloudantV1 | None = None
+        self._single_shot_client: CloudantV1 | None = None
 
     def _client(
-        self, read_timeout: float | None, verify: bool | str, *, read_retries: bool
+        self,
+        read_timeout: float | None,
+        verify: bool | str,
+        *,
+        read_retries: bool,
+        status_retries: bool = True,
     ) -> CloudantV1:
         auth = BasicAuthenticator(self.user, self._password) if self.user else NoAuthAuthenticator()
         client = CloudantV1(authenticator=auth)
@@ -310,7 +342,14 @@ class Server:
         # embedded-store routes (/_config) do not inflate them.
         client.set_enable_gzip_compression(False)
         retries = self.settings.retries
-        client.set_http_client(_session(self.settings, retries, retries if read_retries else 0))
+        client.set_http_client(
+            _session(
+                self.settings,
+                retries,
+                retries if read_retries else 0,
+                retries if status_retries else 0,
+            )
+        )
         config: dict[str, Any] = {}
         if read_timeout is not None:
             config["timeout"] = (self.settings.connect_timeout, read_timeout)
@@ -328,6 +367,16 @@ class Server:
         if self._feed_client is None:
             self._feed_client = self._client(None, self._verify, read_retries=False)
         return self._feed_client
+
+    @property
+    def single_shot_client(self) -> CloudantV1:
+        """A client that does not repeat a request the store answered with a 5xx (it still
+        retries connection errors): for answers that a retry cannot change."""
+        if self._single_shot_client is None:
+            self._single_shot_client = self._client(
+                self.settings.read_timeout, self._verify, read_retries=True, status_retries=False
+            )
+        return self._single_shot_client
 
     @classmethod
     def from_config(cls, config: Any, *, account: str = "user") -> Server:
@@ -405,6 +454,12 @@ class Server:
         """`GET /_membership`: {all_nodes, cluster_nodes} (EMBEDDED_SINGLE_NODE)."""
         return self.raw("GET", "/_membership")
 
+    def cluster_size(self) -> int:
+        """Nodes of the cluster (1: a single CouchDB node or the embedded store)."""
+        if self.kind == EMBEDDED:
+            return 1  # EMBEDDED_SINGLE_NODE
+        return max(1, len(self.membership().get("cluster_nodes", [])))
+
     def node_config(self, node: str = "_local") -> dict[str, dict[str, str]]:
         """The configuration of one node, {section: {key: value}} (server admin only;
         EMBEDDED_CONFIG_PATH: the embedded store has one, whatever `node` says)."""
@@ -428,13 +483,16 @@ class Server:
     def db(self, name: str) -> Database:
         return Database(self, name)
 
-    def create_db(self, name: str, security: Mapping[str, Any]) -> bool:
-        """Create database `name` (False if it existed) and set its `_security` either way."""
+    def create_db(self, name: str, security: Mapping[str, Any], *, q: int | None = None) -> bool:
+        """Create database `name` (False if it existed) and set its `_security` either way.
+        `q`: its shards, on a CouchDB cluster (a single node and the embedded store keep
+        their default; a database's q is fixed when it is created)."""
         if not self.is_admin():
             # EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE: never send the request that kills the server.
             raise Forbidden(403, "forbidden", f"creating database {name} needs the admin account")
+        params = {"q": q} if q and self.cluster_size() > 1 else {}
         try:
-            self.call(self.client.put_database, db=name)
+            self.raw("PUT", f"/{quote(name, safe='')}", params=params)
             created = True
         except StoreError as exc:
             if exc.status != 412:
@@ -716,7 +774,9 @@ class Database:
             if _answers(self.server):
                 return ChangesBatch([], str(since), timed_out=True)
             raise
-        return ChangesBatch(result.get("results", []), str(result.get("last_seq", since)))
+        # CouchDB ends a quiet poll itself at `timeout`: an empty batch, timed out as well.
+        results = result.get("results", [])
+        return ChangesBatch(results, str(result.get("last_seq", since)), timed_out=not results)
 
     def follow(
         self,
@@ -740,16 +800,37 @@ class Database:
         return self._call(self.client.get_security)
 
     def set_security(self, security: Mapping[str, Any]) -> None:
-        admins = security.get("admins", {})
-        members = security.get("members", {})
-        self._call(
-            self.client.put_security,
-            admins=SecurityObject(
-                names=list(admins.get("names", [])), roles=list(admins.get("roles", []))
-            ),
-            members=SecurityObject(
-                names=list(members.get("names", [])), roles=list(members.get("roles", []))
-            ),
+        """Replace the database's `_security` (its admins: server admins and the database's
+        own admins). Sent once, without the retries of a 5xx: COUCHDB_SECURITY_NO_MAJORITY."""
+        body = {
+            part: {
+                "names": list(security.get(part, {}).get("names", [])),
+                "roles": list(security.get(part, {}).get("roles", [])),
+            }
+            for part in ("admins", "members")
+        }
+        path = f"/{quote(self.name, safe='')}/_security"
+        try:
+            self.server.raw("PUT", path, body=body, client=self.server.single_shot_client)
+        except StoreError as exc:
+            if exc.status == 500 and exc.reason == "no_majority" and not self._administered_by_me():
+                raise Forbidden(
+                    403, "forbidden", f"only admins of {self.name} set its _security", exc.url
+                ) from None
+            raise
+
+    def _administered_by_me(self) -> bool:
+        """Whether this account is a server admin or an admin of this database."""
+        try:
+            ctx = self.server.session()
+            if "_admin" in (ctx.get("roles") or []):
+                return True
+            admins = self.security().get("admins", {})
+        except StoreError:
+            return False
+        roles = set(ctx.get("roles") or [])
+        return ctx.get("name") in admins.get("names", []) or bool(
+            roles & set(admins.get("roles", []))
         )
 
     def push_design(self, ddoc: Mapping[str, Any]) -> bool:

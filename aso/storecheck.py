@@ -10,7 +10,8 @@ What is checked: the server (vendor, version, CouchDB or the embedded store), th
 (a server admin is needed to read the configuration), per node the settings that matter to ASO
 (authentication handlers and proxy authentication with a secret for `frontend.auth = proxy`,
 `require_valid_user`, `max_document_size` and `max_http_request_size` against what ASO writes,
-the JavaScript query server's `os_process_timeout`, the bind address), the cluster (every member
+the JavaScript query server's `os_process_timeout`, the attachments' Content-Security-Policy
+that the monitoring pages need, the bind address), the cluster (every member
 connected, q/n defaults and each ASO database's q/n), each ASO database (exists, `_security`
 closed and holding ASO's roles, design documents up to date) and the agent account. Against the
 embedded store its known differences (aso/store.py's EMBEDDED_* that an operator must know) are
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 from aso import model, stats
 from aso.catalog import embedded as catalog
 from aso.config import Config
+from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import FILES_SECURITY, design_documents
 from aso.store import (
     COUCHDB,
@@ -336,7 +338,7 @@ def check_membership(membership: Mapping[str, Any] | None) -> list[Finding]:
                 WARN,
                 "cluster",
                 "no member nodes listed: the node is not set up (single_node = true, or "
-                "deploy/couchdb/setup-cluster.sh)",
+                "`aso store setup-cluster`)",
             )
         )
     if not findings:
@@ -367,6 +369,7 @@ def check_node_config(
         findings.append(_document_size_finding(size, expected.min_document_size))
     findings.append(check_request_size(config, expected))
     findings.append(check_os_process_timeout(config))
+    findings.append(check_attachments_csp(config))
     findings.append(_bind_finding(_get(config, "chttpd", "bind_address") or "127.0.0.1", "bind"))
     findings += check_cluster_defaults(config, nodes)
     return findings
@@ -378,8 +381,9 @@ def _get(config: Mapping[str, Mapping[str, str]], section: str, key: str) -> str
 
 
 def _strip_comment(value: str) -> str:
-    """A value as read from an ini file may keep its `; comment`."""
-    return value.split(";", 1)[0].strip()
+    """A value as read from an ini file may keep its ` ; comment` (CouchDB cuts a value at a
+    semicolon after white space only: a Content-Security-Policy holds bare ones)."""
+    return re.split(r"[ \t];", value, maxsplit=1)[0].strip()
 
 
 def _int(value: str | None) -> int | None:
@@ -535,6 +539,34 @@ def check_os_process_timeout(config: Mapping[str, Mapping[str, str]]) -> Finding
             "may time out (deploy/couchdb/local.ini has 20000)",
         )
     return Finding(OK, "JS query server", text)
+
+
+def check_attachments_csp(config: Mapping[str, Mapping[str, str]]) -> Finding:
+    """COUCHDB_ATTACHMENTS_CSP: CouchDB serves attachments with `Content-Security-Policy:
+    sandbox` unless told otherwise; the monitoring pages' app.js then never runs."""
+    fix = f'[csp] attachments_header_value = "{ATTACHMENTS_CSP}" (deploy/couchdb/local.ini)'
+    enabled = _get(config, "csp", "attachments_enable")
+    if enabled is not None and not _true(enabled):
+        return Finding(
+            WARN,
+            "attachments CSP",
+            "off: the monitoring pages run, but so would any attachment's script; set "
+            f"[csp] attachments_enable = true and {fix}",
+        )
+    value = _get(config, "csp", "attachments_header_value") or "sandbox"
+    if "sandbox" in value.lower() and "allow-scripts" not in value.lower():
+        return Finding(
+            ERROR,
+            "attachments CSP",
+            f"{value!r}: the monitoring pages stay blank (their script may not run); {fix}",
+        )
+    if "script-src" in value and "'self'" not in value.split("script-src", 1)[1].split(";")[0]:
+        return Finding(
+            ERROR,
+            "attachments CSP",
+            f"{value!r}: script-src does not allow 'self' (the pages' app.js); {fix}",
+        )
+    return Finding(OK, "attachments CSP", f"{value}: the monitoring pages' own script runs")
 
 
 def _bind_finding(address: str, item: str) -> Finding:

@@ -1,6 +1,6 @@
 """`aso run`: the whole service on one host, as supervised processes.
 
-It starts what this host needs and is not running yet (the embedded store, unless
+It starts what this host needs and is not running yet (the local store, store.engine, unless
 `embedded.enabled` is false; the databases and design documents; the embedded storage sites
 when the gfal service uses them), then the X.509
 front end (`frontend.enabled`) and every agent instance of `agents.instances`, each as its own
@@ -29,7 +29,7 @@ from cryptography import x509
 
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore
+from aso.localstore import local_store
 from aso.runtime import StopFlag
 from aso.store import Server
 
@@ -118,11 +118,11 @@ class Supervisor:
     # -- start-up -------------------------------------------------------------------------------
     def prepare(self) -> None:
         if not self.agents_only:
-            store = EmbeddedStore(self.config)
-            embedded = self.config.embedded.enabled and store.host_is_loopback()
-            if embedded and not store.status().answering:
+            store = local_store(self.config)
+            managed = self.config.embedded.enabled and store.host_is_loopback()
+            if managed and not store.status().answering:
                 log.info(store.start())
-                self.cleanups.append(("embedded store", store.stop))
+                self.cleanups.append((f"{store.engine} store", store.stop))
             init_databases(Server.from_config(self.config, account="admin"), self.config)
             self._start_storage()
             if self.config.frontend.enabled:

@@ -37,7 +37,8 @@ from rich.table import Table
 from aso import model, pki
 from aso.config import Config, render
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore, free_port
+from aso.embedded import EmbeddedStore
+from aso.localstore import free_port
 from aso.store import Server
 
 console = Console()

@@ -9,7 +9,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aso.config import Config
-from aso.embedded import EmbeddedStore, free_port
+from aso.embedded import EmbeddedStore
+from aso.localstore import free_port
 
 
 @contextmanager

@@ -44,7 +44,8 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from aso import model, monitor
 from aso.config import Config, render
 from aso.designdocs import FILES_SECURITY, design_documents, init_databases
-from aso.embedded import EmbeddedStore, free_port
+from aso.embedded import EmbeddedStore
+from aso.localstore import free_port
 from aso.store import Server, StoreError
 from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService

@@ -1,6 +1,11 @@
-"""Fixtures: a real embedded store (pouchdb-server) on a free loopback port, started once per
-test session through ASO's own EmbeddedStore and stopped afterwards, and fresh databases and
-accounts on it for each test module."""
+"""Fixtures: a real document store on a free loopback port, started once per test session
+through ASO's own local-store manager (aso/localstore.py) and stopped afterwards, and fresh
+databases and accounts on it for each test module.
+
+The store is the engine `ASO_TEST_STORE` names: `pouchdb` (the embedded pouchdb-server, the
+default) or `couchdb` (Apache CouchDB 3 from $COUCHDB_HOME, else /opt/couchdb). `make test`
+runs the whole suite once on each (tests/README.md). A test that holds for one engine only
+says so with `@only_on("couchdb")` or `@only_on("pouchdb")` and why."""
 
 from __future__ import annotations
 
@@ -20,16 +25,25 @@ import typer
 from aso import model
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore, free_port
+from aso.localstore import LocalCluster, LocalStore, free_port, local_store
 from aso.storage import EmbeddedStorage
 from aso.store import Database, Server, Settings
 from tests.storage_helpers import Watchdog, reachable_tmp_dir, storage_config
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
+ENGINE = os.environ.get("ASO_TEST_STORE", "pouchdb")
+if ENGINE not in ("pouchdb", "couchdb"):
+    raise SystemExit(f"ASO_TEST_STORE must be pouchdb or couchdb, not {ENGINE!r}")
+
+
+def only_on(engine: str, why: str) -> pytest.MarkDecorator:
+    """A test of a feature one store engine has and the other has not (`why` says which)."""
+    return pytest.mark.skipif(engine != ENGINE, reason=f"{engine} only: {why}")
 
 
 def make_config(tmp: Path, port: int, **store: Any) -> Config:
     config = Config(source=tmp / "aso.toml")
+    config.store.engine = ENGINE
     config.store.url = f"http://127.0.0.1:{port}"
     config.store.admin_password = secrets.token_urlsafe(12)
     config.store.agent_password = secrets.token_urlsafe(12)
@@ -50,22 +64,23 @@ def write_config(config: Config) -> Path:
 
 
 @contextlib.contextmanager
-def embedded_store(tmp: Path) -> Iterator[tuple[Config, EmbeddedStore]]:
-    """An embedded store of its own on a free port, data under `tmp`, stopped at the end."""
-    config = make_config(tmp, free_port())
+def own_store(tmp: Path, **store: Any) -> Iterator[tuple[Config, LocalStore | LocalCluster]]:
+    """A store of its own (the engine under test) on a free port, data under `tmp`, stopped at
+    the end."""
+    config = make_config(tmp, free_port(), **store)
     write_config(config)
-    embedded = EmbeddedStore(config)
-    embedded.start()
+    local = local_store(config)
+    local.start()
     try:
-        yield config, embedded
+        yield config, local
     finally:
-        embedded.stop()
+        local.stop()
 
 
 @pytest.fixture(scope="session")
 def store_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
-    """The session's embedded store; its config (admin credentials included)."""
-    with embedded_store(tmp_path_factory.mktemp("embedded")) as (config, _):
+    """The session's store; its config (admin credentials included)."""
+    with own_store(tmp_path_factory.mktemp("store")) as (config, _):
         yield config
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from aso.config import Config, SiteConfig
-from aso.embedded import free_port
+from aso.localstore import free_port
 from aso.storage import EmbeddedStorage
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from aso.config import Config, render
-from aso.embedded import free_port
-from tests.conftest import make_config, write_config
+from aso.localstore import free_port, local_store
+from tests.conftest import ENGINE, make_config, write_config
 from tests.pipeline_helpers import wait_for
 
 ASO = str(Path(sys.executable).parent / "aso")
@@ -128,14 +128,15 @@ def test_config_init_show_and_secrets(tmp_path):
 
 def test_store_lifecycle_through_the_cli(tmp_path):
     """start → status → start again (no second process) → db init twice → upload twice →
-    list → stop, and stop touches only its own process."""
+    list → stop, and stop touches only its own process. On the engine under test: the status
+    of a CouchDB that refuses anonymous requests (require_valid_user) is "answering" too."""
     config = make_config(tmp_path, free_port())
     path = write_config(config)
+    pid_file = local_store(config).pid_file
     try:
         started = aso("store", "start", config=path)
         assert started.returncode == 0, started.stderr
-        assert "embedded store started" in started.stdout
-        pid_file = tmp_path / "store" / "pouchdb-server.pid"
+        assert f"{ENGINE} store started" in started.stdout
         pid = int(pid_file.read_text())
         status = aso("store", "status", config=path)
         assert status.returncode == 0 and f"pid {pid}" in status.stdout
@@ -179,7 +180,7 @@ def test_store_lifecycle_through_the_cli(tmp_path):
     assert stopped.returncode == 0 and f"stopped (pid {pid})" in stopped.stdout
     status = aso("store", "status", config=path)
     assert status.returncode == 1 and "not answering" in status.stdout
-    assert not (tmp_path / "store" / "pouchdb-server.pid").exists()
+    assert not pid_file.exists()
 
 
 def test_start_refuses_a_port_taken_by_another_server(store_config, tmp_path):

@@ -41,10 +41,11 @@ import yaml
 
 from agents import AGENTS
 from aso import config as aso_config
-from aso.embedded import EmbeddedStore, free_port, notify_systemd
+from aso.embedded import EmbeddedStore
+from aso.localstore import free_port, local_store, notify_systemd
 from aso.store import Server, Settings
 from aso.supervisor import GRACE
-from tests.conftest import make_config, write_config
+from tests.conftest import ENGINE, make_config, only_on, write_config
 
 TOP = Path(__file__).resolve().parent.parent
 SYSTEMD = TOP / "deploy" / "systemd"
@@ -488,9 +489,10 @@ def test_foreground_store_serves_as_the_server_and_stops_on_sigterm(
     process = foreground(config_file, notify_socket.path)
     try:
         assert notify_socket.ready.wait(90), (notify_socket.messages, stop(process))
-        # exec: the process we started is pouchdb-server itself, which systemd then supervises
+        # exec: the process we started is the server itself, which systemd then supervises
         argv = Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
-        assert any(b"pouchdb-server" in a for a in argv), argv
+        server = b"pouchdb-server" if ENGINE == "pouchdb" else b"beam.smp"
+        assert any(server in a for a in argv), argv
         assert process.poll() is None
         admin = Server(
             config.store.url,
@@ -499,7 +501,7 @@ def test_foreground_store_serves_as_the_server_and_stops_on_sigterm(
             Settings(retries=0),
         )
         assert admin.is_admin()  # the helper made the configured admin
-        assert EmbeddedStore(config).status().pid == process.pid
+        assert local_store(config).status().pid == process.pid
         second = subprocess.run(
             [str(ASO), "--config", str(config_file), "store", "start", "--foreground"],
             capture_output=True,
@@ -510,9 +512,10 @@ def test_foreground_store_serves_as_the_server_and_stops_on_sigterm(
     finally:
         output = stop(process)
     assert process.returncode in (0, -signal.SIGTERM), output
-    assert not EmbeddedStore(config).status().answering
+    assert not local_store(config).status().answering
 
 
+@only_on("pouchdb", "a CouchDB node's admin is written from the config at every start")
 def test_foreground_store_stops_when_the_admin_is_not_its_admin(tmp_path: Path) -> None:
     config = make_config(tmp_path, free_port())
     EmbeddedStore(config).start()  # a store whose admin is this config's

@@ -19,7 +19,7 @@ from aso import model
 from aso.designdocs import init_databases
 from aso.store import Server, StoreError
 from aso.upload import upload
-from tests.conftest import embedded_store
+from tests.conftest import own_store
 
 
 @pytest.fixture()
@@ -57,7 +57,7 @@ def batch(token: str, k: int) -> list[dict]:
 
 
 def test_a_full_disk_is_a_retryable_error_that_writes_nothing(small_disk: Path):
-    with embedded_store(small_disk) as (config, store):
+    with own_store(small_disk) as (config, store):
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         db = admin.db(config.store.files_db)

@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aso import model
 from aso.config import Config
-from aso.embedded import free_port
 from aso.frontend import Mapped, ProxyAuth
+from aso.localstore import free_port
 from aso.model import AGENT, STATE, Change
 from aso.pki import CertificateAuthority, Pki, make_proxy
 from aso.store import Server

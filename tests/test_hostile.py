@@ -50,12 +50,12 @@ from aso import model, openapi
 from aso import upload as upload_module
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import free_port
+from aso.localstore import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
 from aso.pki import Pki
 from aso.store import Server
 from aso.upload import IDENTITY, upload
-from tests.conftest import embedded_store, sample_request, write_config
+from tests.conftest import own_store, sample_request, write_config
 from tests.hostile_strategies import LONG, json_values, mutated, requests, texts
 from tests.test_frontend import ASO, cert_files
 
@@ -92,7 +92,7 @@ class Store:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    with embedded_store(tmp_path_factory.mktemp("hostile")) as (config, _):
+    with own_store(tmp_path_factory.mktemp("hostile")) as (config, _):
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         for name, roles in ACCOUNTS.items():

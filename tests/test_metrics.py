@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from aso import metrics, model
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.embedded import free_port
+from aso.localstore import free_port
 from aso.store import Server
 from tests.conftest import sample_request, write_config
 from tests.pipeline_helpers import wait_for

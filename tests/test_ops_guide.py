@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aso.config import Config
-from tests.conftest import embedded_store
+from tests.conftest import own_store
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "deploy" / "README.md"
@@ -37,7 +37,7 @@ BLOCKS = runnable_blocks(GUIDE.read_text())
 def guide_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A store of its own, as the guide's reader has after `aso config init`."""
     base = tmp_path_factory.mktemp("guide")
-    with embedded_store(base) as (config, _store):
+    with own_store(base) as (config, _store):
         assert isinstance(config, Config) and config.source is not None
         env = dict(os.environ)
         env.update(

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from aso import gfalctx, sites
 from aso.cli_storage import storage_app
 from aso.config import Config, SiteConfig, render
-from aso.embedded import free_port
+from aso.localstore import free_port
 from aso.storage import (
     EmbeddedStorage,
     StorageError,

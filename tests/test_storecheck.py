@@ -8,11 +8,7 @@ from __future__ import annotations
 import configparser
 import copy
 import dataclasses
-import http.server
 import json
-import os
-import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +19,12 @@ import pytest
 from aso import storecheck
 from aso.cli_storecheck import split_credentials
 from aso.config import Config
+from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import init_databases
-from aso.embedded import free_port
+from aso.localstore import free_port
 from aso.store import Server, design_signature
 from aso.storecheck import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
-from tests.conftest import make_config, write_config
+from tests.conftest import make_config, only_on, write_config
 from tests.test_cli import aso, one_line_error
 
 NODES = ["couchdb@couch1.example.org", "couchdb@couch2.example.org", "couchdb@couch3.example.org"]
@@ -57,6 +54,7 @@ def checked_config(store_config: Config, admin: Server, tmp_path_factory) -> Ite
         admin.delete_db(name)
 
 
+@only_on("pouchdb", "the embedded store's differences are its own")
 def test_embedded_store_is_fit_and_its_differences_are_warnings(checked_config):
     result = aso("store", "check", config=checked_config)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -70,6 +68,20 @@ def test_embedded_store_is_fit_and_its_differences_are_warnings(checked_config):
     assert report["counts"]["error"] == 0
     assert any(f["item"].endswith("_design/asyncstageout") and f["level"] == OK
                for f in report["findings"])  # fmt: skip
+
+
+@only_on("couchdb", "the settings checked are CouchDB's")
+def test_the_local_couchdb_is_fit_with_nothing_to_fix(checked_config):
+    """The local CouchDB that `aso store start` runs (aso/couchdb.py, the settings of
+    deploy/couchdb/local.ini): every setting ASO depends on is ok, the attachments' CSP too."""
+    report = json.loads(aso("store", "check", "--json", config=checked_config).stdout)
+    assert report["kind"] == "couchdb" and report["ok"] is True
+    assert report["counts"]["error"] == 0 and report["counts"]["warn"] == 0, report["findings"]
+    ok = {f["item"] for f in report["findings"] if f["level"] == OK}
+    wanted = {"auth handlers", "proxy authentication", "require_valid_user", "max_document_size",
+              "max_http_request_size", "JS query server", "attachments CSP", "bind", "cluster",
+              "cluster q/n", "agent account aso-agent"}  # fmt: skip
+    assert wanted <= ok, wanted - ok
 
 
 def test_an_open_database_is_an_error(checked_config, admin):
@@ -146,6 +158,7 @@ def node_config(**changes: dict[str, str]) -> dict[str, dict[str, str]]:
         "chttpd_auth": {"proxy_use_secret": "true", "secret": SECRET,
                         "hash_algorithms": "sha256, sha"},
         "cluster": {"q": "8", "n": "3"},
+        "csp": {"attachments_enable": "true", "attachments_header_value": ATTACHMENTS_CSP},
         "query_server_config": {"os_process_limit": "200", "reduce_limit": "true"},
         "admins": {"admin": "-pbkdf2-43ecbd256a70a3a2f7de40d2374b6c3002918834,921a12f7,10000"},
     }  # fmt: skip
@@ -417,47 +430,19 @@ def test_the_shipped_couchdb_config_passes_the_check(files, nodes):
     assert storecheck._is_loopback(bind) == (nodes == 1)
 
 
-def test_setup_cluster_script_sends_the_documented_actions(tmp_path):
-    """setup-cluster.sh against a recording HTTP server: the /_cluster_setup actions in order,
-    valid JSON bodies, the files database created with its q, no password on any command line."""
-    seen: list[tuple[str, str, Any]] = []
-
-    class Recorder(http.server.BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length).decode() if length else ""
-            seen.append((self.command, self.path, json.loads(body) if body else None))
-            assert self.headers["Authorization"].startswith("Basic ")
-            self.send_response(201)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(b'{"ok":true}')
-
-        do_GET = do_POST = do_PUT = _answer
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        env = {"PATH": os.environ["PATH"], "COUCHDB_USER": "admin", "COUCHDB_PASSWORD": "pw-1",
-               "COUCHDB_PORT": str(server.server_address[1]), "ASO_FILES_Q": "8"}  # fmt: skip
-        hosts = ["127.0.0.1", "node2.example.org", "node3.example.org"]
-        script = str(DEPLOY / "setup-cluster.sh")
-        result = subprocess.run(
-            [script, *hosts], capture_output=True, text=True, env=env, timeout=60
-        )
-    finally:
-        server.shutdown()
-    assert result.returncode == 0, result.stderr
-    actions = [(body or {}).get("action") for method, path, body in seen if method == "POST"]
-    assert actions == ["enable_cluster", "enable_cluster", "add_node", "enable_cluster",
-                       "add_node", "finish_cluster"]  # fmt: skip
-    remote = [b for _, _, b in seen if b and b.get("remote_node")]
-    assert [b["remote_node"] for b in remote] == ["node2.example.org", "node3.example.org"]
-    assert all(b["node_count"] == "3" and b["remote_current_password"] == "pw-1" for b in remote)
-    assert ("PUT", "/asynctransfer?q=8", None) in seen
-    assert [p for m, p, _ in seen if m == "GET"] == ["/_cluster_setup", "/_membership"]
-    assert "pw-1" not in (DEPLOY / "setup-cluster.sh").read_text()
+def test_the_attachments_csp_that_blanks_the_pages_is_an_error_with_its_fix():
+    """COUCHDB_ATTACHMENTS_CSP: CouchDB's default `sandbox` policy stops the pages' script."""
+    config = proxy_config()
+    expected = storecheck.expected_of(config)
+    welcome = couchdb_answers(config).welcome
+    default = node_config()
+    del default["csp"]
+    for node, level in ((default, ERROR), (node_config(csp={"attachments_enable": "false"}), WARN),
+                        (node_config(), OK)):  # fmt: skip
+        findings = storecheck.check_node_config(node, expected, welcome, 3)
+        csp = [f for f in findings if f.item == "attachments CSP"]
+        assert len(csp) == 1 and csp[0].level == level, csp
+    blank = at(storecheck.check_node_config(default, expected, welcome, 3), ERROR, "blank")
+    assert "attachments_header_value" in blank[0].detail and ATTACHMENTS_CSP in blank[0].detail
+    no_script = node_config(csp={"attachments_header_value": "script-src 'none'"})
+    assert at(storecheck.check_node_config(no_script, expected, welcome, 3), ERROR, "script-src")

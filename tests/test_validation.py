@@ -7,12 +7,16 @@ answer must be the Python model's (aso.model.may_transition): the two cannot dis
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
+import re
+import uuid
 from typing import Any
 
 import pytest
 
 from aso import model
+from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
 from tests.conftest import db_as, sample_request
@@ -451,3 +455,39 @@ def test_a_stale_write_is_a_conflict_not_a_refusal(files_db, accounts, stored):
     current = owner.get(stored["_id"])
     with pytest.raises(Forbidden):  # ...and acquired → killed is not, once she reads again
         owner.put(model.transition(current, [Change(STATE, "killed", "alice")], model.ADMIN))
+
+
+CROSS_CONTEXT = re.compile(r"instanceof\s+(Array|Object)\b")
+
+
+def _sources(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _sources(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in _sources(item)]
+    return []
+
+
+def test_store_side_javascript_never_tests_arrays_with_instanceof(admin, store_config):
+    """COUCHDB_FOREIGN_ARRAYS: CouchDB's query server gives each document a JavaScript context
+    of its own, so `doc.files instanceof Array` is false there (every catalog block and purge
+    batch was refused). Every design document ASO pushes, read back from the store, uses
+    Array.isArray instead."""
+    keys = ("files_db", "transfers_db", "catalog_db", "stats_db")
+    names = {key: f"jsscan_{key}_{uuid.uuid4().hex[:6]}" for key in keys}
+    store = dataclasses.replace(store_config.store, **names)
+    init_databases(admin, dataclasses.replace(store_config, store=store))
+    checked = 0
+    try:
+        for name in names.values():
+            for ddoc in admin.db(name).all_docs("_design/", "_design0"):
+                ddoc.pop("_attachments", None)
+                for source in _sources(ddoc):
+                    checked += 1
+                    assert not CROSS_CONTEXT.search(source), (name, ddoc["_id"], source[:200])
+    finally:
+        for name in names.values():
+            admin.delete_db(name)
+    assert checked > 20  # every view, validation and library of the six design documents

@@ -89,7 +89,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
   if (!str(newDoc.origin_site) || !str(newDoc.user)) {
     refuse('schema', 'a block needs origin_site and user');
   }
-  if (!(newDoc.files instanceof Array) || newDoc.files.length === 0) {
+  if (!Array.isArray(newDoc.files) || newDoc.files.length === 0) {
     refuse('schema', 'a block needs files');
   }
   var seen = {};
@@ -103,7 +103,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
     if (!num(f.size) || !str(f.adler32) || !num(f.events)) {
       refuse('schema', 'files[' + i + '] needs size, adler32 and events');
     }
-    if (typeof f.lumis !== 'object' || !(f.parents instanceof Array)) {
+    if (typeof f.lumis !== 'object' || !Array.isArray(f.parents)) {
       refuse('schema', 'files[' + i + '] needs lumis (object) and parents (list)');
     }
   }
