@@ -82,6 +82,14 @@ def is_type(value: Any, name: str) -> bool:
     return actual == name or (name == "number" and actual == "integer")
 
 
+def lone_surrogate(text: str) -> bool:
+    """Whether `text` holds a UTF-16 surrogate that is not half of a pair (JSON can carry one as
+    a \\ud800 escape). It is no Unicode: CouchDB refuses such a body (400 invalid UTF-8 JSON),
+    the embedded store keeps it, so the model refuses it on both. Python has already joined
+    every valid pair of a JSON text into one character: any surrogate left is lone."""
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
 def length(text: str) -> int:
     """String length in UTF-16 code units."""
     return len(text.encode("utf-16-le", "surrogatepass")) // 2

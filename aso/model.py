@@ -400,6 +400,8 @@ def _check_value(path: str, value: Any, spec: Mapping[str, Any]) -> None:
         shown = ", ".join(_joined(v) for v in spec["enum"])
         raise SchemaError(f"{path} must be one of {shown}, not {js.stringify(value)}")
     if kind == "string":
+        if js.lone_surrogate(value):
+            raise SchemaError(f"{path} is not valid Unicode (a lone surrogate)")
         limit = spec.get("max") or MAX_STRING
         if js.length(value) > limit:
             raise SchemaError(f"{path} is longer than {limit} characters")
@@ -434,6 +436,8 @@ def _check_object(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) 
         for key in js.keys(value):
             if key == js.PROTO:
                 raise SchemaError(f"{path} has a member named {js.PROTO}, which stores lose")
+            if js.lone_surrogate(key):
+                raise SchemaError(f"{path} has a member name that is not valid Unicode")
             _check_value(f"{path}.{key}", value[key], spec["values"])
         return
     for name in spec.get("required", []):

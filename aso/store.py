@@ -96,6 +96,11 @@ COUCHDB_SECURITY_NO_MAJORITY     a non-admin's `PUT /db/_security` answers `500 
                                  when the account is no admin of the database
                                  (`Database.set_security`); the front end refuses such writes
                                  with a 403 before the store sees them (aso/gate.py).
+COUCHDB_REFUSES_MALFORMED_FIRST  a body that is no valid UTF-8 (a lone surrogate in a \\ud800
+                                 escape) or a non-string `_id` is a 400 before validate_doc_update
+                                 runs; the embedded store judged or kept it. The model refuses
+                                 both (aso/model.py, validate_doc_update.js), so the same
+                                 documents are refused on both stores.
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).

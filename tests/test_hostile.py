@@ -2,8 +2,8 @@
 validate_doc_update, the upload path and the X.509 front end (Hypothesis; the settings profiles
 are in tests/hostile_strategies.py, `make fuzz` runs the long one).
 
-A store of its own (a pouchdb-server for this module): a case that crashed it must fail here,
-not every test after it.
+A store of its own (the engine under test, for this module): a case that crashed it must fail
+here, not every test after it.
 
 What holds for every generated case:
 * validate_doc_update, written as a user or an agent (never the admin): the store's verdict is
@@ -53,7 +53,7 @@ from aso.designdocs import init_databases
 from aso.localstore import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
 from aso.pki import Pki
-from aso.store import Server
+from aso.store import Server, StoreError
 from aso.upload import IDENTITY, upload
 from tests.conftest import own_store, sample_request, write_config
 from tests.hostile_strategies import LONG, json_values, mutated, requests, texts
@@ -84,9 +84,11 @@ class Store:
         return self.admin.db(self.db).get(doc_id)
 
     def answers(self) -> bool:
+        """The store serves (as its admin: a CouchDB refuses anonymous requests)."""
         try:
-            return http.get(self.url, timeout=10).status_code == 200
-        except http.RequestException:
+            self.admin.info()
+            return True
+        except StoreError:
             return False
 
 
@@ -166,6 +168,24 @@ def own_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k not in ("_rev", "_revisions")}
 
 
+def malformed_body(doc: Any) -> bool:
+    """What CouchDB refuses with a 400 before validate_doc_update sees it (the model refuses it
+    too): a non-string `_id`, or a lone surrogate anywhere (no valid UTF-8)."""
+    if isinstance(doc, dict) and "_id" in doc and not isinstance(doc["_id"], str):
+        return True
+    pending = [doc]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and js.lone_surrogate(item):
+            return True
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
 def check_write(store: Store, session: http.Session, who: str, new: dict[str, Any]) -> str:
     """Write `new` as `who`; check the store's answer against the Python model and what is
     stored afterwards. Returns the outcome (for the statistics of the long run)."""
@@ -181,6 +201,11 @@ def check_write(store: Store, session: http.Session, who: str, new: dict[str, An
         # EMBEDDED_DROPS_PROTO_MEMBERS: the store judged (and kept) the document without them.
         assert js.same(own_fields(after), own_fields(without_proto(new))), differences(after, new)
         return "accepted without __proto__"
+    if verdict is not None and answer.status_code == 400 and malformed_body(new):
+        # COUCHDB_REFUSES_MALFORMED_FIRST: CouchDB's parser refuses it before validation.
+        assert body.get("error") in ("bad_request", "illegal_docid", "doc_validation"), body
+        assert after == old, "a refused write changed the stored document"
+        return "refused"
     if verdict is not None:
         assert (answer.status_code, body.get("error")) == (403, "forbidden"), (verdict, body)
         assert body["reason"] == verdict
@@ -339,6 +364,10 @@ def test_a_member_named_like_an_object_method_is_judged_not_crashed_on(store, se
          "[schema] doc._attachments is not a field of the schema"),
         ("publish_info", {"dataset": "/a/b-v1/USER", "lumis": {"__proto__": [1]}},
          "[schema] doc.publish_info.lumis has a member named __proto__, which stores lose"),
+        # Found by the CouchDB leg: CouchDB refuses it (invalid UTF-8), pouchdb-server kept it.
+        ("user_dn", "/CN=a\ud800b", "[schema] doc.user_dn is not valid Unicode"),
+        ("publish_info", {"dataset": "/a/b-v1/USER", "lumis": {"\udc00": [1]}},
+         "[schema] doc.publish_info.lumis has a member name that is not valid Unicode"),
     ],
 )  # fmt: skip
 def test_the_model_and_the_store_agree_where_javascript_differs_from_python(

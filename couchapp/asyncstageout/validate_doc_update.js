@@ -41,6 +41,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return actual === t || (t === 'number' && actual === 'integer');
   }
 
+  // A surrogate that is not half of a pair is no Unicode: CouchDB refuses such a body before
+  // this function runs, the embedded store would keep it (aso/jsvalues.py lone_surrogate).
+  function loneSurrogate(text) {
+    return /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?:^|[^\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(text);
+  }
+
   function checkValue(path, v, spec) {
     var types = Array.isArray(spec.type) ? spec.type : [spec.type];
     var kind = null;
@@ -54,6 +60,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
       refuse('schema', path + ' must be one of ' + spec['enum'].join(', ') + ', not ' + JSON.stringify(v));
     }
     if (kind === 'string') {
+      if (loneSurrogate(v)) { refuse('schema', path + ' is not valid Unicode (a lone surrogate)'); }
       var max = spec.max || 1024;
       if (v.length > max) { refuse('schema', path + ' is longer than ' + max + ' characters'); }
       if (spec.min_length && v.length < spec.min_length) { refuse('schema', path + ' must not be empty'); }
@@ -83,6 +90,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         if (!has(obj, key)) { continue; }
         // Copying such an object makes it the copy's prototype: the member would be lost.
         if (key === '__proto__') { refuse('schema', path + ' has a member named __proto__, which stores lose'); }
+        if (loneSurrogate(key)) { refuse('schema', path + ' has a member name that is not valid Unicode'); }
         checkValue(path + '.' + key, obj[key], spec.values);
       }
       return;
