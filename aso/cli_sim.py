@@ -102,7 +102,30 @@ def sim_cmd(
         str | None,
         typer.Option(
             help="Run against this store (http://admin:pw@host:5984; fresh databases) instead "
-            "of an embedded one."
+            "of a local one of its own."
+        ),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="The run's own local store: pouchdb (embedded) or couchdb ($COUCHDB_HOME, "
+            "else /opt/couchdb)."
+        ),
+    ] = "pouchdb",
+    nodes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=9,
+            help="--engine couchdb: nodes of the run's store, a cluster on loopback; agent host "
+            "k talks to node k (round robin).",
+        ),
+    ] = 1,
+    kill_node: Annotated[
+        int | None,
+        typer.Option(
+            help="With --nodes 2 or more: SIGKILL this node (1..N) midway, start it again 3 s "
+            "later."
         ),
     ] = None,
     bucket: Annotated[
@@ -166,6 +189,12 @@ def sim_cmd(
         raise typer.BadParameter("--distribution must be exponential, lognormal or fixed")
     if hosts < 1:
         raise typer.BadParameter("--hosts must be at least 1")
+    if engine not in ("pouchdb", "couchdb"):
+        raise typer.BadParameter("--engine must be pouchdb or couchdb")
+    if nodes > 1 and (engine != "couchdb" or store_url):
+        raise typer.BadParameter("--nodes needs --engine couchdb (and no --store-url)")
+    if kill_node is not None and not 1 <= kill_node <= nodes:
+        raise typer.BadParameter(f"--kill-node must be a node 1..{nodes} (--nodes 2 or more)")
     if kill_host is not None and kill_host not in host_ids(hosts)[1:]:
         raise typer.BadParameter(
             f"--kill-host {kill_host!r}: expected one of {', '.join(host_ids(hosts)[1:]) or '—'} "
@@ -175,16 +204,24 @@ def sim_cmd(
         chaos_plan = None
         if chaos:
             chaos_plan = ChaosPlan(kill_every=chaos_every, kill_host=kill_host)
-        elif kill_host:  # only the host's death
+        elif kill_host or kill_node:  # only the host's or the node's death
             chaos_plan = ChaosPlan(
-                kill_every=None, store_restarts=0, outages=False, kill_host=kill_host
+                kill_every=None,
+                store_restarts=0,
+                outages=False,
+                kill_host=kill_host,
+                kill_node=kill_node,
             )
+        if chaos_plan is not None and chaos:
+            chaos_plan.kill_node = kill_node
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     options = RunOptions(
         workdir=workdir or Path("var/sim") / stamp,
         store_url=store_url,
+        engine=engine,
+        nodes=nodes,
         instances=parse_instances(instances or []),
         uploaders=uploaders,
         bucket=parse_duration(bucket) if bucket else None,

@@ -90,6 +90,11 @@ STORE_UNAVAILABLE = Counter(
 STORE_CONFLICTS = Counter(
     "aso_store_conflicts", "Writes the store refused as conflicts (409).", ["db", "route"]
 )
+STORE_CONTESTED = Counter(
+    "aso_store_contested_writes",
+    "Writes a CouchDB cluster stored below its quorum (202): treated as conflicts.",
+    ["db"],
+)
 AGENT_CYCLES = Counter("aso_agent_cycles", "Cycles an agent ran.", ["agent"])
 AGENT_CYCLE_SECONDS = Histogram(
     "aso_agent_cycle_seconds", "Duration of an agent's cycles.", ["agent"], buckets=CALL_BUCKETS
@@ -207,6 +212,10 @@ def observe_store_response(response: requests.Response, *args: Any, **kwargs: An
 def count_bulk_conflicts(db: str, conflicts: int) -> None:
     if conflicts:
         STORE_CONFLICTS.labels(db, "_bulk_docs").inc(conflicts)
+
+
+def count_contested(db: str) -> None:
+    STORE_CONTESTED.labels(db).inc()
 
 
 # --- files -----------------------------------------------------------------------------------

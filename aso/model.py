@@ -536,7 +536,7 @@ def validate_doc_update(
             raise Refusal("design", "only admins may change design documents")
         return
     if new.get("_deleted") is True:
-        _check_deletion(old, is_admin, is_agent)
+        _check_deletion(new, old, is_admin, is_agent)
         return
     kind = new.get("type")
     if isinstance(kind, str) and kind == HEARTBEAT_TYPE:
@@ -564,11 +564,15 @@ def validate_doc_update(
         _check_update(new, old, role, name)
 
 
-def _check_deletion(old: Mapping[str, Any] | None, is_admin: bool, is_agent: bool) -> None:
+def _check_deletion(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, is_admin: bool, is_agent: bool
+) -> None:
     if is_admin:
         return
     if is_agent and old is not None and (old.get("type") == HEARTBEAT_TYPE or is_final(old)):
         return
+    if is_agent and js.same(new.get("withdrawn", js.UNDEFINED), WITHDRAWN):
+        return  # a branch of a cluster's conflict, withdrawn (aso/store.py)
     if is_agent:
         raise Refusal("delete", "agents may only delete finished requests")
     raise Refusal("delete", "only agents (finished requests) and admins may delete documents")
@@ -781,6 +785,12 @@ def new_request(
     return doc
 
 
+# What an agent's deletion of a request revision that is no finished request says: the revision
+# is one branch of a conflict between writers on a CouchDB cluster, withdrawn so that another
+# stays the document (aso/store.py CLUSTER_ACCEPTED_IS_NOT_WON, CLUSTER_CONFLICTING_BRANCHES).
+WITHDRAWN = "a conflicting branch"
+
+
 def validation_model() -> dict[str, Any]:
     """The tables validate_doc_update reads, as JSON-ready data (the design doc's `lib/model`)."""
     return {
@@ -806,4 +816,5 @@ def validation_model() -> dict[str, Any]:
         "immutable": list(IMMUTABLE),
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,
+        "withdrawn": WITHDRAWN,
     }

@@ -120,7 +120,17 @@ def intend(
 
 
 def delete(files_db: Database, batch: Mapping[str, Any]) -> None:
-    """Step 3: delete the batch's requests at the revisions read (refusals are settled next)."""
+    """Step 3: delete the batch's requests at the revisions read (refusals are settled next),
+    and the conflicting branches a CouchDB cluster left beside them: once the winner is
+    deleted, such a branch would be the document again (CLUSTER_CONFLICTING_BRANCHES)."""
+    present = files_db.get_many(batch["requests"], conflicts=True)
+    files_db.withdraw(
+        {
+            rid: doc["_conflicts"]
+            for rid, doc in present.items()
+            if doc and doc.get("_conflicts") and doc["_rev"] == batch["requests"][rid]["rev"]
+        }
+    )
     files_db.bulk_write(
         [
             {"_id": rid, "_rev": entry["rev"], "_deleted": True}

@@ -15,7 +15,13 @@ Operators of the original lost files and left garbage exactly in these gaps:
 ``catalog_missing``       a published request whose block is not in the catalog or does not hold
                           its LFN;
 ``catalog_extra``         a catalog block holding an LFN whose request is not published (nor being
-                          published in that block).
+                          published in that block);
+``conflict``              a request with conflicting revisions: two writers of a CouchDB cluster
+                          both stored an edit of one revision, neither withdrew (aso/store.py
+                          CLUSTER_CONFLICTING_BRANCHES), and nothing moved it for twice
+                          `transfer.lease`. Repaired by keeping the winner CouchDB shows (its
+                          longest branch: the one the agents went on with) and withdrawing the
+                          others, as an agent may.
 
 Each check is a plain function over data (`find_*`): the requests as read from the store, the
 temp files as listed at the sites, the destination checks, the catalog's blocks. `reconcile`
@@ -75,7 +81,9 @@ DESTINATION_MISSING = "destination_missing"
 DESTINATION_MISMATCH = "destination_mismatch"
 CATALOG_MISSING = "catalog_missing"
 CATALOG_EXTRA = "catalog_extra"
+CONFLICT = "conflict"
 KINDS = (
+    CONFLICT,
     STUCK,
     ORPHAN_TEMP,
     LEFTOVER_TEMP,
@@ -92,6 +100,7 @@ TRANSITION = "transition"  # a document change (transitions and/or fields)
 JOB_LOST = "job_lost"  # cancel at the transfer service, then a transition
 DELETE_TEMP = "delete_temp"  # delete a file inside a site's temp area
 RECOPY = "recopy"  # (delete a damaged destination copy,) then done → new
+KEEP_WINNER = "keep_winner"  # withdraw every conflicting branch but the winner
 
 PAGE = 1000  # documents per `_all_docs` page
 WORKERS = 8  # storage operations at once (listings, stats, checksums)
@@ -204,6 +213,8 @@ class Request:
     retry_after: float | None = None
     job_id: str | None = None
     last_error: str | None = None  # cleanup_error / publication_error, for the details
+    conflicts: tuple[str, ...] = ()  # revisions of conflicting branches (a cluster's)
+    last_update: float = 0.0
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Request:
@@ -230,6 +241,8 @@ class Request:
             retry_after=doc.get("retry_after"),
             job_id=(doc.get("transfer") or {}).get("job_id"),
             last_error=doc.get("cleanup_error") or doc.get("publication_error"),
+            conflicts=tuple(doc.get("_conflicts") or ()),
+            last_update=float(doc.get("last_update") or 0.0),
         )
 
     def since(self, axis: str) -> float:
@@ -611,13 +624,41 @@ def find_catalog_extra(
     return findings
 
 
+def find_conflicts(requests: Iterable[Request], now: float, grace: float) -> list[Finding]:
+    """Requests with conflicting branches that nothing moved for `grace` seconds."""
+    findings = []
+    for request in requests:
+        if not request.conflicts or now - request.last_update < grace:
+            continue
+        findings.append(
+            Finding(
+                CONFLICT,
+                f"{len(request.conflicts)} conflicting revision(s) beside {request.rev} (state "
+                f"{request.state}): two writers of a cluster both edited one revision",
+                request_id=request.id,
+                rev=request.rev,
+                repair=Repair(
+                    KEEP_WINNER,
+                    f"keep {request.rev}, withdraw {', '.join(request.conflicts)}",
+                    role=AGENT,
+                ),
+            )
+        )
+    return findings
+
+
 # --- reading the three truths --------------------------------------------------------------
 def scan_requests(db: Database, page: int = PAGE) -> Iterator[Request]:
     """Every transfer request, read with `_all_docs` in pages (cut by key: the last id of a
     page starts the next one and is dropped)."""
     start: str | None = None
     while True:
-        kwargs: dict[str, Any] = {"db": db.name, "include_docs": True, "limit": page}
+        kwargs: dict[str, Any] = {
+            "db": db.name,
+            "include_docs": True,
+            "conflicts": True,  # CLUSTER_CONFLICTING_BRANCHES
+            "limit": page,
+        }
         if start is not None:
             kwargs.update(start_key=start, limit=page + 1)
         rows = db.server.call(db.client.post_all_docs, **kwargs)["rows"]
@@ -774,6 +815,8 @@ def reconcile(
     elif any(k in wanted for k in CATALOG_KINDS):
         report.errors.append("no catalog given: catalog checks skipped")
 
+    if CONFLICT in wanted:
+        report.findings += find_conflicts(requests, now, 2 * config.transfer.lease)
     if STUCK in wanted:
         report.findings += find_stuck(requests, now, settings.stuck_after, state)
 
@@ -876,6 +919,8 @@ class Fixer:
         if repair.action == DELETE_TEMP:
             return self._delete_temp(finding)
         doc = self._current(finding)
+        if repair.action == KEEP_WINNER:
+            return self._keep_winner(doc)
         if repair.action == JOB_LOST:
             self._cancel(repair.cancel_job, doc)
         elif repair.action == RECOPY:
@@ -891,6 +936,16 @@ class Fixer:
         if finding.rev and doc.get("_rev") != finding.rev:
             raise Skip("the request changed since the check: left to the agents")
         return doc
+
+    def _keep_winner(self, doc: Mapping[str, Any]) -> str:
+        db = self.agent_db or self.admin_db
+        assert db is not None
+        try:
+            leaves = db.leaves(doc["_id"])
+            withdrawn = db.keep_leaf(doc["_id"], doc["_rev"], leaves)
+        except StoreError as exc:
+            raise Skip(f"branches not withdrawn: {exc}") from None
+        return f"kept {doc['_rev']}, withdrew {withdrawn} conflicting revision(s)"
 
     def _storage(self) -> Files:
         if self.files is None:

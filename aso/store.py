@@ -101,9 +101,39 @@ COUCHDB_REFUSES_MALFORMED_FIRST  a body that is no valid UTF-8 (a lone surrogate
                                  runs; the embedded store judged or kept it. The model refuses
                                  both (aso/model.py, validate_doc_update.js), so the same
                                  documents are refused on both stores.
+COUCHDB_BULK_NOT_ATOMIC          a `_bulk_docs` that fails midway (a full disk, a node going away)
+                                 may have written part of its documents: every bulk writer is
+                                 idempotent (upload() reports them as already recorded, agents
+                                 read again and decide again).
+COUCHDB_STOPS_ON_FULL_DISK       a node whose database files cannot be written answers 500
+                                 (enospc) for a while, then stops: clients see a store that went
+                                 away (retryable); it is started again once there is room
+                                 (tests/test_disk_full.py).
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).
+CLUSTER_ACCEPTED_IS_NOT_WON      a cluster answers a write that fewer copies than the quorum
+                                 stored with 202 (`accepted: true` per document of a
+                                 `_bulk_docs`): two agents writing the same revision through two
+                                 nodes may both be "accepted" (found by a 3-node lifecycle run:
+                                 two submitters acquired one file, both copied it). Such a write
+                                 is reported as a conflict (`Contested`, a result with
+                                 `accepted`), so no agent acts on it; it is withdrawn when
+                                 another branch beats it in CouchDB's order, kept when nothing
+                                 does (`Database.withdraw_if_beaten`). Only a majority write
+                                 (201) is won, and two writers cannot both have a majority.
+CLUSTER_CONFLICTING_BRANCHES     such writes leave a document with conflicting branches. The
+                                 winner CouchDB shows is the longest branch, the one an agent
+                                 went on with; the purge withdraws a request's other branches
+                                 with it (else one would become the document again,
+                                 aso/purge.py); the reconciler reports a conflict left quiet for
+                                 twice the lease and `--fix` keeps the winner (`keep_leaf`). An
+                                 agent may delete an unfinished request's revision only as such
+                                 a withdrawal (`withdrawn`, validate_doc_update.js).
+CLUSTER_SHARD_INTERLEAVED_FEEDS  `_changes` of a q>1 database comes shard by shard, and after a
+                                 node restart a feed may replay changes from an older point:
+                                 every feed reader treats `seq` as opaque, reads documents as
+                                 they are now and is idempotent (EMBEDDED_CHANGES_ORDER).
 """
 
 from __future__ import annotations
@@ -124,6 +154,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from aso import gridenv, metrics
+from aso.model import WITHDRAWN
 
 log = logging.getLogger("aso.store")
 
@@ -175,6 +206,19 @@ class Conflict(StoreError):
     pass
 
 
+class Contested(Conflict):
+    """CLUSTER_ACCEPTED_IS_NOT_WON: the write was stored by fewer copies than the cluster's
+    quorum (HTTP 202, `accepted`): another writer of the same revision may have won. Treated as
+    a conflict: the writer does not act on it."""
+
+    def __init__(self, url: str = "", rev: str | None = None):
+        super().__init__(409, "conflict", ACCEPTED_REASON, url)
+        self.rev = rev
+
+
+ACCEPTED_REASON = "accepted by fewer copies than the quorum: another writer may have won"
+
+
 _BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}
 
 
@@ -211,6 +255,9 @@ class WriteResult:
     rev: str | None = None
     error: str | None = None  # conflict, forbidden, unauthorized, ...
     reason: str | None = None
+    # CLUSTER_ACCEPTED_IS_NOT_WON: stored (as `rev`) by fewer copies than the quorum: reported
+    # as a conflict, not ok, so that no caller acts on it.
+    accepted: bool = False
 
     @property
     def conflict(self) -> bool:
@@ -444,6 +491,24 @@ class Server:
         extra = {"timeout": timeout} if timeout else {}
         return self.call(lambda: client.send(request, **extra), _poll=poll)
 
+    def raw_answer(
+        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None
+    ) -> tuple[int, Any]:
+        """As `raw`, with the HTTP status of the answer (201 or 202 for a write)."""
+        data = None if body is None else json.dumps(body)
+        request = self.client.prepare_request(
+            method, path, headers=dict(JSON_HEADERS), params=dict(params or {}), data=data
+        )
+        answer: list[int] = []
+
+        def send() -> Any:
+            response = self.client.send(request)
+            answer.append(response.get_status_code())
+            return response
+
+        result = self.call(send)
+        return answer[-1], result
+
     # -- server -------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         return self.call(self.client.get_server_information)
@@ -571,11 +636,74 @@ class Database:
             return None
 
     def put(self, doc: Mapping[str, Any]) -> str:
-        """Write one document (with `_rev` to update); returns the new revision."""
-        result = self.server.raw(
+        """Write one document (with `_rev` to update); returns the new revision. Contested (a
+        Conflict) when a cluster stored it below its quorum (CLUSTER_ACCEPTED_IS_NOT_WON)."""
+        status, result = self.server.raw_answer(
             "PUT", f"/{quote(self.name, safe='')}/{_doc_path(doc['_id'])}", body=dict(doc)
         )
+        if status == 202:
+            metrics.count_contested(self.name)
+            self.withdraw_if_beaten(doc["_id"], result.get("rev", ""))
+            raise Contested(self.server.url, result.get("rev"))
         return result["rev"]
+
+    # -- a cluster's conflicting branches -------------------------------------------------------
+    def leaves(self, doc_id: str) -> list[dict[str, Any]]:
+        """Every live leaf revision of a document (`open_revs=all`): one, unless two writers
+        of a cluster both stored an edit of the same revision (CLUSTER_CONFLICTING_BRANCHES)."""
+        answer = self.server.raw(
+            "GET",
+            f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}",
+            params={"open_revs": "all", "latest": "true"},
+        )
+        docs = [item["ok"] for item in answer if isinstance(item, dict) and "ok" in item]
+        return [d for d in docs if not d.get("_deleted")]
+
+    def withdraw_if_beaten(self, doc_id: str, rev: str) -> bool:
+        """CLUSTER_ACCEPTED_IS_NOT_WON: our revision `rev` was stored below the quorum. If
+        another live leaf beats it in CouchDB's order (the one that picks the winner), it is
+        withdrawn (deleted: a deleted leaf never wins), so that the other writer's edit stays
+        the document. A revision nothing beats is kept, whatever others see: the best leaf of
+        all never withdraws itself, so a document never loses all its leaves. True if
+        withdrawn."""
+        try:
+            leaves = self.leaves(doc_id)
+        except StoreError as exc:
+            log.warning("contested write of %s/%s: leaves not read (%s)", self.name, doc_id, exc)
+            return False
+        if not any(d["_rev"] == rev for d in leaves):
+            return False
+        if max(leaves, key=lambda d: rev_order(d["_rev"]))["_rev"] == rev:
+            return False
+        try:
+            [result] = self.bulk_write([withdrawal(doc_id, rev)])
+        except StoreError as exc:
+            log.warning("contested revision %s of %s not withdrawn: %s", rev, doc_id, exc)
+            return False
+        if not result.ok:
+            log.warning("contested revision %s of %s not withdrawn: %s", rev, doc_id, result)
+            return False
+        log.info(
+            "contested revision %s of %s/%s withdrawn: another beats it", rev, self.name, doc_id
+        )
+        return True
+
+    def withdraw(self, branches: Mapping[str, Sequence[str]]) -> int:
+        """CLUSTER_CONFLICTING_BRANCHES: withdraw (delete) the revisions `branches` names per
+        document, e.g. the `_conflicts` of documents being purged: a branch left behind would
+        become the document once its winner is gone. Returns how many were withdrawn."""
+        pending = {doc_id: list(revs) for doc_id, revs in branches.items() if revs}
+        withdrawn = 0
+        while pending:  # one revision per document and call: bulk_write takes distinct ids
+            batch = [withdrawal(doc_id, revs.pop()) for doc_id, revs in pending.items()]
+            withdrawn += sum(r.ok for r in self.bulk_write(batch))
+            pending = {doc_id: revs for doc_id, revs in pending.items() if revs}
+        return withdrawn
+
+    def keep_leaf(self, doc_id: str, keep: str, leaves: Sequence[Mapping[str, Any]]) -> int:
+        """CLUSTER_CONFLICTING_BRANCHES: withdraw every live leaf of `leaves` but `keep`; a leaf
+        that changed meanwhile is a conflict and stays. Returns how many were withdrawn."""
+        return self.withdraw({doc_id: [d["_rev"] for d in leaves if d["_rev"] != keep]})
 
     def create(self, doc: Mapping[str, Any]) -> str:
         """Create a document; Conflict if its id exists (the caller's duplicate)."""
@@ -599,12 +727,16 @@ class Database:
         return result["rev"]
 
     # -- bulk -----------------------------------------------------------------------------------
-    def get_many(self, ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
-        """{id: document or None} for every id, in one `_all_docs` request."""
+    def get_many(
+        self, ids: Iterable[str], *, conflicts: bool = False
+    ) -> dict[str, dict[str, Any] | None]:
+        """{id: document or None} for every id, in one `_all_docs` request (`conflicts`: with
+        the `_conflicts` revisions of each, CLUSTER_CONFLICTING_BRANCHES)."""
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return {}
-        result = self._call(self.client.post_all_docs, keys=wanted, include_docs=True)
+        extra = {"conflicts": True} if conflicts else {}
+        result = self._call(self.client.post_all_docs, keys=wanted, include_docs=True, **extra)
         found: dict[str, dict[str, Any] | None] = dict.fromkeys(wanted)
         for row in result["rows"]:
             if row.get("doc") and not row.get("value", {}).get("deleted"):
@@ -640,9 +772,24 @@ class Database:
                 results.append(
                     WriteResult(doc_id, False, error=item["error"], reason=item.get("reason"))
                 )
+            elif item.get("accepted"):  # CLUSTER_ACCEPTED_IS_NOT_WON
+                metrics.count_contested(self.name)
+                results.append(
+                    WriteResult(
+                        doc_id,
+                        False,
+                        rev=item.get("rev"),
+                        error="conflict",
+                        reason=ACCEPTED_REASON,
+                        accepted=True,
+                    )
+                )
             else:
                 results.append(WriteResult(doc_id, True, rev=item.get("rev")))
         metrics.count_bulk_conflicts(self.name, sum(r.conflict for r in results))
+        for result in results:
+            if result.accepted and result.rev:
+                self.withdraw_if_beaten(result.id, result.rev)
         return results
 
     def write_decided(
@@ -862,6 +1009,21 @@ def _answers(server: Server) -> bool:
         return True
     except StoreError:
         return False
+
+
+def withdrawal(doc_id: str, rev: str) -> dict[str, Any]:
+    """The deletion of one branch of a conflict (an agent may make it: `withdrawn`)."""
+    return {"_id": doc_id, "_rev": rev, "_deleted": True, "withdrawn": WITHDRAWN}
+
+
+def rev_order(rev: str) -> tuple[int, str]:
+    """A revision's place in CouchDB's choice of a winner among live leaves: the longest
+    revision path, then the greatest revision hash (docs: replication/conflicts.html)."""
+    number, _, digest = rev.partition("-")
+    try:
+        return int(number), digest
+    except ValueError:
+        return 0, rev
 
 
 def _doc_path(doc_id: str) -> str:

@@ -7,7 +7,10 @@ While the injection runs, a `Chaos` thread:
 * restarts the embedded document store `store_restarts` times, spread over the injection, each
   time down for `store_down` wall seconds (SIGKILL, then the same data directory and port);
 * optionally kills one whole agent host (`kill_host`, with `--hosts 2`): its supervisor and
-  every agent of it, for good, so that the other host must take its work over.
+  every agent of it, for good, so that the other host must take its work over;
+* optionally kills one node of a local CouchDB cluster (`kill_node`, with `--nodes 3`) with
+  SIGKILL and starts it again `store_down` wall seconds later: the agents of the hosts that
+  talk to it meet a store that is gone, the others a cluster with one node missing.
 
 Two faults are simulated-time windows of the plan, so the transfer service itself plays them
 (aso/transfer/sim.py): the storage of the busiest destination site stops for a while (files in
@@ -51,6 +54,8 @@ class ChaosPlan:
     outages: bool = True  # the storage outage and the failing link
     kill_host: str | None = None  # a host id to kill for good, at kill_host_at
     kill_host_at: float = 0.4  # fraction of the injection
+    kill_node: int | None = None  # a node of a local cluster to kill and start again
+    kill_node_at: float = 0.5  # fraction of the injection
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -92,7 +97,7 @@ def chaos_outages(plan: Plan, chaos: ChaosPlan) -> list[dict[str, Any]]:
 @dataclass
 class Event:
     at: float  # wall epoch seconds
-    what: str  # kill, store_down, store_up, host_killed
+    what: str  # kill, store_down, store_up, host_killed, node_down, node_up
     target: str
     detail: str = ""
 
@@ -113,6 +118,7 @@ class ChaosLog:
             "kills": self.count("kill"),
             "store_restarts": self.count("store_up"),
             "hosts_killed": self.count("host_killed"),
+            "nodes_restarted": self.count("node_up"),
             "events": [{**asdict(e), "at": round(e.at - started, 2)} for e in self.events],
         }
 
@@ -148,6 +154,8 @@ class Chaos(threading.Thread):
             times = [(self._before_tick(at), what) for at, what in times]
         if self.chaos.kill_host:
             times.append((self.start_at + span * self.chaos.kill_host_at, "host"))
+        if self.chaos.kill_node:
+            times.append((self.start_at + span * self.chaos.kill_node_at, "node"))
         return sorted(times)
 
     def _before_tick(self, at: float) -> float:
@@ -163,7 +171,9 @@ class Chaos(threading.Thread):
             now = time.time()
             if scheduled and now >= scheduled[0][0]:
                 _, action = scheduled.pop(0)
-                self.restart_store() if action == "store" else self.kill_host()
+                {"store": self.restart_store, "host": self.kill_host, "node": self.restart_node}[
+                    action
+                ]()
                 continue
             if every and now >= next_kill:
                 self.kill_agent()
@@ -192,6 +202,19 @@ class Chaos(threading.Thread):
         self.log.add("store_down", "store", f"pid {pid} killed")
         self._halt.wait(self.chaos.store_down)
         self.log.add("store_up", "store", self.store.start())
+
+    def restart_node(self) -> None:
+        """SIGKILL one node of the local cluster, then start it again on its data."""
+        index = self.chaos.kill_node or 0
+        node = getattr(self.store, "node", None)
+        if node is None:
+            self.log.add("skipped", f"node {index}", "the store is not a local cluster")
+            return
+        member = node(index)
+        pid = member.kill()
+        self.log.add("node_down", member.name, f"pid {pid} killed")
+        self._halt.wait(self.chaos.store_down)
+        self.log.add("node_up", member.name, member.start())
 
     def kill_host(self) -> None:
         host = self.chaos.kill_host

@@ -3,8 +3,10 @@
 One run, start to end:
 
 1. a workspace (`var/sim/<run>/`) with a config of its own: the `sim` transfer back end, the
-   embedded catalog, the simulated durations of the plan divided by its compression, and the
-   embedded store on a free loopback port (or `--store-url`, fresh databases of their own);
+   embedded catalog, the simulated durations of the plan divided by its compression, and a
+   local store of its own on free loopback ports (`--engine pouchdb|couchdb`, `--nodes N` for
+   a CouchDB cluster whose agent hosts each talk to one node) or `--store-url` (fresh databases
+   of their own);
 2. the store and its databases, optionally the store's bulk-write ceiling measured on a scratch
    database with ASO's design documents (the same store, the same run);
 3. every agent as in production: `aso run --agents-only` supervising one process per instance;
@@ -43,9 +45,9 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from aso import model, monitor
 from aso.config import Config, render
+from aso.couchdb import node_url
 from aso.designdocs import FILES_SECURITY, design_documents, init_databases
-from aso.embedded import EmbeddedStore
-from aso.localstore import free_port
+from aso.localstore import LocalCluster, LocalStore, free_ports, local_store
 from aso.store import Server, StoreError
 from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService
@@ -76,6 +78,8 @@ UPLOAD_BACKOFF = (0.5, 5.0)  # first and longest wait between two tries of one u
 class RunOptions:
     workdir: Path
     store_url: str | None = None  # an external store (admin credentials in the URL)
+    engine: str = "pouchdb"  # the local store's engine (store.engine), when not store_url
+    nodes: int = 1  # engine couchdb: nodes of the local store (a cluster on loopback)
     instances: dict[str, int] = field(default_factory=lambda: dict.fromkeys(AGENTS, 1))
     uploaders: int = 8
     sample_every: float = 5.0  # wall seconds between two samples of the store and processes
@@ -113,9 +117,11 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
         # An agent account of its own: never change the password of the store's real one.
         store.agent_user = f"aso-agent{suffix.replace('_', '-')}"
     else:
-        store.url = f"http://127.0.0.1:{free_port()}"
+        store.engine = options.engine
+        store.url = f"http://127.0.0.1:{free_ports(options.nodes)}"
         store.admin_password = secrets.token_urlsafe(12)
         config.embedded.data_dir = str(workdir / "store")
+        config.couchdb.nodes = options.nodes
     store.agent_password = secrets.token_urlsafe(12)
     config.log.level = options.log_level
     config.transfer.backend = "sim"
@@ -195,24 +201,45 @@ def host_ids(hosts: int) -> list[str]:
 
 
 class Service:
-    """The store (embedded, unless external) and `aso run --agents-only` over it, once per
-    agent host."""
+    """The store (a local one of its own, unless external) and `aso run --agents-only` over it,
+    once per agent host. On a local cluster agent host k talks to node k (round robin), as
+    agent hosts of a production cluster each have their own `store.url`."""
 
     def __init__(self, config: Config, options: RunOptions):
         self.config, self.options = config, options
-        self.embedded = None if options.store_url else EmbeddedStore(config)
+        self.local: LocalStore | LocalCluster | None = None
+        if not options.store_url:
+            self.local = local_store(config, nodes=options.nodes)
         self.supervisors: dict[str, subprocess.Popen[bytes]] = {}
         self.admin = Server.from_config(config, account="admin")
 
     def start_store(self) -> None:
-        if self.embedded is not None:
-            log.info(self.embedded.start())
+        if self.local is not None:
+            log.info(self.local.start())
         init_databases(self.admin, self.config)
 
-    def start_agents(self) -> None:
+    def node_of(self, host_index: int) -> int:
+        """The node (1-based) agent host `host_index` (0-based) talks to."""
+        return host_index % self.options.nodes + 1
+
+    def host_config(self, host_index: int, host: str) -> Path:
+        """The config file of one agent host: the run's, with its node's store.url."""
         config_file = self.config.source
         assert config_file is not None
-        for host in host_ids(self.options.hosts):
+        if self.options.nodes == 1:
+            return config_file
+        url = node_url(self.config.store.url, self.node_of(host_index))
+        own = dataclasses.replace(
+            self.config, store=dataclasses.replace(self.config.store, url=url)
+        )
+        path = config_file.with_name(f"aso-{host}.toml")
+        path.write_text(render(own, show_secrets=True))
+        path.chmod(0o600)
+        return path
+
+    def start_agents(self) -> None:
+        for index, host in enumerate(host_ids(self.options.hosts)):
+            config_file = self.host_config(index, host)
             log_file = self.options.workdir / f"aso-run-{host}.log"
             argv = [sys.executable, "-m", "aso", "--config", str(config_file), "run"]
             argv += ["--agents-only", "--host-id", host]
@@ -242,12 +269,22 @@ class Service:
             f"the agents did not start in {START_TIMEOUT:.0f} s: see {self.options.workdir}/log"
         )
 
+    def store_pids(self) -> dict[str, int]:
+        """ "store" (or "store node2"...) → pid of each local store process that runs."""
+        if self.local is None:
+            return {}
+        if isinstance(self.local, LocalCluster):
+            statuses = self.local.statuses()
+            return {f"store {s.name}": s.pid for s in statuses if s.pid}
+        pid = self.local.status().pid
+        return {"store": pid} if pid else {}
+
     def processes(self) -> dict[str, psutil.Process]:
         """Name → process of the store, every agent process and the simulator itself."""
         found: dict[str, psutil.Process] = {"simulator": psutil.Process()}
-        if self.embedded is not None and (pid := self.embedded.status().pid):
+        for name, pid in self.store_pids().items():
             with contextlib.suppress(psutil.Error):
-                found["store"] = psutil.Process(pid)
+                found[name] = psutil.Process(pid)
         return found | self.agent_processes()
 
     def agent_processes(self) -> dict[str, psutil.Process]:
@@ -280,9 +317,9 @@ class Service:
 
     def stop(self) -> None:
         self.stop_agents()
-        if self.embedded is not None and not self.options.keep_store:
-            self.embedded.stop()
-        if self.embedded is None and self.options.drop_databases:
+        if self.local is not None and not self.options.keep_store:
+            self.local.stop()
+        if self.local is None and self.options.drop_databases:
             for name in DATABASES:
                 with contextlib.suppress(StoreError):
                     self.admin.delete_db(getattr(self.config.store, name))
@@ -321,7 +358,8 @@ class Sampler(threading.Thread):
         # The simulator, the embedded store (if any) and every agent instance: look again
         # while one is missing (still starting, or restarted by the supervisor).
         per_host = sum(config.agents.instances.values())
-        expected = 1 + (self.service.embedded is not None) + per_host * self.service.options.hosts
+        stores = 0 if self.service.local is None else self.service.options.nodes
+        expected = 1 + stores + per_host * self.service.options.hosts
         if len(self._procs) < expected:
             self._procs = self.service.processes()
         cpu, rss, fds = {}, {}, {}
@@ -479,7 +517,7 @@ class Simulation:
         chaos = Chaos(
             self.options.chaos,
             agents=self.service.agent_processes,
-            store=self.service.embedded,
+            store=self.service.local,
             hosts=lambda: dict(self.service.supervisors),
             start=started,
             end=started + self.plan.wall(self.plan.duration),

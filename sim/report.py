@@ -644,7 +644,8 @@ class Report:
             c = self.chaos
             lines.append(
                 f"chaos: {c['kills']} agent processes killed · {c['store_restarts']} store "
-                f"restarts · {c['hosts_killed']} hosts killed · outages: "
+                f"restarts · {c['hosts_killed']} hosts killed · "
+                f"{c.get('nodes_restarted', 0)} store nodes killed and restarted · outages: "
                 + (", ".join(_outage_text(o) for o in self.plan.outages) or "none")
             )
         if self.hosts is not None:

@@ -256,6 +256,7 @@ def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
     with caplog.at_level(logging.WARNING, logger="aso.agent.reconciler"):
         cycle = step(Reconciler(config, "r1"))
     assert {k: cycle[k] for k in reconcile.KINDS} == {
+        reconcile.CONFLICT: 0,
         STUCK: 1,
         ORPHAN_TEMP: 1,
         LEFTOVER_TEMP: 1,

@@ -22,7 +22,7 @@ from aso.store import (
     StoreError,
     StoreUnavailable,
 )
-from tests.conftest import ENGINE, db_as, free_port, sample_request
+from tests.conftest import ENGINE, db_as, free_port, only_on, sample_request
 
 
 def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
@@ -374,3 +374,70 @@ def test_store_kind_is_detected(admin):
     assert admin.kind == {"pouchdb": "pouchdb-server", "couchdb": "couchdb"}[ENGINE]
     ctx: dict[str, Any] = admin.session()
     assert ctx["name"] == admin.user and "_admin" in ctx["roles"]
+
+
+# --- conflicting branches (a CouchDB cluster's; made here with new_edits=false) -------------
+def branch(db, doc: dict[str, Any], base_rev: str, digest: str, **fields: Any) -> str:
+    """Store an edit of `base_rev` as another writer of a cluster would have (new_edits=false:
+    the revision is given, as replication gives it): a conflicting branch. Its revision."""
+    number = int(base_rev.split("-")[0]) + 1
+    rev = f"{number}-{digest}"
+    body = dict(doc, **fields, _rev=rev)
+    body["_revisions"] = {"start": number, "ids": [digest, base_rev.split("-", 1)[1]]}
+    db.server.raw("POST", f"/{db.name}/_bulk_docs", body={"docs": [body], "new_edits": False})
+    return rev
+
+
+def conflicted(files_db, accounts, digest: str) -> tuple[dict[str, Any], str, str]:
+    """A request acquired by two submitters from the same revision: (request, the winner's
+    revision, the loser's), the loser's hash lower so that CouchDB's order puts it second."""
+    admin = db_as(accounts, "admin", files_db)
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    one = model.transition(doc, [Change(STATE, "acquired", "sub-1")], AGENT)
+    two = model.transition(doc, [Change(STATE, "acquired", "sub-2")], AGENT)
+    high = branch(admin, one, doc["_rev"], "f" * 32)
+    low = branch(admin, two, doc["_rev"], digest)
+    stored = admin.get_many([doc["_id"]], conflicts=True)[doc["_id"]]
+    assert stored["_rev"] == high and stored["_conflicts"] == [low]
+    return doc, high, low
+
+
+@only_on("couchdb", "conflicting branches are a cluster's (made with new_edits=false, which "
+         "pouchdb-server answers with [] and does not apply)")  # fmt: skip
+def test_a_contested_revision_is_withdrawn_only_when_another_beats_it(files_db, accounts):
+    """CLUSTER_ACCEPTED_IS_NOT_WON: a writer whose edit a cluster stored below its quorum
+    withdraws it when another branch beats it (the other writer's edit stays the document),
+    never when it is the best one (a document never loses every branch)."""
+    agent = db_as(accounts, "agent", files_db)
+    doc, high, low = conflicted(files_db, accounts, "0" * 32)
+    assert not agent.withdraw_if_beaten(doc["_id"], high)  # the best: kept
+    assert agent.withdraw_if_beaten(doc["_id"], low)  # beaten: withdrawn, as an agent may
+    assert [d["_rev"] for d in agent.leaves(doc["_id"])] == [high]
+    stored = agent.get_many([doc["_id"]], conflicts=True)[doc["_id"]]
+    assert stored["_rev"] == high and "_conflicts" not in stored
+    assert stored[STATE] == "acquired" and stored["history"][-1]["by"] == "sub-1"
+    alone = sample_request("alice")
+    alone["_rev"] = db_as(accounts, "alice", files_db).create(alone)
+    assert not agent.withdraw_if_beaten(alone["_id"], alone["_rev"])  # the only branch
+    assert agent.get(alone["_id"])["_rev"] == alone["_rev"]
+
+
+def test_agents_delete_unfinished_requests_only_as_a_withdrawn_branch(files_db, accounts):
+    """The validation's rule for CLUSTER_CONFLICTING_BRANCHES: an agent deletes a request that
+    is not finished only with `withdrawn` saying it is a conflicting branch; a user never."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    plain = {"_id": doc["_id"], "_rev": doc["_rev"], "_deleted": True}
+    for who in ("agent", "alice", "bob"):
+        [refused] = db_as(accounts, who, files_db).bulk_write([plain])
+        assert refused.error == "forbidden", refused
+    for who in ("alice", "bob"):
+        [refused] = db_as(accounts, who, files_db).bulk_write(
+            [dict(plain, withdrawn=model.WITHDRAWN)]
+        )
+        assert refused.error == "forbidden", refused
+    [other] = db_as(accounts, "agent", files_db).bulk_write([dict(plain, withdrawn="other")])
+    assert other.error == "forbidden"
+    [done] = db_as(accounts, "agent", files_db).bulk_write([dict(plain, withdrawn=model.WITHDRAWN)])
+    assert done.ok and db_as(accounts, "admin", files_db).get(doc["_id"]) is None

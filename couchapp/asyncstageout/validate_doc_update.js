@@ -172,10 +172,13 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return;
   }
 
-  // Deletion: admins, or agents purging a finished request or an agent document.
+  // Deletion: admins, or agents purging a finished request or an agent document, or
+  // withdrawing one branch of a conflict (aso/store.py CLUSTER_CONFLICTING_BRANCHES).
   if (newDoc._deleted === true) {
     if (isAdmin) { return; }
     if (isAgent && oldDoc && (isAgentDoc(oldDoc) || isFinal(oldDoc))) { return; }
+    // A branch of a cluster's conflict, withdrawn so that another stays the document.
+    if (isAgent && newDoc.withdrawn === model.withdrawn) { return; }
     if (isAgent) { refuse('delete', 'agents may only delete finished requests'); }
     refuse('delete', 'only agents (finished requests) and admins may delete documents');
   }

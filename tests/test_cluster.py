@@ -1,0 +1,205 @@
+"""A real three-node Apache CouchDB cluster on loopback, as `aso store start --nodes 3` runs it,
+and what changes for ASO on a cluster (aso/store.py, the CLUSTER_ workarounds).
+
+CouchDB only: a cluster is CouchDB's (pouchdb-server is one process); `make test` runs this
+module in its CouchDB leg.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aso import model, purge, reconcile
+from aso.config import Config
+from aso.couchdb import CouchDBCluster, node_url
+from aso.localstore import free_ports, local_store
+from aso.model import AGENT, STATE, Change
+from aso.store import Contested, Server, Settings
+from sim.chaos import ChaosPlan
+from sim.lifecycle import RunOptions, run_simulation
+from sim.workload import Plan
+from tests.conftest import db_as, make_config, only_on, sample_request, write_config
+from tests.test_store import conflicted
+
+pytestmark = only_on("couchdb", "a cluster of nodes is CouchDB's")
+ASO = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "aso")
+
+
+def aso(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ASO, "--config", str(config), *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Path]]:
+    """Three nodes started through the CLI (`aso store start --nodes 3`), databases made by
+    `aso db init`; stopped through the CLI at the end."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    config = make_config(tmp, free_ports(3))
+    path = write_config(config)
+    started = aso("store", "start", "--nodes", "3", config=path)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert started.stdout.count("started (pid") == 3, started.stdout
+        assert "cluster of 3 nodes finished" in started.stdout
+        init = aso("db", "init", config=path)
+        assert init.returncode == 0, init.stderr
+        yield config, path
+    finally:
+        stopped = aso("store", "stop", config=path)
+    assert stopped.stdout.count("stopped (pid") == 3, stopped.stdout + stopped.stderr
+
+
+def node_admin(config: Config, index: int) -> Server:
+    url = node_url(config.store.url, index)
+    return Server(url, config.store.admin_user, config.store.admin_password, Settings(retries=1))
+
+
+def test_the_cluster_answers_on_every_node_and_passes_the_check(cluster):
+    config, path = cluster
+    status = aso("store", "status", config=path)
+    assert status.returncode == 0, status.stdout
+    for index in (1, 2, 3):
+        assert f"node{index} {node_url(config.store.url, index)}: answering" in status.stdout
+    report = json.loads(aso("store", "check", "--json", config=path).stdout)
+    assert report["ok"] is True and report["counts"]["error"] == 0, report["findings"]
+    details = {f["item"]: f["detail"] for f in report["findings"]}
+    assert details["cluster"].startswith("3 nodes, all connected")
+    names = json.loads((config.path(config.embedded.data_dir) / "couchdb/store.json").read_text())
+    for name in names["names"]:
+        assert name in details["cluster"]
+        assert f"{name}: attachments CSP" in details  # every node's settings are checked
+    assert details[f"database {config.store.files_db}"].startswith("q=8, n=3")
+    assert details[f"database {config.store.stats_db}"].startswith("q=2, n=3")
+    # Joining again (as deploy/ does it) finds nothing to do.
+    again = aso("store", "setup-cluster", *names["names"][1:], config=path)
+    assert again.returncode == 0 and "added node" not in again.stdout, again.stdout
+    assert all(name in again.stdout for name in names["names"])
+    # A store made with 3 nodes is not started as one.
+    refused = aso("store", "start", "--nodes", "1", config=path)
+    assert refused.returncode == 1 and "has 3 node(s)" in refused.stderr
+
+
+def test_every_node_serves_the_same_documents(cluster):
+    config, _ = cluster
+    db = config.store.files_db
+    doc = sample_request("alice")
+    node_admin(config, 2).db(db).create(doc)
+    for index in (1, 2, 3):
+        assert node_admin(config, index).db(db).get(doc["_id"])["source_lfn"] == doc["source_lfn"]
+
+
+def test_below_the_quorum_a_write_is_contested_and_kept(cluster):
+    """CLUSTER_ACCEPTED_IS_NOT_WON: with two of three nodes down, a write reaches one copy
+    (HTTP 202): the writer is told it may not have won (a Conflict: agents do not act on it),
+    and since no other branch beats it, it is not withdrawn: the document keeps it."""
+    config, path = cluster
+    store = local_store(config)
+    assert isinstance(store, CouchDBCluster)
+    db = node_admin(config, 1).db(config.store.files_db)
+    doc = sample_request("alice")
+    doc["_rev"] = db.create(doc)
+    other = sample_request("alice")
+    other["_rev"] = db.create(other)
+    for index in (2, 3):
+        assert store.node(index).kill()
+    try:
+        moved = model.transition(doc, [Change(STATE, "acquired", "sub-1")], AGENT)
+        with pytest.raises(Contested):
+            db.put(moved)
+        [result] = db.bulk_write([model.transition(other, [Change(STATE, "acquired", "s")], AGENT)])
+        assert not result.ok and result.conflict and result.accepted and result.rev
+        assert db.get(doc["_id"])[STATE] == "acquired"  # kept: nothing beats it
+        assert db.get(other["_id"])["_rev"] == result.rev
+    finally:
+        for index in (2, 3):
+            store.node(index).start()
+    assert aso("store", "status", config=path).returncode == 0
+
+
+def test_a_purge_withdraws_the_conflicting_branches_of_what_it_deletes(files_db, accounts):
+    """CLUSTER_CONFLICTING_BRANCHES: deleting a request's winning revision would make a
+    conflicting branch the document again (here an unfinished `acquired`); the purge withdraws
+    the branches with it."""
+    agent = db_as(accounts, "agent", files_db)
+    doc, _, low = conflicted(files_db, accounts, "1" * 32)
+    winner = agent.get(doc["_id"])
+    final = model.transition(winner, [Change(STATE, "failed", "operator")], model.ADMIN)
+    final["_rev"] = db_as(accounts, "admin", files_db).put(final)
+    assert agent.get_many([doc["_id"]], conflicts=True)[doc["_id"]]["_conflicts"] == [low]
+    batch = {"requests": {doc["_id"]: {"rev": final["_rev"], "created": final["created"]}}}
+    purge.delete(agent, batch)
+    assert agent.get(doc["_id"]) is None  # no branch came back
+    assert agent.leaves(doc["_id"]) == []
+
+
+def test_the_reconciler_keeps_the_winner_of_a_quiet_conflict(files_db, accounts, store_config):
+    """A conflict neither writer withdrew (each saw only its own branch) is reported once it
+    has been quiet for twice the lease, and `--fix` keeps CouchDB's winner, as an agent."""
+    agent = db_as(accounts, "agent", files_db)
+    doc, high, low = conflicted(files_db, accounts, "2" * 32)
+    requests = [r for r in reconcile.scan_requests(agent) if r.id == doc["_id"]]
+    assert requests[0].conflicts == (low,)
+    lease = store_config.transfer.lease
+    assert not reconcile.find_conflicts(requests, requests[0].last_update + lease, 2 * lease)
+    [finding] = reconcile.find_conflicts(requests, requests[0].last_update + 3 * lease, 2 * lease)
+    assert finding.kind == reconcile.CONFLICT and finding.rev == high
+    fixer = reconcile.Fixer(store_config, None, agent, None)
+    [outcome] = fixer.apply([finding])
+    assert outcome.repaired and "withdrew 1 " in outcome.text, outcome.text
+    assert [d["_rev"] for d in agent.leaves(doc["_id"])] == [high]
+    assert agent.get(doc["_id"])["history"][-1]["by"] == "sub-1"
+
+
+def test_a_lifecycle_run_with_a_node_killed_accounts_for_every_file(cluster, tmp_path):
+    """Agents on three hosts, each talking to its own node, while files are injected; node 2
+    is killed with SIGKILL midway and started again. Every file ends exactly once, none is
+    copied twice at once, no lease is left hanging (every file is final), and every published
+    file is in the catalog exactly once."""
+    plan = Plan(
+        scale=2,
+        users=10,
+        sites=4,
+        interval=2.0,
+        duration=40.0,
+        mean_duration=2.0,
+        failure_rate=0.1,
+        retry_delay=1.0,
+        block_timeout=3.0,
+        jobs_per_task=(5, 20),
+    )
+    options = RunOptions(
+        workdir=tmp_path / "sim",
+        engine="couchdb",
+        nodes=3,
+        hosts=3,
+        chaos=ChaosPlan(kill_every=None, store_restarts=0, outages=False, kill_node=2),
+        sample_every=1.0,
+        drain_timeout=240.0,
+        bucket=10.0,
+        measure_ceiling=False,
+        progress=False,
+        lease=20.0,
+        heartbeat_expiry=6.0,
+    )
+    report = run_simulation(plan, options)
+    accounting = report.accounting
+    assert accounting.exact, accounting.problems()
+    assert accounting.injected == sum(accounting.outcomes.values()) > 50
+    assert report.chaos is not None and report.chaos["nodes_restarted"] == 1
+    events = [e["what"] for e in report.chaos["events"]]
+    assert events == ["node_down", "node_up"], report.chaos
+    first = store_url(options.workdir / "aso.toml")
+    for index, host in enumerate(("sim", "sim2", "sim3"), start=1):
+        assert store_url(options.workdir / f"aso-{host}.toml") == node_url(first, index)
+
+
+def store_url(config_file: Path) -> str:
+    text = config_file.read_text()
+    return next(line.split('"')[1] for line in text.splitlines() if line.startswith("url = "))
