@@ -680,7 +680,7 @@ class Database:
         except StoreError as exc:
             log.warning("contested revision %s of %s not withdrawn: %s", rev, doc_id, exc)
             return False
-        if not result.ok:
+        if not (result.ok or result.accepted):  # a tombstone stored below the quorum is one too
             log.warning("contested revision %s of %s not withdrawn: %s", rev, doc_id, result)
             return False
         log.info(
@@ -696,7 +696,7 @@ class Database:
         withdrawn = 0
         while pending:  # one revision per document and call: bulk_write takes distinct ids
             batch = [withdrawal(doc_id, revs.pop()) for doc_id, revs in pending.items()]
-            withdrawn += sum(r.ok for r in self.bulk_write(batch))
+            withdrawn += sum(r.ok or r.accepted for r in self.bulk_write(batch))
             pending = {doc_id: revs for doc_id, revs in pending.items() if revs}
         return withdrawn
 
