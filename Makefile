@@ -4,7 +4,8 @@
 #   make demo   while `make run` runs: 200 real files through the pipeline
 #   make test   set up, then run the linter and the test suite on both stores (what CI runs)
 #   make stop   stop what `make run` started
-#   make bench  the scalability benchmark: the simulator at 2x, 4x, 8x design load (~13 min)
+#   make bench  the scalability benchmark: the simulator at 2x, 4x, 8x design load (~13 min;
+#               STORE=couchdb or STORE=both for CouchDB)
 #   make fuzz   the hostile-input suite's long run (~15 min; `make test` runs a bounded one)
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -29,8 +30,9 @@ else
 COUCHDB_HOME ?= /opt/couchdb
 endif
 export COUCHDB_HOME
-# The store the benchmarks run on: pouchdb (the embedded store) or couchdb.
+# The store the benchmarks run on: pouchdb (the embedded store), couchdb, or both.
 STORE ?= pouchdb
+, := ,
 
 .PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages bench-metrics clean
 
@@ -40,7 +42,8 @@ help:
 	@echo "make test   - set up and run the linter and the test suite on CouchDB, then on pouchdb-server"
 	@echo "make test-couchdb / test-pouchdb - the suite on one store only"
 	@echo "make stop   - stop what 'make run' started"
-	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min)"
+	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min);"
+	@echo "              STORE=couchdb on a local CouchDB, STORE=both side by side"
 	@echo "make fuzz   - the hostile-input suite with many more generated cases (~15 min)"
 	@echo "make chaos  - 4x design with agents, store and storage failing; then a host killed (~25 min)"
 	@echo "make soak   - one simulated hour at 4x: memory and open files per process (~35 min)"
@@ -109,8 +112,10 @@ fuzz: setup
 # (sim/bench_scale.py; plots to docs/bench/). The other benchmarks have targets of their own.
 bench: bench-scale
 
-bench-scale: setup
-	$(VENV)/bin/python -m sim.bench_scale
+# STORE=couchdb runs it on a local CouchDB ($(COUCHDB_HOME)), STORE=both on each store back to
+# back, scale by scale, with a side-by-side table.
+bench-scale: setup couchdb
+	$(VENV)/bin/python -m sim.bench_scale --engines $(if $(filter both,$(STORE)),pouchdb$(,)couchdb,$(STORE)) $(BENCH_ARGS)
 
 bench-workqueue: setup
 	$(VENV)/bin/python -m sim.bench_workqueue

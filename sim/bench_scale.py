@@ -1,6 +1,8 @@
 """`make bench`: the lifecycle simulator at 2x, 4x and 8x design load, one after the other on
-this machine, each on a fresh embedded store with every agent running, for a fixed simulated
-time (long enough for the backlog to settle), then a drain.
+this machine, each on a fresh local store with every agent running, for a fixed simulated
+time (long enough for the backlog to settle), then a drain. With several engines
+(`--engines pouchdb,couchdb`, `make bench STORE=both`) each scale runs on each store back to
+back, and a table puts them side by side with the highest scale that holds on each.
 
 Printed, one line per scale: completed/expected in the steady state, the highest backlog and
 its growth over the second half, latency percentiles (injection → done, the same without the
@@ -9,7 +11,8 @@ ceiling measured in the same run (on the same store, just before the agents star
 the scale holds, and whether the accounting is exact. Plots of all scales go to `--plots`.
 
     python -m sim.bench_scale [--scales 2,4,8] [--duration 150s] [--interval 10s]
-                              [--plots docs/bench] [--workdir var/bench-scale]
+                              [--engines pouchdb,couchdb] [--plots docs/bench]
+                              [--workdir var/bench-scale]
 """
 
 from __future__ import annotations
@@ -48,10 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-scale"))
     parser.add_argument("--plots", type=Path, default=Path("docs/bench"))
     parser.add_argument("--store-url", default=None, help="Run against this store instead.")
+    parser.add_argument(
+        "--engines",
+        default="pouchdb",
+        help="Local stores to run on, comma-separated: pouchdb, couchdb ($COUCHDB_HOME).",
+    )
     return parser.parse_args(argv)
 
 
-def plot_all(reports: list[Report], out: Path) -> list[Path]:
+def plot_all(reports: list[Report], out: Path, engine: str = "pouchdb") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,45 +72,87 @@ def plot_all(reports: list[Report], out: Path) -> list[Path]:
         for ax, report in zip(axes[0], reports, strict=True):
             draw(report, ax)
         fig.tight_layout()
-        paths.append(out / f"scale-{name}.png")
+        prefix = "scale" if engine == "pouchdb" else f"scale-{engine}"
+        paths.append(out / f"{prefix}-{name}.png")
         fig.savefig(paths[-1], dpi=90)
         plt.close(fig)
     return paths
 
 
+def side_by_side(reports: dict[str, list[Report]]) -> list[str]:
+    """A markdown table: one row per scale, each engine's figures side by side, then the
+    highest scale that holds on each."""
+    engines = list(reports)
+    head = ["scale"] + [
+        f"{e}: {what}" for e in engines for what in ("completed/expected", "overhead p95", "holds")
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    scales = [r.plan.scale for r in reports[engines[0]]]
+    for index, scale in enumerate(scales):
+        cells = [f"{scale:g}x"]
+        for engine in engines:
+            steady = reports[engine][index].steady
+            p95 = steady["overhead"]["p95"]
+            cells += [
+                f"{steady['ratio']}",
+                "?" if p95 is None else f"{p95:.0f} s",
+                "yes" if steady["holds"] else "**no**",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    for engine in engines:
+        held = [r.plan.scale for r in reports[engine] if r.steady["holds"]]
+        best = f"{max(held):g}x" if held else "none of these"
+        lines.append(f"highest scale that holds on {engine}: {best}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     scales = [float(s) for s in args.scales.split(",") if s.strip()]
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if not engines or any(e not in ("pouchdb", "couchdb") for e in engines):
+        raise SystemExit("--engines: pouchdb and/or couchdb")
     started = time.monotonic()
-    reports = []
+    reports: dict[str, list[Report]] = {engine: [] for engine in engines}
     for scale in scales:
-        workdir = args.workdir / f"{scale:g}x"
-        shutil.rmtree(workdir, ignore_errors=True)
-        plan = Plan(
-            scale=scale,
-            duration=parse_duration(args.duration),
-            interval=parse_duration(args.interval),
-            compression=args.compression,
-            block_timeout=args.block_timeout,
-            retry_delay=args.retry_delay,
-            transfer_timeout=args.transfer_timeout,
-        )
-        options = RunOptions(
-            workdir=workdir,
-            store_url=args.store_url,
-            bucket=parse_duration(args.bucket),
-            drain_timeout=args.drain_timeout,
-            ceiling_docs=args.ceiling_docs,
-        )
-        console.rule(f"{scale:g}x design: {plan.files_per_second * 3600:,.0f} files/hour")
-        report = run_simulation(plan, options, console)
-        console.print(report.summary_line(), markup=False, highlight=False)
-        reports.append(report)
+        for engine in engines:
+            name = f"{scale:g}x" if engine == "pouchdb" else f"{engine}-{scale:g}x"
+            workdir = args.workdir / name
+            shutil.rmtree(workdir, ignore_errors=True)
+            plan = Plan(
+                scale=scale,
+                duration=parse_duration(args.duration),
+                interval=parse_duration(args.interval),
+                compression=args.compression,
+                block_timeout=args.block_timeout,
+                retry_delay=args.retry_delay,
+                transfer_timeout=args.transfer_timeout,
+            )
+            options = RunOptions(
+                workdir=workdir,
+                store_url=args.store_url,
+                engine=engine,
+                bucket=parse_duration(args.bucket),
+                drain_timeout=args.drain_timeout,
+                ceiling_docs=args.ceiling_docs,
+            )
+            console.rule(
+                f"{scale:g}x design on {engine}: {plan.files_per_second * 3600:,.0f} files/hour"
+            )
+            report = run_simulation(plan, options, console)
+            console.print(report.summary_line(), markup=False, highlight=False)
+            reports[engine].append(report)
     console.rule("results")
-    for report in reports:
-        console.print(report.summary_line(), markup=False, highlight=False)
-    paths = plot_all(reports, args.plots)
-    summary = {f"{r.plan.scale:g}x": r.to_dict() | {"rows": None} for r in reports}
+    paths = []
+    summary = {}
+    for engine, runs in reports.items():
+        for report in runs:
+            console.print(f"{engine}: {report.summary_line()}", markup=False, highlight=False)
+            summary[f"{engine}-{report.plan.scale:g}x"] = report.to_dict() | {"rows": None}
+        paths += plot_all(runs, args.plots, engine)
+    for line in side_by_side(reports):
+        console.print(line, markup=False, highlight=False)
+    args.workdir.mkdir(parents=True, exist_ok=True)
     (args.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(
         f"plots: {', '.join(map(str, paths))}; reports in {args.workdir}/*/report; "

@@ -7,8 +7,10 @@ module in its CouchDB leg.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +22,6 @@ from aso.couchdb import CouchDBCluster, node_url
 from aso.localstore import free_ports, local_store
 from aso.model import AGENT, STATE, Change
 from aso.store import Contested, Server, Settings
-from sim.chaos import ChaosPlan
-from sim.lifecycle import RunOptions, run_simulation
-from sim.workload import Plan
 from tests.conftest import db_as, make_config, only_on, sample_request, write_config
 from tests.test_store import conflicted
 
@@ -139,65 +138,67 @@ def test_a_purge_withdraws_the_conflicting_branches_of_what_it_deletes(files_db,
     assert agent.leaves(doc["_id"]) == []
 
 
-def test_the_reconciler_keeps_the_winner_of_a_quiet_conflict(files_db, accounts, store_config):
+def test_the_reconciler_keeps_the_winner_of_a_quiet_conflict(
+    files_db, accounts, store_config, tmp_path
+):
     """A conflict neither writer withdrew (each saw only its own branch) is reported once it
-    has been quiet for twice the lease, and `--fix` keeps CouchDB's winner, as an agent."""
+    has been quiet for twice the lease, and `aso reconcile --kind conflict --fix` keeps
+    CouchDB's winner, withdrawing the other branch as an agent."""
     agent = db_as(accounts, "agent", files_db)
     doc, high, low = conflicted(files_db, accounts, "2" * 32)
     requests = [r for r in reconcile.scan_requests(agent) if r.id == doc["_id"]]
     assert requests[0].conflicts == (low,)
     lease = store_config.transfer.lease
     assert not reconcile.find_conflicts(requests, requests[0].last_update + lease, 2 * lease)
-    [finding] = reconcile.find_conflicts(requests, requests[0].last_update + 3 * lease, 2 * lease)
-    assert finding.kind == reconcile.CONFLICT and finding.rev == high
-    fixer = reconcile.Fixer(store_config, None, agent, None)
-    [outcome] = fixer.apply([finding])
-    assert outcome.repaired and "withdrew 1 " in outcome.text, outcome.text
+    config = dataclasses.replace(
+        store_config,
+        source=tmp_path / "aso.toml",
+        store=dataclasses.replace(store_config.store, files_db=files_db),
+        transfer=dataclasses.replace(store_config.transfer, backend="sim", lease=1.0),
+    )
+    path = write_config(config)
+    time.sleep(2.5)  # quiet for twice the (one-second) lease
+    run = aso("reconcile", "--kind", "conflict", "--fix", "--json", config=path)
+    answer = json.loads(run.stdout)
+    ours = [f for f in answer["fixes"] if f["finding"]["request_id"] == doc["_id"]]
+    assert ours and ours[0]["repaired"] and "withdrew 1 " in ours[0]["text"], answer
     assert [d["_rev"] for d in agent.leaves(doc["_id"])] == [high]
     assert agent.get(doc["_id"])["history"][-1]["by"] == "sub-1"
 
 
-def test_a_lifecycle_run_with_a_node_killed_accounts_for_every_file(cluster, tmp_path):
-    """Agents on three hosts, each talking to its own node, while files are injected; node 2
-    is killed with SIGKILL midway and started again. Every file ends exactly once, none is
-    copied twice at once, no lease is left hanging (every file is final), and every published
-    file is in the catalog exactly once."""
-    plan = Plan(
-        scale=2,
-        users=10,
-        sites=4,
-        interval=2.0,
-        duration=40.0,
-        mean_duration=2.0,
-        failure_rate=0.1,
-        retry_delay=1.0,
-        block_timeout=3.0,
-        jobs_per_task=(5, 20),
-    )
-    options = RunOptions(
-        workdir=tmp_path / "sim",
-        engine="couchdb",
-        nodes=3,
-        hosts=3,
-        chaos=ChaosPlan(kill_every=None, store_restarts=0, outages=False, kill_node=2),
-        sample_every=1.0,
-        drain_timeout=240.0,
-        bucket=10.0,
-        measure_ceiling=False,
-        progress=False,
-        lease=20.0,
-        heartbeat_expiry=6.0,
-    )
-    report = run_simulation(plan, options)
-    accounting = report.accounting
-    assert accounting.exact, accounting.problems()
-    assert accounting.injected == sum(accounting.outcomes.values()) > 50
-    assert report.chaos is not None and report.chaos["nodes_restarted"] == 1
-    events = [e["what"] for e in report.chaos["events"]]
-    assert events == ["node_down", "node_up"], report.chaos
-    first = store_url(options.workdir / "aso.toml")
+def test_a_lifecycle_run_with_a_node_killed_accounts_for_every_file(tmp_path):
+    """`aso sim` on a cluster of its own: agents on three hosts, each talking to its own node,
+    while files are injected; node 2 is killed with SIGKILL midway and started again. Every
+    file ends exactly once, none is copied twice at once, no lease is left hanging (every file
+    is final), and every published file is in the catalog exactly once (exit 0 only then)."""
+    workdir = tmp_path / "sim"
+    run = subprocess.run(
+        [ASO, "sim", "--scale", "2", "--users", "10", "--sites", "4", "--interval", "2s",
+         "--duration", "40s", "--mean-duration", "2", "--failure-rate", "0.1",
+         "--retry-delay", "1", "--block-timeout", "3", "--engine", "couchdb", "--nodes", "3",
+         "--hosts", "3", "--kill-node", "2", "--no-ceiling", "--no-progress", "--json",
+         "--drain-timeout", "240", "--workdir", str(workdir)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    accounting = report["accounting"]
+    assert accounting["exact"] and accounting["copied_twice_at_once"] == [], accounting
+    assert accounting["injected"] == sum(accounting["outcomes"].values()) > 50
+    assert report["chaos"]["nodes_restarted"] == 1
+    assert [e["what"] for e in report["chaos"]["events"]] == ["node_down", "node_up"]
+    first = store_url(workdir / "aso.toml")
     for index, host in enumerate(("sim", "sim2", "sim3"), start=1):
-        assert store_url(options.workdir / f"aso-{host}.toml") == node_url(first, index)
+        assert store_url(workdir / f"aso-{host}.toml") == node_url(first, index)
+
+
+def test_sim_refuses_nodes_without_couchdb(tmp_path):
+    for args, words in ((["--nodes", "3"], "--nodes needs --engine couchdb"),
+                        (["--engine", "couchdb", "--nodes", "2", "--kill-node", "3"],
+                         "--kill-node must be a node 1..2")):  # fmt: skip
+        run = subprocess.run([ASO, "sim", *args, "--workdir", str(tmp_path)], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 2 and words in run.stderr, run.stderr
 
 
 def store_url(config_file: Path) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aso import storecheck
+from aso import couchdb, storecheck
 from aso.cli_storecheck import split_credentials
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
@@ -446,3 +446,25 @@ def test_the_attachments_csp_that_blanks_the_pages_is_an_error_with_its_fix():
     assert "attachments_header_value" in blank[0].detail and ATTACHMENTS_CSP in blank[0].detail
     no_script = node_config(csp={"attachments_header_value": "script-src 'none'"})
     assert at(storecheck.check_node_config(no_script, expected, welcome, 3), ERROR, "script-src")
+
+
+# Keys of deploy/couchdb/local.ini that each site (or each node) sets for itself: the local
+# CouchDB writes them from its config and data directory instead.
+PER_NODE = {("couchdb", k) for k in ("single_node", "database_dir", "view_index_dir", "uuid")}
+PER_NODE |= {("chttpd", "port"), ("chttpd_auth", "secret"), ("cluster", "n")}
+
+
+def test_the_local_couchdb_runs_the_settings_of_deploy_local_ini():
+    """One set of settings: what `aso store start` writes for a local CouchDB
+    (aso/couchdb.SETTINGS) is what deploy/couchdb/local.ini tells operators to install."""
+    shipped = read_ini("local.ini")
+    normal = lambda v: " ".join(str(v).split())  # noqa: E731
+    for section, values in couchdb.SETTINGS.items():
+        for key, value in values.items():
+            assert normal(shipped.get(section, {}).get(key)) == normal(value), (section, key)
+    for section, values in shipped.items():
+        if section in ("admins", "log"):
+            continue  # per site: the admin's password; the journal under systemd
+        for key in values:
+            if (section, key) not in PER_NODE:
+                assert key in couchdb.SETTINGS.get(section, {}), (section, key)
