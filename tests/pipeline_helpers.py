@@ -54,7 +54,14 @@ def states(db: Database, ids: list[str]) -> Counter[str]:
     return Counter(doc[STATE] for doc in db.get_many(ids).values())
 
 
-def run_until(done: Callable[[], bool], runners: list[Runner], timeout: float = 60.0) -> None:
+def run_until(
+    done: Callable[[], bool],
+    runners: list[Runner],
+    timeout: float = 60.0,
+    describe: Callable[[], Any] | None = None,
+) -> None:
+    """Step the runners until `done()`; on timeout fail with what `describe()` says (e.g. the
+    files per state: where the pipeline stopped)."""
     for runner in runners:
         runner.workset.start()
     deadline = time.monotonic() + timeout
@@ -64,7 +71,8 @@ def run_until(done: Callable[[], bool], runners: list[Runner], timeout: float = 
         if done():
             return
         time.sleep(0.1)
-    raise AssertionError("the pipeline did not finish in time")
+    where = f": {describe()}" if describe is not None else ""
+    raise AssertionError(f"the pipeline did not finish in {timeout:.0f} s{where}")
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -99,7 +99,7 @@ def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admi
     db = admin.db(gfal_config.store.files_db)
     runners = agents(gfal_config)
     try:
-        run_until(lambda: finished(db, ids), runners, timeout=60)
+        run_until(lambda: finished(db, ids), runners, 60, lambda: states(db, ids))
     finally:
         runners[2].agent.close()
     assert states(db, ids) == Counter(done=200)
@@ -131,7 +131,7 @@ def test_failures_carry_gfal2s_reason_and_class(gfal_config, accounts, admin):
     db = admin.db(gfal_config.store.files_db)
     runners = agents(gfal_config)
     try:
-        run_until(lambda: finished(db, ids), runners, timeout=120)
+        run_until(lambda: finished(db, ids), runners, 120, lambda: states(db, ids))
     finally:
         runners[2].agent.close()
     stored = db.get_many(ids)
@@ -215,7 +215,7 @@ def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, st
         # before the first copy began once, on a loaded machine), then starts it again.
         with watchdog.paused():
             os.kill(site.pid, signal.SIGKILL)
-            run_until(lambda: bool(retried_entries()), runners, timeout=120)
+            run_until(lambda: bool(retried_entries()), runners, 120, lambda: states(db, ids))
         run_until(
             lambda: states(db, ids)["done"] + states(db, ids)["failed_attempt"] == len(ids),
             runners,
@@ -339,7 +339,7 @@ def test_agents_killed_at_the_worst_moment_lose_and_duplicate_nothing(
         assert died.returncode == -9, died.stderr
         time.sleep(gfal_config.transfer.lease)  # leases of the dead submitter run out
         runners = [Runner(Submitter(gfal_config, "s2")), Runner(Monitor(gfal_config, "m2")), worker]
-        run_until(lambda: finished(db, ids), runners, timeout=120)
+        run_until(lambda: finished(db, ids), runners, 120, lambda: states(db, ids))
     finally:
         worker.agent.close()
     assert states(db, ids) == Counter(done=len(ids))
@@ -378,7 +378,7 @@ def test_worker_killed_mid_copy_leaves_nothing_copied_twice(gfal_config, account
     time.sleep(gfal_config.transfer.lease / 2)  # the dead worker's lease runs out
     runners = [Runner(Monitor(gfal_config, "m1")), Runner(GfalWorker(gfal_config, "w2"))]
     try:
-        run_until(lambda: finished(db, ids), runners, timeout=120)
+        run_until(lambda: finished(db, ids), runners, 120, lambda: states(db, ids))
     finally:
         runners[1].agent.close()
     assert states(db, ids) == Counter(done=4)
