@@ -155,6 +155,14 @@ def sim_cmd(
         str | None,
         typer.Option(help="With --hosts 2 or more: kill this host (e.g. sim2) for good midway."),
     ] = None,
+    lease: Annotated[
+        str | None,
+        typer.Option(
+            help="The agents' lease (transfer.lease, e.g. 20s; default production's 5 min): "
+            "files a killed host or a write contested by a cluster left acquired go on when it "
+            "ends, so a short run with --kill-host or --kill-node wants a short one."
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show live progress.")] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the whole report as JSON.")
@@ -216,6 +224,7 @@ def sim_cmd(
             chaos_plan.kill_node = kill_node
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    lease_seconds = parse_duration(lease) if lease else None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     options = RunOptions(
         workdir=workdir or Path("var/sim") / stamp,
@@ -230,6 +239,7 @@ def sim_cmd(
         progress=progress,
         hosts=hosts,
         chaos=chaos_plan,
+        lease=lease_seconds,
     )
     err_console.print(
         f"simulating {plan.scale:g}x design ({plan.files_per_second * 86400:,.0f} files/day) "

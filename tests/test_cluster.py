@@ -166,18 +166,21 @@ def test_the_reconciler_keeps_the_winner_of_a_quiet_conflict(
     assert agent.get(doc["_id"])["history"][-1]["by"] == "sub-1"
 
 
+@pytest.mark.timeout(900)  # a subprocess bounded by its own timeout and --drain-timeout
 def test_a_lifecycle_run_with_a_node_killed_accounts_for_every_file(tmp_path):
     """`aso sim` on a cluster of its own: agents on three hosts, each talking to its own node,
     while files are injected; node 2 is killed with SIGKILL midway and started again. Every
     file ends exactly once, none is copied twice at once, no lease is left hanging (every file
-    is final), and every published file is in the catalog exactly once (exit 0 only then)."""
+    is final; an acquisition the restarted node stored below the quorum is settled when its
+    20 s lease ends), and every published file is in the catalog exactly once (exit 0 only
+    then)."""
     workdir = tmp_path / "sim"
     run = subprocess.run(
         [ASO, "sim", "--scale", "2", "--users", "10", "--sites", "4", "--interval", "2s",
          "--duration", "40s", "--mean-duration", "2", "--failure-rate", "0.1",
          "--retry-delay", "1", "--block-timeout", "3", "--engine", "couchdb", "--nodes", "3",
          "--hosts", "3", "--kill-node", "2", "--no-ceiling", "--no-progress", "--json",
-         "--drain-timeout", "240", "--workdir", str(workdir)],
+         "--lease", "20s", "--drain-timeout", "240", "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -195,7 +198,8 @@ def test_a_lifecycle_run_with_a_node_killed_accounts_for_every_file(tmp_path):
 def test_sim_refuses_nodes_without_couchdb(tmp_path):
     for args, words in ((["--nodes", "3"], "--nodes needs --engine couchdb"),
                         (["--engine", "couchdb", "--nodes", "2", "--kill-node", "3"],
-                         "--kill-node must be a node 1..2")):  # fmt: skip
+                         "--kill-node must be a node 1..2"),
+                        (["--lease", "0s"], "'0s' is not a duration")):  # fmt: skip
         run = subprocess.run([ASO, "sim", *args, "--workdir", str(tmp_path)], capture_output=True,
                              text=True, timeout=60)  # fmt: skip
         assert run.returncode == 2 and words in run.stderr, run.stderr
