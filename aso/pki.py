@@ -24,12 +24,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
+from aso import proxycert
 from aso.certs import subject_hash
-
-# RFC 3820: proxyCertInfo, and the "inherit all" policy language of an ordinary proxy.
-PROXY_CERT_INFO = ObjectIdentifier("1.3.6.1.5.5.7.1.14")
-# DER of ProxyCertInfo { proxyPolicy { policyLanguage id-ppl-inheritAll } }.
-PROXY_INHERIT_ALL = bytes.fromhex("300c300a06082b06010505071501")
+from aso.proxycert import PROXY_CERT_INFO
 
 BASE_NAME = (("DC", "org"), ("DC", "aso-test"))
 _OIDS = {
@@ -237,10 +234,13 @@ def make_proxy(
     *,
     start: dt.datetime | None = None,
     signer: rsa.RSAPrivateKey | None = None,
+    policy: str = proxycert.INHERIT_ALL,
+    path_length: int | None = None,
 ) -> Credential:
     """An RFC 3820 proxy of `issuer`: subject = issuer's subject + CN=<number>, proxyCertInfo
-    (inherit all), signed with the issuer's key (or, to forge one, `signer`), valid from `start`
-    (default: now) and no longer than the issuer."""
+    (policy language `policy`, default inherit all; `path_length` proxies may follow it),
+    signed with the issuer's key (or, to forge one, `signer`), valid from `start` (default: now)
+    and no longer than the issuer."""
     key = new_key()
     serial = secrets.randbelow(2**31) + 1
     subject = x509.Name([*issuer.cert.subject.rdns, *name(("CN", str(serial))).rdns])
@@ -255,7 +255,8 @@ def make_proxy(
         .not_valid_after(min(start + lifetime, issuer.cert.not_valid_after_utc))
         .add_extension(_end_entity_usage(), critical=True)
         .add_extension(
-            x509.UnrecognizedExtension(PROXY_CERT_INFO, PROXY_INHERIT_ALL), critical=True
+            x509.UnrecognizedExtension(PROXY_CERT_INFO, proxycert.encode(policy, path_length)),
+            critical=True,
         )
         .sign(signer or issuer.key, hashes.SHA256())
     )

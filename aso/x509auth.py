@@ -7,7 +7,10 @@ that every refusal is an HTTP answer with a reason (a TLS alert tells a user not
 * proxies first (RFC 3820, with the proxyCertInfo extension, or legacy Globus ones whose last
   CN is `proxy` / `limited proxy`): each must be signed by the certificate it names as issuer,
   which the client sent, its subject must be that issuer's plus one CN, and the issuer must not
-  be a CA; proxies of proxies go on up the same way;
+  be a CA; proxies of proxies go on up the same way. Each proxy's policy must be one ASO
+  accepts (aso.proxycert: inherit-all or limited, never independent or unknown), a proxy of a
+  limited proxy must be limited, and no proxy may have more proxies after it than its path
+  length allows;
 * then the end-entity certificate (the identity: its DN) and any intermediate CAs up to a
   self-signed CA of the directory: signatures, CA flags, and the issuer's CRL (signed by it, not
   out of date; required unless `require_crl` is off): a revoked serial is refused;
@@ -26,9 +29,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import NameOID
 
-from aso.pki import PROXY_CERT_INFO, slash_dn
+from aso import proxycert
+from aso.pki import slash_dn
+from aso.proxycert import PROXY_CERT_INFO
 
-LEGACY_PROXY_CNS = ("proxy", "limited proxy")
+LEGACY_PROXY_CNS = {"proxy": proxycert.INHERIT_ALL, "limited proxy": proxycert.LIMITED}
 MAX_DEPTH = 12
 
 
@@ -121,6 +126,44 @@ class TrustStore:
 class Identity:
     dn: str  # the end-entity certificate's subject, /DC=.../CN=...
     proxies: int  # how many proxy certificates stood in front of it
+    limited: bool = False  # the proxy is a limited one (aso.proxycert)
+
+
+def _proxy_policy(cert: x509.Certificate) -> tuple[str, int | None]:
+    """A proxy's policy language and path length (None: no limit), or Refused."""
+    try:
+        info = proxycert.proxy_info(cert)
+    except proxycert.BadProxyCertInfo as error:
+        raise unauthorized(f"proxy {slash_dn(cert.subject)}: {error}") from None
+    if info is None:  # a legacy Globus proxy: its last CN says which kind
+        cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[-1].value
+        return LEGACY_PROXY_CNS[str(cn)], None
+    if not info.critical:
+        raise unauthorized(f"proxy {slash_dn(cert.subject)}: proxyCertInfo must be critical")
+    if info.policy not in proxycert.ACCEPTED_POLICIES:
+        raise unauthorized(
+            f"proxy {slash_dn(cert.subject)}: {info.policy_name} proxies are not accepted "
+            "(ordinary or limited proxies only)"
+        )
+    return info.policy, info.path_length
+
+
+def _check_proxy_chain(proxies: list[x509.Certificate]) -> bool:
+    """RFC 3820's rules over the proxies of a chain (the client's first): policies, path
+    lengths, limited proxies only below a limited one. True if the client's proxy is limited."""
+    policies = []
+    for below, cert in enumerate(proxies):
+        policy, path_length = _proxy_policy(cert)
+        if path_length is not None and below > path_length:
+            raise unauthorized(
+                f"proxy {slash_dn(cert.subject)} allows {path_length} proxies after it, "
+                f"the chain has {below}"
+            )
+        if policy == proxycert.LIMITED and any(p != proxycert.LIMITED for p in policies):
+            raise unauthorized(f"a proxy of the limited proxy {slash_dn(cert.subject)} must be "
+                               "limited too")  # fmt: skip
+        policies.append(policy)
+    return bool(policies) and policies[0] == proxycert.LIMITED
 
 
 def _check_time(cert: x509.Certificate, now: dt.datetime, what: str) -> None:
@@ -169,6 +212,7 @@ def verify_chain(
     trust.refresh()
     sent = chain[1:]
     cert, proxies = chain[0], 0
+    walked: list[x509.Certificate] = []
     # Proxies: each signed by the certificate it was made from, which the client sent.
     while is_proxy(cert):
         _check_time(cert, now, "proxy")
@@ -188,7 +232,9 @@ def verify_chain(
         proxies += 1
         if proxies > MAX_DEPTH:
             raise unauthorized("too many proxies in the chain")
+        walked.append(cert)
         cert = issuer
+    limited = _check_proxy_chain(walked)
     end_entity = cert
     if _is_ca(end_entity):
         raise unauthorized(f"{slash_dn(end_entity.subject)} is a CA, not a user or service")
@@ -208,6 +254,6 @@ def verify_chain(
             if issuer not in trust.cas.get(issuer.subject, []):
                 raise unauthorized(f"{slash_dn(issuer.subject)} is not a trusted CA")
             _check_time(issuer, now, "CA")
-            return Identity(slash_dn(end_entity.subject), proxies)
+            return Identity(slash_dn(end_entity.subject), proxies, limited)
         cert = issuer
     raise unauthorized("the certificate chain is too long")

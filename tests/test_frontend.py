@@ -23,15 +23,17 @@ from typing import Any
 
 import pytest
 import requests
+from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 
-from aso import model
+from aso import model, proxycert
 from aso.config import Config
 from aso.frontend import Mapped, ProxyAuth
 from aso.localstore import free_port
 from aso.model import AGENT, STATE, Change
 from aso.pki import CertificateAuthority, Pki, make_proxy
 from aso.store import Server
+from aso.x509auth import Refused, TrustStore, verify_chain
 from tests.conftest import sample_request, write_config
 
 ASO = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "aso")
@@ -147,6 +149,21 @@ def credentials(pki: Pki, kind: str) -> Any:
     if kind == "proxy signed by the wrong key":
         forged = make_proxy(carol, signer=pki.user("dave").key)
         return str(pki.write_proxy(forged, "x509up_forged"))
+    if kind == "proxy of a proxy of path length 1":
+        return str(pki.write_proxy(make_proxy(make_proxy(carol, path_length=1)), "x509up_pl1"))
+    if kind == "proxy of a proxy of path length 0":
+        return str(pki.write_proxy(make_proxy(make_proxy(carol, path_length=0)), "x509up_pl0"))
+    if kind == "limited proxy":
+        return str(pki.write_proxy(make_proxy(carol, policy=proxycert.LIMITED), "x509up_lim"))
+    if kind == "full proxy of a limited proxy":
+        limited = make_proxy(carol, policy=proxycert.LIMITED)
+        return str(pki.write_proxy(make_proxy(limited), "x509up_lim_full"))
+    if kind == "independent proxy":
+        independent = make_proxy(carol, policy=proxycert.INDEPENDENT)
+        return str(pki.write_proxy(independent, "x509up_indep"))
+    if kind == "proxy of an unknown policy":
+        unknown = make_proxy(carol, policy="1.3.6.1.4.1.99999.1")
+        return str(pki.write_proxy(unknown, "x509up_unknown"))
     if kind == "unknown DN":
         return cert_files(pki, "stranger")
     if kind == "no client cert":
@@ -163,6 +180,13 @@ CASES = [
     ("revoked cert", 401, "is revoked"),
     ("untrusted CA", 401, "is not signed by the CA"),
     ("proxy signed by the wrong key", 401, "not signed by its issuer's key"),
+    # RFC 3820 and ASO's proxy policy (aso/proxycert.py)
+    ("proxy of a proxy of path length 1", 201, None),
+    ("proxy of a proxy of path length 0", 401, "allows 0 proxies after it, the chain has 1"),
+    ("limited proxy", 201, None),
+    ("full proxy of a limited proxy", 401, "must be limited too"),
+    ("independent proxy", 401, "independent proxies are not accepted"),
+    ("proxy of an unknown policy", 401, "1.3.6.1.4.1.99999.1 proxies are not accepted"),
     ("unknown DN", 403, "is not mapped to an ASO user"),
     ("no client cert", 401, "client certificate (or proxy) is required"),
 ]
@@ -180,6 +204,36 @@ def test_who_gets_in(frontend, pki, files_db, admin, kind, status, reason):
     else:
         assert reason in answer.json()["reason"]
         assert stored is None  # nothing written for a refused client
+
+
+@pytest.mark.parametrize("path_length", [0, 1, 2])
+@pytest.mark.parametrize("depth", [2, 3])
+def test_proxy_path_lengths_are_judged_as_openssl_judges_them(pki, tmp_path, path_length, depth):
+    """RFC 3820: the first proxy's path length caps how many proxies may follow it. The front
+    end's verdict on chains of `depth` proxies is the one of `openssl verify -allow_proxy_certs`,
+    and a limited proxy comes out flagged."""
+    proxy = make_proxy(pki.user("carol"), path_length=path_length)
+    for _ in range(depth - 1):
+        proxy = make_proxy(proxy, policy=proxycert.LIMITED)
+    chain = [proxy.cert, *proxy.chain]
+    leaf, untrusted = tmp_path / "leaf.pem", tmp_path / "untrusted.pem"
+    leaf.write_bytes(proxy.cert_pem())
+    untrusted.write_bytes(b"".join(c.public_bytes(Encoding.PEM) for c in proxy.chain))
+    openssl = subprocess.run(
+        ["openssl", "verify", "-allow_proxy_certs", "-CApath", str(pki.capath), "-untrusted",
+         str(untrusted), str(leaf)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    try:
+        identity = verify_chain(chain, TrustStore(pki.capath), require_crl=False)
+    except Refused as refused:
+        assert openssl.returncode != 0, f"openssl accepted what ASO refused: {refused.reason}"
+        assert "proxies after it" in refused.reason
+    else:
+        assert openssl.returncode == 0, openssl.stdout + openssl.stderr
+        assert identity.dn == pki.user("carol").dn and identity.proxies == depth
+        assert identity.limited
+    assert (openssl.returncode == 0) == (depth - 1 <= path_length)
 
 
 def test_identity_headers_of_the_client_are_ignored(frontend, pki, files_db, admin, store_config):
