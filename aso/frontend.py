@@ -18,9 +18,11 @@ X-Auth-CouchDB-*, X-Forwarded-*) is dropped first, and cookies the store hands o
 back. Responses are streamed as they come (the `_changes` feed).
 
 Refusals are JSON answers in CouchDB's shape: 401 for a missing or bad certificate, 403 for a DN
-no one mapped, 413 for a body over `frontend.max_body`, 400/403/405 for what the front end does
-not forward (aso.gate: store administration, malformed document bodies), 502 when the store is
-unreachable.
+no one mapped, 413 for a body over `frontend.max_body` however it is framed (`_BoundedRequest`),
+400/403/405 for what the front end does not forward (aso.gate: a request target that is no path,
+query parameters off its allow-list, store administration, malformed document bodies), 502 when
+the store is unreachable. What is forwarded is the gate's `Verdict`: the path and the query as
+checked, never the raw target.
 """
 
 from __future__ import annotations
@@ -261,8 +263,61 @@ class _Channel(http.HTTPChannel):
         self.loseConnection()
 
 
+class _BoundedRequest(server.Request):
+    """A request whose body is counted as it arrives, however it is framed. Twisted sizes
+    nothing but a Content-Length and buffers a chunked body whole (a 70 MiB chunked `_bulk_docs`
+    had been forwarded): past `frontend.max_body` the client gets its 413 at once, the rest of
+    the body is read and dropped, and the connection is closed once the body ends (cut at
+    DISCARD_LIMIT times the limit)."""
+
+    DISCARD_LIMIT = 4
+
+    def gotLength(self, length: int | None) -> None:
+        self.received, self.too_large = 0, False
+        limit = self.channel.site.max_body
+        super().gotLength(length if length is None or length <= limit else 0)
+        if length is not None and length > limit:
+            self._refuse(limit)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        limit = self.channel.site.max_body
+        self.received += len(data)
+        if self.too_large:
+            if self.received > self.DISCARD_LIMIT * limit:
+                self.channel.transport.abortConnection()
+            return
+        if self.received > limit:
+            self._refuse(limit)
+            return
+        super().handleContentChunk(data)
+
+    def _refuse(self, limit: int) -> None:
+        self.too_large = True
+        metrics.FRONTEND_REFUSALS.labels("too_large").inc()
+        log.warning("refused %s %s: body over %d bytes", _method(self), _path(self), limit)
+        if self.channel.requests != [self]:  # an answer of an earlier request may be under way
+            self.channel.transport.abortConnection()
+            return
+        body = json.dumps({"error": "too_large", "reason": f"bodies are limited to {limit} bytes"})
+        self.channel.transport.write(
+            b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body.encode())
+        )
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if getattr(self, "too_large", False):  # answered already
+            self.channel.loseConnection()
+            return
+        super().requestReceived(command, path, version)
+
+
 class _Site(server.Site):
     protocol = _Channel  # HTTP/1.1 only: ASO's clients speak nothing else
+    requestFactory = _BoundedRequest
+
+    def __init__(self, root: resource.Resource, max_body: int):
+        super().__init__(root)
+        self.max_body = max_body
 
 
 class FrontEnd(resource.Resource):
@@ -289,16 +344,6 @@ class FrontEnd(resource.Resource):
 
     def render(self, request: server.Request) -> Any:
         _measure(request)
-        length = request.getHeader(b"content-length")
-        if length and length.isdigit() and int(length) > self.config.frontend.max_body:
-            metrics.FRONTEND_REFUSALS.labels("too_large").inc()
-            _answer(
-                request,
-                413,
-                "too_large",
-                f"bodies are limited to {self.config.frontend.max_body} bytes",
-            )
-            return server.NOT_DONE_YET
         try:
             identity = self.client_identity(request)
         except Refused as refused:
@@ -313,19 +358,20 @@ class FrontEnd(resource.Resource):
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return server.NOT_DONE_YET
         request.content.seek(0)
-        refused = gate.check(request.method, request.path, request.content.read())
-        if refused is not None:
+        verdict = gate.check(request.method, request.uri, request.content.read())
+        if isinstance(verdict, gate.GateRefusal):
             log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
-                        refused.reason)  # fmt: skip
+                        verdict.reason)  # fmt: skip
             metrics.FRONTEND_REFUSALS.labels("gate").inc()
-            _answer(request, refused.status, refused.error, refused.reason)
+            _answer(request, verdict.status, verdict.error, verdict.reason)
             return server.NOT_DONE_YET
+        target = verdict.target
         headers = self.identity.ready(who)
         if headers is not None:
-            self.forward(request, who, headers)
+            self.forward(request, who, headers, target)
             return server.NOT_DONE_YET
         done = threads.deferToThread(self.identity.prepare, who)  # may write to the store
-        done.addCallback(lambda headers: self.forward(request, who, headers))
+        done.addCallback(lambda headers: self.forward(request, who, headers, target))
         done.addErrback(self._failed, request)
         return server.NOT_DONE_YET
 
@@ -354,7 +400,11 @@ class FrontEnd(resource.Resource):
         if not request.finished:
             _answer(request, 502, "bad_gateway", "the document store is not available")
 
-    def forward(self, request: server.Request, who: Mapped, identity: dict[bytes, bytes]) -> None:
+    def forward(
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], target: bytes
+    ) -> None:
+        """Send the request on to the store as `who`: `target` is the path and the query as the
+        gate checked them (aso.gate.Verdict)."""
         headers = {
             key: [value]
             for key, value in request.getAllHeaders().items()
@@ -372,7 +422,7 @@ class FrontEnd(resource.Resource):
         producer = FileBodyProducer(BytesIO(body)) if body or request.method in BODY else None
         feed = request.args.get(b"feed", [b""])[-1] in (b"continuous", b"longpoll", b"eventsource")
         sent = (self.feeds if feed else self.agent).request(
-            request.method, self.store_url + request.uri, Headers(headers), producer
+            request.method, self.store_url + target, Headers(headers), producer
         )
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
         sent.addCallback(self._relay, request)
@@ -477,7 +527,7 @@ def serve(config: Config) -> None:
     """Run the front end until SIGTERM/SIGINT."""
     root, tls = build(config)
     host, _, port = config.frontend.listen.rpartition(":")
-    site = _Site(root)
+    site = _Site(root, config.frontend.max_body)
     site.displayTracebacks = False
     reactor.suggestThreadPoolSize(16)
     reactor.listenSSL(int(port), site, tls, interface=host)

@@ -700,6 +700,57 @@ def test_malformed_http_gets_no_server_error(frontend, data):
     event(f"answers {sorted({s.decode() for s in statuses})}")
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"1/{db}",
+        b"_config",
+        b"@127.0.0.1:{port}/{db}",
+        b"http://127.0.0.1:{port}/{db}",
+        b"//127.0.0.1:{port}/{db}",
+    ],
+)
+def test_a_request_target_that_is_no_path_goes_nowhere(frontend, target):
+    """Issue 18, finding 2: `GET 1/db` had been sent to the store's URL + `1/db`, i.e. another
+    local port, with the user's store credentials; `@host:port/...` would have sent them to any
+    local listener. A target must be a path: 400, and the listener sees no connection."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        listener.settimeout(0.5)
+        line = target.replace(b"{db}", frontend.store.db.encode()).replace(b"{port}", b"%d" % port)
+        received = exchange(frontend, b"GET " + line + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert received.startswith(b"HTTP/1.1 400 "), received[:300]
+        assert b"the request target must be a path" in received, received[:300]
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert frontend.answers()
+
+
+@pytest.mark.parametrize("framing", ["chunked", "length"])
+def test_a_body_over_the_limit_is_refused_however_it_is_framed(frontend, framing):
+    """Issue 18, finding 3: a chunked body skipped the size limit (a 70 MiB `_bulk_docs` was
+    forwarded). Over `frontend.max_body` the answer is 413, nothing is stored, and the front end
+    serves the next request."""
+    doc = sample_request("carol")
+    doc["_id"] = f"too-large-{framing}-{uuid.uuid4().hex}"
+    doc["padding"] = "x" * (MAX_BODY + 1024)
+    body = json.dumps({"docs": [doc]}).encode()
+    head = f"POST /{frontend.store.db}/_bulk_docs HTTP/1.1\r\nHost: x\r\n"
+    head += "Content-Type: application/json\r\n"
+    if framing == "chunked":
+        step = 64 * 1024
+        chunks = [body[i : i + step] for i in range(0, len(body), step)]
+        payload = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+        raw = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + payload
+    else:
+        raw = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    received = exchange(frontend, raw)
+    assert received.startswith(b"HTTP/1.1 413 "), received[:300]
+    assert f"bodies are limited to {MAX_BODY} bytes".encode() in received
+    assert frontend.store.admin.db(frontend.store.db).get(doc["_id"]) is None
+    assert frontend.answers()
+
+
 # --- Schemathesis against docs/openapi.yaml --------------------------------------------------
 OPENAPI = Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
 
@@ -792,6 +843,23 @@ KILLERS = [  # each of these, sent by a user, killed the embedded store or made 
     ("POST", "/{db}", b'{"publish_info": {"lumis": {"__proto__": [1]}}}', 400,
      "has a member named __proto__"),
     ("GET", "/{db}/" + "x" * 20000, None, 414, "a request line is limited to 16384 bytes"),
+    # Query parameters (issue 18, finding 1): each of these filters killed the embedded store.
+    ("GET", "/{db}/_changes?filter=_selector", None, 400, "filter='_selector' is not a value"),
+    ("GET", "/{db}/_changes?filter=_design", None, 400, "filter='_design' is not a value"),
+    ("GET", "/{db}/_changes?filter=asyncstageout/nope", None, 400, "is not a value it takes"),
+    ("GET", "/{db}/_changes?filter=_view&view=asyncstageout/nope", None, 400,
+     "filter='_view' is not a value"),
+    ("POST", "/{db}/_changes", b'{"selector": {"user": "dave"}}', 400,
+     "'selector' is not an option of _changes"),
+    ("GET", "/{db}/_changes?since=0&since=now", None, 400, "query parameter 'since' given twice"),
+    ("POST", "/{db}/_bulk_docs?new_edits=false", b'{"docs": []}', 400,
+     "query parameter 'new_edits' is not served here"),
+    ("GET", "/{db}/_design/asyncstageout/_view/by_task?startkey=junk", None, 400,
+     "startkey='junk' is not a value it takes"),
+    ("POST", "/{db}/_design/asyncstageout/_view/by_task", b'{"stale": "ok", "x": 1}', 400,
+     "'x' is not an option of a view"),
+    ("GET", "/{db}/_design/asyncstageout/_show/x/y", None, 403, "_show of a design document"),
+    ("PUT", "/{db}/abc?new_edits=false", b'{"a": 1}', 400, "'new_edits' is not served here"),
 ]  # fmt: skip
 
 
