@@ -127,8 +127,16 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
     },
 }
 
-# States a request may be created in (by its owner; admins may create any valid document).
-CREATION: dict[str, tuple[str, ...]] = {STATE: ("new", "done")}
+# What a request may be created as (by its owner; admins may create any valid document): per
+# creation `state`, the `cleanup` and `publication` it may start with. A file to copy is `new`
+# with its temporary copy `pending`; a file the job wrote at its destination already is `done`
+# with nothing to clean. Either starts its publication `pending` (or `not_required`): a request
+# is never born cleaned, published or on its way to the catalog (a user had created requests
+# `done`/`cleaned` and `done`/`not_needed`/`published`, issue 18).
+CREATION: dict[str, dict[str, tuple[str, ...]]] = {
+    "new": {CLEANUP: ("pending",), PUBLICATION: ("pending", "not_required")},
+    "done": {CLEANUP: ("not_needed",), PUBLICATION: ("pending", "not_required")},
+}
 
 # Fields an owner's update may change: the axes (whose changes the transition table rules) and
 # the history entry recording the change.
@@ -589,11 +597,17 @@ def _check_agent_doc(new: Mapping[str, Any], is_admin: bool, is_agent: bool) -> 
 def _check_creation(new: Mapping[str, Any], role: str, name: str) -> None:
     if role != OWNER:
         raise Refusal("create", "only the owner (or an admin) may create a request")
-    for axis, allowed in CREATION.items():
+    if new[STATE] not in CREATION:
+        raise Refusal(
+            "create",
+            f"a request is created with {STATE} {' or '.join(sorted(CREATION))}, not {new[STATE]}",
+        )
+    for axis, allowed in CREATION[new[STATE]].items():
         if new[axis] not in allowed:
             raise Refusal(
                 "create",
-                f"a request is created with {axis} {' or '.join(allowed)}, not {new[axis]}",
+                f"a request created {new[STATE]} has {axis} {' or '.join(allowed)}, "
+                f"not {new[axis]}",
             )
     if len(new["history"]) != 1:
         raise Refusal("history", "a new request has exactly one history entry")
@@ -811,7 +825,10 @@ def validation_model() -> dict[str, Any]:
             axis: {f"{a}>{b}": sorted(roles) for (a, b), roles in table.items()}
             for axis, table in TRANSITIONS.items()
         },
-        "creation": {axis: list(values) for axis, values in CREATION.items()},
+        "creation": {
+            state: {axis: list(values) for axis, values in axes.items()}
+            for state, axes in CREATION.items()
+        },
         "owner_mutable": list(OWNER_MUTABLE),
         "immutable": list(IMMUTABLE),
         "admin_roles": list(ADMIN_ROLES),

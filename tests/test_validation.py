@@ -152,6 +152,33 @@ def test_a_file_already_at_its_destination_is_created_done(files_db, accounts):
     assert (stored[STATE], stored[CLEANUP]) == ("done", "not_needed")
 
 
+BORN_FINISHED = [
+    ("done", "cleaned", "pending", "a request created done has cleanup not_needed, not cleaned"),
+    ("done", "not_needed", "published", "has publication pending or not_required, not published"),
+    ("done", "not_needed", "publishing", "not publishing"),
+    ("new", "not_needed", "pending", "a request created new has cleanup pending, not not_needed"),
+    ("new", "pending", "publication_failed", "not publication_failed"),
+    ("failed", "pending", "pending", "a request is created with state done or new, not failed"),
+]
+
+
+@pytest.mark.parametrize(("state", "cleanup", "publication", "reason"), BORN_FINISHED)
+def test_a_request_cannot_be_born_finished(files_db, accounts, state, cleanup, publication, reason):
+    """Issue 18, finding 5: a user had created requests already `done`/`cleaned` or
+    `done`/`not_needed`/`published`, and the publisher published a block for a file that exists
+    nowhere. The store refuses each (model.CREATION) as the model does."""
+    owner = db_as(accounts, "alice", files_db)
+    doc = sample_request("alice", publish=True, publish_info={"dataset": "/p/alice-q-v1/USER"})
+    doc.update({STATE: state, CLEANUP: cleanup, PUBLICATION: publication})
+    doc["history"] = [dict(doc["history"][0], to=state)]
+    with pytest.raises(Forbidden) as refused:
+        owner.create(doc)
+    assert reason in str(refused.value), refused.value
+    with pytest.raises(model.Refusal, match=reason):
+        model.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
+    assert owner.get(doc["_id"]) is None
+
+
 @pytest.mark.parametrize(
     ("who", "edit", "status", "reason"),
     [
@@ -159,7 +186,7 @@ def test_a_file_already_at_its_destination_is_created_done(files_db, accounts):
             "alice",
             lambda d: d.update(state="submitted", history=[dict(d["history"][0], to="submitted")]),
             403,
-            "[create] a request is created with state new or done, not submitted",
+            "[create] a request is created with state done or new, not submitted",
         ),
         ("agent", lambda d: None, 403, "[create] only the owner (or an admin) may create"),
         ("bob", lambda d: None, 403, '[owner] user "bob" may not write requests of user "alice"'),

@@ -220,9 +220,13 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // Creation: by the owner only, in a creation state, with its one history entry.
   if (!oldDoc) {
     if (role !== 'owner') { refuse('create', 'only the owner (or an admin) may create a request'); }
-    for (axis in model.creation) {
-      if (has(model.creation, axis) && model.creation[axis].indexOf(newDoc[axis]) === -1) {
-        refuse('create', 'a request is created with ' + axis + ' ' + model.creation[axis].join(' or ') + ', not ' + newDoc[axis]);
+    if (!has(model.creation, newDoc.state)) {
+      refuse('create', 'a request is created with state ' + Object.keys(model.creation).sort().join(' or ') + ', not ' + newDoc.state);
+    }
+    var born = model.creation[newDoc.state];
+    for (axis in born) {
+      if (has(born, axis) && born[axis].indexOf(newDoc[axis]) === -1) {
+        refuse('create', 'a request created ' + newDoc.state + ' has ' + axis + ' ' + born[axis].join(' or ') + ', not ' + newDoc[axis]);
       }
     }
     if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
