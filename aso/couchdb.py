@@ -60,6 +60,7 @@ SETTINGS: dict[str, dict[str, str]] = {
         "max_document_size": "8000000",
         "os_process_timeout": "20000",
         "default_security": "admin_only",
+        "users_db_security_editable": "true",
     },
     "chttpd": {
         "bind_address": "127.0.0.1",

@@ -38,6 +38,14 @@ FILES_SECURITY = {
     "members": {"names": [], "roles": [model.USER_ROLE, model.AGENT_ROLE, *model.ADMIN_ROLES[1:]]},
 }
 
+# The store's accounts: written by its admin alone (`aso db init`, the front end's own accounts).
+# A store answers an anonymous sign-up in `_users` otherwise (the embedded store on its port),
+# and an account made that way under a user's name locked the user out of the front end.
+USERS_SECURITY = {
+    "admins": {"names": [], "roles": []},
+    "members": {"names": [], "roles": ["_admin"]},
+}
+
 
 def model_module() -> str:
     """The CommonJS module validate_doc_update loads with require('lib/model')."""
@@ -102,6 +110,8 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.created_dbs.append(config.store.catalog_db)
     if init_stats_db(admin, config.store.stats_db, files_db):
         report.created_dbs.append(config.store.stats_db)
+    if admin.create_db("_users", USERS_SECURITY):
+        report.created_dbs.append("_users")
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")

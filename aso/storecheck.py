@@ -31,7 +31,7 @@ from aso import model, stats
 from aso.catalog import embedded as catalog
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
-from aso.designdocs import FILES_SECURITY, design_documents
+from aso.designdocs import FILES_SECURITY, USERS_SECURITY, design_documents
 from aso.store import (
     COUCHDB,
     EMBEDDED,
@@ -134,6 +134,7 @@ def expected_databases(config: Config) -> dict[str, DatabaseSpec]:
         store.transfers_db: DatabaseSpec(jobstore.SECURITY, (jobstore.JOBS_DDOC,)),
         store.catalog_db: DatabaseSpec(catalog.SECURITY, (catalog.DESIGN,)),
         store.stats_db: DatabaseSpec(stats.SECURITY, (stats.DESIGN,)),
+        "_users": DatabaseSpec(USERS_SECURITY, ()),
     }
 
 
@@ -364,6 +365,7 @@ def check_node_config(
     """One CouchDB node's configuration (`GET /_node/{node}/_config`), all values strings."""
     findings = check_authentication(config, expected, welcome)
     findings.append(check_require_valid_user(config))
+    findings.append(check_users_db_security(config))
     size = _int(_get(config, "couchdb", "max_document_size"))
     if size is not None:
         findings.append(_document_size_finding(size, expected.min_document_size))
@@ -493,6 +495,20 @@ def check_require_valid_user(config: Mapping[str, Mapping[str, str]]) -> Finding
         "require_valid_user",
         "false: anonymous requests reach the store (ASO's databases stay closed by their "
         "_security); set [chttpd] require_valid_user = true",
+    )
+
+
+def check_users_db_security(config: Mapping[str, Mapping[str, str]]) -> Finding:
+    """`aso db init` keeps `_users` to the admin (designdocs.USERS_SECURITY): CouchDB lets it
+    only with this setting, and takes a sign-up from any authenticated user without it."""
+    if _true(_get(config, "couchdb", "users_db_security_editable")):
+        return Finding(OK, "users_db_security_editable", "true: _users is kept to the admin")
+    return Finding(
+        ERROR,
+        "users_db_security_editable",
+        "false: any store user may make accounts in _users (one under a grid user's name locks "
+        "that user out of the front end); set [couchdb] users_db_security_editable = true, "
+        "then run `aso db init`",
     )
 
 

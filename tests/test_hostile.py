@@ -874,3 +874,21 @@ def test_what_crashed_the_store_is_refused_by_the_front_end(
     answer = frontend.call("carol", method, path.format(db=frontend.store.db), data=body)
     assert answer.status_code == status and reason in answer.json()["reason"], answer.text
     assert frontend.store.answers() and frontend.store.admin.all_dbs() == dbs
+
+
+@pytest.mark.parametrize("who", ["anonymous", "alice"])
+def test_nobody_but_the_admin_makes_store_accounts(store, sessions, who):
+    """Issue 18, finding 8: the embedded store's `_users` took an anonymous sign-up on its
+    port, and an account made that way under a user's name locked that user out of the front
+    end. `aso db init` keeps `_users` to the admin on both stores; the front end's own accounts
+    are still made (by its admin account)."""
+    session = http.Session() if who == "anonymous" else sessions["alice"]
+    doc = {"_id": "org.couchdb.user:eve", "name": "eve", "type": "user", "roles": [],
+           "password": "taken-first"}  # fmt: skip
+    answer = session.put(f"{store.url}/_users/org.couchdb.user:eve", json=doc, timeout=60)
+    assert answer.status_code in (401, 403), answer.text
+    assert store.admin.db("_users").get("org.couchdb.user:eve") is None
+    name = f"eve-{who}-{uuid.uuid4().hex[:8]}"  # the admin still makes accounts, which log in
+    assert store.admin.put_user(name, PASSWORD, [model.USER_ROLE])
+    assert store.session(name).get(f"{store.url}/_session", timeout=60).json()["userCtx"] == {
+        "name": name, "roles": [model.USER_ROLE]}  # fmt: skip

@@ -149,7 +149,8 @@ def node_config(**changes: dict[str, str]) -> dict[str, dict[str, str]]:
     a string, as CouchDB sends them."""
     config = {
         "couchdb": {"max_document_size": "8000000", "os_process_timeout": "20000",
-                    "single_node": "false", "uuid": "0a959b9b8227188afc2ac26ccdf345a6"},
+                    "single_node": "false", "uuid": "0a959b9b8227188afc2ac26ccdf345a6",
+                    "users_db_security_editable": "true"},
         "chttpd": {"bind_address": "10.0.0.11", "port": "5984", "require_valid_user": "true",
                    "max_http_request_size": "4294967296",
                    "authentication_handlers": "{chttpd_auth, proxy_authentication_handler}, "
@@ -230,6 +231,21 @@ def test_a_healthy_cluster_passes():
     assert {f.level for f in findings if f.item.endswith("bind")} == {WARN}
 
 
+def test_users_open_to_sign_ups_is_an_error_with_its_fix():
+    """Issue 18, finding 8: `_users` kept to the admin needs CouchDB's
+    users_db_security_editable; without it (or with `_users` open) `aso store check` fails."""
+    config = proxy_config()
+    answers = couchdb_answers(config)
+    answers.configs = {
+        node: node_config(couchdb={"users_db_security_editable": "false"}) for node in NODES
+    }
+    answers.databases["_users"].security = {"members": {"names": [], "roles": []}}
+    findings = analyse(answers, config)
+    assert len(at(findings, ERROR, "set [couchdb] users_db_security_editable = true")) == 3
+    assert at(findings, ERROR, "open: no members, anonymous users may read and write")
+    assert storecheck.exit_code(findings) == 1
+
+
 def test_a_member_that_is_not_connected_is_an_error():
     config = proxy_config()
     answers = couchdb_answers(config)
@@ -243,7 +259,7 @@ def test_one_copy_on_a_cluster_is_a_warning():
     config = proxy_config()
     answers = couchdb_answers(config, n=1)
     findings = analyse(answers, config)
-    assert len(at(findings, WARN, "n=1; 1200 documents")) == 4  # each ASO database
+    assert len(at(findings, WARN, "n=1; 1200 documents")) == 5  # each ASO database and _users
     assert storecheck.exit_code(findings) == 0
     answers.configs = {node: node_config(cluster={"n": "1"}) for node in NODES}
     assert len(at(analyse(answers, config), WARN, "defaults q=8, n=1 on a 3-node cluster")) == 3
