@@ -5,8 +5,10 @@ It starts what this host needs and is not running yet (the local store, store.en
 when the gfal service uses them), then the X.509
 front end (`frontend.enabled`) and every agent instance of `agents.instances`, each as its own
 process (`aso frontend`, `aso agent NAME --instance ...`), restarts one that dies (with a
-growing delay), and on Ctrl-C or SIGTERM stops them (SIGTERM, then SIGKILL after a grace
-period) and then what it started itself, in reverse order. `--agents-only` runs only the
+growing delay), starts again a local store it started that died (saying why: the end of the
+store's log) and the embedded storage's servers, and on Ctrl-C or SIGTERM stops them
+(SIGTERM, then SIGKILL after a grace period) and then what it started itself, in reverse
+order. `--agents-only` runs only the
 agents, against a store that runs elsewhere (a second agent host).
 """
 
@@ -38,6 +40,7 @@ log = logging.getLogger("aso.run")
 GRACE = 15.0  # seconds agents get to finish their cycle after SIGTERM
 MAX_BACKOFF = 30.0
 STORAGE_CHECK = 10.0  # seconds between two looks at the embedded storage servers
+STORE_CHECK = 5.0  # seconds between two looks at the local store's processes
 FRONTEND = "frontend"  # the X.509 front end, supervised as the agents are
 
 
@@ -114,6 +117,8 @@ class Supervisor:
         self.cleanups: list[tuple[str, object]] = []
         self.storage: Any = None  # the embedded storage, when this host runs it
         self._storage_checked = 0.0
+        self.store: Any = None  # the local store, when this supervisor started it
+        self._store_checked = 0.0
 
     # -- start-up -------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -123,6 +128,7 @@ class Supervisor:
             if managed and not store.status().answering:
                 log.info(store.start())
                 self.cleanups.append((f"{store.engine} store", store.stop))
+                self.store = store
             init_databases(Server.from_config(self.config, account="admin"), self.config)
             self._start_storage()
             if self.config.frontend.enabled:
@@ -190,9 +196,34 @@ class Supervisor:
             except Exception as exc:
                 log.error("could not start the storage again: %s", exc)
 
+    def watch_store(self, now: float) -> None:
+        """Start the local store again if its process is gone (one request had killed the
+        embedded store, and the service stayed without it), saying why from its log. A store
+        that is slow to answer is left alone: only a dead process is started again."""
+        if self.store is None or now - self._store_checked < STORE_CHECK:
+            return
+        self._store_checked = now
+        nodes = getattr(self.store, "members", None) or [self.store]
+        dead = [node for node in nodes if node.our_pid() is None]
+        if not dead:
+            return
+        for node in dead:
+            log.error(
+                "the %s store%s died; the end of its log (%s): %s",
+                self.store.engine,
+                f" {node.name}" if node.name else "",
+                node.log_file,
+                node.log_tail(),
+            )
+        try:
+            log.info(self.store.start())
+        except Exception as exc:  # the next look tries again
+            log.error("could not start the %s store again: %s", self.store.engine, exc)
+
     def supervise(self) -> None:
         while not self.stop_event.wait(1.0):
             now = time.monotonic()
+            self.watch_store(now)
             self.watch_storage(now)
             for child in self.children:
                 if child.process is not None and child.process.poll() is not None:

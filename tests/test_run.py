@@ -23,10 +23,11 @@ import pytest
 from aso import pki
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import load, render
-from aso.localstore import free_port
+from aso.localstore import free_port, local_store
 from aso.storage import export_path
 from aso.store import Server, Settings, StoreUnavailable
 from aso.supervisor import hang_of
+from tests.conftest import ENGINE
 from tests.pipeline_helpers import wait_for
 from tests.storage_helpers import (
     assert_never_copied_twice_at_once,
@@ -172,6 +173,7 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
     with reachable_tmp_dir("aso-run-test-") as base:
         config = storage_config(base, ["T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"], "http")
         config.store.url = f"http://127.0.0.1:{free_port()}"
+        config.store.engine = ENGINE  # the store of this leg, which `aso run` starts itself
         config.store.admin_password = "run-test-admin"
         config.store.agent_password = "run-test-agent"
         config.embedded.data_dir = str(base / "store")
@@ -290,6 +292,17 @@ def test_run_demo_restart_and_clean_stop(service):
         30,
         "the monitor to be started again",
     )
+    # kill -9 the store it started (one request had killed the embedded store for good, issue
+    # 18): it is started again, the end of its log in run.log, and the service goes on.
+    store = local_store(config)
+    dead = store.status().pid
+    assert dead is not None
+    os.kill(dead, signal.SIGKILL)
+    wait_for(
+        lambda: (now := store.status()).pid not in (None, dead) and now.answering,
+        90,
+        "the store to be started again",
+    )
     again = subprocess.run(
         [ASO, "--config", str(path), "demo", "--files", "6", "--timeout", "120"],
         capture_output=True,
@@ -329,6 +342,7 @@ def test_run_demo_restart_and_clean_stop(service):
     assert process.wait(60) == 0
     log = (base / "run.log").read_text()
     assert "exited with code -9; restart" in log
+    assert f"the {config.store.engine} store died; the end of its log" in log
     assert "agents stopped" in log and "stopping embedded storage" in log
     assert our_processes(str(base)) == []  # store, storage and agents all gone
     with pytest.raises(StoreUnavailable):  # the store it started is stopped too
