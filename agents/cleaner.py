@@ -2,7 +2,8 @@
 
 For each `done` request whose cleanup is pending (or failed before and due again):
 1. the temporary copy must be inside the source site's temp area (`sites.temp_pfn` refuses
-   anything else: the cleaner never touches a user's files);
+   anything else: the cleaner never touches a user's files) and inside the owner's own
+   temporary area (`model.in_temp_area`: never another user's output);
 2. the destination copy must be confirmed: there, with the request's size and adler32;
 3. only then the temporary copy is deleted with gfal2 (already gone counts as deleted).
 The outcome is written in one bulk write per cycle: `cleaned`, or `cleanup_error` with the
@@ -53,6 +54,10 @@ def temp_url(config: Config, doc: Mapping[str, Any]) -> str:
 
 def clean_one(config: Config, files: Files, doc: Mapping[str, Any]) -> Outcome:
     """Confirm the destination, then delete the temporary copy; never the other way round."""
+    if not model.in_temp_area(doc["user"], doc["source_lfn"]):  # an admin-written request
+        return Outcome(
+            False, f"refused: {doc['source_lfn']} is not in {doc['user']}'s temporary area"
+        )
     try:
         temp = temp_url(config, doc)
     except sites.SiteError as exc:

@@ -32,6 +32,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import shlex
 import threading
 import time
@@ -61,6 +62,9 @@ log = logging.getLogger("aso.frontend")
 _DROPPED_PREFIXES = (b"x-auth-", b"x-forwarded-", b"x-couchdb-")
 _DROPPED = {b"authorization", b"cookie", b"proxy-authorization", b"forwarded"}
 KNOWN_ROLES = (model.USER_ROLE, model.AGENT_ROLE, "aso-admin")
+# A grid user's name: a CMS user name. No dot (a name `alice.x` would own alice's
+# /store/temp/user/alice.x/), not starting with `_` (the store's own names).
+USER_NAME_PATTERN = r"^[A-Za-z0-9-][A-Za-z0-9_-]{0,127}$"
 # Hop-by-hop headers (RFC 9110 7.6.1): each side of the front end frames its own messages.
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
               b"transfer-encoding", b"upgrade", b"content-length", b"host"}  # fmt: skip
@@ -103,11 +107,15 @@ class GridMap:
             if len(words) not in (2, 3) or not words[0].startswith("/"):
                 raise MapfileError(f'{where}:{number}: expected "DN" user [role,...]')
             roles = tuple(words[2].split(",")) if len(words) == 3 else (model.USER_ROLE,)
-            unknown = [r for r in roles if r not in KNOWN_ROLES]
+            unknown = [r for r in roles if r not in KNOWN_ROLES and not model.granted_groups([r])]
             if unknown:
-                raise MapfileError(f"{where}:{number}: unknown role {unknown[0]!r}")
-            if words[1].startswith("_") or not words[1]:
-                raise MapfileError(f"{where}:{number}: {words[1]!r} is not a user name")
+                known = f"{', '.join(KNOWN_ROLES)}, {model.GROUP_ROLE}<group>"
+                raise MapfileError(f"{where}:{number}: unknown role {unknown[0]!r} ({known})")
+            if not re.match(USER_NAME_PATTERN, words[1]):
+                raise MapfileError(
+                    f"{where}:{number}: {words[1]!r} is not a user name (letters, digits, _ and -; "
+                    "no dot: /store/temp/user/<name>.<hash>/ is the user's temporary area)"
+                )
             out[words[0]] = Mapped(words[1], roles)
         return out
 

@@ -164,6 +164,70 @@ IMMUTABLE = (
     "created",
 )
 
+# --- namespaces ------------------------------------------------------------------------------
+# CMS's conventions, which the store enforces when a user creates a request (issue 18: alice had
+# written into bob's area, copied and had the cleaner delete bob's temporary output, and put her
+# file in bob's dataset). A user <name> stages out from /store/temp/user/<name>/ or
+# /store/temp/user/<name>.<hash>/, writes under /store/user/<name>/, and publishes into
+# /<primary>/<name>-<processed>/USER. A group area /store/group/<group>/ (and datasets
+# /<primary>/<group>-<processed>/USER) needs the role group:<group>, which only the grid-mapfile
+# grants. <name> is the user the front end mapped from the certificate (userCtx.name).
+TEMP_USER_AREA = "/store/temp/user/"
+USER_AREA = "/store/user/"
+GROUP_AREA = "/store/group/"
+GROUP_ROLE = "group:"
+TEMP_HASH_PATTERN = r"^\.[A-Za-z0-9_-]{1,64}/"  # the `.<hash>` of /store/temp/user/<name>.<hash>/
+GROUP_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+def granted_groups(roles: Any) -> list[str]:
+    """The groups whose areas the roles grant (`group:<group>`)."""
+    named = [r for r in (roles if isinstance(roles, list) else []) if isinstance(r, str)]
+    groups = [r[len(GROUP_ROLE) :] for r in named if r.startswith(GROUP_ROLE)]
+    return [g for g in groups if js.test(GROUP_NAME_PATTERN, g)]
+
+
+def in_temp_area(name: str, lfn: str) -> bool:
+    """`lfn` is in user `name`'s temporary area: /store/temp/user/<name>[.<hash>]/..."""
+    own = TEMP_USER_AREA + name
+    if not lfn.startswith(own):
+        return False
+    rest = lfn[len(own) :]
+    return rest.startswith("/") or js.test(TEMP_HASH_PATTERN, rest)
+
+
+def namespace_refusal(doc: Mapping[str, Any], name: str, roles: Any) -> str | None:
+    """Why a request of user `name` (with `roles`) reaches outside the user's namespace, or
+    None. validate_doc_update.js follows it line by line (`namespaceRefusal`)."""
+    if not in_temp_area(name, doc["source_lfn"]):
+        return (
+            f"source_lfn must be in {TEMP_USER_AREA}{name}/ or {TEMP_USER_AREA}{name}.<hash>/ "
+            "(the user's own temporary area)"
+        )
+    groups = granted_groups(roles)
+    destination = doc["destination_lfn"]
+    if not destination.startswith(USER_AREA + name + "/") and not any(
+        destination.startswith(GROUP_AREA + g + "/") for g in groups
+    ):
+        granted = (
+            f"or {GROUP_AREA}<group>/ of {', '.join(groups)}"
+            if groups
+            else (f"(a group area {GROUP_AREA}<group>/ needs the role {GROUP_ROLE}<group>)")
+        )
+        return f"destination_lfn must be in {USER_AREA}{name}/ {granted}"
+    info = doc.get("publish_info")
+    dataset = info.get("dataset") if isinstance(info, dict) else None
+    if isinstance(dataset, str):
+        parts = dataset.split("/")
+        processed = parts[2] if len(parts) > 2 else ""
+        if not any(processed.startswith(owner + "-") for owner in [name, *groups]):
+            return (
+                f"publish_info.dataset must be /<primary>/{name}-<processed>/USER "
+                "(the user's own datasets)"
+            )
+    return None
+
+
 # --- schema ----------------------------------------------------------------------------------
 # A field spec: {"type": name or [names], plus limits}. Types: string, integer, number, boolean,
 # object (with "fields"/"required", or free with "values"), array (with "items"), null.
@@ -567,7 +631,7 @@ def validate_doc_update(
             f"{js.stringify(old.get('user', js.UNDEFINED))}",
         )
     if old is None:
-        _check_creation(new, role, name)
+        _check_creation(new, role, name, roles)
     else:
         _check_update(new, old, role, name)
 
@@ -594,7 +658,7 @@ def _check_agent_doc(new: Mapping[str, Any], is_admin: bool, is_agent: bool) -> 
         raise Refusal("schema", f"doc._id does not name a {HEARTBEAT_TYPE}")
 
 
-def _check_creation(new: Mapping[str, Any], role: str, name: str) -> None:
+def _check_creation(new: Mapping[str, Any], role: str, name: str, roles: Any) -> None:
     if role != OWNER:
         raise Refusal("create", "only the owner (or an admin) may create a request")
     if new[STATE] not in CREATION:
@@ -609,6 +673,9 @@ def _check_creation(new: Mapping[str, Any], role: str, name: str) -> None:
                 f"a request created {new[STATE]} has {axis} {' or '.join(allowed)}, "
                 f"not {new[axis]}",
             )
+    outside = namespace_refusal(new, name, roles)
+    if outside:
+        raise Refusal("namespace", outside)
     if len(new["history"]) != 1:
         raise Refusal("history", "a new request has exactly one history entry")
     entry = new["history"][0]
@@ -834,4 +901,12 @@ def validation_model() -> dict[str, Any]:
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,
         "withdrawn": WITHDRAWN,
+        "namespaces": {
+            "temp_user_area": TEMP_USER_AREA,
+            "user_area": USER_AREA,
+            "group_area": GROUP_AREA,
+            "group_role": GROUP_ROLE,
+            "temp_hash_pattern": TEMP_HASH_PATTERN,
+            "group_name_pattern": GROUP_NAME_PATTERN,
+        },
     }

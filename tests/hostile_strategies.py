@@ -118,7 +118,7 @@ def requests(draw: st.DrawFn, user: Any = None) -> dict[str, Any]:
             st.lists(st.integers(0, 2**53 - 1), max_size=5),
             max_size=4,
         )
-        info = {"dataset": f"/{user}/proc-v1/USER", "events": draw(st.integers(0, 2**53 - 1))}
+        info = {"dataset": f"/prim/{user}-proc-v1/USER", "events": draw(st.integers(0, 2**53 - 1))}
         info["lumis"] = draw(runs)
     return model.new_request(
         user=user,
@@ -186,7 +186,7 @@ def _set_nested(doc: dict[str, Any], where: tuple[str, Any], value: Any) -> None
 def grow_to(doc: dict[str, Any], target: int) -> None:
     """Make the document's size (as both sides measure it) exactly `target`, or as near as the
     document allows, with lumi lists: each ",1" adds two characters, "1" → "10" one."""
-    info = doc.setdefault("publish_info", {"dataset": f"/{doc.get('user')}/grow-v1/USER"})
+    info = doc.setdefault("publish_info", {"dataset": f"/prim/{doc.get('user')}-grow-v1/USER"})
     if not isinstance(info, dict):
         return
     lumis = info["lumis"] = {str(run): [] for run in range(30)}

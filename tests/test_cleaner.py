@@ -46,7 +46,9 @@ def done_request(
     if copy:
         data = export_path(config, SOURCES[0], lfn).read_bytes()
         write_file(config, DESTINATION, doc["destination_lfn"], dest_content or data)
-    owner = accounts["alice"].db(config.store.files_db)
+    # A source outside alice's temporary area: only an admin may write such a request.
+    writer = "alice" if model.in_temp_area("alice", lfn) else "admin"
+    owner = accounts[writer].db(config.store.files_db)
     agent = accounts["agent"].db(config.store.files_db)
     doc["_rev"] = owner.create(doc)
     for to in ("acquired", "submitted", "done"):
@@ -71,7 +73,8 @@ def test_cleans_only_what_is_safe(gfal_config, accounts):
     outside = done_request(
         gfal_config, accounts, source_lfn="/store/user/alice/precious/not_temp.root"
     )
-    stored = clean(gfal_config, [good, no_copy, bad_copy, outside])
+    bobs = done_request(gfal_config, accounts, source_lfn="/store/temp/user/bob.abc/out.root")
+    stored = clean(gfal_config, [good, no_copy, bad_copy, outside, bobs])
 
     assert stored[good["_id"]][CLEANUP] == "cleaned"
     assert not export_path(gfal_config, SOURCES[0], good["source_lfn"]).exists()
@@ -81,7 +84,8 @@ def test_cleans_only_what_is_safe(gfal_config, accounts):
     for doc, why in (
         (no_copy, "destination not confirmed (no such file)"),
         (bad_copy, "destination not confirmed (adler32"),
-        (outside, "refused: refusing '/store/user/alice/precious/not_temp.root'"),
+        (outside, "refused: /store/user/alice/precious/not_temp.root is not in alice's temporary"),
+        (bobs, "refused: /store/temp/user/bob.abc/out.root is not in alice's temporary area"),
     ):
         after = stored[doc["_id"]]
         assert after[CLEANUP] == "cleanup_error" and after["cleanup_error"].startswith(why)

@@ -9,6 +9,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aso import model, proxycert
 from aso.config import Config
-from aso.frontend import Mapped, ProxyAuth
+from aso.frontend import GridMap, MapfileError, Mapped, ProxyAuth
 from aso.localstore import free_port
 from aso.model import AGENT, STATE, Change
 from aso.pki import CertificateAuthority, Pki, make_proxy
@@ -564,3 +565,18 @@ def test_a_taken_metrics_port_turns_the_metrics_off_not_the_front_end(
             assert answer.status_code == 200, answer.text
     log = (tmp_path / "frontend.log").read_text()
     assert f"metrics off: cannot listen on 127.0.0.1:{config.metrics.frontend_port}" in log
+
+
+def test_the_mapfile_grants_group_areas_and_refuses_names_that_would_share_an_area():
+    """Group areas are granted only here (role group:<group>); a user name with a dot would own
+    another user's /store/temp/user/<name>.<hash>/ and is refused."""
+    parsed = GridMap.parse('"/DC=org/CN=carol" carol aso-user,group:higgs\n')
+    assert parsed["/DC=org/CN=carol"].roles == (model.USER_ROLE, "group:higgs")
+    for line, words in (
+        ('"/DC=org/CN=a" alice.x', "'alice.x' is not a user name"),
+        ('"/DC=org/CN=a" _admin', "'_admin' is not a user name"),
+        ('"/DC=org/CN=a" alice aso-user,group:', "unknown role 'group:'"),
+        ('"/DC=org/CN=a" alice group:../x', "unknown role 'group:../x'"),
+    ):
+        with pytest.raises(MapfileError, match=re.escape(words)):
+            GridMap.parse(line)

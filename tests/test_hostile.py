@@ -349,7 +349,7 @@ def test_a_member_named_like_an_object_method_is_judged_not_crashed_on(store, se
     doc["hasOwnProperty"] = 1
     assert check_write(store, sessions["alice"], "alice", doc) == "refused"
     doc.pop("hasOwnProperty")
-    doc["publish_info"] = {"dataset": "/alice/x-v1/USER", "lumis": {"hasOwnProperty": [1]}}
+    doc["publish_info"] = {"dataset": "/p/alice-x-v1/USER", "lumis": {"hasOwnProperty": [1]}}
     assert check_write(store, sessions["alice"], "alice", doc) == "accepted"
 
 

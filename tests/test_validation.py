@@ -152,6 +152,74 @@ def test_a_file_already_at_its_destination_is_created_done(files_db, accounts):
     assert (stored[STATE], stored[CLEANUP]) == ("done", "not_needed")
 
 
+def _token() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+NAMESPACE_ATTACKS = [
+    ("alice", "a destination in bob's area",
+     lambda d: d.update(destination_lfn=f"/store/user/bob/x/{_token()}.root"),
+     "destination_lfn must be in /store/user/alice/ (a group area"),
+    ("alice", "bob's temporary output as the source",
+     lambda d: d.update(source_lfn=f"/store/temp/user/bob.abc/x/{_token()}.root"),
+     "source_lfn must be in /store/temp/user/alice/ or /store/temp/user/alice.<hash>/"),
+    ("alice", "a temporary area whose name starts with alice's",
+     lambda d: d.update(source_lfn=f"/store/temp/user/alicex/{_token()}.root"),
+     "source_lfn must be in /store/temp/user/alice/"),
+    ("alice", "a source outside any temporary area",
+     lambda d: d.update(source_lfn=f"/store/user/alice/precious/{_token()}.root"),
+     "source_lfn must be in /store/temp/user/alice/"),
+    ("alice", "bob's dataset",
+     lambda d: d.update(publish=True, publish_info={"dataset": "/prim/bob-proc-v1/USER"}),
+     "publish_info.dataset must be /<primary>/alice-<processed>/USER"),
+    ("alice", "a group area without a grant",
+     lambda d: d.update(destination_lfn=f"/store/group/higgs/{_token()}.root"),
+     "destination_lfn must be in /store/user/alice/ (a group area /store/group/<group>/ "
+     "needs the role group:<group>)"),
+    ("carol", "another group's area",
+     lambda d: d.update(destination_lfn=f"/store/group/top/{_token()}.root"),
+     "destination_lfn must be in /store/user/carol/ or /store/group/<group>/ of higgs"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("who", "case", "edit", "reason"), NAMESPACE_ATTACKS,
+                         ids=[c[1] for c in NAMESPACE_ATTACKS])  # fmt: skip
+def test_a_user_stays_in_their_own_namespace(files_db, accounts, who, case, edit, reason):
+    """Issue 18, finding 6: alice had written into bob's area, taken bob's not yet recorded
+    temporary output as her source (the cleaner then deleted it) and put her file in bob's
+    dataset. CMS's namespaces are the store's rule (model.namespace_refusal), as the model
+    says."""
+    owner = db_as(accounts, who, files_db)
+    doc = sample_request(who)
+    edit(doc)
+    doc["_id"] = model.request_id(doc["source_lfn"])
+    with pytest.raises(Forbidden) as refused:
+        owner.create(doc)
+    assert f"[namespace] {reason}" in str(refused.value), refused.value
+    with pytest.raises(model.Refusal, match=re.escape(reason)):
+        model.validate_doc_update(doc, None, {"name": who, "roles": accounts_roles(who)})
+    assert owner.get(doc["_id"]) is None
+
+
+def accounts_roles(who: str) -> list[str]:
+    return [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"] if who == "carol" else [model.USER_ROLE]
+
+
+def test_a_granted_group_area_and_a_hashed_temporary_area_are_the_user_s(files_db, accounts):
+    """What the conventions allow: /store/temp/user/<name>.<hash>/ as the source, a group area
+    and its datasets with the grant (role group:<group>, from the grid-mapfile)."""
+    carol = db_as(accounts, "carol", files_db)
+    doc = sample_request(
+        "carol",
+        source_lfn=f"/store/temp/user/carol.1f2e3d/higgs/{_token()}.root",
+        destination_lfn=f"/store/group/higgs/carol/{_token()}.root",
+        publish=True,
+        publish_info={"dataset": "/Higgs/higgs-skim-v1/USER"},
+    )
+    carol.create(doc)
+    assert carol.get(doc["_id"])["destination_lfn"].startswith("/store/group/higgs/")
+
+
 BORN_FINISHED = [
     ("done", "cleaned", "pending", "a request created done has cleanup not_needed, not cleaned"),
     ("done", "not_needed", "published", "has publication pending or not_required, not published"),

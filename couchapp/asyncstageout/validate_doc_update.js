@@ -126,6 +126,62 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
   // property key).
+  // aso/model.py namespace_refusal, line by line: CMS's namespaces of user `name`.
+  function startsWith(text, prefix) {
+    return text.slice(0, prefix.length) === prefix;
+  }
+
+  function grantedGroups(roles) {
+    var ns = model.namespaces, out = [], i, group;
+    if (!Array.isArray(roles)) { return out; }
+    for (i = 0; i < roles.length; i++) {
+      if (typeof roles[i] === 'string' && startsWith(roles[i], ns.group_role)) {
+        group = roles[i].slice(ns.group_role.length);
+        if ((new RegExp(ns.group_name_pattern)).test(group)) { out.push(group); }
+      }
+    }
+    return out;
+  }
+
+  function inTempArea(name, lfn) {
+    var own = model.namespaces.temp_user_area + name;
+    if (!startsWith(lfn, own)) { return false; }
+    var rest = lfn.slice(own.length);
+    return startsWith(rest, '/') || (new RegExp(model.namespaces.temp_hash_pattern)).test(rest);
+  }
+
+  function namespaceRefusal(doc, name, roles) {
+    var ns = model.namespaces, i;
+    if (!inTempArea(name, doc.source_lfn)) {
+      return 'source_lfn must be in ' + ns.temp_user_area + name + '/ or ' + ns.temp_user_area +
+        name + ".<hash>/ (the user's own temporary area)";
+    }
+    var groups = grantedGroups(roles);
+    var destination = doc.destination_lfn, inGroup = false;
+    for (i = 0; i < groups.length; i++) {
+      if (startsWith(destination, ns.group_area + groups[i] + '/')) { inGroup = true; }
+    }
+    if (!startsWith(destination, ns.user_area + name + '/') && !inGroup) {
+      var granted = groups.length ? 'or ' + ns.group_area + '<group>/ of ' + groups.join(', ') :
+        '(a group area ' + ns.group_area + '<group>/ needs the role ' + ns.group_role + '<group>)';
+      return 'destination_lfn must be in ' + ns.user_area + name + '/ ' + granted;
+    }
+    var info = doc.publish_info;
+    var dataset = (info !== null && typeOf(info) === 'object') ? info.dataset : undefined;
+    if (typeof dataset === 'string') {
+      var parts = dataset.split('/');
+      var processed = parts.length > 2 ? parts[2] : '';
+      var owners = [name].concat(groups), ok = false;
+      for (i = 0; i < owners.length; i++) {
+        if (startsWith(processed, owners[i] + '-')) { ok = true; }
+      }
+      if (!ok) {
+        return 'publish_info.dataset must be /<primary>/' + name + "-<processed>/USER (the user's own datasets)";
+      }
+    }
+    return null;
+  }
+
   function isAgentDoc(doc) {
     return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
   }
@@ -229,6 +285,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
         refuse('create', 'a request created ' + newDoc.state + ' has ' + axis + ' ' + born[axis].join(' or ') + ', not ' + newDoc[axis]);
       }
     }
+    var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
+    if (outside) { refuse('namespace', outside); }
     if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
     entry = newDoc.history[0];
     if (entry.axis !== 'state' || entry.from !== null || entry.to !== newDoc.state) {
