@@ -22,7 +22,7 @@ from aso import model
 from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.stats import init_stats_db
-from aso.store import Server
+from aso.store import Forbidden, Server
 from aso.transfer.jobstore import JOBS_DDOC
 from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
@@ -110,8 +110,16 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.created_dbs.append(config.store.catalog_db)
     if init_stats_db(admin, config.store.stats_db, files_db):
         report.created_dbs.append(config.store.stats_db)
-    if admin.create_db("_users", USERS_SECURITY):
-        report.created_dbs.append("_users")
+    try:
+        if admin.create_db("_users", USERS_SECURITY):
+            report.created_dbs.append("_users")
+    except Forbidden as exc:  # CouchDB without users_db_security_editable
+        raise Forbidden(
+            403,
+            "forbidden",
+            f"_users cannot be kept to the admin ({exc.reason}): set [couchdb] "
+            "users_db_security_editable = true (deploy/couchdb/local.ini), then run `aso db init`",
+        ) from None
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")
