@@ -45,8 +45,8 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from aso import gate, model, openapi
 from aso import jsvalues as js
-from aso import model, openapi
 from aso import upload as upload_module
 from aso.config import Config
 from aso.designdocs import init_databases
@@ -698,6 +698,91 @@ def test_malformed_http_gets_no_server_error(frontend, data):
     assert all(int(s) < 500 for s in statuses), received[:300]
     assert frontend.answers()
     event(f"answers {sorted({s.decode() for s in statuses})}")
+
+
+# --- the raw-socket layer: query parameters on every path the gate lets through ------------------
+# Each kind of resource of aso.gate.QUERIES, by a path of it; the names CouchDB reads there and
+# others; values of every shape each name takes and of the shapes it does not.
+ALLOWED_PATHS = {
+    "server": ["/", "/_up", "/_session", "/_all_dbs"],
+    "uuids": ["/_uuids"],
+    "database": ["/{db}"],
+    "view": ["/{db}/_all_docs", "/{db}/_design/asyncstageout/_view/by_task",
+             "/{db}/_design/asyncstageout/_view/task_states", "/{db}/_design/queue/_view/work",
+             "/{db}/_design/asyncstageout/_view/nosuchview", "/{db}/_design/nosuch/_view/x"],
+    "changes": ["/{db}/_changes"],
+    "bulk_docs": ["/{db}/_bulk_docs"],
+    "security": ["/{db}/_security"],
+    "doc_read": ["/{db}/" + DOC_ID, "/{db}/_design/asyncstageout", "/{db}/nosuchdoc"],
+    "doc_write": ["/{db}/_design/asyncstageout/index.html", "/{db}/" + DOC_ID + "/att"],
+}  # fmt: skip
+OTHER_NAMES = ("filter", "view", "new_edits", "selector", "batch", "attachments", "local_seq",
+               "w", "r", "n", "q", "callback", "att_encoding_info", "partition", "execution_stats",
+               "feed", "since", "%ZZ", "", "é", "a b", "__proto__", "constructor")  # fmt: skip
+QUERY_NAMES = sorted({n for table in gate.QUERIES.values() for n in table} | set(OTHER_NAMES))
+QUERY_VALUES = st.one_of(
+    st.sampled_from(["true", "false", "0", "1", "-1", "100", "99999999999", "1e3", "now", "",
+                     "null", "[]", "{}", '["T"]', '"x"', "[1,{}]", "all", "ok", "update_after",
+                     "lazy", "normal", "main_only", "all_docs", "_doc_ids", "_selector",
+                     "_design", "_view", "asyncstageout/x", "12-g1AAAA", "%ZZ", "\\u0000", "é",
+                     '{"$gt": null}', "[" * 200 + "]" * 200, "x" * 5000]),
+    texts,
+    json_values.map(json.dumps),
+)  # fmt: skip
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+@st.composite
+def raw_queries(draw: st.DrawFn, db: str) -> tuple[str, bytes]:
+    """A request to a path the gate serves, with generated query parameters, as bytes: its
+    method, its target, and a body framed by Content-Length or chunked."""
+    kind = draw(st.sampled_from(sorted(ALLOWED_PATHS)))
+    path = draw(st.sampled_from(ALLOWED_PATHS[kind])).replace("{db}", db)
+    pairs = draw(st.lists(st.tuples(st.sampled_from(QUERY_NAMES), QUERY_VALUES), max_size=4))
+    # Never a feed that waits: a long poll or a continuous feed is covered elsewhere.
+    pairs = [(n, v) for n, v in pairs if not (n == "feed" and v in ("longpoll", "continuous"))]
+    query = "&".join(f"{_quoted(n)}={_quoted(v)}" for n, v in pairs)
+    method = draw(st.sampled_from(["GET", "GET", "POST", "PUT", "DELETE", "HEAD"]))
+    body = b""
+    if method in ("POST", "PUT"):
+        members = {
+            name: QUERY_VALUES.map(lambda v: json.loads(v) if _is_json(v) else v)
+            for name in ("keys", "doc_ids", "selector", "limit", "docs", "x")
+        }
+        body = json.dumps(draw(st.fixed_dictionaries({}, optional=members))).encode()
+    head = f"{method} {path}{'?' + query if query else ''} HTTP/1.1\r\nHost: x\r\n"
+    head += "Content-Type: application/json\r\n"
+    if body and draw(st.booleans()):
+        framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        return kind, (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + framed
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return kind, head.encode() + body
+
+
+@settings(max_examples=max(30, settings.default.max_examples // 2))
+@given(data=st.data())
+def test_generated_queries_on_every_allowed_path_leave_the_store_alive(frontend, data):
+    """The raw-socket layer (issue 18): query parameters of every name and shape on every kind
+    of path the gate serves, bodies chunked or not. No 5xx, a reason with every refusal, and
+    the store and the front end answer after every case (a `_changes` filter had killed the
+    embedded store)."""
+    kind, raw = data.draw(raw_queries(frontend.store.db), label="request")
+    received = exchange(frontend, raw)
+    statuses = re.findall(rb"^HTTP/1\.1 (\d{3})", received, flags=re.MULTILINE)
+    assert statuses, received[:300]
+    assert all(int(s) < 500 for s in statuses), received[:600]
+    if int(statuses[0]) >= 400 and not raw.startswith(b"HEAD"):
+        assert b'"reason"' in received, received[:600]
+    assert frontend.store.answers(), "the store stopped answering"
+    assert frontend.answers()
+    event(f"{kind}: {statuses[0].decode()}")
 
 
 @pytest.mark.parametrize(
