@@ -96,14 +96,14 @@ _counter = itertools.count()
 @pytest.fixture(scope="session")
 def accounts(admin: Server) -> dict[str, Server]:
     """Store accounts by role: alice and bob (aso-user), agent (aso-agent), operator (aso-admin),
-    stranger (no ASO role), carol (aso-user with the group area of higgs), anonymous."""
+    stranger (no ASO role), hugo (aso-user with the group area of higgs), anonymous."""
     roles = {
         "alice": [model.USER_ROLE],
         "bob": [model.USER_ROLE],
         "agent": [model.AGENT_ROLE],
         "operator": ["aso-admin"],
         "stranger": [],
-        "carol": [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"],  # granted /store/group/higgs/
+        "hugo": [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"],  # granted /store/group/higgs/
     }
     servers = {}
     for name, role_list in roles.items():

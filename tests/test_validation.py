@@ -176,9 +176,9 @@ NAMESPACE_ATTACKS = [
      lambda d: d.update(destination_lfn=f"/store/group/higgs/{_token()}.root"),
      "destination_lfn must be in /store/user/alice/ (a group area /store/group/<group>/ "
      "needs the role group:<group>)"),
-    ("carol", "another group's area",
+    ("hugo", "another group's area",
      lambda d: d.update(destination_lfn=f"/store/group/top/{_token()}.root"),
-     "destination_lfn must be in /store/user/carol/ or /store/group/<group>/ of higgs"),
+     "destination_lfn must be in /store/user/hugo/ or /store/group/<group>/ of higgs"),
 ]  # fmt: skip
 
 
@@ -202,22 +202,22 @@ def test_a_user_stays_in_their_own_namespace(files_db, accounts, who, case, edit
 
 
 def accounts_roles(who: str) -> list[str]:
-    return [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"] if who == "carol" else [model.USER_ROLE]
+    return [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"] if who == "hugo" else [model.USER_ROLE]
 
 
 def test_a_granted_group_area_and_a_hashed_temporary_area_are_the_user_s(files_db, accounts):
     """What the conventions allow: /store/temp/user/<name>.<hash>/ as the source, a group area
     and its datasets with the grant (role group:<group>, from the grid-mapfile)."""
-    carol = db_as(accounts, "carol", files_db)
+    hugo = db_as(accounts, "hugo", files_db)
     doc = sample_request(
-        "carol",
-        source_lfn=f"/store/temp/user/carol.1f2e3d/higgs/{_token()}.root",
-        destination_lfn=f"/store/group/higgs/carol/{_token()}.root",
+        "hugo",
+        source_lfn=f"/store/temp/user/hugo.1f2e3d/higgs/{_token()}.root",
+        destination_lfn=f"/store/group/higgs/hugo/{_token()}.root",
         publish=True,
         publish_info={"dataset": "/Higgs/higgs-skim-v1/USER"},
     )
-    carol.create(doc)
-    assert carol.get(doc["_id"])["destination_lfn"].startswith("/store/group/higgs/")
+    hugo.create(doc)
+    assert hugo.get(doc["_id"])["destination_lfn"].startswith("/store/group/higgs/")
 
 
 BORN_FINISHED = [
