@@ -72,16 +72,21 @@ def _is_count(v: str) -> bool:
     return v.isascii() and v.isdigit() and len(v) <= 9
 
 
-def _is_json(v: str) -> bool:
+def _json(v: str) -> tuple[bool, Any]:
+    """Whether `v` is JSON, and its value."""
     try:
-        json.loads(v, parse_constant=_no_constant)
+        return True, json.loads(v, parse_constant=_no_constant)
     except (ValueError, RecursionError):
-        return False
-    return True
+        return False, None
+
+
+def _is_json(v: str) -> bool:
+    return _json(v)[0]
 
 
 def _is_json_list(v: str) -> bool:
-    return _is_json(v) and isinstance(json.loads(v), list)
+    ok, value = _json(v)
+    return ok and isinstance(value, list)
 
 
 def _one_of(*values: str) -> Callable[[str], bool]:

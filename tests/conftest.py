@@ -93,20 +93,23 @@ PASSWORD = "pw-" + secrets.token_hex(6)
 _counter = itertools.count()
 
 
+# The store accounts of the `accounts` fixture and their roles.
+ACCOUNT_ROLES: dict[str, list[str]] = {
+    "alice": [model.USER_ROLE],
+    "bob": [model.USER_ROLE],
+    "agent": [model.AGENT_ROLE],
+    "operator": ["aso-admin"],
+    "stranger": [],
+    "hugo": [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"],  # granted /store/group/higgs/
+}
+
+
 @pytest.fixture(scope="session")
 def accounts(admin: Server) -> dict[str, Server]:
     """Store accounts by role: alice and bob (aso-user), agent (aso-agent), operator (aso-admin),
     stranger (no ASO role), hugo (aso-user with the group area of higgs), anonymous."""
-    roles = {
-        "alice": [model.USER_ROLE],
-        "bob": [model.USER_ROLE],
-        "agent": [model.AGENT_ROLE],
-        "operator": ["aso-admin"],
-        "stranger": [],
-        "hugo": [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"],  # granted /store/group/higgs/
-    }
     servers = {}
-    for name, role_list in roles.items():
+    for name, role_list in ACCOUNT_ROLES.items():
         admin.put_user(name, PASSWORD, role_list)
         servers[name] = Server(admin.url, name, PASSWORD, Settings(retries=1, backoff=0.1))
     servers["anonymous"] = Server(admin.url, settings=Settings(retries=1, backoff=0.1))

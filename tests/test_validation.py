@@ -19,7 +19,7 @@ from aso import model
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
-from tests.conftest import db_as, sample_request
+from tests.conftest import ACCOUNT_ROLES, db_as, sample_request
 
 ROLE_ACCOUNT = {OWNER: "alice", AGENT: "agent", "other user": "bob"}
 
@@ -197,12 +197,8 @@ def test_a_user_stays_in_their_own_namespace(files_db, accounts, who, case, edit
         owner.create(doc)
     assert f"[namespace] {reason}" in str(refused.value), refused.value
     with pytest.raises(model.Refusal, match=re.escape(reason)):
-        model.validate_doc_update(doc, None, {"name": who, "roles": accounts_roles(who)})
+        model.validate_doc_update(doc, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
     assert owner.get(doc["_id"]) is None
-
-
-def accounts_roles(who: str) -> list[str]:
-    return [model.USER_ROLE, f"{model.GROUP_ROLE}higgs"] if who == "hugo" else [model.USER_ROLE]
 
 
 def test_a_granted_group_area_and_a_hashed_temporary_area_are_the_user_s(files_db, accounts):
