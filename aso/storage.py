@@ -4,7 +4,7 @@ Each server serves its site's export directory over root:// (`root_url`) and ove
 with TLS (`http_url`; XrdHttp also accepts plain HTTP on that port), computes adler32
 checksums, and makes third-party copies both ways: root:// (`ofs.tpc`, which runs xrdcp) and
 HTTP (XrdHttpTPC, which XrdHttp loads only when TLS is configured). Measured facts behind every
-directive: ../shared/STORAGE-NOTES.md.
+directive: README "Real storage on one machine".
 
 There is no authentication, so a server accepts connections from loopback addresses only
 (`xrd.allow`). xrootd refuses to run as root: started by root it runs as the `xrootd` user
