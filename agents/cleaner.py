@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from aso import model, sites
 from aso.config import Config, SiteConfig
 from aso.files import FileError, Files, open_files
 from aso.model import AGENT, CLEANUP, Change
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer.gfalcopy import normal_adler32
 from aso.workqueue import CLEAN
 
@@ -142,7 +142,15 @@ class Cleaner(Agent):
                     thread_name_prefix=f"clean-{doc['source']}",
                 )
             futures[doc["_id"]] = pool.submit(clean_one, self.config, self.files, doc)
-        return {doc_id: future.result() for doc_id, future in futures.items()}
+        return {doc["_id"]: self.outcome_of(doc, futures[doc["_id"]]) for doc in docs}
+
+    def outcome_of(self, doc: dict[str, Any], future: Future[Outcome]) -> Outcome:
+        """The deletion's outcome; an error of ours on one file is that file's `cleanup_error`
+        (retried after the backoff, the reason in the document), not the end of the cycle."""
+        try:
+            return future.result()
+        except Exception as exc:
+            return Outcome(False, set_aside_reason(self.name, doc, exc))
 
     def close(self) -> None:
         for pool in self.pools.values():

@@ -24,7 +24,7 @@ from typing import Any
 from aso import faults, model
 from aso.config import Config
 from aso.model import AGENT, STATE, Change
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
 from aso.workqueue import ACTIVE, LEASE
@@ -231,10 +231,27 @@ class Monitor(Agent):
                 job = statuses.get(job_id)
                 for doc in by_job[job_id]:
                     file_status = job.files.get(doc["_id"]) if job else None
-                    updated = outcome(doc, file_status, job is not None, self.instance, now)
+                    try:
+                        updated = outcome(doc, file_status, job is not None, self.instance, now)
+                    except Exception as exc:
+                        updated = self.set_aside(doc, exc, now)
                     if updated is not None:
                         updates.append(updated)
         return updates
+
+    def set_aside(self, doc: dict[str, Any], exc: Exception, now: float) -> dict[str, Any]:
+        """A file whose outcome this monitor cannot work out (an answer of the service it
+        cannot read, an error of ours): its attempt ends `unprocessable`, so that it leaves
+        the monitor's work (the retry manager makes it `failed`; a kill still ends `killed`)."""
+        return _ended(
+            doc,
+            "killed" if doc[STATE] == "kill_requested" else "failed_attempt",
+            self.instance,
+            now,
+            reason=set_aside_reason(self.name, doc, exc),
+            error_class=errors.UNPROCESSABLE,
+            outcome="failed",
+        )
 
     def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Expired leases, and kills of files that never got a job id in their document."""

@@ -36,7 +36,7 @@ from aso.catalog.base import (
 )
 from aso.config import Config
 from aso.model import AGENT, ON_ITS_WAY, PUBLICATION, STATE, Change
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Membership, set_aside_reason
 from aso.workqueue import PUBLISH
 
 log = logging.getLogger("aso.agent.publisher")
@@ -287,6 +287,12 @@ class Publisher(Agent):
             return
         except CatalogError as exc:
             self.failed(docs, exc, report, now)
+            return
+        except Exception as exc:
+            # An error of ours or of the catalog's client on this block: a publication error
+            # like any other (tried again after the backoff, given up after max_attempts),
+            # with the reason in the documents, so that it cannot stop the publisher.
+            self.failed(docs, CatalogError(set_aside_reason(self.name, docs[0], exc)), report, now)
             return
         self.mark_published(docs, name, report, now, inserted)
 

@@ -20,7 +20,7 @@ from aso import model
 from aso.config import Config
 from aso.model import AGENT, STATE, Change
 from aso.retry import RetryPolicy, load_policy
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Membership, set_aside_reason
 from aso.workqueue import COOLOFF, DECIDE
 
 log = logging.getLogger("aso.agent.retry_manager")
@@ -37,13 +37,18 @@ def decided(doc: Mapping[str, Any], policy: RetryPolicy, by: str, now: float) ->
             at=now,
             retry_after=round(now + decision.delay, 3),
         )
+    return given_up(doc, decision.reason, by, now)
+
+
+def given_up(doc: Mapping[str, Any], reason: str, by: str, now: float) -> dict[str, Any]:
+    """`failed` for good, with the reason (the policy's, or why no decision could be made)."""
     return model.transition(
         doc,
-        [Change(STATE, "failed", by, decision.reason)],
+        [Change(STATE, "failed", by, reason)],
         AGENT,
         at=now,
         retry_after=None,
-        failure_reason=decision.reason[:4096],
+        failure_reason=reason[:4096],
     )
 
 
@@ -78,7 +83,12 @@ class RetryManager(Agent):
         updates = []
         for doc in mine:
             if doc[STATE] == "failed_attempt":
-                updates.append(decided(doc, self.policy, self.instance, now))
+                try:
+                    updates.append(decided(doc, self.policy, self.instance, now))
+                except Exception as exc:  # the policy (a plug-in) failed on this file
+                    updates.append(
+                        given_up(doc, set_aside_reason(self.name, doc, exc), self.instance, now)
+                    )
             elif doc[STATE] == "retry" and (doc.get("retry_after") or 0) <= now:
                 updates.append(cooled_off(doc, self.instance, now))
         report = {"retry": 0, "failed": 0, "new": 0, "conflicts": 0}

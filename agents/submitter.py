@@ -41,7 +41,7 @@ from typing import Any
 from aso import faults, model
 from aso.config import Config
 from aso.model import AGENT, STATE, Change
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, LEASE, SUBMIT
@@ -195,20 +195,25 @@ def may_have_left_a_copy(doc: Mapping[str, Any]) -> bool:
     )
 
 
-def job_request(config: Config, key: str, docs: list[Mapping[str, Any]]) -> JobRequest:
+def file_transfer(config: Config, doc: Mapping[str, Any]) -> FileTransfer:
+    """The copy of one request, as the transfer service gets it (raises SiteError for a site
+    this host's catalogue lacks)."""
+    return FileTransfer(
+        doc["_id"],
+        *transfer_urls(config, doc),
+        size=doc["size"],
+        adler32=doc["checksum"]["adler32"],
+        metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},
+        ours=may_have_left_a_copy(doc),
+    )
+
+
+def job_request(
+    config: Config, key: str, docs: list[Mapping[str, Any]], files: tuple[FileTransfer, ...]
+) -> JobRequest:
+    """The job of `docs` (whose copies are `files`) under `key`."""
     first = docs[0]
     transfer = config.transfer
-    files = tuple(
-        FileTransfer(
-            doc["_id"],
-            *transfer_urls(config, doc),
-            size=doc["size"],
-            adler32=doc["checksum"]["adler32"],
-            metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},
-            ours=may_have_left_a_copy(doc),
-        )
-        for doc in docs
-    )
     return JobRequest(
         key=key,
         files=files,
@@ -252,7 +257,14 @@ class Submitter(Agent):
         membership: Membership,
         everything: Mapping[str, dict[str, Any]],
     ) -> dict[str, Any]:
-        report = {"jobs": 0, "submitted": 0, "conflicts": 0, "refused": 0, "deferred": 0}
+        report = {
+            "jobs": 0,
+            "submitted": 0,
+            "conflicts": 0,
+            "refused": 0,
+            "deferred": 0,
+            "set_aside": 0,
+        }
         report["leases_shortened"] = self.shorten_predecessors_leases(mine, report)
         new = [d for d in mine if d[STATE] == "new"]
         if not new:
@@ -309,9 +321,9 @@ class Submitter(Agent):
                 )
                 continue
             ready[key] = docs
-        outcomes = self.service.submit_many(
-            [job_request(self.config, k, d) for k, d in ready.items()]
-        )
+        requests = self.job_requests(ready, report)
+        ready = {key: ready[key] for key in requests}
+        outcomes = self.service.submit_many(list(requests.values()))
         faults.point("submitter.after_submit")
         accepted = []
         for (key, docs), outcome in zip(ready.items(), outcomes, strict=True):
@@ -330,6 +342,30 @@ class Submitter(Agent):
             else:
                 accepted.append((docs, outcome))
         self.mark_submitted(accepted, report)
+
+    def job_requests(
+        self, jobs: dict[str, list[dict[str, Any]]], report: dict[str, int]
+    ) -> dict[str, JobRequest]:
+        """The request of each job, by key. A file this submitter cannot make a transfer of (a
+        site its catalogue lacks, or any error of ours) is set aside (`failed_attempt`, class
+        `unprocessable`, with the reason; the retry manager makes it `failed`) and drops out of
+        its job: an unknown site once crash-looped the submitter and held up the files of the
+        same cycle for minutes (issue 18)."""
+        requests = {}
+        for key, docs in jobs.items():
+            files = []
+            for doc in list(docs):
+                try:
+                    files.append(file_transfer(self.config, doc))
+                except Exception as exc:
+                    reason = set_aside_reason(self.name, doc, exc)
+                    report["set_aside"] += len(
+                        self.failed_attempt([doc], reason, errors.UNPROCESSABLE, report)
+                    )
+                    docs.remove(doc)
+            if docs:
+                requests[key] = job_request(self.config, key, docs, tuple(files))
+        return requests
 
     def acquire(
         self, plans: list[list[Mapping[str, Any]]], keys: list[str], report: dict[str, int]
@@ -409,6 +445,13 @@ class Submitter(Agent):
     def refused(
         self, docs: list[dict[str, Any]], reason: str, error_class: str, report: dict[str, int]
     ) -> None:
+        report["refused"] += len(self.failed_attempt(docs, reason, error_class, report))
+        log.warning("job of %d files refused by %s: %s", len(docs), self.service.name, reason)
+
+    def failed_attempt(
+        self, docs: list[dict[str, Any]], reason: str, error_class: str, report: dict[str, int]
+    ) -> list[dict[str, Any]]:
+        """Acquired files whose attempt ended before it began: `failed_attempt`, with why."""
         now = time.time()
         updated = [
             model.transition(
@@ -422,8 +465,7 @@ class Submitter(Agent):
             )
             for d in docs
         ]
-        report["refused"] += len(self._write(updated, report))
-        log.warning("job of %d files refused by %s: %s", len(docs), self.service.name, reason)
+        return self._write(updated, report)
 
     def _write(self, docs: list[dict[str, Any]], report: dict[str, int]) -> list[dict[str, Any]]:
         results = self.db.bulk_write(docs)

@@ -4,8 +4,9 @@ Each sub-folder of `couchapp/` holding an `_id` file is one design document in t
 CouchApp layout (`views/NAME/map.js` + `reduce.js`, `validate_doc_update.js`, `_attachments/`),
 assembled by `cmscouchapp` (CMS's Python 3 CouchApp). ASO adds one generated member,
 `lib/model`: the tables of aso/model.py that validate_doc_update `require`s, so the Python model
-and the store's validation cannot drift apart. Pushing goes through aso.store and is idempotent:
-an unchanged design document is not rewritten.
+and the store's validation cannot drift apart; and `lib/sites`, the site catalogue's names, so
+that the store refuses a request naming a site no agent could copy from or to. Pushing goes
+through aso.store and is idempotent: an unchanged design document is not rewritten.
 """
 
 from __future__ import annotations
@@ -52,23 +53,37 @@ def model_module() -> str:
     return "module.exports = " + json.dumps(model.validation_model(), sort_keys=True) + ";\n"
 
 
-def load_design_document(path: Path) -> dict[str, Any]:
+def known_sites(config: Config) -> list[str] | None:
+    """The sites a request may name: the site catalogue's (`[sites.NAME]`), or None (any name)
+    with the simulated back end, which copies between names and has no catalogue."""
+    return None if config.transfer.backend == "sim" else sorted(config.sites)
+
+
+def sites_module(config: Config) -> str:
+    """The CommonJS module validate_doc_update loads with require('lib/sites'). A site added to
+    the catalogue reaches the store with `aso db init`; until then uploads naming it are
+    refused (and `aso storecheck` reports the design document as out of date)."""
+    return "module.exports = " + json.dumps({"names": known_sites(config)}) + ";\n"
+
+
+def load_design_document(path: Path, config: Config) -> dict[str, Any]:
     doc = localdoc.document(str(path), is_ddoc=True).doc()
     # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
     # not used by the store and would make identical folders look different.
     doc.pop("couchapp", None)
     if "validate_doc_update" in doc:
-        doc.setdefault("lib", {})["model"] = model_module()
+        doc.setdefault("lib", {}).update(model=model_module(), sites=sites_module(config))
     return doc
 
 
-def design_documents(config: Config | None = None, root: Path = COUCHAPP_DIR) -> list[dict]:
-    """The design documents of `root`; with `config`, the pages' one tells the monitoring pages
-    what they need to know of it (the statistics database, the FTS web monitor's links)."""
+def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict]:
+    """The design documents of `root` for `config`: the validation knows its sites, and the
+    pages' one tells the monitoring pages what they need to know of it (the statistics
+    database, the FTS web monitor's links)."""
     folders = sorted(p for p in root.iterdir() if (p / "_id").is_file())
-    docs = [load_design_document(folder) for folder in folders]
+    docs = [load_design_document(folder, config) for folder in folders]
     for ddoc in docs:
-        if config is not None and ddoc["_id"] == PAGES_DDOC:
+        if ddoc["_id"] == PAGES_DDOC:
             ddoc["aso"] = {
                 "stats_db": config.store.stats_db,
                 "transfer_job_url": config.fts3.monitor_url,

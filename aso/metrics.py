@@ -103,6 +103,14 @@ AGENT_WORK = Gauge("aso_agent_work", "Documents in this instance's part of the w
 AGENT_STORE_ERRORS = Counter(
     "aso_agent_store_errors", "Cycles cut short by a store error.", ["agent"]
 )
+AGENT_CYCLE_ERRORS = Counter(
+    "aso_agent_cycle_errors", "Cycles cut short by an error of the agent itself.", ["agent"]
+)
+SET_ASIDE = Counter(
+    "aso_documents_set_aside",
+    "Requests an agent could not act on and set aside, with the reason in the document.",
+    ["agent"],
+)
 AGENT_INFO = Gauge(
     "aso_agent_info", "This process's agent and instance.", ["agent", "instance", "host"]
 )

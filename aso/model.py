@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -585,12 +585,16 @@ def is_final(doc: Mapping[str, Any]) -> bool:
 
 # --- the store's validation, in Python -------------------------------------------------------
 def validate_doc_update(
-    new: Mapping[str, Any], old: Mapping[str, Any] | None, user_ctx: Mapping[str, Any]
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user_ctx: Mapping[str, Any],
+    sites: Sequence[str] | None = None,
 ) -> None:
     """What validate_doc_update.js decides for writing `new` over `old` (None: a creation) as
     `user_ctx`: returns when the store lets the write through, raises Refusal with the store's
     reason otherwise. A line-by-line twin of the JavaScript, so that every writer (and the
-    hostile-input tests) can know the store's verdict without asking it."""
+    hostile-input tests) can know the store's verdict without asking it. `sites`: the design
+    document's `lib/sites` (None: any site, the simulated back end's)."""
     if old is not None and old.get("_deleted") is True:
         old = None  # a deleted request may be created again
     # EMBEDDED_VALIDATES_BEFORE_CONFLICT: a stale write passes here and is the store's 409.
@@ -631,7 +635,7 @@ def validate_doc_update(
             f"{js.stringify(old.get('user', js.UNDEFINED))}",
         )
     if old is None:
-        _check_creation(new, role, name, roles)
+        _check_creation(new, role, name, roles, sites)
     else:
         _check_update(new, old, role, name)
 
@@ -658,7 +662,21 @@ def _check_agent_doc(new: Mapping[str, Any], is_admin: bool, is_agent: bool) -> 
         raise Refusal("schema", f"doc._id does not name a {HEARTBEAT_TYPE}")
 
 
-def _check_creation(new: Mapping[str, Any], role: str, name: str, roles: Any) -> None:
+def site_refusal(doc: Mapping[str, Any], sites: Sequence[str] | None) -> str | None:
+    """Why a request names a site this ASO does not know (None: it does not). An unknown site
+    once crash-looped the submitter (issue 18); the store now refuses it at upload."""
+    if sites is None:
+        return None
+    for end in ("source", "destination"):
+        if doc[end] not in sites:
+            known = ", ".join(sites) or "none"
+            return f"{end} {js.stringify(doc[end])} is not a site of this ASO (its sites: {known})"
+    return None
+
+
+def _check_creation(
+    new: Mapping[str, Any], role: str, name: str, roles: Any, sites: Sequence[str] | None = None
+) -> None:
     if role != OWNER:
         raise Refusal("create", "only the owner (or an admin) may create a request")
     if new[STATE] not in CREATION:
@@ -673,6 +691,9 @@ def _check_creation(new: Mapping[str, Any], role: str, name: str, roles: Any) ->
                 f"a request created {new[STATE]} has {axis} {' or '.join(allowed)}, "
                 f"not {new[axis]}",
             )
+    unknown = site_refusal(new, sites)
+    if unknown:
+        raise Refusal("site", unknown)
     outside = namespace_refusal(new, name, roles)
     if outside:
         raise Refusal("namespace", outside)

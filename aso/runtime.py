@@ -11,6 +11,12 @@ Partition: the live instances of an agent are those whose heartbeat is younger t
 key hashes to i modulo n. When an instance dies its heartbeat expires and the others take its
 part; a write that races (two instances for a moment think a document theirs) is settled by the
 store: one write wins, the other gets a 409 and skips the document.
+
+Errors: a store error cuts a cycle short and the loop tries again. Any other error in a cycle is
+logged with its traceback, counted (`aso_agent_cycle_errors_total`) and retried after a growing
+pause: it never ends the process, which would only be restarted into the same error. An agent
+that fails on one document sets that document aside (`set_aside_reason`: a terminal or parked
+state with the reason, counted in `aso_documents_set_aside_total`) and goes on with the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import signal
 import socket
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +40,23 @@ from aso.store import Conflict, Database, Server, StoreError
 from aso.workqueue import ChangesWorkSet
 
 log = logging.getLogger("aso.agent")
+
+
+def set_aside_reason(agent: str, doc: Mapping[str, Any], exc: BaseException) -> str:
+    """The reason an agent records on a request it could not act on (`exc`), after logging it
+    with the traceback and counting it: the request then leaves the agent's work, so that one
+    document cannot stop it or the files that come after it."""
+    metrics.SET_ASIDE.labels(agent).inc()
+    log.error(
+        "%s: request %s set aside: %s",
+        agent,
+        doc.get("_id"),
+        exc,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    at = f" at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}" if where else ""
+    return f"{agent} could not act on this request ({type(exc).__name__}{at}): {exc}"[:4096]
 
 
 class StopFlag:
@@ -270,16 +294,38 @@ class Runner:
         if agent.kinds:
             self.workset.start()
         agent.written = self._apply_own_writes  # type: ignore[method-assign]
+        failures = 0  # cycles failed in a row by an error of the agent's own
         try:
             while not self.stop_event.is_set():
                 self.arm_watchdog()
                 try:
                     self.step(wait=not once)
+                    failures = 0
                 except StoreError as exc:
                     # The store is down or refusing: back off, keep what we know, try again.
                     log.warning("%s %s: store error, retrying: %s", agent.name, agent.instance, exc)
                     metrics.AGENT_STORE_ERRORS.labels(agent.name).inc()
                     self.stop_event.wait(min(30.0, self.config.agents.poll_interval))
+                except Exception:
+                    # A bug, or a back end failing in a way it should not: exiting would only
+                    # have the supervisor start us into the same error. Log it, count it, pause
+                    # longer each time (up to a heartbeat interval, so that the instance keeps
+                    # its part of the work) and count it in the heartbeat for the operator.
+                    failures += 1
+                    agents = self.config.agents
+                    pause = min(agents.heartbeat_interval, agents.poll_interval * 2**failures)
+                    log.exception(
+                        "%s %s: cycle failed (%d in a row), next try in %.0f s",
+                        agent.name,
+                        agent.instance,
+                        failures,
+                        pause,
+                    )
+                    metrics.AGENT_CYCLE_ERRORS.labels(agent.name).inc()
+                    self.heartbeat.totals["cycle_errors"] = (
+                        self.heartbeat.totals.get("cycle_errors", 0) + 1
+                    )
+                    self.stop_event.wait(pause)
                 if once:
                     break
         finally:

@@ -23,6 +23,7 @@ import pytest
 import typer
 
 from aso import model
+from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.localstore import LocalCluster, LocalStore, free_port, local_store
@@ -177,6 +178,22 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
     yield config
     admin.delete_db(config.store.files_db)
     admin.delete_db(config.store.transfers_db)
+
+
+@pytest.fixture()
+def pub_config(sim_config: Config, admin: Server) -> Iterator[Config]:
+    """sim_config with a catalog of its own, blocks of 4 files and a short publication backoff."""
+    name = f"catalog_{sim_config.store.files_db}"
+    init_catalog_db(admin, name)
+    config = dataclasses.replace(
+        sim_config,
+        store=dataclasses.replace(sim_config.store, catalog_db=name),
+        publisher=dataclasses.replace(
+            sim_config.publisher, max_files_per_block=4, block_closure_timeout=3600, base_delay=0.1
+        ),
+    )
+    yield config
+    admin.delete_db(name)
 
 
 # The sites of the storage tests: two sources and a destination.

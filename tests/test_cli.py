@@ -16,7 +16,7 @@ import pytest
 
 from aso.config import Config, render
 from aso.localstore import free_port, local_store
-from tests.conftest import ENGINE, make_config, write_config
+from tests.conftest import ENGINE, PASSWORD, make_config, write_config
 from tests.pipeline_helpers import wait_for
 
 ASO = str(Path(sys.executable).parent / "aso")
@@ -203,6 +203,34 @@ def local_json(tmp_path) -> Path:
         '"destination_lfn": "/store/user/alice/d.root", "size": 5, "adler32": "0000000a"}]'
     )
     return path
+
+
+def test_an_upload_naming_an_unknown_site_is_refused_with_the_sites_known(
+    tmp_path, store_config, files_db, accounts
+):
+    """Issue 18, finding 7, as a user sees it from `aso upload`: the store refuses the request
+    (exit 1), says which site and which sites it knows, and records nothing."""
+    path = tmp_path / "aso.toml"
+    config = Config(source=path)
+    config.store = dataclasses.replace(
+        store_config.store, files_db=files_db, user="alice", password=PASSWORD
+    )
+    path.write_text(render(config, show_secrets=True))
+    base = ["upload", "--task", "261121_1:alice_nowhere", "--job-id", "3", "--size", "5"]
+    base += ["--adler32", "0000000a", "--source", "T2_CH_CERN"]
+    lfns = ["--source-lfn", "/store/temp/user/alice/nowhere/a.root",
+            "--destination-lfn", "/store/user/alice/nowhere/a.root"]  # fmt: skip
+    refused = aso(*base, "--destination", "T2_XX_Nowhere", *lfns, config=path)
+    assert refused.returncode == 1, refused.stderr
+    assert "0 recorded, 0 already recorded, 1 refused" in refused.stdout
+    assert '[site] destination "T2_XX_Nowhere" is not a site of this ASO (its sites: ' in (
+        refused.stderr
+    )
+    assert "T2_CH_CERN, T2_DE_DESY, T2_IT_Pisa" in refused.stderr
+    listed = aso("request", "list", "--task", "261121_1:alice_nowhere", config=path)
+    assert listed.returncode == 0 and "T2_XX_Nowhere" not in listed.stdout
+    recorded = aso(*base, "--destination", "T2_DE_DESY", *lfns, config=path)
+    assert recorded.returncode == 0 and "1 recorded" in recorded.stdout, recorded.stderr
 
 
 def test_upload_errors(tmp_path, store_config, files_db):

@@ -293,6 +293,31 @@ def test_one_user_cannot_touch_another_s_requests(frontend, pki, files_db, admin
     assert mine.status_code == 201, mine.text
 
 
+def test_an_upload_naming_an_unknown_site_is_refused_through_the_front_end(
+    frontend, pki, files_db, admin
+):
+    """Issue 18, finding 7: an upload naming T2_XX_Nowhere had been accepted (201), and the
+    submitter then crash-looped on it. The raw API's answer is a 403 with the store's reason,
+    in one document or in a `_bulk_docs` of several, and nothing of it is recorded."""
+    carol = cert_files(pki, "carol")
+    nowhere = sample_request("carol", source="T2_XX_Nowhere")
+    answer = call(frontend, pki, carol, "POST", f"/{files_db}", json=nowhere)
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["reason"].startswith(
+        '[site] source "T2_XX_Nowhere" is not a site of this ASO (its sites: T2_CH_CERN, '
+    )
+    good, bad = sample_request("carol"), sample_request("carol", destination="T1_XX_Gone")
+    bulk = call(frontend, pki, carol, "POST", f"/{files_db}/_bulk_docs", json={"docs": [good, bad]})
+    assert bulk.status_code == 201, bulk.text
+    results = {row["id"]: row for row in bulk.json()}
+    assert "rev" in results[good["_id"]] and "error" not in results[good["_id"]]
+    refused = results[bad["_id"]]
+    assert refused["error"] == "forbidden", refused
+    assert '[site] destination "T1_XX_Gone" is not a site' in refused["reason"]
+    stored = admin.db(files_db).get_many([nowhere["_id"], good["_id"], bad["_id"]])
+    assert {doc_id for doc_id, doc in stored.items() if doc} == {good["_id"]}
+
+
 def test_agents_and_operators_act_in_their_roles(frontend, pki, files_db, admin):
     carol, agent = cert_files(pki, "carol"), cert_files(pki, "agent-host")
     operator = cert_files(pki, "operator-x")

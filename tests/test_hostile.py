@@ -49,7 +49,7 @@ from aso import gate, model, openapi
 from aso import jsvalues as js
 from aso import upload as upload_module
 from aso.config import Config
-from aso.designdocs import init_databases
+from aso.designdocs import init_databases, known_sites
 from aso.localstore import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
 from aso.pki import Pki
@@ -97,6 +97,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     with own_store(tmp_path_factory.mktemp("hostile")) as (config, _):
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
+        assert known_sites(config) == SITES  # what python_verdict judges by
         for name, roles in ACCOUNTS.items():
             admin.put_user(name, PASSWORD, roles)
         yield Store(config, admin, config.store.files_db)
@@ -122,9 +123,13 @@ def send(store: Store, session: http.Session, doc: dict[str, Any]) -> http.Respo
     return session.post(f"{store.url}/{store.db}", data=body, timeout=60)
 
 
+# The sites the hostile store's design document knows (its config's catalogue).
+SITES = known_sites(Config())
+
+
 def python_verdict(new: dict[str, Any], old: dict[str, Any] | None, who: str) -> str | None:
     try:
-        model.validate_doc_update(new, old, user_ctx(who))
+        model.validate_doc_update(new, old, user_ctx(who), SITES)
     except model.Refusal as refusal:
         return refusal.reason
     return None

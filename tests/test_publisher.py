@@ -69,23 +69,6 @@ def run_publisher(config, publisher=None) -> Publisher:
     return publisher
 
 
-@pytest.fixture()
-def pub_config(sim_config, admin):
-    name = f"catalog_{sim_config.store.files_db}"
-    from aso.catalog.embedded import init_catalog_db
-
-    init_catalog_db(admin, name)
-    config = dataclasses.replace(
-        sim_config,
-        store=dataclasses.replace(sim_config.store, catalog_db=name),
-        publisher=dataclasses.replace(
-            sim_config.publisher, max_files_per_block=4, block_closure_timeout=3600, base_delay=0.1
-        ),
-    )
-    yield config
-    admin.delete_db(name)
-
-
 def states_of(config, accounts, docs) -> Counter[str]:
     db = accounts["agent"].db(config.store.files_db)
     return Counter(d[PUBLICATION] for d in db.get_many(d["_id"] for d in docs).values())

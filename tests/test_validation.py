@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from aso import model
+from aso import designdocs, model
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
@@ -214,6 +214,48 @@ def test_a_granted_group_area_and_a_hashed_temporary_area_are_the_user_s(files_d
     )
     hugo.create(doc)
     assert hugo.get(doc["_id"])["destination_lfn"].startswith("/store/group/higgs/")
+
+
+SITES_OF_THE_STORE = "T2_CH_CERN, T2_DE_DESY, T2_IT_Pisa"  # the default catalogue's
+
+
+@pytest.mark.parametrize("end", ["source", "destination"])
+def test_a_request_naming_an_unknown_site_is_refused_at_upload(
+    files_db, store_config, accounts, end
+):
+    """Issue 18, finding 7: an upload naming T2_XX_Nowhere was accepted, and the submitter then
+    exited on it at each lease expiry. The store knows the site catalogue (the design document's
+    lib/sites, written by `aso db init`) and refuses the request with the names it knows."""
+    assert designdocs.known_sites(store_config) == SITES_OF_THE_STORE.split(", ")
+    owner = db_as(accounts, "alice", files_db)
+    doc = sample_request("alice", **{end: "T2_XX_Nowhere"})
+    reason = f'{end} "T2_XX_Nowhere" is not a site of this ASO (its sites: {SITES_OF_THE_STORE})'
+    with pytest.raises(Forbidden) as refused:
+        owner.create(doc)
+    assert f"[site] {reason}" in str(refused.value), refused.value
+    user = {"name": "alice", "roles": [model.USER_ROLE]}
+    with pytest.raises(model.Refusal, match=re.escape(reason)):
+        model.validate_doc_update(doc, None, user, designdocs.known_sites(store_config))
+    assert owner.get(doc["_id"]) is None
+    owner.create(sample_request("alice"))  # the catalogue's sites are accepted
+
+
+def test_with_the_simulated_back_end_any_site_name_goes(admin, store_config, accounts):
+    """The simulator copies between names and has no catalogue: its store takes any site."""
+    name = f"sim_sites_{uuid.uuid4().hex[:8]}"
+    config = dataclasses.replace(
+        store_config,
+        store=dataclasses.replace(store_config.store, files_db=name),
+        transfer=dataclasses.replace(store_config.transfer, backend="sim"),
+    )
+    assert designdocs.known_sites(config) is None
+    init_databases(admin, config)
+    try:
+        doc = sample_request("alice", source="T2_XX_Nowhere", destination="T3_YY_Elsewhere")
+        db_as(accounts, "alice", name).create(doc)
+        assert db_as(accounts, "alice", name).get(doc["_id"])["source"] == "T2_XX_Nowhere"
+    finally:
+        admin.delete_db(name)
 
 
 BORN_FINISHED = [

@@ -20,6 +20,9 @@ CANCELED = "canceled"
 SERVICE = "service"  # the transfer service itself failed or refused
 LOST = "job_lost"  # the service does not know the job any more
 UNKNOWN = "unknown"
+# An agent could not act on the request at all (a site its configuration lacks, an agent's own
+# error): set aside so that it cannot stop the agent again; the reason says why (issue 18).
+UNPROCESSABLE = "unprocessable"
 
 CLASSES = (
     SOURCE_MISSING,
@@ -33,10 +36,11 @@ CLASSES = (
     SERVICE,
     LOST,
     UNKNOWN,
+    UNPROCESSABLE,
 )
 # Trying again cannot help (a checksum mismatch becomes permanent when it repeats: the retry
 # manager's call, from the history).
-PERMANENT = frozenset({SOURCE_MISSING, DESTINATION_EXISTS, PERMISSION, QUOTA})
+PERMANENT = frozenset({SOURCE_MISSING, DESTINATION_EXISTS, PERMISSION, QUOTA, UNPROCESSABLE})
 
 XROOTD_FILE_SOURCE_MISSING = 3011  # a raw XRootD code gfal2 passes through for file:// sources
 

@@ -1,0 +1,238 @@
+"""No single document stops an agent (issue 18, finding 7): a request naming a site the
+submitter's catalogue lacked made it exit, be restarted, take the file again at each lease
+expiry and exit again, and held up the files of the same cycle for minutes.
+
+An agent that fails on one document sets it aside (a terminal or parked state, the reason in the
+document, counted in `aso_documents_set_aside_total`) and goes on with the rest; a cycle that
+fails as a whole is logged, counted and tried again, never the end of the process. The errors
+here are real (a site the agent does not know) or an agent's function made to fail on one
+document, as a bug would."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+import agents.cleaner
+import agents.monitor
+import agents.retry_manager
+from agents.cleaner import Cleaner
+from agents.monitor import Monitor
+from agents.publisher import Publisher
+from agents.retry_manager import RetryManager
+from agents.submitter import Submitter
+from aso import model
+from aso.config import SiteConfig
+from aso.designdocs import design_documents
+from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.runtime import Agent, Runner
+from aso.transfer import errors
+from tests.conftest import sample_request
+from tests.pipeline_helpers import owner_db, run_until, states
+from tests.test_publisher import done_outputs, run_publisher, states_of
+
+FINAL = ("done", "failed")
+
+
+def set_aside(agent: str) -> float:
+    return REGISTRY.get_sample_value("aso_documents_set_aside_total", {"agent": agent}) or 0.0
+
+
+def failing_on(doc_id: str, function: Any) -> Any:
+    """`function`, but raising on the document `doc_id` as a bug of the agent's would."""
+
+    def flaky(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        if doc["_id"] == doc_id:
+            raise KeyError("a field the code did not expect to miss")
+        return function(doc, *args, **kwargs)
+
+    return flaky
+
+
+def uploaded(config, accounts, n: int, **kw: Any) -> list[dict[str, Any]]:
+    docs = [sample_request("alice", **kw) for _ in range(n)]
+    results = owner_db(accounts, config).bulk_write(docs)
+    assert all(r.ok for r in results)
+    return [dict(doc, _rev=r.rev) for doc, r in zip(docs, results, strict=True)]
+
+
+def test_a_site_the_submitter_does_not_know_sets_the_file_aside(sim_config, accounts, admin):
+    """The store knows a site this host's catalogue lacks (another host's configuration is
+    ahead, or `aso db init` ran with another file): the submitter sets the file aside
+    (`failed_attempt`, class unprocessable, the reason naming the site), submits the files of
+    the same cycle, and the retry manager makes the file `failed` for the user to see."""
+    here = dataclasses.replace(
+        sim_config, transfer=dataclasses.replace(sim_config.transfer, backend="gfal")
+    )
+    elsewhere = dataclasses.replace(
+        here,
+        sites={**here.sites, "T2_XX_Nowhere": SiteConfig(http_url="https://127.0.0.1:1")},
+    )
+    db = admin.db(here.store.files_db)
+    for ddoc in design_documents(elsewhere):  # the store knows T2_XX_Nowhere, this host not
+        db.push_design(ddoc)
+    innocent = uploaded(here, accounts, 3)
+    [poison] = uploaded(here, accounts, 1, destination="T2_XX_Nowhere")
+    before = set_aside("submitter")
+    submitter = Runner(Submitter(here, "s1"))
+    run_until(lambda: db.get(poison["_id"])[STATE] == "failed_attempt", [submitter], 30)
+    # In the same cycle: the innocent files went to the transfer service.
+    assert states(db, [d["_id"] for d in innocent]) == Counter(submitted=3)
+    stored = db.get(poison["_id"])
+    assert stored["error_class"] == errors.UNPROCESSABLE
+    assert "submitter could not act on this request (SiteError" in stored["failure_reason"]
+    assert "unknown site 'T2_XX_Nowhere'" in stored["failure_reason"]
+    assert set_aside("submitter") == before + 1
+    retry = Runner(RetryManager(here, "r1"))
+    run_until(lambda: db.get(poison["_id"])[STATE] == "failed", [retry], 30)
+    stored = db.get(poison["_id"])
+    assert stored["failure_reason"].startswith("permanent error (unprocessable): ")
+    assert [h["to"] for h in stored["history"]] == [
+        "new",
+        "acquired",
+        "failed_attempt",
+        "failed",
+    ]
+
+
+def test_a_monitor_failing_on_one_file_sets_it_aside(sim_config, accounts, admin, monkeypatch):
+    docs = uploaded(sim_config, accounts, 6)
+    poison = docs[0]["_id"]
+    monkeypatch.setattr(agents.monitor, "outcome", failing_on(poison, agents.monitor.outcome))
+    before = set_aside("monitor")
+    db = admin.db(sim_config.store.files_db)
+    ids = [d["_id"] for d in docs]
+    runners = [
+        Runner(Submitter(sim_config, "s1")),
+        Runner(Monitor(sim_config, "m1")),
+        Runner(RetryManager(sim_config, "r1")),
+    ]
+    run_until(lambda: sum(states(db, ids)[s] for s in FINAL) == 6, runners, 60)
+    assert states(db, ids) == Counter(done=5, failed=1)
+    stored = db.get(poison)
+    assert stored[STATE] == "failed" and stored["error_class"] == errors.UNPROCESSABLE
+    assert "monitor could not act on this request (KeyError" in stored["attempts"][-1]["reason"]
+    assert set_aside("monitor") == before + 1
+
+
+def test_a_retry_policy_failing_on_one_file_gives_it_up(sim_config, accounts, admin, monkeypatch):
+    docs = uploaded(sim_config, accounts, 4)
+    agent_db = accounts["agent"].db(sim_config.store.files_db)
+    for doc in docs:  # four failed attempts, waiting for the retry manager's decision
+        for to in ("acquired", "failed_attempt"):
+            doc.update(model.transition(doc, [Change(STATE, to, "t", "boom")], AGENT))
+            doc["_rev"] = agent_db.put(doc)
+    poison = docs[0]["_id"]
+    decided = failing_on(poison, agents.retry_manager.decided)
+    monkeypatch.setattr(agents.retry_manager, "decided", decided)
+    before = set_aside("retry-manager")
+    runner = Runner(RetryManager(sim_config, "r1"))
+    ids = [d["_id"] for d in docs]
+    run_until(lambda: "failed_attempt" not in states(agent_db, ids), [runner], 30)
+    assert states(agent_db, ids) == Counter(retry=3, failed=1)
+    assert "retry-manager could not act on this request" in agent_db.get(poison)["failure_reason"]
+    assert set_aside("retry-manager") == before + 1
+
+
+def test_a_cleaner_failing_on_one_file_parks_it_with_the_reason(
+    sim_config, accounts, admin, monkeypatch
+):
+    docs = uploaded(sim_config, accounts, 3)
+    agent_db = accounts["agent"].db(sim_config.store.files_db)
+    for doc in docs:
+        for to in ("acquired", "submitted", "done"):
+            doc.update(model.transition(doc, [Change(STATE, to, "t")], AGENT))
+            doc["_rev"] = agent_db.put(doc)
+    poison = docs[0]["_id"]
+    monkeypatch.setattr(agents.cleaner, "clean_one", lambda config, files, doc: (
+        failing_on(poison, lambda d: agents.cleaner.Outcome(True, "deleted"))(doc)))  # fmt: skip
+    cleaner = Cleaner(sim_config, "c1")
+    runner = Runner(cleaner)
+    ids = [d["_id"] for d in docs]
+    try:
+        run_until(
+            lambda: (
+                Counter(d[CLEANUP] for d in agent_db.get_many(ids).values())
+                == Counter(cleaned=2, cleanup_error=1)
+            ),
+            [runner],
+            30,
+        )
+    finally:
+        cleaner.close()
+    stored = agent_db.get(poison)
+    assert "cleaner could not act on this request (KeyError" in stored["cleanup_error"]
+    assert stored["cleanup_retry_after"] > time.time()  # tried again after the backoff
+
+
+class BuggyCatalog:
+    """A catalog client with a bug: anything but a CatalogError."""
+
+    name = "buggy"
+
+    def publish_block(self, block: Any) -> bool:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_publisher_failing_on_a_block_records_a_publication_error(pub_config, accounts):
+    docs = done_outputs(pub_config, accounts, 4)
+    before = set_aside("publisher")
+    run_publisher(pub_config, Publisher(pub_config, "p1", catalog=BuggyCatalog()))
+    assert states_of(pub_config, accounts, docs) == {"publication_error": 4}
+    stored = accounts["agent"].db(pub_config.store.files_db).get(docs[0]["_id"])
+    assert stored[PUBLICATION] == "publication_error"
+    assert "publisher could not act on this request (TypeError" in stored["publication_error"]
+    assert set_aside("publisher") == before + 1
+
+
+class BrokenAgent(Agent):
+    """An agent whose cycle always fails, as a bug outside any one document would."""
+
+    name = "broken"
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config, "b1")
+        self.calls = 0
+
+    def cycle(self, mine: Any, membership: Any, everything: Any) -> dict[str, Any]:
+        self.calls += 1
+        raise ZeroDivisionError("division by zero")
+
+
+def test_a_cycle_that_fails_is_retried_and_never_ends_the_agent(sim_config):
+    config = dataclasses.replace(
+        sim_config, agents=dataclasses.replace(sim_config.agents, poll_interval=0.05)
+    )
+    agent = BrokenAgent(config)
+    runner = Runner(agent)
+    ended: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            runner.run()
+            ended.append(None)
+        except BaseException as exc:  # what would have ended the process
+            ended.append(exc)
+
+    before = REGISTRY.get_sample_value("aso_agent_cycle_errors_total", {"agent": "broken"}) or 0
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while agent.calls < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    runner.stop_event.set()
+    thread.join(30)
+    assert not thread.is_alive() and ended == [None]  # stopped when asked, not by the error
+    assert agent.calls >= 3
+    errors_counted = REGISTRY.get_sample_value("aso_agent_cycle_errors_total", {"agent": "broken"})
+    assert errors_counted is not None and errors_counted - before == agent.calls
+    beat = agent.db.get(model.heartbeat_id("broken", "b1"))
+    assert beat["totals"]["cycle_errors"] >= 2 and beat["stopped"]
