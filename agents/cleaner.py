@@ -23,8 +23,9 @@ from typing import Any
 
 from aso import model, sites
 from aso.config import Config, SiteConfig
+from aso.core import request
 from aso.files import FileError, Files, open_files
-from aso.model import AGENT, CLEANUP, Change
+from aso.model import CLEANUP
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer.gfalcopy import normal_adler32
 from aso.workqueue import CLEAN
@@ -158,29 +159,8 @@ class Cleaner(Agent):
 
     def recorded(self, doc: dict[str, Any], outcome: Outcome, now: float) -> dict[str, Any]:
         if outcome.cleaned:
-            return model.transition(
-                doc,
-                [Change(CLEANUP, "cleaned", self.instance, outcome.reason)],
-                AGENT,
-                at=now,
-                cleanup_error=None,
-                cleanup_retry_after=None,
-            )
-        attempts = doc.get("cleanup_attempts", 0) + 1
-        delay = min(
-            self.config.cleaner.max_delay, self.config.cleaner.base_delay * 2 ** (attempts - 1)
-        )
-        changes = (
-            [Change(CLEANUP, "cleanup_error", self.instance, outcome.reason)]
-            if doc[CLEANUP] != "cleanup_error"
-            else []
-        )
-        return model.transition(
-            doc,
-            changes,
-            AGENT,
-            at=now,
-            cleanup_attempts=attempts,
-            cleanup_error=outcome.reason[:4096],
-            cleanup_retry_after=round(now + delay, 3),
+            return request.cleaned(doc, self.instance, now, outcome.reason)
+        settings = self.config.cleaner
+        return request.cleanup_failed(
+            doc, self.instance, now, outcome.reason, settings.base_delay, settings.max_delay
         )

@@ -21,9 +21,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from aso import faults, model
+from aso import faults
 from aso.config import Config
-from aso.model import AGENT, STATE, Change
+from aso.core import request
+from aso.model import STATE
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
@@ -32,6 +33,7 @@ from aso.workqueue import ACTIVE, LEASE
 log = logging.getLogger("aso.agent.monitor")
 
 STATUS_BATCH = 50  # jobs per status call
+ADOPTED = "adopted after lease expiry"
 
 
 def same_checksum(a: str | None, b: str | None) -> bool:
@@ -52,22 +54,14 @@ def outcome(
             if not job_known
             else f"job {doc['transfer']['job_id']} has no file {doc['_id']}"
         )
-        return _ended(
-            doc,
-            "killed" if killing else "failed_attempt",
-            by,
-            now,
-            reason=reason,
-            error_class=errors.LOST,
-            outcome="failed",
-        )
+        return request.job_lost(doc, by, now, reason)
     if not status.terminal:
         return None
     if status.state == DONE:
         expected = doc["checksum"]["adler32"]
         if not same_checksum(status.checksum, expected):
             reason = f"checksum mismatch: destination {status.checksum}, request {expected}"
-            return _ended(
+            return request.attempt_ended(
                 doc,
                 "killed" if killing else "failed_attempt",
                 by,
@@ -77,11 +71,11 @@ def outcome(
                 outcome="failed",
                 ended=status.ended,
             )
-        return _ended(doc, "done", by, now, outcome="done", ended=status.ended)
+        return request.attempt_ended(doc, "done", by, now, outcome="done", ended=status.ended)
     error_class = status.error_class or errors.classify(message=status.reason)
     target = "killed" if killing else "failed_attempt"
     result = "canceled" if status.state == CANCELED else "failed"
-    return _ended(
+    return request.attempt_ended(
         doc,
         target,
         by,
@@ -90,69 +84,6 @@ def outcome(
         error_class=error_class,
         outcome=result,
         ended=status.ended,
-    )
-
-
-def _ended(
-    doc: Mapping[str, Any],
-    state: str,
-    by: str,
-    now: float,
-    *,
-    outcome: str,
-    reason: str | None = None,
-    error_class: str | None = None,
-    ended: float | None = None,
-) -> dict[str, Any]:
-    attempts = [dict(a) for a in doc.get("attempts", [])]
-    if attempts:
-        attempts[-1].update(
-            ended=ended or now,
-            outcome=outcome,
-            reason=reason[:4096] if reason else None,
-            error_class=error_class,
-        )
-    fields: dict[str, Any] = {"attempts": attempts}
-    if state != "done":
-        fields.update(failure_reason=(reason or "")[:4096] or None, error_class=error_class)
-    return model.transition(doc, [Change(STATE, state, by, reason)], AGENT, at=now, **fields)
-
-
-def job_fields(doc: Mapping[str, Any], job_id: str, service: str, now: float) -> dict[str, Any]:
-    """What a document records of the job that carries its file."""
-    attempt = {
-        "job_id": job_id,
-        "service": service,
-        "submitted": now,
-        "ended": None,
-        "outcome": None,
-        "reason": None,
-        "error_class": None,
-    }
-    return {
-        "lease": None,
-        "transfer": {"job_id": job_id, "service": service, "file_id": doc["_id"]},
-        "attempts": [*doc.get("attempts", []), attempt][-200:],
-    }
-
-
-def adopted(
-    doc: Mapping[str, Any], job_id: str, service: str, by: str, now: float
-) -> dict[str, Any]:
-    """An acquired file whose job exists at the service: it is submitted after all."""
-    return model.transition(
-        doc,
-        [Change(STATE, "submitted", by, "adopted after lease expiry")],
-        AGENT,
-        at=now,
-        **job_fields(doc, job_id, service, now),
-    )
-
-
-def released(doc: Mapping[str, Any], by: str, now: float) -> dict[str, Any]:
-    """An acquired file whose job never reached the service: back to the queue."""
-    return model.transition(
-        doc, [Change(STATE, "new", by, "lease expired, no job")], AGENT, at=now, lease=None
     )
 
 
@@ -243,15 +174,7 @@ class Monitor(Agent):
         """A file whose outcome this monitor cannot work out (an answer of the service it
         cannot read, an error of ours): its attempt ends `unprocessable`, so that it leaves
         the monitor's work (the retry manager makes it `failed`; a kill still ends `killed`)."""
-        return _ended(
-            doc,
-            "killed" if doc[STATE] == "kill_requested" else "failed_attempt",
-            self.instance,
-            now,
-            reason=set_aside_reason(self.name, doc, exc),
-            error_class=errors.UNPROCESSABLE,
-            outcome="failed",
-        )
+        return request.set_aside(doc, self.instance, now, set_aside_reason(self.name, doc, exc))
 
     def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Expired leases, and kills of files that never got a job id in their document."""
@@ -271,16 +194,10 @@ class Monitor(Agent):
                 if job_id:
                     # Record the job (no transition): the cancel and its outcome then follow
                     # the path of every other kill of an active file.
-                    updates.append(
-                        {
-                            **doc,
-                            **job_fields(doc, job_id, self.service.name, now),
-                            "last_update": now,
-                        }
-                    )
+                    updates.append(request.job_recorded(doc, job_id, self.service.name, now))
                 else:
                     updates.append(
-                        _ended(
+                        request.attempt_ended(
                             doc,
                             "killed",
                             self.instance,
@@ -290,9 +207,13 @@ class Monitor(Agent):
                         )
                     )
             elif job_id:
-                updates.append(adopted(doc, job_id, self.service.name, self.instance, now))
+                updates.append(
+                    request.attempt_started(
+                        doc, job_id, self.service.name, self.instance, now, ADOPTED
+                    )
+                )
             else:
-                updates.append(released(doc, self.instance, now))
+                updates.append(request.released(doc, self.instance, now))
         return updates
 
     def write(self, updates: list[dict[str, Any]], report: dict[str, int]) -> None:

@@ -35,7 +35,8 @@ from aso.catalog.base import (
     content_message,
 )
 from aso.config import Config
-from aso.model import AGENT, ON_ITS_WAY, PUBLICATION, STATE, Change
+from aso.core import request
+from aso.model import ON_ITS_WAY, PUBLICATION, STATE
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.workqueue import PUBLISH
 
@@ -155,7 +156,13 @@ class Publisher(Agent):
         for name, block_docs in recorded.items():
             retrying = [d for d in block_docs if d[PUBLICATION] == ERROR]
             if retrying:
-                again, failed = self._advance(retrying, ERROR, PUBLISHING, now, report, block=name)
+                again, failed = self._advance(
+                    retrying,
+                    ERROR,
+                    report,
+                    lambda d: request.block_retried(d, self.instance, now),
+                    name,
+                )
                 if failed:
                     continue  # a file changed under us: the block is taken up next cycle
                 block_docs = [d for d in block_docs if d[PUBLICATION] == PUBLISHING] + again
@@ -196,8 +203,9 @@ class Publisher(Agent):
         self, docs: list[dict[str, Any]], report: dict[str, int], now: float
     ) -> list[dict[str, Any]]:
         name = make_block(docs).name
+        by = self.instance
         written, failed = self._advance(
-            docs, WAITING, PUBLISHING, now, report, publication_block=name
+            docs, WAITING, report, lambda d: request.block_recorded(d, by, now, name)
         )
         if failed and written:
             # All or none: a block's name stands for exactly its files.
@@ -214,15 +222,9 @@ class Publisher(Agent):
         reason: str = "block abandoned: a file changed",
     ) -> list[dict[str, Any]]:
         """Files of a block that will not be published as recorded go back to `pending`."""
+        by = self.instance
         written, _ = self._advance(
-            docs,
-            PUBLISHING,
-            WAITING,
-            now,
-            report,
-            reason,
-            block=name,
-            publication_block=None,
+            docs, PUBLISHING, report, lambda d: request.block_abandoned(d, by, now, reason), name
         )
         return written
 
@@ -266,13 +268,6 @@ class Publisher(Agent):
         else:
             self.failed(docs, BlockConflict(content_message(name, stored, lfns)), report, now)
         return []
-
-    def _moved(
-        self, doc: dict[str, Any], to: str, now: float, reason: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
-        return model.transition(
-            doc, [Change(PUBLICATION, to, self.instance, reason)], AGENT, at=now, **fields
-        )
 
     def publish(
         self, docs: list[dict[str, Any]], name: str, report: dict[str, int], now: float
@@ -320,17 +315,15 @@ class Publisher(Agent):
             other = elsewhere.get(doc["destination_lfn"])
             (by_block[other] if other else rest).append(doc)
         for other, published in by_block.items():
+            why = f"in block {other} (published there by another publisher)"
             written, _ = self._advance(
                 published,
                 PUBLISHING,
-                "published",
-                now,
                 report,
-                f"in block {other} (published there by another publisher)",
-                block=name,
-                publication_block=other,
-                publication_error=None,
-                publication_retry_after=None,
+                lambda d, other=other, why=why: request.published(
+                    d, self.instance, now, other, why
+                ),
+                name,
             )
             report["published"] += len(written)
             log.info(
@@ -351,16 +344,9 @@ class Publisher(Agent):
         now: float,
         inserted: bool,
     ) -> None:
+        by, why = self.instance, f"in block {name}"
         written, _ = self._advance(
-            docs,
-            PUBLISHING,
-            "published",
-            now,
-            report,
-            f"in block {name}",
-            block=name,
-            publication_error=None,
-            publication_retry_after=None,
+            docs, PUBLISHING, report, lambda d: request.published(d, by, now, name, why), name
         )
         report["blocks"] += 1
         report["published"] += len(written)
@@ -381,32 +367,22 @@ class Publisher(Agent):
         name = docs[0]["publication_block"]
         reason = str(exc)[:4096]
 
+        by = self.instance
+
         def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
             attempts = failures_since_reset(doc) + 1
             delay = min(settings.max_delay, settings.base_delay * 2 ** (attempts - 1))
-            return {
-                "publication_attempts": attempts,
-                "publication_error": reason,
-                "publication_retry_after": round(now + delay, 3),
-            }
+            retry_after = round(now + delay, 3)
+            return request.publication_failed_attempt(doc, by, now, reason, attempts, retry_after)
 
-        written, _ = self._advance(
-            docs, PUBLISHING, ERROR, now, report, reason, block=name, fields_of=attempt
-        )
+        written, _ = self._advance(docs, PUBLISHING, report, attempt, name)
         give_up = [
             d
             for d in written
             if d["publication_attempts"] >= settings.max_attempts or not exc.retryable
         ]
         failed, _ = self._advance(
-            give_up,
-            ERROR,
-            "publication_failed",
-            now,
-            report,
-            reason,
-            block=name,
-            publication_retry_after=None,
+            give_up, ERROR, report, lambda d: request.publication_given_up(d, by, now, reason), name
         )
         report["errors"] += len(written) - len(failed)
         report["failed"] += len(failed)
@@ -424,27 +400,22 @@ class Publisher(Agent):
         self,
         docs: list[dict[str, Any]],
         source: str,
-        to: str,
-        now: float,
         report: dict[str, int],
-        reason: str | None = None,
-        *,
+        change: Callable[[dict[str, Any]], dict[str, Any]],
         block: str | None = None,
-        fields_of: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
-        **fields: Any,
     ) -> tuple[list[dict[str, Any]], list[str]]:
-        """Move files on the publication axis from `source` to `to`; returns (the files as
-        written, the ids not moved). A file written meanwhile by another agent (the cleaner, on
-        its own axis) is read again and moved if it is still done, at `source` and (when
-        given) in block `block`: losing such a race would split a block."""
+        """Make `change` (an operation of aso.core.request) to files whose publication is at
+        `source`; returns (the files as written, the ids not changed). A file written meanwhile
+        by another agent (the cleaner, on its own axis) is read again and changed if it is still
+        done, at `source` and (when given) in block `block`: losing such a race would split a
+        block."""
 
         def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
             if doc.get(STATE) != "done" or doc.get(PUBLICATION) != source:
                 return None
             if block is not None and doc.get("publication_block") != block:
                 return None
-            extra = fields_of(doc) if fields_of else {}
-            return self._moved(doc, to, now, reason, **fields, **extra)
+            return change(doc)
 
         outcome = self.db.write_decided(docs, decide)
         report["conflicts"] += len(outcome.not_written)

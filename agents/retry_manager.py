@@ -16,9 +16,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from aso import model
 from aso.config import Config
-from aso.model import AGENT, STATE, Change
+from aso.core import request
+from aso.model import STATE
 from aso.retry import RetryPolicy, load_policy
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.workqueue import COOLOFF, DECIDE
@@ -30,38 +30,8 @@ def decided(doc: Mapping[str, Any], policy: RetryPolicy, by: str, now: float) ->
     """The document after the policy's decision on its failed attempt."""
     decision = policy.decide(doc, now)
     if decision.retry:
-        return model.transition(
-            doc,
-            [Change(STATE, "retry", by, decision.reason)],
-            AGENT,
-            at=now,
-            retry_after=round(now + decision.delay, 3),
-        )
-    return given_up(doc, decision.reason, by, now)
-
-
-def given_up(doc: Mapping[str, Any], reason: str, by: str, now: float) -> dict[str, Any]:
-    """`failed` for good, with the reason (the policy's, or why no decision could be made)."""
-    return model.transition(
-        doc,
-        [Change(STATE, "failed", by, reason)],
-        AGENT,
-        at=now,
-        retry_after=None,
-        failure_reason=reason[:4096],
-    )
-
-
-def cooled_off(doc: Mapping[str, Any], by: str, now: float) -> dict[str, Any]:
-    """A file whose cool-off is over goes back to the submitter's queue."""
-    return model.transition(
-        doc,
-        [Change(STATE, "new", by, "cool-off over")],
-        AGENT,
-        at=now,
-        retry_after=None,
-        transfer=None,
-    )
+        return request.retry_scheduled(doc, by, now, decision.delay, decision.reason)
+    return request.given_up(doc, by, now, decision.reason)
 
 
 class RetryManager(Agent):
@@ -86,11 +56,10 @@ class RetryManager(Agent):
                 try:
                     updates.append(decided(doc, self.policy, self.instance, now))
                 except Exception as exc:  # the policy (a plug-in) failed on this file
-                    updates.append(
-                        given_up(doc, set_aside_reason(self.name, doc, exc), self.instance, now)
-                    )
+                    reason = set_aside_reason(self.name, doc, exc)
+                    updates.append(request.set_aside(doc, self.instance, now, reason))
             elif doc[STATE] == "retry" and (doc.get("retry_after") or 0) <= now:
-                updates.append(cooled_off(doc, self.instance, now))
+                updates.append(request.cooled_off(doc, self.instance, now))
         report = {"retry": 0, "failed": 0, "new": 0, "conflicts": 0}
         if not updates:
             return report

@@ -38,9 +38,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aso import faults, model
+from aso import faults
 from aso.config import Config
-from aso.model import AGENT, STATE, Change
+from aso.core import request
+from aso.model import STATE
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
@@ -294,7 +295,7 @@ class Submitter(Agent):
         ]
         if not stale:
             return 0
-        written = self._write([{**d, "lease": {**d["lease"], "until": end}} for d in stale], report)
+        written = self._write([request.lease_shortened(d, end) for d in stale], report)
         log.info(
             "%d files acquired by this instance before its restart: leases end at +%.0f s",
             len(written),
@@ -358,10 +359,10 @@ class Submitter(Agent):
                 try:
                     files.append(file_transfer(self.config, doc))
                 except Exception as exc:
-                    reason = set_aside_reason(self.name, doc, exc)
-                    report["set_aside"] += len(
-                        self.failed_attempt([doc], reason, errors.UNPROCESSABLE, report)
+                    aside = request.set_aside(
+                        doc, self.instance, time.time(), set_aside_reason(self.name, doc, exc)
                     )
+                    report["set_aside"] += len(self._write([aside], report))
                     docs.remove(doc)
             if docs:
                 requests[key] = job_request(self.config, key, docs, tuple(files))
@@ -380,12 +381,7 @@ class Submitter(Agent):
                 "until": now + self.config.transfer.lease,
                 "job_key": key,
             }
-            updated += [
-                model.transition(
-                    d, [Change(STATE, "acquired", self.instance)], AGENT, at=now, lease=lease
-                )
-                for d in docs
-            ]
+            updated += [request.acquired(d, self.instance, now, lease) for d in docs]
         by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for doc in self._write(updated, report):
             by_key[doc["lease"]["job_key"]].append(doc)
@@ -394,34 +390,12 @@ class Submitter(Agent):
     def mark_submitted(
         self, jobs: list[tuple[list[dict[str, Any]], str]], report: dict[str, int]
     ) -> None:
-        now = time.time()
-        updated = []
-        for docs, job_id in jobs:
-            for doc in docs:
-                attempt = {
-                    "job_id": job_id,
-                    "service": self.service.name,
-                    "submitted": now,
-                    "ended": None,
-                    "outcome": None,
-                    "reason": None,
-                    "error_class": None,
-                }
-                updated.append(
-                    model.transition(
-                        doc,
-                        [Change(STATE, "submitted", self.instance)],
-                        AGENT,
-                        at=now,
-                        lease=None,
-                        transfer={
-                            "job_id": job_id,
-                            "service": self.service.name,
-                            "file_id": doc["_id"],
-                        },
-                        attempts=[*doc.get("attempts", []), attempt][-200:],
-                    )
-                )
+        now, service = time.time(), self.service.name
+        updated = [
+            request.attempt_started(doc, job_id, service, self.instance, now)
+            for docs, job_id in jobs
+            for doc in docs
+        ]
         written: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for doc in self._write(updated, report):
             written[doc["transfer"]["job_id"]].append(doc)
@@ -454,16 +428,7 @@ class Submitter(Agent):
         """Acquired files whose attempt ended before it began: `failed_attempt`, with why."""
         now = time.time()
         updated = [
-            model.transition(
-                d,
-                [Change(STATE, "failed_attempt", self.instance, reason)],
-                AGENT,
-                at=now,
-                lease=None,
-                failure_reason=reason[:4096],
-                error_class=error_class,
-            )
-            for d in docs
+            request.attempt_refused(d, self.instance, now, reason, error_class) for d in docs
         ]
         return self._write(updated, report)
 

@@ -68,8 +68,9 @@ from typing import Any
 from aso import gfalctx, model, sites
 from aso.catalog.base import Catalog, CatalogError
 from aso.config import Config
+from aso.core import request as core
 from aso.files import FileError, Files
-from aso.model import ADMIN, AGENT, CLEANUP, FINAL, PUBLICATION, STATE, Change
+from aso.model import ADMIN, AGENT, CLEANUP, FINAL, PUBLICATION, STATE
 from aso.store import Database, StoreError
 
 log = logging.getLogger("aso.reconcile")
@@ -128,14 +129,17 @@ class Repair:
     text: str  # for people: what the repair does
     role: str | None = None  # AGENT or ADMIN: the least role the document change needs
     changes: tuple[tuple[str, str, str], ...] = ()  # (axis, from, to)
-    fields: Mapping[str, Any] = field(default_factory=dict)  # set along with the changes
+    # The change made to the document: an operation of aso.core.request (core.REPAIRS), called
+    # with `args` besides the document, the reconciler's name, the time and the reason.
+    operation: str | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
     cancel_job: str | None = None  # JOB_LOST: the job to cancel at the transfer service
     delete_destination: bool = False  # RECOPY: the damaged destination copy goes first
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["changes"] = [list(c) for c in self.changes]
-        out["fields"] = dict(self.fields)
+        out["args"] = dict(self.args)
         return out
 
 
@@ -352,6 +356,7 @@ def _stuck(
             + f"state {value} → {to} (error class job_lost)",
             AGENT,
             ((STATE, value, to),),
+            "job_lost",
             cancel_job=job,
         )
     elif axis == STATE and value == "retry" and (request.retry_after or 0) <= now:
@@ -361,7 +366,7 @@ def _stuck(
             "state retry → new (cool-off over)",
             AGENT,
             ((STATE, "retry", "new"),),
-            {"retry_after": None},
+            "cooled_off",
         )
     elif axis == PUBLICATION and value == "publishing":
         block = request.publication_block
@@ -373,7 +378,8 @@ def _stuck(
                 "publication publishing → published (the block is in the catalog)",
                 AGENT,
                 ((PUBLICATION, "publishing", "published"),),
-                {"publication_error": None, "publication_retry_after": None},
+                "published",
+                {"block": block},
             )
         elif catalog is not None:
             detail += ", which the catalog does not hold"
@@ -382,7 +388,7 @@ def _stuck(
                 "publication publishing → pending (block abandoned; the publisher makes another)",
                 AGENT,
                 ((PUBLICATION, "publishing", "pending"),),
-                {"publication_block": None},
+                "block_abandoned",
             )
     else:
         if axis == STATE and value == "acquired" and request.lease_until is not None:
@@ -508,15 +514,8 @@ def find_bad_destinations(
             )
             continue
         changes = [(STATE, "done", "new")]
-        fields: dict[str, Any] = {
-            "lease": None,
-            "retry_after": None,
-            "failure_reason": None,
-            "error_class": None,
-        }
         if request.cleanup != "pending":
             changes.append((CLEANUP, request.cleanup, "pending"))
-            fields.update(cleanup_error=None, cleanup_retry_after=None, cleanup_attempts=0)
         moves = ", ".join(f"{axis} {a} → {b}" for axis, a, b in changes)
         text = f"copy again from the temporary copy: {moves}"
         if not check.missing:
@@ -530,7 +529,7 @@ def find_bad_destinations(
                     text,
                     ADMIN,
                     tuple(changes),
-                    fields,
+                    "recopy",
                     delete_destination=not check.missing,
                 ),
                 **base,
@@ -560,7 +559,8 @@ def find_catalog_missing(requests: Iterable[Request], catalog: CatalogState) -> 
                 TRANSITION,
                 f"record block {elsewhere}, which holds the file",
                 AGENT,
-                fields={"publication_block": elsewhere},
+                operation="block_corrected",
+                args={"block": elsewhere},
             )
             detail += f"; block {elsewhere} holds it"
         else:
@@ -569,12 +569,7 @@ def find_catalog_missing(requests: Iterable[Request], catalog: CatalogState) -> 
                 "publication published → pending (the publisher publishes it again)",
                 ADMIN,
                 ((PUBLICATION, "published", "pending"),),
-                {
-                    "publication_block": None,
-                    "publication_error": None,
-                    "publication_retry_after": None,
-                    "publication_attempts": 0,
-                },
+                "republished",
             )
         findings.append(
             Finding(
@@ -1032,16 +1027,10 @@ class Fixer:
         for axis, old, _ in repair.changes:
             if doc.get(axis) != old:
                 raise Skip(f"{axis} is {doc.get(axis)} now, not {old}")
-        fields = dict(repair.fields)
-        if repair.action == JOB_LOST:
-            fields.update(self._lost_fields(doc, reason))
+        if repair.operation not in core.REPAIRS:
+            raise Skip(f"unknown operation {repair.operation}")
         try:
-            new = model.transition(
-                doc,
-                [Change(axis, to, self.by, reason) for axis, _, to in repair.changes],
-                role,
-                **fields,
-            )
+            new = core.REPAIRS[repair.operation](doc, self.by, model.now(), reason, **repair.args)
         except model.ModelError as exc:
             raise Skip(str(exc)) from None
         try:
@@ -1051,14 +1040,3 @@ class Fixer:
         if not result.ok:
             raise Skip(f"the store refused it ({result.error}: {result.reason})")
         return repair.text
-
-    @staticmethod
-    def _lost_fields(doc: Mapping[str, Any], reason: str) -> dict[str, Any]:
-        """What the monitor records of a job the service lost: the last attempt ends."""
-        from aso.transfer import errors
-
-        now = model.now()
-        attempts = [dict(a) for a in doc.get("attempts", [])]
-        if attempts and attempts[-1].get("outcome") is None:
-            attempts[-1].update(ended=now, outcome="failed", reason=reason, error_class=errors.LOST)
-        return {"attempts": attempts, "failure_reason": reason, "error_class": errors.LOST}

@@ -30,6 +30,7 @@ from aso import model, reconcile
 from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
 from aso.cli_reconcile import reconcile_cmd
 from aso.config import Config
+from aso.core import request as core
 from aso.files import GfalFiles
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.reconcile import (
@@ -46,7 +47,7 @@ from aso.reconcile import (
 from aso.runtime import Runner
 from aso.storage import export_path, write_file
 from aso.store import Server
-from tests.conftest import DESTINATION, SOURCES, preloaded_cli
+from tests.conftest import DESTINATION, SOURCES, preloaded_cli, sample_request
 from tests.pipeline_helpers import run_until
 
 DATASET = "/Prim/alice-rec-v1/USER"
@@ -424,7 +425,37 @@ def test_a_published_file_in_another_block_gets_that_block_recorded():
         lfn_block={doc.destination_lfn: DATASET + "#right", "/store/user/x": DATASET + "#wrong"},
     )
     [f] = reconcile.find_catalog_missing([doc], catalog)
-    assert f.repair.changes == () and f.repair.fields == {"publication_block": DATASET + "#right"}
+    assert f.repair.changes == () and f.repair.operation == "block_corrected"
+    assert f.repair.args == {"block": DATASET + "#right"}
     assert f.repair.role == AGENT
     # The right block's file is not reported as extra; a file without a request is not either.
     assert reconcile.find_catalog_extra({doc.destination_lfn: doc}, catalog) == []
+
+
+def test_the_reconciler_ends_a_cool_off_as_the_retry_manager_does(files_db, accounts, store_config):
+    """Issue 19: the reconciler's own copy of "cool-off over" left `transfer` set (the monitor
+    reads it to pick its partition and to find a kill's job); both now call
+    aso.core.request.cooled_off, and the documents they write differ only in who and when."""
+    agent = accounts["agent"].db(files_db)
+    doc = sample_request("alice")
+    doc["_rev"] = accounts["alice"].db(files_db).create(doc)
+    old = time.time() - 2 * HOUR
+    for to in ("acquired", "submitted", "failed_attempt", "retry"):
+        doc = model.transition(doc, [Change(STATE, to, "t")], AGENT, at=old)
+        if to == "submitted":
+            doc["transfer"] = {"job_id": "j1", "service": "gfal", "file_id": doc["_id"]}
+        if to == "retry":
+            doc["retry_after"] = old + 60
+        doc["_rev"] = agent.put(doc)
+    [finding] = reconcile.find_stuck([Request.from_doc(doc)], time.time(), HOUR)
+    [outcome] = reconcile.Fixer(store_config, None, agent, None).apply([finding])
+    assert outcome.repaired, outcome.text
+    fixed = agent.get(doc["_id"])
+    assert fixed[STATE] == "new" and fixed["transfer"] is None and fixed["retry_after"] is None
+    assert fixed["history"][-1]["by"] == "reconciler"
+    by_retry_manager = core.cooled_off(doc, "r1", fixed["last_update"])
+
+    def what(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k not in ("_rev", "history")}
+
+    assert what(fixed) == what(by_retry_manager)

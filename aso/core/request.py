@@ -1,0 +1,337 @@
+"""Every change an agent or the reconciler makes to a request, one named function each.
+
+Each takes the document as read and returns the document to write (a copy: the change applied
+with model.transition, its history entry appended, the fields that go with it set), or raises
+model.TransitionError where the state machine forbids it. Nothing here reads or writes the store:
+the caller writes the result back with the revision it read, and a conflict means someone else
+acted first.
+
+Two writers of the same change call the same function, so that they cannot drift apart: the
+reconciler's "cool-off over" had not cleared `transfer` as the retry manager's did, and the
+monitor reads `transfer` to pick its partition and to decide whether a kill has a job to cancel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aso import model
+from aso.model import ADMIN, AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.transfer import errors
+
+Doc = dict[str, Any]
+MAX_ATTEMPTS_KEPT = 200  # a request's `attempts`: the latest ones
+MAX_REASON = 4096
+
+
+def _moved(
+    doc: Mapping[str, Any],
+    axis: str,
+    to: str,
+    by: str,
+    now: float,
+    reason: str | None = None,
+    role: str = AGENT,
+    **fields: Any,
+) -> Doc:
+    return model.transition(doc, [Change(axis, to, by, reason)], role, at=now, **fields)
+
+
+# --- the copy (`state`) -----------------------------------------------------------------------
+def acquired(doc: Mapping[str, Any], by: str, now: float, lease: Mapping[str, Any]) -> Doc:
+    """The submitter's intent, recorded before the job is submitted: the lease names the
+    owner, its end and the job key under which the service will know the job."""
+    return _moved(doc, STATE, "acquired", by, now, lease=dict(lease))
+
+
+def lease_shortened(doc: Mapping[str, Any], until: float) -> Doc:
+    """A lease taken by this submitter's dead predecessor (same instance name), made to end
+    sooner: bookkeeping, no transition."""
+    return {**doc, "lease": {**doc["lease"], "until": until}}
+
+
+def job_fields(doc: Mapping[str, Any], job_id: str, service: str, now: float) -> dict[str, Any]:
+    """What a document records of the job that carries its file: a new attempt."""
+    attempt = {
+        "job_id": job_id,
+        "service": service,
+        "submitted": now,
+        "ended": None,
+        "outcome": None,
+        "reason": None,
+        "error_class": None,
+    }
+    return {
+        "lease": None,
+        "transfer": {"job_id": job_id, "service": service, "file_id": doc["_id"]},
+        "attempts": [*doc.get("attempts", []), attempt][-MAX_ATTEMPTS_KEPT:],
+    }
+
+
+def attempt_started(
+    doc: Mapping[str, Any],
+    job_id: str,
+    service: str,
+    by: str,
+    now: float,
+    reason: str | None = None,
+) -> Doc:
+    """The transfer service has the file's job: `submitted` (by the submitter, or by the
+    monitor adopting the job of a submitter that died after submitting)."""
+    return _moved(doc, STATE, "submitted", by, now, reason, **job_fields(doc, job_id, service, now))
+
+
+def job_recorded(doc: Mapping[str, Any], job_id: str, service: str, now: float) -> Doc:
+    """The job of a file killed before its submitter wrote `submitted`, found by its key: the
+    job is recorded (no transition), so that the kill follows the path of every other one."""
+    return {**doc, **job_fields(doc, job_id, service, now), "last_update": now}
+
+
+def attempt_refused(
+    doc: Mapping[str, Any], by: str, now: float, reason: str, error_class: str
+) -> Doc:
+    """An acquired file whose job the service refused (or that could not be made):
+    `failed_attempt` with the reason, for the retry manager."""
+    return _moved(
+        doc,
+        STATE,
+        "failed_attempt",
+        by,
+        now,
+        reason,
+        lease=None,
+        failure_reason=reason[:MAX_REASON],
+        error_class=error_class,
+    )
+
+
+def attempt_ended(
+    doc: Mapping[str, Any],
+    state: str,
+    by: str,
+    now: float,
+    *,
+    outcome: str,
+    reason: str | None = None,
+    error_class: str | None = None,
+    ended: float | None = None,
+) -> Doc:
+    """The file's transfer ended: `done`, `failed_attempt` or `killed`; its last attempt
+    records the outcome, and a failure its reason and class."""
+    attempts = [dict(a) for a in doc.get("attempts", [])]
+    if attempts:
+        attempts[-1].update(
+            ended=ended or now,
+            outcome=outcome,
+            reason=reason[:MAX_REASON] if reason else None,
+            error_class=error_class,
+        )
+    fields: dict[str, Any] = {"attempts": attempts}
+    if state != "done":
+        fields.update(failure_reason=(reason or "")[:MAX_REASON] or None, error_class=error_class)
+    return _moved(doc, STATE, state, by, now, reason, **fields)
+
+
+def job_lost(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    """The transfer service does not know the file's job (or the job not the file): the
+    attempt failed with class job_lost, or the file is killed if its owner asked for that."""
+    return attempt_ended(
+        doc,
+        "killed" if doc[STATE] == "kill_requested" else "failed_attempt",
+        by,
+        now,
+        reason=reason,
+        error_class=errors.LOST,
+        outcome="failed",
+    )
+
+
+def released(doc: Mapping[str, Any], by: str, now: float) -> Doc:
+    """An acquired file whose job never reached the service: back to the queue."""
+    return _moved(doc, STATE, "new", by, now, "lease expired, no job", lease=None)
+
+
+def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str) -> Doc:
+    """A failed attempt to be tried again after a cool-off of `delay` seconds."""
+    return _moved(doc, STATE, "retry", by, now, reason, retry_after=round(now + delay, 3))
+
+
+def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    """A failed attempt that ends the request: `failed` for good, with the reason."""
+    return _moved(
+        doc,
+        STATE,
+        "failed",
+        by,
+        now,
+        reason,
+        retry_after=None,
+        failure_reason=reason[:MAX_REASON],
+    )
+
+
+def cooled_off(doc: Mapping[str, Any], by: str, now: float, reason: str = "cool-off over") -> Doc:
+    """A file whose cool-off is over goes back to the submitter's queue, with no job."""
+    return _moved(doc, STATE, "new", by, now, reason, retry_after=None, transfer=None)
+
+
+def set_aside(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    """A file an agent could not act on (aso.runtime.set_aside_reason): its attempt ends with
+    class unprocessable, which the retry manager takes as permanent; a file already waiting for
+    that decision is given up at once; a kill still ends `killed`."""
+    state = doc[STATE]
+    if state == "acquired":
+        return attempt_refused(doc, by, now, reason, errors.UNPROCESSABLE)
+    if state in ("submitted", "kill_requested"):
+        return attempt_ended(
+            doc,
+            "killed" if state == "kill_requested" else "failed_attempt",
+            by,
+            now,
+            reason=reason,
+            error_class=errors.UNPROCESSABLE,
+            outcome="failed",
+        )
+    if state == "failed_attempt":
+        return given_up(doc, by, now, reason)
+    raise model.TransitionError(f"a request in state {state} is not set aside by an agent")
+
+
+def recopy(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    """A done file whose destination copy is missing or damaged while its temporary copy is
+    whole: copied again (an operator's repair; only an admin may move a copy back from done)."""
+    changes = [Change(STATE, "new", by, reason)]
+    fields: dict[str, Any] = {
+        "lease": None,
+        "retry_after": None,
+        "failure_reason": None,
+        "error_class": None,
+    }
+    if doc.get(CLEANUP) != "pending":
+        changes.append(Change(CLEANUP, "pending", by, reason))
+        fields.update(cleanup_error=None, cleanup_retry_after=None, cleanup_attempts=0)
+    return model.transition(doc, changes, ADMIN, at=now, **fields)
+
+
+# --- the temporary copy (`cleanup`) -----------------------------------------------------------
+def cleaned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    return _moved(
+        doc, CLEANUP, "cleaned", by, now, reason, cleanup_error=None, cleanup_retry_after=None
+    )
+
+
+def cleanup_failed(
+    doc: Mapping[str, Any], by: str, now: float, reason: str, base_delay: float, max_delay: float
+) -> Doc:
+    """A deletion that failed: `cleanup_error` (recorded once), tried again after a backoff
+    that doubles with each attempt."""
+    attempts = doc.get("cleanup_attempts", 0) + 1
+    delay = min(max_delay, base_delay * 2 ** (attempts - 1))
+    first = doc[CLEANUP] != "cleanup_error"
+    changes = [Change(CLEANUP, "cleanup_error", by, reason)] if first else []
+    return model.transition(
+        doc,
+        changes,
+        AGENT,
+        at=now,
+        cleanup_attempts=attempts,
+        cleanup_error=reason[:MAX_REASON],
+        cleanup_retry_after=round(now + delay, 3),
+    )
+
+
+# --- publication ------------------------------------------------------------------------------
+def block_recorded(doc: Mapping[str, Any], by: str, now: float, block: str) -> Doc:
+    """The publisher's intent: the block's name, recorded before the catalog call."""
+    return _moved(doc, PUBLICATION, "publishing", by, now, publication_block=block)
+
+
+def block_retried(doc: Mapping[str, Any], by: str, now: float) -> Doc:
+    """A failed publication whose backoff is over: publishing again, in its recorded block."""
+    return _moved(doc, PUBLICATION, "publishing", by, now)
+
+
+def block_abandoned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    """A file of a block that will not be published as recorded: pending again."""
+    return _moved(doc, PUBLICATION, "pending", by, now, reason, publication_block=None)
+
+
+def published(doc: Mapping[str, Any], by: str, now: float, block: str, reason: str) -> Doc:
+    """The catalog holds the file in `block`."""
+    return _moved(
+        doc,
+        PUBLICATION,
+        "published",
+        by,
+        now,
+        reason,
+        publication_block=block,
+        publication_error=None,
+        publication_retry_after=None,
+    )
+
+
+def publication_failed_attempt(
+    doc: Mapping[str, Any],
+    by: str,
+    now: float,
+    reason: str,
+    attempts: int,
+    retry_after: float,
+) -> Doc:
+    """A publication the catalog refused or failed: `publication_error`, tried again after."""
+    return _moved(
+        doc,
+        PUBLICATION,
+        "publication_error",
+        by,
+        now,
+        reason,
+        publication_attempts=attempts,
+        publication_error=reason[:MAX_REASON],
+        publication_retry_after=retry_after,
+    )
+
+
+def publication_given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    return _moved(
+        doc, PUBLICATION, "publication_failed", by, now, reason, publication_retry_after=None
+    )
+
+
+def block_corrected(doc: Mapping[str, Any], by: str, now: float, block: str) -> Doc:
+    """A published file the catalog holds in another block than the one recorded: the block
+    the catalog says (no transition)."""
+    return model.transition(doc, [], AGENT, at=now, publication_block=block)
+
+
+def republished(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+    """A published file the catalog does not hold: published again (an operator's repair;
+    only an admin may move a publication back from published)."""
+    return _moved(
+        doc,
+        PUBLICATION,
+        "pending",
+        by,
+        now,
+        reason,
+        ADMIN,
+        publication_block=None,
+        publication_error=None,
+        publication_retry_after=None,
+        publication_attempts=0,
+    )
+
+
+# The changes the reconciler's repairs name (aso/reconcile.py Repair.operation), each called as
+# OPERATION(doc, by, now, reason, **args).
+REPAIRS: dict[str, Callable[..., Doc]] = {
+    "job_lost": job_lost,
+    "cooled_off": cooled_off,
+    "published": published,
+    "block_abandoned": block_abandoned,
+    "block_corrected": lambda doc, by, now, reason, block: block_corrected(doc, by, now, block),
+    "republished": republished,
+    "recopy": recopy,
+}
