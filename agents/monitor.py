@@ -130,7 +130,7 @@ class Monitor(Agent):
             updates += self.settle_leases(mine, now)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
-        self.write(updates, report)
+        self.record(updates, report)
         return report
 
     def send_cancels(self, docs: list[dict[str, Any]]) -> None:
@@ -216,17 +216,9 @@ class Monitor(Agent):
                 updates.append(request.released(doc, self.instance, now))
         return updates
 
-    def write(self, updates: list[dict[str, Any]], report: dict[str, int]) -> None:
-        if not updates:
-            return
-        results = self.db.bulk_write(updates)
-        written = []
-        for doc, result in zip(updates, results, strict=True):
-            if not result.ok:
-                report["conflicts"] += 1
-                log.info("file %s not updated: %s (%s)", doc["_id"], result.error, result.reason)
-                continue
-            written.append(dict(doc, _rev=result.rev))
+    def record(self, updates: list[dict[str, Any]], report: dict[str, int]) -> None:
+        """Write the outcomes; count and log each file written."""
+        for doc in self.write(updates, report):
             last = doc["history"][-1] if doc["history"] else {}
             key = {
                 "done": "done",
@@ -246,4 +238,3 @@ class Monitor(Agent):
                 if doc[STATE] in ("failed_attempt", "killed") and doc.get("error_class")
                 else "",
             )
-        self.written(written)

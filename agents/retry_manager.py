@@ -63,13 +63,7 @@ class RetryManager(Agent):
         report = {"retry": 0, "failed": 0, "new": 0, "conflicts": 0}
         if not updates:
             return report
-        written = []
-        for doc, result in zip(updates, self.db.bulk_write(updates), strict=True):
-            if not result.ok:
-                report["conflicts"] += 1  # e.g. the owner killed it meanwhile: the kill wins
-                log.info("file %s left as it is: %s (%s)", doc["_id"], result.error, result.reason)
-                continue
-            written.append(dict(doc, _rev=result.rev))
+        for doc in self.write(updates, report):
             report[doc[STATE]] += 1
             log.info(
                 "file %s (%s): %s: %s",
@@ -78,5 +72,4 @@ class RetryManager(Agent):
                 doc[STATE],
                 doc["history"][-1].get("reason", ""),
             )
-        self.written(written)
         return report

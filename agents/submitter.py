@@ -295,7 +295,7 @@ class Submitter(Agent):
         ]
         if not stale:
             return 0
-        written = self._write([request.lease_shortened(d, end) for d in stale], report)
+        written = self.write([request.lease_shortened(d, end) for d in stale], report)
         log.info(
             "%d files acquired by this instance before its restart: leases end at +%.0f s",
             len(written),
@@ -362,7 +362,7 @@ class Submitter(Agent):
                     aside = request.set_aside(
                         doc, self.instance, time.time(), set_aside_reason(self.name, doc, exc)
                     )
-                    report["set_aside"] += len(self._write([aside], report))
+                    report["set_aside"] += len(self.write([aside], report))
                     docs.remove(doc)
             if docs:
                 requests[key] = job_request(self.config, key, docs, tuple(files))
@@ -383,7 +383,7 @@ class Submitter(Agent):
             }
             updated += [request.acquired(d, self.instance, now, lease) for d in docs]
         by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for doc in self._write(updated, report):
+        for doc in self.write(updated, report):
             by_key[doc["lease"]["job_key"]].append(doc)
         return {key: by_key[key] for key in keys if by_key.get(key)}
 
@@ -397,7 +397,7 @@ class Submitter(Agent):
             for doc in docs
         ]
         written: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for doc in self._write(updated, report):
+        for doc in self.write(updated, report):
             written[doc["transfer"]["job_id"]].append(doc)
         for docs, job_id in jobs:
             files = written.get(job_id, [])
@@ -430,16 +430,4 @@ class Submitter(Agent):
         updated = [
             request.attempt_refused(d, self.instance, now, reason, error_class) for d in docs
         ]
-        return self._write(updated, report)
-
-    def _write(self, docs: list[dict[str, Any]], report: dict[str, int]) -> list[dict[str, Any]]:
-        results = self.db.bulk_write(docs)
-        written = []
-        for doc, result in zip(docs, results, strict=True):
-            if result.ok:
-                written.append(dict(doc, _rev=result.rev))
-            else:
-                report["conflicts"] += 1
-                log.info("file %s skipped: %s (%s)", doc["_id"], result.error, result.reason)
-        self.written(written)
-        return written
+        return self.write(updated, report)

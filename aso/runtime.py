@@ -211,6 +211,28 @@ class Agent:
     def written(self, docs: list[dict[str, Any]]) -> None:
         """Hook: documents this agent wrote (the runner applies them to the work set)."""
 
+    def write(self, updates: list[dict[str, Any]], report: dict[str, Any]) -> list[dict[str, Any]]:
+        """Write `updates` in one bulk request; returns the documents as written. One that
+        conflicts (someone acted on it first: another instance, the owner's kill) is left as
+        it is, counted in report["conflicts"] and logged; the runner learns what was written."""
+        if not updates:
+            return []
+        written = []
+        for doc, result in zip(updates, self.db.bulk_write(updates), strict=True):
+            if result.ok:
+                written.append(dict(doc, _rev=result.rev))
+                continue
+            report["conflicts"] = report.get("conflicts", 0) + 1
+            log.info(
+                "%s: file %s left as it is: %s (%s)",
+                self.name,
+                doc["_id"],
+                result.error,
+                result.reason,
+            )
+        self.written(written)
+        return written
+
     def close(self) -> None:
         """Release back-end resources."""
 
