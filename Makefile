@@ -135,7 +135,7 @@ bench-locust: setup
 bench-pages: setup
 	$(VENV)/bin/python -m sim.bench_pages
 
-# Chaos at 4x design (README: Chaos, soak and failures): agents killed every 5 s, the store
+# Chaos at 4x design (docs/testing.md: Chaos, soak and failures): agents killed every 5 s, the store
 # killed and restarted twice, a storage outage and a failing link; then two agent hosts, one
 # killed midway. Each prints the exact accounting and exits 1 if anything was lost.
 chaos: setup

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aso import model, sites
-from aso.config import Config, SiteConfig
+from aso.config import Config
 from aso.core import request
 from aso.files import FileError, Files, open_files
 from aso.model import CLEANUP
@@ -40,16 +40,10 @@ class Outcome:
 
 
 def destination_url(config: Config, doc: Mapping[str, Any]) -> str:
-    if config.transfer.backend == "sim":
-        return f"sim://{doc['destination']}{doc['destination_lfn']}"
     return sites.pfn(config, doc["destination"], doc["destination_lfn"])
 
 
 def temp_url(config: Config, doc: Mapping[str, Any]) -> str:
-    if config.transfer.backend == "sim":
-        if not sites.in_area(SiteConfig().temp_area, doc["source_lfn"]):
-            raise sites.SiteError(f"{doc['source_lfn']} is not in a temp area")
-        return f"sim://{doc['source']}{doc['source_lfn']}"
     return sites.temp_pfn(config, doc["source"], doc["source_lfn"])
 
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aso import faults
+from aso import faults, sites
 from aso.config import Config
 from aso.core import request
 from aso.model import STATE
@@ -171,21 +171,6 @@ def plan_jobs(
     return jobs
 
 
-def transfer_urls(config: Config, doc: Mapping[str, Any]) -> tuple[str, str]:
-    """(source, destination) URLs of a copy, in one protocol for both ends (a third-party
-    copy needs it); the simulator moves no data and needs no site catalogue."""
-    if config.transfer.backend == "sim":
-        return (
-            f"sim://{doc['source']}{doc['source_lfn']}",
-            f"sim://{doc['destination']}{doc['destination_lfn']}",
-        )
-    from aso import sites
-
-    return sites.transfer_urls(
-        config, doc["source"], doc["destination"], doc["source_lfn"], doc["destination_lfn"]
-    )
-
-
 def may_have_left_a_copy(doc: Mapping[str, Any]) -> bool:
     """An earlier attempt got as far as copying (it did not fail on an existing destination),
     so whatever is at the destination now is a leftover of ours, whose removal failed with the
@@ -201,7 +186,9 @@ def file_transfer(config: Config, doc: Mapping[str, Any]) -> FileTransfer:
     this host's catalogue lacks)."""
     return FileTransfer(
         doc["_id"],
-        *transfer_urls(config, doc),
+        *sites.transfer_urls(
+            config, doc["source"], doc["destination"], doc["source_lfn"], doc["destination_lfn"]
+        ),
         size=doc["size"],
         adler32=doc["checksum"]["adler32"],
         metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},

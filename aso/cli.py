@@ -132,7 +132,9 @@ def config_show(
 
 @config_app.command("keys")
 def config_keys(
-    markdown: Annotated[bool, typer.Option("--markdown", help="As the README's table.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="As docs/configuration.md's table.")
+    ] = False,
 ) -> None:
     """List every configuration key with its default and meaning."""
     if markdown:

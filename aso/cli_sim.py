@@ -145,7 +145,7 @@ def sim_cmd(
         bool,
         typer.Option(
             help="Faults during the injection: kill -9 an agent every --chaos-every s, restart "
-            "the store twice, a storage outage, a failing link (README: Chaos)."
+            "the store twice, a storage outage, a failing link (docs/testing.md: Chaos)."
         ),
     ] = False,
     chaos_every: Annotated[
@@ -168,8 +168,8 @@ def sim_cmd(
         bool, typer.Option("--json", help="Print the whole report as JSON.")
     ] = False,
 ) -> None:
-    """Drive the whole service with synthetic work and report how it held (docs: README, The
-    lifecycle simulator). Exit code 1 when the accounting is not exact."""
+    """Drive the whole service with synthetic work and report how it held (docs/benchmarks.md,
+    The lifecycle simulator). Exit code 1 when the accounting is not exact."""
     from sim.chaos import ChaosPlan
     from sim.lifecycle import RunOptions, host_ids, run_simulation
     from sim.workload import Plan

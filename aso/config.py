@@ -184,7 +184,11 @@ class TransferConfig:
 class SiteConfig:
     root_url: str = _key("", "XRootD endpoint of the site, e.g. root://127.0.0.1:21094.")
     http_url: str = _key("", "HTTP/WebDAV endpoint of the site, e.g. https://127.0.0.1:21095.")
-    protocol: str = _key("https", "Endpoint transfers use: root, http or https.")
+    protocol: str = _key(
+        "https",
+        "Endpoint transfers use: root, http or https; sim for a simulated site (the sim back"
+        " end's: no endpoint, no data).",
+    )
     path_prefix: str = _key(
         "", "Prefix of the LFN in the endpoint's namespace (PFN = URL + prefix + LFN)."
     )
@@ -503,7 +507,7 @@ def _table_of(name: str) -> type | None:
 
 
 def describe() -> list[tuple[str, Any, str]]:
-    """(`section.key`, default, meaning) for every key: the source of the README's table."""
+    """(`section.key`, default, meaning) for every key: docs/configuration.md's table."""
     rows = []
     for name, section in sections():
         kind = _table_of(name)
@@ -603,8 +607,10 @@ def _check_values(config: Config, label: str) -> None:
     if not 1 <= config.transfer.priority <= 5:
         raise bad("transfer.priority must be between 1 and 5")
     for name, site in config.sites.items():
-        if site.protocol not in ("root", "http", "https"):
-            raise bad(f"sites.{name}.protocol must be root, http or https")
+        if site.protocol not in ("root", "http", "https", "sim"):
+            raise bad(f"sites.{name}.protocol must be root, http, https or sim")
+        if site.protocol == "sim":
+            continue  # a simulated site has no endpoint
         url = site.root_url if site.protocol == "root" else site.http_url
         if not url:
             raise bad(f"sites.{name} uses protocol {site.protocol} but has no URL for it")
@@ -674,7 +680,7 @@ def to_dict(config: Config, *, show_secrets: bool = False) -> dict[str, dict[str
 
 
 def markdown_table() -> str:
-    """The README's table of keys (`aso config keys --markdown`)."""
+    """docs/configuration.md's table of keys (`aso config keys --markdown`)."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for key, default, doc in describe():
         shown = f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
@@ -695,7 +701,7 @@ def new_config_text() -> str:
     config.frontend.enabled = True  # with the throw-away PKI `aso config init` writes
     header = (
         "# ASO configuration, written by `aso config init`. Every key and its default is listed\n"
-        "# in README.md (section Configuration); `aso config show` prints the effective values.\n"
+        "# in docs/configuration.md; `aso config show` prints the effective values.\n"
     )
     return header + render(config, show_secrets=True)
 

@@ -53,10 +53,10 @@ def model_module() -> str:
     return "module.exports = " + json.dumps(model.validation_model(), sort_keys=True) + ";\n"
 
 
-def known_sites(config: Config) -> list[str] | None:
-    """The sites a request may name: the site catalogue's (`[sites.NAME]`), or None (any name)
-    with the simulated back end, which copies between names and has no catalogue."""
-    return None if config.transfer.backend == "sim" else sorted(config.sites)
+def known_sites(config: Config) -> list[str]:
+    """The sites a request may name: the site catalogue's (`[sites.NAME]`; the simulator's are
+    simulated sites, protocol sim)."""
+    return sorted(config.sites)
 
 
 def sites_module(config: Config) -> str:

@@ -1,7 +1,8 @@
 """File operations at the sites, behind one small interface: size and checksum of a file, and
-deletion. `GfalFiles` does them with gfal2 on real storage; `SimFiles` for the simulator, where
-no data exists (every destination is "there", every deletion succeeds and is recorded).
-`open_files(config)` picks the one that goes with `transfer.backend`.
+deletion. `GfalFiles` does them with gfal2 on real storage; `SimFiles` for the simulator's sites
+(`sim://` URLs), where no data exists (every destination is "there", every deletion succeeds and
+is recorded). `open_files(config)` gives `SiteFiles`, which picks one by the URL's scheme, as the
+site catalogue spells the URL (aso/sites.py).
 """
 
 from __future__ import annotations
@@ -110,5 +111,22 @@ class SimFiles:
         return True
 
 
+class SiteFiles:
+    """The file operations of any site: `sim://` URLs to SimFiles, the others to gfal2."""
+
+    def __init__(self, config: Config):
+        self.sim = SimFiles()
+        self.gfal = GfalFiles(config)
+
+    def _for(self, url: str) -> Files:
+        return self.sim if url.startswith("sim://") else self.gfal
+
+    def confirm(self, url: str, size: int, adler32: str) -> str | None:
+        return self._for(url).confirm(url, size, adler32)
+
+    def delete(self, url: str) -> bool:
+        return self._for(url).delete(url)
+
+
 def open_files(config: Config) -> Files:
-    return SimFiles() if config.transfer.backend == "sim" else GfalFiles(config)
+    return SiteFiles(config)

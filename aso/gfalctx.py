@@ -1,7 +1,7 @@
 """gfal2 as ASO uses it: the client environment to set before `import gfal2`, and configured
 contexts. The gfal transfer back end and the cleaner take their contexts from here.
 
-Measured reasons (README "Real storage on one machine", and the notes below):
+Measured reasons (docs/design.md, "Real storage on one machine", and the notes below):
 - XRootD client (read once, when the XRootD plugin first starts, hence before the import):
   without XRD_CONNECTIONWINDOW/XRD_CONNECTIONRETRY a refused connection takes ~480 s; without
   XRD_REQUESTTIMEOUT/XRD_STREAMTIMEOUT a server that accepts and never answers hangs a copy.

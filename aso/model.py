@@ -594,7 +594,7 @@ def validate_doc_update(
     `user_ctx`: returns when the store lets the write through, raises Refusal with the store's
     reason otherwise. A line-by-line twin of the JavaScript, so that every writer (and the
     hostile-input tests) can know the store's verdict without asking it. `sites`: the design
-    document's `lib/sites` (None: any site, the simulated back end's)."""
+    document's `lib/sites` (None: the twin leaves sites unjudged)."""
     if old is not None and old.get("_deleted") is True:
         old = None  # a deleted request may be created again
     # EMBEDDED_VALIDATES_BEFORE_CONFLICT: a stale write passes here and is the store's 409.

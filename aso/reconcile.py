@@ -757,6 +757,11 @@ def check_destinations(
     return checks, errors
 
 
+def storage_sites(config: Config) -> list[str]:
+    """The sites whose temp areas can be listed: all but the simulated ones (no storage)."""
+    return sorted(name for name, site in config.sites.items() if site.protocol != "sim")
+
+
 def _list_sites(config: Config, site_names: Sequence[str]) -> tuple[list[TempFile], list[str]]:
     files: list[TempFile] = []
     errors: list[str] = []
@@ -815,13 +820,12 @@ def reconcile(
     if STUCK in wanted:
         report.findings += find_stuck(requests, now, settings.stuck_after, state)
 
-    storage = files is not None and config.transfer.backend != "sim"
-    if storage and any(k in wanted for k in STORAGE_KINDS):
+    if files is not None and any(k in wanted for k in STORAGE_KINDS):
         assert files is not None
         named = by_temp_copy(requests)
         temp_files: list[TempFile] = []
         if ORPHAN_TEMP in wanted or LEFTOVER_TEMP in wanted:
-            temp_files, errors = _list_sites(config, sorted(config.sites))
+            temp_files, errors = _list_sites(config, storage_sites(config))
             report.errors += errors
             report.checked["temp_files"] = len(temp_files)
         candidates = leftover_candidates(temp_files, named) if LEFTOVER_TEMP in wanted else []
@@ -839,7 +843,7 @@ def reconcile(
             report.findings += find_leftover_temp(candidates, destinations)
         bad = find_bad_destinations(requests, destinations)
         report.findings += [f for f in bad if f.kind in wanted]
-    elif any(k in wanted for k in STORAGE_KINDS) and config.transfer.backend != "sim":
+    elif any(k in wanted for k in STORAGE_KINDS):
         report.errors.append("no storage access given: storage checks skipped")
 
     if state is not None:

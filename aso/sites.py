@@ -8,7 +8,9 @@ endpoint, then `path_prefix`, then the LFN, spelled the way gfal2 needs it:
 - https: `davs://host:port/store/...`: gfal2's WebDAV scheme (an `https://` URL makes the same
   third-party copy, measured, but `davs://` also lists and creates directories with WebDAV);
 - http: `http://host:port/store/...`, plain HTTP to the same XrdHttp port (XrdHttp accepts
-  plain and TLS connections on one port); on loopback the fastest third-party copy.
+  plain and TLS connections on one port); on loopback the fastest third-party copy;
+- sim: `sim://SITE/store/...`, a simulated site (the sim back end's): no endpoint and no data,
+  so the agents, the cleaner and the reconciler treat the simulator's sites as any other.
 
 The cleaner may delete only inside a site's temp area: `in_temp_area` is the one strict test
 (normalised absolute path, no `.`/`..` or empty segments, strictly below `temp_area`), and
@@ -19,18 +21,24 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from aso.config import Config, SiteConfig
 from aso.model import LFN_PATTERN
 
-PROTOCOLS = ("root", "http", "https")
-SCHEMES = {"root": "root", "http": "http", "https": "davs"}
+PROTOCOLS = ("root", "http", "https", "sim")
+SCHEMES = {"root": "root", "http": "http", "https": "davs", "sim": "sim"}
 _LFN = re.compile(LFN_PATTERN)
 
 
 class SiteError(ValueError):
     """An unknown site, a site without the endpoint asked for, or an LFN that cannot be used."""
+
+
+def simulated(names: Iterable[str]) -> dict[str, SiteConfig]:
+    """A site catalogue of simulated sites (protocol sim), for the sim back end."""
+    return {name: SiteConfig(protocol="sim", embedded=False) for name in names}
 
 
 def site_of(config: Config, name: str) -> SiteConfig:
@@ -54,6 +62,10 @@ def endpoint_url(config: Config, site: str, protocol: str | None = None) -> str:
     protocol = protocol or conf.protocol
     if protocol not in PROTOCOLS:
         raise SiteError(f"unknown protocol {protocol!r}; one of {', '.join(PROTOCOLS)}")
+    if protocol == "sim":
+        if conf.protocol != "sim":
+            raise SiteError(f"site {site} is not a simulated site")
+        return f"sim://{site}"
     key = "root_url" if protocol == "root" else "http_url"
     url = getattr(conf, key)
     if not url:
@@ -64,6 +76,8 @@ def endpoint_url(config: Config, site: str, protocol: str | None = None) -> str:
 def offers(config: Config, site: str, protocol: str) -> bool:
     """Whether the site has an endpoint for `protocol`."""
     conf = site_of(config, site)
+    if protocol == "sim" or conf.protocol == "sim":
+        return protocol == conf.protocol  # a simulated site offers nothing else
     return bool(conf.root_url if protocol == "root" else conf.http_url)
 
 

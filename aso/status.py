@@ -1,7 +1,7 @@
 """What users and CRAB-style clients ask: the state of a task's files, and a file's story.
 
 Everything comes from the files database's views, one request each, so that a client through
-the front end can ask the same thing over HTTP (README, "Status queries"):
+the front end can ask the same thing over HTTP (docs/frontend.md, "Status queries"):
 
 * `asyncstageout/by_task`, key [task, job_id, file_type]: every file of a task (or of one
   job) with its three states, link, last change and reason;

@@ -4,7 +4,7 @@ Each server serves its site's export directory over root:// (`root_url`) and ove
 with TLS (`http_url`; XrdHttp also accepts plain HTTP on that port), computes adler32
 checksums, and makes third-party copies both ways: root:// (`ofs.tpc`, which runs xrdcp) and
 HTTP (XrdHttpTPC, which XrdHttp loads only when TLS is configured). Measured facts behind every
-directive: README "Real storage on one machine".
+directive: docs/design.md, "Real storage on one machine".
 
 There is no authentication, so a server accepts connections from loopback addresses only
 (`xrd.allow`). xrootd refuses to run as root: started by root it runs as the `xrootd` user
@@ -59,8 +59,8 @@ XROOTD_USER = "xrootd"  # created by Debian's xrootd-server; xrootd will not run
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ALLOWED_CLIENTS = ("127.0.0.1", "[::1]")  # xrd.allow takes addresses (no DNS needed)
 CERT_DAYS = 3650
-# XRootD 5.5.3 now and then segfaults while starting here (README, "Real storage on one
-# machine"); such a start is tried again this many times before it is reported.
+# XRootD 5.5.3 now and then segfaults while starting here (docs/design.md, "Real storage on
+# one machine"); such a start is tried again this many times before it is reported.
 CRASH_RESTARTS = 2
 
 

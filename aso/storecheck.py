@@ -47,7 +47,7 @@ OK, WARN, ERROR = "ok", "warn", "error"
 LEVELS = (OK, WARN, ERROR)
 NOT_ADMIN = "not a server admin"  # Answers.config_error when the credentials are not an admin's
 
-# Sizes of what ASO writes, measured on this code (README "The document store"):
+# Sizes of what ASO writes, measured on this code (docs/design.md, "The document store"):
 # a request is at most model.MAX_DOC_CHARS of JSON (validate_doc_update refuses larger) and
 # ~1.7 KB when finished; a purge batch in the statistics database holds ~330 bytes of JSON per
 # request (analytics.batch of them); a catalog block ~2 KB per file with a few hundred lumis.

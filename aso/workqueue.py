@@ -11,8 +11,8 @@ its Python twin `work_kinds` below, which a test keeps in agreement:
   since a checkpoint, after one start-up read of the queue view. Each refresh costs a read of
   what changed, with no index to maintain on the agent's critical path.
 
-`sim/bench_workqueue.py` measures the two side by side; the README's "How agents find their
-work" gives the figures and the choice.
+`sim/bench_workqueue.py` measures the two side by side; docs/design.md, "How agents find
+their work", gives the figures and the choice.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from aso import model
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.sites import simulated
 from aso.store import Database, Server, Settings
 from aso.workqueue import ACTIVE, CLEAN, PUBLISH, SUBMIT, ChangesWorkSet, QueueView
 from sim.benchstore import bench_store
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with bench_store(args.url) as (config, embedded):
         config.store.agent_password = "bench-agent"
+        config.sites = simulated([*(f"T2_XX_Site{i}" for i in range(7)), "T2_YY_Dest"])
         server = Server.from_config(config, account="admin")
         server.put_user(USER, "bench-user", [model.USER_ROLE])
         init_databases(server, config)  # creates the agent account

@@ -43,7 +43,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from aso import model, monitor
+from aso import model, monitor, sites
 from aso.config import Config, render
 from aso.couchdb import node_url
 from aso.designdocs import FILES_SECURITY, design_documents, init_databases
@@ -62,7 +62,7 @@ from sim.report import (
     check_copies,
     work_by_host,
 )
-from sim.workload import Plan, Workload, injections
+from sim.workload import Plan, Workload, injections, site_names
 
 log = logging.getLogger("aso.sim")
 
@@ -125,7 +125,7 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     store.agent_password = secrets.token_urlsafe(12)
     config.log.level = options.log_level
     config.transfer.backend = "sim"
-    config.sites = {}  # the sim back end needs no site catalogue
+    config.sites = sites.simulated(site_names(plan.sites))
     config.sim.mean_duration = wall(plan.mean_duration)
     config.sim.distribution = plan.distribution
     config.sim.failure_rate = plan.failure_rate

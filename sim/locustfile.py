@@ -3,7 +3,7 @@ CRAB-style clients polling their tasks' status, each simulated user with a proxy
 
 `JobWrapper` is one slot of a worker node: it waits as long as a job runs, then records the
 job's output and log in one `_bulk_docs` POST (what `aso upload` sends). `CrabClient` polls one
-of its user's tasks as the README's "Status queries" table says: the counts per state
+of its user's tasks as the "Status queries" table of docs/frontend.md says: the counts per state
 (`task_states`, group_level=3) and what changed since its last poll (`task_updates`), and now
 and then every file of the task (`by_task`), through aso/status.py's own functions. Both ask
 the front end who they are (`/_session`) first: the user their proxy maps to is the one whose
@@ -49,7 +49,9 @@ from aso.store import Database, ViewResult
 VIEW_NAMES = {"task_states": "status counts", "task_updates": "status since",
               "by_task": "status files"}  # fmt: skip
 UPLOAD = "upload job"
-SOURCES = ("T2_CH_CERN", "T2_IT_Pisa", "T2_US_Nebraska", "T1_DE_KIT")
+# Sites of the default catalogue (aso config keys: sites.*), which the store knows: a request
+# naming another site is refused (403). Against another deployment, use its sites.
+SOURCES = ("T2_CH_CERN", "T2_IT_Pisa")
 DESTINATION = "T2_DE_DESY"
 # Source LFNs (so request ids) must be new in every run, also against a front end whose
 # database already holds an earlier run's requests: a repeated id would be a 409, not a load.
@@ -175,7 +177,7 @@ class CrabClient(FrontEndUser):
     @task(5)
     def poll(self) -> None:
         """Counts, then the files changed since the last poll; the newest change is next time's
-        `since` (README, "Status queries")."""
+        `since` (docs/frontend.md, "Status queries")."""
         name = random.choice(self.tasks_of_user)
         status.task_counts(self.views.db, name)
         changed = status.changed_since(self.views.db, name, self.since.get(name, 0.0))
@@ -189,7 +191,7 @@ class CrabClient(FrontEndUser):
 
 class _Views:
     """Stands in for aso.store.Database in aso/status.py's functions, which call nothing but
-    `view`: the same view requests, sent in the README's GET form through locust's client so
+    `view`: the same view requests, sent in docs/frontend.md's GET form through locust's client so
     that each is timed and counted under its kind."""
 
     def __init__(self, client: Any, db: str) -> None:

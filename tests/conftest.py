@@ -4,7 +4,7 @@ databases and accounts on it for each test module.
 
 The store is the engine `ASO_TEST_STORE` names: `pouchdb` (the embedded pouchdb-server, the
 default) or `couchdb` (Apache CouchDB 3 from $COUCHDB_HOME, else /opt/couchdb). `make test`
-runs the whole suite once on each (tests/README.md). A test that holds for one engine only
+runs the whole suite once on each (docs/testing.md). A test that holds for one engine only
 says so with `@only_on("couchdb")` or `@only_on("pouchdb")` and why."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.localstore import LocalCluster, LocalStore, free_port, local_store
+from aso.sites import simulated
 from aso.storage import EmbeddedStorage
 from aso.store import Database, Server, Settings
 from tests.storage_helpers import Watchdog, reachable_tmp_dir, storage_config
@@ -156,6 +157,12 @@ def sample_request(user: str = "alice", **overrides: Any) -> dict[str, Any]:
     return model.new_request(**args)
 
 
+# The sites of the sim back end's tests: simulated sites (protocol sim), which the store knows.
+SIM_SITES = ("T1_DE_KIT", "T1_US_FNAL", "T2_CH_CERN", "T2_DE_DESY", "T2_ES_PIC", "T2_FR_GRIF",
+             "T2_IT_Bari", "T2_IT_Pisa", "T2_UK_ICL", "T2_UK_London", "T2_US_MIT",
+             "T2_US_Nebraska")  # fmt: skip
+
+
 @pytest.fixture()
 def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
     """A fresh files and jobs database with the sim back end (fast, fixed transfer times)."""
@@ -169,6 +176,7 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
         transfer=dataclasses.replace(
             store_config.transfer, backend="sim", max_files_per_job=10, lease=4.0
         ),
+        sites=simulated(SIM_SITES),
         sim=dataclasses.replace(store_config.sim, mean_duration=0.3, distribution="fixed"),
         agents=dataclasses.replace(
             store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
@@ -204,7 +212,7 @@ SOURCES, DESTINATION = ("T2_CH_CERN", "T2_IT_Pisa"), "T2_DE_DESY"
 def watchdog() -> Iterator[Watchdog]:
     with reachable_tmp_dir() as base:
         # Plain HTTP, as the default embedded sites: XRootD 5.5.3 segfaults in libssl under
-        # concurrent HTTPS third-party copies (README, "Real storage on one machine").
+        # concurrent HTTPS third-party copies (docs/design.md, "Real storage on one machine").
         config = storage_config(base, [*SOURCES, DESTINATION], protocol="http")
         embedded = EmbeddedStorage(config)
         embedded.start()

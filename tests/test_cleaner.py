@@ -146,6 +146,6 @@ def test_sim_back_end_cleans_without_storage(sim_config, accounts):
     cleaner = Cleaner(sim_config, "c1")
     stored = clean(sim_config, docs, cleaner)
     assert all(d[CLEANUP] == "cleaned" for d in stored.values())
-    assert sorted(cleaner.files.deleted) == sorted(
+    assert sorted(cleaner.files.sim.deleted) == sorted(
         f"sim://{d['source']}{d['source_lfn']}" for d in docs
     )

@@ -22,8 +22,9 @@ from aso import metrics, model
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.localstore import free_port
+from aso.sites import simulated
 from aso.store import Server
-from tests.conftest import sample_request, write_config
+from tests.conftest import SIM_SITES, sample_request, write_config
 from tests.pipeline_helpers import wait_for
 
 ASO = str(Path(sys.executable).parent / "aso")
@@ -106,6 +107,7 @@ def metrics_config(store_config: Config, admin: Server, tmp_path: Path) -> Itera
         transfer=dataclasses.replace(
             store_config.transfer, backend="sim", max_files_per_job=5, status_interval=0.3
         ),
+        sites=simulated(SIM_SITES),
         sim=dataclasses.replace(
             store_config.sim, mean_duration=0.3, distribution="fixed", failure_rate=0.3, seed=7
         ),

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from aso import designdocs, model
+from aso import designdocs, model, sites
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
+from aso.sites import simulated
 from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
 from tests.conftest import ACCOUNT_ROLES, db_as, sample_request
 
@@ -240,20 +241,27 @@ def test_a_request_naming_an_unknown_site_is_refused_at_upload(
     owner.create(sample_request("alice"))  # the catalogue's sites are accepted
 
 
-def test_with_the_simulated_back_end_any_site_name_goes(admin, store_config, accounts):
-    """The simulator copies between names and has no catalogue: its store takes any site."""
+def test_the_simulator_s_sites_are_the_sites_its_store_knows(admin, store_config, accounts):
+    """The simulator's catalogue is simulated sites (protocol sim, no endpoint): its store
+    knows those and refuses the rest, as a production store does."""
     name = f"sim_sites_{uuid.uuid4().hex[:8]}"
     config = dataclasses.replace(
         store_config,
         store=dataclasses.replace(store_config.store, files_db=name),
         transfer=dataclasses.replace(store_config.transfer, backend="sim"),
+        sites=simulated(["T2_SM_Site000", "T2_SM_Site001"]),
     )
-    assert designdocs.known_sites(config) is None
     init_databases(admin, config)
+    alice = db_as(accounts, "alice", name)
     try:
-        doc = sample_request("alice", source="T2_XX_Nowhere", destination="T3_YY_Elsewhere")
-        db_as(accounts, "alice", name).create(doc)
-        assert db_as(accounts, "alice", name).get(doc["_id"])["source"] == "T2_XX_Nowhere"
+        doc = sample_request("alice", source="T2_SM_Site000", destination="T2_SM_Site001")
+        alice.create(doc)
+        assert alice.get(doc["_id"])["source"] == "T2_SM_Site000"
+        assert sites.pfn(config, "T2_SM_Site000", doc["source_lfn"]) == (
+            f"sim://T2_SM_Site000{doc['source_lfn']}"
+        )
+        with pytest.raises(Forbidden, match=r'\[site\] destination "T2_DE_DESY" is not a site'):
+            alice.create(sample_request("alice", source="T2_SM_Site000"))
     finally:
         admin.delete_db(name)
 

@@ -1,7 +1,7 @@
 """ASO's error classes for failed transfers, from gfal2 error codes and FTS3 reason texts.
 
 The retry manager decides from the class (and the attempt history) whether to try again.
-Measured gfal2/XRootD codes: README "Real storage on one machine".
+Measured gfal2/XRootD codes: docs/design.md, "Real storage on one machine".
 """
 
 from __future__ import annotations

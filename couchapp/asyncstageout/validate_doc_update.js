@@ -5,7 +5,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // embedded store's must both run it. userCtx.db and secObj are not read: the embedded store
   // does not fill them (see aso/store.py, EMBEDDED_USERCTX_HAS_NO_DB).
   var model = require('lib/model');
-  // The sites of this ASO's catalogue (aso/designdocs.py sites_module); null: any site.
+  // The sites of this ASO's catalogue (aso/designdocs.py sites_module).
   var sites = require('lib/sites').names;
 
   function refuse(rule, message) {
@@ -288,12 +288,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
       }
     }
     // aso/model.py site_refusal.
-    if (sites !== null) {
-      var ends = ['source', 'destination'];
-      for (k = 0; k < ends.length; k++) {
-        if (sites.indexOf(newDoc[ends[k]]) === -1) {
-          refuse('site', ends[k] + ' ' + JSON.stringify(newDoc[ends[k]]) + ' is not a site of this ASO (its sites: ' + (sites.join(', ') || 'none') + ')');
-        }
+    var ends = ['source', 'destination'];
+    for (k = 0; k < ends.length; k++) {
+      if (sites.indexOf(newDoc[ends[k]]) === -1) {
+        refuse('site', ends[k] + ' ' + JSON.stringify(newDoc[ends[k]]) + ' is not a site of this ASO (its sites: ' + (sites.join(', ') || 'none') + ')');
       }
     }
     var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);

@@ -1,0 +1,79 @@
+"""The documentation holds together: a short README whose architecture picture names every agent,
+and relative links (README.md, CHANGELOG.md, docs/*.md, deploy/README.md) that lead to files
+that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+LINKED = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINKED.append(ROOT / "deploy" / "README.md")
+
+# [text](target) and ![alt](target); a target may carry a "title" after a space.
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+
+
+def relative_links(text: str) -> list[str]:
+    """Every link target of a markdown text outside code blocks that is a path in the
+    repository (no scheme, no pure #anchor), without its #anchor."""
+    targets = []
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # http(s)://, mailto:, ... and anchors within the page
+        targets.append(target.split("#", 1)[0])
+    return targets
+
+
+def test_the_readme_is_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 220, f"README.md has {len(lines)} lines: move detail into docs/"
+
+
+@pytest.mark.parametrize("doc", LINKED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_lead_to_files_that_exist(doc: Path):
+    assert doc.exists(), doc
+    broken = [t for t in relative_links(doc.read_text()) if not (doc.parent / t).exists()]
+    assert not broken, f"{doc.relative_to(ROOT)} links to missing files: {broken}"
+
+
+def test_the_link_check_sees_links_and_skips_urls_and_anchors():
+    text = (
+        "[a](docs/design.md#the-transfer-request) ![b](docs/bench/x.png) [c](https://x.org/y)"
+        " [d](#architecture) [e](http://h/) [f](../README.md)\n```\n[g](not/a/link.md)\n```\n"
+    )
+    assert relative_links(text) == ["docs/design.md", "docs/bench/x.png", "../README.md"]
+
+
+def architecture_picture() -> str:
+    """The first code block of the README's "Architecture" section."""
+    text = README.read_text()
+    section = re.search(r"^## Architecture\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert section, "README.md has no Architecture section"
+    picture = re.search(r"^```[^\n]*\n(.*?)^```", section.group(1), re.MULTILINE | re.DOTALL)
+    assert picture, "README.md's Architecture section has no picture"
+    return picture.group(1)
+
+
+def agent_modules() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "agents").glob("*.py") if p.name != "__init__.py")
+
+
+def names(text: str, name: str) -> bool:
+    """`name` stands in `text` as a word of its own: "monitor", not "monitoring"."""
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) is not None
+
+
+def test_the_architecture_picture_names_every_agent():
+    picture = architecture_picture().lower()
+    modules = agent_modules()
+    assert "submitter" in modules and "gfal_worker" in modules  # the list is the real one
+    spellings = {m: {m, m.replace("_", " "), m.replace("_", "-")} for m in modules}
+    missing = [m for m in modules if not any(names(picture, s) for s in spellings[m])]
+    assert not missing, f"README's architecture picture does not name the agents {missing}"
+    assert not names("monitoring pages", "monitor")
