@@ -72,7 +72,7 @@ def clean_one(config: Config, files: Files, doc: Mapping[str, Any]) -> Outcome:
 def due(doc: Mapping[str, Any], now: float) -> bool:
     return (
         doc.get(model.STATE) == "done"
-        and doc.get(CLEANUP) in ("pending", "cleanup_error")
+        and doc.get(CLEANUP) in model.CLEANUP_DUE
         and (doc.get("cleanup_retry_after") or 0) <= now
     )
 

@@ -24,7 +24,7 @@ from typing import Any
 from aso import faults
 from aso.config import Config
 from aso.core import request
-from aso.model import STATE
+from aso.model import AT_THE_SERVICE, STATE, STOPPED
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
@@ -108,7 +108,7 @@ class Monitor(Agent):
         """With files at the service: poll it every `transfer.status_interval`, whatever else
         is written meanwhile (a steady pace; the feed woke it after every upload and let it
         sleep up to `agents.poll_interval` plus the feed's margin in between)."""
-        if any(doc.get(STATE) in ("submitted", "kill_requested") for doc in mine):
+        if any(doc.get(STATE) in AT_THE_SERVICE for doc in mine):
             return self.config.transfer.status_interval, False
         return super().pause(mine)
 
@@ -121,9 +121,7 @@ class Monitor(Agent):
         now = time.time()
         report = {"done": 0, "failed": 0, "killed": 0, "adopted": 0, "released": 0, "conflicts": 0}
         updates: list[dict[str, Any]] = []
-        active = [
-            d for d in mine if d[STATE] in ("submitted", "kill_requested") and d.get("transfer")
-        ]
+        active = [d for d in mine if d[STATE] in AT_THE_SERVICE and d.get("transfer")]
         self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
         try:
             updates += self.poll(active, now)
@@ -235,6 +233,6 @@ class Monitor(Agent):
                 doc["source_lfn"],
                 doc[STATE],
                 f" [{doc.get('error_class')}] {doc.get('failure_reason')}"
-                if doc[STATE] in ("failed_attempt", "killed") and doc.get("error_class")
+                if doc[STATE] in STOPPED and doc.get("error_class")
                 else "",
             )

@@ -42,7 +42,9 @@ from aso.workqueue import PUBLISH
 
 log = logging.getLogger("aso.agent.publisher")
 
-WAITING, PUBLISHING, ERROR = "pending", "publishing", "publication_error"
+WAITING = "pending"
+PUBLISHING = "publishing"
+ERROR = "publication_error"
 
 
 def dataset_of(doc: Mapping[str, Any]) -> str:

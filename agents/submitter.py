@@ -41,7 +41,7 @@ from typing import Any
 from aso import faults, sites
 from aso.config import Config
 from aso.core import request
-from aso.model import STATE
+from aso.model import IN_FLIGHT, STATE
 from aso.runtime import Agent, Membership, set_aside_reason
 from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
@@ -49,7 +49,6 @@ from aso.workqueue import ACTIVE, LEASE, SUBMIT
 
 log = logging.getLogger("aso.agent.submitter")
 
-IN_FLIGHT = ("acquired", "submitted", "kill_requested")
 # Seconds of lease a submission must have left (more than its call may take; at most half the
 # lease, so short test leases work).
 SUBMIT_MARGIN = 120.0

@@ -23,7 +23,7 @@ from aso.config import Config
 from aso.store import Database, Server, Settings
 from aso.upload import UploadReport, upload
 
-ENDED = ("done", "failed_attempt", "failed", "killed")
+ENDED = (*model.FINAL[model.STATE], "failed_attempt")  # what the demo follows files to
 
 
 @dataclass

@@ -66,6 +66,21 @@ def sites_module(config: Config) -> str:
     return "module.exports = " + json.dumps({"names": known_sites(config)}) + ";\n"
 
 
+# Where a view's map function takes a table of aso/model.py (CouchDB's views cannot `require`
+# a module of the design document outside views/lib, nor can the embedded store's): the marker
+# is replaced by the table as JSON when the design document is assembled.
+MODEL_TABLES = {
+    "/* aso/model.py WORK */ null": model.WORK,
+    "/* aso/model.py PUBLICATION_FAILURES */ null": model.PUBLICATION_FAILURES,
+}
+
+
+def with_model_tables(source: str) -> str:
+    for marker, table in MODEL_TABLES.items():
+        source = source.replace(marker, json.dumps(table))
+    return source
+
+
 def load_design_document(path: Path, config: Config) -> dict[str, Any]:
     doc = localdoc.document(str(path), is_ddoc=True).doc()
     # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
@@ -73,6 +88,8 @@ def load_design_document(path: Path, config: Config) -> dict[str, Any]:
     doc.pop("couchapp", None)
     if "validate_doc_update" in doc:
         doc.setdefault("lib", {}).update(model=model_module(), sites=sites_module(config))
+    for view in doc.get("views", {}).values():
+        view["map"] = with_model_tables(view["map"])
     return doc
 
 
@@ -87,6 +104,7 @@ def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict]:
             ddoc["aso"] = {
                 "stats_db": config.store.stats_db,
                 "transfer_job_url": config.fts3.monitor_url,
+                "states": {k: list(v) for k, v in model.PAGES_STATES.items()},
             }
     return docs
 

@@ -81,8 +81,42 @@ FINAL: dict[str, tuple[str, ...]] = {
     CLEANUP: ("cleaned", "not_needed"),
     PUBLICATION: ("not_required", "published", "publication_failed"),
 }
-# A copy still on its way: every state of the state axis that is not final.
+# A copy still on its way: every state of the state axis that is not final (the backlog of the
+# pages, the metrics and `aso status`).
 ON_ITS_WAY: tuple[str, ...] = tuple(s for s in STATES[STATE] if s not in FINAL[STATE])
+# The named subsets every module uses; no other module spells a subset of states out.
+AT_THE_SERVICE = ("submitted", "kill_requested")  # a job at the transfer service carries the file
+IN_FLIGHT = ("acquired", *AT_THE_SERVICE)  # counted against the link and site caps
+CLEANUP_DUE = ("pending", "cleanup_error")  # a temporary copy the cleaner still has to delete
+PUBLICATION_DUE = ("pending", "publishing", "publication_error")  # the publisher's to finish
+IN_A_BLOCK = ("publishing", "published")  # the file's block is recorded in its document
+AFTER_AN_ERROR = ("cleanup_error", "publication_error")  # the document carries the last error
+STOPPED = ("failed_attempt", "killed")  # an attempt that ended without the file copied
+# Final states without a copy: nothing to clean or publish; the owner may resubmit them.
+NEVER_COPIED = ("failed", "killed")
+PUBLICATION_FAILURES = ("publication_error", "publication_failed")  # failed, or given up
+# The groups of states the monitoring pages show (the design document's `aso.states`).
+PAGES_STATES: dict[str, tuple[str, ...]] = {
+    "on_its_way": ON_ITS_WAY,  # the backlog
+    "in_flight": IN_FLIGHT,
+    "failing": ("failed", "failed_attempt"),
+    "copy_ends": ("done", "failed_attempt", "failed", "killed"),  # how attempts end, per hour
+    "publication_ends": ("published", *PUBLICATION_FAILURES),
+}
+RAN_TO_AN_END = ("done", "failed")  # outcomes of an attempt whose copy ran (not cancelled)
+
+# The agents' work (the queue view couchapp/queue/views/work/map.js, which `aso db init` writes
+# this table into, and aso/workqueue.py): a request is work of kind K when each axis WORK[K]
+# names holds one of its values. Finished requests are nobody's work.
+WORK: dict[str, dict[str, tuple[str, ...]]] = {
+    "submit": {STATE: ("new",)},  # the submitter
+    "lease": {STATE: ("acquired",)},  # the monitor, once the lease has ended
+    "active": {STATE: AT_THE_SERVICE},  # the monitor
+    "decide": {STATE: ("failed_attempt",)},  # the retry manager
+    "cooloff": {STATE: ("retry",)},  # the retry manager, once the cool-off has ended
+    "clean": {STATE: ("done",), CLEANUP: CLEANUP_DUE},  # the cleaner
+    "publish": {STATE: ("done",), PUBLICATION: PUBLICATION_DUE},  # the publisher
+}
 
 # Transitions other than on the `state` axis are only legal while `state` is this value.
 AXIS_REQUIRES_STATE: dict[str, str | None] = {STATE: None, CLEANUP: "done", PUBLICATION: "done"}
@@ -578,7 +612,7 @@ def legal_pairs(axis: str) -> Iterable[tuple[str, str]]:
 
 def is_final(doc: Mapping[str, Any]) -> bool:
     """Nothing more will happen to this request: it may be purged by analytics."""
-    if doc.get(STATE) in ("failed", "killed"):
+    if doc.get(STATE) in NEVER_COPIED:
         return True
     return all(doc.get(axis) in FINAL[axis] for axis in AXES)
 
@@ -922,6 +956,7 @@ def validation_model() -> dict[str, Any]:
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,
         "withdrawn": WITHDRAWN,
+        "never_copied": list(NEVER_COPIED),
         "namespaces": {
             "temp_user_area": TEMP_USER_AREA,
             "user_area": USER_AREA,

@@ -81,8 +81,9 @@ RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 
 # thousands of tasks an hour over months would not fit: it records tasks of its last week only.
 FIRST_RUN_TASKS = 7 * 86400.0
 ATTEMPT = "attempt"  # the pseudo-axis of failed attempts in events
-# What the overview calls the backlog: files waiting for or in transfer.
-BACKLOG = ("new", "retry", "acquired", "submitted")
+# What the overview calls the backlog: files on their way (the pages read the same list from
+# the design document).
+BACKLOG = model.ON_ITS_WAY
 
 # An event: (at, axis, from, to); for a failed attempt (ended, "attempt", None, error class).
 Event = tuple[float, str, str | None, str]

@@ -346,7 +346,7 @@ def _stuck(
     value = getattr(request, axis)
     detail = f"{axis} {value} for {_age(age)}"
     repair = None
-    if axis == STATE and value in ("submitted", "kill_requested"):
+    if axis == STATE and value in model.AT_THE_SERVICE:
         to = "failed_attempt" if value == "submitted" else "killed"
         job = request.job_id
         detail += f" (job {job})" if job else " (no job recorded)"
@@ -398,7 +398,7 @@ def _stuck(
                 if left < 0
                 else f", leased to {request.lease_owner} for {_age(left)} more"
             )
-        if request.last_error and value in ("cleanup_error", "publication_error"):
+        if request.last_error and value in model.AFTER_AN_ERROR:
             detail += f"; last error: {request.last_error[:300]}"
         who = RESPONSIBLE.get((axis, value))
         if who:
@@ -596,10 +596,7 @@ def find_catalog_extra(
         request = by_destination.get(lfn)
         if request is None:
             continue
-        if request.publication_block == block and request.publication in (
-            "published",
-            "publishing",
-        ):
+        if request.publication_block == block and request.publication in model.IN_A_BLOCK:
             continue
         if request.publication == "published":
             continue  # recorded in another block: find_catalog_missing reports it
@@ -718,11 +715,7 @@ def read_catalog(catalog: Catalog, requests: Sequence[Request]) -> CatalogState:
                 state.lfn_block[lfn] = block
     for request in requests:
         block = request.publication_block
-        if (
-            block
-            and request.publication in ("publishing", "published")
-            and (block not in state.blocks)
-        ):
+        if block and request.publication in model.IN_A_BLOCK and (block not in state.blocks):
             state.blocks[block] = catalog.block_files(block)
     return state
 

@@ -77,7 +77,7 @@ def attempts_since_resubmission(doc: Mapping[str, Any]) -> list[Mapping[str, Any
         (
             h["at"]
             for h in doc.get("history", [])
-            if h["axis"] == model.STATE and h["from"] in ("failed", "killed") and h["to"] == "new"
+            if h["axis"] == model.STATE and h["from"] in model.NEVER_COPIED and h["to"] == "new"
         ),
         default=0.0,
     )
@@ -139,7 +139,7 @@ class LinkAdaptivePolicy(DefaultPolicy):
         if doc.get("type") != model.REQUEST_TYPE or "source" not in doc:
             return
         attempts = doc.get("attempts") or []
-        ended = [a for a in attempts if a.get("outcome") in ("done", "failed")]
+        ended = [a for a in attempts if a.get("outcome") in model.RAN_TO_AN_END]
         counted = self.seen.get(doc["_id"], 0)
         for attempt in ended[counted:]:
             self.outcomes[link_of(doc)].append(

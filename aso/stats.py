@@ -48,7 +48,7 @@ BATCH = "analytics_batch"
 BATCH_PREFIX = "batch:"
 PENDING, COMPLETE = "pending", "complete"
 DIMENSIONS = ("link", "user", "destination", "hour")
-ENDED_STATES = ("done", "failed", "killed")
+ENDED_STATES = model.FINAL[model.STATE]
 
 # Transfer-time histogram: upper bounds in seconds; the last bucket holds the rest.
 BUCKETS = (10, 30, 60, 300, 1800)

@@ -1,7 +1,8 @@
 """How agents find their work: the shared queue view and a `_changes`-driven work set.
 
-Both read the same definition of work, `couchapp/queue/views/work/map.js` (key [kind, ...]) and
-its Python twin `work_kinds` below, which a test keeps in agreement:
+Both read the same definition of work, aso/model.py's WORK table (which requests are work of
+which kind), through `couchapp/queue/views/work/map.js` (key [kind, ...]; `aso db init` writes
+the table into it) and its Python twin `work_kinds` below, which a test keeps in agreement:
 
 * `QueueView` reads a kind's key range from the compact shared view (one row per request that
   some agent must act upon, nothing for finished requests). Simple and exact, but every fresh
@@ -30,43 +31,36 @@ log = logging.getLogger("aso.workqueue")
 QUEUE_DDOC = "queue"
 QUEUE_VIEW = "work"
 
-SUBMIT, LEASE, ACTIVE, DECIDE, COOLOFF, CLEAN, PUBLISH = (
-    "submit",
-    "lease",
-    "active",
-    "decide",
-    "cooloff",
-    "clean",
-    "publish",
-)
-KINDS = (SUBMIT, LEASE, ACTIVE, DECIDE, COOLOFF, CLEAN, PUBLISH)
+KINDS = tuple(model.WORK)
+SUBMIT, LEASE, ACTIVE, DECIDE, COOLOFF, CLEAN, PUBLISH = KINDS
+
+
+def work_key(kind: str, doc: Mapping[str, Any]) -> list[Any]:
+    """The rest of a kind's key: what its agent reads a range of (map.js keyOf)."""
+    if kind == SUBMIT:
+        return [doc["user"], doc["source"], doc["destination"]]
+    if kind == LEASE:
+        return [(doc.get("lease") or {}).get("until", 0)]
+    if kind == ACTIVE:
+        return [(doc.get("transfer") or {}).get("job_id", "")]
+    if kind == DECIDE:
+        return [doc["last_update"]]
+    if kind == COOLOFF:
+        return [doc.get("retry_after") or 0]
+    if kind == CLEAN:
+        return [doc["source"]]
+    return [doc["user"], (doc.get("publish_info") or {}).get("dataset", "")]  # PUBLISH
 
 
 def work_kinds(doc: Mapping[str, Any]) -> list[list[Any]]:
     """The queue view's keys for a document (the Python twin of queue/views/work/map.js)."""
     if doc.get("type") != model.REQUEST_TYPE or doc.get("_deleted"):
         return []
-    state = doc.get(model.STATE)
-    lease = doc.get("lease") or {}
-    transfer = doc.get("transfer") or {}
-    if state == "new":
-        return [[SUBMIT, doc["user"], doc["source"], doc["destination"]]]
-    if state == "acquired":
-        return [[LEASE, lease.get("until", 0)]]
-    if state in ("submitted", "kill_requested"):
-        return [[ACTIVE, transfer.get("job_id", "")]]
-    if state == "failed_attempt":
-        return [[DECIDE, doc["last_update"]]]
-    if state == "retry":
-        return [[COOLOFF, doc.get("retry_after") or 0]]
-    keys: list[list[Any]] = []
-    if state == "done":
-        if doc.get(model.CLEANUP) in ("pending", "cleanup_error"):
-            keys.append([CLEAN, doc["source"]])
-        if doc.get(model.PUBLICATION) in ("pending", "publishing", "publication_error"):
-            dataset = (doc.get("publish_info") or {}).get("dataset", "")
-            keys.append([PUBLISH, doc["user"], dataset])
-    return keys
+    return [
+        [kind, *work_key(kind, doc)]
+        for kind, axes in model.WORK.items()
+        if all(doc.get(axis) in values for axis, values in axes.items())
+    ]
 
 
 def kind_range(kind: str, *prefix: Any) -> tuple[list[Any], list[Any]]:

@@ -81,8 +81,10 @@ def own_store(tmp: Path, **store: Any) -> Iterator[tuple[Config, LocalStore | Lo
 
 @pytest.fixture(scope="session")
 def store_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
-    """The session's store; its config (admin credentials included)."""
+    """The session's store; its config (admin credentials included). Its catalogue is the
+    default one and, as simulated sites, the other sites the tests name (SIM_SITES)."""
     with own_store(tmp_path_factory.mktemp("store")) as (config, _):
+        config.sites.update(simulated(s for s in SIM_SITES if s not in config.sites))
         yield config
 
 

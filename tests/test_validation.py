@@ -217,9 +217,6 @@ def test_a_granted_group_area_and_a_hashed_temporary_area_are_the_user_s(files_d
     assert hugo.get(doc["_id"])["destination_lfn"].startswith("/store/group/higgs/")
 
 
-SITES_OF_THE_STORE = "T2_CH_CERN, T2_DE_DESY, T2_IT_Pisa"  # the default catalogue's
-
-
 @pytest.mark.parametrize("end", ["source", "destination"])
 def test_a_request_naming_an_unknown_site_is_refused_at_upload(
     files_db, store_config, accounts, end
@@ -227,10 +224,11 @@ def test_a_request_naming_an_unknown_site_is_refused_at_upload(
     """Issue 18, finding 7: an upload naming T2_XX_Nowhere was accepted, and the submitter then
     exited on it at each lease expiry. The store knows the site catalogue (the design document's
     lib/sites, written by `aso db init`) and refuses the request with the names it knows."""
-    assert designdocs.known_sites(store_config) == SITES_OF_THE_STORE.split(", ")
+    known = designdocs.known_sites(store_config)
+    assert {"T2_CH_CERN", "T2_DE_DESY", "T2_IT_Pisa"} <= set(known) and "T2_XX_Nowhere" not in known
     owner = db_as(accounts, "alice", files_db)
     doc = sample_request("alice", **{end: "T2_XX_Nowhere"})
-    reason = f'{end} "T2_XX_Nowhere" is not a site of this ASO (its sites: {SITES_OF_THE_STORE})'
+    reason = f'{end} "T2_XX_Nowhere" is not a site of this ASO (its sites: {", ".join(known)})'
     with pytest.raises(Forbidden) as refused:
         owner.create(doc)
     assert f"[site] {reason}" in str(refused.value), refused.value

@@ -183,7 +183,7 @@ def set_aside(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     state = doc[STATE]
     if state == "acquired":
         return attempt_refused(doc, by, now, reason, errors.UNPROCESSABLE)
-    if state in ("submitted", "kill_requested"):
+    if state in model.AT_THE_SERVICE:
         return attempt_ended(
             doc,
             "killed" if state == "kill_requested" else "failed_attempt",

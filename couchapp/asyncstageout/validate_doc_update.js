@@ -199,7 +199,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   function isFinal(doc) {
-    if (doc.state === 'failed' || doc.state === 'killed') { return true; }
+    if (model.never_copied.indexOf(doc.state) !== -1) { return true; }
     for (var i = 0; i < model.axes.length; i++) {
       var axis = model.axes[i];
       if (model.final[axis].indexOf(doc[axis]) === -1) { return false; }

@@ -17,14 +17,16 @@ var DB = location.pathname.split('/')[1];
 var DDOC = '/' + DB + '/_design/asyncstageout/_view/';
 var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown as stale
 var REFRESH = 30000;
-var SETTINGS = null; // the design document's `aso` member: stats_db, transfer_job_url
+var SETTINGS = null; // the design document's `aso` member: stats_db, transfer_job_url, states
 var HOUR = 3600, DAY = 86400;
-var BACKLOG = ['new', 'retry', 'acquired', 'submitted'];
+// The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
+var STATES = {on_its_way: [], in_flight: [], failing: [], copy_ends: [], publication_ends: []};
 
 function settings() {
   if (SETTINGS) { return Promise.resolve(SETTINGS); }
   return get('/' + DB + '/_design/asyncstageout').then(function (ddoc) {
     SETTINGS = ddoc.aso || {};
+    STATES = SETTINGS.states || STATES;
     return SETTINGS;
   });
 }
@@ -121,8 +123,8 @@ function netBacklog(moves) {
   var n = 0;
   Object.keys((moves || {}).state || {}).forEach(function (name) {
     var parts = name.split('>'), files = moves.state[name][0];
-    if (BACKLOG.indexOf(parts[1]) >= 0) { n += files; }
-    if (BACKLOG.indexOf(parts[0]) >= 0) { n -= files; }
+    if (STATES.on_its_way.indexOf(parts[1]) >= 0) { n += files; }
+    if (STATES.on_its_way.indexOf(parts[0]) >= 0) { n -= files; }
   });
   return n;
 }
@@ -315,7 +317,7 @@ function overview() {
     });
     rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']),
       el('td', {'class': 'n'}, [total])]));
-    var ends = ['done', 'failed_attempt', 'failed', 'killed'];
+    var ends = STATES.copy_ends;
     var seconds = got.span.step;
     var perBucket = got.buckets.filter(function (b) {
       return Object.keys(endsOf(b.moves, 'state')).some(function (e) { return ends.indexOf(e) >= 0; });
@@ -361,8 +363,6 @@ function agents() {
   });
 }
 
-var ACTIVE = ['acquired', 'submitted', 'kill_requested'];
-var FAILED = ['failed', 'failed_attempt'];
 
 function sumOf(states, names) {
   return names.reduce(function (n, s) { return n + (states[s] || 0); }, 0);
@@ -400,11 +400,11 @@ function links() {
         var s = link.states;
         return el('td', {'data-link': src + '>' + dst, 'class': 'n'}, [
           el('a', {href: '#link/' + encodeURIComponent(src + '>' + dst)},
-            [(s.done || 0) + ' / ' + sumOf(s, FAILED) + ' / ' + sumOf(s, ACTIVE)])]);
+            [(s.done || 0) + ' / ' + sumOf(s, STATES.failing) + ' / ' + sumOf(s, STATES.in_flight)])]);
       })));
     });
     var ranked = names.map(function (n) {
-      var s = all[n].states, done = s.done || 0, failed = sumOf(s, FAILED);
+      var s = all[n].states, done = s.done || 0, failed = sumOf(s, STATES.failing);
       return {name: n, done: done, failed: failed,
         ratio: done + failed ? failed / (done + failed) : 0};
     }).sort(function (a, b) { return b.ratio - a.ratio || a.name.localeCompare(b.name); });
@@ -461,7 +461,7 @@ function users() {
 }
 
 function publication() {
-  var ends = ['published', 'publication_error', 'publication_failed'];
+  var ends = STATES.publication_ends;
   var outcomes = history().then(function (got) {
     if (!got) { return [got, null]; }
     return windowTasks(got).then(function (active) { return [got, active]; });
@@ -566,7 +566,8 @@ function route() {
   var render = {overview: overview, agents: agents, links: links, link: link, users: users,
     publication: publication, task: task, file: file}[page] || overview;
   var main = document.getElementById('page');
-  render(arg).then(function (nodes) {
+  // The settings first: every page groups states as they say (STATES).
+  settings().then(function () { return render(arg); }).then(function (nodes) {
     main.replaceChildren.apply(main, nodes);
     document.getElementById('refreshed').textContent = 'as of ' + when(Date.now() / 1000) + ' UTC';
     document.body.setAttribute('data-page', page);

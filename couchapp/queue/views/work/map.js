@@ -4,24 +4,32 @@ function (doc) {
   // an agent reads its kind's key range (include_docs=true for the revision it writes back).
   // Kept alone in its own design document so that CouchDB builds it apart from the monitoring
   // views (the embedded store builds every view in its own pass anyway).
+  // Which requests are work of which kind is aso/model.py's WORK table, which `aso db init`
+  // writes in below (aso/designdocs.py); the rest of each kind's key is aso/workqueue.py's
+  // work_key, line by line.
+  var work = /* aso/model.py WORK */ null;
   if (doc.type !== 'transfer_request') { return; }
-  var s = doc.state;
-  if (s === 'new') {
-    emit(['submit', doc.user, doc.source, doc.destination], null);
-  } else if (s === 'acquired') {
-    emit(['lease', doc.lease ? doc.lease.until : 0], null);
-  } else if (s === 'submitted' || s === 'kill_requested') {
-    emit(['active', doc.transfer ? doc.transfer.job_id : ''], null);
-  } else if (s === 'failed_attempt') {
-    emit(['decide', doc.last_update], null);
-  } else if (s === 'retry') {
-    emit(['cooloff', doc.retry_after || 0], null);
-  } else if (s === 'done') {
-    if (doc.cleanup === 'pending' || doc.cleanup === 'cleanup_error') {
-      emit(['clean', doc.source], null);
+
+  function keyOf(kind) {
+    if (kind === 'submit') { return [doc.user, doc.source, doc.destination]; }
+    if (kind === 'lease') { return [doc.lease ? doc.lease.until : 0]; }
+    if (kind === 'active') { return [doc.transfer ? doc.transfer.job_id : '']; }
+    if (kind === 'decide') { return [doc.last_update]; }
+    if (kind === 'cooloff') { return [doc.retry_after || 0]; }
+    if (kind === 'clean') { return [doc.source]; }
+    return [doc.user, doc.publish_info ? doc.publish_info.dataset : ''];  // publish
+  }
+
+  var kind, axes, axis, holds;
+  for (kind in work) {
+    if (!Object.prototype.hasOwnProperty.call(work, kind)) { continue; }
+    axes = work[kind];
+    holds = true;
+    for (axis in axes) {
+      if (Object.prototype.hasOwnProperty.call(axes, axis) && axes[axis].indexOf(doc[axis]) === -1) {
+        holds = false;
+      }
     }
-    if (doc.publication === 'pending' || doc.publication === 'publishing' || doc.publication === 'publication_error') {
-      emit(['publish', doc.user, doc.publish_info ? doc.publish_info.dataset : ''], null);
-    }
+    if (holds) { emit([kind].concat(keyOf(kind)), null); }
   }
 }
