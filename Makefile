@@ -84,6 +84,7 @@ stop:
 lint: $(ASO)
 	$(VENV)/bin/ruff check aso agents sim tests
 	$(VENV)/bin/ruff format --check aso agents sim tests
+	$(VENV)/bin/mypy aso agents
 
 # The whole suite on each store, CouchDB (production's store) first: a failure there stops the
 # run before the embedded store's leg. Under CI (CI=true) a missing CouchDB fails the run;

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aso import model, sites
 from aso.config import Config
@@ -87,7 +87,7 @@ class Cleaner(Agent):
         self.pools: dict[str, ThreadPoolExecutor] = {}
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
-        return doc["source"]
+        return cast(str, doc["source"])
 
     def cycle(
         self,

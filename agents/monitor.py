@@ -19,7 +19,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from aso import faults
 from aso.config import Config
@@ -98,8 +98,8 @@ class Monitor(Agent):
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         if doc.get("transfer"):
-            return doc["transfer"]["job_id"]
-        return (doc.get("lease") or {}).get("job_key", doc["_id"])
+            return cast(str, doc["transfer"]["job_id"])
+        return cast(str, (doc.get("lease") or {}).get("job_key", doc["_id"]))
 
     def close(self) -> None:
         self.service.close()

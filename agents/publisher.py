@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from aso import model
 from aso.catalog import open_catalog
@@ -48,15 +48,16 @@ ERROR = "publication_error"
 
 
 def dataset_of(doc: Mapping[str, Any]) -> str:
-    return (doc.get("publish_info") or {}).get("dataset", "")
+    return cast(str, (doc.get("publish_info") or {}).get("dataset", ""))
 
 
 def done_at(doc: Mapping[str, Any]) -> float:
     """When the file's copy ended (its `done` transition)."""
-    return max(
+    ended: float = max(
         (h["at"] for h in doc.get("history", []) if h["axis"] == STATE and h["to"] == "done"),
         default=doc["last_update"],
     )
+    return ended
 
 
 def failures_since_reset(doc: Mapping[str, Any]) -> int:
@@ -78,7 +79,7 @@ def catalog_file(doc: Mapping[str, Any]) -> CatalogFile:
     )
 
 
-def make_block(docs: list[Mapping[str, Any]], name: str | None = None) -> Block:
+def make_block(docs: Sequence[Mapping[str, Any]], name: str | None = None) -> Block:
     first = docs[0]
     dataset = dataset_of(first)
     return Block(
@@ -244,10 +245,11 @@ class Publisher(Agent):
         if not intents:
             return True
         latest = max(intents, key=lambda h: h["at"])
-        return (
+        left: bool = (
             latest["by"] == self.instance
             or now - latest["at"] > self.config.agents.heartbeat_expiry
         )
+        return left
 
     def settle_remainder(
         self, name: str, docs: list[dict[str, Any]], report: dict[str, int], now: float
@@ -312,21 +314,17 @@ class Publisher(Agent):
         if not elsewhere or any(b.split("#", 1)[0] != dataset for b in elsewhere.values()):
             return False
         by_block: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        rest = []
+        rest: list[dict[str, Any]] = []
         for doc in docs:
             other = elsewhere.get(doc["destination_lfn"])
             (by_block[other] if other else rest).append(doc)
         for other, published in by_block.items():
             why = f"in block {other} (published there by another publisher)"
-            written, _ = self._advance(
-                published,
-                PUBLISHING,
-                report,
-                lambda d, other=other, why=why: request.published(
-                    d, self.instance, now, other, why
-                ),
-                name,
-            )
+
+            def there(d: dict[str, Any], other: str = other, why: str = why) -> dict[str, Any]:
+                return request.published(d, self.instance, now, other, why)
+
+            written, _ = self._advance(published, PUBLISHING, report, there, name)
             report["published"] += len(written)
             log.info(
                 "block %s: %d files were already in block %s: published there",

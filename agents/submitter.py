@@ -34,7 +34,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +140,10 @@ def fair_order(docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def plan_jobs(
-    new: list[Mapping[str, Any]], in_flight: Iterable[Mapping[str, Any]], caps: Caps, max_files: int
+    new: Sequence[Mapping[str, Any]],
+    in_flight: Iterable[Mapping[str, Any]],
+    caps: Caps,
+    max_files: int,
 ) -> list[list[Mapping[str, Any]]]:
     """Groups of files to submit now, one group per job."""
     link_busy, site_busy = count_in_flight(in_flight)
@@ -196,7 +199,7 @@ def file_transfer(config: Config, doc: Mapping[str, Any]) -> FileTransfer:
 
 
 def job_request(
-    config: Config, key: str, docs: list[Mapping[str, Any]], files: tuple[FileTransfer, ...]
+    config: Config, key: str, docs: Sequence[Mapping[str, Any]], files: tuple[FileTransfer, ...]
 ) -> JobRequest:
     """The job of `docs` (whose copies are `files`) under `key`."""
     first = docs[0]

@@ -98,4 +98,5 @@ def republish(db: Database, task: str, job: str | None, by: str) -> ActionReport
 ACTIONS: dict[str, Callable[[Database, str, str | None, str], ActionReport]] = {
     "kill": kill,
     "resubmit": resubmit,
+    "publish --retry": republish,
 }

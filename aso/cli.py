@@ -38,7 +38,7 @@ from aso.gridenv import CredentialError
 from aso.localstore import LocalCluster, LocalStoreError, local_store
 from aso.runtime import Runner
 from aso.storage import StorageError
-from aso.store import Server, StoreError, redact
+from aso.store import Database, Server, StoreError, redact
 from aso.supervisor import Supervisor
 from aso.upload import adler32_of, requests_from_json, upload
 
@@ -83,7 +83,7 @@ def _server(ctx: typer.Context, account: str = "user") -> Server:
     return Server.from_config(_config(ctx), account=account)
 
 
-def _files_db(ctx: typer.Context):
+def _files_db(ctx: typer.Context) -> Database:
     return _server(ctx).db(_config(ctx).store.files_db)
 
 
@@ -92,7 +92,7 @@ def _me(ctx: typer.Context) -> str:
     the front end mapped the certificate to, as the store sees it."""
     config = _config(ctx)
     if config.store.auth == "x509":
-        name = _server(ctx).session().get("name")
+        name: str | None = _server(ctx).session().get("name")
         if not name:
             raise UsageError("the front end did not say who this certificate is")
         return name
@@ -324,7 +324,7 @@ def upload_cmd(
             if not local_file.is_file():
                 raise UsageError(f"--local-file {local_file}: no such file")
             size, adler32 = adler32_of(local_file)
-        values = {
+        values: dict[str, Any] = {
             "task": task,
             "job_id": job_id,
             "source": source,

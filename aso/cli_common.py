@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
+from typing import cast
 
 import typer
 
@@ -33,7 +34,7 @@ def config_of(ctx: typer.Context) -> Config:
             # INFO: ~160 lines a copy drowned the worker's one line per file.
             logging.getLogger("gfal2").setLevel(logging.WARNING)
         obj["config"] = config
-    return obj["config"]
+    return cast(Config, obj["config"])
 
 
 def utc_time(epoch: float | None) -> str:

@@ -12,7 +12,7 @@ from rich.table import Table
 from aso import status
 from aso.cli_common import config_of as _config
 from aso.cli_common import utc_time
-from aso.store import Server
+from aso.store import Database, Server
 
 console = Console()
 
@@ -81,15 +81,15 @@ def status_cmd(
     if summary:
         return
     files = Table("job", "type", "state", "cleanup", "publication", "last change (UTC)", "reason")
-    for f in answer.files:
+    for row in answer.files:
         files.add_row(
-            f.job_id, f.file_type, f.state, f.cleanup, f.publication, utc_time(f.last_update),
-            (f.reason or "")[:80],
+            row.job_id, row.file_type, row.state, row.cleanup, row.publication,
+            utc_time(row.last_update), (row.reason or "")[:80],
         )  # fmt: skip
     console.print(files)
 
 
-def _file_story(db, doc_id: str, json_out: bool, job_url: str) -> None:
+def _file_story(db: Database, doc_id: str, json_out: bool, job_url: str) -> None:
     doc = db.get(doc_id)
     if doc is None or doc.get("type") != "transfer_request":
         if json_out:

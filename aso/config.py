@@ -261,14 +261,14 @@ class SimConfig:
         "exponential", "Duration distribution: exponential, lognormal or fixed."
     )
     failure_rate: float = _key(0.0, "Probability that a simulated transfer fails.")
-    link_failure_rates: dict = _key(
+    link_failure_rates: dict[str, float] = _key(
         {}, 'Failure probability per link, {"SRC>DST" = 0.5}, over failure_rate.'
     )
-    failure_classes: dict = _key(
+    failure_classes: dict[str, float] = _key(
         {"connection": 0.5, "timeout": 0.3, "source_missing": 0.1, "checksum_mismatch": 0.1},
         "Weights of the error classes of simulated failures.",
     )
-    outages: list = _key(
+    outages: list[dict[str, Any]] = _key(
         [],
         'Outages of a site or a link ("SRC>DST", wildcards): '
         '[{site = "T2_X", start = 0, end = 600}], seconds after the service starts.',
@@ -377,7 +377,7 @@ class AgentsConfig:
         " stack into its log and exits (code 1) for `aso run` or systemd to start it again."
         " 0: never.",
     )
-    instances: dict = _key(
+    instances: dict[str, int] = _key(
         {
             "submitter": 1,
             "monitor": 1,

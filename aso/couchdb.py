@@ -32,7 +32,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from aso.config import Config
@@ -297,7 +297,7 @@ class CouchDBStore:
 
     def _read_state(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.state_file.read_text())
+            return cast(dict[str, Any], json.loads(self.state_file.read_text()))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:

@@ -82,7 +82,7 @@ def with_model_tables(source: str) -> str:
 
 
 def load_design_document(path: Path, config: Config) -> dict[str, Any]:
-    doc = localdoc.document(str(path), is_ddoc=True).doc()
+    doc: dict[str, Any] = localdoc.document(str(path), is_ddoc=True).doc()
     # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
     # not used by the store and would make identical folders look different.
     doc.pop("couchapp", None)
@@ -93,7 +93,7 @@ def load_design_document(path: Path, config: Config) -> dict[str, Any]:
     return doc
 
 
-def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict]:
+def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict[str, Any]]:
     """The design documents of `root` for `config`: the validation knows its sites, and the
     pages' one tells the monitoring pages what they need to know of it (the statistics
     database, the FTS web monitor's links)."""

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Protocol, cast
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -50,6 +50,7 @@ from twisted.internet.error import CannotListenError
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer
 
 from aso import gate, metrics, model
 from aso.config import Config
@@ -203,6 +204,40 @@ class Sessions:
         log.info("store account %s set up with roles %s", who.name, ",".join(who.roles))
 
 
+# Twisted declares transports and the reactor as zope interfaces, whose methods (no `self`) mypy
+# cannot call: these protocols are the typed face of what the front end calls on them.
+class _ServerTransport(Protocol):
+    """A client's TLS connection (Twisted's TLS transport over TCP)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def abortConnection(self) -> None: ...
+
+    def getHandle(self) -> SSL.Connection: ...
+
+
+class _Producer(Protocol):
+    """The store connection under a store answer being relayed."""
+
+    def stopProducing(self) -> None: ...
+
+
+class _Reactor(Protocol):
+    def listenTCP(self, port: int, factory: server.Site, interface: str = ...) -> object: ...
+
+    def listenSSL(
+        self, port: int, factory: server.Site, contextFactory: ServerTLS, interface: str = ...
+    ) -> object: ...
+
+    def suggestThreadPoolSize(self, size: int) -> None: ...
+
+    def run(self) -> None: ...
+
+
+def _transport(channel: http.HTTPChannel) -> _ServerTransport:
+    return cast(_ServerTransport, channel.transport)
+
+
 class _Relay(protocol.Protocol):
     """Streams a store answer's body to the client as it comes (a `_changes` feed never
     ends), and ends the store's side when the client goes away: the embedded store never
@@ -217,7 +252,8 @@ class _Relay(protocol.Protocol):
 
     def _client_gone(self, _failure: Any) -> None:
         self.gone = True
-        self.transport.stopProducing()  # drops the store connection (not back in the pool)
+        # drops the store connection (not back in the pool)
+        cast(_Producer, self.transport).stopProducing()
 
     def dataReceived(self, data: bytes) -> None:
         if not self.gone:
@@ -242,7 +278,7 @@ def _answer(request: server.Request, status: int, error: str, reason: str) -> No
 
 def peer_chain(request: server.Request) -> list[x509.Certificate]:
     """The client's certificate, then the certificates it sent with it."""
-    connection = request.channel.transport.getHandle()
+    connection = _transport(request.channel).getHandle()
     leaf = connection.get_peer_certificate()
     if leaf is None:
         return []
@@ -256,6 +292,9 @@ class _Channel(http.HTTPChannel):
     """Twisted's channel, but a line over MAX_LENGTH (16 KiB) gets an answer: Twisted drops such
     a connection without a word, which a client cannot tell from a crash."""
 
+    site: _Site  # set by the site that built the channel (Site.buildProtocol)
+    _aso_identity: tuple[Identity, float]  # FrontEnd.client_identity's verdict, and when
+
     def lineLengthExceeded(self, line: bytes) -> None:
         first = getattr(self, "_HTTPChannel__first_line", 1)  # still reading the request line
         status = b"414 URI Too Long" if first else b"431 Request Header Fields Too Large"
@@ -267,8 +306,8 @@ class _Channel(http.HTTPChannel):
             status,
             len(body),
         )
-        self.transport.write(head + b"Connection: close\r\n\r\n" + body)
-        self.loseConnection()
+        _transport(self).write(head + b"Connection: close\r\n\r\n" + body)
+        self.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
 
 class _BoundedRequest(server.Request):
@@ -279,11 +318,13 @@ class _BoundedRequest(server.Request):
     DISCARD_LIMIT times the limit)."""
 
     DISCARD_LIMIT = 4
+    channel: _Channel  # requests come from _Site, whose channels are _Channel
 
     def gotLength(self, length: int | None) -> None:
         self.received, self.too_large = 0, False
         limit = self.channel.site.max_body
-        super().gotLength(length if length is None or length <= limit else 0)
+        forwarded = length if length is None or length <= limit else 0
+        super().gotLength(forwarded)  # type: ignore[no-untyped-call]  # unannotated in Twisted
         if length is not None and length > limit:
             self._refuse(limit)
 
@@ -292,39 +333,41 @@ class _BoundedRequest(server.Request):
         self.received += len(data)
         if self.too_large:
             if self.received > self.DISCARD_LIMIT * limit:
-                self.channel.transport.abortConnection()
+                _transport(self.channel).abortConnection()
             return
         if self.received > limit:
             self._refuse(limit)
             return
-        super().handleContentChunk(data)
+        super().handleContentChunk(data)  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def _refuse(self, limit: int) -> None:
         self.too_large = True
         metrics.FRONTEND_REFUSALS.labels("too_large").inc()
         log.warning("refused %s %s: body over %d bytes", _method(self), _path(self), limit)
         if self.channel.requests != [self]:  # an answer of an earlier request may be under way
-            self.channel.transport.abortConnection()
+            _transport(self.channel).abortConnection()
             return
         body = json.dumps({"error": "too_large", "reason": f"bodies are limited to {limit} bytes"})
-        self.channel.transport.write(
+        _transport(self.channel).write(
             b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body.encode())
         )
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if getattr(self, "too_large", False):  # answered already
-            self.channel.loseConnection()
+            self.channel.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
             return
-        super().requestReceived(command, path, version)
+        # Twisted's requestReceived is unannotated.
+        super().requestReceived(command, path, version)  # type: ignore[no-untyped-call]
 
 
 class _Site(server.Site):
-    protocol = _Channel  # HTTP/1.1 only: ASO's clients speak nothing else
+    # HTTP/1.1 only: ASO's clients speak nothing else.
+    protocol = _Channel  # type: ignore[assignment]  # Twisted's type: its HTTP/2-capable wrapper
     requestFactory = _BoundedRequest
 
     def __init__(self, root: resource.Resource, max_body: int):
-        super().__init__(root)
+        super().__init__(root)  # type: ignore[no-untyped-call]  # unannotated in Twisted
         self.max_body = max_body
 
 
@@ -332,7 +375,7 @@ class FrontEnd(resource.Resource):
     isLeaf = True
 
     def __init__(self, config: Config, trust: TrustStore, gridmap: GridMap, identity: Any):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # unannotated in Twisted
         self.config = config
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
         url = urlsplit(config.store.url)
@@ -365,8 +408,9 @@ class FrontEnd(resource.Resource):
             metrics.FRONTEND_REFUSALS.labels("unmapped").inc()
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return server.NOT_DONE_YET
-        request.content.seek(0)
-        verdict = gate.check(request.method, request.uri, request.content.read())
+        content = cast(BinaryIO, request.content)  # the body, read whole before render
+        content.seek(0)
+        verdict = gate.check(request.method, request.uri, content.read())
         if isinstance(verdict, gate.GateRefusal):
             log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
                         verdict.reason)  # fmt: skip
@@ -388,8 +432,8 @@ class FrontEnd(resource.Resource):
         verified once and the verdict kept for REVERIFY seconds, so that keep-alive clients do
         not pay for it on every request, while an expired proxy or a new CRL still takes
         effect within that time."""
-        channel = request.channel
-        kept = getattr(channel, "_aso_identity", None)
+        channel = cast(_Channel, request.channel)  # every request comes through _Site
+        kept: tuple[Identity, float] | None = getattr(channel, "_aso_identity", None)
         now = time.monotonic()
         if kept is not None and now - kept[1] < REVERIFY:
             return kept[0]
@@ -424,10 +468,15 @@ class FrontEnd(resource.Resource):
         # The store's gzip holds a stream back until its buffer fills: a `_changes` feed would
         # stall. The store is on loopback; its answers come through as they are.
         headers.pop(b"accept-encoding", None)
-        request.content.seek(0)
-        body = request.content.read()
+        content = cast(BinaryIO, request.content)
+        content.seek(0)
+        body = content.read()
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
-        producer = FileBodyProducer(BytesIO(body)) if body or request.method in BODY else None
+        producer = (
+            cast(IBodyProducer, FileBodyProducer(BytesIO(body)))  # it implements IBodyProducer
+            if body or request.method in BODY
+            else None
+        )
         feed = request.args.get(b"feed", [b""])[-1] in (b"continuous", b"longpoll", b"eventsource")
         sent = (self.feeds if feed else self.agent).request(
             request.method, self.store_url + target, Headers(headers), producer
@@ -517,8 +566,9 @@ def serve_metrics(config: Config) -> None:
     if not settings.frontend_port:
         return
     try:
-        reactor.listenTCP(
-            settings.frontend_port, server.Site(MetricsResource()), interface=settings.host
+        metrics_site = server.Site(MetricsResource())  # type: ignore[no-untyped-call]  # a lambda
+        cast(_Reactor, reactor).listenTCP(
+            settings.frontend_port, metrics_site, interface=settings.host
         )
     except CannotListenError as exc:
         log.error(
@@ -537,10 +587,11 @@ def serve(config: Config) -> None:
     host, _, port = config.frontend.listen.rpartition(":")
     site = _Site(root, config.frontend.max_body)
     site.displayTracebacks = False
-    reactor.suggestThreadPoolSize(16)
-    reactor.listenSSL(int(port), site, tls, interface=host)
+    running = cast(_Reactor, reactor)
+    running.suggestThreadPoolSize(16)
+    running.listenSSL(int(port), site, tls, interface=host)
     serve_metrics(config)
     log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
              config.store.url, config.frontend.auth)  # fmt: skip
     print(f"ASO front end listening on https://{host}:{port}", flush=True)
-    reactor.run()
+    running.run()

@@ -108,7 +108,7 @@ _VIEW_FLAGS = [
     "stable",
     "sorted",
 ]
-_VIEW = {
+_VIEW: dict[str, Callable[[str], bool]] = {
     **dict.fromkeys(("key", "startkey", "start_key", "endkey", "end_key"), _is_json),
     "keys": _is_json_list,
     **dict.fromkeys(
@@ -119,7 +119,7 @@ _VIEW = {
     "stale": _one_of("ok", "update_after"),
     "update": _one_of("true", "false", "lazy"),
 }
-_CHANGES = {
+_CHANGES: dict[str, Callable[[str], bool]] = {
     "feed": _one_of("normal", "longpoll", "continuous"),
     "since": lambda v: v == "now" or bool(_SEQ.fullmatch(v)),
     **dict.fromkeys(("limit", "timeout"), _is_count),
@@ -131,12 +131,12 @@ _CHANGES = {
     "filter": _one_of("_doc_ids"),
     "doc_ids": _is_json_list,
 }
-_DOC_READ = {
+_DOC_READ: dict[str, Callable[[str], bool]] = {
     "rev": _any_text,
     "open_revs": lambda v: v == "all" or _is_json_list(v),
     **dict.fromkeys(("revs", "revs_info", "latest", "conflicts", "deleted_conflicts"), _is_bool),
 }
-_REV = {"rev": _any_text}
+_REV: dict[str, Callable[[str], bool]] = {"rev": _any_text}
 _NONE: dict[str, Callable[[str], bool]] = {}
 # Per kind of resource, the query parameters it takes and the shape of each one's value.
 QUERIES: dict[str, dict[str, Callable[[str], bool]]] = {

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from aso.config import Config
 
@@ -80,7 +80,7 @@ def import_gfal2(config: Config) -> ModuleType:
     set_client_environment(config)
     import gfal2
 
-    return gfal2
+    return cast(ModuleType, gfal2)
 
 
 def new_context(config: Config, *, allow_streaming: bool = False) -> Any:

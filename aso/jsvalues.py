@@ -114,7 +114,8 @@ def same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if ta == "object":
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b
+    equal: bool = a == b
+    return equal
 
 
 @functools.lru_cache(maxsize=64)

@@ -394,7 +394,8 @@ def free_port() -> int:
     """A TCP port free on loopback now (for tests and benchmarks that start their own store)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def free_ports(count: int) -> int:

@@ -166,7 +166,7 @@ def address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def file_sd_targets(heartbeats: Iterable[Mapping[str, Any]], expiry: float) -> list[dict]:
+def file_sd_targets(heartbeats: Iterable[Mapping[str, Any]], expiry: float) -> list[dict[str, Any]]:
     """Prometheus file_sd entries for the live agent instances that serve metrics."""
     now = time.time()
     out = []

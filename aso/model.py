@@ -25,7 +25,7 @@ import hashlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aso import jsvalues as js
 
@@ -669,7 +669,8 @@ def validate_doc_update(
             f"{js.stringify(old.get('user', js.UNDEFINED))}",
         )
     if old is None:
-        _check_creation(new, role, name, roles, sites)
+        # role_of makes only a user_ctx with a name an owner; _check_creation refuses other roles.
+        _check_creation(new, role, cast(str, name), roles, sites)
     else:
         _check_update(new, old, role, name)
 
@@ -740,7 +741,9 @@ def _check_creation(
         raise Refusal("history", f"history entries of an owner must be by {name}")
 
 
-def _check_update(new: Mapping[str, Any], old: Mapping[str, Any], role: str, name: str) -> None:
+def _check_update(
+    new: Mapping[str, Any], old: Mapping[str, Any], role: str, name: str | None
+) -> None:
     for field_name in IMMUTABLE:
         if not js.same(new.get(field_name, js.UNDEFINED), old.get(field_name, js.UNDEFINED)):
             raise Refusal("immutable", f"{field_name} cannot change after creation")
@@ -781,10 +784,17 @@ def _check_owner_fields(new: Mapping[str, Any], old: Mapping[str, Any]) -> None:
 
 
 def _check_axis(
-    axis: str, new: Mapping[str, Any], old: Mapping[str, Any], appended: list, role: str, name: str
+    axis: str,
+    new: Mapping[str, Any],
+    old: Mapping[str, Any],
+    appended: Sequence[Mapping[str, Any]],
+    role: str,
+    name: str | None,
 ) -> int:
     """1 if `axis` changed legally (with its history entry), 0 if it did not change."""
-    was, now_ = old.get(axis), new.get(axis)
+    # The documents' values as written (any JSON value, or None when missing).
+    was: Any = old.get(axis)
+    now_: Any = new.get(axis)
     if was == now_:
         return 0
     allowed = TRANSITIONS[axis].get((was, now_))
@@ -833,7 +843,7 @@ def transition(
     stamp = now() if at is None else at
     new = copy.deepcopy(dict(doc))
     for change in changes:
-        old_value = new.get(change.axis)
+        old_value: Any = new.get(change.axis)  # any JSON value, or None when missing
         if change.axis not in AXES or change.to not in STATES[change.axis]:
             raise TransitionError(f"{change.axis} has no state {change.to!r}")
         if not may_transition(change.axis, old_value, change.to, role):

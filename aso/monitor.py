@@ -108,7 +108,7 @@ class Meta:
         )
 
 
-def _initial(doc: Mapping[str, Any], axis: str) -> str:
+def _initial(doc: Mapping[str, Any], axis: str) -> str | None:
     """The state `axis` was created in: the `from` of its first change, else its state now."""
     for h in doc.get("history") or []:
         if h.get("axis") == axis:
@@ -254,7 +254,9 @@ def backlog(totals: Mapping[str, Mapping[str, int]]) -> int:
     return sum(totals.get(model.STATE, {}).get(s, 0) for s in BACKLOG)
 
 
-def tally_of(docs: Iterable[Mapping[str, Any]], start: float = 0.0, end: float = float("inf")):
+def tally_of(
+    docs: Iterable[Mapping[str, Any]], start: float = 0.0, end: float = float("inf")
+) -> Tally:
     """The tally of every event from `start` to `end` of these requests (tests, checks)."""
     tally = Tally()
     for doc in docs:
@@ -506,7 +508,9 @@ class Aggregator:
         self._revs[STATE_ID] = self.stats_db.put(state)
         self.closed_end, self.resume_seq = until, resume
 
-    def _days(self, previous: float | None, until: float, report: StepReport) -> list[dict]:
+    def _days(
+        self, previous: float | None, until: float, report: StepReport
+    ) -> list[dict[str, Any]]:
         """Day documents of the days that ended between `previous` and `until` (with events)."""
         last_end = (until // DAY) * DAY  # days ending at or before `until` are over
         first = (previous // DAY) * DAY if previous is not None else 0.0  # not closed yet
@@ -546,8 +550,8 @@ class Aggregator:
             chunk = docs[i : i + self.batch]
             current = self.stats_db.get_many(d["_id"] for d in chunk)
             for doc in chunk:
-                if current.get(doc["_id"]):
-                    doc["_rev"] = current[doc["_id"]]["_rev"]
+                if existing := current.get(doc["_id"]):
+                    doc["_rev"] = existing["_rev"]
             for result in self.stats_db.bulk_write(chunk):
                 if not result.ok:
                     raise Conflict(409, result.error or "conflict", result.reason or "")
@@ -571,7 +575,7 @@ class Aggregator:
                 recent.add(Tally(tasks=tasks))
         for tally in open_hours.values():
             recent.add(Tally(tasks=tally.tasks))
-        live = {
+        live: dict[str, Any] = {
             "_id": LIVE_ID,
             "type": "monitor_live",
             "as_of": as_of,

@@ -16,8 +16,10 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -53,7 +55,7 @@ def name(*parts: tuple[str, str]) -> x509.Name:
 def slash_dn(subject: x509.Name) -> str:
     """The grid's (OpenSSL one-line) form of a name: /DC=org/DC=aso-test/CN=alice."""
     return "".join(
-        f"/{attr.rfc4514_attribute_name}={attr.value}" for rdn in subject.rdns for attr in rdn
+        f"/{attr.rfc4514_attribute_name}={attr.value!s}" for rdn in subject.rdns for attr in rdn
     )
 
 
@@ -110,7 +112,7 @@ def _builder(
     key: rsa.RSAPrivateKey,
     days: float,
     start: dt.datetime | None = None,
-):
+) -> x509.CertificateBuilder:
     # Five minutes in the past by default: tolerate small clock differences.
     start = start or _now() - dt.timedelta(minutes=5)
     return (
@@ -163,9 +165,9 @@ class CertificateAuthority:
         subject: x509.Name,
         usage: ObjectIdentifier,
         days: float,
-        san=None,
+        san: list[x509.GeneralName] | None = None,
         start: dt.datetime | None = None,
-    ):
+    ) -> Credential:
         key = new_key()
         builder = (
             _builder(subject, self.cert.subject, key, days, start)
@@ -181,7 +183,9 @@ class CertificateAuthority:
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         return Credential(builder.sign(self.key, hashes.SHA256()), key)
 
-    def host(self, hostname: str = "localhost", ip: str = "127.0.0.1", days: float = 30):
+    def host(
+        self, hostname: str = "localhost", ip: str = "127.0.0.1", days: float = 30
+    ) -> Credential:
         san = [x509.DNSName(hostname), x509.IPAddress(ipaddress.ip_address(ip))]
         subject = name(*BASE_NAME, ("OU", "Hosts"), ("CN", hostname))
         return self._issue(subject, ExtendedKeyUsageOID.SERVER_AUTH, days, san)
@@ -194,7 +198,7 @@ class CertificateAuthority:
         return self._issue(subject, ExtendedKeyUsageOID.CLIENT_AUTH, days, start=start)
 
     def crl(
-        self, revoked: list[x509.Certificate] = (), days: float = 7
+        self, revoked: Sequence[x509.Certificate] = (), days: float = 7
     ) -> x509.CertificateRevocationList:
         """A CRL of this CA listing `revoked`, valid `days`."""
         now = _now() - dt.timedelta(minutes=5)
@@ -290,7 +294,12 @@ def write_capath(directory: Path, *cas: CertificateAuthority, crl_days: float = 
     return directory
 
 
-def write_crl(directory: Path, ca: CertificateAuthority, revoked=(), days: float = 7) -> Path:
+def write_crl(
+    directory: Path,
+    ca: CertificateAuthority,
+    revoked: Iterable[x509.Certificate] = (),
+    days: float = 7,
+) -> Path:
     path = directory / f"{subject_hash(ca.cert)}.r0"
     path.write_bytes(ca.crl(list(revoked), days).public_bytes(serialization.Encoding.PEM))
     return path
@@ -346,10 +355,10 @@ class Pki:
         user: Credential,
         lifetime: dt.timedelta = dt.timedelta(hours=12),
         tag: str = "",
-        **kw,
+        **kw: Any,
     ) -> Path:
         cn = user.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[-1].value
-        return self.write_proxy(make_proxy(user, lifetime, **kw), f"x509up_{cn}{tag}")
+        return self.write_proxy(make_proxy(user, lifetime, **kw), f"x509up_{cn!s}{tag}")
 
     def write_proxy(self, proxy: Credential, file_name: str) -> Path:
         path = self.root / file_name

@@ -21,6 +21,7 @@ how many proxies may follow it (0: none).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from cryptography import x509
 from cryptography.x509.oid import ObjectIdentifier
@@ -74,7 +75,7 @@ def encode(policy: str = INHERIT_ALL, path_length: int | None = None) -> bytes:
     if path_length is not None:
         info["pCPathLenConstraint"] = path_length
     info["proxyPolicy"]["policyLanguage"] = univ.ObjectIdentifier(policy)
-    return encoder.encode(info)
+    return cast(bytes, encoder.encode(info))
 
 
 def decode(der: bytes) -> ProxyInfo:

@@ -496,7 +496,7 @@ def find_bad_destinations(
             continue
         kind = DESTINATION_MISSING if check.missing else DESTINATION_MISMATCH
         detail = f"destination copy at {request.destination}: {check.problem}"
-        base = dict(
+        base: dict[str, Any] = dict(
             request_id=request.id,
             path=request.destination_lfn,
             site=request.destination,
@@ -714,9 +714,9 @@ def read_catalog(catalog: Catalog, requests: Sequence[Request]) -> CatalogState:
             for lfn in lfns:
                 state.lfn_block[lfn] = block
     for request in requests:
-        block = request.publication_block
-        if block and request.publication in model.IN_A_BLOCK and (block not in state.blocks):
-            state.blocks[block] = catalog.block_files(block)
+        recorded = request.publication_block
+        if recorded and request.publication in model.IN_A_BLOCK and (recorded not in state.blocks):
+            state.blocks[recorded] = catalog.block_files(recorded)
     return state
 
 

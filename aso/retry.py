@@ -67,7 +67,8 @@ def load_policy(config: RetryConfig) -> RetryPolicy:
             f"retry.policy {config.policy!r} is not an installed retry policy; "
             f"known: {', '.join(sorted(known)) or 'none'}"
         )
-    return known[config.policy].load()(config)
+    policy: RetryPolicy = known[config.policy].load()(config)
+    return policy
 
 
 # --- what the documents say about past attempts -----------------------------------------------
@@ -121,7 +122,7 @@ class DefaultPolicy:
         return Decision(True, self.delay(n, doc, now), reason=f"retry {n} after {error_class}")
 
     def delay(self, n: int, doc: Mapping[str, Any], now: float) -> float:
-        base = min(self.config.max_delay, self.config.base_delay * 2 ** (n - 1))
+        base: float = min(self.config.max_delay, self.config.base_delay * 2 ** (n - 1))
         spread = self.config.jitter * base
         return max(0.0, base + self.rng.uniform(-spread, spread))
 

@@ -32,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aso import metrics, model
 from aso.config import Config
@@ -193,7 +193,7 @@ class Agent:
         self.db = self.server.db(config.store.files_db)
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
-        return doc["_id"]
+        return cast(str, doc["_id"])
 
     def cycle(
         self,
@@ -315,6 +315,7 @@ class Runner:
         self._beat(force=True)
         if agent.kinds:
             self.workset.start()
+        # The hook is a method of Agent, replaced on this instance by the runner's.
         agent.written = self._apply_own_writes  # type: ignore[method-assign]
         failures = 0  # cycles failed in a row by an error of the agent's own
         try:

@@ -67,7 +67,7 @@ def endpoint_url(config: Config, site: str, protocol: str | None = None) -> str:
             raise SiteError(f"site {site} is not a simulated site")
         return f"sim://{site}"
     key = "root_url" if protocol == "root" else "http_url"
-    url = getattr(conf, key)
+    url: str = getattr(conf, key)
     if not url:
         raise SiteError(f"site {site} has no {key} for protocol {protocol}")
     return url

@@ -168,7 +168,9 @@ def _new_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey):
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey
+) -> x509.CertificateBuilder:
     now = datetime.now(UTC)
     return (
         x509.CertificateBuilder()
@@ -403,7 +405,7 @@ def _port_taken(port: int) -> bool:
     try:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        address: tuple = ("::", port)
+        address: tuple[str, int] = ("::", port)
     except OSError:  # no IPv6 on this machine
         sock, address = socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("0.0.0.0", port)
     with sock:
@@ -528,7 +530,7 @@ class EmbeddedStorage:
                 self._check_ports_free(self.servers[name])
             else:
                 self._check_unchanged(self.servers[name], pid, wanted[name])
-        spawned: dict[str, subprocess.Popen] = {}
+        spawned: dict[str, subprocess.Popen[bytes]] = {}
         try:
             for name, server in self.servers.items():
                 if running[name] is None:
@@ -550,7 +552,9 @@ class EmbeddedStorage:
             raise
         return [self._start_line(name, running[name], spawned.get(name)) for name in self.servers]
 
-    def _start_line(self, name: str, pid: int | None, process: subprocess.Popen | None) -> str:
+    def _start_line(
+        self, name: str, pid: int | None, process: subprocess.Popen[bytes] | None
+    ) -> str:
         server = self.servers[name]
         site = self.config.sites[name]
         how = f"started (pid {process.pid})" if process else f"already running (pid {pid})"
@@ -589,7 +593,7 @@ class EmbeddedStorage:
 
     def _spawn(
         self, server: SiteServer, xrootd: Path, server_cfg: str, owner: RunAs
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen[bytes]:
         _make_dirs(server.dir)
         for directory in server.owned_dirs:
             _make_dirs(directory, owner)
@@ -609,7 +613,7 @@ class EmbeddedStorage:
     def _wait_until_answering(
         self,
         server: SiteServer,
-        process: subprocess.Popen | None,
+        process: subprocess.Popen[bytes] | None,
         crash_is_final: bool = True,
     ) -> None:
         timeout = self.config.storage.start_timeout

@@ -143,7 +143,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -511,7 +511,7 @@ class Server:
 
     # -- server -------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        return self.call(self.client.get_server_information)
+        return cast(dict[str, Any], self.call(self.client.get_server_information))
 
     @property
     def kind(self) -> str:
@@ -522,7 +522,7 @@ class Server:
 
     def membership(self) -> dict[str, Any]:
         """`GET /_membership`: {all_nodes, cluster_nodes} (EMBEDDED_SINGLE_NODE)."""
-        return self.raw("GET", "/_membership")
+        return cast(dict[str, Any], self.raw("GET", "/_membership"))
 
     def cluster_size(self) -> int:
         """Nodes of the cluster (1: a single CouchDB node or the embedded store)."""
@@ -533,7 +533,7 @@ class Server:
     def node_config(self, node: str = "_local") -> dict[str, dict[str, str]]:
         """The configuration of one node, {section: {key: value}} (server admin only;
         EMBEDDED_CONFIG_PATH: the embedded store has one, whatever `node` says)."""
-        return self.raw("GET", self._config_path(node))
+        return cast(dict[str, dict[str, str]], self.raw("GET", self._config_path(node)))
 
     def _config_path(self, node: str) -> str:
         if self.kind == EMBEDDED:
@@ -542,13 +542,13 @@ class Server:
 
     def session(self) -> dict[str, Any]:
         """The userCtx the store gives these credentials."""
-        return self.raw("GET", "/_session").get("userCtx", {})
+        return cast(dict[str, Any], self.raw("GET", "/_session").get("userCtx", {}))
 
     def is_admin(self) -> bool:
         return "_admin" in (self.session().get("roles") or [])
 
     def all_dbs(self) -> list[str]:
-        return self.call(self.client.get_all_dbs)
+        return cast(list[str], self.call(self.client.get_all_dbs))
 
     def db(self, name: str) -> Database:
         return Database(self, name)
@@ -619,7 +619,7 @@ class Database:
         return self.server.call(fn, db=self.name, **kwargs)
 
     def info(self) -> dict[str, Any]:
-        return self._call(self.client.get_database_information)
+        return cast(dict[str, Any], self._call(self.client.get_database_information))
 
     def exists(self) -> bool:
         try:
@@ -631,7 +631,8 @@ class Database:
     # -- single documents -------------------------------------------------------------------
     def get(self, doc_id: str) -> dict[str, Any] | None:
         try:
-            return self.server.raw("GET", f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}")
+            path = f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}"
+            return cast(dict[str, Any], self.server.raw("GET", path))
         except NotFound:
             return None
 
@@ -645,7 +646,7 @@ class Database:
             metrics.count_contested(self.name)
             self.withdraw_if_beaten(doc["_id"], result.get("rev", ""))
             raise Contested(self.server.url, result.get("rev"))
-        return result["rev"]
+        return cast(str, result["rev"])
 
     # -- a cluster's conflicting branches -------------------------------------------------------
     def leaves(self, doc_id: str) -> list[dict[str, Any]]:
@@ -724,7 +725,7 @@ class Database:
             if self.get(doc_id) is not None:
                 raise Conflict(409, "conflict", "Document update conflict.") from None
             raise
-        return result["rev"]
+        return cast(str, result["rev"])
 
     # -- bulk -----------------------------------------------------------------------------------
     def get_many(
@@ -764,7 +765,7 @@ class Database:
         answer = self._call(self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in docs]})
         by_id = {item.get("id"): item for item in answer}
         results = []
-        for doc_id in ids:
+        for doc_id in cast(list[str], ids):  # no None: refused above
             item = by_id.get(doc_id)
             if item is None:
                 results.append(WriteResult(doc_id, False, error="missing", reason="no result"))
@@ -949,7 +950,7 @@ class Database:
 
     # -- security and design documents ------------------------------------------------------
     def security(self) -> dict[str, Any]:
-        return self._call(self.client.get_security)
+        return cast(dict[str, Any], self._call(self.client.get_security))
 
     def set_security(self, security: Mapping[str, Any]) -> None:
         """Replace the database's `_security` (its admins: server admins and the database's

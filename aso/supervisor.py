@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,7 +115,7 @@ class Supervisor:
         self.host_id = host_id or socket.gethostname()
         self.stop_event = StopFlag()
         self.children: list[Child] = []
-        self.cleanups: list[tuple[str, object]] = []
+        self.cleanups: list[tuple[str, Callable[[], object]]] = []
         self.storage: Any = None  # the embedded storage, when this host runs it
         self._storage_checked = 0.0
         self.store: Any = None  # the local store, when this supervisor started it
@@ -254,23 +255,23 @@ class Supervisor:
                     self._spawn(child)
 
     def shutdown(self) -> None:
-        running = [c for c in self.children if c.process and c.process.poll() is None]
-        for child in running:
-            child.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        running = [(c, c.process) for c in self.children if c.process and c.process.poll() is None]
+        for _, process in running:
+            process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + GRACE
-        for child in running:
+        for child, process in running:
             try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))  # type: ignore[union-attr]
+                process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning(
                     "%s %s did not stop in %.0f s: killed", child.agent, child.instance, GRACE
                 )
-                child.process.kill()  # type: ignore[union-attr]
-                child.process.wait()  # type: ignore[union-attr]
+                process.kill()
+                process.wait()
         log.info("agents stopped")
         for name, stop in reversed(self.cleanups):
             log.info("stopping %s", name)
-            stop()  # type: ignore[operator]
+            stop()
 
     def run(self) -> None:
         self.stop_event.install()

@@ -114,7 +114,7 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
             log.info(
                 "recorded request %s for %s (task %s)", result.id, doc["source_lfn"], doc["task"]
             )
-        elif result.conflict and existing.get(result.id) and _same_file(existing[result.id], doc):
+        elif result.conflict and (found := existing.get(result.id)) and _same_file(found, doc):
             report.already.append(result.id)
             log.info("request %s for %s was already recorded", result.id, doc["source_lfn"])
         elif result.conflict:

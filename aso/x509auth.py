@@ -24,9 +24,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPublicKeyTypes
 from cryptography.x509.oid import NameOID
 
 from aso import proxycert
@@ -91,11 +93,11 @@ class TrustStore:
         self.recheck = recheck
         self._lock = threading.Lock()
         self._checked = 0.0
-        self._stamp: tuple = ()
+        self._stamp: tuple[tuple[str, int], ...] = ()
         self.cas: dict[x509.Name, list[x509.Certificate]] = {}
         self.crls: dict[x509.Name, list[x509.CertificateRevocationList]] = {}
 
-    def _listing(self) -> tuple:
+    def _listing(self) -> tuple[tuple[str, int], ...]:
         return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in self.capath.iterdir()))
 
     def refresh(self) -> None:
@@ -151,7 +153,7 @@ def _proxy_policy(cert: x509.Certificate) -> tuple[str, int | None]:
 def _check_proxy_chain(proxies: list[x509.Certificate]) -> bool:
     """RFC 3820's rules over the proxies of a chain (the client's first): policies, path
     lengths, limited proxies only below a limited one. True if the client's proxy is limited."""
-    policies = []
+    policies: list[str] = []
     for below, cert in enumerate(proxies):
         policy, path_length = _proxy_policy(cert)
         if path_length is not None and below > path_length:
@@ -183,7 +185,10 @@ def _check_revocation(
     require_crl: bool,
 ) -> None:
     crls = [
-        c for c in trust.crls.get(issuer.subject, []) if c.is_signature_valid(issuer.public_key())
+        c
+        for c in trust.crls.get(issuer.subject, [])
+        # The issuer signed `cert` (_signed_by): its key is one that signs.
+        if c.is_signature_valid(cast(CertificateIssuerPublicKeyTypes, issuer.public_key()))
     ]
     if not crls:
         if require_crl:

@@ -45,8 +45,9 @@ settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
 LONG = os.environ.get(PROFILE_ENV) == "long"
 
 USERS = ("alice", "bob")
-# Mostly the default catalogue's sites (the hostile store's), sometimes one it does not know.
-SITES = ("T2_CH_CERN", "T2_DE_DESY", "T2_IT_Pisa", "T2_CH_CERN", "T2_DE_DESY", "T1_US_FNAL")
+# The default catalogue's sites (the hostile store's): generated valid requests name these;
+# the mutations of a field give other names, which the store refuses as unknown.
+SITES = ("T2_CH_CERN", "T2_DE_DESY", "T2_IT_Pisa")
 
 # Names a JavaScript object already has, or that the store reads: as keys and as values.
 NASTY_KEYS = ("hasOwnProperty", "__proto__", "constructor", "toString", "valueOf", "length",

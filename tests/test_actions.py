@@ -7,7 +7,7 @@ from collections import Counter
 
 from aso import model
 from aso.actions import kill, resubmit
-from aso.model import AGENT, STATE, Change
+from aso.model import AGENT, PUBLICATION, STATE, Change
 from tests.conftest import db_as, sample_request, write_config
 from tests.test_cli import aso
 
@@ -133,3 +133,40 @@ def test_kill_and_resubmit_commands(files_db, accounts, store_config, tmp_path):
     assert "resubmit: 2 new; 0 left as they were" in text.stdout
     nothing = aso("kill", "--task", "261121_0:nobody_task", config=path)
     assert nothing.returncode == 0 and "no requests for task 261121_0:nobody_task" in nothing.stdout
+
+
+def test_publish_retry_command(files_db, accounts, store_config, tmp_path):
+    """`aso publish --retry TASK` had always crashed (the action was never registered): the
+    command itself gives a failed publication back to the publisher."""
+    import dataclasses
+
+    task = "261121_180005:alice_pubretry"
+    owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    doc = sample_request(
+        "alice", task=task, publish=True, publish_info={"dataset": "/P/alice-q-v1/USER"}
+    )
+    doc["_rev"] = owner.create(doc)
+    moves = [(STATE, "acquired"), (STATE, "submitted"), (STATE, "done"),
+             (PUBLICATION, "publishing"), (PUBLICATION, "publication_error"),
+             (PUBLICATION, "publication_failed")]  # fmt: skip
+    for axis, to in moves:
+        doc = model.transition(doc, [Change(axis, to, "t")], AGENT, publication_block="/P#b")
+        doc["_rev"] = agent.put(doc)
+    config = dataclasses.replace(
+        store_config,
+        source=tmp_path / "aso.toml",
+        store=dataclasses.replace(
+            store_config.store,
+            files_db=files_db,
+            user="alice",
+            password=accounts["alice"]._password,
+        ),
+    )
+    path = write_config(config)
+    retried = aso("publish", "--retry", task, "--json", config=path)
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout)["changed"] == {doc["_id"]: "pending"}
+    assert owner.get(doc["_id"])[PUBLICATION] == "pending"
+    again = aso("publish", "--retry", task, config=path)
+    assert again.returncode == 0, again.stderr
+    assert "none changed; 1 left as they were (nothing to publish --retry)" in again.stdout

@@ -36,7 +36,7 @@ from aso.model import AGENT, STATE, Change
 from aso.pki import CertificateAuthority, Pki, make_proxy
 from aso.store import Server
 from aso.x509auth import Refused, TrustStore, verify_chain
-from tests.conftest import sample_request, write_config
+from tests.conftest import only_on, sample_request, write_config
 
 ASO = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "aso")
 PAST = dt.datetime.now(dt.UTC) - dt.timedelta(days=60)
@@ -523,6 +523,32 @@ def test_the_changes_feed_streams_through_and_ends_with_its_client(
     while feed_port in store_connections(frontend_pid, store_port):
         assert time.monotonic() < deadline, "the front end kept the feed open to the store"
         time.sleep(0.2)
+
+
+@only_on("couchdb", "proxy authentication is a CouchDB handler; the embedded store has none")
+def test_proxy_mode_on_a_real_couchdb_acts_as_the_mapped_user(
+    store_config, pki, files_db, admin, tmp_path
+):
+    """`frontend.auth = "proxy"` against a running CouchDB 3: no store account is made, CouchDB
+    takes the signed X-Auth-CouchDB headers, and every write is judged as the mapped user's:
+    carol records her request, dave cannot record one in carol's name."""
+    secret = admin.node_config()["chttpd_auth"]["secret"]
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    config = dataclasses.replace(
+        config, frontend=dataclasses.replace(config.frontend, auth="proxy", secret=secret)
+    )
+    carol, dave = cert_files(pki, "carol"), cert_files(pki, "dave")
+    doc = sample_request("carol")
+    with frontend_process(config) as url:
+        created = call(url, pki, carol, "POST", f"/{files_db}", json=doc)
+        assert created.status_code == 201, created.text
+        forged = call(url, pki, dave, "POST", f"/{files_db}", json=sample_request("carol"))
+        assert forged.status_code == 403, forged.text
+        assert forged.json()["reason"].startswith('[owner] user "dave" may not write requests')
+        session = call(url, pki, dave, "GET", "/_session").json()
+        assert session["userCtx"]["name"] == "dave"
+        assert "aso-user" in session["userCtx"]["roles"]
+    assert admin.db(files_db).get(doc["_id"])["history"][0]["by"] == "carol"
 
 
 def test_proxy_mode_sends_couchdb_proxy_authentication():

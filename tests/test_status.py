@@ -149,7 +149,7 @@ def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, ad
     # fast: 10 files at 36/h = 1000 s; slow: 3 files at 9/h = 1200 s: the slow link decides.
     assert answer.eta == pytest.approx(1200)
     # A link that copied nothing lately: no estimate rather than a made-up one.
-    owner.create(sample_request("alice", task=task, source="T2_FR_GRIF", destination="T2_US_X"))
+    owner.create(sample_request("alice", task=task, source="T2_FR_GRIF", destination="T2_UK_ICL"))
     assert status.task_status(db_as(accounts, "bob", files_db), task, now=now).eta is None
 
 

@@ -340,7 +340,7 @@ class Fts3Service(TransferService):
         }
         queue = job.max_time_in_queue or self.max_time_in_queue
         retry = job.retry or self.retry
-        return easy.new_job(
+        fts_job: dict[str, Any] = easy.new_job(
             transfers,
             # A bool would do, but FTS turns False into "target" when checksums are given.
             verify_checksum="both" if job.verify_checksum else "none",
@@ -354,14 +354,16 @@ class Fts3Service(TransferService):
             id_generator=easy.JobIdGenerator.deterministic,
             sid=sid,
         )
+        return fts_job
 
     @staticmethod
     def _post(session: _Session, fts_job: Mapping[str, Any]) -> str:
         # easy.submit without its delegation step (done just before, with errors of its own).
         submitter = Submitter(session.context)
-        return submitter.submit(
+        job_id: str = submitter.submit(
             transfers=fts_job["files"], delete=fts_job["delete"], params=fts_job["params"]
         )
+        return job_id
 
     # -- status and cancel helpers ----------------------------------------------------------
 
@@ -378,7 +380,9 @@ class Fts3Service(TransferService):
             raise self._unavailable(f"get the status of {len(job_ids)} jobs", exc) from exc
         return self._entries(answer if isinstance(answer, list) else [answer])
 
-    def _multistatus(self, session: _Session, job_ids: list[str], exc: ClientError) -> dict:
+    def _multistatus(
+        self, session: _Session, job_ids: list[str], exc: ClientError
+    ) -> dict[str, Any]:
         """FTS answers 207 when some of several jobs fail. The client raises ClientError with
         the body as its reason when some job succeeded, with the messages only when none did."""
         try:
@@ -470,7 +474,7 @@ class Fts3Service(TransferService):
 
     @staticmethod
     def _proxy_left(session: _Session) -> dt.timedelta:
-        not_after = session.context.x509.get_not_after().get_datetime()
+        not_after: dt.datetime = session.context.x509.get_not_after().get_datetime()
         return max(not_after - dt.datetime.now(dt.UTC), dt.timedelta(0))
 
     def _vo(self, session: _Session) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from aso.store import Conflict, Database, StoreError
 from aso.transfer.base import (
@@ -116,7 +116,7 @@ class JobStore:
             log.info("job %s (key %s) created with %d files", doc["_id"], job.key, len(job.files))
         except Conflict:
             log.info("job %s (key %s) exists: not created again", doc["_id"], job.key)
-        return doc["_id"]
+        return cast(str, doc["_id"])
 
     def create_many(self, jobs: Sequence[JobRequest]) -> list[str]:
         """Record many jobs in one bulk write (the submitter's batch); a job whose key was
