@@ -60,8 +60,9 @@ def end_open_run(entry: dict[str, Any], now: float, **details: Any) -> None:
 
 
 class GfalWorker(Agent):
-    """Not a files-database agent: its work is the job table. It reuses the runtime's
-    identity, heartbeat and signal handling, and runs its own loop (`run`)."""
+    """Not a files-database agent: its work is the job table. It runs under the same harness
+    as the others (aso/runtime.py Runner: identity, heartbeat, signals, errors); with no work
+    kinds, its `cycle` runs every `idle` seconds and takes, renews and runs the jobs."""
 
     name = "gfal-worker"
     kinds = ()

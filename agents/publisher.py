@@ -117,9 +117,10 @@ class Publisher(Agent):
         self.catalog = catalog or open_catalog(config, self.server)
         # Requests on their way, by task, as the `_changes` feed last showed them.
         self.on_its_way: dict[str, set[str]] = defaultdict(set)
-        self.observe = self._observe
 
-    def _observe(self, doc: Mapping[str, Any]) -> None:
+    observes = True
+
+    def observe(self, doc: Mapping[str, Any]) -> None:
         """Every document of the feed. A request's creation comes before its copy ends in the
         feed, so when a task's file is seen done, every request of the task recorded before
         it has been seen too: the feed's view of a task is never behind the files at hand."""

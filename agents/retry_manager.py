@@ -41,7 +41,11 @@ class RetryManager(Agent):
     def __init__(self, config: Config, instance: str | None = None):
         super().__init__(config, instance)
         self.policy = load_policy(config.retry)
-        self.observe = self.policy.observe
+
+    observes = True  # the policy may learn from every outcome (aso/retry.py)
+
+    def observe(self, doc: Mapping[str, Any]) -> None:
+        self.policy.observe(doc)
 
     def cycle(
         self,

@@ -186,11 +186,15 @@ class Agent:
     # elsewhere (the gfal worker's job table) and its cycle runs every `idle` seconds.
     kinds: tuple[str, ...] = ()
 
+    # Whether `observe` wants every document of the `_changes` feed (not only the work).
+    observes = False
+
     def __init__(self, config: Config, instance: str | None = None):
         self.config = config
         self.instance = instance or default_instance()
         self.server = Server.from_config(config, account="agent")
         self.db = self.server.db(config.store.files_db)
+        self._written: Callable[[list[dict[str, Any]]], None] = lambda docs: None
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return cast(str, doc["_id"])
@@ -205,11 +209,17 @@ class Agent:
         global counts such as a site's active files); return figures for the heartbeat."""
         raise NotImplementedError
 
-    observe: Callable[[Mapping[str, Any]], None] | None = None
-    """Optional: called with every document of the `_changes` feed (not only the work)."""
+    def observe(self, doc: Mapping[str, Any]) -> None:
+        """Every document of the `_changes` feed, when `observes` is set."""
+
+    def attach(self, written: Callable[[list[dict[str, Any]]], None]) -> None:
+        """The harness's part: `written` learns every document this agent writes (the runner
+        applies them to its work set at once, instead of waiting for the feed)."""
+        self._written = written
 
     def written(self, docs: list[dict[str, Any]]) -> None:
-        """Hook: documents this agent wrote (the runner applies them to the work set)."""
+        """Documents this agent wrote: passed on to the harness (see `attach`)."""
+        self._written(docs)
 
     def write(self, updates: list[dict[str, Any]], report: dict[str, Any]) -> list[dict[str, Any]]:
         """Write `updates` in one bulk request; returns the documents as written. One that
@@ -286,7 +296,8 @@ class Runner:
         self.stop_event = StopFlag()
         self.heartbeat = Heartbeat(agent.db, agent.name, agent.instance)
         self.membership = Membership(agent.instance, [agent.instance])
-        self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=agent.observe)
+        observer = agent.observe if agent.observes else None
+        self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=observer)
         self._last_beat = 0.0
         self._last_cycle: dict[str, Any] = {}
 
@@ -315,8 +326,7 @@ class Runner:
         self._beat(force=True)
         if agent.kinds:
             self.workset.start()
-        # The hook is a method of Agent, replaced on this instance by the runner's.
-        agent.written = self._apply_own_writes  # type: ignore[method-assign]
+        agent.attach(written=self._apply_own_writes)
         failures = 0  # cycles failed in a row by an error of the agent's own
         try:
             while not self.stop_event.is_set():
