@@ -1,12 +1,17 @@
 """X.509 helpers shared by ASO's pieces that run TLS: the OpenSSL subject hash that names a CA
 in a grid-style hashed CA directory (`<hash>.0`), computed in Python so that no `openssl`
-command is needed (a test checks it against `openssl x509 -hash`)."""
+command is needed (a test checks it against `openssl x509 -hash`); where the embedded storage's
+TLS files are (`tls_files`), which its servers and gfal2's clients both need."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from pathlib import Path
 
 from cryptography import x509
+
+from aso.config import Config
 
 
 def _der(tag: int, body: bytes) -> bytes:
@@ -48,3 +53,34 @@ def subject_hash(cert: x509.Certificate) -> str:
         canonical += _der(0x31, b"".join(entries))
     digest = hashlib.sha1(canonical).digest()
     return f"{int.from_bytes(digest[:4], 'little'):08x}"
+
+
+# -- the embedded storage's TLS files (aso/storage.py makes them; gfal2's clients trust them) --
+@dataclass(frozen=True)
+class TlsFiles:
+    dir: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.dir / "ca.pem"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.dir / "ca.key"
+
+    @property
+    def host_cert(self) -> Path:
+        return self.dir / "host.pem"
+
+    @property
+    def host_key(self) -> Path:
+        return self.dir / "host.key"
+
+    @property
+    def ca_dir(self) -> Path:
+        """The hashed CA directory (X509_CERT_DIR of the clients, xrd.tlsca of the servers)."""
+        return self.dir / "certificates"
+
+
+def tls_files(config: Config) -> TlsFiles:
+    return TlsFiles(config.path(config.storage.data_dir) / "tls")

@@ -35,7 +35,8 @@ from aso.config import ConfigError
 from aso.couchdb import join_cluster
 from aso.designdocs import init_databases
 from aso.gridenv import CredentialError
-from aso.localstore import LocalCluster, LocalStoreError, local_store
+from aso.localstore import LocalCluster, LocalStoreError
+from aso.managed import local_store
 from aso.runtime import Runner
 from aso.storage import StorageError
 from aso.store import Database, Server, StoreError, redact

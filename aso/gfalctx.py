@@ -27,6 +27,7 @@ import os
 from types import ModuleType
 from typing import Any, cast
 
+from aso.certs import tls_files
 from aso.config import Config
 
 XRD_ENVIRONMENT = {
@@ -44,8 +45,6 @@ def _embedded_ca(config: Config) -> tuple[str, str] | None:
     site."""
     if not any(site.embedded for site in config.sites.values()):
         return None
-    from aso.storage import tls_files
-
     files = tls_files(config)
     return str(files.ca_dir), str(files.ca_cert)
 

@@ -287,21 +287,6 @@ class LocalStore(ABC):
         return pid
 
 
-def local_store(config: Config, *, nodes: int | None = None) -> LocalStore | LocalCluster:
-    """The store `aso store start` and `aso run` manage for this config (store.engine):
-    pouchdb-server, one CouchDB node, or a CouchDB cluster of `nodes` (couchdb.nodes) nodes."""
-    engine = config.store.engine
-    if engine == "pouchdb":
-        if nodes not in (None, 1):
-            raise LocalStoreError("--nodes needs store.engine = couchdb (pouchdb-server is one)")
-        from aso.embedded import EmbeddedStore
-
-        return EmbeddedStore(config)
-    from aso.couchdb import local_couchdb
-
-    return local_couchdb(config, nodes)
-
-
 class LocalCluster(ABC):
     """Several local store processes that serve one store (a CouchDB cluster on loopback)."""
 

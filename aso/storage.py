@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aso import procs, sites
-from aso.certs import subject_hash
+from aso.certs import TlsFiles, subject_hash, tls_files
 from aso.config import Config
 
 log = logging.getLogger("aso.storage")
@@ -134,36 +134,6 @@ def check_reachable(path: Path, owner: RunAs) -> None:
 
 
 # -- TLS: a throw-away CA and a host certificate for loopback -------------------------------------
-@dataclass(frozen=True)
-class TlsFiles:
-    dir: Path
-
-    @property
-    def ca_cert(self) -> Path:
-        return self.dir / "ca.pem"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.dir / "ca.key"
-
-    @property
-    def host_cert(self) -> Path:
-        return self.dir / "host.pem"
-
-    @property
-    def host_key(self) -> Path:
-        return self.dir / "host.key"
-
-    @property
-    def ca_dir(self) -> Path:
-        """The hashed CA directory (X509_CERT_DIR of the clients, xrd.tlsca of the servers)."""
-        return self.dir / "certificates"
-
-
-def tls_files(config: Config) -> TlsFiles:
-    return TlsFiles(config.path(config.storage.data_dir) / "tls")
-
-
 def _new_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 

@@ -32,7 +32,7 @@ from cryptography import x509
 
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.localstore import local_store
+from aso.managed import local_store
 from aso.runtime import StopFlag
 from aso.store import Server
 

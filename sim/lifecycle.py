@@ -47,7 +47,8 @@ from aso import model, monitor, sites
 from aso.config import Config, render
 from aso.couchdb import node_url
 from aso.designdocs import FILES_SECURITY, design_documents, init_databases
-from aso.localstore import LocalCluster, LocalStore, free_ports, local_store
+from aso.localstore import LocalCluster, LocalStore, free_ports
+from aso.managed import local_store
 from aso.store import Server, StoreError
 from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService

@@ -26,7 +26,8 @@ from aso import model
 from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.designdocs import init_databases
-from aso.localstore import LocalCluster, LocalStore, free_port, local_store
+from aso.localstore import LocalCluster, LocalStore, free_port
+from aso.managed import local_store
 from aso.sites import simulated
 from aso.storage import EmbeddedStorage
 from aso.store import Database, Server, Settings

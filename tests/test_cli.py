@@ -16,7 +16,8 @@ import pytest
 
 from aso.config import Config, render
 from aso.designdocs import known_sites
-from aso.localstore import free_port, local_store
+from aso.localstore import free_port
+from aso.managed import local_store
 from tests.conftest import ENGINE, PASSWORD, make_config, write_config
 from tests.pipeline_helpers import wait_for
 

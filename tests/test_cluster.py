@@ -19,7 +19,8 @@ import pytest
 from aso import model, purge, reconcile
 from aso.config import Config
 from aso.couchdb import CouchDBCluster, node_url
-from aso.localstore import free_ports, local_store
+from aso.localstore import free_ports
+from aso.managed import local_store
 from aso.model import AGENT, STATE, Change
 from aso.store import Contested, Server, Settings
 from tests.conftest import db_as, make_config, only_on, sample_request, write_config

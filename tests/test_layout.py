@@ -74,3 +74,76 @@ def test_the_assembled_design_documents_carry_the_model_s_tables():
     pages = docs[designdocs.PAGES_DDOC]["aso"]["states"]
     assert pages["on_its_way"] == list(model.ON_ITS_WAY)
     assert pages == {k: list(v) for k, v in model.PAGES_STATES.items()}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module → the modules of aso/ and agents/ it imports, at the top or inside a function
+    (an import inside a function is where a cycle hides). A package's own submodules import
+    the package first in any case: that edge is not counted."""
+    modules = {}
+    for package in ("aso", "agents"):
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                found = resolve(target)
+                if found and found != name and not name.startswith(found + "."):
+                    graph[name].add(found)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert "aso.managed" in graph["aso.supervisor"]  # the walk sees imports at all
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -23,7 +23,8 @@ import pytest
 from aso import pki
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import load, render
-from aso.localstore import free_port, local_store
+from aso.localstore import free_port
+from aso.managed import local_store
 from aso.storage import export_path
 from aso.store import Server, Settings, StoreUnavailable
 from aso.supervisor import hang_of
