@@ -1,13 +1,13 @@
 """Analytics agent: keeps the monitoring summaries up to date and the files database small.
 
-Every `analytics.summary_interval` seconds it brings the monitoring summaries (aso.monitor: the
+Every `analytics.summary_interval` seconds it brings the monitoring summaries (aso.summaries: the
 hour, day and live documents the pages read) up to date from the `_changes` feed. Every
 `analytics.interval` seconds it counts the finished requests older than `analytics.purge_after`
 into the statistics database and deletes them (aso.purge: each counted exactly once, crash or
 not); only requests whose every event is already in the closed hours' summaries.
 
 The statistics of requests still in the files database come from its own views
-(aso.stats.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge: `aso stats` and
+(aso.statistics.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge: `aso stats` and
 the monitoring add both. With `purge_after = 0` the agent does nothing but its heartbeat.
 
 The agent has no work kinds. It wakes every min(`analytics.interval`,
@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from aso import monitor, purge
+from aso import purge, summaries
 from aso.config import Config
 from aso.runtime import Membership, PeriodicAgent
 
@@ -39,7 +39,7 @@ class Analytics(PeriodicAgent):
         super().__init__(config, instance)
         self.stats_db = self.server.db(config.store.stats_db)
         settings = config.analytics
-        self.summaries = monitor.Aggregator(
+        self.summaries = summaries.Aggregator(
             self.db, self.stats_db, close_after=settings.close_after, batch=settings.batch
         )
         self.last_summary: float | None = None  # monotonic time of the last summary update

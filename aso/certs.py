@@ -55,7 +55,7 @@ def subject_hash(cert: x509.Certificate) -> str:
     return f"{int.from_bytes(digest[:4], 'little'):08x}"
 
 
-# -- the embedded storage's TLS files (aso/storage.py makes them; gfal2's clients trust them) --
+# -- the embedded storage's TLS files (aso/xrootd.py makes them; gfal2's clients trust them) --
 @dataclass(frozen=True)
 class TlsFiles:
     dir: Path

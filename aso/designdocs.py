@@ -22,7 +22,7 @@ from couchapp import localdoc
 from aso import model
 from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
-from aso.stats import init_stats_db
+from aso.statistics import init_stats_db
 from aso.store import Forbidden, Server
 from aso.transfer.jobstore import JOBS_DDOC
 from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
@@ -62,7 +62,7 @@ def known_sites(config: Config) -> list[str]:
 def sites_module(config: Config) -> str:
     """The CommonJS module validate_doc_update loads with require('lib/sites'). A site added to
     the catalogue reaches the store with `aso db init`; until then uploads naming it are
-    refused (and `aso storecheck` reports the design document as out of date)."""
+    refused (and `aso store check` reports the design document as out of date)."""
     return "module.exports = " + json.dumps({"names": known_sites(config)}) + ";\n"
 
 

@@ -1,13 +1,13 @@
 """Purging finished requests, each counted in the statistics exactly once.
 
 The files database must stay small at any load, and the statistics must not change when a
-request leaves it. A request is counted in the statistics database (aso.stats) if and only if
+request leaves it. A request is counted in the statistics database (aso.statistics) if and only if
 the purge deleted it, and then once, by this protocol:
 
 1. **select** finished requests (`_design/stats/_view/purgeable`: nothing more will happen to
    them, model.is_final) whose last change is older than `analytics.purge_after`;
 2. **intend**: write a *pending* batch document into the statistics database listing, for each
-   of them, the revision read, its creation time and what it counts for (stats.counts). Nothing
+   of them, the revision read, its creation time and what it counts for (statistics.counts). Nothing
    is counted yet: the views add up complete batches only;
 3. **delete** the requests at the revisions read, in one bulk write;
 4. **settle**: each request of the batch is now either gone (deleted by this try or an earlier
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model, stats
+from aso import model, statistics
 from aso.store import Conflict, Database
 
 log = logging.getLogger("aso.purge")
@@ -86,7 +86,7 @@ def release_lease(stats_db: Database, holder: str) -> None:
 def select(files_db: Database, older_than: float, limit: int) -> list[dict[str, Any]]:
     """Finished requests last changed before `older_than` (oldest first), at most `limit`."""
     rows = files_db.view(
-        stats.DDOC, "purgeable", end_key=older_than, limit=limit, include_docs=True
+        statistics.DDOC, "purgeable", end_key=older_than, limit=limit, include_docs=True
     ).rows
     docs = [r["doc"] for r in rows if r.get("doc")]
     # The view may lag a change by a moment; the document read is what decides.
@@ -99,17 +99,17 @@ def intend(
     """Step 2: the pending batch of `docs` (written; returned with its revision)."""
     requests = {}
     for doc in docs:
-        contribution = stats.counts(doc)
+        contribution = statistics.counts(doc)
         requests[doc["_id"]] = {
             "rev": doc["_rev"],
             "created": doc["created"],
             "counts": contribution.to_json() if contribution else None,
         }
     batch = {
-        "_id": f"{stats.BATCH_PREFIX}{now:014.3f}:{uuid.uuid4().hex[:8]}",
-        "type": stats.BATCH,
-        "schema": stats.SCHEMA_VERSION,
-        "status": stats.PENDING,
+        "_id": f"{statistics.BATCH_PREFIX}{now:014.3f}:{uuid.uuid4().hex[:8]}",
+        "type": statistics.BATCH,
+        "schema": statistics.SCHEMA_VERSION,
+        "status": statistics.PENDING,
         "written": round(now, 3),
         "by": by,
         "requests": requests,
@@ -154,14 +154,14 @@ def settle(files_db: Database, batch: Mapping[str, Any]) -> tuple[list[str], lis
 
 def complete(stats_db: Database, batch: Mapping[str, Any], gone: Sequence[str]) -> dict[str, Any]:
     """Step 5: the batch counts its gone requests; its list of requests becomes a number."""
-    tally = stats.Tally()
+    tally = statistics.Tally()
     for rid in gone:
         data = batch["requests"][rid]["counts"]
         if data is not None:
-            tally.add(stats.Contribution.from_json(data))
+            tally.add(statistics.Contribution.from_json(data))
     done = {key: value for key, value in batch.items() if key not in ("requests", "rows", "status")}
     done.update(
-        status=stats.COMPLETE,
+        status=statistics.COMPLETE,
         rows=tally.documents(),
         requests={"purged": len(gone), "kept": len(batch["requests"]) - len(gone)},
         completed=round(time.time(), 3),
@@ -182,8 +182,8 @@ def finish(files_db: Database, stats_db: Database, batch: Mapping[str, Any]) -> 
 
 
 def pending_batches(stats_db: Database) -> list[dict[str, Any]]:
-    rows = stats_db.view(stats.DDOC, "pending", include_docs=True).rows
-    return [r["doc"] for r in rows if r.get("doc") and r["doc"].get("status") == stats.PENDING]
+    rows = stats_db.view(statistics.DDOC, "pending", include_docs=True).rows
+    return [r["doc"] for r in rows if r.get("doc") and r["doc"].get("status") == statistics.PENDING]
 
 
 def purge(

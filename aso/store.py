@@ -70,7 +70,7 @@ EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: ident
                                  accounts on the embedded store.
 EMBEDDED_SINGLE_NODE             (found by aso store check) `/_membership` answers one fixed node
                                  and `GET /db` has no `cluster` member: there is one copy of each
-                                 document and q/n do not apply (aso/storecheck.py says so).
+                                 document and q/n do not apply (aso/store_check.py says so).
 EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
                                  one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts,
                                  ~780 docs/s per view build): one machine's load, and a crash

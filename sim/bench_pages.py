@@ -3,7 +3,7 @@
 Fills an embedded store with synthetic requests whose histories spread over `--days` days (200
 users, 60 sites, tasks of 1000 jobs; most done and cleaned, some failed after failed attempts,
 half published, the last hour's still on their way), runs the monitoring summaries' first run
-(aso.monitor, as the analytics agent does), builds the view indexes the per-task, per-link and
+(aso.summaries, as the analytics agent does), builds the view indexes the per-task, per-link and
 publication pages read (unless --skip-views), then loads every page `--loads` times in headless
 Chromium (Debian's, through Playwright) and prints, per page, the median and 95th percentile of
 the time from navigation to the page's content on screen, and the bytes it read.
@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aso import model, monitor
+from aso import model, summaries
 from aso.config import Config, render
 from aso.designdocs import PAGES_DDOC, init_databases
 from aso.embedded import EmbeddedStore
@@ -148,7 +148,7 @@ def fill(admin: Server, config: Config, n: int, days: float, now: float) -> floa
 def first_summaries(admin: Server, config: Config) -> dict[str, Any]:
     """The monitoring summaries' first run over the whole store: seconds, hours, peak memory."""
     files, stats_db = admin.db(config.store.files_db), admin.db(config.store.stats_db)
-    aggregator = monitor.Aggregator(files, stats_db)
+    aggregator = summaries.Aggregator(files, stats_db)
     started = time.monotonic()
     report = aggregator.step()
     return {
@@ -180,7 +180,7 @@ def build_views(admin: Server, config: Config) -> dict[str, float]:
 def pages(admin: Server, config: Config) -> dict[str, str]:
     """page name → hash of the page, for a busy task, link and file of the store."""
     stats_db = admin.db(config.store.stats_db)
-    links = stats_db.get(monitor.LIVE_LINKS_ID)["links"]
+    links = stats_db.get(summaries.LIVE_LINKS_ID)["links"]
     busiest = max(links, key=lambda name: sum(links[name].values()))
     db = admin.db(config.store.files_db)
     first = db.changes("0", limit=20, include_docs=True).results

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from aso.cli_sim import parse_duration
 from sim.lifecycle import RunOptions, run_simulation
 from sim.report import Report
-from sim.workload import Plan
+from sim.workload import Plan, parse_duration
 
 console = Console()
 

@@ -43,7 +43,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from aso import model, monitor, sites
+from aso import model, sites, summaries
 from aso.config import Config, render
 from aso.couchdb import node_url
 from aso.designdocs import FILES_SECURITY, design_documents, init_databases
@@ -355,7 +355,7 @@ class Sampler(threading.Thread):
         config = self.service.config
         admin = self.service.admin
         info = admin.db(config.store.files_db).info()
-        live = admin.db(config.store.stats_db).get(monitor.LIVE_ID) or {}
+        live = admin.db(config.store.stats_db).get(summaries.LIVE_ID) or {}
         # The simulator, the embedded store (if any) and every agent instance: look again
         # while one is missing (still starting, or restarted by the supervisor).
         per_host = sum(config.agents.instances.values())

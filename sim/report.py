@@ -27,7 +27,7 @@ from typing import Any
 
 from aso import model
 from aso.model import PUBLICATION, STATE
-from aso.monitor import BACKLOG
+from aso.summaries import BACKLOG
 from sim.workload import Plan
 
 HOUR = 3600.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,18 @@ from aso import model
 
 DESIGN_FILES_PER_DAY = 300_000
 DAY = 86_400.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of `90`, `90s`, `15m`, `2h` or `1d` (`aso sim`'s and the benchmarks' options);
+    ValueError for anything else."""
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration such as 90, 90s, 15m, 2h or 1d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 @dataclass

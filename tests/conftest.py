@@ -29,8 +29,8 @@ from aso.designdocs import init_databases
 from aso.localstore import LocalCluster, LocalStore, free_port
 from aso.managed import local_store
 from aso.sites import simulated
-from aso.storage import EmbeddedStorage
 from aso.store import Database, Server, Settings
+from aso.xrootd import EmbeddedStorage
 from tests.storage_helpers import Watchdog, reachable_tmp_dir, storage_config
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
@@ -268,7 +268,8 @@ def preloaded_cli(
     commands: dict[str, Any] | None = None,
     typers: dict[str, Any] | None = None,
 ) -> typer.Typer:
-    """`aso` commands and sub-apps mounted as aso/cli.py mounts them, on a preloaded config."""
+    """`aso` commands and sub-apps mounted as aso/cli/__init__.py mounts them, on a preloaded
+    config."""
     app = typer.Typer()
 
     @app.callback()

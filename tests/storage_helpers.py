@@ -17,7 +17,7 @@ from typing import Any
 
 from aso.config import Config, SiteConfig
 from aso.localstore import free_port
-from aso.storage import EmbeddedStorage
+from aso.xrootd import EmbeddedStorage
 
 
 @contextmanager

@@ -22,9 +22,9 @@ from agents.cleaner import Cleaner
 from agents.monitor import Monitor
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model, monitor, purge, stats
+from aso import model, purge, statistics, summaries
 from aso.actions import kill, resubmit
-from aso.cli_stats import stats_cmd
+from aso.cli.stats import stats_cmd
 from aso.config import Config
 from aso.model import STATE
 from aso.runtime import Runner
@@ -48,7 +48,7 @@ def config(sim_config: Config, admin: Server) -> Config:
         ),
         analytics=dataclasses.replace(sim_config.analytics, batch=7),
     )
-    stats.init_stats_db(admin, config.store.stats_db, config.store.files_db)
+    statistics.init_stats_db(admin, config.store.stats_db, config.store.files_db)
     yield config
     admin.delete_db(config.store.stats_db)
 
@@ -59,7 +59,7 @@ def every_request(db: Database) -> list[dict[str, Any]]:
 
 
 def direct_count(docs: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], Counter[str]]:
-    """The statistics counted by hand over the documents, independently of aso.stats."""
+    """The statistics counted by hand over the documents, independently of aso.statistics."""
     out: dict[tuple[str, str, str], Counter[str]] = {}
     for doc in docs:
         if doc[STATE] not in ("done", "failed", "killed"):
@@ -89,11 +89,11 @@ def direct_count(docs: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], C
 
 
 def as_read(config: Config, admin: Server) -> dict[tuple[str, str, str], Counter[str]]:
-    """What aso.stats.read says, in the shape of direct_count."""
+    """What aso.statistics.read says, in the shape of direct_count."""
     sources = [admin.db(config.store.files_db), admin.db(config.store.stats_db)]
     out = {}
-    for by in stats.DIMENSIONS:
-        for r in stats.read(sources, by, "2000-01-01", "2999-12-31"):
+    for by in statistics.DIMENSIONS:
+        for r in statistics.read(sources, by, "2000-01-01", "2999-12-31"):
             figures: Counter[str] = Counter()
             for column in ("files_done", "bytes_done", "files_failed", "files_killed"):
                 figures[column] = r[column]
@@ -122,7 +122,7 @@ def drive(config: Config, ids: list[str], db: Database) -> None:
 
 def test_what_a_request_counts_for():
     doc = sample_request("alice", size=5000)
-    assert stats.counts(doc) is None  # not ended
+    assert statistics.counts(doc) is None  # not ended
     t0 = doc["created"]
     doc["attempts"] = [
         {"job_id": "j1", "service": "sim", "submitted": t0, "ended": t0 + 12.5,
@@ -132,16 +132,16 @@ def test_what_a_request_counts_for():
     ]  # fmt: skip
     doc["history"].append({"axis": STATE, "from": "submitted", "to": "done", "at": 86400.0 * 3})
     doc[STATE] = "done"
-    c = stats.counts(doc)
+    c = statistics.counts(doc)
     assert c is not None and c.day == "1970-01-04" and c.names["hour"] == "00"
     assert c.names["link"] == "T2_CH_CERN>T2_DE_DESY" and c.names["user"] == "alice"
-    v = dict(zip(stats.COLUMNS, c.row.values, strict=True))
+    v = dict(zip(statistics.COLUMNS, c.row.values, strict=True))
     assert (v["files_done"], v["bytes_done"], v["files_failed"]) == (1, 5000, 0)
     assert (v["attempts"], v["attempts_done"], v["attempts_failed"]) == (2, 1, 1)
     assert (v["time_count"], v["time_sum"], v["time_lt10s"]) == (1, 7, 1)
     assert c.row.errors == {"timeout": [0, 1]} and c.row.time_min == c.row.time_max == 7
     doc[STATE], doc["error_class"] = "failed", None
-    assert stats.counts(doc).row.errors == {"unknown": [1, 0], "timeout": [0, 1]}
+    assert statistics.counts(doc).row.errors == {"unknown": [1, 0], "timeout": [0, 1]}
 
 
 def test_statistics_match_the_documents_before_and_after_the_purge(config, accounts, admin):
@@ -168,12 +168,14 @@ def test_statistics_match_the_documents_before_and_after_the_purge(config, accou
     # The live views say what the documents say (no batch yet).
     assert as_read(config, admin) == expected
     # The JavaScript of the views and the Python of the purge count the same.
-    tally = stats.Tally()
+    tally = statistics.Tally()
     for doc in before:
-        if (c := stats.counts(doc)) is not None:
+        if (c := statistics.counts(doc)) is not None:
             tally.add(c)
     python = {(r["by"], r["day"], r["name"]): r["values"] for r in tally.documents()}
-    views = {tuple(r["key"]): r["value"] for r in db.view(stats.DDOC, "daily", group_level=3).rows}
+    views = {
+        tuple(r["key"]): r["value"] for r in db.view(statistics.DDOC, "daily", group_level=3).rows
+    }
     assert python.keys() == views.keys()
     for key, values in views.items():  # the purge rounds each request's times to the ms
         assert python[key] == pytest.approx(values, abs=0.01 * len(before)), key
@@ -231,7 +233,7 @@ def test_a_purge_interrupted_at_any_step_counts_each_request_once(config, accoun
             for key, figures in direct_count([doc]).items():
                 restored[key] = restored.get(key, Counter()) + figures
     assert restored == expected
-    complete = stats_db.view(stats.DDOC, "pending").rows
+    complete = stats_db.view(statistics.DDOC, "pending").rows
     assert complete == []
 
 
@@ -261,7 +263,7 @@ def test_the_agent_purges_with_a_lease_and_only_as_first_instance(config, accoun
     second.summaries.clock = lambda: time.time() + 7200
     second.last_run = second.last_summary = None
     assert runner.step(wait=False)["purged"] == len(ids)
-    hours = admin.db(config.store.stats_db).all_docs(monitor.HOUR_PREFIX, "monitor:hour;")
+    hours = admin.db(config.store.stats_db).all_docs(summaries.HOUR_PREFIX, "monitor:hour;")
     done = sum(h["moves"]["state"].get("submitted>done", [0])[0] for h in hours)
     assert done == len(ids)
     assert every_request(db) == [] and as_read(config, admin) == expected
@@ -276,13 +278,13 @@ def test_the_agent_purges_with_a_lease_and_only_as_first_instance(config, accoun
 def test_statistics_database_refuses_what_is_not_an_agent_s_batch(config, accounts):
     user_stats = accounts["alice"].db(config.store.stats_db)
     agent_stats = accounts["agent"].db(config.store.stats_db)
-    batch = {"_id": "batch:1", "type": stats.BATCH, "status": stats.COMPLETE, "rows": [],
+    batch = {"_id": "batch:1", "type": statistics.BATCH, "status": statistics.COMPLETE, "rows": [],
              "requests": {}}  # fmt: skip
     with pytest.raises(Exception, match="only agents and admins"):
-        user_stats.create(dict(batch, status=stats.PENDING))
+        user_stats.create(dict(batch, status=statistics.PENDING))
     with pytest.raises(Exception, match="written pending first"):
         agent_stats.create(batch)
-    rev = agent_stats.create(dict(batch, status=stats.PENDING))
+    rev = agent_stats.create(dict(batch, status=statistics.PENDING))
     rev = agent_stats.put(dict(batch, _rev=rev))
     with pytest.raises(Exception, match="never changes"):
         agent_stats.put(dict(batch, _rev=rev, rows=[{"by": "link"}]))

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from aso.catalog.base import Block, BlockConflict, Catalog, CatalogError, CatalogFile, block_name
 from aso.catalog.dbs import DbsCatalog, DbsSettings
 from aso.catalog.embedded import DESIGN, EmbeddedCatalog, init_catalog_db
-from aso.cli_catalog import catalog_app
+from aso.cli.catalog import catalog_app
 from aso.config import Config
 from aso.localstore import free_port
 from aso.pki import Pki
@@ -578,7 +578,7 @@ def test_embedded_store_away_is_retryable(catalog_db: str):
 
 
 def cli(config: Config) -> typer.Typer:
-    """`aso` with the catalog sub-app, as aso/cli.py mounts it, on a preloaded config."""
+    """`aso` with the catalog sub-app, as aso/cli/__init__.py mounts it, on a preloaded config."""
     return preloaded_cli(config, typers={"catalog": catalog_app})
 
 

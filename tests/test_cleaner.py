@@ -14,7 +14,7 @@ from aso import model
 from aso.files import SimFiles
 from aso.model import AGENT, CLEANUP, STATE, Change
 from aso.runtime import Runner
-from aso.storage import export_path, write_file
+from aso.xrootd import export_path, write_file
 from tests.conftest import DESTINATION, SOURCES, sample_request
 
 

@@ -147,3 +147,73 @@ def test_no_import_cycles():
 
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def imported_names(source: str, module: str) -> list[str]:
+    """The full names a module's source imports, at the top or inside a function; a relative
+    import is resolved against `module` (the dotted name of the file)."""
+    package = module.split(".")[:-1]
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            names += [f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+def cli_imports(path: Path) -> list[str]:
+    """Where a file imports the CLI: aso.cli or any module of the aso/cli/ package."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return [
+        f"{path.relative_to(ROOT)}: {name}"
+        for name in imported_names(path.read_text(), module)
+        if name == "aso.cli" or name.startswith("aso.cli.")
+    ]
+
+
+def test_the_cli_is_the_top_layer():
+    """Only the aso/cli/ package imports aso.cli: the library, the agents and the simulator use
+    library modules (the CLI imports them, never the other way round). aso/__main__.py is the
+    command itself (`python -m aso`, how `aso run` starts agent processes)."""
+    cli = ROOT / "aso" / "cli"
+    entry_point = ROOT / "aso" / "__main__.py"
+    assert cli_imports(entry_point) == ["aso/__main__.py: aso.cli.main"]
+    below = [
+        path
+        for package in ("aso", "agents", "sim")
+        for path in (ROOT / package).rglob("*.py")
+        if cli not in path.parents and path != entry_point
+    ]
+    assert len(below) > 60
+    assert [hit for path in below for hit in cli_imports(path)] == []
+    # the walk sees the CLI's own imports of its modules
+    assert cli_imports(cli / "__init__.py")
+
+
+def test_the_cli_check_sees_an_import_of_the_cli():
+    found = [
+        imported_names(source, "aso.sample")
+        for source in (
+            "import aso.cli\n",
+            "from aso import cli\n",
+            "from aso.cli import main\n",
+            "def f():\n    from aso.cli.sim import parse_duration\n",
+            "from .cli.common import config_of\n",
+        )
+    ]
+    assert [n for names in found for n in names if n == "aso.cli" or n.startswith("aso.cli.")] == [
+        "aso.cli",
+        "aso.cli",
+        "aso.cli.main",
+        "aso.cli.sim.parse_duration",
+        "aso.cli.common.config_of",
+    ]
+    assert imported_names("from aso import client, model\n", "aso.sample") == [
+        "aso.client",
+        "aso.model",
+    ]

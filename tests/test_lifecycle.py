@@ -30,7 +30,7 @@ from aso import model
 from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.runtime import Runner
-from aso.storage import export_path, write_file
+from aso.xrootd import export_path, write_file
 from tests.conftest import DESTINATION, SOURCES
 from tests.pipeline_helpers import run_until
 

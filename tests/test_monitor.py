@@ -1,4 +1,4 @@
-"""Monitoring summaries (aso.monitor): hour, day and live documents agree with counts made
+"""Monitoring summaries (aso.summaries): hour, day and live documents agree with counts made
 directly over the requests' documents, across hours closing, restarts, a crash between the hour
 documents and the state document, requests changing while they are read, and the purge."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from aso import model, monitor, purge
+from aso import model, purge, summaries
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.model import Change
@@ -108,16 +108,16 @@ def check_against(
     stats_db: Database, docs: list[dict[str, Any]], closed_end: float
 ) -> dict[str, Any]:
     """Every hour document, the state and the live documents against the documents."""
-    live = stats_db.get(monitor.LIVE_ID)
+    live = stats_db.get(summaries.LIVE_ID)
     assert live["totals"] == direct_totals(docs)
-    assert live["backlog"] == sum(d[model.STATE] in monitor.BACKLOG for d in docs)
-    hours = {h["start"]: h for h in stats_db.all_docs(monitor.HOUR_PREFIX, "monitor:hour;")}
+    assert live["backlog"] == sum(d[model.STATE] in summaries.BACKLOG for d in docs)
+    hours = {h["start"]: h for h in stats_db.all_docs(summaries.HOUR_PREFIX, "monitor:hour;")}
     first = min(h["at"] for d in docs for h in d["history"])
-    start = monitor.hour_start(first)
+    start = summaries.hour_start(first)
     while start < closed_end:
         expected = direct_moves(docs, start, start + HOUR)
         got = hours.get(start, {}).get("moves", {}).get(model.STATE, {})
-        assert got == expected, monitor.hour_name(start)
+        assert got == expected, summaries.hour_name(start)
         start += HOUR
     assert all(s < closed_end for s in hours)
     # The live document's open hours and the closed ones add up to every event.
@@ -140,7 +140,7 @@ def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database])
     ]
     docs = write(files, docs)
     clock = Clock(T0 + 10)
-    aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=70, clock=clock)
+    aggregator = summaries.Aggregator(files, stats_db, close_after=300, batch=70, clock=clock)
     report = aggregator.step()
     assert report.backfilled and report.read == 300
     # 05:00:10 minus close_after: the hours up to 04:00 are over.
@@ -148,7 +148,7 @@ def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database])
     hours = check_against(stats_db, requests(files), T0 - HOUR)
     assert len(report.closed) == len(hours)
     # Days: the two full days before T0's day; each holds the sum of its hours and its end.
-    days = stats_db.all_docs(monitor.DAY_PREFIX, "monitor:day;")
+    days = stats_db.all_docs(summaries.DAY_PREFIX, "monitor:day;")
     assert [d["day"] for d in days] == report.days
     assert len(days) == 2
     for day in days:
@@ -158,14 +158,14 @@ def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database])
         )
         assert day["backlog_max"] == max(h["backlog"] for h in in_day)
     # Links and users now.
-    live_links = stats_db.get(monitor.LIVE_LINKS_ID)["links"]
+    live_links = stats_db.get(summaries.LIVE_LINKS_ID)["links"]
     link = "T2_CH_CERN>T2_DE_DESY"
     assert live_links[link] == {k: v for k, v in direct_totals(docs)[model.STATE].items()}
     failed_attempts = Counter(
         a["error_class"] for d in docs for a in d.get("attempts", []) if a["outcome"] == "failed"
     )
-    assert stats_db.get(monitor.LIVE_LINKS_ID)["errors"][link] == dict(failed_attempts)
-    users = stats_db.get(monitor.LIVE_USERS_ID)["users"]
+    assert stats_db.get(summaries.LIVE_LINKS_ID)["errors"][link] == dict(failed_attempts)
+    users = stats_db.get(summaries.LIVE_USERS_ID)["users"]
     for user in ("alice", "bob"):
         assert users[user] == dict(Counter(d["state"] for d in docs if d["user"] == user))
 
@@ -177,7 +177,7 @@ def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(
     rng = random.Random(2)
     clock = Clock(T0)
     write(files, [lifecycle(T0 - rng.uniform(0, 3 * HOUR), rng) for _ in range(100)])
-    aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
+    aggregator = summaries.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
     aggregator.step()
     for n in range(1, 7):
         # An hour goes by (the agent's cycles read the feed all along: one ten minutes before
@@ -189,7 +189,7 @@ def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(
             real_put = stats_db.put
 
             def crash(doc: dict[str, Any], real_put: Any = real_put) -> str:
-                if doc["_id"] == monitor.STATE_ID:
+                if doc["_id"] == summaries.STATE_ID:
                     raise StoreError(503, "crash", "before the state document")
                 return real_put(doc)
 
@@ -197,8 +197,10 @@ def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(
             with pytest.raises(StoreError):
                 aggregator.step()
             monkeypatch.setattr(stats_db, "put", real_put)
-            aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
-        assert aggregator.step().closed == [monitor.hour_name(T0 + (n - 2) * HOUR)]
+            aggregator = summaries.Aggregator(
+                files, stats_db, close_after=300, batch=40, clock=clock
+            )
+        assert aggregator.step().closed == [summaries.hour_name(T0 + (n - 2) * HOUR)]
         clock.now = T0 + n * HOUR
         moved = []
         for doc in rng.sample(requests(files), 20):
@@ -211,31 +213,33 @@ def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(
         write(files, moved + fresh)
         if n == 3:
             # A restart: a new instance resumes from what was written.
-            aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=40, clock=clock)
+            aggregator = summaries.Aggregator(
+                files, stats_db, close_after=300, batch=40, clock=clock
+            )
         report = aggregator.step()
         assert report.read > 0
-        assert aggregator.closed_end == monitor.hour_start(clock.now - 300)
+        assert aggregator.closed_end == summaries.hour_start(clock.now - 300)
         check_against(stats_db, requests(files), aggregator.closed_end)
     # What each task did in the last 24 hours (the live document; closed hours read back after
     # the restarts), against the documents' state-axis history.
-    live = stats_db.get(monitor.LIVE_ID)
+    live = stats_db.get(summaries.LIVE_ID)
     recent: Counter = Counter()
     for doc in requests(files):
         for h in doc["history"]:
-            if h["axis"] == model.STATE and monitor.hour_start(h["at"]) >= live["tasks_since"]:
+            if h["axis"] == model.STATE and summaries.hour_start(h["at"]) >= live["tasks_since"]:
                 recent[(doc["task"], "created" if h["from"] is None else f"state:{h['to']}")] += 1
     shown = Counter(
         {(t, k): n for t, keys in live["tasks"].items() for k, n in keys.items()
          if k == "created" or k.startswith("state:")}
     )  # fmt: skip
     assert shown == recent
-    state = stats_db.get(monitor.STATE_ID)
+    state = stats_db.get(summaries.STATE_ID)
     assert state["resume_seq"] != "0"  # resumes from a recent point of the feed, not the start
     assert (
-        monitor.Tally.from_json(state["cumulative"]).totals()
-        == stats_db.get(f"{monitor.HOUR_PREFIX}{monitor.hour_name(aggregator.closed_end - HOUR)}")[
-            "totals"
-        ]
+        summaries.Tally.from_json(state["cumulative"]).totals()
+        == stats_db.get(
+            f"{summaries.HOUR_PREFIX}{summaries.hour_name(aggregator.closed_end - HOUR)}"
+        )["totals"]
     )
 
 
@@ -246,7 +250,7 @@ def test_a_request_changed_while_the_first_run_reads_is_counted_once(
     rng = random.Random(3)
     docs = write(files, [lifecycle(T0 - 5 * HOUR, rng) for _ in range(60)])
     clock = Clock(T0)
-    aggregator = monitor.Aggregator(files, stats_db, close_after=300, batch=10, clock=clock)
+    aggregator = summaries.Aggregator(files, stats_db, close_after=300, batch=10, clock=clock)
     real_changes = files.changes
     touched = {"done": False}
 
@@ -272,10 +276,10 @@ def test_purged_requests_stay_in_the_history(dbs: tuple[Database, Database], adm
     old = [lifecycle(T0 - 30 * HOUR - rng.uniform(0, HOUR), rng) for _ in range(80)]
     write(files, old + [lifecycle(T0 - rng.uniform(0, HOUR), rng) for _ in range(20)])
     clock = Clock(T0)
-    aggregator = monitor.Aggregator(files, stats_db, close_after=300, clock=clock)
+    aggregator = summaries.Aggregator(files, stats_db, close_after=300, clock=clock)
     aggregator.step()
     before = {h["_id"]: h["moves"] for h in stats_db.all_docs("monitor:hour:", "monitor:hour;")}
-    totals = stats_db.get(monitor.LIVE_ID)["totals"]
+    totals = stats_db.get(summaries.LIVE_ID)["totals"]
     bound = aggregator.purge_bound()
     assert bound is not None
     report = purge.purge(
@@ -288,7 +292,7 @@ def test_purged_requests_stay_in_the_history(dbs: tuple[Database, Database], adm
     after = {h["_id"]: h["moves"] for h in stats_db.all_docs("monitor:hour:", "monitor:hour;")}
     assert {k: v for k, v in after.items() if k in before} == before
     # "Now" still counts the purged requests: the history since the records began.
-    assert stats_db.get(monitor.LIVE_ID)["totals"] == totals
+    assert stats_db.get(summaries.LIVE_ID)["totals"] == totals
 
 
 def test_agents_write_monitor_documents_and_others_may_not(
@@ -311,10 +315,10 @@ def test_the_first_run_records_tasks_of_its_last_week_only(dbs: tuple[Database, 
     old, recent = T0 - 10 * 86400, T0 - 2 * 86400
     write(files, [lifecycle(old, rng, task="261101_000000:alice_old"),
                   lifecycle(recent, rng, task="261111_000000:alice_recent")])  # fmt: skip
-    monitor.Aggregator(files, stats_db, clock=Clock(T0)).step()
-    hours = {h["hour"]: h for h in stats_db.all_docs(monitor.HOUR_PREFIX, "monitor:hour;")}
-    tasks = {h["hour"]: h for h in stats_db.all_docs(monitor.TASKS_PREFIX, "monitor:tasks;")}
-    old_hour, recent_hour = monitor.hour_name(old), monitor.hour_name(recent)
+    summaries.Aggregator(files, stats_db, clock=Clock(T0)).step()
+    hours = {h["hour"]: h for h in stats_db.all_docs(summaries.HOUR_PREFIX, "monitor:hour;")}
+    tasks = {h["hour"]: h for h in stats_db.all_docs(summaries.TASKS_PREFIX, "monitor:tasks;")}
+    old_hour, recent_hour = summaries.hour_name(old), summaries.hour_name(recent)
     assert hours[old_hour]["moves"]["state"][">new"][0] == 1  # the moves of every hour
     assert tasks[old_hour]["tasks"] == {}
     assert tasks[recent_hour]["tasks"]["261111_000000:alice_recent"]["created"] == 1

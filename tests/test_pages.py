@@ -23,7 +23,7 @@ from agents.analytics import Analytics
 from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.submitter import Submitter
-from aso import model, monitor
+from aso import model, summaries
 from aso.designdocs import init_databases
 from aso.runtime import Runner
 from tests.conftest import PASSWORD
@@ -138,7 +138,7 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
             before = [h["to"] for h in doc["history"] if h["axis"] == "state" and h["at"] < end]
             return before[-1] if before else None
 
-        return sum(state_then(d) in monitor.BACKLOG for d in docs)
+        return sum(state_then(d) in summaries.BACKLOG for d in docs)
 
     def hourly_table() -> dict[str, dict[str, str]]:
         return {

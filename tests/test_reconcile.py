@@ -28,7 +28,7 @@ from agents.reconciler import Reconciler
 from agents.submitter import Submitter
 from aso import model, reconcile
 from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
-from aso.cli_reconcile import reconcile_cmd
+from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config
 from aso.core import request as core
 from aso.files import GfalFiles
@@ -45,8 +45,8 @@ from aso.reconcile import (
     Request,
 )
 from aso.runtime import Runner
-from aso.storage import export_path, write_file
 from aso.store import Server
+from aso.xrootd import export_path, write_file
 from tests.conftest import DESTINATION, SOURCES, preloaded_cli, sample_request
 from tests.pipeline_helpers import run_until
 
@@ -146,7 +146,7 @@ def step(agent: Any) -> dict[str, Any]:
 
 
 def cli(config: Config) -> typer.Typer:
-    """`aso reconcile` as aso/cli.py registers it, on a preloaded config."""
+    """`aso reconcile` as aso/cli/__init__.py registers it, on a preloaded config."""
     return preloaded_cli(config, commands={"reconcile": reconcile_cmd})
 
 
@@ -346,7 +346,7 @@ def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
 
 
 def cli_titles() -> list[str]:
-    from aso.cli_reconcile import TITLES
+    from aso.cli.reconcile import TITLES
 
     return [f"{title} (" for title in TITLES.values()]
 

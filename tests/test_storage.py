@@ -27,10 +27,10 @@ from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
 from aso import gfalctx, sites
-from aso.cli_storage import storage_app
+from aso.cli.storage import storage_app
 from aso.config import Config, SiteConfig, render
 from aso.localstore import free_port
-from aso.storage import (
+from aso.xrootd import (
     EmbeddedStorage,
     StorageError,
     export_path,

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from aso import couchdb, storecheck
-from aso.cli_storecheck import split_credentials
+from aso import couchdb, store_check
+from aso.cli.storecheck import split_credentials
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import init_databases
 from aso.localstore import free_port
 from aso.store import Server, design_signature
-from aso.storecheck import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
+from aso.store_check import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
 from tests.conftest import make_config, only_on, write_config
 from tests.test_cli import aso, one_line_error
 
@@ -58,13 +58,13 @@ def checked_config(store_config: Config, admin: Server, tmp_path_factory) -> Ite
 def test_embedded_store_is_fit_and_its_differences_are_warnings(checked_config):
     result = aso("store", "check", config=checked_config)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name, _ in storecheck.EMBEDDED_WARNINGS:
+    for name, _ in store_check.EMBEDDED_WARNINGS:
         assert name in result.stdout
     assert "fit for ASO: 0 error(s), 6 warning(s)" in result.stdout
     report = json.loads(aso("store", "check", "--json", config=checked_config).stdout)
     assert report["kind"] == "pouchdb-server" and report["ok"] is True
     warned = {f["detail"].split(":")[0] for f in report["findings"] if f["level"] == WARN}
-    assert warned == {name for name, _ in storecheck.EMBEDDED_WARNINGS}
+    assert warned == {name for name, _ in store_check.EMBEDDED_WARNINGS}
     assert report["counts"]["error"] == 0
     assert any(f["item"].endswith("_design/asyncstageout") and f["level"] == OK
                for f in report["findings"])  # fmt: skip
@@ -170,7 +170,7 @@ def node_config(**changes: dict[str, str]) -> dict[str, dict[str, str]]:
 
 def couchdb_answers(config: Config, *, n: int = 3, version: str = "3.4.3") -> Answers:
     """A healthy 3-node CouchDB cluster that `aso db init` set up for `config`."""
-    expected = storecheck.expected_of(config)
+    expected = store_check.expected_of(config)
     databases = {}
     for name, spec in expected.databases.items():
         info = {"db_name": name, "doc_count": 1200, "doc_del_count": 300, "update_seq":
@@ -212,7 +212,7 @@ def couchdb_answers(config: Config, *, n: int = 3, version: str = "3.4.3") -> An
 
 
 def analyse(answers: Answers, config: Config) -> list[Finding]:
-    return storecheck.analyse(answers, storecheck.expected_of(config))
+    return store_check.analyse(answers, store_check.expected_of(config))
 
 
 def at(findings: list[Finding], level: str, words: str) -> list[Finding]:
@@ -222,7 +222,7 @@ def at(findings: list[Finding], level: str, words: str) -> list[Finding]:
 def test_a_healthy_cluster_passes():
     config = proxy_config()
     findings = analyse(couchdb_answers(config), config)
-    assert storecheck.exit_code(findings) == 0, [f for f in findings if f.level != OK]
+    assert store_check.exit_code(findings) == 0, [f for f in findings if f.level != OK]
     assert not at(findings, ERROR, "")
     assert at(findings, OK, "3 nodes, all connected")
     assert len(at(findings, OK, "on, with the front end's secret and hash")) == 3  # every node
@@ -243,7 +243,7 @@ def test_users_open_to_sign_ups_is_an_error_with_its_fix():
     findings = analyse(answers, config)
     assert len(at(findings, ERROR, "set [couchdb] users_db_security_editable = true")) == 3
     assert at(findings, ERROR, "open: no members, anonymous users may read and write")
-    assert storecheck.exit_code(findings) == 1
+    assert store_check.exit_code(findings) == 1
 
 
 def test_a_member_that_is_not_connected_is_an_error():
@@ -252,7 +252,7 @@ def test_a_member_that_is_not_connected_is_an_error():
     answers.membership = {"all_nodes": NODES[:2], "cluster_nodes": list(NODES)}
     findings = analyse(answers, config)
     assert at(findings, ERROR, f"member {NODES[2]} is not connected")
-    assert storecheck.exit_code(findings) == 1
+    assert store_check.exit_code(findings) == 1
 
 
 def test_one_copy_on_a_cluster_is_a_warning():
@@ -260,7 +260,7 @@ def test_one_copy_on_a_cluster_is_a_warning():
     answers = couchdb_answers(config, n=1)
     findings = analyse(answers, config)
     assert len(at(findings, WARN, "n=1; 1200 documents")) == 5  # each ASO database and _users
-    assert storecheck.exit_code(findings) == 0
+    assert store_check.exit_code(findings) == 0
     answers.configs = {node: node_config(cluster={"n": "1"}) for node in NODES}
     assert len(at(analyse(answers, config), WARN, "defaults q=8, n=1 on a 3-node cluster")) == 3
     # n=1 is right on a single node.
@@ -274,14 +274,14 @@ def test_one_copy_on_a_cluster_is_a_warning():
 def test_proxy_auth_off_while_the_front_end_uses_it_is_an_error():
     config = proxy_config()
     answers = couchdb_answers(config)
-    off = node_config(chttpd={"authentication_handlers": storecheck.DEFAULT_HANDLERS})
+    off = node_config(chttpd={"authentication_handlers": store_check.DEFAULT_HANDLERS})
     answers.configs[NODES[1]] = off
     findings = analyse(answers, config)
     errors = at(findings, ERROR, "needs {chttpd_auth, proxy_authentication_handler}")
     assert [f.item for f in errors] == [f"{NODES[1]}: proxy authentication"]
     # The same store is fine for a front end in session mode.
     config.frontend.auth = "session"
-    assert storecheck.exit_code(analyse(answers, config)) == 0
+    assert store_check.exit_code(analyse(answers, config)) == 0
 
 
 @pytest.mark.parametrize(
@@ -300,7 +300,7 @@ def test_proxy_auth_that_the_front_end_cannot_use_is_an_error(chttpd_auth, words
     answers.configs = {node: node_config(chttpd_auth=chttpd_auth) for node in NODES}
     findings = analyse(answers, config)
     assert len(at(findings, ERROR, words)) == 3
-    assert SECRET not in json.dumps(storecheck.as_json(answers, findings))  # never shown
+    assert SECRET not in json.dumps(store_check.as_json(answers, findings))  # never shown
 
 
 def test_proxy_hash_default_follows_the_version():
@@ -311,7 +311,7 @@ def test_proxy_hash_default_follows_the_version():
         del answers.configs[node]["chttpd_auth"]["hash_algorithms"]
     assert at(analyse(answers, config), ERROR, "not in [chttpd_auth] hash_algorithms (sha)")
     answers.welcome["version"] = "3.4.3"
-    assert storecheck.exit_code(analyse(answers, config)) == 0
+    assert store_check.exit_code(analyse(answers, config)) == 0
 
 
 def test_open_or_incomplete_security_is_an_error():
@@ -339,7 +339,7 @@ def test_too_small_documents_or_requests_are_errors():
         for node in NODES
     }
     findings = analyse(answers, config)
-    needed = storecheck.ERLANG_OVERHEAD * storecheck.largest_document(config)
+    needed = store_check.ERLANG_OVERHEAD * store_check.largest_document(config)
     assert len(at(findings, ERROR, f"65536 bytes: ASO writes documents that need {needed}")) == 3
     assert len(at(findings, ERROR, "up to frontend.max_body = 67108864")) == 3
 
@@ -401,7 +401,7 @@ def test_the_embedded_store_cannot_do_proxy_auth():
     config.frontend.auth = "session"
     findings = analyse(answers, config)
     assert not at(findings, ERROR, "proxy")
-    assert len(at(findings, WARN, "EMBEDDED_")) == len(storecheck.EMBEDDED_WARNINGS)
+    assert len(at(findings, WARN, "EMBEDDED_")) == len(store_check.EMBEDDED_WARNINGS)
 
 
 def test_the_checked_databases_are_those_db_init_makes(checked_config, admin):
@@ -410,7 +410,7 @@ def test_the_checked_databases_are_those_db_init_makes(checked_config, admin):
     from aso.config import load
 
     config = load(str(checked_config))
-    expected = storecheck.expected_databases(config)
+    expected = store_check.expected_databases(config)
     assert set(expected) <= set(admin.all_dbs())
     for name, spec in expected.items():
         for ddoc in spec.design:
@@ -438,30 +438,30 @@ def test_the_shipped_couchdb_config_passes_the_check(files, nodes):
     ini = read_ini(*files)
     config.frontend.secret = ini["chttpd_auth"]["secret"]
     welcome = couchdb_answers(config).welcome
-    findings = storecheck.check_node_config(ini, storecheck.expected_of(config), welcome, nodes)
+    findings = store_check.check_node_config(ini, store_check.expected_of(config), welcome, nodes)
     assert not [f for f in findings if f.level == ERROR], findings
     assert at(findings, OK, "proxy authentication: on, with the front end's secret and hash")
     assert at(findings, OK, f"n={nodes}")
     bind = ini["chttpd"]["bind_address"]
-    assert storecheck._is_loopback(bind) == (nodes == 1)
+    assert store_check._is_loopback(bind) == (nodes == 1)
 
 
 def test_the_attachments_csp_that_blanks_the_pages_is_an_error_with_its_fix():
     """COUCHDB_ATTACHMENTS_CSP: CouchDB's default `sandbox` policy stops the pages' script."""
     config = proxy_config()
-    expected = storecheck.expected_of(config)
+    expected = store_check.expected_of(config)
     welcome = couchdb_answers(config).welcome
     default = node_config()
     del default["csp"]
     for node, level in ((default, ERROR), (node_config(csp={"attachments_enable": "false"}), WARN),
                         (node_config(), OK)):  # fmt: skip
-        findings = storecheck.check_node_config(node, expected, welcome, 3)
+        findings = store_check.check_node_config(node, expected, welcome, 3)
         csp = [f for f in findings if f.item == "attachments CSP"]
         assert len(csp) == 1 and csp[0].level == level, csp
-    blank = at(storecheck.check_node_config(default, expected, welcome, 3), ERROR, "blank")
+    blank = at(store_check.check_node_config(default, expected, welcome, 3), ERROR, "blank")
     assert "attachments_header_value" in blank[0].detail and ATTACHMENTS_CSP in blank[0].detail
     no_script = node_config(csp={"attachments_header_value": "script-src 'none'"})
-    assert at(storecheck.check_node_config(no_script, expected, welcome, 3), ERROR, "script-src")
+    assert at(store_check.check_node_config(no_script, expected, welcome, 3), ERROR, "script-src")
 
 
 # Keys of deploy/couchdb/local.ini that each site (or each node) sets for itself: the local

@@ -2,7 +2,7 @@
 // credentials (through the front end, or on loopback). Plain JS, no build step.
 //
 // Figures over all requests come from the monitoring summaries the analytics agent keeps in the
-// statistics database (aso/monitor.py): a few small documents per page whatever the number of
+// statistics database (aso/summaries.py): a few small documents per page whatever the number of
 // requests, and history that outlives the purge. Pages about one task, link or file read the
 // files database (a key range of a view, or one document).
 //

@@ -1,7 +1,7 @@
 """`aso stats`: the daily statistics of finished transfers per link, user, destination or hour,
-from the files database's live views and the statistics database's purged batches (aso.stats).
+from the files database's live views and the statistics database's purged batches (aso.statistics).
 
-aso/cli.py registers `stats_cmd` as `aso stats`.
+aso/cli/__init__.py registers `stats_cmd` as `aso stats`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from aso import stats
-from aso.cli_common import config_of as _config
+from aso import statistics
+from aso.cli.common import config_of as _config
 from aso.store import Server
 
 console = Console()
@@ -50,7 +50,7 @@ def stats_cmd(
     ctx: typer.Context,
     by: Annotated[
         str,
-        typer.Option("--by", help="Dimension: " + ", ".join(stats.DIMENSIONS) + "."),
+        typer.Option("--by", help="Dimension: " + ", ".join(statistics.DIMENSIONS) + "."),
     ] = "link",
     days: Annotated[
         int, typer.Option("--days", min=1, help="The last N UTC days, today included.")
@@ -63,19 +63,19 @@ def stats_cmd(
 ) -> None:
     """Daily statistics of finished transfers: files, bytes, failures by error class, transfer
     times; the same before and after finished requests are purged."""
-    if by not in stats.DIMENSIONS:
+    if by not in statistics.DIMENSIONS:
         raise typer.BadParameter(
-            f"{by!r} is not one of {', '.join(stats.DIMENSIONS)}", param_hint="--by"
+            f"{by!r} is not one of {', '.join(statistics.DIMENSIONS)}", param_hint="--by"
         )
     config = _config(ctx)
-    default_first, default_last = stats.days_back(days, time.time())
+    default_first, default_last = statistics.days_back(days, time.time())
     first_day = _day(first, "--from") or default_first
     last_day = _day(last, "--to") or default_last
     if first_day > last_day:
         raise typer.BadParameter(f"--from {first_day} is after --to {last_day}")
     server = Server.from_config(config)
     sources = [server.db(config.store.files_db), server.db(config.store.stats_db)]
-    rows = stats.read(sources, by, first_day, last_day)
+    rows = statistics.read(sources, by, first_day, last_day)
     if json_out:
         print(json.dumps({"by": by, "from": first_day, "to": last_day, "rows": rows}, indent=2))
         return
@@ -86,7 +86,7 @@ def stats_cmd(
     for r in rows:
         table.add_row(*_cells(r["day"], r["name"], r))
     if rows:
-        whole = stats.total(rows)
+        whole = statistics.total(rows)
         mean = whole["time_sum"] / whole["time_count"] if whole["time_count"] else None
         merged: dict[str, dict[str, int]] = {}
         for r in rows:

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model, monitor
+from aso import model, summaries
 from aso.store import Database, Server
 
 SCHEMA_VERSION = 1
@@ -368,7 +368,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
     return;
   }
   if (newDoc._id.indexOf('monitor:') === 0) {
-    // The monitoring summaries (aso/monitor.py): recomputed, so rewritten as they come.
+    // The monitoring summaries (aso/summaries.py): recomputed, so rewritten as they come.
     if ($monitor_types.indexOf(newDoc.type) < 0) {
       refuse('schema', 'monitor: documents have one of the types ' + $monitor_types.join(', '));
     }
@@ -395,7 +395,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
 DESIGN: dict[str, Any] = {
     "_id": f"_design/{DDOC}",
     "language": "javascript",
-    "validate_doc_update": VALIDATE.replace("$monitor_types", json.dumps(list(monitor.TYPES))),
+    "validate_doc_update": VALIDATE.replace("$monitor_types", json.dumps(list(summaries.TYPES))),
     "views": {
         **{
             name: {"map": _batch_map(emit), "reduce": _REDUCES[name]}

@@ -1,6 +1,7 @@
 """`aso storage start|stop|status`: the embedded XRootD servers of the site catalogue.
 
-aso/cli.py mounts `storage_app` as `aso storage` and turns StorageError into a one-line error.
+aso/cli/__init__.py mounts `storage_app` as `aso storage` and turns StorageError into a one-line
+error.
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from aso.cli_common import config_of as _config
-from aso.storage import EmbeddedStorage
+from aso.cli.common import config_of as _config
+from aso.xrootd import EmbeddedStorage
 
 console = Console(soft_wrap=True)  # one line per site, however long
 

@@ -1,5 +1,5 @@
 """What every `aso` sub-command module shares: the configuration of the invocation. Its own
-module so that aso/cli.py and the modules it mounts (cli_catalog, cli_storage, ...) import it
+module so that aso/cli/__init__.py and the modules it mounts (catalog, storage, ...) import it
 without importing each other."""
 
 from __future__ import annotations

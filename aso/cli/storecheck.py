@@ -1,4 +1,4 @@
-"""`aso store check [URL]`: report whether a CouchDB-API store is fit for ASO (aso/storecheck.py).
+"""`aso store check [URL]`: report whether a CouchDB-API store is fit for ASO (aso/store_check.py).
 
 Exit code 0: fit (warnings allowed); 1: problems found. A store that cannot be reached or
 refuses the credentials is one `aso: error:` line (aso.cli.main), nothing else.
@@ -14,12 +14,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from aso import storecheck
-from aso.cli_common import config_of
+from aso import store_check
+from aso.cli.common import config_of
 from aso.store import Server, Settings, Unauthorized, redact
 
 console = Console()
-STYLE = {storecheck.OK: "green", storecheck.WARN: "yellow", storecheck.ERROR: "bold red"}
+STYLE = {store_check.OK: "green", store_check.WARN: "yellow", store_check.ERROR: "bold red"}
 CHECK_RETRIES = 1  # a check should say "unreachable" in seconds, not after the agents' retries
 
 
@@ -68,31 +68,31 @@ def store_check_cmd(
     settings = Settings.of(config.store)
     settings.retries = min(settings.retries, CHECK_RETRIES)
     server = Server(bare, user or "", password or "", settings)
-    expected = storecheck.expected_of(config)
+    expected = store_check.expected_of(config)
     try:
-        answers = storecheck.gather(server, expected, config.store.agent_password)
+        answers = store_check.gather(server, expected, config.store.agent_password)
     except Unauthorized as exc:
         who = user or "anonymous"
         raise Unauthorized(
             exc.status, exc.error, f"{redact(bare)} refused the credentials of {who}", exc.url
         ) from None
-    findings = storecheck.analyse(answers, expected)
+    findings = store_check.analyse(answers, expected)
     if json_out:
-        console.print_json(data=storecheck.as_json(answers, findings))
+        console.print_json(data=store_check.as_json(answers, findings))
     else:
         print_findings(findings)
-    raise typer.Exit(storecheck.exit_code(findings))
+    raise typer.Exit(store_check.exit_code(findings))
 
 
-def print_findings(findings: list[storecheck.Finding]) -> None:
+def print_findings(findings: list[store_check.Finding]) -> None:
     table = Table("", "item", "detail")
     for finding in findings:
         style = STYLE[finding.level]
         # Text, not markup: details quote ini sections such as [chttpd].
         table.add_row(Text(finding.level, style=style), Text(finding.item), Text(finding.detail))
     console.print(table)
-    counts = {level: sum(f.level == level for f in findings) for level in storecheck.LEVELS}
-    verdict = "problems found" if counts[storecheck.ERROR] else "fit for ASO"
+    counts = {level: sum(f.level == level for f in findings) for level in store_check.LEVELS}
+    verdict = "problems found" if counts[store_check.ERROR] else "fit for ASO"
     console.print(
         f"{verdict}: {counts['error']} error(s), {counts['warn']} warning(s), {counts['ok']} ok",
         highlight=False,

@@ -1,6 +1,6 @@
 """`aso catalog ls|blocks DATASET`: what the catalog holds for a dataset.
 
-aso/cli.py mounts `catalog_app` as `aso catalog`. The catalog is the configured one: the
+aso/cli/__init__.py mounts `catalog_app` as `aso catalog`. The catalog is the configured one: the
 embedded catalog database (`store.catalog_db`, default "aso_catalog") unless `publisher.catalog` is
 "dbs", then DBS3 through the `[dbs]` section. A dataset the catalog does not know is not an
 error: a message on stderr, exit 0, and an empty list with --json.
@@ -17,8 +17,8 @@ from rich.table import Table
 
 from aso.catalog import open_catalog
 from aso.catalog.base import Catalog, CatalogError
-from aso.cli_common import config_of as _config
-from aso.cli_common import utc_time
+from aso.cli.common import config_of as _config
+from aso.cli.common import utc_time
 from aso.config import Config
 
 console = Console()

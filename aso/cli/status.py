@@ -1,5 +1,5 @@
 """`aso status`: a task's files (per job, with counts and an estimated completion), what changed
-since a time, or one file's whole story (aso.status). aso/cli.py registers `status_cmd`."""
+since a time, or one file's whole story (aso.status). aso/cli/__init__.py registers `status_cmd`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from aso import status
-from aso.cli_common import config_of as _config
-from aso.cli_common import utc_time
+from aso.cli.common import config_of as _config
+from aso.cli.common import utc_time
 from aso.store import Database, Server
 
 console = Console()

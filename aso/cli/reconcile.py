@@ -1,11 +1,11 @@
 """`aso reconcile [--fix] [--json] [--kind KIND ...]`: where the documents, the storage and the
 catalog disagree (aso.reconcile), and with --fix, the repairs.
 
-aso/cli.py registers `reconcile_cmd` as `aso reconcile`. Reads use the everyday account; repairs
-an agent could make are written with the agent account (the store checks them against the
-agents' transitions), the others need the everyday account to be an operator (aso-admin or a
-server admin). Exit code 0 when everything agrees (or, with --fix, when every finding was
-repaired), 1 when something disagrees or could not be checked.
+aso/cli/__init__.py registers `reconcile_cmd` as `aso reconcile`. Reads use the everyday
+account; repairs an agent could make are written with the agent account (the store checks them
+against the agents' transitions), the others need the everyday account to be an operator
+(aso-admin or a server admin). Exit code 0 when everything agrees (or, with --fix, when every
+finding was repaired), 1 when something disagrees or could not be checked.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aso import model, reconcile
-from aso.cli_common import config_of as _config
+from aso.cli.common import config_of as _config
 from aso.config import Config
 
 console = Console()

@@ -3,6 +3,12 @@
 Errors that are the user's or the environment's (bad config, unreachable store, refused
 document) end in one line on stderr and a non-zero exit code, never a traceback:
 1 = the operation failed, 2 = bad usage or configuration.
+
+The CLI is the top layer: this module holds the app, its everyday commands and `main` (the
+console script); the larger command groups have a module each in this package (catalog.py,
+frontend.py, metrics.py, reconcile.py, sim.py, stats.py, status.py, storage.py, storecheck.py),
+sharing common.py. No library module of aso/ and nothing in sim/ imports the CLI
+(tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -21,16 +27,16 @@ from rich.table import Table
 from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
-from aso.cli_catalog import catalog_app
-from aso.cli_common import config_of as _config
-from aso.cli_frontend import certs_app, frontend_cmd
-from aso.cli_metrics import metrics_app
-from aso.cli_reconcile import reconcile_cmd
-from aso.cli_sim import sim_cmd
-from aso.cli_stats import stats_cmd
-from aso.cli_status import status_cmd
-from aso.cli_storage import storage_app
-from aso.cli_storecheck import store_check_cmd
+from aso.cli.catalog import catalog_app
+from aso.cli.common import config_of as _config
+from aso.cli.frontend import certs_app, frontend_cmd
+from aso.cli.metrics import metrics_app
+from aso.cli.reconcile import reconcile_cmd
+from aso.cli.sim import sim_cmd
+from aso.cli.stats import stats_cmd
+from aso.cli.status import status_cmd
+from aso.cli.storage import storage_app
+from aso.cli.storecheck import store_check_cmd
 from aso.config import ConfigError
 from aso.couchdb import join_cluster
 from aso.designdocs import init_databases
@@ -38,10 +44,10 @@ from aso.gridenv import CredentialError
 from aso.localstore import LocalCluster, LocalStoreError
 from aso.managed import local_store
 from aso.runtime import Runner
-from aso.storage import StorageError
 from aso.store import Database, Server, StoreError, redact
 from aso.supervisor import Supervisor
 from aso.upload import adler32_of, requests_from_json, upload
+from aso.xrootd import StorageError
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -439,7 +445,7 @@ def demo_cmd(
     """Write files into two source sites' temp areas, upload their transfer requests for two
     users and follow them (needs `aso run` on the embedded defaults)."""
     from aso.demo import DemoPlan, follow, through_frontend, write_and_upload
-    from aso.storage import write_file
+    from aso.xrootd import write_file
 
     config = _config(ctx)
     logging.getLogger("aso.upload").setLevel(logging.WARNING)  # a line per file is noise here

@@ -1,10 +1,9 @@
-"""`aso sim`: the lifecycle simulator (sim/lifecycle.py) from the command line. aso/cli.py
+"""`aso sim`: the lifecycle simulator (sim/lifecycle.py) from the command line. aso/cli/__init__.py
 registers `sim_cmd`. It needs no config file: the run writes its own into its workspace."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import Annotated
@@ -15,16 +14,15 @@ from rich.console import Console
 console = Console()
 err_console = Console(stderr=True)
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
 
 def parse_duration(text: str) -> float:
-    """Seconds of `90`, `90s`, `15m`, `2h` or `1d`."""
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise typer.BadParameter(f"{text!r} is not a duration such as 90, 90s, 15m, 2h or 1d")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    """Seconds of `90`, `90s`, `15m`, `2h` or `1d` (sim/workload.py), a bad parameter else."""
+    from sim.workload import parse_duration as seconds
+
+    try:
+        return seconds(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def parse_instances(values: list[str]) -> dict[str, int]:

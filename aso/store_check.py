@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from aso import model, stats
+from aso import model, statistics
 from aso.catalog import embedded as catalog
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
@@ -129,11 +129,11 @@ def expected_databases(config: Config) -> dict[str, DatabaseSpec]:
     store = config.store
     return {
         store.files_db: DatabaseSpec(
-            FILES_SECURITY, (*design_documents(config), stats.LIVE_DESIGN)
+            FILES_SECURITY, (*design_documents(config), statistics.LIVE_DESIGN)
         ),
         store.transfers_db: DatabaseSpec(jobstore.SECURITY, (jobstore.JOBS_DDOC,)),
         store.catalog_db: DatabaseSpec(catalog.SECURITY, (catalog.DESIGN,)),
-        store.stats_db: DatabaseSpec(stats.SECURITY, (stats.DESIGN,)),
+        store.stats_db: DatabaseSpec(statistics.SECURITY, (statistics.DESIGN,)),
         "_users": DatabaseSpec(USERS_SECURITY, ()),
     }
 

@@ -1,5 +1,5 @@
 """`aso frontend` (the X.509 front end, aso.frontend) and `aso certs demo` (a throw-away grid
-PKI, aso.pki). aso/cli.py registers both."""
+PKI, aso.pki). aso/cli/__init__.py registers both."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from aso.cli_common import config_of as _config
+from aso.cli.common import config_of as _config
 
 certs_app = typer.Typer(help="Certificates for demos and tests.", no_args_is_help=True)
 

@@ -5,7 +5,7 @@ record it in their heartbeats; this writes Prometheus's file-based service disco
 live ones (`file_sd_configs`), so that a new agent host or instance is scraped without editing
 Prometheus's configuration. Run it every minute (a systemd timer or cron) next to Prometheus.
 
-aso/cli.py mounts `metrics_app` as `aso metrics`.
+aso/cli/__init__.py mounts `metrics_app` as `aso metrics`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 
 from aso import metrics, model
-from aso.cli_common import config_of as _config
+from aso.cli.common import config_of as _config
 from aso.store import Server
 
 console = Console()
