@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 from cryptography import x509
 from OpenSSL import SSL
 from prometheus_client.twisted import MetricsResource
-from twisted.internet import defer, protocol, reactor, threads
+from twisted.internet import defer, protocol, threads
 from twisted.internet.error import CannotListenError
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
@@ -269,7 +269,18 @@ class _Relay(protocol.Protocol):
             self.request.loseConnection()
 
 
+def _watch_client(request: server.Request) -> None:
+    """Remember when the client goes away before its answer (Twisted's own flag is private)."""
+    request.notifyFinish().addErrback(lambda _: setattr(request, "aso_client_gone", True))
+
+
+def _client_gone(request: server.Request) -> bool:
+    return bool(request.finished) or bool(getattr(request, "aso_client_gone", False))
+
+
 def _answer(request: server.Request, status: int, error: str, reason: str) -> None:
+    if _client_gone(request):
+        return  # nobody to tell (the client left while its certificate was checked)
     request.setResponseCode(status)
     request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
     request.write(json.dumps({"error": error, "reason": reason}).encode() + b"\n")
@@ -374,10 +385,13 @@ class _Site(server.Site):
 class FrontEnd(resource.Resource):
     isLeaf = True
 
-    def __init__(self, config: Config, trust: TrustStore, gridmap: GridMap, identity: Any):
+    def __init__(
+        self, config: Config, trust: TrustStore, gridmap: GridMap, identity: Any, reactor: Any
+    ):
         super().__init__()  # type: ignore[no-untyped-call]  # unannotated in Twisted
         self.config = config
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
+        self.reactor = reactor
         url = urlsplit(config.store.url)
         if url.scheme != "http":
             raise ValueError("the front end forwards to a store on http:// (its loopback side)")
@@ -395,19 +409,55 @@ class FrontEnd(resource.Resource):
 
     def render(self, request: server.Request) -> Any:
         _measure(request)
-        try:
-            identity = self.client_identity(request)
-        except Refused as refused:
+        _watch_client(request)
+        channel = cast(_Channel, request.channel)  # every request comes through _Site
+        kept: tuple[Identity, float] | None = getattr(channel, "_aso_identity", None)
+        if kept is not None and time.monotonic() - kept[1] < REVERIFY:
+            self.authorised(request, kept[0])
+            return server.NOT_DONE_YET
+        # The chain is read here (the TLS connection is the reactor's); verifying it (CRLs, a
+        # CA directory read again after fetch-crl) takes a thread, so that one client's check
+        # never holds up the others' requests.
+        chain = peer_chain(request)
+        checked = threads.deferToThreadPool(
+            self.reactor,
+            self.reactor.getThreadPool(),
+            verify_chain,
+            chain,
+            self.trust,
+            require_crl=self.config.frontend.require_crl,
+        )
+        checked.addCallback(self.verified, request)
+        checked.addErrback(self._not_verified, request)
+        return server.NOT_DONE_YET
+
+    def verified(self, identity: Identity, request: server.Request) -> None:
+        """A connection's chain is verified once and the verdict kept for REVERIFY seconds, so
+        that keep-alive clients do not pay for it on every request, while an expired proxy or
+        a new CRL still takes effect within that time."""
+        cast(_Channel, request.channel)._aso_identity = (identity, time.monotonic())
+        self.authorised(request, identity)
+
+    def _not_verified(self, failure: Any, request: server.Request) -> None:
+        if failure.check(Refused):
+            refused = failure.value
             log.warning("refused %s %s: %s", _method(request), _path(request), refused.reason)
             metrics.FRONTEND_REFUSALS.labels("certificate").inc()
             _answer(request, refused.status, "unauthorized", refused.reason)
-            return server.NOT_DONE_YET
+            return
+        log.error("cannot verify the client of %s: %s", _path(request), failure.getErrorMessage())
+        _answer(request, 500, "internal_error", "the client's certificate could not be checked")
+
+    def authorised(self, request: server.Request, identity: Identity) -> None:
+        """Map the verified client, check the request at the gate, and forward it."""
+        if _client_gone(request):
+            return
         who = self.gridmap.lookup(identity.dn)
         if who is None:
             log.warning("refused %s: DN %s is not mapped", _path(request), identity.dn)
             metrics.FRONTEND_REFUSALS.labels("unmapped").inc()
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
-            return server.NOT_DONE_YET
+            return
         content = cast(BinaryIO, request.content)  # the body, read whole before render
         content.seek(0)
         verdict = gate.check(request.method, request.uri, content.read())
@@ -416,41 +466,25 @@ class FrontEnd(resource.Resource):
                         verdict.reason)  # fmt: skip
             metrics.FRONTEND_REFUSALS.labels("gate").inc()
             _answer(request, verdict.status, verdict.error, verdict.reason)
-            return server.NOT_DONE_YET
+            return
         target = verdict.target
         headers = self.identity.ready(who)
         if headers is not None:
             self.forward(request, who, headers, target)
-            return server.NOT_DONE_YET
-        done = threads.deferToThread(self.identity.prepare, who)  # may write to the store
+            return
+        done = threads.deferToThreadPool(  # may write to the store
+            self.reactor, self.reactor.getThreadPool(), self.identity.prepare, who
+        )
         done.addCallback(lambda headers: self.forward(request, who, headers, target))
         done.addErrback(self._failed, request)
-        return server.NOT_DONE_YET
-
-    def client_identity(self, request: server.Request) -> Identity:
-        """The verified identity of the request's TLS connection. A connection's chain is
-        verified once and the verdict kept for REVERIFY seconds, so that keep-alive clients do
-        not pay for it on every request, while an expired proxy or a new CRL still takes
-        effect within that time."""
-        channel = cast(_Channel, request.channel)  # every request comes through _Site
-        kept: tuple[Identity, float] | None = getattr(channel, "_aso_identity", None)
-        now = time.monotonic()
-        if kept is not None and now - kept[1] < REVERIFY:
-            return kept[0]
-        identity = verify_chain(
-            peer_chain(request), self.trust, require_crl=self.config.frontend.require_crl
-        )
-        channel._aso_identity = (identity, now)
-        return identity
 
     def _failed(self, failure: Any, request: server.Request) -> None:
-        if failure.check(Refused) and not request.finished:
+        if failure.check(Refused):
             refused = failure.value
             _answer(request, refused.status, "forbidden", refused.reason)
             return
         log.error("cannot forward %s: %s", _path(request), failure.getErrorMessage())
-        if not request.finished:
-            _answer(request, 502, "bad_gateway", "the document store is not available")
+        _answer(request, 502, "bad_gateway", "the document store is not available")
 
     def forward(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], target: bytes
@@ -486,7 +520,7 @@ class FrontEnd(resource.Resource):
         sent.addErrback(self._upstream_failed, request)
 
     def _relay(self, response: Any, request: server.Request) -> None:
-        if request.finished or request._disconnected:
+        if _client_gone(request):
             response.deliverBody(_Relay(request))  # read nothing more; the relay drops it
             return
         request.setResponseCode(response.code, response.phrase)
@@ -497,7 +531,7 @@ class FrontEnd(resource.Resource):
         response.deliverBody(_Relay(request))
 
     def _upstream_failed(self, failure: Any, request: server.Request) -> None:
-        if failure.check(defer.CancelledError) or request.finished or request._disconnected:
+        if failure.check(defer.CancelledError) or _client_gone(request):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
@@ -529,7 +563,7 @@ class ServerTLS:
         return self.context
 
 
-def build(config: Config) -> tuple[FrontEnd, ServerTLS]:
+def build(config: Config, reactor: Any) -> tuple[FrontEnd, ServerTLS]:
     fe = config.frontend
     trust = TrustStore(config.path(fe.capath))
     trust.refresh()
@@ -540,7 +574,7 @@ def build(config: Config) -> tuple[FrontEnd, ServerTLS]:
         reserved = (config.store.admin_user, config.store.agent_user, config.store.user)
         identity = Sessions(fe.secret, Server.from_config(config, account="admin"), reserved)
     tls = ServerTLS(config.path(fe.host_cert), config.path(fe.host_key))
-    return FrontEnd(config, trust, gridmap, identity), tls
+    return FrontEnd(config, trust, gridmap, identity, reactor), tls
 
 
 _METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "COPY", "OPTIONS"}
@@ -559,7 +593,7 @@ def _measure(request: server.Request) -> None:
     request.notifyFinish().addBoth(finished)
 
 
-def serve_metrics(config: Config) -> None:
+def serve_metrics(config: Config, reactor: Any) -> None:
     """The front end's Prometheus metrics, over plain HTTP on metrics.frontend_port. A port
     already taken turns the metrics off, loudly, not the front end: users keep their service."""
     settings = config.metrics
@@ -582,15 +616,17 @@ def serve_metrics(config: Config) -> None:
 
 
 def serve(config: Config) -> None:
-    """Run the front end until SIGTERM/SIGINT."""
-    root, tls = build(config)
+    """Run the front end on Twisted's global reactor until SIGTERM/SIGINT."""
+    from twisted.internet import reactor  # installed on first import: only the process's entry
+
+    root, tls = build(config, reactor)
     host, _, port = config.frontend.listen.rpartition(":")
     site = _Site(root, config.frontend.max_body)
     site.displayTracebacks = False
     running = cast(_Reactor, reactor)
     running.suggestThreadPoolSize(16)
     running.listenSSL(int(port), site, tls, interface=host)
-    serve_metrics(config)
+    serve_metrics(config, reactor)
     log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
              config.store.url, config.frontend.auth)  # fmt: skip
     print(f"ASO front end listening on https://{host}:{port}", flush=True)

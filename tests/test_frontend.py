@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import requests
 from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 
+from aso import frontend as frontend_module
 from aso import model, proxycert
 from aso.config import Config
 from aso.designdocs import known_sites
@@ -633,3 +635,96 @@ def test_the_mapfile_grants_group_areas_and_refuses_names_that_would_share_an_ar
     ):
         with pytest.raises(MapfileError, match=re.escape(words)):
             GridMap.parse(line)
+
+
+# --- in process: the front end on a reactor of this test session ---------------------------
+@pytest.fixture(scope="module")
+def running_reactor() -> Iterator[Any]:
+    """Twisted's reactor, run in a thread of the test process (it cannot be started twice in
+    one process: one for the module, stopped at its end)."""
+    from twisted.internet import reactor
+
+    thread = threading.Thread(
+        target=reactor.run, kwargs={"installSignalHandlers": False}, daemon=True
+    )
+    thread.start()
+    yield reactor
+    reactor.callFromThread(reactor.stop)
+    thread.join(30)
+
+
+@contextmanager
+def frontend_in_process(reactor: Any, config: Config) -> Iterator[str]:
+    """The front end of `config` served by `reactor` (aso.frontend.build takes the reactor)."""
+    from twisted.internet.threads import blockingCallFromThread
+
+    root, tls = frontend_module.build(config, reactor)
+    site = frontend_module._Site(root, config.frontend.max_body)
+    host, _, port = config.frontend.listen.rpartition(":")
+    listening = blockingCallFromThread(
+        reactor, reactor.listenSSL, int(port), site, tls, interface=host
+    )
+    try:
+        yield f"https://{config.frontend.listen}"
+    finally:
+        blockingCallFromThread(reactor, listening.stopListening)
+
+
+def test_a_slow_certificate_check_holds_up_no_other_client(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Certificate and CRL checks run off the reactor thread (issue 19): while dave's check is
+    held (a CRL being read, say), carol's request is answered; on the reactor thread, carol's
+    request would wait for dave's check, which this test releases only after carol's answer."""
+    release = threading.Event()
+    verify = frontend_module.verify_chain
+
+    def held_for_dave(chain: Any, trust: Any, **kw: Any) -> Any:
+        identity = verify(chain, trust, **kw)
+        if identity.dn.endswith("CN=dave"):
+            assert release.wait(120), "dave's check was never released"
+        return identity
+
+    monkeypatch.setattr(frontend_module, "verify_chain", held_for_dave)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(1) as pool:
+        daves = pool.submit(call, url, pki, dave, "GET", f"/{files_db}")
+        try:
+            answer = call(url, pki, carol, "GET", f"/{files_db}")
+            assert answer.status_code == 200, answer.text
+            assert not daves.done()
+        finally:
+            release.set()
+        assert daves.result(60).status_code == 200
+
+
+def test_a_client_gone_before_its_check_ends_gets_nothing_and_breaks_nothing(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """A client that leaves while its certificate is checked: the answer is not written to
+    a closed connection, and the next client is served."""
+    checked, release = threading.Event(), threading.Event()
+    verify = frontend_module.verify_chain
+
+    def held(chain: Any, trust: Any, **kw: Any) -> Any:
+        identity = verify(chain, trust, **kw)
+        if identity.dn.endswith("CN=dave"):
+            checked.set()
+            assert release.wait(120)
+        return identity
+
+    monkeypatch.setattr(frontend_module, "verify_chain", held)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    with frontend_in_process(running_reactor, config) as url:
+        with ThreadPoolExecutor(1) as pool:
+            gone = pool.submit(
+                requests.get, f"{url}/{files_db}", cert=cert_files(pki, "dave"),
+                verify=str(pki.ca_file), timeout=2,
+            )  # fmt: skip
+            assert checked.wait(60)
+            with pytest.raises(requests.exceptions.ReadTimeout):
+                gone.result(60)  # the client gave up and closed its connection
+            release.set()
+        answer = call(url, pki, cert_files(pki, "carol"), "GET", f"/{files_db}")
+        assert answer.status_code == 200, answer.text
