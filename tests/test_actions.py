@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
+from pathlib import Path
 
 from aso import model
 from aso.actions import kill, resubmit
@@ -109,11 +111,8 @@ def test_another_user_cannot_kill_or_resubmit(files_db, accounts):
     assert db_as(accounts, "alice", files_db).get(ids[0])[STATE] == "new"
 
 
-def test_kill_and_resubmit_commands(files_db, accounts, store_config, tmp_path):
-    import dataclasses
-
-    task = "261121_180004:alice_cli"
-    ids = put_in_states(accounts, files_db, task, ["new", "failed"])
+def alice_config(store_config, files_db, accounts, tmp_path) -> Path:
+    """The config file of alice's `aso` commands on `files_db`."""
     config = dataclasses.replace(
         store_config,
         source=tmp_path / "aso.toml",
@@ -124,7 +123,13 @@ def test_kill_and_resubmit_commands(files_db, accounts, store_config, tmp_path):
             password=accounts["alice"]._password,
         ),
     )
-    path = write_config(config)
+    return write_config(config)
+
+
+def test_kill_and_resubmit_commands(files_db, accounts, store_config, tmp_path):
+    task = "261121_180004:alice_cli"
+    ids = put_in_states(accounts, files_db, task, ["new", "failed"])
+    path = alice_config(store_config, files_db, accounts, tmp_path)
     killed = aso("kill", "--task", task, "--json", config=path)
     assert killed.returncode == 0, killed.stderr
     assert json.loads(killed.stdout)["changed"] == {ids[0]: "killed"}
@@ -138,8 +143,6 @@ def test_kill_and_resubmit_commands(files_db, accounts, store_config, tmp_path):
 def test_publish_retry_command(files_db, accounts, store_config, tmp_path):
     """`aso publish --retry TASK` had always crashed (the action was never registered): the
     command itself gives a failed publication back to the publisher."""
-    import dataclasses
-
     task = "261121_180005:alice_pubretry"
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
     doc = sample_request(
@@ -152,17 +155,7 @@ def test_publish_retry_command(files_db, accounts, store_config, tmp_path):
     for axis, to in moves:
         doc = model.transition(doc, [Change(axis, to, "t")], AGENT, publication_block="/P#b")
         doc["_rev"] = agent.put(doc)
-    config = dataclasses.replace(
-        store_config,
-        source=tmp_path / "aso.toml",
-        store=dataclasses.replace(
-            store_config.store,
-            files_db=files_db,
-            user="alice",
-            password=accounts["alice"]._password,
-        ),
-    )
-    path = write_config(config)
+    path = alice_config(store_config, files_db, accounts, tmp_path)
     retried = aso("publish", "--retry", task, "--json", config=path)
     assert retried.returncode == 0, retried.stderr
     assert json.loads(retried.stdout)["changed"] == {doc["_id"]: "pending"}
