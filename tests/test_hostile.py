@@ -7,7 +7,7 @@ here, not every test after it.
 
 What holds for every generated case:
 * validate_doc_update, written as a user or an agent (never the admin): the store's verdict is
-  aso.model.validate_doc_update's, reason for reason; a refusal is a 403 `forbidden`, an
+  tests/validation_oracle.py's, reason for reason; a refusal is a 403 `forbidden`, an
   acceptance stores exactly what was sent and a valid request; never a 500, and the store
   still answers afterwards; a refused write leaves the stored document as it was.
 * upload(): each document ends in exactly one of recorded/already/refused (with a reason);
@@ -55,6 +55,7 @@ from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
 from aso.pki import Pki
 from aso.store import Server, StoreError
 from aso.upload import IDENTITY, upload
+from tests import validation_oracle as oracle
 from tests.conftest import own_store, sample_request, write_config
 from tests.hostile_strategies import LONG, json_values, mutated, requests, texts
 from tests.test_frontend import ASO, cert_files
@@ -129,7 +130,7 @@ SITES = known_sites(Config())
 
 def python_verdict(new: dict[str, Any], old: dict[str, Any] | None, who: str) -> str | None:
     try:
-        model.validate_doc_update(new, old, user_ctx(who), SITES)
+        oracle.validate_doc_update(new, old, user_ctx(who), SITES)
     except model.Refusal as refusal:
         return refusal.reason
     return None

@@ -20,6 +20,7 @@ from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.sites import simulated
 from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
+from tests import validation_oracle as oracle
 from tests.conftest import ACCOUNT_ROLES, db_as, sample_request
 
 ROLE_ACCOUNT = {OWNER: "alice", AGENT: "agent", "other user": "bob"}
@@ -188,7 +189,7 @@ NAMESPACE_ATTACKS = [
 def test_a_user_stays_in_their_own_namespace(files_db, accounts, who, case, edit, reason):
     """Issue 18, finding 6: alice had written into bob's area, taken bob's not yet recorded
     temporary output as her source (the cleaner then deleted it) and put her file in bob's
-    dataset. CMS's namespaces are the store's rule (model.namespace_refusal), as the model
+    dataset. CMS's namespaces are the store's rule (namespaceRefusal), as the model
     says."""
     owner = db_as(accounts, who, files_db)
     doc = sample_request(who)
@@ -198,7 +199,7 @@ def test_a_user_stays_in_their_own_namespace(files_db, accounts, who, case, edit
         owner.create(doc)
     assert f"[namespace] {reason}" in str(refused.value), refused.value
     with pytest.raises(model.Refusal, match=re.escape(reason)):
-        model.validate_doc_update(doc, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
+        oracle.validate_doc_update(doc, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
     assert owner.get(doc["_id"]) is None
 
 
@@ -234,7 +235,7 @@ def test_a_request_naming_an_unknown_site_is_refused_at_upload(
     assert f"[site] {reason}" in str(refused.value), refused.value
     user = {"name": "alice", "roles": [model.USER_ROLE]}
     with pytest.raises(model.Refusal, match=re.escape(reason)):
-        model.validate_doc_update(doc, None, user, designdocs.known_sites(store_config))
+        oracle.validate_doc_update(doc, None, user, designdocs.known_sites(store_config))
     assert owner.get(doc["_id"]) is None
     owner.create(sample_request("alice"))  # the catalogue's sites are accepted
 
@@ -287,7 +288,7 @@ def test_a_request_cannot_be_born_finished(files_db, accounts, state, cleanup, p
         owner.create(doc)
     assert reason in str(refused.value), refused.value
     with pytest.raises(model.Refusal, match=reason):
-        model.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
+        oracle.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
     assert owner.get(doc["_id"]) is None
 
 

@@ -128,7 +128,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
   // property key).
-  // aso/model.py namespace_refusal, line by line: CMS's namespaces of user `name`.
+  // CMS's namespaces of user `name` (tests/validation_oracle.py follows it line by line).
   function startsWith(text, prefix) {
     return text.slice(0, prefix.length) === prefix;
   }
@@ -287,7 +287,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         refuse('create', 'a request created ' + newDoc.state + ' has ' + axis + ' ' + born[axis].join(' or ') + ', not ' + newDoc[axis]);
       }
     }
-    // aso/model.py site_refusal.
+    // The sites of the catalogue (tests/validation_oracle.py site_refusal).
     var ends = ['source', 'destination'];
     for (k = 0; k < ends.length; k++) {
       if (sites.indexOf(newDoc[ends[k]]) === -1) {
