@@ -25,7 +25,7 @@ from aso import faults
 from aso.config import Config
 from aso.core import request
 from aso.model import AT_THE_SERVICE, STATE, STOPPED
-from aso.runtime import Agent, Membership, set_aside_reason
+from aso.runtime import Agent, Membership
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
 from aso.workqueue import ACTIVE, LEASE
@@ -162,17 +162,22 @@ class Monitor(Agent):
                     file_status = job.files.get(doc["_id"]) if job else None
                     try:
                         updated = outcome(doc, file_status, job is not None, self.instance, now)
+                        self.succeeded_on(doc)
                     except Exception as exc:
                         updated = self.set_aside(doc, exc, now)
                     if updated is not None:
                         updates.append(updated)
         return updates
 
-    def set_aside(self, doc: dict[str, Any], exc: Exception, now: float) -> dict[str, Any]:
+    def set_aside(self, doc: dict[str, Any], exc: Exception, now: float) -> dict[str, Any] | None:
         """A file whose outcome this monitor cannot work out (an answer of the service it
-        cannot read, an error of ours): its attempt ends `unprocessable`, so that it leaves
-        the monitor's work (the retry manager makes it `failed`; a kill still ends `killed`)."""
-        return request.set_aside(doc, self.instance, now, set_aside_reason(self.name, doc, exc))
+        cannot read, an error of ours): asked again next poll, then (agents.set_aside_after)
+        its attempt ends `unprocessable`, so that it leaves the monitor's work (the retry
+        manager makes it `failed`; a kill still ends `killed`)."""
+        reason = self.failed_on(doc, exc)
+        if reason is None:
+            return None  # left at the service's word for now: asked again next poll
+        return request.set_aside(doc, self.instance, now, reason)
 
     def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Expired leases, and kills of files that never got a job id in their document."""

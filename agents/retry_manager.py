@@ -20,7 +20,7 @@ from aso.config import Config
 from aso.core import request
 from aso.model import STATE
 from aso.retry import RetryPolicy, load_policy
-from aso.runtime import Agent, Membership, set_aside_reason
+from aso.runtime import Agent, Membership
 from aso.workqueue import COOLOFF, DECIDE
 
 log = logging.getLogger("aso.agent.retry_manager")
@@ -59,9 +59,11 @@ class RetryManager(Agent):
             if doc[STATE] == "failed_attempt":
                 try:
                     updates.append(decided(doc, self.policy, self.instance, now))
+                    self.succeeded_on(doc)
                 except Exception as exc:  # the policy (a plug-in) failed on this file
-                    reason = set_aside_reason(self.name, doc, exc)
-                    updates.append(request.set_aside(doc, self.instance, now, reason))
+                    reason = self.failed_on(doc, exc)
+                    if reason is not None:  # else left for the next cycle
+                        updates.append(request.set_aside(doc, self.instance, now, reason))
             elif doc[STATE] == "retry" and (doc.get("retry_after") or 0) <= now:
                 updates.append(request.cooled_off(doc, self.instance, now))
         report = {"retry": 0, "failed": 0, "new": 0, "conflicts": 0}

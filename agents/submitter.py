@@ -42,7 +42,7 @@ from aso import faults, sites
 from aso.config import Config
 from aso.core import request
 from aso.model import IN_FLIGHT, STATE
-from aso.runtime import Agent, Membership, set_aside_reason
+from aso.runtime import Agent, Membership
 from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, LEASE, SUBMIT
@@ -296,6 +296,7 @@ class Submitter(Agent):
         """Intent for every job of the batch in one bulk write, then the jobs to the service
         (in one call where it can take many), then `submitted` in one bulk write: three round
         trips for the batch instead of three per job, which capped a submitter at ~8 jobs/s."""
+        plans, made = self.screen(plans)
         keys = [f"{self.instance}:{uuid.uuid4()}" for _ in plans]
         acquired = self.acquire(plans, keys, report)
         if not acquired:
@@ -311,7 +312,7 @@ class Submitter(Agent):
                 )
                 continue
             ready[key] = docs
-        requests = self.job_requests(ready, report)
+        requests = self.job_requests(ready, made, report)
         ready = {key: ready[key] for key in requests}
         outcomes = self.service.submit_many(list(requests.values()))
         faults.point("submitter.after_submit")
@@ -333,26 +334,53 @@ class Submitter(Agent):
                 accepted.append((docs, outcome))
         self.mark_submitted(accepted, report)
 
-    def job_requests(
-        self, jobs: dict[str, list[dict[str, Any]]], report: dict[str, int]
-    ) -> dict[str, JobRequest]:
-        """The request of each job, by key. A file this submitter cannot make a transfer of (a
-        site its catalogue lacks, or any error of ours) is set aside (`failed_attempt`, class
-        `unprocessable`, with the reason; the retry manager makes it `failed`) and drops out of
-        its job: an unknown site once crash-looped the submitter and held up the files of the
+    def screen(
+        self, plans: list[list[Mapping[str, Any]]]
+    ) -> tuple[list[list[Mapping[str, Any]]], dict[str, FileTransfer | str]]:
+        """The copy of every file of the plans, made before anything is written. A file this
+        submitter cannot make a transfer of (a site its catalogue lacks, or any error of ours)
+        stays `new` for the next cycle, `agents.set_aside_after` - 1 times in a row; then it
+        goes on with its job to be acquired and set aside at once (its reason instead of its
+        copy): an unknown site once crash-looped the submitter and held up the files of the
         same cycle for minutes (issue 18)."""
+        made: dict[str, FileTransfer | str] = {}
+        screened = []
+        for docs in plans:
+            kept = []
+            for doc in docs:
+                try:
+                    made[doc["_id"]] = file_transfer(self.config, doc)
+                    self.succeeded_on(doc)
+                except Exception as exc:
+                    reason = self.failed_on(doc, exc)
+                    if reason is None:
+                        continue  # left as it is: tried again next cycle
+                    made[doc["_id"]] = reason
+                kept.append(doc)
+            if kept:
+                screened.append(kept)
+        return screened, made
+
+    def job_requests(
+        self,
+        jobs: dict[str, list[dict[str, Any]]],
+        made: dict[str, FileTransfer | str],
+        report: dict[str, int],
+    ) -> dict[str, JobRequest]:
+        """The request of each job, by key; a file screened out is set aside (`failed_attempt`,
+        class `unprocessable`, with the reason; the retry manager makes it `failed`) and drops
+        out of its job."""
         requests = {}
         for key, docs in jobs.items():
             files = []
             for doc in list(docs):
-                try:
-                    files.append(file_transfer(self.config, doc))
-                except Exception as exc:
-                    aside = request.set_aside(
-                        doc, self.instance, time.time(), set_aside_reason(self.name, doc, exc)
-                    )
-                    report["set_aside"] += len(self.write([aside], report))
-                    docs.remove(doc)
+                copy = made[doc["_id"]]
+                if isinstance(copy, FileTransfer):
+                    files.append(copy)
+                    continue
+                aside = request.set_aside(doc, self.instance, time.time(), copy)
+                report["set_aside"] += len(self.write([aside], report))
+                docs.remove(doc)
             if docs:
                 requests[key] = job_request(self.config, key, docs, tuple(files))
         return requests

@@ -371,6 +371,11 @@ class AgentsConfig:
     heartbeat_expiry: float = _key(
         60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
     )
+    set_aside_after: int = _key(
+        3,
+        "Errors of an agent's own on one request, in a row, after which it sets the request"
+        " aside (class unprocessable, with the reason) instead of trying again next cycle.",
+    )
     hang_timeout: float = _key(
         1800.0,
         "Seconds one turn of an agent's loop may last; past it the agent writes every thread's"

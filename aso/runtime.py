@@ -54,6 +54,11 @@ def set_aside_reason(agent: str, doc: Mapping[str, Any], exc: BaseException) -> 
         exc,
         exc_info=(type(exc), exc, exc.__traceback__),
     )
+    return why(agent, exc)
+
+
+def why(agent: str, exc: BaseException) -> str:
+    """What went wrong, for people: the agent, the error, and where in the code."""
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     at = f" at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}" if where else ""
     return f"{agent} could not act on this request ({type(exc).__name__}{at}): {exc}"[:4096]
@@ -195,6 +200,7 @@ class Agent:
         self.server = Server.from_config(config, account="agent")
         self.db = self.server.db(config.store.files_db)
         self._written: Callable[[list[dict[str, Any]]], None] = lambda docs: None
+        self._errors: dict[str, int] = {}  # request id → errors of ours on it in a row
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return cast(str, doc["_id"])
@@ -211,6 +217,32 @@ class Agent:
 
     def observe(self, doc: Mapping[str, Any]) -> None:
         """Every document of the `_changes` feed, when `observes` is set."""
+
+    def failed_on(self, doc: Mapping[str, Any], exc: BaseException) -> str | None:
+        """An error of this agent's own on `doc`. The first `agents.set_aside_after` - 1 times
+        in a row the request is left as it is for the next cycle (None: a passing failure, a
+        back end that hiccuped); then the reason to set it aside with (aso/core/request.py
+        set_aside), so that it cannot hold up the agent for good."""
+        doc_id = str(doc.get("_id"))
+        errors = self._errors.get(doc_id, 0) + 1
+        if errors < self.config.agents.set_aside_after:
+            self._errors[doc_id] = errors
+            log.warning(
+                "%s: request %s: error %d of %d before it is set aside: %s",
+                self.name,
+                doc_id,
+                errors,
+                self.config.agents.set_aside_after,
+                why(self.name, exc),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            return None
+        self._errors.pop(doc_id, None)
+        return set_aside_reason(self.name, doc, exc)
+
+    def succeeded_on(self, doc: Mapping[str, Any]) -> None:
+        """The agent acted on `doc` without an error: its count starts again."""
+        self._errors.pop(str(doc.get("_id")), None)
 
     def attach(self, written: Callable[[list[dict[str, Any]]], None]) -> None:
         """The harness's part: `written` learns every document this agent writes (the runner

@@ -80,9 +80,14 @@ def test_a_site_the_submitter_does_not_know_sets_the_file_aside(sim_config, acco
     [poison] = uploaded(here, accounts, 1, destination="T2_XX_Nowhere")
     before = set_aside("submitter")
     submitter = Runner(Submitter(here, "s1"))
-    run_until(lambda: db.get(poison["_id"])[STATE] == "failed_attempt", [submitter], 30)
-    # In the same cycle: the innocent files went to the transfer service.
+    submitter.workset.start()
+    submitter.step(wait=False)
+    # In the first cycle the innocent files went to the transfer service; the poisoned one is
+    # left `new` for the next cycles (agents.set_aside_after: 3 errors in a row)...
     assert states(db, [d["_id"] for d in innocent]) == Counter(submitted=3)
+    assert db.get(poison["_id"])[STATE] == "new" and set_aside("submitter") == before
+    # ...then set aside.
+    run_until(lambda: db.get(poison["_id"])[STATE] == "failed_attempt", [submitter], 30)
     stored = db.get(poison["_id"])
     assert stored["error_class"] == errors.UNPROCESSABLE
     assert "submitter could not act on this request (SiteError" in stored["failure_reason"]
@@ -236,3 +241,26 @@ def test_a_cycle_that_fails_is_retried_and_never_ends_the_agent(sim_config):
     assert errors_counted is not None and errors_counted - before == agent.calls
     beat = agent.db.get(model.heartbeat_id("broken", "b1"))
     assert beat["totals"]["cycle_errors"] >= 2 and beat["stopped"]
+
+
+def test_an_error_that_passes_sets_nothing_aside(sim_config, accounts, admin, monkeypatch):
+    """An error of the monitor's on a file that does not come back (a back end that
+    hiccuped): the file is asked about again next poll and ends as its transfer did."""
+    docs = uploaded(sim_config, accounts, 3)
+    flaky, real = docs[0]["_id"], agents.monitor.outcome
+    calls: Counter[str] = Counter()
+
+    def once(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[doc["_id"]] += 1
+        if doc["_id"] == flaky and calls[flaky] == 1:
+            raise ConnectionResetError("the answer was cut")
+        return real(doc, *args, **kwargs)
+
+    monkeypatch.setattr(agents.monitor, "outcome", once)
+    before = set_aside("monitor")
+    db = admin.db(sim_config.store.files_db)
+    ids = [d["_id"] for d in docs]
+    runners = [Runner(Submitter(sim_config, "s1")), Runner(Monitor(sim_config, "m1"))]
+    run_until(lambda: states(db, ids) == Counter(done=3), runners, 60)
+    assert calls[flaky] >= 2 and set_aside("monitor") == before
+    assert [h["to"] for h in db.get(flaky)["history"]] == ["new", "acquired", "submitted", "done"]
