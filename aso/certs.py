@@ -55,7 +55,14 @@ def subject_hash(cert: x509.Certificate) -> str:
     return f"{int.from_bytes(digest[:4], 'little'):08x}"
 
 
-# -- the embedded storage's TLS files (aso/xrootd.py makes them; gfal2's clients trust them) --
+def slash_dn(subject: x509.Name) -> str:
+    """The grid's (OpenSSL one-line) form of a name: /DC=org/DC=aso-test/CN=alice."""
+    return "".join(
+        f"/{attr.rfc4514_attribute_name}={attr.value!s}" for rdn in subject.rdns for attr in rdn
+    )
+
+
+# -- the embedded storage's TLS files (aso/local/xrootd.py makes them; gfal2's clients trust them)
 @dataclass(frozen=True)
 class TlsFiles:
     dir: Path

@@ -1,5 +1,5 @@
 """The document store ASO runs itself on loopback (`aso store start|stop|status`, `aso run`):
-the embedded pouchdb-server (aso/embedded.py) or a local Apache CouchDB 3 (aso/couchdb.py),
+the embedded pouchdb-server (aso/local/embedded.py) or a local Apache CouchDB 3 (aso/couchdb.py),
 chosen by `store.engine`.
 
 Both are only process managers: everything else talks to the store through aso.store and the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aso.config import Config
 from aso.couchdb import local_couchdb
-from aso.embedded import EmbeddedStore
+from aso.local.embedded import EmbeddedStore
 from aso.localstore import LocalCluster, LocalStore, LocalStoreError
 
 

@@ -140,7 +140,7 @@ class Supervisor:
             return
         if not any(site.embedded for site in self.config.sites.values()):
             return
-        from aso.xrootd import EmbeddedStorage
+        from aso.local.xrootd import EmbeddedStorage
 
         storage = EmbeddedStorage(self.config)
         for line in storage.start():

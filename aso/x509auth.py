@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPub
 from cryptography.x509.oid import NameOID
 
 from aso import proxycert
-from aso.pki import slash_dn
+from aso.certs import slash_dn
 from aso.proxycert import PROXY_CERT_INFO
 
 LEGACY_PROXY_CNS = {"proxy": proxycert.INHERIT_ALL, "limited proxy": proxycert.LIMITED}

@@ -34,10 +34,11 @@ import requests
 from rich.console import Console
 from rich.table import Table
 
-from aso import model, pki
+from aso import model
 from aso.config import Config, render
 from aso.designdocs import init_databases
-from aso.embedded import EmbeddedStore
+from aso.local import pki
+from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port
 from aso.store import Server
 

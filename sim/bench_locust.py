@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from aso import pki
+from aso.local import pki
 from aso.store import Database
 from sim.bench_frontend import frontend_stack
 

@@ -38,7 +38,7 @@ from rich.table import Table
 from aso import model, summaries
 from aso.config import Config, render
 from aso.designdocs import PAGES_DDOC, init_databases
-from aso.embedded import EmbeddedStore
+from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port
 from aso.store import Server, Settings
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aso.config import Config
-from aso.embedded import EmbeddedStore
+from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port
 
 

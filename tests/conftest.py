@@ -26,11 +26,11 @@ from aso import model
 from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.designdocs import init_databases
+from aso.local.xrootd import EmbeddedStorage
 from aso.localstore import LocalCluster, LocalStore, free_port
 from aso.managed import local_store
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
-from aso.xrootd import EmbeddedStorage
 from tests.storage_helpers import Watchdog, reachable_tmp_dir, storage_config
 
 ARTEFACTS = Path(__file__).parent / "artefacts"

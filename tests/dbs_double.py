@@ -48,7 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from cryptography import x509
 
-from aso import pki as certs
+from aso.local import pki as certs
 
 DBS_VERSION = "3.16.0-comp4"  # web/handlers.go ServerInfoHandler
 PREFIX = re.compile(r"^/dbs/([^/]+)/([^/]+)/(DBSReader|DBSWriter)/([A-Za-z_]+)$")

@@ -53,7 +53,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from aso import pki as certs
+from aso.local import pki as certs
 
 BASE_ID = uuid.UUID("01874efb-4735-4595-bc9c-591aef8240c9")  # JobBuilder_utils.BASE_ID
 API_VERSION = {"major": 3, "minor": 10, "patch": 0}  # controllers/api.py

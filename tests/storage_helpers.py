@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from aso.config import Config, SiteConfig
+from aso.local.xrootd import EmbeddedStorage
 from aso.localstore import free_port
-from aso.xrootd import EmbeddedStorage
 
 
 @contextmanager

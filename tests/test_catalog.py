@@ -27,8 +27,8 @@ from aso.catalog.dbs import DbsCatalog, DbsSettings
 from aso.catalog.embedded import DESIGN, EmbeddedCatalog, init_catalog_db
 from aso.cli.catalog import catalog_app
 from aso.config import Config
+from aso.local.pki import Pki
 from aso.localstore import free_port
-from aso.pki import Pki
 from aso.store import Server, Settings
 from tests.conftest import preloaded_cli
 from tests.dbs_double import DbsDouble

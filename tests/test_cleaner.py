@@ -12,9 +12,9 @@ from typing import Any
 from agents.cleaner import Cleaner
 from aso import model
 from aso.files import SimFiles
+from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, STATE, Change
 from aso.runtime import Runner
-from aso.xrootd import export_path, write_file
 from tests.conftest import DESTINATION, SOURCES, sample_request
 
 

@@ -41,7 +41,7 @@ import yaml
 
 from agents import AGENTS
 from aso import config as aso_config
-from aso.embedded import EmbeddedStore
+from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port, notify_systemd
 from aso.managed import local_store
 from aso.store import Server, Settings

@@ -33,9 +33,9 @@ from aso import model, proxycert
 from aso.config import Config
 from aso.designdocs import known_sites
 from aso.frontend import GridMap, MapfileError, Mapped, ProxyAuth
+from aso.local.pki import CertificateAuthority, Pki, make_proxy
 from aso.localstore import free_port
 from aso.model import AGENT, STATE, Change
-from aso.pki import CertificateAuthority, Pki, make_proxy
 from aso.store import Server
 from aso.x509auth import Refused, TrustStore, verify_chain
 from tests.conftest import only_on, sample_request, write_config

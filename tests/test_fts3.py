@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from aso.config import Config, ConfigError
-from aso.pki import Pki
+from aso.local.pki import Pki
 from aso.transfer import errors
 from aso.transfer.base import (
     ACTIVE,

@@ -30,10 +30,10 @@ from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
 from aso.config import Config
+from aso.local.xrootd import EmbeddedStorage, export_path, write_file
 from aso.model import STATE
 from aso.runtime import Runner
 from aso.store import Server
-from aso.xrootd import EmbeddedStorage, export_path, write_file
 from tests.conftest import DESTINATION, SOURCES, write_config
 from tests.pipeline_helpers import assert_each_file_in_one_job, jobs_of, run_until, states
 from tests.storage_helpers import assert_never_copied_twice_at_once

@@ -50,9 +50,9 @@ from aso import jsvalues as js
 from aso import upload as upload_module
 from aso.config import Config
 from aso.designdocs import init_databases, known_sites
+from aso.local.pki import Pki
 from aso.localstore import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
-from aso.pki import Pki
 from aso.store import Server, StoreError
 from aso.upload import IDENTITY, upload
 from tests import validation_oracle as oracle

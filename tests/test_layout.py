@@ -217,3 +217,25 @@ def test_the_cli_check_sees_an_import_of_the_cli():
         "aso.client",
         "aso.model",
     ]
+
+
+# The entry layer: the only modules outside aso/local/ that may start what it holds.
+STARTS_LOCAL_PARTS = ("aso.cli", "aso.supervisor", "aso.managed", "aso.__main__")
+
+
+def local(module: str) -> bool:
+    return module == "aso.local" or module.startswith("aso.local.")
+
+
+def test_no_library_module_or_agent_imports_the_development_parts():
+    graph = import_graph()
+    assert any(target.startswith("aso.local.") for target in graph["aso.managed"])  # it looks
+    found = {
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if local(target)
+        and not local(name)
+        and not any(name == entry or name.startswith(entry + ".") for entry in STARTS_LOCAL_PARTS)
+    }
+    assert found == set()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from aso.pki import Pki
+from aso.local.pki import Pki
 from aso.store import Server
 from sim import bench_locust
 from tests.test_frontend import frontend, pki  # noqa: F401  (the fixtures: a PKI, a front end)

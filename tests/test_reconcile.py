@@ -32,6 +32,7 @@ from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config
 from aso.core import request as core
 from aso.files import GfalFiles
+from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.reconcile import (
     CATALOG_EXTRA,
@@ -46,7 +47,6 @@ from aso.reconcile import (
 )
 from aso.runtime import Runner
 from aso.store import Server
-from aso.xrootd import export_path, write_file
 from tests.conftest import DESTINATION, SOURCES, preloaded_cli, sample_request
 from tests.pipeline_helpers import run_until
 

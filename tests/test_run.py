@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from aso import pki
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import load, render
+from aso.local import pki
+from aso.local.xrootd import export_path
 from aso.localstore import free_port
 from aso.managed import local_store
 from aso.store import Server, Settings, StoreUnavailable
 from aso.supervisor import hang_of
-from aso.xrootd import export_path
 from tests.conftest import ENGINE
 from tests.pipeline_helpers import wait_for
 from tests.storage_helpers import (

@@ -29,14 +29,14 @@ from typer.testing import CliRunner
 from aso import gfalctx, sites
 from aso.cli.storage import storage_app
 from aso.config import Config, SiteConfig, render
-from aso.localstore import free_port
-from aso.xrootd import (
+from aso.local.xrootd import (
     EmbeddedStorage,
     StorageError,
     export_path,
     subject_hash,
     write_file,
 )
+from aso.localstore import free_port
 from tests.storage_helpers import reachable_tmp_dir, storage_config
 
 SOURCE, DESTINATION, THIRD = "T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"

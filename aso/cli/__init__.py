@@ -41,13 +41,13 @@ from aso.config import ConfigError
 from aso.couchdb import join_cluster
 from aso.designdocs import init_databases
 from aso.gridenv import CredentialError
+from aso.local.xrootd import StorageError
 from aso.localstore import LocalCluster, LocalStoreError
 from aso.managed import local_store
 from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
 from aso.supervisor import Supervisor
 from aso.upload import adler32_of, requests_from_json, upload
-from aso.xrootd import StorageError
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -170,7 +170,7 @@ def config_init(
     console.print(f"wrote {path} (mode 0600: it holds the store passwords)")
     certs = path.parent / "certs"
     if not certs.exists():
-        from aso import pki
+        from aso.local import pki
 
         pki.demo(certs, ["alice", "bob"])
         console.print(
@@ -444,8 +444,8 @@ def demo_cmd(
 ) -> None:
     """Write files into two source sites' temp areas, upload their transfer requests for two
     users and follow them (needs `aso run` on the embedded defaults)."""
-    from aso.demo import DemoPlan, follow, through_frontend, write_and_upload
-    from aso.xrootd import write_file
+    from aso.local.demo import DemoPlan, follow, through_frontend, write_and_upload
+    from aso.local.xrootd import write_file
 
     config = _config(ctx)
     logging.getLogger("aso.upload").setLevel(logging.WARNING)  # a line per file is noise here

@@ -1,5 +1,5 @@
 """`aso frontend` (the X.509 front end, aso.frontend) and `aso certs demo` (a throw-away grid
-PKI, aso.pki). aso/cli/__init__.py registers both."""
+PKI, aso.local.pki). aso/cli/__init__.py registers both."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def certs_demo(
     """A throw-away CA with its grid CA directory and CRL, a host certificate for 127.0.0.1,
     certificates, keys and RFC 3820 proxies for users, the agents (aso-agent-host) and an operator
     (aso-operator, role aso-admin), and a grid-mapfile mapping their DNs."""
-    from aso import pki
+    from aso.local import pki
 
     paths = pki.demo(directory, user or ["alice", "bob"])
     width = max(len(k) for k in paths)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from aso.cli.common import config_of as _config
-from aso.xrootd import EmbeddedStorage
+from aso.local.xrootd import EmbeddedStorage
 
 console = Console(soft_wrap=True)  # one line per site, however long
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from aso import model, pki
+from aso import model
 from aso.config import Config
+from aso.local import pki
 from aso.store import Database, Server, Settings
 from aso.upload import UploadReport, upload
 

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
 from aso import proxycert
-from aso.certs import subject_hash
+from aso.certs import slash_dn, subject_hash
 from aso.proxycert import PROXY_CERT_INFO
 
 BASE_NAME = (("DC", "org"), ("DC", "aso-test"))
@@ -49,13 +49,6 @@ def name(*parts: tuple[str, str]) -> x509.Name:
     """An x509.Name from (short name, value) pairs, most significant first, one per RDN."""
     return x509.Name(
         [x509.RelativeDistinguishedName([x509.NameAttribute(_OIDS[k], v)]) for k, v in parts]
-    )
-
-
-def slash_dn(subject: x509.Name) -> str:
-    """The grid's (OpenSSL one-line) form of a name: /DC=org/DC=aso-test/CN=alice."""
-    return "".join(
-        f"/{attr.rfc4514_attribute_name}={attr.value!s}" for rdn in subject.rdns for attr in rdn
     )
 
 
