@@ -20,7 +20,7 @@ from aso.config import Config
 from aso.localstore import LocalStore, LocalStoreError
 from aso.store import Server, Settings, StoreError
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the checkout
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
 
 
