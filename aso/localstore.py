@@ -383,6 +383,21 @@ def free_port() -> int:
         return port
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` different TCP ports free on loopback now: the sockets are held until all are
+    chosen (one after the other, the kernel may hand back a port it has just released)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_ports(count: int) -> int:
     """The first of `count` consecutive TCP ports free on loopback now (a local cluster's
     nodes listen on store.url's port and the ones after it)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from aso.config import Config, SiteConfig
 from aso.local.xrootd import EmbeddedStorage
-from aso.localstore import free_port
+from aso.localstore import distinct_free_ports
 
 
 @contextmanager
@@ -35,10 +35,12 @@ def storage_config(base: Path, site_names: list[str], protocol: str = "https") -
     config = Config(source=base / "aso.toml")
     config.storage.data_dir = str(base / "storage")
     config.storage.start_timeout = 20.0
+    # Distinct ports: one free_port() after another once gave two sites the same port.
+    ports = iter(distinct_free_ports(2 * len(site_names)))
     config.sites = {
         name: SiteConfig(
-            root_url=f"root://127.0.0.1:{free_port()}",
-            http_url=f"https://127.0.0.1:{free_port()}",
+            root_url=f"root://127.0.0.1:{next(ports)}",
+            http_url=f"https://127.0.0.1:{next(ports)}",
             protocol=protocol,
         )
         for name in site_names

@@ -34,7 +34,7 @@ from aso.config import Config
 from aso.designdocs import known_sites
 from aso.frontend import GridMap, MapfileError, Mapped, ProxyAuth
 from aso.local.pki import CertificateAuthority, Pki, make_proxy
-from aso.localstore import free_port
+from aso.localstore import distinct_free_ports
 from aso.model import AGENT, STATE, Change
 from aso.store import Server
 from aso.x509auth import Refused, TrustStore, verify_chain
@@ -65,7 +65,7 @@ PIDS: dict[str, int] = {}  # front end URL → its process
 
 def frontend_config(store_config: Config, pki: Pki, files_db: str, base: Path) -> Config:
     """A front end of its own on free ports (TLS and metrics) before `files_db`."""
-    port = free_port()
+    port, metrics_port = distinct_free_ports(2)
     return dataclasses.replace(
         store_config,
         source=base / "aso.toml",
@@ -79,7 +79,7 @@ def frontend_config(store_config: Config, pki: Pki, files_db: str, base: Path) -
             mapfile=str(pki.root / "grid-mapfile"),
             secret="frontend-test-secret",
         ),
-        metrics=dataclasses.replace(store_config.metrics, frontend_port=free_port()),
+        metrics=dataclasses.replace(store_config.metrics, frontend_port=metrics_port),
     )
 
 
