@@ -160,24 +160,12 @@ class Monitor(Agent):
                 job = statuses.get(job_id)
                 for doc in by_job[job_id]:
                     file_status = job.files.get(doc["_id"]) if job else None
-                    try:
-                        updated = outcome(doc, file_status, job is not None, self.instance, now)
-                        self.succeeded_on(doc)
-                    except Exception as exc:
-                        updated = self.set_aside(doc, exc, now)
+                    known = job is not None
+                    args = (file_status, known, self.instance, now)
+                    updated = self.acted_on(outcome, doc, *args, now=now)
                     if updated is not None:
                         updates.append(updated)
         return updates
-
-    def set_aside(self, doc: dict[str, Any], exc: Exception, now: float) -> dict[str, Any] | None:
-        """A file whose outcome this monitor cannot work out (an answer of the service it
-        cannot read, an error of ours): asked again next poll, then (agents.set_aside_after)
-        its attempt ends `unprocessable`, so that it leaves the monitor's work (the retry
-        manager makes it `failed`; a kill still ends `killed`)."""
-        reason = self.failed_on(doc, exc)
-        if reason is None:
-            return None  # left at the service's word for now: asked again next poll
-        return request.set_aside(doc, self.instance, now, reason)
 
     def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Expired leases, and kills of files that never got a job id in their document."""

@@ -57,13 +57,10 @@ class RetryManager(Agent):
         updates = []
         for doc in mine:
             if doc[STATE] == "failed_attempt":
-                try:
-                    updates.append(decided(doc, self.policy, self.instance, now))
-                    self.succeeded_on(doc)
-                except Exception as exc:  # the policy (a plug-in) failed on this file
-                    reason = self.failed_on(doc, exc)
-                    if reason is not None:  # else left for the next cycle
-                        updates.append(request.set_aside(doc, self.instance, now, reason))
+                # The policy is a plug-in: an error of its on one file is that file's alone.
+                updated = self.acted_on(decided, doc, self.policy, self.instance, now, now=now)
+                if updated is not None:
+                    updates.append(updated)
             elif doc[STATE] == "retry" and (doc.get("retry_after") or 0) <= now:
                 updates.append(request.cooled_off(doc, self.instance, now))
         report = {"retry": 0, "failed": 0, "new": 0, "conflicts": 0}

@@ -370,7 +370,7 @@ class Submitter(Agent):
         """The request of each job, by key; a file screened out is set aside (`failed_attempt`,
         class `unprocessable`, with the reason; the retry manager makes it `failed`) and drops
         out of its job."""
-        requests = {}
+        requests, aside, now = {}, [], time.time()
         for key, docs in jobs.items():
             files = []
             for doc in list(docs):
@@ -378,11 +378,12 @@ class Submitter(Agent):
                 if isinstance(copy, FileTransfer):
                     files.append(copy)
                     continue
-                aside = request.set_aside(doc, self.instance, time.time(), copy)
-                report["set_aside"] += len(self.write([aside], report))
+                aside.append(request.set_aside(doc, self.instance, now, copy))
                 docs.remove(doc)
             if docs:
                 requests[key] = job_request(self.config, key, docs, tuple(files))
+        # One bulk write for all of them: a link to an unknown site may be a thousand files.
+        report["set_aside"] += len(self.write(aside, report))
         return requests
 
     def acquire(

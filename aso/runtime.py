@@ -15,8 +15,9 @@ store: one write wins, the other gets a 409 and skips the document.
 Errors: a store error cuts a cycle short and the loop tries again. Any other error in a cycle is
 logged with its traceback, counted (`aso_agent_cycle_errors_total`) and retried after a growing
 pause: it never ends the process, which would only be restarted into the same error. An agent
-that fails on one document sets that document aside (`set_aside_reason`: a terminal or parked
-state with the reason, counted in `aso_documents_set_aside_total`) and goes on with the rest.
+that fails on one document goes on with the rest and tries it again next cycle; after
+`agents.set_aside_after` errors in a row it sets the document aside (`Agent.acted_on`: a
+terminal or parked state with the reason, counted in `aso_documents_set_aside_total`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, cast
 
 from aso import metrics, model
 from aso.config import Config
+from aso.core import request
 from aso.store import Conflict, Database, Server, StoreError
 from aso.workqueue import ChangesWorkSet
 
@@ -239,6 +241,24 @@ class Agent:
             return None
         self._errors.pop(doc_id, None)
         return set_aside_reason(self.name, doc, exc)
+
+    def acted_on(
+        self,
+        act: Callable[..., dict[str, Any] | None],
+        doc: dict[str, Any],
+        *args: Any,
+        now: float,
+    ) -> dict[str, Any] | None:
+        """`act(doc, *args)` (the document to write for `doc`, or None: nothing to write yet),
+        guarded: an error of ours leaves `doc` as it is (None) for the next cycle, then gives
+        `doc` set aside (aso/core/request.py set_aside) once `failed_on` says so."""
+        try:
+            result = act(doc, *args)
+        except Exception as exc:
+            reason = self.failed_on(doc, exc)
+            return None if reason is None else request.set_aside(doc, self.instance, now, reason)
+        self.succeeded_on(doc)
+        return result
 
     def succeeded_on(self, doc: Mapping[str, Any]) -> None:
         """The agent acted on `doc` without an error: its count starts again."""
