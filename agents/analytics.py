@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from aso import purge, summaries
 from aso.config import Config
-from aso.runtime import Membership, PeriodicAgent
+from aso.runtime import Cycle, PeriodicAgent
 
 log = logging.getLogger("aso.agent.analytics")
 
@@ -57,16 +56,11 @@ class Analytics(PeriodicAgent):
         # Long enough for a purge cycle, short enough for a successor to take over soon.
         return max(2 * self.config.analytics.interval, self.config.agents.heartbeat_expiry)
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        if membership.index != 0:
+    def cycle(self, ctx: Cycle) -> None:
+        if ctx.partition.index != 0:
             self.summaries.loaded = False  # another instance sums up: read its state on return
-            return {}
-        report: dict[str, Any] = {}
+            return
+        report = ctx.report
         now = time.monotonic()
         interval = self.config.analytics.summary_interval
         if self.last_summary is None or now - self.last_summary >= interval:
@@ -75,16 +69,15 @@ class Analytics(PeriodicAgent):
             if step.closed:
                 log.info("monitoring summaries: hours %s closed", ", ".join(step.closed))
             report.update(step.to_json())
-        if self.take_turn(membership):
-            report.update(self.purge())
-        return report
+        if self.take_turn(ctx.partition):
+            report.update(self.purge(ctx.now))
 
-    def purge(self) -> dict[str, Any]:
+    def purge(self, now: float) -> dict[str, Any]:
         settings = self.config.analytics
         bound = self.summaries.purge_bound()
         if settings.purge_after <= 0 or bound is None:
             return {}
-        older_than = min(time.time() - settings.purge_after, bound)
+        older_than = min(now - settings.purge_after, bound)
         report = purge.purge(
             self.db,
             self.stats_db,

@@ -15,7 +15,6 @@ Partition: by source site (a site's deletions are one instance's, so the bound h
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from aso.config import Config
 from aso.core import request
 from aso.files import FileError, Files, open_files
 from aso.model import CLEANUP
-from aso.runtime import Agent, Membership, set_aside_reason
+from aso.runtime import Agent, Cycle, set_aside_reason
 from aso.transfer.gfalcopy import normal_adler32
 from aso.workqueue import CLEAN
 
@@ -89,18 +88,13 @@ class Cleaner(Agent):
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return cast(str, doc["source"])
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        now = time.time()
-        work = sorted((d for d in mine if due(d, now)), key=lambda d: d["last_update"])
+    def cycle(self, ctx: Cycle) -> None:
+        now = ctx.now
+        work = sorted((d for d in ctx.work if due(d, now)), key=lambda d: d["last_update"])
         work = work[: self.config.cleaner.batch]
-        report = {"cleaned": 0, "cleanup_errors": 0, "conflicts": 0}
+        report = ctx.counts("cleaned", "cleanup_errors", "conflicts")
         if not work:
-            return report
+            return
         outcomes = self.clean_all(work)
         seen = {doc["_id"]: doc[CLEANUP] for doc in work}
 
@@ -122,8 +116,7 @@ class Cleaner(Agent):
                 doc["source"],
                 outcomes[doc["_id"]].reason,
             )
-        self.written(outcome.written)
-        return report
+        ctx.wrote(outcome.written)
 
     def clean_all(self, docs: list[dict[str, Any]]) -> dict[str, Outcome]:
         """Deletions of all sites at once, `cleaner.max_per_site` at a time at each site (one

@@ -31,7 +31,7 @@ from typing import Any
 
 from aso import faults
 from aso.config import Config
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Cycle
 from aso.store import Conflict, StoreError
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, FAILED, PENDING, TERMINAL
@@ -94,17 +94,14 @@ class GfalWorker(Agent):
     def idle(self) -> float:
         return self.config.gfal.poll_interval
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        return self.work_once()
+    def cycle(self, ctx: Cycle) -> None:
+        ctx.report.update(self.work_once(ctx.now))
 
     # -- one round ------------------------------------------------------------------------------
-    def work_once(self) -> dict[str, Any]:
-        now = time.time()
+    def work_once(self, now: float | None = None) -> dict[str, int]:
+        """One round over the job table: renew our leases, start copies of our jobs in the
+        free slots, claim new jobs for the rest; returns the counts."""
+        now = time.time() if now is None else now
         report = {"claimed": 0, "started": 0, "renewed": 0}
         self.renew_leases(report)
         free = self.config.gfal.workers - self.copies_running()

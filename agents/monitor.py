@@ -16,7 +16,6 @@ Partition: by job (a job's files are followed by one instance), or by job key fo
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, cast
@@ -25,7 +24,7 @@ from aso import faults
 from aso.config import Config
 from aso.core import request
 from aso.model import AT_THE_SERVICE, STATE, STOPPED
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Cycle
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
 from aso.workqueue import ACTIVE, LEASE
@@ -112,24 +111,17 @@ class Monitor(Agent):
             return self.config.transfer.status_interval, False
         return super().pause(mine)
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        now = time.time()
-        report = {"done": 0, "failed": 0, "killed": 0, "adopted": 0, "released": 0, "conflicts": 0}
+    def cycle(self, ctx: Cycle) -> None:
+        ctx.counts("done", "failed", "killed", "adopted", "released", "conflicts")
         updates: list[dict[str, Any]] = []
-        active = [d for d in mine if d[STATE] in AT_THE_SERVICE and d.get("transfer")]
+        active = [d for d in ctx.work if d[STATE] in AT_THE_SERVICE and d.get("transfer")]
         self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
         try:
-            updates += self.poll(active, now)
-            updates += self.settle_leases(mine, now)
+            updates += self.poll(active, ctx)
+            updates += self.settle_leases(ctx.work, ctx.now)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
-        self.record(updates, report)
-        return report
+        self.record(updates, ctx)
 
     def send_cancels(self, docs: list[dict[str, Any]]) -> None:
         by_job: dict[str, list[str]] = defaultdict(list)
@@ -146,7 +138,7 @@ class Monitor(Agent):
             self.cancelled.update((job_id, f) for f in file_ids)
             log.info("job %s: cancel asked for %d files the user killed", job_id, len(file_ids))
 
-    def poll(self, active: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    def poll(self, active: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for doc in active:
             by_job[doc["transfer"]["job_id"]].append(doc)
@@ -161,8 +153,8 @@ class Monitor(Agent):
                 for doc in by_job[job_id]:
                     file_status = job.files.get(doc["_id"]) if job else None
                     known = job is not None
-                    args = (file_status, known, self.instance, now)
-                    updated = self.acted_on(outcome, doc, *args, now=now)
+                    args = (file_status, known, self.instance, ctx.now)
+                    updated = ctx.acted_on(outcome, doc, *args)
                     if updated is not None:
                         updates.append(updated)
         return updates
@@ -207,9 +199,9 @@ class Monitor(Agent):
                 updates.append(request.released(doc, self.instance, now))
         return updates
 
-    def record(self, updates: list[dict[str, Any]], report: dict[str, int]) -> None:
+    def record(self, updates: list[dict[str, Any]], ctx: Cycle) -> None:
         """Write the outcomes; count and log each file written."""
-        for doc in self.write(updates, report):
+        for doc in ctx.write(updates):
             last = doc["history"][-1] if doc["history"] else {}
             key = {
                 "done": "done",
@@ -219,7 +211,7 @@ class Monitor(Agent):
                 "submitted": "adopted",
             }.get(doc[STATE])
             if key and last.get("at") == doc["last_update"]:
-                report[key] += 1
+                ctx.count(key)
             log.info(
                 "file %s (%s): %s%s",
                 doc["_id"],

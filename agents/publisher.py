@@ -19,7 +19,6 @@ A failed publication is retried up to `publisher.max_attempts` times with backof
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -37,7 +36,7 @@ from aso.catalog.base import (
 from aso.config import Config
 from aso.core import request
 from aso.model import ON_ITS_WAY, PUBLICATION, STATE
-from aso.runtime import Agent, Membership, set_aside_reason
+from aso.runtime import Agent, Cycle, set_aside_reason
 from aso.workqueue import PUBLISH
 
 log = logging.getLogger("aso.agent.publisher")
@@ -140,15 +139,10 @@ class Publisher(Agent):
     def close(self) -> None:
         self.catalog.close()
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        now = time.time()
-        report = {"blocks": 0, "published": 0, "errors": 0, "failed": 0, "conflicts": 0}
-        docs = [d for d in mine if d.get(STATE) == "done"]
+    def cycle(self, ctx: Cycle) -> None:
+        now = ctx.now
+        ctx.counts("blocks", "published", "errors", "failed", "conflicts")
+        docs = [d for d in ctx.work if d.get(STATE) == "done"]
         # 1. blocks recorded earlier and not finished (a crash), and failed ones now due again
         recorded: dict[str, list[dict[str, Any]]] = defaultdict(list)
         freed: list[dict[str, Any]] = []  # files of blocks abandoned half-way, pending again
@@ -163,7 +157,7 @@ class Publisher(Agent):
                 again, failed = self._advance(
                     retrying,
                     ERROR,
-                    report,
+                    ctx,
                     lambda d: request.block_retried(d, self.instance, now),
                     name,
                 )
@@ -171,9 +165,9 @@ class Publisher(Agent):
                     continue  # a file changed under us: the block is taken up next cycle
                 block_docs = [d for d in block_docs if d[PUBLICATION] == PUBLISHING] + again
             if make_block(block_docs).name == name:  # the whole block
-                self.publish(block_docs, name, report, now)
+                self.publish(block_docs, name, ctx)
             elif self.left_behind(block_docs, now):
-                freed.extend(self.settle_remainder(name, block_docs, report, now))
+                freed.extend(self.settle_remainder(name, block_docs, ctx))
         # 2. new blocks from the waiting files
         waiting: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for doc in [d for d in docs if d[PUBLICATION] == WAITING] + freed:
@@ -187,10 +181,9 @@ class Publisher(Agent):
                 self.config.publisher.block_closure_timeout,
                 lambda task: tasks.setdefault(task, self.task_over(task)),
             ):
-                intended = self.record_intent(block_docs, report, now)
+                intended = self.record_intent(block_docs, ctx)
                 if intended:
-                    self.publish(intended, intended[0]["publication_block"], report, now)
-        return report
+                    self.publish(intended, intended[0]["publication_block"], ctx)
 
     def task_over(self, task: str) -> bool:
         """No request of the task is still on its way: neither in the feed this agent has
@@ -203,17 +196,15 @@ class Publisher(Agent):
         rows = self.db.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}]).rows
         return not any(row["value"]["state"] in ON_ITS_WAY for row in rows)
 
-    def record_intent(
-        self, docs: list[dict[str, Any]], report: dict[str, int], now: float
-    ) -> list[dict[str, Any]]:
+    def record_intent(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         name = make_block(docs).name
-        by = self.instance
+        by, now = self.instance, ctx.now
         written, failed = self._advance(
-            docs, WAITING, report, lambda d: request.block_recorded(d, by, now, name)
+            docs, WAITING, ctx, lambda d: request.block_recorded(d, by, now, name)
         )
         if failed and written:
             # All or none: a block's name stands for exactly its files.
-            self.abandon(written, name, report, now)
+            self.abandon(written, name, ctx)
             return []
         return written
 
@@ -221,14 +212,13 @@ class Publisher(Agent):
         self,
         docs: list[dict[str, Any]],
         name: str,
-        report: dict[str, int],
-        now: float,
+        ctx: Cycle,
         reason: str = "block abandoned: a file changed",
     ) -> list[dict[str, Any]]:
         """Files of a block that will not be published as recorded go back to `pending`."""
-        by = self.instance
+        by, now = self.instance, ctx.now
         written, _ = self._advance(
-            docs, PUBLISHING, report, lambda d: request.block_abandoned(d, by, now, reason), name
+            docs, PUBLISHING, ctx, lambda d: request.block_abandoned(d, by, now, reason), name
         )
         return written
 
@@ -253,7 +243,7 @@ class Publisher(Agent):
         return left
 
     def settle_remainder(
-        self, name: str, docs: list[dict[str, Any]], report: dict[str, int], now: float
+        self, name: str, docs: list[dict[str, Any]], ctx: Cycle
     ) -> list[dict[str, Any]]:
         """`docs` are `publishing` in block `name` but are not all of it (a block's name is
         derived from exactly its files' LFNs): what is left of the block after a crash or a
@@ -267,42 +257,39 @@ class Publisher(Agent):
         lfns = sorted(d["destination_lfn"] for d in docs)
         if stored is None:
             log.info("block %s was never published: %d files back to pending", name, len(docs))
-            return self.abandon(docs, name, report, now)
+            return self.abandon(docs, name, ctx)
         if set(lfns) <= set(stored):
-            self.mark_published(docs, name, report, now, inserted=False)
+            self.mark_published(docs, name, ctx, inserted=False)
         else:
-            self.failed(docs, BlockConflict(content_message(name, stored, lfns)), report, now)
+            self.failed(docs, BlockConflict(content_message(name, stored, lfns)), ctx)
         return []
 
-    def publish(
-        self, docs: list[dict[str, Any]], name: str, report: dict[str, int], now: float
-    ) -> None:
+    def publish(self, docs: list[dict[str, Any]], name: str, ctx: Cycle) -> None:
         """Docs all `publishing` with block `name`: to the catalog, then `published`."""
         block = make_block(docs, name)
         try:
             inserted = self.catalog.publish_block(block)
         except BlockConflict as exc:
-            if not self.settle_published_elsewhere(docs, name, exc, report, now):
-                self.failed(docs, exc, report, now)
+            if not self.settle_published_elsewhere(docs, name, exc, ctx):
+                self.failed(docs, exc, ctx)
             return
         except CatalogError as exc:
-            self.failed(docs, exc, report, now)
+            self.failed(docs, exc, ctx)
             return
         except Exception as exc:
             # An error of ours or of the catalog's client on this block: a publication error
             # like any other (tried again after the backoff, given up after max_attempts),
             # with the reason in the documents, so that it cannot stop the publisher.
-            self.failed(docs, CatalogError(set_aside_reason(self.name, docs[0], exc)), report, now)
+            self.failed(docs, CatalogError(set_aside_reason(self.name, docs[0], exc)), ctx)
             return
-        self.mark_published(docs, name, report, now, inserted)
+        self.mark_published(docs, name, ctx, inserted)
 
     def settle_published_elsewhere(
         self,
         docs: list[dict[str, Any]],
         name: str,
         exc: BlockConflict,
-        report: dict[str, int],
-        now: float,
+        ctx: Cycle,
     ) -> bool:
         """Files the catalog already holds in another block of their dataset were published
         there (by another publisher that acted on them at the same time, or before a crash):
@@ -323,10 +310,10 @@ class Publisher(Agent):
             why = f"in block {other} (published there by another publisher)"
 
             def there(d: dict[str, Any], other: str = other, why: str = why) -> dict[str, Any]:
-                return request.published(d, self.instance, now, other, why)
+                return request.published(d, self.instance, ctx.now, other, why)
 
-            written, _ = self._advance(published, PUBLISHING, report, there, name)
-            report["published"] += len(written)
+            written, _ = self._advance(published, PUBLISHING, ctx, there, name)
+            ctx.count("published", len(written))
             log.info(
                 "block %s: %d files were already in block %s: published there",
                 name,
@@ -334,23 +321,22 @@ class Publisher(Agent):
                 other,
             )
         if rest:
-            self.abandon(rest, name, report, now, "block abandoned: some files were elsewhere")
+            self.abandon(rest, name, ctx, "block abandoned: some files were elsewhere")
         return True
 
     def mark_published(
         self,
         docs: list[dict[str, Any]],
         name: str,
-        report: dict[str, int],
-        now: float,
+        ctx: Cycle,
         inserted: bool,
     ) -> None:
-        by, why = self.instance, f"in block {name}"
+        by, why, now = self.instance, f"in block {name}", ctx.now
         written, _ = self._advance(
-            docs, PUBLISHING, report, lambda d: request.published(d, by, now, name, why), name
+            docs, PUBLISHING, ctx, lambda d: request.published(d, by, now, name, why), name
         )
-        report["blocks"] += 1
-        report["published"] += len(written)
+        ctx.count("blocks", 1)
+        ctx.count("published", len(written))
         log.info(
             "block %s (%s, %d files) %s the catalog",
             name,
@@ -359,16 +345,14 @@ class Publisher(Agent):
             "inserted in" if inserted else "was already in",
         )
 
-    def failed(
-        self, docs: list[dict[str, Any]], exc: CatalogError, report: dict[str, int], now: float
-    ) -> None:
+    def failed(self, docs: list[dict[str, Any]], exc: CatalogError, ctx: Cycle) -> None:
         """`publication_error` with a next try after a backoff; `publication_failed` once the
         attempts are spent or the catalog's answer cannot change."""
         settings = self.config.publisher
         name = docs[0]["publication_block"]
         reason = str(exc)[:4096]
 
-        by = self.instance
+        by, now = self.instance, ctx.now
 
         def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
             attempts = failures_since_reset(doc) + 1
@@ -376,17 +360,17 @@ class Publisher(Agent):
             retry_after = round(now + delay, 3)
             return request.publication_failed_attempt(doc, by, now, reason, attempts, retry_after)
 
-        written, _ = self._advance(docs, PUBLISHING, report, attempt, name)
+        written, _ = self._advance(docs, PUBLISHING, ctx, attempt, name)
         give_up = [
             d
             for d in written
             if d["publication_attempts"] >= settings.max_attempts or not exc.retryable
         ]
         failed, _ = self._advance(
-            give_up, ERROR, report, lambda d: request.publication_given_up(d, by, now, reason), name
+            give_up, ERROR, ctx, lambda d: request.publication_given_up(d, by, now, reason), name
         )
-        report["errors"] += len(written) - len(failed)
-        report["failed"] += len(failed)
+        ctx.count("errors", len(written) - len(failed))
+        ctx.count("failed", len(failed))
         kind = "conflict" if isinstance(exc, BlockConflict) else "error"
         log.warning(
             "block %s of %d files not published (%s%s): %s",
@@ -401,7 +385,7 @@ class Publisher(Agent):
         self,
         docs: list[dict[str, Any]],
         source: str,
-        report: dict[str, int],
+        ctx: Cycle,
         change: Callable[[dict[str, Any]], dict[str, Any]],
         block: str | None = None,
     ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -419,6 +403,6 @@ class Publisher(Agent):
             return change(doc)
 
         outcome = self.db.write_decided(docs, decide)
-        report["conflicts"] += len(outcome.not_written)
-        self.written(outcome.written)
+        ctx.count("conflicts", len(outcome.not_written))
+        ctx.wrote(outcome.written)
         return outcome.written, outcome.not_written

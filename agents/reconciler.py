@@ -14,15 +14,13 @@ once when it starts). With several instances, only the first live one reconciles
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from aso import reconcile
 from aso.catalog import open_catalog
 from aso.catalog.base import Catalog
 from aso.config import Config
 from aso.files import Files, open_files
-from aso.runtime import Membership, PeriodicAgent
+from aso.runtime import Cycle, PeriodicAgent
 
 log = logging.getLogger("aso.agent.reconciler")
 
@@ -47,14 +45,9 @@ class Reconciler(PeriodicAgent):
     def interval(self) -> float:
         return self.config.reconciler.interval
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        if not self.take_turn(membership):
-            return {}
+    def cycle(self, ctx: Cycle) -> None:
+        if not self.take_turn(ctx.partition):
+            return
         report = reconcile.reconcile(self.config, self.db, catalog=self.catalog, files=self.files)
         self.last_report = report
         for finding in report.findings:
@@ -76,12 +69,12 @@ class Reconciler(PeriodicAgent):
             report.seconds,
             ", ".join(f"{k} {n}" for k, n in counts.items()) or "all agree",
         )
-        return {
-            **{kind: counts.get(kind, 0) for kind in reconcile.KINDS},
-            "lost": sum(1 for f in report.findings if f.lost),
-            "check_errors": len(report.errors),
-            "requests": report.checked.get("requests", 0),
-        }
+        ctx.report.update(
+            {kind: counts.get(kind, 0) for kind in reconcile.KINDS},
+            lost=sum(1 for f in report.findings if f.lost),
+            check_errors=len(report.errors),
+            requests=report.checked.get("requests", 0),
+        )
 
     def close(self) -> None:
         self.catalog.close()

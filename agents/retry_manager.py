@@ -12,7 +12,6 @@ Partition: by request id.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ from aso.config import Config
 from aso.core import request
 from aso.model import STATE
 from aso.retry import RetryPolicy, load_policy
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Cycle
 from aso.workqueue import COOLOFF, DECIDE
 
 log = logging.getLogger("aso.agent.retry_manager")
@@ -47,26 +46,19 @@ class RetryManager(Agent):
     def observe(self, doc: Mapping[str, Any]) -> None:
         self.policy.observe(doc)
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        now = time.time()
+    def cycle(self, ctx: Cycle) -> None:
+        now = ctx.now
         updates = []
-        for doc in mine:
+        for doc in ctx.work:
             if doc[STATE] == "failed_attempt":
                 # The policy is a plug-in: an error of its on one file is that file's alone.
-                updated = self.acted_on(decided, doc, self.policy, self.instance, now, now=now)
+                updated = ctx.acted_on(decided, doc, self.policy, self.instance, now)
                 if updated is not None:
                     updates.append(updated)
             elif doc[STATE] == "retry" and (doc.get("retry_after") or 0) <= now:
                 updates.append(request.cooled_off(doc, self.instance, now))
-        report = {"retry": 0, "failed": 0, "new": 0, "conflicts": 0}
-        if not updates:
-            return report
-        for doc in self.write(updates, report):
+        report = ctx.counts("retry", "failed", "new", "conflicts")
+        for doc in ctx.write(updates):
             report[doc[STATE]] += 1
             log.info(
                 "file %s (%s): %s: %s",
@@ -75,4 +67,3 @@ class RetryManager(Agent):
                 doc[STATE],
                 doc["history"][-1].get("reason", ""),
             )
-        return report

@@ -42,7 +42,7 @@ from aso import faults, sites
 from aso.config import Config
 from aso.core import request
 from aso.model import IN_FLIGHT, STATE
-from aso.runtime import Agent, Membership
+from aso.runtime import Agent, Cycle
 from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, LEASE, SUBMIT
@@ -241,42 +241,27 @@ class Submitter(Agent):
     def close(self) -> None:
         self.service.close()
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        report = {
-            "jobs": 0,
-            "submitted": 0,
-            "conflicts": 0,
-            "refused": 0,
-            "deferred": 0,
-            "set_aside": 0,
-        }
-        report["leases_shortened"] = self.shorten_predecessors_leases(mine, report)
-        new = [d for d in mine if d[STATE] == "new"]
+    def cycle(self, ctx: Cycle) -> None:
+        ctx.counts("jobs", "submitted", "conflicts", "refused", "deferred", "set_aside")
+        ctx.count("leases_shortened", self.shorten_predecessors_leases(ctx))
+        new = [d for d in ctx.work if d[STATE] == "new"]
         if not new:
-            return report if report["leases_shortened"] else {}
-        caps = caps_for(self.config, membership.size)
+            return
+        caps = caps_for(self.config, ctx.partition.size)
         # Links are mine alone; sites are shared: count site load over everyone's files.
-        in_flight = [d for d in everything.values() if d[STATE] in IN_FLIGHT]
+        in_flight = [d for d in ctx.everything.values() if d[STATE] in IN_FLIGHT]
         plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
         for batch in batches_of(plans, FILES_PER_BATCH):
-            self.submit_jobs(batch, report)
-        return report
+            self.submit_jobs(batch, ctx)
 
-    def shorten_predecessors_leases(
-        self, mine: list[dict[str, Any]], report: dict[str, int]
-    ) -> int:
+    def shorten_predecessors_leases(self, ctx: Cycle) -> int:
         """Leases of this instance's name taken before this process started: end them
         SUBMIT_MARGIN after our start (see the module's doc). Returns how many were shortened."""
         margin = min(SUBMIT_MARGIN, self.config.transfer.lease / 2)
         end = self.started + margin
         stale = [
             d
-            for d in mine
+            for d in ctx.work
             if d[STATE] == "acquired"
             and (lease := d.get("lease") or {}).get("owner") == self.instance
             and lease["until"] - self.config.transfer.lease < self.started
@@ -284,7 +269,7 @@ class Submitter(Agent):
         ]
         if not stale:
             return 0
-        written = self.write([request.lease_shortened(d, end) for d in stale], report)
+        written = ctx.write([request.lease_shortened(d, end) for d in stale])
         log.info(
             "%d files acquired by this instance before its restart: leases end at +%.0f s",
             len(written),
@@ -292,34 +277,34 @@ class Submitter(Agent):
         )
         return len(written)
 
-    def submit_jobs(self, plans: list[list[Mapping[str, Any]]], report: dict[str, int]) -> None:
+    def submit_jobs(self, plans: list[list[Mapping[str, Any]]], ctx: Cycle) -> None:
         """Intent for every job of the batch in one bulk write, then the jobs to the service
         (in one call where it can take many), then `submitted` in one bulk write: three round
         trips for the batch instead of three per job, which capped a submitter at ~8 jobs/s."""
-        plans, made = self.screen(plans)
+        plans, made = self.screen(plans, ctx)
         keys = [f"{self.instance}:{uuid.uuid4()}" for _ in plans]
-        acquired = self.acquire(plans, keys, report)
+        acquired = self.acquire(plans, keys, ctx)
         if not acquired:
             return
         faults.point("submitter.after_acquire")
         margin = min(SUBMIT_MARGIN, self.config.transfer.lease / 2)
         ready = {}
         for key, docs in acquired.items():
-            lease_left = docs[0]["lease"]["until"] - time.time()
+            lease_left = docs[0]["lease"]["until"] - ctx.clock()
             if lease_left < margin:
                 log.warning(
                     "job %s: only %.0f s of lease left; leaving it to lease expiry", key, lease_left
                 )
                 continue
             ready[key] = docs
-        requests = self.job_requests(ready, made, report)
+        requests = self.job_requests(ready, made, ctx)
         ready = {key: ready[key] for key in requests}
         outcomes = self.service.submit_many(list(requests.values()))
         faults.point("submitter.after_submit")
         accepted = []
         for (key, docs), outcome in zip(ready.items(), outcomes, strict=True):
             if isinstance(outcome, JobRefused):
-                self.refused(docs, str(outcome), outcome.error_class, report)
+                self.refused(docs, str(outcome), outcome.error_class, ctx)
             elif isinstance(outcome, TransferError):
                 # The service is unreachable: the files stay acquired; when the lease expires
                 # the monitor asks the service for this key and adopts the job or releases them.
@@ -329,13 +314,13 @@ class Submitter(Agent):
                     len(docs),
                     outcome,
                 )
-                report["deferred"] += len(docs)
+                ctx.count("deferred", len(docs))
             else:
                 accepted.append((docs, outcome))
-        self.mark_submitted(accepted, report)
+        self.mark_submitted(accepted, ctx)
 
     def screen(
-        self, plans: list[list[Mapping[str, Any]]]
+        self, plans: list[list[Mapping[str, Any]]], ctx: Cycle
     ) -> tuple[list[list[Mapping[str, Any]]], dict[str, FileTransfer | str]]:
         """The copy of every file of the plans, made before anything is written. A file this
         submitter cannot make a transfer of (a site its catalogue lacks, or any error of ours)
@@ -350,9 +335,9 @@ class Submitter(Agent):
             for doc in docs:
                 try:
                     made[doc["_id"]] = file_transfer(self.config, doc)
-                    self.succeeded_on(doc)
+                    ctx.errors.succeeded(doc)
                 except Exception as exc:
-                    reason = self.failed_on(doc, exc)
+                    reason = ctx.errors.failed(doc, exc)
                     if reason is None:
                         continue  # left as it is: tried again next cycle
                     made[doc["_id"]] = reason
@@ -365,12 +350,12 @@ class Submitter(Agent):
         self,
         jobs: dict[str, list[dict[str, Any]]],
         made: dict[str, FileTransfer | str],
-        report: dict[str, int],
+        ctx: Cycle,
     ) -> dict[str, JobRequest]:
         """The request of each job, by key; a file screened out is set aside (`failed_attempt`,
         class `unprocessable`, with the reason; the retry manager makes it `failed`) and drops
         out of its job."""
-        requests, aside, now = {}, [], time.time()
+        requests, aside, now = {}, [], ctx.clock()
         for key, docs in jobs.items():
             files = []
             for doc in list(docs):
@@ -383,15 +368,15 @@ class Submitter(Agent):
             if docs:
                 requests[key] = job_request(self.config, key, docs, tuple(files))
         # One bulk write for all of them: a link to an unknown site may be a thousand files.
-        report["set_aside"] += len(self.write(aside, report))
+        ctx.count("set_aside", len(ctx.write(aside)))
         return requests
 
     def acquire(
-        self, plans: list[list[Mapping[str, Any]]], keys: list[str], report: dict[str, int]
+        self, plans: list[list[Mapping[str, Any]]], keys: list[str], ctx: Cycle
     ) -> dict[str, list[dict[str, Any]]]:
         """Record the intent (acquired, with a lease naming the job key) of every job; returns
         the documents written, by job key (a conflicting document drops out of its job)."""
-        now = time.time()
+        now = ctx.clock()
         updated = []
         for docs, key in zip(plans, keys, strict=True):
             lease = {
@@ -401,26 +386,24 @@ class Submitter(Agent):
             }
             updated += [request.acquired(d, self.instance, now, lease) for d in docs]
         by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for doc in self.write(updated, report):
+        for doc in ctx.write(updated):
             by_key[doc["lease"]["job_key"]].append(doc)
         return {key: by_key[key] for key in keys if by_key.get(key)}
 
-    def mark_submitted(
-        self, jobs: list[tuple[list[dict[str, Any]], str]], report: dict[str, int]
-    ) -> None:
-        now, service = time.time(), self.service.name
+    def mark_submitted(self, jobs: list[tuple[list[dict[str, Any]], str]], ctx: Cycle) -> None:
+        now, service = ctx.clock(), self.service.name
         updated = [
             request.attempt_started(doc, job_id, service, self.instance, now)
             for docs, job_id in jobs
             for doc in docs
         ]
         written: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for doc in self.write(updated, report):
+        for doc in ctx.write(updated):
             written[doc["transfer"]["job_id"]].append(doc)
         for docs, job_id in jobs:
             files = written.get(job_id, [])
-            report["jobs"] += 1
-            report["submitted"] += len(files)
+            ctx.count("jobs")
+            ctx.count("submitted", len(files))
             log.info(
                 "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
                 job_id,
@@ -435,17 +418,17 @@ class Submitter(Agent):
                 log.info("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
 
     def refused(
-        self, docs: list[dict[str, Any]], reason: str, error_class: str, report: dict[str, int]
+        self, docs: list[dict[str, Any]], reason: str, error_class: str, ctx: Cycle
     ) -> None:
-        report["refused"] += len(self.failed_attempt(docs, reason, error_class, report))
+        ctx.count("refused", len(self.failed_attempt(docs, reason, error_class, ctx)))
         log.warning("job of %d files refused by %s: %s", len(docs), self.service.name, reason)
 
     def failed_attempt(
-        self, docs: list[dict[str, Any]], reason: str, error_class: str, report: dict[str, int]
+        self, docs: list[dict[str, Any]], reason: str, error_class: str, ctx: Cycle
     ) -> list[dict[str, Any]]:
         """Acquired files whose attempt ended before it began: `failed_attempt`, with why."""
-        now = time.time()
+        now = ctx.clock()
         updated = [
             request.attempt_refused(d, self.instance, now, reason, error_class) for d in docs
         ]
-        return self.write(updated, report)
+        return ctx.write(updated)

@@ -106,6 +106,12 @@ AGENT_STORE_ERRORS = Counter(
 AGENT_CYCLE_ERRORS = Counter(
     "aso_agent_cycle_errors", "Cycles cut short by an error of the agent itself.", ["agent"]
 )
+DOCUMENT_ERRORS = Counter(
+    "aso_document_errors",
+    "Errors of an agent's own on one request, left for the next cycle (set aside after "
+    "agents.set_aside_after in a row).",
+    ["agent"],
+)
 SET_ASIDE = Counter(
     "aso_documents_set_aside",
     "Requests an agent could not act on and set aside, with the reason in the document.",

@@ -16,8 +16,11 @@ Errors: a store error cuts a cycle short and the loop tries again. Any other err
 logged with its traceback, counted (`aso_agent_cycle_errors_total`) and retried after a growing
 pause: it never ends the process, which would only be restarted into the same error. An agent
 that fails on one document goes on with the rest and tries it again next cycle; after
-`agents.set_aside_after` errors in a row it sets the document aside (`Agent.acted_on`: a
+`agents.set_aside_after` errors in a row it sets the document aside (`Cycle.acted_on`: a
 terminal or parked state with the reason, counted in `aso_documents_set_aside_total`).
+
+Each cycle gets a `Cycle` context (instance, partition, store, clock, figures, the write
+helper and the error policy) rather than hooks assigned to the agent.
 """
 
 from __future__ import annotations
@@ -185,6 +188,120 @@ class Heartbeat:
         return sorted(live)
 
 
+class DocumentErrors:
+    """The harness's error policy for single documents: an error of the agent's own on one
+    request leaves it as it is for the next cycle, `agents.set_aside_after` - 1 times in a row;
+    then the agent sets it aside (aso/core/request.py set_aside) with the reason this gives, so
+    that one document cannot hold up the agent for good. Kept by the runner across cycles."""
+
+    def __init__(self, agent: str, set_aside_after: int):
+        self.agent = agent
+        self.set_aside_after = set_aside_after
+        self.in_a_row: dict[str, int] = {}  # request id → errors of ours on it in a row
+
+    def failed(self, doc: Mapping[str, Any], exc: BaseException) -> str | None:
+        """None: leave `doc` for the next cycle; else the reason to set it aside with."""
+        doc_id = str(doc.get("_id"))
+        errors = self.in_a_row.get(doc_id, 0) + 1
+        if errors < self.set_aside_after:
+            self.in_a_row[doc_id] = errors
+            metrics.DOCUMENT_ERRORS.labels(self.agent).inc()
+            log.warning(
+                "%s: request %s: error %d of %d before it is set aside: %s",
+                self.agent,
+                doc_id,
+                errors,
+                self.set_aside_after,
+                why(self.agent, exc),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            return None
+        self.in_a_row.pop(doc_id, None)
+        return set_aside_reason(self.agent, doc, exc)
+
+    def succeeded(self, doc: Mapping[str, Any]) -> None:
+        """The agent acted on `doc` without an error: its count starts again."""
+        self.in_a_row.pop(str(doc.get("_id")), None)
+
+
+@dataclass
+class Cycle:
+    """What the harness hands an agent for one cycle, instead of hooks assigned to it (as
+    Rucio's daemons get their heartbeat, partition and session from the loop): who and where
+    it is, its part of the work, the store, the clock, the cycle's figures, and the two things
+    every agent does the same way (write and count; guard each document with the error policy).
+    """
+
+    instance: str
+    partition: Membership
+    db: Database
+    work: list[dict[str, Any]]  # this instance's part of the work set
+    # The whole work set, for global counts (a site's active files over every instance's links).
+    everything: Mapping[str, dict[str, Any]]
+    errors: DocumentErrors
+    clock: Callable[[], float] = time.time
+    # The cycle's figures: the heartbeat's last cycle and totals, the metrics' counts.
+    report: dict[str, Any] = field(default_factory=dict)
+    # The harness's work set learns every document written (at once, not from the feed).
+    on_written: Callable[[list[dict[str, Any]]], None] = lambda docs: None
+    now: float = field(init=False)  # the cycle's start, from `clock`
+
+    def __post_init__(self) -> None:
+        self.now = self.clock()
+
+    def counts(self, *keys: str) -> dict[str, Any]:
+        """The report, with each of `keys` at 0 unless counted already (so that the heartbeat
+        shows a zero rather than nothing)."""
+        for key in keys:
+            self.report.setdefault(key, 0)
+        return self.report
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.report[key] = self.report.get(key, 0) + n
+
+    def write(self, updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write `updates` in one bulk request; returns the documents as written. One that
+        conflicts (someone acted on it first: another instance, the owner's kill) is left as it
+        is, counted in report["conflicts"] and logged."""
+        if not updates:
+            return []
+        written = []
+        for doc, result in zip(updates, self.db.bulk_write(updates), strict=True):
+            if result.ok:
+                written.append(dict(doc, _rev=result.rev))
+                continue
+            self.count("conflicts")
+            log.info(
+                "%s: file %s left as it is: %s (%s)",
+                self.errors.agent,
+                doc["_id"],
+                result.error,
+                result.reason,
+            )
+        self.wrote(written)
+        return written
+
+    def wrote(self, docs: list[dict[str, Any]]) -> None:
+        """Documents written by another call than `write` (Database.write_decided)."""
+        self.on_written(docs)
+
+    def acted_on(
+        self, act: Callable[..., dict[str, Any] | None], doc: dict[str, Any], *args: Any
+    ) -> dict[str, Any] | None:
+        """`act(doc, *args)` (the document to write for `doc`, or None: nothing to write yet),
+        guarded: an error of ours leaves `doc` as it is (None) for the next cycle, then gives
+        `doc` set aside once the error policy says so."""
+        try:
+            result = act(doc, *args)
+        except Exception as exc:
+            reason = self.errors.failed(doc, exc)
+            return (
+                None if reason is None else request.set_aside(doc, self.instance, self.now, reason)
+            )
+        self.errors.succeeded(doc)
+        return result
+
+
 class Agent:
     """Base of the agents: name, work kinds, partition key, one cycle of work."""
 
@@ -201,99 +318,17 @@ class Agent:
         self.instance = instance or default_instance()
         self.server = Server.from_config(config, account="agent")
         self.db = self.server.db(config.store.files_db)
-        self._written: Callable[[list[dict[str, Any]]], None] = lambda docs: None
-        self._errors: dict[str, int] = {}  # request id → errors of ours on it in a row
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return cast(str, doc["_id"])
 
-    def cycle(
-        self,
-        mine: list[dict[str, Any]],
-        membership: Membership,
-        everything: Mapping[str, dict[str, Any]],
-    ) -> dict[str, Any]:
-        """Act on this instance's part of the work (`everything` is the whole work set, for
-        global counts such as a site's active files); return figures for the heartbeat."""
+    def cycle(self, ctx: Cycle) -> None:
+        """Act on this instance's part of the work (`ctx.work`), writing through `ctx.write`
+        and counting what was done in `ctx.report` (the heartbeat's and the metrics' figures)."""
         raise NotImplementedError
 
     def observe(self, doc: Mapping[str, Any]) -> None:
         """Every document of the `_changes` feed, when `observes` is set."""
-
-    def failed_on(self, doc: Mapping[str, Any], exc: BaseException) -> str | None:
-        """An error of this agent's own on `doc`. The first `agents.set_aside_after` - 1 times
-        in a row the request is left as it is for the next cycle (None: a passing failure, a
-        back end that hiccuped); then the reason to set it aside with (aso/core/request.py
-        set_aside), so that it cannot hold up the agent for good."""
-        doc_id = str(doc.get("_id"))
-        errors = self._errors.get(doc_id, 0) + 1
-        if errors < self.config.agents.set_aside_after:
-            self._errors[doc_id] = errors
-            log.warning(
-                "%s: request %s: error %d of %d before it is set aside: %s",
-                self.name,
-                doc_id,
-                errors,
-                self.config.agents.set_aside_after,
-                why(self.name, exc),
-                exc_info=(type(exc), exc, exc.__traceback__),
-            )
-            return None
-        self._errors.pop(doc_id, None)
-        return set_aside_reason(self.name, doc, exc)
-
-    def acted_on(
-        self,
-        act: Callable[..., dict[str, Any] | None],
-        doc: dict[str, Any],
-        *args: Any,
-        now: float,
-    ) -> dict[str, Any] | None:
-        """`act(doc, *args)` (the document to write for `doc`, or None: nothing to write yet),
-        guarded: an error of ours leaves `doc` as it is (None) for the next cycle, then gives
-        `doc` set aside (aso/core/request.py set_aside) once `failed_on` says so."""
-        try:
-            result = act(doc, *args)
-        except Exception as exc:
-            reason = self.failed_on(doc, exc)
-            return None if reason is None else request.set_aside(doc, self.instance, now, reason)
-        self.succeeded_on(doc)
-        return result
-
-    def succeeded_on(self, doc: Mapping[str, Any]) -> None:
-        """The agent acted on `doc` without an error: its count starts again."""
-        self._errors.pop(str(doc.get("_id")), None)
-
-    def attach(self, written: Callable[[list[dict[str, Any]]], None]) -> None:
-        """The harness's part: `written` learns every document this agent writes (the runner
-        applies them to its work set at once, instead of waiting for the feed)."""
-        self._written = written
-
-    def written(self, docs: list[dict[str, Any]]) -> None:
-        """Documents this agent wrote: passed on to the harness (see `attach`)."""
-        self._written(docs)
-
-    def write(self, updates: list[dict[str, Any]], report: dict[str, Any]) -> list[dict[str, Any]]:
-        """Write `updates` in one bulk request; returns the documents as written. One that
-        conflicts (someone acted on it first: another instance, the owner's kill) is left as
-        it is, counted in report["conflicts"] and logged; the runner learns what was written."""
-        if not updates:
-            return []
-        written = []
-        for doc, result in zip(updates, self.db.bulk_write(updates), strict=True):
-            if result.ok:
-                written.append(dict(doc, _rev=result.rev))
-                continue
-            report["conflicts"] = report.get("conflicts", 0) + 1
-            log.info(
-                "%s: file %s left as it is: %s (%s)",
-                self.name,
-                doc["_id"],
-                result.error,
-                result.reason,
-            )
-        self.written(written)
-        return written
 
     def close(self) -> None:
         """Release back-end resources."""
@@ -350,6 +385,8 @@ class Runner:
         self.membership = Membership(agent.instance, [agent.instance])
         observer = agent.observe if agent.observes else None
         self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=observer)
+        self.errors = DocumentErrors(agent.name, self.config.agents.set_aside_after)
+        self.clock: Callable[[], float] = time.time
         self._last_beat = 0.0
         self._last_cycle: dict[str, Any] = {}
 
@@ -378,7 +415,6 @@ class Runner:
         self._beat(force=True)
         if agent.kinds:
             self.workset.start()
-        agent.attach(written=self._apply_own_writes)
         failures = 0  # cycles failed in a row by an error of the agent's own
         try:
             while not self.stop_event.is_set():
@@ -420,6 +456,23 @@ class Runner:
                 self.heartbeat.beat(self._last_cycle, stopped=True)
             log.info("%s %s stopped", agent.name, agent.instance)
 
+    def context(
+        self,
+        work: list[dict[str, Any]],
+        everything: Mapping[str, dict[str, Any]] | None = None,
+    ) -> Cycle:
+        """The context of a cycle over `work` (this instance's part of `everything`)."""
+        return Cycle(
+            instance=self.agent.instance,
+            partition=self.membership,
+            db=self.agent.db,
+            work=work,
+            everything=self.workset.docs if everything is None else everything,
+            errors=self.errors,
+            clock=self.clock,
+            on_written=self._apply_own_writes,
+        )
+
     def step(self, wait: bool = True) -> dict[str, Any]:
         agent = self.agent
         if agent.kinds:
@@ -433,7 +486,9 @@ class Runner:
         started = time.monotonic()
         report: dict[str, Any] = {}
         if mine or not agent.kinds:
-            report = agent.cycle(mine, self.membership, self.workset.docs)
+            ctx = self.context(mine)
+            agent.cycle(ctx)
+            report = ctx.report
         seconds = time.monotonic() - started
         report = {"work": len(mine), "seconds": round(seconds, 3), **report}
         metrics.AGENT_CYCLES.labels(agent.name).inc()

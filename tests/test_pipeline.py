@@ -216,7 +216,7 @@ def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, ac
     taken = {i: d["lease"]["until"] for i, d in db.get_many(ids).items()}
     other = Submitter(config, "someone-else")
     acquired = list(db.get_many(ids).values())
-    assert other.shorten_predecessors_leases(acquired, Counter()) == 0
+    assert other.shorten_predecessors_leases(Runner(other).context(acquired, {})) == 0
     assert {i: d["lease"]["until"] for i, d in db.get_many(ids).items()} == taken
     again = Runner(Submitter(config, "submitter-crashing"))
     again.workset.start()

@@ -30,7 +30,7 @@ from aso import model
 from aso.config import SiteConfig
 from aso.designdocs import design_documents
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
-from aso.runtime import Agent, Runner
+from aso.runtime import Agent, Cycle, Runner
 from aso.transfer import errors
 from tests.conftest import sample_request
 from tests.pipeline_helpers import owner_db, run_until, states
@@ -41,6 +41,10 @@ FINAL = ("done", "failed")
 
 def set_aside(agent: str) -> float:
     return REGISTRY.get_sample_value("aso_documents_set_aside_total", {"agent": agent}) or 0.0
+
+
+def document_errors(agent: str) -> float:
+    return REGISTRY.get_sample_value("aso_document_errors_total", {"agent": agent}) or 0.0
 
 
 def failing_on(doc_id: str, function: Any) -> Any:
@@ -109,7 +113,7 @@ def test_a_monitor_failing_on_one_file_sets_it_aside(sim_config, accounts, admin
     docs = uploaded(sim_config, accounts, 6)
     poison = docs[0]["_id"]
     monkeypatch.setattr(agents.monitor, "outcome", failing_on(poison, agents.monitor.outcome))
-    before = set_aside("monitor")
+    before, errors_before = set_aside("monitor"), document_errors("monitor")
     db = admin.db(sim_config.store.files_db)
     ids = [d["_id"] for d in docs]
     runners = [
@@ -123,6 +127,8 @@ def test_a_monitor_failing_on_one_file_sets_it_aside(sim_config, accounts, admin
     assert stored[STATE] == "failed" and stored["error_class"] == errors.UNPROCESSABLE
     assert "monitor could not act on this request (KeyError" in stored["attempts"][-1]["reason"]
     assert set_aside("monitor") == before + 1
+    # The errors before it was set aside were each counted (set_aside_after - 1 of them).
+    assert document_errors("monitor") == errors_before + sim_config.agents.set_aside_after - 1
 
 
 def test_a_retry_policy_failing_on_one_file_gives_it_up(sim_config, accounts, admin, monkeypatch):
@@ -207,7 +213,7 @@ class BrokenAgent(Agent):
         super().__init__(config, "b1")
         self.calls = 0
 
-    def cycle(self, mine: Any, membership: Any, everything: Any) -> dict[str, Any]:
+    def cycle(self, ctx: Cycle) -> None:
         self.calls += 1
         raise ZeroDivisionError("division by zero")
 
@@ -257,10 +263,39 @@ def test_an_error_that_passes_sets_nothing_aside(sim_config, accounts, admin, mo
         return real(doc, *args, **kwargs)
 
     monkeypatch.setattr(agents.monitor, "outcome", once)
-    before = set_aside("monitor")
+    before, errors_before = set_aside("monitor"), document_errors("monitor")
     db = admin.db(sim_config.store.files_db)
     ids = [d["_id"] for d in docs]
     runners = [Runner(Submitter(sim_config, "s1")), Runner(Monitor(sim_config, "m1"))]
     run_until(lambda: states(db, ids) == Counter(done=3), runners, 60)
     assert calls[flaky] >= 2 and set_aside("monitor") == before
+    assert document_errors("monitor") == errors_before + 1
     assert [h["to"] for h in db.get(flaky)["history"]] == ["new", "acquired", "submitted", "done"]
+
+
+def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admin):
+    """The runner hands the agent its instance, its part of the work, the store and the clock
+    (no hooks assigned): a cycle run on a clock of the test stamps the documents with it, and
+    the runner's work set learns the writes at once, before the feed shows them."""
+    docs = uploaded(sim_config, accounts, 2)
+    agent_db = accounts["agent"].db(sim_config.store.files_db)
+    for doc in docs:  # cooling off, due at 1000.0 on the test's clock
+        for to, extra in (
+            ("acquired", {}),
+            ("failed_attempt", {}),
+            ("retry", {"retry_after": 1000.0}),
+        ):
+            doc.update(model.transition(doc, [Change(STATE, to, "t", "boom")], AGENT, **extra))
+            doc["_rev"] = agent_db.put(doc)
+    runner = Runner(RetryManager(sim_config, "r7"))
+    runner.clock = lambda: 999.0  # not due yet
+    runner.workset.start()
+    assert runner.step(wait=False)["new"] == 0
+    runner.clock = lambda: 1000.5
+    report = runner.step(wait=False)
+    assert report["new"] == 2 and report["work"] == 2
+    for doc in docs:
+        stored = agent_db.get(doc["_id"])
+        assert stored[STATE] == "new"
+        assert stored["history"][-1]["at"] == 1000.5 and stored["history"][-1]["by"] == "r7"
+        assert runner.workset.docs.get(doc["_id"]) is None  # out of its work: learnt at once

@@ -125,7 +125,7 @@ def test_publishing_again_after_a_crash_duplicates_nothing(pub_config, accounts,
     docs = done_outputs(pub_config, accounts, 4)
 
     class DiesAfterTheCatalog(Publisher):
-        def publish(self, docs, name, report, now):  # the catalog call, then the crash
+        def publish(self, docs, name, ctx):  # the catalog call, then the crash
             self.catalog.publish_block(
                 __import__("agents.publisher").publisher.make_block(docs, name)
             )

@@ -245,6 +245,7 @@ def test_the_owners_kill_wins_over_a_retry(sim_config, accounts, admin):
     stale = dict(doc)  # what the retry manager read
     owner.put(model.transition(doc, [Change(STATE, "killed", "alice")], OWNER))
     manager = RetryManager(sim_config, "r1")
-    report = manager.cycle([stale], Runner(manager).membership, {})
-    assert report["conflicts"] == 1 and report["retry"] == 0
+    ctx = Runner(manager).context([stale], {})
+    manager.cycle(ctx)
+    assert ctx.report["conflicts"] == 1 and ctx.report["retry"] == 0
     assert agent_db.get(doc["_id"])[STATE] == "killed"
