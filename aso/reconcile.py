@@ -752,7 +752,7 @@ def check_destinations(
 
 def storage_sites(config: Config) -> list[str]:
     """The sites whose temp areas can be listed: all but the simulated ones (no storage)."""
-    return sorted(name for name, site in config.sites.items() if site.protocol != "sim")
+    return sites.with_storage(config)
 
 
 def _list_sites(config: Config, site_names: Sequence[str]) -> tuple[list[TempFile], list[str]]:

@@ -41,6 +41,11 @@ def simulated(names: Iterable[str]) -> dict[str, SiteConfig]:
     return {name: SiteConfig(protocol="sim", embedded=False) for name in names}
 
 
+def with_storage(config: Config) -> list[str]:
+    """The sites that have storage to list: all but the simulated ones."""
+    return sorted(name for name, site in config.sites.items() if site.protocol != "sim")
+
+
 def site_of(config: Config, name: str) -> SiteConfig:
     try:
         return config.sites[name]

@@ -239,3 +239,41 @@ def test_no_library_module_or_agent_imports_the_development_parts():
         and not any(name == entry or name.startswith(entry + ".") for entry in STARTS_LOCAL_PARTS)
     }
     assert found == set()
+
+
+# The simulator is a back end like the others (issue 19): what tells it apart is in the site
+# catalogue (protocol `sim`, aso/sites.py), the configuration's checks, the back ends' factory
+# and its own modules; file operations are chosen by URL scheme (aso/files.py).
+SIM_KNOWN_TO = {
+    "aso/sites.py",
+    "aso/config.py",
+    "aso/files.py",
+    "aso/transfer/__init__.py",
+    "aso/transfer/sim.py",
+    "aso/cli/sim.py",
+    "aso/cli/__init__.py",  # the `aso sim` command's name
+}
+
+
+def sim_tests(path: Path) -> list[str]:
+    """String constants naming the simulator ("sim", "sim://...") in a module."""
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value == "sim" or node.value.startswith("sim://"))
+    ]
+
+
+def test_no_agent_or_core_module_tests_for_the_simulator():
+    modules = [*(ROOT / "aso").rglob("*.py"), *(ROOT / "agents").rglob("*.py")]
+    found = [
+        hit
+        for path in modules
+        if str(path.relative_to(ROOT)) not in SIM_KNOWN_TO
+        for hit in sim_tests(path)
+    ]
+    assert found == []
+    # ...and the check sees one where there is one.
+    assert sim_tests(ROOT / "aso" / "transfer" / "__init__.py")

@@ -24,6 +24,8 @@ from aso.transfer.base import (
     FileStatus,
     JobRequest,
     JobStatus,
+    TransferError,
+    TransferService,
     job_id_for,
 )
 
@@ -219,3 +221,25 @@ def finish_file(
     entry["error_class"] = error_class
     entry["checksum"] = checksum
     entry["ended"] = now
+
+
+class JobTableService(TransferService):
+    """A transfer service whose jobs live in the job table (the gfal back end, whose workers
+    run them, and the simulator, which computes their fates): submitting, looking up and
+    cancelling are the table's; each says how it reads a job's status."""
+
+    def __init__(self, db: Database, clock: Callable[[], float] = time.time):
+        self.jobs = JobStore(db, self.name)
+        self.clock = clock
+
+    def submit(self, job: JobRequest) -> str:
+        return self.jobs.create(job)
+
+    def submit_many(self, jobs: Sequence[JobRequest]) -> list[str | TransferError]:
+        return list(self.jobs.create_many(jobs))
+
+    def lookup(self, key: str) -> str | None:
+        return self.jobs.exists(key)
+
+    def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
+        self.jobs.request_cancel(job_id, file_ids, self.clock())

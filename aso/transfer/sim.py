@@ -37,12 +37,9 @@ from aso.transfer.base import (
     FAILED,
     PENDING,
     FileStatus,
-    JobRequest,
     JobStatus,
-    TransferError,
-    TransferService,
 )
-from aso.transfer.jobstore import JobStore
+from aso.transfer.jobstore import JobTableService
 
 EPOCH_DOC = "sim:epoch"
 
@@ -75,14 +72,13 @@ def draw_error_class(rng: random.Random, weights: Mapping[str, float]) -> str:
     return rng.choices(classes, weights=[weights[c] for c in classes])[0]
 
 
-class SimService(TransferService):
+class SimService(JobTableService):
     name = "sim"
 
     def __init__(self, db: Database, config: SimConfig, clock: Callable[[], float] = time.time):
-        self.jobs = JobStore(db, self.name)
+        super().__init__(db, clock)
         self.db = db
         self.config = config
-        self.clock = clock
         self._epoch: float | None = None
 
     # -- the shared epoch -------------------------------------------------------------------
@@ -99,22 +95,10 @@ class SimService(TransferService):
         return self._epoch
 
     # -- the interface ------------------------------------------------------------------------
-    def submit(self, job: JobRequest) -> str:
-        return self.jobs.create(job)
-
-    def submit_many(self, jobs: Sequence[JobRequest]) -> list[str | TransferError]:
-        return list(self.jobs.create_many(jobs))
-
-    def lookup(self, key: str) -> str | None:
-        return self.jobs.exists(key)
-
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus | None]:
         now = self.clock()
         docs = self.jobs.get_many(job_ids)
         return {job_id: (self._status(doc, now) if doc else None) for job_id, doc in docs.items()}
-
-    def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
-        self.jobs.request_cancel(job_id, file_ids, self.clock())
 
     # -- fates ---------------------------------------------------------------------------------
     def fate(self, doc: Mapping[str, Any], file_id: str) -> Fate:
