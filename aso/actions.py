@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model
+from aso import model, status
 from aso.model import STATE, Change
 from aso.store import Database
 
@@ -42,7 +42,7 @@ class ActionReport:
 
 
 def task_requests(db: Database, task: str, job: str | None = None) -> list[dict[str, Any]]:
-    start, end = ([task, job], [task, job, {}]) if job else ([task], [task, {}])
+    start, end = status.task_range(task, job)
     return db.view(
         "asyncstageout", "by_task", start_key=start, end_key=end, include_docs=True
     ).docs()

@@ -72,6 +72,7 @@ def sites_module(config: Config) -> str:
 MODEL_TABLES = {
     "/* aso/model.py WORK */ null": model.WORK,
     "/* aso/model.py PUBLICATION_FAILURES */ null": model.PUBLICATION_FAILURES,
+    "/* aso/model.py FAILING */ null": model.FAILING,
 }
 
 

@@ -95,6 +95,9 @@ STOPPED = ("failed_attempt", "killed")  # an attempt that ended without the file
 # Final states without a copy: nothing to clean or publish; the owner may resubmit them.
 NEVER_COPIED = ("failed", "killed")
 PUBLICATION_FAILURES = ("publication_error", "publication_failed")  # failed, or given up
+# States in which a request's failure_reason and error_class are its current failure (status
+# rows show them; once the file is copied again, or resubmitted, they are history).
+FAILING = ("failed_attempt", "retry", "failed", "killed")
 # The groups of states the monitoring pages show (the design document's `aso.states`).
 PAGES_STATES: dict[str, tuple[str, ...]] = {
     "on_its_way": ON_ITS_WAY,  # the backlog
@@ -447,6 +450,13 @@ class TransitionError(ModelError):
 def request_id(source_lfn: str) -> str:
     """Deterministic document id: a job that uploads the same file twice creates nothing new."""
     return hashlib.sha256(source_lfn.encode("utf-8")).hexdigest()
+
+
+def job_order(job_id: str) -> int | str:
+    """A job id as the status views order it (couchapp/asyncstageout/views/by_task): digits
+    are a number, so jobs sort 1, 2, 10 rather than 1, 10, 2; any other id is text, after all
+    the numbers."""
+    return int(job_id) if job_id.isascii() and job_id.isdigit() and len(job_id) <= 15 else job_id
 
 
 def now() -> float:

@@ -1,12 +1,12 @@
-"""What users and CRAB-style clients ask: the state of a task's files, and a file's story.
+"""What users and CRAB-style clients ask: the state of a task's files, what changed, and a file's
+story. The contract is docs/status-api.md; everything here is a few requests any HTTP client
+can make through the front end:
 
-Everything comes from the files database's views, one request each, so that a client through
-the front end can ask the same thing over HTTP (docs/frontend.md, "Status queries"):
-
-* `asyncstageout/by_task`, key [task, job_id, file_type]: every file of a task (or of one
-  job) with its three states, link, last change and reason;
-* `asyncstageout/task_states` (`_count`, group_level=3), key [task, axis, state]: the counts;
-* `asyncstageout/task_updates`, key [task, last_update]: what changed since a time (polling);
+* `asyncstageout/by_task`, key [task, job, file_type, id] (unique, jobs in numeric order): a
+  status row per file; paged with start_key = the last key and skip=1;
+* `asyncstageout/task_states` (`_count`), key [task, axis, state]: the counts;
+* the database's `_changes` feed with the `_doc_ids` filter: which of the task's files changed
+  after a sequence (the store's own cursor, which never skips a write; agents' clocks do);
 * `asyncstageout/link_done` (`_count`), key [source, destination, end]: copies done per link
   in time, for the estimated completion.
 """
@@ -15,29 +15,52 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aso.model import AXES, ON_ITS_WAY
+from aso.model import AXES, ON_ITS_WAY, STATE, job_order
 from aso.store import Database
 
 DDOC = "asyncstageout"
-RATE_WINDOW = 3600.0  # seconds of link throughput an estimate is made from
+PAGE = 1000  # rows per by_task request
+# The estimate's sliding window: a link's pace is what it did in the last RATE_WINDOW seconds,
+# measured from its first copy in the window (so that it is sane in a task's first minutes).
+RATE_WINDOW = 900.0
+MIN_COPIES = 3  # copies done on a link before its pace is taken as known
+MIN_SPAN = 2.0  # seconds: the least time a pace is measured over
 
 
 @dataclass
 class FileStatus:
+    """A status row (docs/status-api.md): what a client shows of one file."""
+
     id: str
+    rev: str
     job_id: str
     file_type: str
     state: str
     cleanup: str
     publication: str
     last_update: float
-    reason: str | None = None
-    source: str | None = None
-    destination: str | None = None
+    user: str = ""
+    job_retry: int = 0
+    source: str = ""
+    destination: str = ""
+    source_lfn: str = ""
+    destination_lfn: str = ""
+    size: int = 0
+    attempts: int = 0
+    error_class: str | None = None  # the current failure's class (none once the file is done)
+    reason: str | None = None  # the current failure's reason
+    cleanup_error: str | None = None
+    publication_error: str | None = None
+    created: float = 0.0
+
+    @property
+    def key(self) -> list[Any]:
+        """The row's by_task key: [task] is the caller's, the rest is the file's."""
+        return [job_order(self.job_id), self.file_type, self.id]
 
 
 @dataclass
@@ -47,7 +70,9 @@ class TaskStatus:
     files: list[FileStatus]
     counts: dict[str, dict[str, int]]  # axis → state → files
     eta: float | None = None  # seconds until the files on their way are done; None: unknown
-    rates: dict[str, float] = field(default_factory=dict)  # link → files/s over RATE_WINDOW
+    eta_note: str = ""  # why there is no estimate, or what it rests on
+    rates: dict[str, float] = field(default_factory=dict)  # link → files/s, sliding window
+    seq: str = ""  # the store's sequence before the files were read: the next poll's `since`
 
     @property
     def exists(self) -> bool:
@@ -69,27 +94,42 @@ def no_requests(task: str, job: str | None = None) -> str:
     return f"no requests for task {task}" + (f" job {job}" if job else "")
 
 
-def _file(row: Mapping[str, Any], job_id: str, file_type: str) -> FileStatus:
+def file_status(row: Mapping[str, Any]) -> FileStatus:
+    """A by_task row as a status row."""
     value = row["value"]
-    return FileStatus(
-        id=row["id"],
-        job_id=job_id,
-        file_type=file_type,
-        state=value["state"],
-        cleanup=value["cleanup"],
-        publication=value["publication"],
-        last_update=value.get("last_update") or 0.0,
-        reason=value.get("reason"),
-        source=value.get("source"),
-        destination=value.get("destination"),
-    )
+    fields = {k: value[k] for k in FileStatus.__dataclass_fields__ if k in value}
+    fields.pop("file_type", None)
+    return FileStatus(id=row["id"], file_type=row["key"][2], **fields)
+
+
+def task_range(task: str, job: str | None = None) -> tuple[list[Any], list[Any]]:
+    """start_key, end_key of a task's (or one job's) rows in by_task."""
+    if job is None:
+        return [task], [task, {}]
+    return [task, job_order(job)], [task, job_order(job), {}]
+
+
+def task_pages(
+    db: Database, task: str, job: str | None = None, page: int = PAGE
+) -> Iterator[list[FileStatus]]:
+    """The task's status rows, `page` at a time, in key order. Each page starts at the last
+    key of the one before and skips it: keys are unique, so no row is read twice or missed."""
+    start, end = task_range(task, job)
+    skip = 0
+    while True:
+        rows = db.view(
+            DDOC, "by_task", start_key=start, end_key=end, limit=page, skip=skip or None
+        ).rows
+        if rows:
+            yield [file_status(r) for r in rows]
+        if len(rows) < page:
+            return
+        start, skip = rows[-1]["key"], 1
 
 
 def task_files(db: Database, task: str, job: str | None = None) -> list[FileStatus]:
-    """Every file of the task (or of one job), in one view request."""
-    start, end = ([task, job], [task, job, {}]) if job else ([task], [task, {}])
-    rows = db.view(DDOC, "by_task", start_key=start, end_key=end).rows
-    return [_file(r, r["key"][1], r["key"][2]) for r in rows]
+    """Every file of the task (or of one job), in job order."""
+    return [f for page in task_pages(db, task, job) for f in page]
 
 
 def task_counts(db: Database, task: str) -> dict[str, dict[str, int]]:
@@ -104,65 +144,171 @@ def task_counts(db: Database, task: str) -> dict[str, dict[str, int]]:
     return dict(counts)
 
 
+def task_size(db: Database, task: str) -> int:
+    """How many files the task has (the counts of one axis), in one small request."""
+    rows = db.view(
+        DDOC,
+        "task_states",
+        start_key=[task, STATE],
+        end_key=[task, STATE, {}],
+        reduce=True,
+        group_level=2,
+    ).rows
+    return int(rows[0]["value"]) if rows else 0
+
+
 def counts_of(files: list[FileStatus]) -> dict[str, dict[str, int]]:
     return {axis: dict(Counter(getattr(f, axis) for f in files)) for axis in AXES if files}
 
 
-def changed_since(db: Database, task: str, since: float) -> list[dict[str, Any]]:
-    """The task's files whose last change is after `since` (epoch seconds): what a polling
-    client asks each time, with the newest `last_update` as its next `since`."""
-    rows = db.view(DDOC, "task_updates", start_key=[task, since], end_key=[task, {}]).rows
-    return [
-        {"id": r["id"], "last_update": r["key"][1], **r["value"]}
-        for r in rows
-        if r["key"][1] > since
-    ]
+def current_seq(db: Database) -> str:
+    """The store's update sequence now: a cursor before anything read after it."""
+    return str(db.info()["update_seq"])
 
 
-def link_rates(
-    db: Database, links: set[tuple[str, str]], now: float, window: float = RATE_WINDOW
-) -> dict[tuple[str, str], float]:
-    """Files done per second on each link over the last `window` seconds."""
-    rates = {}
-    for source, destination in sorted(links):
-        rows = db.view(
-            DDOC,
-            "link_done",
-            start_key=[source, destination, now - window],
-            end_key=[source, destination, now],
-            reduce=True,
-        ).rows
-        rates[(source, destination)] = (rows[0]["value"] if rows else 0) / window
-    return rates
+class Poller:
+    """Follows one task's files (docs/status-api.md, "Following a task"): each `poll` returns
+    the rows that changed since the last, each revision once. The cursor is the store's
+    sequence, so no write is ever skipped, whichever agent made it and whatever its clock:
+
+    1. `_changes?filter=_doc_ids&since=SEQ` with the ids known: which of them changed;
+    2. the task's size (`task_states`): when it differs from the ids known, files were
+       recorded (or purged) since, and the task is read again to find them;
+    3. the changed rows from `by_task` by key (a file's job and type never change).
+
+    A row can come again with the same revision when it changed between steps 1 and 3 (it is
+    read at its newest, and the next poll sees the change): those repeats are dropped."""
+
+    def __init__(self, db: Database, task: str, since: str = "0"):
+        self.db = db
+        self.task = task
+        self.since = since
+        self.known: dict[str, FileStatus | None] = {}  # id → its row as last returned
+
+    def start(self) -> list[FileStatus]:
+        """Every file of the task now; polls go on from before they were read."""
+        self.since = current_seq(self.db)
+        return self._seen(task_files(self.db, self.task))
+
+    def poll(self) -> list[FileStatus]:
+        ids = sorted(self.known)
+        if ids:
+            batch = self.db.changes(self.since, doc_ids=ids)
+            changed = {r["id"] for r in batch.results}
+            last_seq = batch.last_seq
+        else:
+            changed, last_seq = set(), current_seq(self.db)
+        rows: list[FileStatus] = []
+        if task_size(self.db, self.task) != len(self.known):
+            everything = task_files(self.db, self.task)  # new files (or purged ones)
+            present = {f.id for f in everything}
+            self.known = {i: row for i, row in self.known.items() if i in present}
+            rows = [f for f in everything if f.id in changed or f.id not in self.known]
+        elif changed:
+            keys = [[self.task, *row.key] for i in changed if (row := self.known.get(i))]
+            rows = self._rows_by_key(keys) + self._rows_unknown(changed)
+        self.since = last_seq
+        return self._seen(rows)
+
+    def _rows_by_key(self, keys: list[list[Any]]) -> list[FileStatus]:
+        found = []
+        for start in range(0, len(keys), PAGE):
+            view = self.db.view(DDOC, "by_task", keys=keys[start : start + PAGE])
+            found += [file_status(r) for r in view.rows]
+        return found
+
+    def _rows_unknown(self, changed: set[str]) -> list[FileStatus]:
+        """Ids known without a row (the stateless form): the task is read for them."""
+        if all(self.known.get(i) for i in changed):
+            return []
+        return [f for f in task_files(self.db, self.task) if f.id in changed]
+
+    def _seen(self, rows: list[FileStatus]) -> list[FileStatus]:
+        fresh = []
+        for row in rows:
+            last = self.known.get(row.id)
+            if last is None or last.rev != row.rev:
+                fresh.append(row)
+            self.known[row.id] = row
+        return fresh
 
 
-def estimate(files: list[FileStatus], rates: Mapping[tuple[str, str], float]) -> float | None:
-    """Seconds until the files on their way are done, if each link keeps its recent pace: the
-    slowest link decides. None when a link with files to go has done nothing lately."""
+def changed_since(db: Database, task: str, since: str) -> tuple[list[FileStatus], str]:
+    """The task's files that changed after the store sequence `since` (the `seq` of an earlier
+    answer; "0": every file), and the sequence to ask from next time. For a client that keeps
+    no state between calls: the task's ids are read first; see Poller for one that does."""
+    poller = Poller(db, task, since)
+    poller.known = {f.id: None for f in task_files(db, task)}
+    if since in ("", "0"):
+        return poller.start(), poller.since
+    return poller.poll(), poller.since
+
+
+@dataclass
+class LinkPace:
+    """A link's recent throughput: copies done in the window and since when."""
+
+    copies: int
+    first: float | None  # the first copy's end in the window
+
+    def rate(self, now: float) -> float | None:
+        """Files per second, or None while too little is known."""
+        if self.copies < MIN_COPIES or self.first is None:
+            return None
+        return self.copies / max(now - self.first, MIN_SPAN)
+
+
+def link_pace(
+    db: Database, link: tuple[str, str], now: float, window: float = RATE_WINDOW
+) -> LinkPace:
+    """Copies done on `link` in the last `window` seconds, and when the first of them ended."""
+    source, destination = link
+    start, end = [source, destination, now - window], [source, destination, now]
+    counted = db.view(DDOC, "link_done", start_key=start, end_key=end, reduce=True).rows
+    copies = int(counted[0]["value"]) if counted else 0
+    if not copies:
+        return LinkPace(0, None)
+    first = db.view(DDOC, "link_done", start_key=start, end_key=end, reduce=False, limit=1).rows
+    return LinkPace(copies, float(first[0]["key"][2]) if first else None)
+
+
+def estimate(
+    files: list[FileStatus], paces: Mapping[tuple[str, str], LinkPace], now: float
+) -> tuple[float | None, str]:
+    """Seconds until the files on their way are done if each link keeps its recent pace (the
+    slowest link decides), and a note: why there is no estimate, or what it rests on."""
     waiting = Counter((f.source, f.destination) for f in files if f.state in ON_ITS_WAY)
     if not waiting:
-        return 0.0
+        return 0.0, "nothing left to copy"
     times = []
-    for link, n in waiting.items():
-        rate = rates.get(link, 0.0)  # type: ignore[arg-type]  # by_task always has both sites
-        if rate <= 0:
-            return None
+    for link, n in sorted(waiting.items()):
+        pace = paces.get(link) or LinkPace(0, None)
+        rate = pace.rate(now)
+        if rate is None:
+            minutes = RATE_WINDOW / 60
+            return None, (
+                f"{link[0]} → {link[1]} has copied {pace.copies} files in the last "
+                f"{minutes:.0f} min: too few to tell its pace"
+            )
         times.append(n / rate)
-    return max(times)
+    return max(times), f"from the last {RATE_WINDOW / 60:.0f} min of each link's copies"
 
 
 def task_status(
     db: Database, task: str, job: str | None = None, now: float | None = None
 ) -> TaskStatus:
+    seq = current_seq(db)
     files = task_files(db, task, job)
     counts = counts_of(files) if job else task_counts(db, task)
-    status = TaskStatus(task, job, files, counts)
+    status = TaskStatus(task, job, files, counts, seq=seq)
     if files:
         now = time.time() if now is None else now
-        links = {(f.source, f.destination) for f in files if f.state in ON_ITS_WAY}
-        rates = link_rates(db, links, now)  # type: ignore[arg-type]  # by_task: both sites set
-        status.rates = {f"{s}>{d}": r for (s, d), r in rates.items()}
-        status.eta = estimate(files, rates)
+        links = sorted({(f.source, f.destination) for f in files if f.state in ON_ITS_WAY})
+        paces = {link: link_pace(db, link, now) for link in links}
+        status.rates = {
+            f"{s}>{d}": rate for (s, d), p in paces.items() if (rate := p.rate(now)) is not None
+        }
+        status.eta, status.eta_note = estimate(files, paces, now)
     return status
 
 

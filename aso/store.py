@@ -744,10 +744,14 @@ class Database:
                 found[row["key"]] = row["doc"]
         return found
 
-    def all_docs(self, first: str, last: str) -> list[dict[str, Any]]:
+    def all_docs(self, first: str, last: str, limit: int | None = None) -> list[dict[str, Any]]:
         """The documents whose ids run from `first` to `last` (inclusive), in id order."""
         result = self._call(
-            self.client.post_all_docs, start_key=first, end_key=last, include_docs=True
+            self.client.post_all_docs,
+            start_key=first,
+            end_key=last,
+            include_docs=True,
+            limit=limit,
         )
         return [row["doc"] for row in result["rows"] if row.get("doc")]
 
@@ -840,6 +844,7 @@ class Database:
         start_key: Any = None,
         end_key: Any = None,
         limit: int | None = None,
+        skip: int | None = None,
         include_docs: bool = False,
         descending: bool = False,
         reduce: bool | None = None,
@@ -857,6 +862,8 @@ class Database:
             params["keys"] = list(keys)
         if limit is not None:
             params["limit"] = limit
+        if skip:
+            params["skip"] = skip
         if include_docs:
             params["include_docs"] = True
         if descending:

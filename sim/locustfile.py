@@ -43,11 +43,12 @@ from locust.env import Environment
 from locust.exception import StopUser
 
 from aso import model, status
-from aso.store import Database, ViewResult
+from aso.store import ChangesBatch, Database, ViewResult
 
 # Stats names: locust's table gets one row per kind of request, not per URL.
-VIEW_NAMES = {"task_states": "status counts", "task_updates": "status since",
-              "by_task": "status files"}  # fmt: skip
+VIEW_NAMES = {"task_states": "status counts", "by_task": "status files"}
+CHANGES_NAME = "status since"  # the task's changes after the client's sequence
+SEQ_NAME = "status seq"  # the store's sequence, where a client starts following a task
 UPLOAD = "upload job"
 # Sites of the default catalogue (aso config keys: sites.*), which the store knows: a request
 # naming another site is refused (403). Against another deployment, use its sites.
@@ -167,22 +168,25 @@ def _upload_problem(answer: Any, docs: list[dict[str, Any]]) -> str | None:
 class CrabClient(FrontEndUser):
     wait_time = between(*_seconds("ASO_LOCUST_POLL_WAIT", "1,3"))
     views: _Views
-    since: dict[str, float]
+    pollers: dict[str, status.Poller]
 
     def on_start(self) -> None:
         super().on_start()
         self.views = _Views(self.client, files_db())
-        self.since = {}
+        self.pollers = {}
 
     @task(5)
     def poll(self) -> None:
-        """Counts, then the files changed since the last poll; the newest change is next time's
-        `since` (docs/frontend.md, "Status queries")."""
+        """Counts, then the files changed since the last poll, followed through the store's
+        sequence (docs/status-api.md, "Following a task")."""
         name = random.choice(self.tasks_of_user)
         status.task_counts(self.views.db, name)
-        changed = status.changed_since(self.views.db, name, self.since.get(name, 0.0))
-        if changed:
-            self.since[name] = max(c["last_update"] for c in changed)
+        poller = self.pollers.get(name)
+        if poller is None:
+            poller = self.pollers[name] = status.Poller(self.views.db, name)
+            poller.start()
+        else:
+            poller.poll()
 
     @task(1)
     def files(self) -> None:
@@ -200,6 +204,26 @@ class _Views:
     @property
     def db(self) -> Database:
         return cast(Database, self)
+
+    def info(self) -> dict[str, Any]:
+        with self.client.get(f"/{quote(self.name, safe='')}", name=SEQ_NAME,
+                             catch_response=True) as answer:  # fmt: skip
+            info = _json(answer)
+            if answer.status_code != 200 or "update_seq" not in info:
+                answer.failure(f"{answer.status_code} {answer.text[:200]}")
+                return {"update_seq": "0"}
+            return cast(dict[str, Any], info)
+
+    def changes(self, since: str, *, doc_ids: list[str], **_: Any) -> ChangesBatch:
+        path = f"/{quote(self.name, safe='')}/_changes"
+        params = {"filter": "_doc_ids", "since": since}
+        with self.client.post(path, params=params, json={"doc_ids": doc_ids}, name=CHANGES_NAME,
+                              catch_response=True) as answer:  # fmt: skip
+            got = _json(answer)
+            if answer.status_code != 200 or "results" not in got:
+                answer.failure(f"{answer.status_code} {answer.text[:200]}")
+                return ChangesBatch([], since)
+            return ChangesBatch(got["results"], str(got.get("last_seq", since)))
 
     def view(self, ddoc: str, name: str, **query: Any) -> ViewResult:
         path = f"/{quote(self.name, safe='')}/_design/{ddoc}/_view/{name}"

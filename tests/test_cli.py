@@ -103,7 +103,7 @@ def test_wrong_type_and_bad_toml_and_missing_file(tmp_path):
 def test_unreachable_store_is_one_line_and_a_retryable_exit(tmp_path):
     config = make_config(tmp_path, free_port(), retries=1)
     path = write_config(config)
-    for command in (["db", "init"], ["request", "list"], ["request", "show", "abc"]):
+    for command in (["db", "init"], ["request", "list"], ["request", "show", "abcd1234"]):
         result = aso(*command, config=path)
         assert result.returncode == 75, (command, result.stdout, result.stderr)  # EX_TEMPFAIL
         line = one_line_error(result)
@@ -162,9 +162,25 @@ def test_store_lifecycle_through_the_cli(tmp_path):
         up_again = aso("upload", "--file", str(demo), "--json", config=path)
         assert sorted(json.loads(up_again.stdout)["already"]) == sorted(answer["recorded"])
         listing = aso("request", "list", "--task", "261121_120000:demo_crab_ttbar", config=path)
-        assert listing.returncode == 0 and listing.stdout.count(" new ") == 3
+        assert listing.returncode == 0 and listing.stdout.count("\tnew\t") == 3
         shown = aso("request", "show", answer["recorded"][0], config=path)
         assert json.loads(shown.stdout)["_id"] == answer["recorded"][0]
+        # The ids a listing shows (their first 12 characters) are taken wherever an id is.
+        short = listing.stdout.splitlines()[1].split("\t")[0]
+        assert len(short) == 12 and any(r.startswith(short) for r in answer["recorded"])
+        by_prefix = aso("request", "show", short, config=path)
+        assert by_prefix.returncode == 0 and json.loads(by_prefix.stdout)["_id"].startswith(short)
+        story = aso("status", "--file", short, config=path)
+        assert story.returncode == 0 and "recorded as new" in story.stdout
+        listed = json.loads(aso("request", "list", "--task", "261121_120000:demo_crab_ttbar",
+                                "--json", config=path).stdout)  # fmt: skip
+        assert listed["total"] == 3 and sorted(r["id"] for r in listed["requests"]) == sorted(
+            answer["recorded"])  # fmt: skip
+        cut = aso("request", "list", "--task", "261121_120000:demo_crab_ttbar", "--limit", "1",
+                  config=path)  # fmt: skip
+        assert cut.stdout.count("\tnew\t") == 1 and "2 more: --limit N, or --all" in cut.stdout
+        everything = aso("request", "list", "--state", "new", "--all", "--json", config=path)
+        assert json.loads(everything.stdout)["total"] == 3
         missing = aso("request", "show", "f" * 64, config=path)
         assert missing.returncode == 1
         bad_state = aso("request", "list", "--state", "flying", config=path)

@@ -7,15 +7,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import threading
 import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
+from agents.cleaner import Cleaner
+from agents.monitor import Monitor
+from agents.publisher import Publisher
+from agents.retry_manager import RetryManager
+from agents.submitter import Submitter
 from aso import model, status
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.runtime import Runner
 from tests.conftest import db_as, sample_request, write_config
+from tests.pipeline_helpers import run_until, upload
 from tests.test_cli import aso
 
 # Each file's path through the states (by the agent), cut at a random point.
@@ -86,6 +94,17 @@ def test_a_task_of_a_thousand_jobs_agrees_with_its_documents(config, files_db, a
     }
     on_their_way = sum(d["state"] in status.ON_ITS_WAY for d in truth)
     assert answer.on_its_way == on_their_way > 0
+    # Jobs in numeric order (1, 2, ... 10, not 1, 10, 100), each row whole and without a stale
+    # failure; pages of any size give every file once, in the same order.
+    assert [int(f.job_id) for f in answer.files] == list(range(1, 1001))
+    row = next(f for f in answer.files if f.id == truth[0]["_id"])
+    assert (row.source_lfn, row.destination_lfn, row.size, row.rev) == (
+        truth[0]["source_lfn"], truth[0]["destination_lfn"], truth[0]["size"], truth[0]["_rev"]
+    )  # fmt: skip
+    for size in (7, 250, 1000):
+        pages = list(status.task_pages(db_as(accounts, "bob", files_db), task, page=size))
+        assert [f.id for page in pages for f in page] == [f.id for f in answer.files]
+        assert all(len(page) <= size for page in pages)
 
     cli = aso("status", task, "--json", config=config.source)
     assert cli.returncode == 0, cli.stderr
@@ -107,23 +126,37 @@ def test_a_task_that_does_not_exist_is_an_empty_answer(config):
     assert missing.returncode == 1 and "no request" in missing.stdout
 
 
-def test_polling_with_since_returns_what_changed(config, files_db, accounts):
+def test_polling_from_a_sequence_returns_what_changed(config, files_db, accounts):
     task = "261121_200001:alice_poll"
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    reader = db_as(accounts, "bob", files_db)
     docs = [sample_request("alice", task=task, job_id=str(j)) for j in range(6)]
     for doc in docs:
         doc["_rev"] = owner.create(doc)
-    mark = max(d["last_update"] for d in docs)
-    time.sleep(0.01)
+    everything, seq = status.changed_since(reader, task, "0")
+    assert sorted(f.id for f in everything) == sorted(d["_id"] for d in docs)
     for doc in docs[:2]:
-        agent.put(model.transition(doc, [Change(STATE, "acquired", "agent-x")], AGENT))
-    changed = status.changed_since(db_as(accounts, "bob", files_db), task, mark)
-    assert sorted(c["id"] for c in changed) == sorted(d["_id"] for d in docs[:2])
-    assert {c["state"] for c in changed} == {"acquired"}
-    cli = json.loads(
-        aso("status", task, "--since", str(mark), "--json", config=config.source).stdout
-    )
-    assert sorted(f["id"] for f in cli["files"]) == sorted(d["_id"] for d in docs[:2])
+        # An agent whose clock is an hour behind: a cursor of times would never see this.
+        agent.put(model.transition(doc, [Change(STATE, "acquired", "agent-x")], AGENT,
+                                   at=doc["last_update"] - 3600))  # fmt: skip
+    late = sample_request("alice", task=task, job_id="7")  # a file recorded after the cursor
+    owner.create(late)
+    changed, seq2 = status.changed_since(reader, task, seq)
+    assert sorted(f.id for f in changed) == sorted([d["_id"] for d in docs[:2]] + [late["_id"]])
+    assert {f.id: f.state for f in changed}[docs[0]["_id"]] == "acquired"
+    assert status.changed_since(reader, task, seq2)[0] == []  # nothing since
+    cli = json.loads(aso("status", task, "--since", seq, "--json", config=config.source).stdout)
+    assert sorted(f["id"] for f in cli["files"]) == sorted(f.id for f in changed)
+    assert cli["seq"] and all("rev" in f and "source_lfn" in f for f in cli["files"])
+    text = aso("status", task, "--since", seq, config=config.source)
+    assert text.returncode == 0 and f"--since {cli['seq']}" in text.stdout
+
+
+def done_at(owner, agent, task: str, link: dict[str, str], at: float) -> None:
+    """A file of `task` on `link` whose copy ended at `at`."""
+    doc = sample_request("alice", task=task, **link)
+    doc["_rev"] = owner.create(doc)
+    advance(agent, doc, 3, at - 2)  # acquired, submitted, done at `at`
 
 
 def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, admin):
@@ -133,24 +166,60 @@ def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, ad
     # Links no other test of the module uses (they share the database).
     fast = dict(source="T2_FR_GRIF", destination="T2_ES_PIC")
     slow = dict(source="T2_UK_London", destination="T2_ES_PIC")
-    # In the last hour: 36 copies done on the fast link, 9 on the slow one (one older copy on
-    # the slow link falls out of the window).
-    history = [(fast, 36, now - 1800), (slow, 9, now - 600), (slow, 1, now - 7200)]
-    for link, n, at in history:
-        for _ in range(n):
-            doc = sample_request("alice", task="261121_1:alice_other", **link)
-            doc["_rev"] = owner.create(doc)
-            advance(agent, doc, 3, at)
+    # In the window: 30 copies on the fast link since 600 s ago, 9 on the slow one since 300 s
+    # ago (an older copy on the slow link falls out of the window).
+    for link, n, first in ((fast, 30, now - 600), (slow, 9, now - 300), (slow, 1, now - 7200)):
+        for k in range(n):
+            done_at(owner, agent, "261121_1:alice_other", link, first + k * 10)
     for link, n in ((fast, 10), (slow, 3)):  # the task's files still to go
         for _ in range(n):
             owner.create(sample_request("alice", task=task, **link))
     answer = status.task_status(db_as(accounts, "bob", files_db), task, now=now)
-    assert answer.rates == {"T2_FR_GRIF>T2_ES_PIC": 36 / 3600, "T2_UK_London>T2_ES_PIC": 9 / 3600}
-    # fast: 10 files at 36/h = 1000 s; slow: 3 files at 9/h = 1200 s: the slow link decides.
-    assert answer.eta == pytest.approx(1200)
-    # A link that copied nothing lately: no estimate rather than a made-up one.
+    assert answer.rates == {"T2_FR_GRIF>T2_ES_PIC": 30 / 600, "T2_UK_London>T2_ES_PIC": 9 / 300}
+    # fast: 10 files at 0.05/s = 200 s; slow: 3 files at 0.03/s = 100 s: the fast link decides.
+    assert answer.eta == pytest.approx(200)
+    # A link that copied nothing lately: no estimate rather than a made-up one, and why.
     owner.create(sample_request("alice", task=task, source="T2_FR_GRIF", destination="T2_UK_ICL"))
-    assert status.task_status(db_as(accounts, "bob", files_db), task, now=now).eta is None
+    unknown = status.task_status(db_as(accounts, "bob", files_db), task, now=now)
+    assert unknown.eta is None
+    assert "T2_FR_GRIF → T2_UK_ICL has copied 0 files" in unknown.eta_note
+
+
+def test_a_task_that_ends_in_25_seconds_is_never_estimated_beyond_a_minute(
+    files_db, accounts, admin
+):
+    """40 files uploaded at once on a fresh link, done in batches (jobs of 5) over 25 s: at
+    every second of the task, once the link's pace is known, the estimate is under a minute
+    (an estimate over the last hour said 46 min, then 13 min)."""
+    task = "261121_200004:alice_quick"
+    owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    reader = db_as(accounts, "bob", files_db)
+    link = dict(source="T2_IT_Pisa", destination="T2_FR_GRIF")
+    t0 = time.time() - 100  # the upload; the test then reads the store "at" t0 + s
+    docs = [sample_request("alice", task=task, job_id=str(j // 5 + 1), **link) for j in range(40)]
+    for doc in docs:
+        doc["_rev"] = owner.create(doc)
+    ends = {doc["_id"]: t0 + 25 * (j // 5 + 1) / 8 for j, doc in enumerate(docs)}
+    for doc in docs:
+        advance(agent, doc, 3, ends[doc["_id"]] - 2)
+    estimates = {}
+    for s in range(0, 26):
+        answer = status.task_status(reader, task, now=t0 + s)
+        # What the store would have said then: the files not done by t0 + s are on their way.
+        to_go = sum(1 for at in ends.values() if at > t0 + s)
+        answer.files = [
+            dataclasses.replace(f, state="submitted" if ends[f.id] > t0 + s else "done")
+            for f in answer.files
+        ]
+        eta, note = status.estimate(
+            answer.files, {(link["source"], link["destination"]): status.link_pace(
+                reader, (link["source"], link["destination"]), t0 + s)}, t0 + s
+        )  # fmt: skip
+        estimates[s] = (to_go, eta, note)
+    known = {s: e for s, (to_go, e, _) in estimates.items() if e is not None and to_go}
+    assert known and min(known) <= 4, estimates  # known from the first jobs on
+    assert max(known.values()) <= 60, estimates
+    assert estimates[0][1] is None and "too few" in estimates[0][2]
 
 
 def test_a_file_timeline_tells_its_whole_story(config, files_db, accounts):
@@ -181,3 +250,50 @@ def test_a_file_timeline_tells_its_whole_story(config, files_db, accounts):
     assert submitted.detail == "https://fts.example/ftsmon/#/job/fts-job-1"
     cli = json.loads(aso("status", "--file", doc["_id"], "--json", config=config.source).stdout)
     assert [e["what"] for e in cli["events"]] == whats
+
+
+def test_a_client_following_a_task_sees_every_final_state_once(pub_config, accounts, admin):
+    """Agents copy, clean and publish a task's 40 files while a client follows it from another
+    thread, polling as fast as it can: every file's final revision reaches the client exactly
+    once and no revision twice, though agents stamp their own clocks and the publisher's
+    stamp can be earlier than the cleaner's (a cursor of last_update times lost final states
+    for 12 of 15 files in 2 runs of 4)."""
+    task = "261121_200005:alice_follow"
+    publish = {"publish": True, "publish_info": {"dataset": "/Prim/alice-follow-v1/USER"}}
+    ids = upload(accounts, pub_config, 40, users=("alice",), task=task, **publish)
+    reader = db_as(accounts, "bob", pub_config.store.files_db)
+    poller = status.Poller(reader, task)
+    seen: list[status.FileStatus] = list(poller.start())
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.is_set():
+            seen.extend(poller.poll())
+
+    client = threading.Thread(target=follow, daemon=True)
+    client.start()
+    db = admin.db(pub_config.store.files_db)
+
+    def finished() -> bool:
+        return all(model.is_final(d) for d in db.get_many(ids).values())
+
+    runners = [Runner(agent) for agent in (
+        Submitter(pub_config, "s1"), Monitor(pub_config, "m1"), RetryManager(pub_config, "r1"),
+        Cleaner(pub_config, "c1"), Publisher(pub_config, "p1"),
+    )]  # fmt: skip
+    run_until(finished, runners, 120)
+    stop.set()
+    client.join(30)
+    seen.extend(poller.poll())  # what changed after the client's last poll
+    final = db.get_many(ids)
+    assert len(final) == 40 and {d[PUBLICATION] for d in final.values()} == {"published"}
+    by_id: dict[str, list[status.FileStatus]] = {}
+    for row in seen:
+        by_id.setdefault(row.id, []).append(row)
+    assert set(by_id) == set(ids)
+    for doc_id, rows in by_id.items():
+        revs = [r.rev for r in rows]
+        assert len(revs) == len(set(revs)), (doc_id, revs)  # no revision twice
+        assert revs.count(final[doc_id]["_rev"]) == 1  # the final state, exactly once
+        assert rows[-1].publication == "published" and rows[-1].reason is None
+    assert sum(len(rows) for rows in by_id.values()) > 40  # it followed, not read once at the end

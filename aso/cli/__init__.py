@@ -27,7 +27,9 @@ from rich.table import Table
 from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
+from aso import status as task_status
 from aso.cli.catalog import catalog_app
+from aso.cli.common import NotFound, UsageError, print_table, resolve_id
 from aso.cli.common import config_of as _config
 from aso.cli.frontend import certs_app, frontend_cmd
 from aso.cli.metrics import metrics_app
@@ -80,10 +82,6 @@ app.command("sim")(sim_cmd)
 app.command("frontend")(frontend_cmd)
 app.add_typer(certs_app, name="certs")
 app.add_typer(metrics_app, name="metrics")
-
-
-class UsageError(Exception):
-    """Bad arguments: exit code 2."""
 
 
 def _server(ctx: typer.Context, account: str = "user") -> Server:
@@ -363,68 +361,62 @@ def upload_cmd(
 
 @request_app.command("show")
 def request_show(
-    ctx: typer.Context, doc_id: Annotated[str, typer.Argument(help="Request id.")]
+    ctx: typer.Context,
+    doc_id: Annotated[str, typer.Argument(help="Request id, or its first 4+ characters.")],
 ) -> None:
     """Print one request document as JSON."""
-    doc = _files_db(ctx).get(doc_id)
+    db = _files_db(ctx)
+    doc = db.get(resolve_id(db, doc_id))
     if doc is None:
-        err_console.print(f"no request {doc_id}", markup=False)
-        raise typer.Exit(1)
+        raise NotFound(f"no request {doc_id}")
     console.print_json(data=doc)
+
+
+REQUEST_COLUMNS = ("id", "task", "job", "type", "state", "cleanup", "publication")
 
 
 @request_app.command("list")
 def request_list(
     ctx: typer.Context,
-    task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+    task: Annotated[str | None, typer.Option(help="Only this task (in job order).")] = None,
     state: Annotated[str | None, typer.Option(help="Only this transfer state.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 50,
+    show_all: Annotated[bool, typer.Option("--all", help="Every row, however many.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
-    """List requests (by task, or by state), read from the monitoring views."""
+    """List requests of a task (in job order) or in a state; says how many more there are."""
     if state and state not in model.STATES[model.STATE]:
         raise UsageError(f"unknown state {state!r}; one of {', '.join(model.STATES['state'])}")
     db = _files_db(ctx)
-    table = Table("id", "task", "job", "type", "state", "cleanup", "publication")
+    wanted = None if show_all else limit
     if task:
-        rows = db.view(
-            "asyncstageout", "by_task", start_key=[task], end_key=[task, {}], limit=limit
-        ).rows
-        for row in rows:
-            v = row["value"]
-            if state and v["state"] != state:
-                continue
-            table.add_row(
-                row["id"][:12],
-                task,
-                row["key"][1],
-                row["key"][2],
-                v["state"],
-                v["cleanup"],
-                v["publication"],
-            )
+        files = [f for f in task_status.task_files(db, task) if not state or f.state == state]
+        total = len(files)
+        rows = [
+            dict(id=f.id, task=task, job=f.job_id, type=f.file_type, state=f.state,
+                 cleanup=f.cleanup, publication=f.publication)
+            for f in files[:wanted]
+        ]  # fmt: skip
     else:
         start: list[Any] = [state] if state else []
         end: list[Any] = [state, {}] if state else [{}]
+        counted = db.view("asyncstageout", "by_state", start_key=start, end_key=end, reduce=True)
+        total = int(counted.rows[0]["value"]) if counted.rows else 0
         result = db.view(
-            "asyncstageout",
-            "by_state",
-            start_key=start,
-            end_key=end,
-            limit=limit,
-            reduce=False,
-            include_docs=True,
-        )
-        for doc in result.docs():
-            table.add_row(
-                doc["_id"][:12],
-                doc["task"],
-                doc["job_id"],
-                doc["file_type"],
-                doc["state"],
-                doc["cleanup"],
-                doc["publication"],
-            )
-    console.print(table)
+            "asyncstageout", "by_state", start_key=start, end_key=end, limit=wanted,
+            reduce=False, include_docs=True,
+        )  # fmt: skip
+        rows = [
+            dict(id=d["_id"], task=d["task"], job=d["job_id"], type=d["file_type"],
+                 state=d["state"], cleanup=d["cleanup"], publication=d["publication"])
+            for d in result.docs()
+        ]  # fmt: skip
+    if json_out:
+        console.print_json(data={"total": total, "requests": rows})
+        return
+    print_table(REQUEST_COLUMNS, [[r["id"][:12], *list(r.values())[1:]] for r in rows])
+    if total > len(rows):
+        print(f"{total - len(rows)} more: --limit N, or --all")
 
 
 @app.command("demo")
@@ -638,7 +630,7 @@ def main() -> None:
             f"aso: error: {exc} (retryable: try again later)", markup=False, highlight=False
         )
         sys.exit(EXIT_RETRYABLE)
-    except (LocalStoreError, StorageError, model.ModelError, ValueError) as exc:
+    except (LocalStoreError, StorageError, model.ModelError, ValueError, NotFound) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -7,12 +7,24 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
-from typing import cast
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from aso import config as aso_config
 from aso.config import Config
+from aso.store import Database
+
+
+class UsageError(Exception):
+    """Bad arguments: exit code 2."""
+
+
+class NotFound(Exception):
+    """What the command was asked about does not exist: exit code 1."""
 
 
 def config_of(ctx: typer.Context) -> Config:
@@ -42,3 +54,39 @@ def utc_time(epoch: float | None) -> str:
     if not epoch:
         return ""
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_table(
+    columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None
+) -> None:
+    """A listing: a table on a terminal; on a pipe or in a file, tab-separated lines with a
+    header first (the title, if any, as a `# ` line), every value whole, so that scripts get
+    what a person sees without the table's cut-off cells."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    if sys.stdout.isatty():
+        table = Table(*columns, title=title)
+        for row in cells:
+            table.add_row(*row)
+        Console().print(table)
+        return
+    if title:
+        print(f"# {title}")
+    print("\t".join(columns))
+    for row in cells:
+        print("\t".join(v.replace("\t", " ").replace("\n", " ") for v in row))
+
+
+def resolve_id(db: Database, given: str) -> str:
+    """The request id that `given` starts with: ids are long, listings show their start, and
+    any unique start is taken wherever an id is. Raises NotFound when none matches, UsageError
+    when several do."""
+    if len(given) == 64:
+        return given
+    if len(given) < 4:
+        raise UsageError(f"request id {given!r} is too short: give at least 4 characters")
+    ids = [d["_id"] for d in db.all_docs(given, given + "\ufff0", limit=2)]
+    if not ids:
+        raise NotFound(f"no request id starts with {given!r}")
+    if len(ids) > 1:
+        raise UsageError(f"several request ids start with {given!r}: give more characters")
+    return str(ids[0])

@@ -3,23 +3,23 @@ since a time, or one file's whole story (aso.status). aso/cli/__init__.py regist
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from aso import status
+from aso import model, status
+from aso.cli.common import UsageError, print_table, resolve_id, utc_time
 from aso.cli.common import config_of as _config
-from aso.cli.common import utc_time
 from aso.store import Database, Server
 
 console = Console()
 
 
-def _duration(seconds: float | None) -> str:
+def _duration(seconds: float | None, note: str) -> str:
     if seconds is None:
-        return "unknown (its links have copied nothing in the last hour)"
+        return f"unknown ({note})"
     if seconds == 0:
         return "nothing left to copy"
     minutes, secs = divmod(int(seconds + 0.5), 60)
@@ -27,16 +27,36 @@ def _duration(seconds: float | None) -> str:
     return f"about {hours} h {minutes:02d} min" if hours else f"about {minutes} min {secs:02d} s"
 
 
+FILE_COLUMNS = (
+    "id", "job", "type", "state", "cleanup", "publication", "attempts", "last change (UTC)",
+    "error", "source LFN",
+)  # fmt: skip
+
+
+def _file_row(f: status.FileStatus) -> list[Any]:
+    error = f.reason or f.cleanup_error or f.publication_error or ""
+    if f.error_class and f.reason:
+        error = f"[{f.error_class}] {f.reason}"
+    return [
+        f.id[:12], f.job_id, f.file_type, f.state, f.cleanup, f.publication, f.attempts,
+        utc_time(f.last_update), error, f.source_lfn,
+    ]  # fmt: skip
+
+
 def status_cmd(
     ctx: typer.Context,
     task: Annotated[str | None, typer.Argument(help="Task name.")] = None,
     job: Annotated[str | None, typer.Option(help="Only this job of the task.")] = None,
     since: Annotated[
-        float | None,
-        typer.Option(help="Only files changed after this time (epoch seconds): for polling."),
+        str | None,
+        typer.Option(
+            help="Only files changed after this store sequence: the `seq` an earlier answer "
+            "printed (0: every file). For polling; it never misses a change.",
+        ),
     ] = None,
     file: Annotated[
-        str | None, typer.Option("--file", help="One file's whole story, by request id.")
+        str | None,
+        typer.Option("--file", help="One file's whole story, by request id (or its start)."),
     ] = None,
     summary: Annotated[
         bool, typer.Option("--summary", help="Counts and estimate only, no file table.")
@@ -48,22 +68,12 @@ def status_cmd(
     config = _config(ctx)
     db = Server.from_config(config).db(config.store.files_db)
     if file is not None:
-        _file_story(db, file, json_out, config.fts3.monitor_url)
+        _file_story(db, resolve_id(db, file), json_out, config.fts3.monitor_url)
         return
     if task is None:
-        raise typer.BadParameter("give a TASK, or --file ID", param_hint="TASK")
+        raise UsageError("give a TASK, or --file ID")
     if since is not None:
-        changed = status.changed_since(db, task, since)
-        if json_out:
-            console.print_json(data={"task": task, "since": since, "files": changed})
-            return
-        console.print(f"{len(changed)} files of task {task} changed since {utc_time(since)} UTC")
-        for f in changed:
-            console.print(
-                f"{utc_time(f['last_update'])}  job {f['job_id']}  {f['state']}/{f['cleanup']}/"
-                f"{f['publication']}  {f['id']}",
-                markup=False,
-            )
+        _changes(db, task, since, json_out)
         return
     answer = status.task_status(db, task, job)
     if json_out:
@@ -72,21 +82,34 @@ def status_cmd(
     if not answer.exists:
         console.print(status.no_requests(task, job))
         return
-    counts = Table("axis", "state", "files", title=f"task {task}" + (f" job {job}" if job else ""))
-    for axis, states in answer.counts.items():
-        for state, n in sorted(states.items()):
-            counts.add_row(axis, state, str(n))
-    console.print(counts)
-    console.print(f"{answer.on_its_way} files on their way; done: {_duration(answer.eta)}")
-    if summary:
+    title = f"task {task}" + (f" job {job}" if job else "")
+    rows = [
+        (axis, state, n)
+        for axis, states in answer.counts.items()
+        for state, n in sorted(states.items())
+    ]
+    print_table(("axis", "state", "files"), rows, title=title)
+    print(f"{answer.on_its_way} files on their way; done: {_duration(answer.eta, answer.eta_note)}")
+    stopped = sum(answer.counts.get("state", {}).get(s, 0) for s in model.NEVER_COPIED)
+    if stopped:
+        print(
+            f"{stopped} files failed or were killed: `aso resubmit --task {task}` queues them "
+            "again; `aso status --file ID` tells why each one stopped"
+        )
+    if not summary:
+        print_table(FILE_COLUMNS, [_file_row(f) for f in answer.files])
+    print(f"seq {answer.seq}: `aso status {task} --since {answer.seq}` shows what changes next")
+
+
+def _changes(db: Database, task: str, since: str, json_out: bool) -> None:
+    changed, seq = status.changed_since(db, task, since)
+    if json_out:
+        files = [dataclasses.asdict(f) for f in changed]
+        console.print_json(data={"task": task, "since": since, "seq": seq, "files": files})
         return
-    files = Table("job", "type", "state", "cleanup", "publication", "last change (UTC)", "reason")
-    for row in answer.files:
-        files.add_row(
-            row.job_id, row.file_type, row.state, row.cleanup, row.publication,
-            utc_time(row.last_update), (row.reason or "")[:80],
-        )  # fmt: skip
-    console.print(files)
+    print_table(FILE_COLUMNS, [_file_row(f) for f in changed],
+                title=f"{len(changed)} files of task {task} changed after seq {since}")  # fmt: skip
+    print(f"seq {seq}: `aso status {task} --since {seq}` shows what changes next")
 
 
 def _file_story(db: Database, doc_id: str, json_out: bool, job_url: str) -> None:
@@ -108,8 +131,7 @@ def _file_story(db: Database, doc_id: str, json_out: bool, job_url: str) -> None
             }
         )
         return
-    console.print(f"{doc['source_lfn']} → {doc['destination']} {doc['destination_lfn']}")
-    table = Table("time (UTC)", "what", "detail")
-    for e in events:
-        table.add_row(utc_time(e.at), e.what, e.detail[:120])
-    console.print(table)
+    print(f"{doc['source_lfn']} → {doc['destination']} {doc['destination_lfn']}")
+    print_table(
+        ("time (UTC)", "what", "detail"), [(utc_time(e.at), e.what, e.detail) for e in events]
+    )

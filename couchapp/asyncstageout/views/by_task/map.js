@@ -1,11 +1,25 @@
 function (doc) {
-  // Requests of a task, job by job: key [task, job_id, file_type]; the value is what a status
-  // query shows of each file (`aso status`, the CRAB-style status API): one request per task.
-  if (doc.type === 'transfer_request') {
-    emit([doc.task, doc.job_id, doc.file_type], {
-      state: doc.state, cleanup: doc.cleanup, publication: doc.publication, user: doc.user,
-      source: doc.source, destination: doc.destination, last_update: doc.last_update,
-      reason: doc.failure_reason || doc.publication_error || null
-    });
-  }
+  // A task's files, one row each: key [task, job, file_type, id], unique and in job order (a
+  // job id of digits is a number, so jobs sort 1, 2, 10; other ids sort after them, as text;
+  // aso/model.py job_order). Page with start_key = the last row's key and skip=1. The value is
+  // the status row of docs/status-api.md: what a client shows of a file. The failure is the
+  // current one only (FAILING states); a copied or resubmitted file shows none.
+  if (doc.type !== 'transfer_request') { return; }
+  var failing = /* aso/model.py FAILING */ null;
+  var publicationFailures = /* aso/model.py PUBLICATION_FAILURES */ null;
+  var job = /^[0-9]{1,15}$/.test(doc.job_id) ? Number(doc.job_id) : doc.job_id;
+  var failed = failing.indexOf(doc.state) !== -1;
+  emit([doc.task, job, doc.file_type, doc._id], {
+    rev: doc._rev, job_id: doc.job_id, job_retry: doc.job_retry || 0, user: doc.user,
+    state: doc.state, cleanup: doc.cleanup, publication: doc.publication,
+    source: doc.source, destination: doc.destination,
+    source_lfn: doc.source_lfn, destination_lfn: doc.destination_lfn, size: doc.size,
+    attempts: (doc.attempts || []).length,
+    error_class: failed ? (doc.error_class || null) : null,
+    reason: failed ? (doc.failure_reason || null) : null,
+    cleanup_error: doc.cleanup === 'cleanup_error' ? (doc.cleanup_error || null) : null,
+    publication_error: publicationFailures.indexOf(doc.publication) !== -1 ?
+      (doc.publication_error || null) : null,
+    created: doc.created, last_update: doc.last_update
+  });
 }
