@@ -281,3 +281,39 @@ def preloaded_cli(
     for name, sub in (typers or {}).items():
         app.add_typer(sub, name=name)
     return app
+
+
+@pytest.fixture()
+def agents_in_background(sim_config: Config) -> Iterator[None]:
+    """The copy pipeline's agents (submitter, monitor, retry manager, cleaner; sim back end)
+    stepping in a thread of their own for the whole test, as a service runs beside its
+    clients (tests/test_status_client.py, whose own code may not import ASO)."""
+    import threading
+
+    from agents.cleaner import Cleaner
+    from agents.monitor import Monitor
+    from agents.retry_manager import RetryManager
+    from agents.submitter import Submitter
+    from aso.runtime import Runner
+
+    runners = [Runner(agent) for agent in (
+        Submitter(sim_config, "s1"), Monitor(sim_config, "m1"),
+        RetryManager(sim_config, "r1"), Cleaner(sim_config, "c1"),
+    )]  # fmt: skip
+    for runner in runners:
+        runner.workset.start()
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            for runner in runners:
+                runner.step(wait=False)
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=loop, name="agents", daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(60)
+    for runner in runners:
+        runner.agent.close()

@@ -277,3 +277,15 @@ def test_no_agent_or_core_module_tests_for_the_simulator():
     assert found == []
     # ...and the check sees one where there is one.
     assert sim_tests(ROOT / "aso" / "transfer" / "__init__.py")
+
+
+def test_the_independent_status_client_imports_nothing_of_aso():
+    """tests/test_status_client.py stands for a client written from docs/status-api.md alone."""
+    source = (ROOT / "tests" / "test_status_client.py").read_text()
+    modules = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            modules.add((node.module or "").split(".")[0])
+    assert modules and not modules & {"aso", "agents", "sim", "tests"}, modules
