@@ -10,7 +10,7 @@ embedded store (EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE, EMBEDDED_CRASH_ON_NON_ADM
 Query parameters are a closed list per kind of resource (`QUERIES`), each with the shape of its
 value, and a view's or `_all_docs`' POST body and a `_changes` body are held to the same list:
 `_changes?filter=_selector` (or `_design`, `_view`, any design document's filter) killed the
-embedded store (EMBEDDED_CRASH_ON_CHANGES_FILTER), and `new_edits=false` would let a client
+embedded store (EMBEDDED_CHANGES_FILTER_CRASH), and `new_edits=false` would let a client
 write a revision history of its own. What is forwarded is the query as checked, encoded again
 (`Verdict.target`), so the store parses exactly what the gate read. The request target must be
 a path (origin-form, RFC 9112 3.2.1): `GET 1/db` had been sent to `http://127.0.0.1:5984` +
@@ -127,7 +127,7 @@ _CHANGES: dict[str, Callable[[str], bool]] = {
     **dict.fromkeys(("include_docs", "descending", "conflicts", "seq_interval"), _is_bool),
     "style": _one_of("main_only", "all_docs"),
     # Only the built-in filter by id: the others (_selector, _design, _view, a design
-    # document's filter) killed the embedded store (EMBEDDED_CRASH_ON_CHANGES_FILTER).
+    # document's filter) killed the embedded store (EMBEDDED_CHANGES_FILTER_CRASH).
     "filter": _one_of("_doc_ids"),
     "doc_ids": _is_json_list,
 }
@@ -188,6 +188,23 @@ def _check_query(kind: str, pairs: list[tuple[str, str]]) -> GateRefusal | None:
     return None
 
 
+def _check_changes_filter(
+    kind: str, pairs: list[tuple[str, str]], method: bytes, body: bytes
+) -> GateRefusal | None:
+    """`_changes?filter=_doc_ids` must come with its `doc_ids` (a list, in the query or the
+    POST body): without them the embedded store looks for a design document `_doc_ids`, and
+    the error it fails to catch ends the process (EMBEDDED_CHANGES_FILTER_CRASH)."""
+    if kind != "changes" or ("filter", "_doc_ids") not in pairs:
+        return None
+    if any(name == "doc_ids" for name, _ in pairs):
+        return None
+    data = _parse(body)[0] if method == b"POST" and body.strip() else None
+    if isinstance(data, dict) and isinstance(data.get("doc_ids"), list):
+        return None
+    return GateRefusal(400, "bad_request", "filter=_doc_ids needs doc_ids: a JSON list of "
+                       "document ids, in the query or the POST body")  # fmt: skip
+
+
 def _encode(pairs: list[tuple[str, str]]) -> bytes:
     return "&".join(f"{quote(n, safe='')}={quote(v, safe='')}" for n, v in pairs).encode()
 
@@ -215,7 +232,7 @@ def check(method: bytes, target: bytes, body: bytes) -> GateRefusal | Verdict:
     kind, refused = _resource(method, path, body)
     if refused:
         return refused
-    refused = _check_query(kind, pairs)
+    refused = _check_query(kind, pairs) or _check_changes_filter(kind, pairs, method, body)
     if refused:
         return refused
     return Verdict(path + (b"?" + _encode(pairs) if pairs else b""))

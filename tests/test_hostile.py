@@ -949,6 +949,11 @@ KILLERS = [  # each of these, sent by a user, killed the embedded store or made 
     ("POST", "/{db}/_changes", b'{"selector": {"user": "dave"}}', 400,
      "'selector' is not an option of _changes"),
     ("GET", "/{db}/_changes?since=0&since=now", None, 400, "query parameter 'since' given twice"),
+    # Found by the status API's OpenAPI operation (issue 20): the id filter without its ids.
+    ("GET", "/{db}/_changes?filter=_doc_ids", None, 400, "filter=_doc_ids needs doc_ids"),
+    ("POST", "/{db}/_changes?filter=_doc_ids", b"{}", 400, "filter=_doc_ids needs doc_ids"),
+    ("POST", "/{db}/_changes?filter=_doc_ids", b'{"doc_ids": "x"}', 400,
+     "filter=_doc_ids needs doc_ids"),
     ("POST", "/{db}/_bulk_docs?new_edits=false", b'{"docs": []}', 400,
      "query parameter 'new_edits' is not served here"),
     ("GET", "/{db}/_design/asyncstageout/_view/by_task?startkey=junk", None, 400,
