@@ -3,9 +3,10 @@ CRAB-style clients polling their tasks' status, each simulated user with a proxy
 
 `JobWrapper` is one slot of a worker node: it waits as long as a job runs, then records the
 job's output and log in one `_bulk_docs` POST (what `aso upload` sends). `CrabClient` polls one
-of its user's tasks as the "Status queries" table of docs/frontend.md says: the counts per state
-(`task_states`, group_level=3) and what changed since its last poll (`task_updates`), and now
-and then every file of the task (`by_task`), through aso/status.py's own functions. Both ask
+of its user's tasks as docs/status-api.md says: the counts per state (`task_states`,
+group_level=3) and what changed since its last poll (by the store's sequence: `_changes` with
+the task's ids), and now and then every file of the task (`by_task`), through aso/status.py's
+own functions. Both ask
 the front end who they are (`/_session`) first: the user their proxy maps to is the one whose
 requests they record and whose tasks they poll.
 
