@@ -8,6 +8,7 @@ A different file under an existing id is reported, never overwritten.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import zlib
@@ -111,12 +112,12 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
         doc = by_id[result.id]
         if result.ok:
             report.recorded.append(result.id)
-            log.info(
+            log.debug(
                 "recorded request %s for %s (task %s)", result.id, doc["source_lfn"], doc["task"]
             )
         elif result.conflict and (found := existing.get(result.id)) and _same_file(found, doc):
             report.already.append(result.id)
-            log.info("request %s for %s was already recorded", result.id, doc["source_lfn"])
+            log.debug("request %s for %s was already recorded", result.id, doc["source_lfn"])
         elif result.conflict:
             report.refused[result.id] = (
                 f"a different request for {doc['source_lfn']} already exists"
@@ -142,6 +143,20 @@ def adler32_of(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:
     return size, f"{value & 0xFFFFFFFF:08x}"
 
 
+def _fields_problem(args: Mapping[str, Any]) -> str | None:
+    """A request object's missing or unknown fields, in the file's terms (not a Python call's)."""
+    parameters = inspect.signature(model.new_request).parameters
+    known = [name for name in parameters if name not in ("by", "at")]
+    required = [n for n in known if parameters[n].default is inspect.Parameter.empty]
+    missing = [n for n in required if n not in args]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    unknown = sorted(k for k in args if k not in known)
+    if unknown:
+        return f"unknown field {unknown[0]!r} (the fields: {', '.join(known)})"
+    return None
+
+
 def requests_from_json(path: Path, *, default_user: str | None = None) -> list[dict[str, Any]]:
     """Build requests from a JSON file: a list of objects with model.new_request's arguments."""
     try:
@@ -161,10 +176,11 @@ def requests_from_json(path: Path, *, default_user: str | None = None) -> list[d
         args = dict(item)
         if default_user and "user" not in args:
             args["user"] = default_user
+        problem = _fields_problem(args)
+        if problem:
+            raise model.ModelError(f"{path}: item {index}: {problem}")
         try:
             docs.append(model.new_request(**args))
-        except TypeError as exc:
-            raise model.ModelError(f"{path}: item {index}: {exc}") from None
         except model.ModelError as exc:
             raise model.ModelError(f"{path}: item {index}: {exc}") from None
     return docs

@@ -126,6 +126,13 @@ def test_config_init_show_and_secrets(tmp_path):
     assert "********" not in secret.stdout
     keys = aso("config", "keys")
     assert "store.url" in keys.stdout and "embedded.data_dir" in keys.stdout
+    # On a pipe: tab-separated, a header first, every meaning whole (a table cut them at 80).
+    lines = keys.stdout.splitlines()
+    assert lines[0] == "key\tdefault\tmeaning" and all(line.count("\t") == 2 for line in lines)
+    described = json.loads(aso("config", "keys", "--json").stdout)
+    by_key = {d["key"]: d for d in described}
+    assert len(described) == len(lines) - 1 and by_key["store.url"]["default"].startswith("http")
+    assert any(by_key["store.url"]["meaning"] in line for line in lines)
 
 
 def test_store_lifecycle_through_the_cli(tmp_path):
@@ -265,8 +272,21 @@ def test_upload_errors(tmp_path, store_config, files_db):
         '"destination_lfn": "/store/user/a/x.root", "size": -5, "adler32": "1"}]'
     )
     result = aso("upload", "--file", str(bad), config=path)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a bad request file is bad usage
     assert "item 0: doc.size must be >= 0" in one_line_error(result)
+    # Missing and unknown fields, in the file's terms (not Python's).
+    bad.write_text('[{"task": "t", "job_id": "1", "source": "T2_CH_CERN"}]')
+    result = aso("upload", "--file", str(bad), config=path)
+    assert result.returncode == 2
+    assert one_line_error(result).endswith(
+        "item 0: missing destination, source_lfn, destination_lfn, size, adler32"
+    )
+    bad.write_text('[{"task": "t", "job_id": "1", "source": "T2_CH_CERN", "destination": "x", '
+                   '"source_lfn": "x", "destination_lfn": "x", "size": 1, "adler32": "1", '
+                   '"checksum": "1"}]')  # fmt: skip
+    result = aso("upload", "--file", str(bad), config=path)
+    assert result.returncode == 2 and "item 0: unknown field 'checksum'" in one_line_error(result)
+    assert "keyword" not in result.stderr and "Traceback" not in result.stderr
     local = tmp_path / "out.root"
     local.write_bytes(b"ASO" * 1000)
     ok = aso(
@@ -295,7 +315,12 @@ def test_upload_errors(tmp_path, store_config, files_db):
     assert shown["checksum"]["adler32"] == f"{zlib.adler32(b'ASO' * 1000):08x}"
     bad.write_text("{not json")
     result = aso("upload", "--file", str(bad), config=path)
-    assert result.returncode == 1 and "not valid JSON" in one_line_error(result)
+    assert result.returncode == 2 and "not valid JSON" in one_line_error(result)
+    # `aso`'s own options are taken after the sub-command too.
+    late = aso("upload", "--file", str(local_json(tmp_path)), "--json", "--config", str(path))
+    assert late.returncode == 0, late.stderr
+    assert set(json.loads(late.stdout)) == {"recorded", "already", "refused"}
+    assert "INFO" not in late.stderr  # a line per cycle, not per recorded file
     # The store unreachable: a retryable error with its own exit code (EX_TEMPFAIL).
     config.store = dataclasses.replace(config.store, url=f"http://127.0.0.1:{free_port()}")
     path.write_text(render(config, show_secrets=True))
@@ -366,3 +391,29 @@ def test_an_agent_stuck_past_hang_timeout_writes_its_stacks_and_exits(tmp_path):
     assert "Timeout (0:00:03)!" in output
     assert "aso/store.py" in output and "aso/runtime.py" in output  # where it waited
     assert outcomes[0.0][0] is None  # no watchdog: still waiting after 30 s
+
+
+def test_an_error_on_the_built_in_defaults_says_no_config_file_was_found(tmp_path):
+    """Run outside the checkout with no config file: whatever the store at the default address
+    answers (nothing, or 401), the one-line error says the built-in defaults were used."""
+    home_config = Path.home() / ".config" / "aso" / "aso.toml"
+    if home_config.exists() or Path("/etc/aso/aso.toml").exists():
+        pytest.skip("a config file is installed on this machine")
+    result = aso("request", "list", cwd=tmp_path)
+    assert result.returncode in (1, 75)
+    assert one_line_error(result).endswith(
+        "no config file was found, so the built-in defaults were used: give --config PATH or "
+        "set $ASO_CONFIG (`aso config init` writes one)"
+    )
+
+
+def test_certs_demo_writes_a_throw_away_pki_through_the_cli(tmp_path):
+    """`aso certs demo DIR --user U` (docs/usage.md): a CA, a grid-mapfile mapping the user,
+    and the user's proxy, each path printed."""
+    result = aso("certs", "demo", str(tmp_path / "certs"), "--user", "carla")
+    assert result.returncode == 0, result.stderr
+    printed = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    paths = [Path(p.strip()) for p in printed.values()]
+    assert paths and all(p.exists() for p in paths), printed
+    mapfile = next(p for p in paths if "grid-mapfile" in p.name)
+    assert "carla" in mapfile.read_text()

@@ -77,3 +77,63 @@ def test_the_architecture_picture_names_every_agent():
     missing = [m for m in modules if not any(names(picture, s) for s in spellings[m])]
     assert not missing, f"README's architecture picture does not name the agents {missing}"
     assert not names("monitoring pages", "monitor")
+
+
+# --- every documented command is a command, driven through the CLI by some test -------------
+USAGE = ROOT / "docs" / "usage.md"
+TESTS = ROOT / "tests"
+
+
+def documented_commands() -> list[tuple[str, ...]]:
+    """The sub-commands of docs/usage.md's command block: `aso store start|stop|status` is
+    three; the words before the first option or placeholder."""
+    block = FENCE.search(USAGE.read_text())
+    assert block is not None
+    commands: list[tuple[str, ...]] = []
+    for line in block.group(0).splitlines():
+        if not line.startswith("aso "):
+            continue
+        words: list[list[str]] = []
+        for word in line.split("#")[0].split()[1:]:
+            if not re.fullmatch(r"[a-z][a-z-]*(\|[a-z][a-z-]*)*", word):
+                break
+            words.append(word.split("|"))
+        names = [()]
+        for choices in words:
+            names = [(*name, choice) for name in names for choice in choices]
+        commands += [name for name in names if name not in commands]
+    return commands
+
+
+def driven_by_a_test(command: tuple[str, ...], sources: str) -> bool:
+    """A test calls the command through the CLI: aso("status", ...), an argv ["aso", "status",
+    ...] or a CliRunner's ["status", ...]."""
+    quoted = re.escape(", ".join(f'"{w}"' for w in command))
+    # aso("run", ...), ["run", ...], [ASO, "run"...], [ASO, "--config", str(path), "run", ...]
+    return re.search(rf'(aso\(|\[|"aso", |ASO, |str\(\w+(\.\w+)*\), ){quoted}', sources) is not None
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_usage_page_lists_the_commands():
+    assert ("publish",) in COMMANDS and ("store", "status") in COMMANDS and len(COMMANDS) > 25
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_documented_command_exists_and_a_test_drives_it(command: tuple[str, ...]):
+    from typer.testing import CliRunner
+
+    from aso.cli import app
+
+    shown = CliRunner().invoke(app, [*command, "--help"])
+    assert shown.exit_code == 0, shown.output
+    sources = "\n".join(p.read_text() for p in sorted(TESTS.glob("test_*.py")))
+    assert driven_by_a_test(command, sources), f"no test runs `aso {' '.join(command)}`"
+
+
+def test_the_driven_check_sees_a_call_and_its_absence():
+    assert driven_by_a_test(("publish",), 'x = aso("publish", "--retry", task)')
+    assert driven_by_a_test(("run",), '[ASO, "--config", str(config.source), "run"]')
+    assert driven_by_a_test(("store", "start"), 'run(["store", "start"])')
+    assert not driven_by_a_test(("catalog", "ls"), 'aso("catalog", "blocks", d)')

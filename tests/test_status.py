@@ -175,7 +175,9 @@ def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, ad
         for _ in range(n):
             owner.create(sample_request("alice", task=task, **link))
     answer = status.task_status(db_as(accounts, "bob", files_db), task, now=now)
-    assert answer.rates == {"T2_FR_GRIF>T2_ES_PIC": 30 / 600, "T2_UK_London>T2_ES_PIC": 9 / 300}
+    assert answer.rates == pytest.approx(
+        {"T2_FR_GRIF>T2_ES_PIC": 30 / 600, "T2_UK_London>T2_ES_PIC": 9 / 300}
+    )
     # fast: 10 files at 0.05/s = 200 s; slow: 3 files at 0.03/s = 100 s: the fast link decides.
     assert answer.eta == pytest.approx(200)
     # A link that copied nothing lately: no estimate rather than a made-up one, and why.

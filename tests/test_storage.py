@@ -409,3 +409,25 @@ def test_a_server_that_crashes_while_starting_is_started_again() -> None:
             assert line.startswith("T2_CH_CERN: started") and storage.status()[0].pid is not None
         finally:
             storage.stop()
+
+
+def test_the_storage_commands_start_report_and_stop_a_site_through_the_cli() -> None:
+    """`aso storage start|status|stop` as an operator types them (docs/usage.md)."""
+    from tests.test_cli import aso
+
+    with reachable_tmp_dir() as base:
+        config = storage_config(base, ["T2_X"])
+        assert config.source is not None
+        config.source.write_text(render(config, show_secrets=True))
+        try:
+            started = aso("storage", "start", config=config.source)
+            assert started.returncode == 0, started.stderr
+            status = aso("storage", "status", config=config.source)
+            assert status.returncode == 0 and "T2_X" in status.stdout
+            assert ": answering (pid " in status.stdout
+        finally:
+            stopped = aso("storage", "stop", config=config.source)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not (base / "storage" / "T2_X" / "xrootd.pid").exists()
+        after = aso("storage", "status", config=config.source)
+        assert "answering (pid" not in after.stdout

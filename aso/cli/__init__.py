@@ -29,7 +29,14 @@ from aso import config as aso_config
 from aso import model
 from aso import status as task_status
 from aso.cli.catalog import catalog_app
-from aso.cli.common import NotFound, UsageError, print_table, resolve_id
+from aso.cli.common import (
+    BUILT_IN_DEFAULTS,
+    NO_CONFIG_HINT,
+    NotFound,
+    UsageError,
+    print_table,
+    resolve_id,
+)
 from aso.cli.common import config_of as _config
 from aso.cli.frontend import certs_app, frontend_cmd
 from aso.cli.metrics import metrics_app
@@ -54,6 +61,11 @@ from aso.upload import adler32_of, requests_from_json, upload
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
+# `aso --help` groups the commands by who uses them.
+USERS = "For users and clients"
+OPERATORS = "For operators"
+SERVICES = "The service's processes, the demo and the simulator"
+
 app = typer.Typer(
     help="ASO (AsyncStageOut): asynchronous stage-out of grid analysis outputs.",
     no_args_is_help=True,
@@ -68,20 +80,21 @@ store_app = typer.Typer(
 )
 db_app = typer.Typer(help="Databases, design documents and store accounts.", no_args_is_help=True)
 request_app = typer.Typer(help="Look at transfer requests.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-app.add_typer(store_app, name="store")
+# Users' commands first: the panels come in the order of their first command.
+app.command("status", rich_help_panel=USERS)(status_cmd)
+app.add_typer(request_app, name="request", rich_help_panel=USERS)
+app.add_typer(config_app, name="config", rich_help_panel=OPERATORS)
+app.add_typer(store_app, name="store", rich_help_panel=OPERATORS)
 store_app.command("check")(store_check_cmd)
-app.add_typer(db_app, name="db")
-app.add_typer(request_app, name="request")
-app.add_typer(storage_app, name="storage")
-app.add_typer(catalog_app, name="catalog")
-app.command("reconcile")(reconcile_cmd)
-app.command("status")(status_cmd)
-app.command("stats")(stats_cmd)
-app.command("sim")(sim_cmd)
-app.command("frontend")(frontend_cmd)
-app.add_typer(certs_app, name="certs")
-app.add_typer(metrics_app, name="metrics")
+app.add_typer(db_app, name="db", rich_help_panel=OPERATORS)
+app.add_typer(storage_app, name="storage", rich_help_panel=OPERATORS)
+app.add_typer(catalog_app, name="catalog", rich_help_panel=OPERATORS)
+app.command("reconcile", rich_help_panel=OPERATORS)(reconcile_cmd)
+app.command("stats", rich_help_panel=OPERATORS)(stats_cmd)
+app.command("sim", rich_help_panel=SERVICES)(sim_cmd)
+app.command("frontend", rich_help_panel=SERVICES)(frontend_cmd)
+app.add_typer(certs_app, name="certs", rich_help_panel=OPERATORS)
+app.add_typer(metrics_app, name="metrics", rich_help_panel=OPERATORS)
 
 
 def _server(ctx: typer.Context, account: str = "user") -> Server:
@@ -140,15 +153,18 @@ def config_keys(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="As docs/configuration.md's table.")
     ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the keys as JSON.")] = False,
 ) -> None:
     """List every configuration key with its default and meaning."""
     if markdown:
         print(aso_config.markdown_table())
         return
-    table = Table("key", "default", "meaning")
-    for key, default, doc in aso_config.describe():
-        table.add_row(key, json.dumps(default), doc)
-    console.print(table)
+    keys = aso_config.describe()
+    if json_out:
+        described = [{"key": k, "default": d, "meaning": m} for k, d, m in keys]
+        print(json.dumps(described, indent=2))
+        return
+    print_table(("key", "default", "meaning"), [(k, json.dumps(d), m) for k, d, m in keys])
 
 
 @config_app.command("init")
@@ -294,7 +310,7 @@ def db_add_user(
 
 
 # --- requests --------------------------------------------------------------------------------
-@app.command("upload")
+@app.command("upload", rich_help_panel=USERS)
 def upload_cmd(
     ctx: typer.Context,
     file: Annotated[
@@ -323,7 +339,10 @@ def upload_cmd(
     same file again reports it as already recorded."""
     owner = user or _me(ctx)
     if file is not None:
-        docs = requests_from_json(file, default_user=owner)
+        try:
+            docs = requests_from_json(file, default_user=owner)
+        except model.ModelError as exc:
+            raise UsageError(str(exc)) from None  # the file is bad usage: exit 2
     else:
         if local_file is not None:
             if not local_file.is_file():
@@ -419,7 +438,7 @@ def request_list(
         print(f"{total - len(rows)} more: --limit N, or --all")
 
 
-@app.command("demo")
+@app.command("demo", rich_help_panel=SERVICES)
 def demo_cmd(
     ctx: typer.Context,
     files: Annotated[int, typer.Option(help="How many files to write and transfer.")] = 200,
@@ -514,7 +533,7 @@ def _user_action(
         raise typer.Exit(1)
 
 
-@app.command("kill")
+@app.command("kill", rich_help_panel=USERS)
 def kill_cmd(
     ctx: typer.Context,
     task: Annotated[str, typer.Option(help="Task whose transfers to kill.")],
@@ -525,7 +544,7 @@ def kill_cmd(
     _user_action(ctx, "kill", task, job, json_out)
 
 
-@app.command("resubmit")
+@app.command("resubmit", rich_help_panel=USERS)
 def resubmit_cmd(
     ctx: typer.Context,
     task: Annotated[str, typer.Option(help="Task whose failed or killed files to resubmit.")],
@@ -536,7 +555,7 @@ def resubmit_cmd(
     _user_action(ctx, "resubmit", task, job, json_out)
 
 
-@app.command("publish")
+@app.command("publish", rich_help_panel=USERS)
 def publish_cmd(
     ctx: typer.Context,
     retry: Annotated[
@@ -551,7 +570,7 @@ def publish_cmd(
 
 
 # --- agents ----------------------------------------------------------------------------------
-@app.command("agent")
+@app.command("agent", rich_help_panel=SERVICES)
 def agent_cmd(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Agent: " + ", ".join(AGENTS) + ".")],
@@ -582,7 +601,7 @@ def agent_cmd(
     runner.run(once=once)
 
 
-@app.command("run")
+@app.command("run", rich_help_panel=OPERATORS)
 def run_cmd(
     ctx: typer.Context,
     agents_only: Annotated[
@@ -613,21 +632,46 @@ def _log_instance(instance: str) -> None:
 EXIT_RETRYABLE = 75  # sysexits' EX_TEMPFAIL: the store is down, full or overloaded
 
 
+GLOBAL_FLAGS = ("--verbose", "-v")
+GLOBAL_VALUED = ("--config", "-c")
+
+
+def global_options_first(args: list[str]) -> list[str]:
+    """`aso status T --config F` read as `aso --config F status T`: people type the options of
+    `aso` itself wherever they think of them, and no sub-command has options of these names."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg in GLOBAL_VALUED and i + 1 < len(args):
+            front += args[i : i + 2]
+            i += 2
+            continue
+        (front if arg in GLOBAL_FLAGS or arg.startswith("--config=") else rest).append(arg)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
     """Console entry point: run the app, turn known failures into one-line errors."""
     try:
-        app()
+        app(args=global_options_first(sys.argv[1:]), prog_name="aso")
     except (ConfigError, UsageError, CredentialError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(2)
     except StoreError as exc:
+        hint = f"; {NO_CONFIG_HINT}" if BUILT_IN_DEFAULTS else ""
         if not exc.retryable:
-            err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
+            err_console.print(f"aso: error: {exc}{hint}", markup=False, highlight=False)
             sys.exit(1)
         # A job wrapper retries on this code; every write ASO makes is idempotent (an upload
         # again reports what the failed call did record as "already recorded").
         err_console.print(
-            f"aso: error: {exc} (retryable: try again later)", markup=False, highlight=False
+            f"aso: error: {exc} (retryable: try again later){hint}", markup=False, highlight=False
         )
         sys.exit(EXIT_RETRYABLE)
     except (LocalStoreError, StorageError, model.ModelError, ValueError, NotFound) as exc:

@@ -13,12 +13,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from aso.catalog import open_catalog
 from aso.catalog.base import Catalog, CatalogError
 from aso.cli.common import config_of as _config
-from aso.cli.common import utc_time
+from aso.cli.common import print_table, utc_time
 from aso.config import Config
 
 console = Console()
@@ -89,14 +88,11 @@ def catalog_blocks(ctx: typer.Context, dataset: DatasetArg, json_out: JsonOpt = 
     if json_out:
         print(json.dumps(blocks, indent=2))
         return
-    table = Table()
-    table.add_column("block", overflow="fold")
-    for title in ("files", "size", "origin site", "created (UTC)"):
-        table.add_column(title)
-    for b in blocks:
-        size, when = human_size(b["size"]), utc_time(b["created"])
-        table.add_row(b["block"], str(b["files"]), size, b["origin_site"], when)
-    console.print(table)
+    rows = [
+        (b["block"], b["files"], human_size(b["size"]), b["origin_site"], utc_time(b["created"]))
+        for b in blocks
+    ]
+    print_table(("block", "files", "size", "origin site", "created (UTC)"), rows)
     total = sum(b["size"] for b in blocks)
     files = sum(b["files"] for b in blocks)
     console.print(
@@ -116,15 +112,12 @@ def catalog_ls(ctx: typer.Context, dataset: DatasetArg, json_out: JsonOpt = Fals
     if json_out:
         print(json.dumps(files, indent=2))
         return
-    table = Table()
-    table.add_column("lfn", overflow="fold")  # an LFN is never cut short
-    for title in ("size", "events", "block"):
-        table.add_column(title)
-    for f in files:
-        # The dataset is the argument: the block is shown by its part after '#'.
-        short = "#" + f["block"].split("#", 1)[-1]
-        table.add_row(f["lfn"], human_size(f["size"]), str(f["events"]), short)
-    console.print(table)
+    # The dataset is the argument: the block is shown by its part after '#'.
+    rows = [
+        (f["lfn"], human_size(f["size"]), f["events"], "#" + f["block"].split("#", 1)[-1])
+        for f in files
+    ]
+    print_table(("lfn", "size", "events", "block"), rows)
     blocks = len({f["block"] for f in files})
     console.print(
         f"{len(files)} file(s) in {blocks} block(s), "

@@ -46,7 +46,18 @@ def config_of(ctx: typer.Context) -> Config:
             # INFO: ~160 lines a copy drowned the worker's one line per file.
             logging.getLogger("gfal2").setLevel(logging.WARNING)
         obj["config"] = config
+        if config.source is None:
+            BUILT_IN_DEFAULTS.append(True)
     return cast(Config, obj["config"])
+
+
+# Set when the invocation found no config file and runs on the built-in defaults: an error
+# from the store then says so (a 401 alone sent people looking at their password).
+BUILT_IN_DEFAULTS: list[bool] = []
+NO_CONFIG_HINT = (
+    "no config file was found, so the built-in defaults were used: give --config PATH or set "
+    "$ASO_CONFIG (`aso config init` writes one)"
+)
 
 
 def utc_time(epoch: float | None) -> str:

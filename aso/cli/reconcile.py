@@ -15,10 +15,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from aso import model, reconcile
 from aso.cli.common import config_of as _config
+from aso.cli.common import print_table
 from aso.config import Config
 
 console = Console()
@@ -140,11 +140,7 @@ def _fix(config: Config, server: Any, files: Any, report: reconcile.Report) -> l
 def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool) -> None:
     results = {id(o.finding): o for o in outcomes}
     for kind, findings in report.by_kind().items():
-        table = Table(title=f"{TITLES.get(kind, kind)} ({len(findings)})", title_justify="left")
-        table.add_column("request / block / path", overflow="fold")
-        table.add_column("site")
-        table.add_column("detail", overflow="fold")
-        table.add_column("repair" if not fixed else "repair: outcome", overflow="fold")
+        rows = []
         for f in findings:
             if f.repair is None:
                 repair = "LOST: report only" if f.lost else "report only"
@@ -158,10 +154,10 @@ def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool) -> None:
                     else ("done: " if outcome.repaired else "NOT done: ") + outcome.text
                 )
             subject = f.request_id or f.block or ""
-            if f.path and f.path != subject:
-                subject = f"{subject}\n{f.path}" if subject else f.path
-            table.add_row(subject, f.site or "", f.detail, repair)
-        console.print(table)
+            rows.append((subject, f.path or "", f.site or "", f.detail, repair))
+        columns = ("request / block", "path", "site", "detail",
+                   "repair: outcome" if fixed else "repair")  # fmt: skip
+        print_table(columns, rows, title=f"{TITLES.get(kind, kind)} ({len(findings)})")
     for error in report.errors:
         err_console.print(f"not checked: {error}", markup=False, highlight=False)
     checked = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in report.checked.items())

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from aso import statistics
 from aso.cli.common import config_of as _config
+from aso.cli.common import print_table
 from aso.store import Server
 
 console = Console()
@@ -79,12 +79,9 @@ def stats_cmd(
     if json_out:
         print(json.dumps({"by": by, "from": first_day, "to": last_day, "rows": rows}, indent=2))
         return
-    table = Table(title=f"Finished transfers by {by}, {first_day} to {last_day} (UTC)")
-    for column in ("day", by, "done", "bytes", "failed", "killed", "attempts", "failed att.",
-                   "mean time", "top errors (files/attempts)"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("day", by) else "right")
-    for r in rows:
-        table.add_row(*_cells(r["day"], r["name"], r))
+    columns = ("day", by, "done", "bytes", "failed", "killed", "attempts", "failed att.",
+               "mean time", "top errors (files/attempts)")  # fmt: skip
+    cells = [_cells(r["day"], r["name"], r) for r in rows]
     if rows:
         whole = statistics.total(rows)
         mean = whole["time_sum"] / whole["time_count"] if whole["time_count"] else None
@@ -94,9 +91,10 @@ def stats_cmd(
                 m = merged.setdefault(cls, {"files": 0, "attempts": 0})
                 m["files"] += e["files"]
                 m["attempts"] += e["attempts"]
-        table.add_section()
-        table.add_row(*_cells("total", "", {**whole, "time_mean": mean, "errors": merged}))
-    console.print(table)
+        cells.append(_cells("total", "", {**whole, "time_mean": mean, "errors": merged}))
+    print_table(
+        columns, cells, title=f"Finished transfers by {by}, {first_day} to {last_day} (UTC)"
+    )
     if not rows:
         console.print("no finished transfers in this period")
 
