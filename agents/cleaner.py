@@ -109,7 +109,7 @@ class Cleaner(Agent):
         report["conflicts"] += len(outcome.not_written)
         for doc in outcome.written:
             report["cleaned" if doc[CLEANUP] == "cleaned" else "cleanup_errors"] += 1
-            log.info(
+            log.debug(
                 "file %s: temporary copy %s at %s: %s",
                 doc["_id"],
                 doc["source_lfn"],

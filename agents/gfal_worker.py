@@ -34,7 +34,7 @@ from aso.config import Config
 from aso.runtime import Agent, Cycle
 from aso.store import Conflict, StoreError
 from aso.transfer import errors
-from aso.transfer.base import ACTIVE, CANCELED, FAILED, PENDING, TERMINAL
+from aso.transfer.base import ACTIVE, CANCELED, DONE, FAILED, PENDING, TERMINAL
 from aso.transfer.gfalcopy import Copier, CopyResult, GfalCopier
 from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_file
 
@@ -301,7 +301,8 @@ class GfalWorker(Agent):
                 self.retry_later(job_id, file_id, result)
                 return
             self.record(job_id, file_id, result, ended_run=True)
-            log.info(
+            log.log(
+                logging.DEBUG if result.state == DONE else logging.INFO,
                 "job %s file %s: %s%s",
                 job_id,
                 file_id,

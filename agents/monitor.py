@@ -212,7 +212,7 @@ class Monitor(Agent):
             }.get(doc[STATE])
             if key and last.get("at") == doc["last_update"]:
                 ctx.count(key)
-            log.info(
+            log.debug(
                 "file %s (%s): %s%s",
                 doc["_id"],
                 doc["source_lfn"],

@@ -60,7 +60,7 @@ class RetryManager(Agent):
         report = ctx.counts("retry", "failed", "new", "conflicts")
         for doc in ctx.write(updates):
             report[doc[STATE]] += 1
-            log.info(
+            log.debug(
                 "file %s (%s): %s: %s",
                 doc["_id"],
                 doc["source_lfn"],

@@ -404,7 +404,7 @@ class Submitter(Agent):
             files = written.get(job_id, [])
             ctx.count("jobs")
             ctx.count("submitted", len(files))
-            log.info(
+            log.debug(
                 "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
                 job_id,
                 self.service.name,
@@ -415,7 +415,7 @@ class Submitter(Agent):
                 docs[0]["task"],
             )
             for doc in files:
-                log.info("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
+                log.debug("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
 
     def refused(
         self, docs: list[dict[str, Any]], reason: str, error_class: str, ctx: Cycle

@@ -69,6 +69,17 @@ def why(agent: str, exc: BaseException) -> str:
     return f"{agent} could not act on this request ({type(exc).__name__}{at}): {exc}"[:4096]
 
 
+def cycle_line(report: Mapping[str, Any]) -> str:
+    """What a cycle did, in one line for the log: its work, time and every count it made (the
+    files' own stories are in their documents, and at DEBUG)."""
+    counts = ", ".join(
+        f"{key} {value}"
+        for key, value in report.items()
+        if key not in ("work", "seconds") and isinstance(value, int | float) and value
+    )
+    return f"cycle of {report.get('seconds', 0):.2f} s over {report.get('work', 0)} files: {counts}"
+
+
 class StopFlag:
     """Stop request set from a signal handler. A plain attribute, no lock: a handler runs
     between two bytecodes of the main thread, and one that takes a lock the interrupted code
@@ -271,7 +282,7 @@ class Cycle:
                 written.append(dict(doc, _rev=result.rev))
                 continue
             self.count("conflicts")
-            log.info(
+            log.debug(
                 "%s: file %s left as it is: %s (%s)",
                 self.errors.agent,
                 doc["_id"],
@@ -495,6 +506,8 @@ class Runner:
         metrics.AGENT_CYCLE_SECONDS.labels(agent.name).observe(seconds)
         metrics.AGENT_WORK.labels(agent.name).set(len(mine))
         self._last_cycle = report
+        if self._did_something(report):
+            log.info("%s %s: %s", agent.name, agent.instance, cycle_line(report))
         self.heartbeat.cycles += 1
         for key, value in report.items():
             if isinstance(value, int | float) and key not in ("work", "seconds"):

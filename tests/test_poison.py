@@ -11,6 +11,7 @@ document, as a bug would."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import Counter
@@ -273,7 +274,7 @@ def test_an_error_that_passes_sets_nothing_aside(sim_config, accounts, admin, mo
     assert [h["to"] for h in db.get(flaky)["history"]] == ["new", "acquired", "submitted", "done"]
 
 
-def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admin):
+def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admin, caplog):
     """The runner hands the agent its instance, its part of the work, the store and the clock
     (no hooks assigned): a cycle run on a clock of the test stamps the documents with it, and
     the runner's work set learns the writes at once, before the feed shows them."""
@@ -292,8 +293,15 @@ def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admi
     runner.workset.start()
     assert runner.step(wait=False)["new"] == 0
     runner.clock = lambda: 1000.5
-    report = runner.step(wait=False)
+    with caplog.at_level(logging.DEBUG, logger="aso"):
+        report = runner.step(wait=False)
     assert report["new"] == 2 and report["work"] == 2
+    # The log: one INFO line for the cycle, with its counts; each file at DEBUG only.
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(info) == 1 and "r7: cycle of" in info[0] and "over 2 files: new 2" in info[0]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert all(any(doc["_id"] in line for line in debug) for doc in docs)
+    assert not any(doc["_id"] in line for line in info for doc in docs)
     for doc in docs:
         stored = agent_db.get(doc["_id"])
         assert stored[STATE] == "new"

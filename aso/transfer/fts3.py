@@ -264,7 +264,7 @@ class Fts3Service(TransferService):
         if job_id != expected:
             log.warning("FTS named job %s, not %s: another id scheme?", job_id, expected)
         link = self.monitor_link(job_id) or ""
-        log.info("job key %s submitted as %s (%d files) %s", job.key, job_id, len(job.files), link)
+        log.debug("job key %s submitted as %s (%d files) %s", job.key, job_id, len(job.files), link)
         return job_id
 
     def lookup(self, key: str) -> str | None:

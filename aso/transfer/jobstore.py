@@ -115,7 +115,7 @@ class JobStore:
         doc = new_job_document(job, self.service, time.time())
         try:
             self.db.create(doc)
-            log.info("job %s (key %s) created with %d files", doc["_id"], job.key, len(job.files))
+            log.debug("job %s (key %s) created with %d files", doc["_id"], job.key, len(job.files))
         except Conflict:
             log.info("job %s (key %s) exists: not created again", doc["_id"], job.key)
         return cast(str, doc["_id"])
@@ -127,7 +127,7 @@ class JobStore:
         docs = [new_job_document(job, self.service, now) for job in jobs]
         for doc, result in zip(docs, self.db.bulk_write(docs), strict=True):
             if result.ok:
-                log.info(
+                log.debug(
                     "job %s (key %s) created with %d files",
                     doc["_id"],
                     doc["key"],
