@@ -417,3 +417,34 @@ def test_certs_demo_writes_a_throw_away_pki_through_the_cli(tmp_path):
     assert paths and all(p.exists() for p in paths), printed
     mapfile = next(p for p in paths if "grid-mapfile" in p.name)
     assert "carla" in mapfile.read_text()
+
+
+# Each command's bad usage, as people type it: exit code 2 and one line saying what is wrong
+# (and where the usage is), before any store is needed (docs/usage.md's exit codes).
+BAD_USAGE = [
+    (["nope"], "No such command 'nope'. (`aso --help` shows the usage)"),
+    (["status"], "give a TASK, or --file ID"),
+    (["status", "t", "--bogus"], "No such option: --bogus (`aso status --help`"),
+    (["status", "--file", "ab"], "request id 'ab' is too short"),
+    (["request", "list", "--limit", "0"], "Invalid value for '--limit'"),
+    (["request", "list", "--state", "flying"], "unknown state 'flying'"),
+    (["request", "show"], "Missing argument 'DOC_ID'"),
+    (["request", "show", "abc"], "request id 'abc' is too short"),
+    (["upload"], "give --file or all of"),
+    (["kill"], "Missing option '--task'"),
+    (["resubmit"], "Missing option '--task'"),
+    (["publish", "t"], "--retry"),
+    (["stats", "--by", "planet"], "'planet' is not one of"),
+    (["catalog", "ls"], "Missing argument 'DATASET'"),
+    (["agent", "nobody"], "unknown agent 'nobody'"),
+    (["config", "show", "--config", "/nonexistent/aso.toml"], "does not exist"),
+    (["store", "nope"], "No such command 'nope'"),
+    (["reconcile", "--kind", "nope"], "nope"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), BAD_USAGE, ids=[" ".join(a) for a, _ in BAD_USAGE])
+def test_bad_usage_is_exit_2_and_one_line(tmp_path, argv, says):
+    result = aso(*argv, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert says.lower() in one_line_error(result).lower()

@@ -24,6 +24,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+# Typer vendors click (typer._click) and re-exports none of its exceptions but Abort and Exit;
+# a usage error (unknown command or option, a bad value) is click's ClickException.
+from typer._click.exceptions import ClickException
+
 from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
@@ -659,7 +663,17 @@ def global_options_first(args: list[str]) -> list[str]:
 def main() -> None:
     """Console entry point: run the app, turn known failures into one-line errors."""
     try:
-        app(args=global_options_first(sys.argv[1:]), prog_name="aso")
+        # Not standalone: click's own usage errors come here, to end in one line like ours.
+        code = app(args=global_options_first(sys.argv[1:]), prog_name="aso", standalone_mode=False)
+    except ClickException as exc:
+        context = getattr(exc, "ctx", None)
+        where = f" (`{context.command_path} --help` shows the usage)" if context else ""
+        err_console.print(f"aso: error: {exc.format_message()}{where}", markup=False,
+                          highlight=False)  # fmt: skip
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err_console.print("aso: interrupted", markup=False)
+        sys.exit(130)
     except (ConfigError, UsageError, CredentialError) as exc:
         err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
         sys.exit(2)
@@ -680,3 +694,4 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("aso: interrupted", markup=False)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
