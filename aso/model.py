@@ -178,7 +178,11 @@ CREATION: dict[str, dict[str, tuple[str, ...]]] = {
 # Fields an owner's update may change: the axes (whose changes the transition table rules) and
 # the history entry recording the change.
 OWNER_MUTABLE = (*AXES, "history", "last_update")
-# Fields fixed at creation: nobody but an admin changes them afterwards.
+# What a job retry brings anew under the same LFN: its owner renews a request that was never
+# copied (failed or killed) with the new file's, as it resubmits it (docs/status-api.md, "Job
+# retries"); the validation and tests/validation_oracle.py allow exactly this.
+RENEWABLE = ("job_retry", "size", "checksum", "publish_info")
+# Fields fixed at creation: nobody but an admin changes them afterwards (but RENEWABLE, above).
 IMMUTABLE = (
     "type",
     "schema",
@@ -739,6 +743,7 @@ def validation_model() -> dict[str, Any]:
         },
         "owner_mutable": list(OWNER_MUTABLE),
         "immutable": list(IMMUTABLE),
+        "renewable": list(RENEWABLE),
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,
         "withdrawn": WITHDRAWN,

@@ -19,6 +19,7 @@ from typing import Any
 
 from aso import jsvalues as js
 from aso import model
+from aso.core import request
 from aso.store import Database
 
 log = logging.getLogger("aso.upload")
@@ -39,11 +40,12 @@ BATCH = 500
 
 @dataclass
 class UploadReport:
-    """Every document given ends in exactly one of the three, under its id (under "item N", its
+    """Every document given ends in exactly one of the four, under its id (under "item N", its
     place in the input, when it has no id of its own)."""
 
     recorded: list[str] = field(default_factory=list)  # new requests
     already: list[str] = field(default_factory=list)  # the same request existed
+    renewed: list[str] = field(default_factory=list)  # a job retry's file replaced a failed one
     refused: dict[str, str] = field(default_factory=dict)  # id → reason
 
     @property
@@ -108,6 +110,7 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
     results = db.bulk_write(docs)
     conflicts = [r.id for r in results if r.conflict]
     existing = db.get_many(conflicts) if conflicts else {}
+    renewals: list[dict[str, Any]] = []
     for result in results:
         doc = by_id[result.id]
         if result.ok:
@@ -118,10 +121,14 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
         elif result.conflict and (found := existing.get(result.id)) and _same_file(found, doc):
             report.already.append(result.id)
             log.debug("request %s for %s was already recorded", result.id, doc["source_lfn"])
+        elif result.conflict and found is not None:
+            reason = request.renewable(found, doc)
+            if reason is None:
+                renewals.append(request.renewed(found, doc, doc["history"][0]["by"], model.now()))
+            else:
+                report.refused[result.id] = reason
         elif result.conflict:
-            report.refused[result.id] = (
-                f"a different request for {doc['source_lfn']} already exists"
-            )
+            report.refused[result.id] = f"a request for {doc['source_lfn']} exists (deleted since?)"
         else:
             report.refused[result.id] = f"{result.error}: {result.reason}"
         if result.id in report.refused:
@@ -131,6 +138,12 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
                 doc["source_lfn"],
                 report.refused[result.id],
             )
+    for doc, result in zip(renewals, db.bulk_write(renewals) if renewals else [], strict=True):
+        if result.ok:
+            report.renewed.append(result.id)
+            log.debug("request %s for %s renewed by a job retry", result.id, doc["source_lfn"])
+        else:
+            report.refused[result.id] = f"not renewed: {result.error}: {result.reason}"
 
 
 def adler32_of(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:

@@ -319,7 +319,7 @@ def test_upload_errors(tmp_path, store_config, files_db):
     # `aso`'s own options are taken after the sub-command too.
     late = aso("upload", "--file", str(local_json(tmp_path)), "--json", "--config", str(path))
     assert late.returncode == 0, late.stderr
-    assert set(json.loads(late.stdout)) == {"recorded", "already", "refused"}
+    assert set(json.loads(late.stdout)) == {"recorded", "already", "renewed", "refused"}
     assert "INFO" not in late.stderr  # a line per cycle, not per recorded file
     # The store unreachable: a retryable error with its own exit code (EX_TEMPFAIL).
     config.store = dataclasses.replace(config.store, url=f"http://127.0.0.1:{free_port()}")

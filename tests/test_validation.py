@@ -449,6 +449,46 @@ def test_owner_may_only_kill_or_resubmit(files_db, accounts, stored):
     assert owner.get(stored["_id"])[STATE] == "new"
 
 
+def test_a_job_retry_renews_only_a_request_never_copied(files_db, accounts, stored):
+    """docs/status-api.md, "Job retries": the owner may replace a failed or killed request's
+    file (size, checksum, job_retry, publication details) with a job retry's, queued again;
+    nobody may while it is on its way or copied, nor without a higher job_retry, nor change
+    anything else with it. The store and the oracle agree on each case."""
+    owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    retry = {"job_retry": 1, "size": stored["size"] + 7, "checksum": {"adler32": "0badf00d"}}
+    # On its way (new): a job retry may not replace it.
+    early = model.transition(stored, [Change(STATE, "killed", "alice")], OWNER)
+    early = dict(early, **retry, state="new", history=stored["history"])
+    with pytest.raises(Forbidden) as err:
+        owner.put(early)
+    assert err.value.reason == "[immutable] job_retry cannot change after creation"
+    failed = stored
+    for to in ("acquired", "failed_attempt", "failed"):
+        failed = model.transition(failed, [Change(STATE, to, "agent-x")], AGENT)
+        failed["_rev"] = agent.put(failed)
+    renewal = model.transition(failed, [Change(STATE, "new", "alice", "job retry 1")], OWNER,
+                               **retry)  # fmt: skip
+    for bad, reason in (
+        (dict(renewal, job_retry=0), "[immutable] size cannot change after creation"),
+        (dict(renewal, destination_lfn=renewal["destination_lfn"] + "x"),
+         "[immutable] destination_lfn cannot change after creation"),
+        (dict(renewal, priority=5), "[owner] owners may only request a kill or a resubmission; "
+         "priority cannot change"),
+    ):  # fmt: skip
+        with pytest.raises(model.Refusal) as judged:
+            oracle.validate_doc_update(bad, failed, {"name": "alice", "roles": ["aso-user"]})
+        with pytest.raises(Forbidden) as err:
+            owner.put(bad)
+        assert err.value.reason == reason == judged.value.reason
+    with pytest.raises(Forbidden):  # an agent may not renew
+        agent.put(dict(renewal, history=[*renewal["history"][:-1],
+                                         dict(renewal["history"][-1], by="agent-x")]))  # fmt: skip
+    oracle.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
+    owner.put(renewal)
+    now = owner.get(stored["_id"])
+    assert (now[STATE], now["size"], now["job_retry"]) == ("new", stored["size"] + 7, 1)
+
+
 def test_owner_cannot_hand_a_request_to_another_user(files_db, accounts, stored):
     with pytest.raises(Forbidden) as err:
         db_as(accounts, "bob", files_db).put(
@@ -631,3 +671,35 @@ def test_store_side_javascript_never_tests_arrays_with_instanceof(admin, store_c
         for name in names.values():
             admin.delete_db(name)
     assert checked > 20  # every view, validation and library of the six design documents
+
+
+def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, accounts):
+    """aso.upload: the same file again is "already"; a job retry's new file under the LFN of
+    a failed request is "renewed" (queued again with the new size and checksum); under a
+    request on its way, or without a higher job_retry, it is refused with why."""
+    from aso.upload import upload
+
+    owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    first = sample_request("alice")
+    assert upload(owner, [first]).recorded == [first["_id"]]
+    assert upload(owner, [first]).already == [first["_id"]]
+    retry = dict(copy.deepcopy(first), job_retry=1, size=first["size"] + 1)
+    on_its_way = upload(owner, [retry])
+    assert on_its_way.refused == {
+        first["_id"]: (
+            f"a different file for {first['source_lfn']} is recorded (job retry 0, new): a job "
+            "retry may replace a request that failed or was killed, not one on its way or copied"
+        )
+    }
+    doc = owner.get(first["_id"])
+    for to in ("acquired", "failed_attempt", "failed"):
+        doc = model.transition(doc, [Change(STATE, to, "agent-x")], AGENT)
+        doc["_rev"] = agent.put(doc)
+    same_retry = upload(owner, [dict(retry, job_retry=0)])
+    assert "a new file needs a higher job_retry" in same_retry.refused[first["_id"]]
+    renewed = upload(owner, [retry])
+    assert renewed.renewed == [first["_id"]] and renewed.ok
+    now = owner.get(first["_id"])
+    assert (now[STATE], now["size"], now["job_retry"]) == ("new", retry["size"], 1)
+    assert now["history"][-1]["reason"] == "job retry 1: a new file under the same LFN"
+    assert upload(owner, [retry]).already == [first["_id"]]  # and the retry again is recorded

@@ -23,8 +23,10 @@ from aso.model import (
     HEARTBEAT_SCHEMA,
     HEARTBEAT_TYPE,
     IMMUTABLE,
+    NEVER_COPIED,
     OWNER,
     OWNER_MUTABLE,
+    RENEWABLE,
     STATE,
     TEMP_USER_AREA,
     TRANSITIONS,
@@ -195,14 +197,30 @@ def _check_creation(
         raise Refusal("history", f"history entries of an owner must be by {name}")
 
 
+def renewal(new: Mapping[str, Any], old: Mapping[str, Any], role: str) -> bool:
+    """A job retry's new file under the same LFN: the owner renews a request never copied."""
+    new_retry, old_retry = new.get("job_retry"), old.get("job_retry")
+    return (
+        role == OWNER
+        and old.get(STATE) in NEVER_COPIED
+        and new.get(STATE) == "new"
+        and js.is_number(new_retry)
+        and js.is_number(old_retry)
+        and new_retry > old_retry
+    )
+
+
 def _check_update(
     new: Mapping[str, Any], old: Mapping[str, Any], role: str, name: str | None
 ) -> None:
+    renewing = renewal(new, old, role)
     for field_name in IMMUTABLE:
+        if renewing and field_name in RENEWABLE:
+            continue
         if not js.same(new.get(field_name, js.UNDEFINED), old.get(field_name, js.UNDEFINED)):
             raise Refusal("immutable", f"{field_name} cannot change after creation")
     if role == OWNER:
-        _check_owner_fields(new, old)
+        _check_owner_fields(new, old, renewing)
     old_history = old.get("history") or []
     history = new["history"]
     if len(history) < len(old_history):
@@ -221,9 +239,9 @@ def _check_update(
         raise Refusal("owner", "owners may only request a kill or a resubmission")
 
 
-def _check_owner_fields(new: Mapping[str, Any], old: Mapping[str, Any]) -> None:
+def _check_owner_fields(new: Mapping[str, Any], old: Mapping[str, Any], renewing: bool) -> None:
     for key in js.keys(new):
-        if key.startswith("_") or key in OWNER_MUTABLE:
+        if key.startswith("_") or key in OWNER_MUTABLE or (renewing and key in RENEWABLE):
             continue
         if not js.same(new[key], old.get(key, js.UNDEFINED)):
             raise Refusal(

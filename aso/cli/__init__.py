@@ -369,11 +369,17 @@ def upload_cmd(
     report = upload(_files_db(ctx), docs)
     if json_out:
         console.print_json(
-            data={"recorded": report.recorded, "already": report.already, "refused": report.refused}
+            data={
+                "recorded": report.recorded,
+                "already": report.already,
+                "renewed": report.renewed,
+                "refused": report.refused,
+            }
         )
     else:
+        renewed = f", {len(report.renewed)} renewed by a job retry" if report.renewed else ""
         console.print(
-            f"{len(report.recorded)} recorded, {len(report.already)} already recorded,"
+            f"{len(report.recorded)} recorded, {len(report.already)} already recorded{renewed},"
             f" {len(report.refused)} refused"
         )
         for doc_id, reason in report.refused.items():

@@ -335,3 +335,27 @@ REPAIRS: dict[str, Callable[..., Doc]] = {
     "republished": republished,
     "recopy": recopy,
 }
+
+
+def renewable(doc: Mapping[str, Any], retry: Mapping[str, Any]) -> str | None:
+    """Why `retry` (a new request under `doc`'s id, with another file) cannot renew `doc`, in
+    the uploader's terms; None: it can (docs/status-api.md, "Job retries")."""
+    lfn, state = doc.get("source_lfn"), doc.get(STATE)
+    recorded = f"a different file for {lfn} is recorded (job retry {doc.get('job_retry', 0)}"
+    if state not in model.NEVER_COPIED:
+        return (
+            f"{recorded}, {state}): a job retry may replace a request that failed or was "
+            "killed, not one on its way or copied"
+        )
+    if not retry.get("job_retry", 0) > doc.get("job_retry", 0):
+        return f"{recorded}, {state}): a new file needs a higher job_retry"
+    return None
+
+
+def renewed(doc: Mapping[str, Any], retry: Mapping[str, Any], by: str, now: float) -> Doc:
+    """A request that was never copied, renewed by its owner with a job retry's new file under
+    the same LFN (`retry`, the new request): queued again like a resubmission, with the retry's
+    job_retry, size, checksum and publication details."""
+    fields = {k: retry[k] for k in model.RENEWABLE if k in retry}
+    reason = f"job retry {retry['job_retry']}: a new file under the same LFN"
+    return model.transition(doc, [Change(STATE, "new", by, reason)], model.OWNER, at=now, **fields)

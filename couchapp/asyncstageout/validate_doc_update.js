@@ -305,15 +305,25 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return;
   }
 
+  // A job retry's new file under the same LFN: the owner renews a request that was never
+  // copied (failed or killed) as it resubmits it, with a higher job_retry (aso/model.py
+  // RENEWABLE, tests/validation_oracle.py renewal).
+  var renewal = role === 'owner' && model.never_copied.indexOf(oldDoc.state) !== -1 &&
+    newDoc.state === 'new' && typeof newDoc.job_retry === 'number' &&
+    typeof oldDoc.job_retry === 'number' && newDoc.job_retry > oldDoc.job_retry;
+
   // Fields fixed at creation.
   for (k = 0; k < model.immutable.length; k++) {
     var field = model.immutable[k];
+    if (renewal && model.renewable.indexOf(field) !== -1) { continue; }
     if (!same(newDoc[field], oldDoc[field])) { refuse('immutable', field + ' cannot change after creation'); }
   }
 
-  // Owners change only the fields that record a kill, a resubmission or a publication reset.
+  // Owners change only the fields that record a kill, a resubmission or a publication reset
+  // (and, renewing, what a job retry brings anew).
   if (role === 'owner') {
     for (k in newDoc) {
+      if (renewal && model.renewable.indexOf(k) !== -1) { continue; }
       if (has(newDoc, k) && k.charAt(0) !== '_' && model.owner_mutable.indexOf(k) === -1 && !same(newDoc[k], oldDoc[k])) {
         refuse('owner', 'owners may only request a kill or a resubmission; ' + k + ' cannot change');
       }
