@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from cryptography import x509
 from OpenSSL import SSL
@@ -52,7 +52,7 @@ from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 
-from aso import gate, metrics, model
+from aso import gate, metrics, model, upload
 from aso.config import Config
 from aso.store import Server
 from aso.x509auth import Identity, Refused, TrustStore, verify_chain
@@ -516,7 +516,10 @@ class FrontEnd(resource.Resource):
             request.method, self.store_url + target, Headers(headers), producer
         )
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
-        sent.addCallback(self._relay, request)
+        if creation_conflicts_possible(request.method, target):
+            sent.addCallback(self._explained, request, headers, target, body)
+        else:
+            sent.addCallback(self._relay, request)
         sent.addErrback(self._upstream_failed, request)
 
     def _relay(self, response: Any, request: server.Request) -> None:
@@ -530,11 +533,96 @@ class FrontEnd(resource.Resource):
                 request.responseHeaders.setRawHeaders(name, values)
         response.deliverBody(_Relay(request))
 
+    @defer.inlineCallbacks
+    def _explained(
+        self,
+        response: Any,
+        request: server.Request,
+        headers: dict[bytes, list[bytes]],
+        target: bytes,
+        sent: bytes,
+    ) -> Any:
+        """A creation's answer with each conflict's reason telling the same request from a
+        different file (docs/status-api.md): the store says only "Document update conflict.",
+        and a job wrapper should not need a second round trip to know whether its upload is
+        done. The stored requests are read once, as the same user, for all conflicts."""
+        body = yield client.readBody(response)
+        try:
+            conflicts = conflicts_of(request.method, target, sent, body)
+            if conflicts:
+                keys = json.dumps({"keys": sorted(conflicts)}).encode()
+                db = target.partition(b"?")[0].strip(b"/").split(b"/")[0]
+                read = yield self.agent.request(
+                    b"POST",
+                    self.store_url + b"/" + db + b"/_all_docs?include_docs=true",
+                    Headers({**headers, b"content-type": [b"application/json"]}),
+                    cast(IBodyProducer, FileBodyProducer(BytesIO(keys))),
+                )
+                rows = json.loads((yield client.readBody(read)))["rows"]
+                stored = {r["key"]: r.get("doc") for r in rows if isinstance(r, dict)}
+                body = explain(body, conflicts, stored)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("conflicts of %s not explained: %s", _path(request), exc)
+        if _client_gone(request):
+            return
+        request.setResponseCode(response.code, response.phrase)
+        for name, values in response.headers.getAllRawHeaders():
+            if name.lower() not in (*HOP_BY_HOP, b"set-cookie", b"content-length"):
+                request.responseHeaders.setRawHeaders(name, values)
+        request.write(body)
+        request.finish()
+
     def _upstream_failed(self, failure: Any, request: server.Request) -> None:
         if failure.check(defer.CancelledError) or _client_gone(request):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _parts(target: bytes) -> list[bytes]:
+    return target.partition(b"?")[0].strip(b"/").split(b"/")
+
+
+def creation_conflicts_possible(method: bytes, target: bytes) -> bool:
+    """A write that may create requests: `PUT /db/ID` (no `rev`), `POST /db` (one document)
+    or `POST /db/_bulk_docs`."""
+    parts, query = _parts(target), target.partition(b"?")[2]
+    if method == b"POST":
+        return len(parts) == 1 or (len(parts) == 2 and parts[1] == b"_bulk_docs")
+    return (
+        method == b"PUT" and len(parts) == 2 and not parts[1].startswith(b"_")
+        and b"rev=" not in query
+    )  # fmt: skip
+
+
+def conflicts_of(method: bytes, target: bytes, sent: bytes, answer: bytes) -> dict[str, Any]:
+    """The documents sent for creation (no `_rev`) that the store answered with a conflict,
+    by id."""
+    got, body = json.loads(answer), json.loads(sent)
+    parts = _parts(target)
+    if len(parts) == 2 and parts[1] == b"_bulk_docs":
+        docs = {d["_id"]: d for d in body["docs"] if isinstance(d, dict) and "_rev" not in d
+                and isinstance(d.get("_id"), str)}  # fmt: skip
+        return {
+            entry["id"]: docs[entry["id"]]
+            for entry in got
+            if isinstance(entry, dict) and entry.get("error") == "conflict"
+            and entry.get("id") in docs
+        }  # fmt: skip
+    doc_id = unquote(parts[1].decode()) if method == b"PUT" else body.get("_id")
+    is_conflict = isinstance(got, dict) and got.get("error") == "conflict"
+    new = isinstance(body, dict) and "_rev" not in body and isinstance(doc_id, str)
+    return {doc_id: body} if is_conflict and new else {}
+
+
+def explain(answer: bytes, conflicts: dict[str, Any], stored: dict[str, Any]) -> bytes:
+    """The store's answer with each conflict's reason from upload.conflict_reason."""
+    got = json.loads(answer)
+    for entry in got if isinstance(got, list) else [got]:
+        doc_id = entry.get("id") if isinstance(got, list) else next(iter(conflicts))
+        if doc_id in conflicts and entry.get("error") == "conflict":
+            entry["reason"] = upload.conflict_reason(stored.get(doc_id), conflicts[doc_id])
+    return json.dumps(got).encode()
 
 
 def _method(request: server.Request) -> str:

@@ -57,6 +57,28 @@ def _same_file(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(js.same(a.get(k, js.UNDEFINED), b.get(k, js.UNDEFINED)) for k in IDENTITY)
 
 
+# How a creation's 409 reads once the stored request is compared with it (the front end answers
+# so, docs/status-api.md): a client tells the two cases apart without asking again.
+ALREADY_RECORDED = "already recorded: the same file (nothing to do)"
+DIFFERENT_FILE = "a different file"  # how every other such reason begins
+
+
+def conflict_reason(stored: Mapping[str, Any] | None, doc: Any) -> str:
+    """The reason of a creation that found `stored` under its id: the same request, or a
+    different file (and whether a job retry may renew it)."""
+    if stored is None or not isinstance(doc, Mapping):
+        return "a request with this id exists"
+    if _same_file(stored, doc):
+        return ALREADY_RECORDED
+    why = request.renewable(stored, doc)  # "a different file for LFN is recorded (...): ..."
+    if why is not None:
+        return why
+    return (
+        f"{DIFFERENT_FILE} is recorded under this id (job retry {stored.get('job_retry', 0)}, "
+        f"{stored.get(model.STATE)}): this job retry may renew it (docs/status-api.md, Job retries)"
+    )
+
+
 def upload(db: Database, docs: Iterable[Any]) -> UploadReport:
     """Record requests (built with model.new_request); one bulk write per BATCH. What cannot be
     a new request is refused here, with the model's reason, and never sent."""

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 
 from aso import frontend as frontend_module
-from aso import model, proxycert
+from aso import model, proxycert, upload
 from aso.config import Config
 from aso.designdocs import known_sites
 from aso.frontend import GridMap, MapfileError, Mapped, ProxyAuth
@@ -320,6 +320,49 @@ def test_an_upload_naming_an_unknown_site_is_refused_through_the_front_end(
     assert '[site] destination "T1_XX_Gone" is not a site' in refused["reason"]
     stored = admin.db(files_db).get_many([nowhere["_id"], good["_id"], bad["_id"]])
     assert {doc_id for doc_id, doc in stored.items() if doc} == {good["_id"]}
+
+
+def test_a_creation_s_conflict_tells_the_same_request_from_a_different_file(
+    frontend, pki, files_db, admin
+):
+    """Issue 20: a 409 meant both "already recorded" and "a different file under this id". The
+    front end answers each creation's conflict with a reason telling them apart, in the same
+    answer (docs/status-api.md), for PUT, POST and _bulk_docs alike."""
+    carol = cert_files(pki, "carol")
+    doc = sample_request("carol")
+    assert (
+        call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+    )
+    for method, path in (("PUT", f"/{files_db}/{doc['_id']}"), ("POST", f"/{files_db}")):
+        again = call(frontend, pki, carol, method, path, json=doc)
+        assert again.status_code == 409, again.text
+        assert again.json() == {"error": "conflict", "reason": upload.ALREADY_RECORDED}
+    other = dict(doc, size=doc["size"] + 1)
+    different = call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=other)
+    assert different.status_code == 409
+    assert different.json()["reason"] == (
+        f"a different file for {doc['source_lfn']} is recorded (job retry 0, new): a job retry "
+        "may replace a request that failed or was killed, not one on its way or copied"
+    )
+    second, fresh = sample_request("carol"), sample_request("carol")
+    assert call(frontend, pki, carol, "POST", f"/{files_db}", json=second).status_code == 201
+    changed = dict(second, size=second["size"] + 1)
+    bulk = call(frontend, pki, carol, "POST", f"/{files_db}/_bulk_docs",
+                json={"docs": [doc, changed, fresh]})  # fmt: skip
+    assert bulk.status_code == 201, bulk.text
+    rows = {row["id"]: row for row in bulk.json()}
+    assert rows[doc["_id"]] == {
+        "id": doc["_id"], "error": "conflict", "reason": upload.ALREADY_RECORDED
+    }  # fmt: skip
+    assert rows[second["_id"]]["reason"].startswith(upload.DIFFERENT_FILE)
+    assert "rev" in rows[fresh["_id"]] and "error" not in rows[fresh["_id"]]
+    # An update's conflict (a stale revision) is the store's own answer, unexplained.
+    current = admin.db(files_db).get(doc["_id"])
+    kill = model.transition(current, [Change(STATE, "killed", "carol")], model.OWNER)
+    stale = dict(kill, _rev="1-" + "0" * 32)
+    conflict = call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=stale)
+    assert conflict.status_code == 409
+    assert conflict.json()["reason"].startswith("Document update conflict")  # the store's words
 
 
 def test_agents_and_operators_act_in_their_roles(frontend, pki, files_db, admin):
