@@ -299,3 +299,26 @@ def test_a_client_following_a_task_sees_every_final_state_once(pub_config, accou
         assert revs.count(final[doc_id]["_rev"]) == 1  # the final state, exactly once
         assert rows[-1].publication == "published" and rows[-1].reason is None
     assert sum(len(rows) for rows in by_id.values()) > 40  # it followed, not read once at the end
+
+
+def test_a_task_with_failed_files_says_what_to_do(config, files_db, accounts):
+    """`aso status T`: a failed file shows its current failure (class and reason), the count
+    of failed files says how to queue them again, and a done file shows no old failure."""
+    task = "261121_200006:alice_failing"
+    owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    failing, copied = (sample_request("alice", task=task, job_id=str(j)) for j in (1, 2))
+    for doc in (failing, copied):
+        doc["_rev"] = owner.create(doc)
+    for doc, path in ((failing, ("acquired", "failed_attempt", "failed")),
+                      (copied, ("acquired", "failed_attempt", "retry", "new", "acquired",
+                                "submitted", "done"))):  # fmt: skip
+        for to in path:
+            extra = {"error_class": "destination_full", "failure_reason": "no space left"}
+            doc.update(model.transition(doc, [Change(STATE, to, "agent-x")], AGENT, **extra))
+            doc["_rev"] = agent.put(doc)
+    text = aso("status", task, config=config.source)
+    assert text.returncode == 0, text.stderr
+    assert f"1 files failed or were killed: `aso resubmit --task {task}`" in text.stdout
+    rows = {line.split("\t")[0]: line.split("\t") for line in text.stdout.splitlines()}
+    assert rows[failing["_id"][:12]][8] == "[destination_full] no space left"
+    assert rows[copied["_id"][:12]][8] == ""  # done: the old attempt's failure is history
