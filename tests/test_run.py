@@ -248,14 +248,15 @@ def test_run_demo_restart_and_clean_stop(service):
             "done",
         ]
 
-    # The gfal worker's log says what became of each file, in a few lines (gfal2's protocol
-    # traces stay out of it unless --verbose).
+    # The gfal worker's log says what each cycle did, in a line with its counts; a copied
+    # file's story is in its documents (and in the log at DEBUG), and gfal2's protocol traces
+    # stay out of it unless --verbose.
     [worker_log] = base.rglob("gfal-worker-*.log")
     lines = worker_log.read_text().splitlines()
-    for doc in done:
-        assert any(f"file {doc['_id']}: done" in line for line in lines), doc["_id"]
+    assert any("cycle of" in line and "started" in line for line in lines), lines[-5:]
+    assert not [line for line in lines if any(f"file {d['_id']}: done" in line for d in done)]
     assert not [line for line in lines if "Davix" in line]
-    assert len(lines) < 10 * len(done)
+    assert len(lines) < 2 * len(done)
 
     # The cleaner then removes every temporary copy, the destination being confirmed.
     def all_cleaned() -> bool:
