@@ -250,6 +250,19 @@ TASK_PATTERN = r"^[A-Za-z0-9_.:+-]{1,200}$"
 DATASET_PATTERN = r"^/[A-Za-z0-9_.-]{1,150}/[A-Za-z0-9_.-]{1,250}/(USER|USER-[A-Za-z0-9_-]+)$"
 ADLER32_PATTERN = r"^[0-9a-f]{8}$"
 DOC_ID_PATTERN = r"^[0-9a-f]{64}$"
+JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+# What each pattern means, for people: a refusal names this instead of the regular expression
+# (`in_words`; the store's own reasons keep the expression, as validate_doc_update.js has it).
+PATTERN_MEANINGS = {
+    LFN_PATTERN: "an LFN: /store/... of letters, digits and _.+/=:@,- (no . or .. part)",
+    SITE_PATTERN: "a site name such as T2_CH_CERN",
+    TASK_PATTERN: "a task name of up to 200 letters, digits and _.:+-",
+    NAME_PATTERN: "a name of up to 128 letters, digits and _.@+-",
+    ADLER32_PATTERN: "an adler32 checksum of 8 lower-case hex digits",
+    DATASET_PATTERN: "a dataset name /PRIMARY/PROCESSED/USER",
+    JOB_ID_PATTERN: "a job id of up to 64 letters, digits and _.-",
+    DOC_ID_PATTERN: "a request id of 64 lower-case hex digits",
+}
 
 _STR = {"type": "string", "max": MAX_STRING}
 _NAME = {"type": "string", "pattern": NAME_PATTERN}
@@ -335,7 +348,7 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "role": {"type": "string", "max": 128},
         # what
         "task": {"type": "string", "pattern": TASK_PATTERN},
-        "job_id": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
+        "job_id": {"type": "string", "pattern": JOB_ID_PATTERN},
         "job_retry": _COUNT,
         "file_type": {"type": "string", "enum": ["output", "log"]},
         "source_lfn": {"type": "string", "pattern": LFN_PATTERN, "max": MAX_STRING},
@@ -454,6 +467,13 @@ class TransitionError(ModelError):
 def request_id(source_lfn: str) -> str:
     """Deterministic document id: a job that uploads the same file twice creates nothing new."""
     return hashlib.sha256(source_lfn.encode("utf-8")).hexdigest()
+
+
+def in_words(reason: str) -> str:
+    """A schema refusal as people read it: a pattern's meaning instead of its expression."""
+    for pattern, meaning in PATTERN_MEANINGS.items():
+        reason = reason.replace(f"does not match {pattern}", f"is not {meaning}")
+    return reason
 
 
 def job_order(job_id: str) -> int | str:

@@ -152,7 +152,7 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
         elif result.conflict:
             report.refused[result.id] = f"a request for {doc['source_lfn']} exists (deleted since?)"
         else:
-            report.refused[result.id] = f"{result.error}: {result.reason}"
+            report.refused[result.id] = f"{result.error}: {model.in_words(result.reason or '')}"
         if result.id in report.refused:
             log.warning(
                 "request %s for %s refused: %s",
@@ -217,5 +217,5 @@ def requests_from_json(path: Path, *, default_user: str | None = None) -> list[d
         try:
             docs.append(model.new_request(**args))
         except model.ModelError as exc:
-            raise model.ModelError(f"{path}: item {index}: {exc}") from None
+            raise model.ModelError(f"{path}: item {index}: {model.in_words(str(exc))}") from None
     return docs

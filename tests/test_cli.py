@@ -286,6 +286,14 @@ def test_upload_errors(tmp_path, store_config, files_db):
                    '"checksum": "1"}]')  # fmt: skip
     result = aso("upload", "--file", str(bad), config=path)
     assert result.returncode == 2 and "item 0: unknown field 'checksum'" in one_line_error(result)
+    bad.write_text('[{"task": "t", "job_id": "1", "source": "T2_CH_CERN", "destination": '
+                   '"T2_DE_DESY", "source_lfn": "/tmp/x.root", "destination_lfn": '
+                   '"/store/user/a/x", "size": 1, "adler32": "1"}]')  # fmt: skip
+    result = aso("upload", "--file", str(bad), config=path)
+    assert one_line_error(result).endswith(
+        'item 0: doc.source_lfn "/tmp/x.root" is not an LFN: /store/... of letters, digits and '
+        "_.+/=:@,- (no . or .. part)"
+    )  # a meaning, not a regular expression
     assert "keyword" not in result.stderr and "Traceback" not in result.stderr
     local = tmp_path / "out.root"
     local.write_bytes(b"ASO" * 1000)

@@ -321,4 +321,5 @@ def test_a_task_with_failed_files_says_what_to_do(config, files_db, accounts):
     assert f"1 files failed or were killed: `aso resubmit --task {task}`" in text.stdout
     rows = {line.split("\t")[0]: line.split("\t") for line in text.stdout.splitlines()}
     assert rows[failing["_id"][:12]][8] == "[destination_full] no space left"
+    assert rows[failing["_id"][:12]][4] == "pending (no copy)"  # it waits for a resubmission
     assert rows[copied["_id"][:12]][8] == ""  # done: the old attempt's failure is history

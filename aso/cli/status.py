@@ -37,8 +37,13 @@ def _file_row(f: status.FileStatus) -> list[Any]:
     error = f.reason or f.cleanup_error or f.publication_error or ""
     if f.error_class and f.reason:
         error = f"[{f.error_class}] {f.reason}"
+    cleanup, publication = f.cleanup, f.publication
+    if f.state in model.NEVER_COPIED:
+        # They wait for a copy that only a resubmission (or a job retry) starts.
+        cleanup, publication = (f"{v} (no copy)" if v == "pending" else v
+                                for v in (cleanup, publication))  # fmt: skip
     return [
-        f.id[:12], f.job_id, f.file_type, f.state, f.cleanup, f.publication, f.attempts,
+        f.id[:12], f.job_id, f.file_type, f.state, cleanup, publication, f.attempts,
         utc_time(f.last_update), error, f.source_lfn,
     ]  # fmt: skip
 
