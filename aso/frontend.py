@@ -551,7 +551,7 @@ class FrontEnd(resource.Resource):
             conflicts = conflicts_of(request.method, target, sent, body)
             if conflicts:
                 keys = json.dumps({"keys": sorted(conflicts)}).encode()
-                db = target.partition(b"?")[0].strip(b"/").split(b"/")[0]
+                db = _parts(target)[0]
                 read = yield self.agent.request(
                     b"POST",
                     self.store_url + b"/" + db + b"/_all_docs?include_docs=true",

@@ -506,13 +506,14 @@ class Runner:
         metrics.AGENT_CYCLE_SECONDS.labels(agent.name).observe(seconds)
         metrics.AGENT_WORK.labels(agent.name).set(len(mine))
         self._last_cycle = report
-        if self._did_something(report):
+        busy = self._did_something(report)
+        if busy:
             log.info("%s %s: %s", agent.name, agent.instance, cycle_line(report))
         self.heartbeat.cycles += 1
         for key, value in report.items():
             if isinstance(value, int | float) and key not in ("work", "seconds"):
                 self.heartbeat.totals[key] = self.heartbeat.totals.get(key, 0) + value
-        if wait and not self._did_something(report):
+        if wait and not busy:
             seconds, on_feed = agent.pause(mine)
             if on_feed:
                 # Nothing to do: wait on the feed, so that new work wakes us at once.

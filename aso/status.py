@@ -183,15 +183,21 @@ class Poller:
         self.db = db
         self.task = task
         self.since = since
-        self.known: dict[str, FileStatus | None] = {}  # id → its row as last returned
+        self.keys: dict[str, list[Any]] = {}  # id → its by_task key (job and type never change)
+        self.revs: dict[str, str] = {}  # id → the revision last returned
 
     def start(self) -> list[FileStatus]:
         """Every file of the task now; polls go on from before they were read."""
         self.since = current_seq(self.db)
         return self._seen(task_files(self.db, self.task))
 
+    def knows(self, files: list[FileStatus]) -> None:
+        """Follow these files from `since` on without returning them now (a client that keeps
+        no state between calls has just read them)."""
+        self.keys.update((f.id, [self.task, *f.key]) for f in files)
+
     def poll(self) -> list[FileStatus]:
-        ids = sorted(self.known)
+        ids = sorted(self.keys)
         if ids:
             batch = self.db.changes(self.since, doc_ids=ids)
             changed = {r["id"] for r in batch.results}
@@ -199,14 +205,14 @@ class Poller:
         else:
             changed, last_seq = set(), current_seq(self.db)
         rows: list[FileStatus] = []
-        if task_size(self.db, self.task) != len(self.known):
+        if task_size(self.db, self.task) != len(self.keys):
             everything = task_files(self.db, self.task)  # new files (or purged ones)
             present = {f.id for f in everything}
-            self.known = {i: row for i, row in self.known.items() if i in present}
-            rows = [f for f in everything if f.id in changed or f.id not in self.known]
+            self.keys = {i: key for i, key in self.keys.items() if i in present}
+            self.revs = {i: rev for i, rev in self.revs.items() if i in present}
+            rows = [f for f in everything if f.id in changed or f.id not in self.keys]
         elif changed:
-            keys = [[self.task, *row.key] for i in changed if (row := self.known.get(i))]
-            rows = self._rows_by_key(keys) + self._rows_unknown(changed)
+            rows = self._rows_by_key([self.keys[i] for i in sorted(changed)])
         self.since = last_seq
         return self._seen(rows)
 
@@ -217,19 +223,10 @@ class Poller:
             found += [file_status(r) for r in view.rows]
         return found
 
-    def _rows_unknown(self, changed: set[str]) -> list[FileStatus]:
-        """Ids known without a row (the stateless form): the task is read for them."""
-        if all(self.known.get(i) for i in changed):
-            return []
-        return [f for f in task_files(self.db, self.task) if f.id in changed]
-
     def _seen(self, rows: list[FileStatus]) -> list[FileStatus]:
-        fresh = []
-        for row in rows:
-            last = self.known.get(row.id)
-            if last is None or last.rev != row.rev:
-                fresh.append(row)
-            self.known[row.id] = row
+        fresh = [row for row in rows if self.revs.get(row.id) != row.rev]
+        self.knows(rows)
+        self.revs.update((row.id, row.rev) for row in rows)
         return fresh
 
 
@@ -238,9 +235,9 @@ def changed_since(db: Database, task: str, since: str) -> tuple[list[FileStatus]
     answer; "0": every file), and the sequence to ask from next time. For a client that keeps
     no state between calls: the task's ids are read first; see Poller for one that does."""
     poller = Poller(db, task, since)
-    poller.known = {f.id: None for f in task_files(db, task)}
     if since in ("", "0"):
         return poller.start(), poller.since
+    poller.knows(task_files(db, task))
     return poller.poll(), poller.since
 
 
