@@ -69,16 +69,22 @@ class Watchdog(threading.Thread):
         self.active.set()
         self.done = threading.Event()
         self.restarts = 0
+        # Held through a check and its restart: a pause waits for a check under way, which
+        # could otherwise see a server the test has just killed and start it again (seen in
+        # CI: every copy then met a live server and the crash was never felt).
+        self.checking = threading.Lock()
 
     def run(self) -> None:
         while not self.done.wait(0.5):
-            if self.active.is_set() and any(s.pid is None for s in self.storage.status()):
-                self.storage.start()
-                self.restarts += 1
+            with self.checking:
+                if self.active.is_set() and any(s.pid is None for s in self.storage.status()):
+                    self.storage.start()
+                    self.restarts += 1
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        self.active.clear()
+        with self.checking:
+            self.active.clear()
         try:
             yield
         finally:
