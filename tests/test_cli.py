@@ -13,6 +13,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import pkcs12
 
 from aso.config import Config, render
 from aso.designdocs import known_sites
@@ -416,15 +418,50 @@ def test_an_error_on_the_built_in_defaults_says_no_config_file_was_found(tmp_pat
 
 
 def test_certs_demo_writes_a_throw_away_pki_through_the_cli(tmp_path):
-    """`aso certs demo DIR --user U` (docs/usage.md): a CA, a grid-mapfile mapping the user,
-    and the user's proxy, each path printed."""
-    result = aso("certs", "demo", str(tmp_path / "certs"), "--user", "carla")
+    """`aso certs demo DIR --user U` (docs/usage.md): a CA, a grid-mapfile mapping the users,
+    the users' proxies, each path printed; for each user a PKCS#12 file a browser imports (the
+    certificate, its key and the CA, under the password in `<user>.p12.password`, 0600), and
+    the steps to open the monitoring pages with it on the config's front end port
+    (docs/frontend.md)."""
+    config = tmp_path / "aso.toml"
+    config.write_text('[frontend]\nlisten = "127.0.0.1:9443"\n')
+    certs = tmp_path / "certs"
+    result = aso("certs", "demo", str(certs), "--user", "carla", "--user", "dan", config=config)
     assert result.returncode == 0, result.stderr
-    printed = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
-    paths = [Path(p.strip()) for p in printed.values()]
-    assert paths and all(p.exists() for p in paths), printed
-    mapfile = next(p for p in paths if "grid-mapfile" in p.name)
-    assert "carla" in mapfile.read_text()
+    table, _, steps = result.stdout.partition("\n\n")
+    printed = dict(line.split(None, 1) for line in table.splitlines())
+    paths = {k: Path(p.strip()) for k, p in printed.items()}
+    assert paths and all(p.exists() for p in paths.values()), printed
+    mapfile = next(p for p in paths.values() if "grid-mapfile" in p.name)
+    assert "carla" in mapfile.read_text() and "dan" in mapfile.read_text()
+
+    ca_cert = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    for user in ("carla", "dan"):
+        p12, password_file = paths[f"{user}.p12"], paths[f"{user}.p12.password"]
+        assert p12 == certs / f"{user}.p12"
+        assert password_file == certs / f"{user}.p12.password"
+        assert password_file.stat().st_mode & 0o777 == 0o600
+        assert p12.stat().st_mode & 0o777 == 0o600
+        password = password_file.read_text().strip()
+        assert len(password) >= 16
+        with pytest.raises(ValueError):
+            pkcs12.load_key_and_certificates(p12.read_bytes(), b"not " + password.encode())
+        key, cert, extra = pkcs12.load_key_and_certificates(p12.read_bytes(), password.encode())
+        user_cert = x509.load_pem_x509_certificate(paths[f"{user}.cert"].read_bytes())
+        assert cert is not None and key is not None
+        assert cert.subject == user_cert.subject and cert == user_cert
+        assert key.public_key() == user_cert.public_key()
+        assert ca_cert in extra
+        # Told where it is and where its password is, and the CA to trust for websites.
+        line = next(line for line in steps.splitlines() if str(p12.resolve()) in line)
+        assert line.split() == [str(p12.resolve()), "(password:", f"{password_file.resolve()})"]
+    assert password != paths["carla.p12.password"].read_text().strip()  # one each
+    assert "aso-operator.p12" not in printed and "aso-agent-host.p12" not in printed
+
+    assert steps.startswith("To open the monitoring pages in a browser:")
+    assert f"Import the demo CA, {paths['ca'].resolve()}, as an authority for websites" in steps
+    assert "Your certificates → Import" in steps and "Authorities → Import" in steps
+    assert "the monitoring pages' address that `aso run` prints (https://127.0.0.1:9443/" in steps
 
 
 # Each command's bad usage, as people type it: exit code 2 and one line saying what is wrong

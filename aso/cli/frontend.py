@@ -29,6 +29,7 @@ def frontend_cmd(ctx: typer.Context) -> None:
 
 @certs_app.command("demo")
 def certs_demo(
+    ctx: typer.Context,
     directory: Annotated[Path, typer.Argument(help="Where to write them (created).")] = Path(
         "certs"
     ),
@@ -38,10 +39,54 @@ def certs_demo(
 ) -> None:
     """A throw-away CA with its grid CA directory and CRL, a host certificate for 127.0.0.1,
     certificates, keys and RFC 3820 proxies for users, the agents (aso-agent-host) and an operator
-    (aso-operator, role aso-admin), and a grid-mapfile mapping their DNs."""
+    (aso-operator, role aso-admin), and a grid-mapfile mapping their DNs; for each user a
+    PKCS#12 file for a browser, <user>.p12, with its generated password in <user>.p12.password.
+    Prints the paths, then how to open the monitoring pages in a browser with them."""
     from aso.local import pki
 
-    paths = pki.demo(directory, user or ["alice", "bob"])
+    users = user or ["alice", "bob"]
+    paths = pki.demo(directory, users)
     width = max(len(k) for k in paths)
     for name, path in paths.items():
         print(f"{name:<{width}}  {path}")
+    print()
+    for line in browser_steps(paths, users, _frontend_port(ctx)):
+        print(line)
+
+
+def _frontend_port(ctx: typer.Context) -> str:
+    """The port of `frontend.listen` in the config, if one is found and loads; else the
+    default's (the certificates need no config)."""
+    from aso.config import Config, ConfigError
+
+    try:
+        listen = _config(ctx).frontend.listen
+    except (ConfigError, OSError):
+        listen = Config().frontend.listen
+    return listen.rpartition(":")[2]
+
+
+def browser_steps(paths: dict[str, Path], users: list[str], port: str) -> list[str]:
+    """How to open the monitoring pages in a browser with `aso certs demo`'s files (absolute
+    paths: a browser's file dialog does not start in the shell's directory)."""
+    width = max(len(str(paths[f"{u}.p12"].resolve())) for u in users)
+    return [
+        "To open the monitoring pages in a browser:",
+        "  1. Import a user's certificate, with the password in the file next to it:",
+        *(
+            f"       {paths[f'{u}.p12'].resolve()!s:<{width}}  "
+            f"(password: {paths[f'{u}.p12.password'].resolve()})"
+            for u in users
+        ),
+        "     Chromium: Settings → Privacy and security → Security → Manage certificates → "
+        "Your certificates → Import",
+        "     Firefox: Settings → Privacy & Security → Certificates → View Certificates → "
+        "Your Certificates → Import",
+        f"  2. Import the demo CA, {paths['ca'].resolve()}, as an authority for websites:",
+        "     Chromium: Manage certificates → Authorities → Import, tick "
+        '"Trust this certificate for identifying websites"',
+        "     Firefox: View Certificates → Authorities → Import, tick "
+        '"Trust this CA to identify websites"',
+        "  3. Open the monitoring pages' address that `aso run` prints "
+        f"(https://127.0.0.1:{port}/...) and choose the certificate when the browser asks.",
+    ]

@@ -1,6 +1,7 @@
 """Throw-away grid PKI for demos and tests (`aso certs demo`): a CA, host and user
 certificates, RFC 3820 proxies, a CRL, and a CA directory in the grid layout (`<subject
-hash>.0` for a CA, `<subject hash>.r0` for its CRL: what `capath`/X509_CERT_DIR point at).
+hash>.0` for a CA, `<subject hash>.r0` for its CRL: what `capath`/X509_CERT_DIR point at),
+and PKCS#12 files of users' certificates for a browser.
 
 Everything is made with `cryptography`; the CA directory's file names are OpenSSL's subject
 hashes, computed here (checked against `openssl x509 -hash`).
@@ -16,6 +17,7 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
+import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
 from aso import proxycert
@@ -311,6 +314,30 @@ def write_proxy(path: Path, proxy: Credential) -> Path:
     return write_private(path, proxy.cert.public_bytes(pem) + proxy.key_pem() + chain)
 
 
+def write_pkcs12(path: Path, user: Credential, ca: CertificateAuthority, password: bytes) -> Path:
+    """A browser's import file (0600): the user's certificate and key, the CA certificate in
+    the chain, encrypted with `password` as Chromium/NSS and Firefox accept it (PBES2 with
+    AES-256-CBC, SHA-256 MAC; not the legacy RC2/3DES encryption)."""
+    encryption = (
+        serialization.PrivateFormat.PKCS12.encryption_builder()
+        .kdf_rounds(50000)
+        .key_cert_algorithm(pkcs12.PBES.PBESv2SHA256AndAES256CBC)
+        .hmac_hash(hashes.SHA256())
+        .build(password)
+    )
+    cn = user.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[-1].value
+    data = pkcs12.serialize_key_and_certificates(
+        f"{cn!s} (ASO demo)".encode(), user.key, user.cert, [ca.cert, *user.chain], encryption
+    )
+    return write_private(path, data)
+
+
+def new_password() -> str:
+    """A password to paste into a browser's import dialog: 20 letters and digits (a double
+    click selects it whole in a terminal)."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(20))
+
+
 @dataclass
 class Pki:
     """A CA with its grid CA directory and a host credential for 127.0.0.1, under `root`."""
@@ -377,8 +404,10 @@ def demo(
     root: Path, users: list[str], agent: str = "aso-agent-host", admin: str = "aso-operator"
 ) -> dict[str, Path]:
     """`aso certs demo`: a CA directory, a host certificate for 127.0.0.1, and for each user,
-    the agent and the operator a certificate, key and proxy; a grid-mapfile mapping them.
-    Returns the paths by name. Everything is valid DEMO_DAYS days (the CRL too)."""
+    the agent and the operator a certificate, key and proxy; a grid-mapfile mapping them; for
+    each user a PKCS#12 file for a browser (`<user>.p12`) with its generated password in
+    `<user>.p12.password` (both 0600). Returns the paths by name. Everything is valid DEMO_DAYS
+    days (the CRL too)."""
     pki = Pki.create(root, DEMO_DAYS)
     paths: dict[str, Path] = {
         "capath": pki.capath,
@@ -395,6 +424,12 @@ def demo(
         cred = pki.user(who)
         paths[f"{who}.cert"], paths[f"{who}.key"] = pki.write_user(cred, f"{who}-")
         paths[f"{who}.proxy"] = pki.proxy_file(cred)
+        if who in users:
+            password = new_password()
+            paths[f"{who}.p12"] = write_pkcs12(root / f"{who}.p12", cred, pki.ca, password.encode())
+            paths[f"{who}.p12.password"] = write_private(
+                root / f"{who}.p12.password", f"{password}\n".encode()
+            )
         lines.append(f'"{cred.dn}" {who} {roles}')
     mapfile = root / "grid-mapfile"
     mapfile.write_text("# DN  user  roles (aso certs demo)\n" + "\n".join(lines) + "\n")
