@@ -93,6 +93,11 @@ class StoreConfig:
     stats_db: str = _key(
         "aso_stats", "Database of the statistics and monitoring summaries analytics writes."
     )
+    pages_db: str = _key(
+        "aso_pages",
+        "Database of the monitoring pages (one design document, written by `aso db init`): "
+        "readable without logging in, so that its login page loads; it holds no data.",
+    )
     connect_timeout: float = _key(5.0, "Seconds to wait for a TCP connection to the store.")
     read_timeout: float = _key(
         120.0, "Seconds to wait for a store answer (view builds can be slow)."

@@ -64,7 +64,8 @@ SETTINGS: dict[str, dict[str, str]] = {
     },
     "chttpd": {
         "bind_address": "127.0.0.1",
-        "require_valid_user": "true",
+        "require_valid_user": "false",
+        "admin_only_all_dbs": "true",
         "max_http_request_size": "67108864",
         "authentication_handlers": (
             "{chttpd_auth, proxy_authentication_handler}, "

@@ -29,8 +29,20 @@ from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
 log = logging.getLogger("aso.db")
 
-PAGES_DDOC = "_design/asyncstageout"  # serves the monitoring pages (its _attachments)
 COUCHAPP_DIR = Path(__file__).resolve().parent.parent / "couchapp"
+# couchapp/pages is the monitoring pages' design document, in a database of its own
+# (store.pages_db); every other folder is a design document of the files database.
+PAGES_FOLDER = "pages"
+PAGES_DDOC = "_design/pages"
+PAGES_INDEX = "index.html"
+
+# The pages' database: anyone may read it (the login page loads before a session exists); its
+# validate_doc_update refuses every write but the store admin's. It holds no data: the pages
+# read the files and statistics databases with the reader's own session or certificate.
+PAGES_SECURITY = {
+    "admins": {"names": [], "roles": list(model.ADMIN_ROLES[1:])},
+    "members": {"names": [], "roles": []},
+}
 
 # Who may use the files database: any ASO role reads (a member); writes are then decided by
 # validate_doc_update; aso-admin also administers it (design documents, _security).
@@ -87,7 +99,7 @@ def load_design_document(path: Path, config: Config) -> dict[str, Any]:
     # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
     # not used by the store and would make identical folders look different.
     doc.pop("couchapp", None)
-    if "validate_doc_update" in doc:
+    if "require('lib/" in doc.get("validate_doc_update", ""):
         doc.setdefault("lib", {}).update(model=model_module(), sites=sites_module(config))
     for view in doc.get("views", {}).values():
         view["map"] = with_model_tables(view["map"])
@@ -95,19 +107,31 @@ def load_design_document(path: Path, config: Config) -> dict[str, Any]:
 
 
 def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict[str, Any]]:
-    """The design documents of `root` for `config`: the validation knows its sites, and the
-    pages' one tells the monitoring pages what they need to know of it (the statistics
-    database, the FTS web monitor's links)."""
-    folders = sorted(p for p in root.iterdir() if (p / "_id").is_file())
-    docs = [load_design_document(folder, config) for folder in folders]
-    for ddoc in docs:
-        if ddoc["_id"] == PAGES_DDOC:
-            ddoc["aso"] = {
-                "stats_db": config.store.stats_db,
-                "transfer_job_url": config.fts3.monitor_url,
-                "states": {k: list(v) for k, v in model.PAGES_STATES.items()},
-            }
-    return docs
+    """The files database's design documents of `root` for `config` (the validation knows its
+    sites)."""
+    folders = sorted(p for p in root.iterdir() if (p / "_id").is_file() and p.name != PAGES_FOLDER)
+    return [load_design_document(folder, config) for folder in folders]
+
+
+def pages_design(config: Config, root: Path = COUCHAPP_DIR) -> dict[str, Any]:
+    """The monitoring pages' design document, with what the pages need to know of `config`
+    (where the requests and the summaries are, the FTS web monitor's links, the groups of
+    states they show)."""
+    ddoc = load_design_document(root / PAGES_FOLDER, config)
+    ddoc["aso"] = {
+        "files_db": config.store.files_db,
+        "stats_db": config.store.stats_db,
+        "transfer_job_url": config.fts3.monitor_url,
+        "states": {k: list(v) for k, v in model.PAGES_STATES.items()},
+    }
+    return ddoc
+
+
+def pages_url(config: Config, base: str | None = None) -> str:
+    """The monitoring pages' address under `base` (default: the store's URL; the front end's
+    serves the same path)."""
+    root = (base or config.store.url).rstrip("/")
+    return f"{root}/{config.store.pages_db}/{PAGES_DDOC}/{PAGES_INDEX}"
 
 
 @dataclass
@@ -144,6 +168,13 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.created_dbs.append(config.store.catalog_db)
     if init_stats_db(admin, config.store.stats_db, files_db):
         report.created_dbs.append(config.store.stats_db)
+    pages_db = config.store.pages_db
+    if admin.create_db(pages_db, PAGES_SECURITY):
+        report.created_dbs.append(pages_db)
+    if admin.db(pages_db).push_design(pages_design(config)):
+        report.design_written.append(f"{pages_db}/{PAGES_DDOC}")
+    else:
+        report.design_unchanged.append(f"{pages_db}/{PAGES_DDOC}")
     try:
         if admin.create_db("_users", USERS_SECURITY):
             report.created_dbs.append("_users")

@@ -9,9 +9,10 @@ answers shaped like CouchDB's documented ones (tests/test_storecheck.py).
 What is checked: the server (vendor, version, CouchDB or the embedded store), the credentials
 (a server admin is needed to read the configuration), per node the settings that matter to ASO
 (authentication handlers and proxy authentication with a secret for `frontend.auth = proxy`,
-`require_valid_user`, `max_document_size` and `max_http_request_size` against what ASO writes,
-the JavaScript query server's `os_process_timeout`, the attachments' Content-Security-Policy
-that the monitoring pages need, the bind address), the cluster (every member
+`require_valid_user` (false: anonymous requests meet `_security`), `max_document_size` and
+`max_http_request_size` against what ASO writes, the JavaScript query server's
+`os_process_timeout`, the attachments' Content-Security-Policy that the monitoring pages need,
+the bind address), the cluster (every member
 connected, q/n defaults and each ASO database's q/n), each ASO database (exists, `_security`
 closed and holding ASO's roles, design documents up to date) and the agent account. Against the
 embedded store its known differences (aso/store.py's EMBEDDED_* that an operator must know) are
@@ -31,7 +32,13 @@ from aso import model, statistics
 from aso.catalog import embedded as catalog
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
-from aso.designdocs import FILES_SECURITY, USERS_SECURITY, design_documents
+from aso.designdocs import (
+    FILES_SECURITY,
+    PAGES_SECURITY,
+    USERS_SECURITY,
+    design_documents,
+    pages_design,
+)
 from aso.store import (
     COUCHDB,
     EMBEDDED,
@@ -134,6 +141,7 @@ def expected_databases(config: Config) -> dict[str, DatabaseSpec]:
         store.transfers_db: DatabaseSpec(jobstore.SECURITY, (jobstore.JOBS_DDOC,)),
         store.catalog_db: DatabaseSpec(catalog.SECURITY, (catalog.DESIGN,)),
         store.stats_db: DatabaseSpec(statistics.SECURITY, (statistics.DESIGN,)),
+        store.pages_db: DatabaseSpec(PAGES_SECURITY, (pages_design(config),)),
         "_users": DatabaseSpec(USERS_SECURITY, ()),
     }
 
@@ -484,17 +492,31 @@ def _hash_algorithms(
 
 
 def check_require_valid_user(config: Mapping[str, Mapping[str, str]]) -> Finding:
+    """ASO wants anonymous requests answered by each database's `_security` (closed, but for
+    the pages' database), with the list of databases kept to the admin."""
     # Since 3.2 in [chttpd]; before in [couch_httpd_auth] (docs: config/auth.html).
     value = _get(config, "chttpd", "require_valid_user") or _get(
         config, "couch_httpd_auth", "require_valid_user"
     )
     if _true(value):
-        return Finding(OK, "require_valid_user", "true: anonymous requests are refused")
+        return Finding(
+            WARN,
+            "require_valid_user",
+            "true: the monitoring pages' login page cannot load without credentials (a "
+            "certificate through the front end still opens them); set [chttpd] "
+            "require_valid_user = false (each database's _security is checked below)",
+        )
+    if (_get(config, "chttpd", "admin_only_all_dbs") or "true").strip().lower() != "true":
+        return Finding(
+            WARN,
+            "require_valid_user",
+            "false with admin_only_all_dbs = false: anyone lists the databases; set [chttpd] "
+            "admin_only_all_dbs = true",
+        )
     return Finding(
-        WARN,
+        OK,
         "require_valid_user",
-        "false: anonymous requests reach the store (ASO's databases stay closed by their "
-        "_security); set [chttpd] require_valid_user = true",
+        "false: anonymous requests meet each database's _security (only the pages' is public)",
     )
 
 
@@ -658,10 +680,17 @@ def _database_finding(name: str, info: Mapping[str, Any], nodes: int, kind: str)
 
 
 def check_security(name: str, security: Mapping[str, Any], wanted: Mapping[str, Any]) -> Finding:
-    """Open (no members: anyone may read and write, CouchDB's rule) is an error; so is a
-    member or admin role that ASO gives and the database lacks."""
+    """Open (no members: anyone may read and write, CouchDB's rule) is an error, but where ASO
+    wants it so (the pages' database, which its validation keeps read-only); so is a member or
+    admin role that ASO gives and the database lacks."""
     item = f"database {name} _security"
     members = security.get("members") or {}
+    wanted_members = wanted.get("members") or {}
+    public = not (wanted_members.get("names") or wanted_members.get("roles"))
+    if public and not (members.get("names") or members.get("roles")):
+        # The pages' database: read by anyone, written by no one (its design document's
+        # validate_doc_update, checked with the design documents).
+        return Finding(OK, item, "public to read (the monitoring pages); only the admin writes")
     if not (members.get("names") or members.get("roles")):
         return Finding(
             ERROR, item, "open: no members, anonymous users may read and write; run `aso db init`"

@@ -17,7 +17,8 @@ its error class). Events are counted in the UTC hour they happened in:
 * `users`   user → state → net files on the `state` axis
 * `errors`  "SRC>DST" → error class → failed attempts
 * `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
-            how (hour documents and the live document's open hours only)
+            how (hour documents and the live document's open hours only); and
+            "user:NAME" → events, which tells whose task it is
 
 Added up from the first event on, the moves give the files per state of every axis, exactly
 what the documents say (`totals`), and the backlog (new + retry + acquired + submitted).
@@ -189,6 +190,8 @@ class Tally:
         if tasks and moves:
             created = axis == model.STATE and frm is None
             _bump(self.tasks, meta.task, "created" if created else f"{axis}:{to}", 1)
+            # Whose task it is (a user's page lists their tasks): summable like the rest.
+            _bump(self.tasks, meta.task, f"user:{meta.user}", 1)
 
     def add(self, other: Tally, *, tasks: bool = True) -> None:
         for axis, moves in other.moves.items():

@@ -31,7 +31,7 @@ from typing import Any
 from cryptography import x509
 
 from aso.config import Config
-from aso.designdocs import init_databases
+from aso.designdocs import init_databases, pages_url
 from aso.managed import local_store
 from aso.runtime import StopFlag
 from aso.store import Server
@@ -98,6 +98,21 @@ def check_frontend_files(config: Config) -> None:
             f"the front end's certificate {config.path(fe.host_cert)} expired on "
             f"{host.not_valid_after_utc:%Y-%m-%d}: renew it (`aso certs demo` for a demo PKI)"
         )
+
+
+def pages_addresses(config: Config) -> list[str]:
+    """Where a browser opens the monitoring pages, and how it logs in there."""
+    lines = [
+        f"monitoring pages: {pages_url(config)} (log in with a store account: "
+        f"{config.store.admin_user} and store.admin_password of "
+        f"{config.source or 'the config'}, or any account with an ASO role)"
+    ]
+    if config.frontend.enabled:
+        lines.append(
+            f"  through the front end: {pages_url(config, 'https://' + config.frontend.listen)}"
+            " (with a certificate in the browser: docs/frontend.md)"
+        )
+    return lines
 
 
 class Supervisor:
@@ -284,6 +299,9 @@ class Supervisor:
                 len(self.children),
                 os.getpid(),
             )
+            if not self.agents_only:
+                for line in pages_addresses(self.config):
+                    log.info(line)
             self.supervise()
         finally:
             self.shutdown()

@@ -37,7 +37,7 @@ from rich.table import Table
 
 from aso import model, summaries
 from aso.config import Config, render
-from aso.designdocs import PAGES_DDOC, init_databases
+from aso.designdocs import init_databases, pages_url
 from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port
 from aso.store import Server, Settings
@@ -115,11 +115,14 @@ def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, 
     return doc
 
 
+VALIDATING_DDOC = "_design/asyncstageout"  # the files database's validate_doc_update
+
+
 def fill(admin: Server, config: Config, n: int, days: float, now: float) -> float:
     """Write n synthetic requests; requests/s. The store's validation is set aside meanwhile
     (the fill is not what is measured; a test run of 20,000 passed it) and put back after."""
     db = admin.db(config.store.files_db)
-    pages_ddoc = db.get(PAGES_DDOC)
+    pages_ddoc = db.get(VALIDATING_DDOC)
     db.put({k: v for k, v in pages_ddoc.items() if k != "validate_doc_update"})
     rng = random.Random(42)
     started = time.monotonic()
@@ -140,8 +143,8 @@ def fill(admin: Server, config: Config, n: int, days: float, now: float) -> floa
         for future in in_flight:
             progress.advance(bar, len(future.result()))
     rate = n / (time.monotonic() - started)
-    db.put(dict(pages_ddoc, _rev=db.get(PAGES_DDOC)["_rev"]))  # the validation back
-    assert "validate_doc_update" in db.get(PAGES_DDOC)
+    db.put(dict(pages_ddoc, _rev=db.get(VALIDATING_DDOC)["_rev"]))  # the validation back
+    assert "validate_doc_update" in db.get(VALIDATING_DDOC)
     return rate
 
 
@@ -212,7 +215,7 @@ PAGE_DONE = {  # what is on screen once a page has loaded
 def load_pages(config: Config, password: str, targets: dict[str, str], loads: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    base = f"{config.store.url}/{config.store.files_db}/_design/asyncstageout/index.html"
+    base = pages_url(config)
     auth = base64.b64encode(f"benchuser:{password}".encode()).decode()
     figures: dict[str, dict[str, Any]] = {}
     with sync_playwright() as p:

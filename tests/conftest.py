@@ -174,7 +174,10 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
         store_config,
         source=tmp_path / "aso.toml",
         store=dataclasses.replace(
-            store_config.store, files_db=f"files_{suffix}", transfers_db=f"jobs_{suffix}"
+            store_config.store,
+            files_db=f"files_{suffix}",
+            transfers_db=f"jobs_{suffix}",
+            pages_db=f"pages_{suffix}",
         ),
         transfer=dataclasses.replace(
             store_config.transfer, backend="sim", max_files_per_job=10, lease=4.0
@@ -189,6 +192,7 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
     yield config
     admin.delete_db(config.store.files_db)
     admin.delete_db(config.store.transfers_db)
+    admin.delete_db(config.store.pages_db)
 
 
 @pytest.fixture()
@@ -243,7 +247,10 @@ def gfal_config(
         store_config,
         source=tmp_path / "aso.toml",
         store=dataclasses.replace(
-            store_config.store, files_db=f"files_{suffix}", transfers_db=f"jobs_{suffix}"
+            store_config.store,
+            files_db=f"files_{suffix}",
+            transfers_db=f"jobs_{suffix}",
+            pages_db=f"pages_{suffix}",
         ),
         sites=storage.sites,
         storage=storage.storage,

@@ -71,7 +71,11 @@ def test_the_assembled_design_documents_carry_the_model_s_tables():
     for ddoc in docs.values():
         for view in ddoc.get("views", {}).values():
             assert "/* aso/model.py" not in view["map"], ddoc["_id"]
-    pages = docs[designdocs.PAGES_DDOC]["aso"]["states"]
+    assert designdocs.PAGES_DDOC not in docs  # the pages live in a database of their own
+    settings = designdocs.pages_design(config)["aso"]
+    assert settings["files_db"] == config.store.files_db
+    assert settings["stats_db"] == config.store.stats_db
+    pages = settings["states"]
     assert pages["on_its_way"] == list(model.ON_ITS_WAY)
     assert pages == {k: list(v) for k, v in model.PAGES_STATES.items()}
 

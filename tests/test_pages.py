@@ -1,4 +1,4 @@
-"""The monitoring pages (couchapp/asyncstageout/_attachments), served by the store itself and
+"""The monitoring pages (couchapp/pages/_attachments), served by the store itself and
 driven in headless Chromium (Debian's, through Playwright): after a real run of the submitter,
 monitor and publisher (sim back end) and of the analytics agent that writes the monitoring
 summaries, the numbers on the pages equal counts made directly from the documents, both while
@@ -11,47 +11,44 @@ from __future__ import annotations
 import base64
 import calendar
 import dataclasses
-import os
-import shutil
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from agents.analytics import Analytics
 from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.submitter import Submitter
 from aso import model, summaries
-from aso.designdocs import init_databases
+from aso.designdocs import init_databases, pages_url
 from aso.runtime import Runner
+from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in
 from tests.conftest import PASSWORD
 from tests.pipeline_helpers import LINKS, run_until, states, upload
 from tests.test_publisher import BrokenCatalog
 
-CHROMIUM = shutil.which("chromium")
-ARTEFACTS = Path(
-    os.environ.get("ASO_TEST_ARTEFACTS")
-    or Path(__file__).resolve().parent.parent / "test-artefacts"
-)
+# The most store requests one page load makes (the page, its script and style, the settings,
+# the session, and the page's own reads): a bound that does not grow with the store.
+MAX_REQUESTS = 12
+
+
+def nice_top(most: int) -> int:
+    """The top of a chart's scale (app.js niceTop): 1, 2 or 5 times a power of ten."""
+    power = 10 ** (len(str(max(most, 1))) - 1)
+    return next(k * power for k in (1, 2, 5, 10) if k * power >= most)
+
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 
 
 @pytest.fixture()
 def browser_page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        # bob is an ordinary user: any member may read; he owns none of the files.
-        basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
-        context = browser.new_context(extra_http_headers={"Authorization": f"Basic {basic}"})
-        try:
-            yield context.new_page()
-        finally:
-            browser.close()
+    # bob is an ordinary user: any member may read; he owns none of the files.
+    basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
+    with browser(extra_http_headers={"Authorization": f"Basic {basic}"}) as context:
+        yield context.new_page()
 
 
 def cells(page, selector: str) -> dict[str, str]:
@@ -98,10 +95,20 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     docs = [d for d in db.get_many(ids + later).values() if d]
     truth = Counter(d["state"] for d in docs)
     page = browser_page
-    base = f"{sim_config.store.url}/{sim_config.store.files_db}/_design/asyncstageout/index.html"
+    base = pages_url(sim_config)
+    # Each page load's requests to the store: a page reads a handful of documents or key ranges
+    # whatever the store holds (the summaries; one view range), never one request per file.
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
 
-    page.goto(base + "#overview")
-    page.wait_for_selector("#states")
+    def loaded(fragment: str, selector: str) -> int:
+        requested.clear()
+        page.goto(base + fragment)
+        page.wait_for_selector(selector)
+        page.wait_for_load_state("networkidle")
+        return len(requested)
+
+    assert loaded("#overview", "#states") <= MAX_REQUESTS
     shown = cells(page, "#states")
     assert {k: int(v) for k, v in shown.items() if k != "total"} == dict(truth)
     assert int(shown["total"]) == len(docs) == 15
@@ -140,10 +147,11 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
 
         return sum(state_then(d) in summaries.BACKLOG for d in docs)
 
-    def hourly_table() -> dict[str, dict[str, str]]:
+    def hourly_table() -> dict[str, dict[str, float]]:
+        """Each row's exact figures (the cells show them rounded, in MB/s or kB, MB, ...)."""
         return {
             row.get_attribute("data-hour"): {
-                c.get_attribute("data-end"): c.inner_text()
+                c.get_attribute("data-end"): pytest.approx(float(c.get_attribute("data-value")))
                 for c in row.locator("td[data-end]").all()
             }
             for row in page.locator("#hourly tbody tr").all()
@@ -156,7 +164,7 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
         }
 
     expected_hours = {
-        hour: {**{e: str(c[e]) for e in ends}, "throughput": f"{done_bytes[hour] / 3600:.1f}"}
+        hour: {**{e: c[e] for e in ends}, "throughput": done_bytes[hour] / 3600}
         for hour, c in ended.items()
     }
     expected_backlogs = {
@@ -166,18 +174,35 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert hourly_table() == expected_hours
     assert backlogs() == expected_backlogs
     assert int(page.locator("#backlog-now").inner_text()) == backlog_at(float("inf"))
-    # One bar per hour and end with files, the tallest hour named in the chart's label.
-    assert page.locator("#hourly-chart rect").count() == sum(len(c) for c in ended.values())
+    # One bar per hour and end with files, each as tall as its count; the left axis's top is
+    # the tallest hour rounded up to 1, 2 or 5 times a power of ten; a legend names each end.
+    bars = page.locator("#hourly-chart rect[data-end]").all()
+    drawn = [
+        (b.get_attribute("data-bucket"), b.get_attribute("data-end"), b.get_attribute("data-value"))
+        for b in bars
+    ]
+    assert sorted((h, e, int(v)) for h, e, v in drawn) == sorted(
+        (h, e, n) for h, c in ended.items() for e, n in c.items() if n
+    )
     tallest = max(sum(c.values()) for c in ended.values())
-    assert f"top {tallest} files per hour" in page.locator("#hourly-chart text").text_content()
+    ticks = [
+        float(t.get_attribute("data-value")) for t in page.locator("#hourly-chart .y-tick").all()
+    ]
+    assert max(ticks) == nice_top(tallest) and min(ticks) == 0
+    legend = {t.get_attribute("data-end") for t in page.locator("#hourly-chart .legend").all()}
+    assert legend == {*ends, "backlog"}
     page.screenshot(path=str(ARTEFACTS / "overview.png"), full_page=True)
-    page.select_option("#unit", "bytes")  # the same hours in bytes
+    page.select_option("#unit", "bytes")  # the same hours in bytes, kept in the address
+    page.wait_for_selector("h2:has-text('Ended per hour (bytes)')")
+    assert "unit=bytes" in page.evaluate("location.hash")
+    page.reload()
     page.wait_for_selector("h2:has-text('Ended per hour (bytes)')")
     assert {h: v["done"] for h, v in hourly_table().items()} == {
-        hour: str(done_bytes[hour]) for hour in ended
+        hour: done_bytes[hour] for hour in ended
     }
     page.select_option("#unit", "files")
     page.wait_for_selector("h2:has-text('Ended per hour (files)')")
+    assert "unit" not in page.evaluate("location.hash")  # the default is left out
     # Two hours later these hours are closed: the same figures from the hour documents.
     analytics.summaries.clock = lambda: time.time() + 7200
     assert analytics.summaries.step().closed
@@ -187,29 +212,54 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert backlogs() == expected_backlogs
     assert page.locator("#states tbody tr[data-state='total'] td").inner_text() == "15"
     # A window of days ending today: today's row adds up the same hours.
-    page.select_option("#window", "30 days")
+    page.select_option("#window", "30d")
     page.wait_for_selector("h2:has-text('Ended per day (files)')")
+    assert "window=30d" in page.evaluate("location.hash")
     days: dict[str, Counter] = {}
     for hour, c in ended.items():
         days.setdefault(hour[:10], Counter()).update(c)
     assert hourly_table() == {
-        day: {**{e: str(c[e]) for e in ends},
-              "throughput": f"{sum(done_bytes[h] for h in ended if h[:10] == day) / 86400:.1f}"}
+        day: {**{e: c[e] for e in ends},
+              "throughput": sum(done_bytes[h] for h in ended if h[:10] == day) / 86400}
         for day, c in days.items()
     }  # fmt: skip
-    page.select_option("#window", "24 h")
+    page.select_option("#window", "24h")
     page.wait_for_selector("h2:has-text('Ended per hour (files)')")
 
-    page.click("#tasks a")  # → the task: every file with its states
+    page.click("#tasks a")  # → the task: its counts, then every file with its states
     page.wait_for_selector("#files")
     assert page.locator("#files tbody tr").count() == 12
     by_id = {d["_id"]: d for d in docs}
+    mine = [d for d in docs if d["task"] == task]
+    assert [row.get_attribute("data-id") for row in page.locator("#files tbody tr").all()] == [
+        d["_id"] for d in sorted(mine, key=lambda d: (int(d["job_id"]), d["_id"]))
+    ]  # jobs in numeric order
     for row in page.locator("#files tbody tr").all():
         doc = by_id[row.get_attribute("data-id")]
         texts = [c.inner_text() for c in row.locator("td").all()]
-        assert texts[:5] == [doc["job_id"], doc["file_type"], doc["state"], doc["cleanup"],
-                             doc["publication"]]  # fmt: skip
+        assert texts[0:2] == [doc["job_id"], doc["file_type"]]
+        assert texts[2] == doc["destination_lfn"].rsplit("/", 1)[1]
+        assert int(row.locator("td[data-value]").get_attribute("data-value")) == doc["size"]
+        assert texts[4:8] == [doc["state"], doc["cleanup"], doc["publication"],
+                              str(len(doc["attempts"]))]  # fmt: skip
+        failing = doc["state"] in model.FAILING
+        assert (doc["failure_reason"] in texts[9]) if failing else texts[9] == ""
+    counts = {
+        a.get_attribute("data-state"): int(a.get_attribute("data-count"))
+        for a in page.locator("#task-counts tr[data-axis='state'] a").all()
+    }
+    assert counts == Counter(d["state"] for d in mine)
     page.screenshot(path=str(ARTEFACTS / "task.png"), full_page=True)
+    # A state's count filters the list, and the filter is in the address.
+    page.click("#task-counts a[data-state='failed_attempt']")
+    # The list, filtered (locators, not page functions: the store's CSP allows no eval).
+    expect(page.locator("#files tbody tr:not([data-state='failed_attempt'])")).to_have_count(0)
+    assert "state=failed_attempt" in page.evaluate("location.hash")
+    assert {r.get_attribute("data-id") for r in page.locator("#files tbody tr").all()} == {
+        d["_id"] for d in mine if d["state"] == "failed_attempt"
+    }
+    page.select_option("#state-filter", "")
+    expect(page.locator("#files tbody tr")).to_have_count(12)
 
     done_row = page.locator("#files tbody tr", has_text="done").first
     done_id = done_row.get_attribute("data-id")
@@ -228,8 +278,7 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     page.screenshot(path=str(ARTEFACTS / "file.png"), full_page=True)
 
     # overview → links → a link → its task → a file
-    page.goto(base + "#overview")
-    page.wait_for_selector("#states")
+    assert loaded("#overview", "#states") <= MAX_REQUESTS
     page.click("nav a[href='#links']")
     page.wait_for_selector("#matrix")
     active, failed = ("acquired", "submitted", "kill_requested"), ("failed", "failed_attempt")
@@ -258,16 +307,20 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     name = sorted(per_link)[0]
     page.click(f"#matrix td[data-link='{name}'] a")
     page.wait_for_selector("#link-tasks")
-    on_link = Counter(d["task"] for d in docs if f"{d['source']}>{d['destination']}" == name)
-    assert cells(page, "#link-tasks") == {t: str(n) for t, n in on_link.items()}
+    on_link = [d for d in docs if f"{d['source']}>{d['destination']}" == name]
+    assert cells(page, "#link-tasks") == {
+        t: str(n) for t, n in Counter(d["task"] for d in on_link).items()
+    }
+    assert cells(page, "#link-states") == {
+        s: str(n) for s, n in Counter(d["state"] for d in on_link).items()
+    }
     page.click("#link-tasks a")
     page.wait_for_selector("#files")
     page.locator("#files tbody tr a").first.click()
     page.wait_for_selector("#history")
     assert page.locator("#history tbody tr").count() >= 1
 
-    page.goto(base + "#users")
-    page.wait_for_selector("#users")
+    assert loaded("#users", "#users") <= MAX_REQUESTS
     row = page.locator("#users tbody tr[data-user='alice']")
     shown_users = {
         c.get_attribute("data-state"): int(c.inner_text())
@@ -275,9 +328,20 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     }
     assert shown_users == {**truth, "total": len(docs)}  # the only user of this database
     page.screenshot(path=str(ARTEFACTS / "users.png"), full_page=True)
+    page.click("#users a")  # → alice's page: her files per state and her tasks
+    page.wait_for_selector("#user-states")
+    assert "#user/alice" in page.evaluate("location.hash")
+    assert {k: int(v) for k, v in cells(page, "#user-states").items()} == {
+        **truth,
+        "total": len(docs),
+    }
+    assert {r.get_attribute("data-task") for r in page.locator("#user-tasks tbody tr").all()} == {
+        task,
+        f"{task}_later",
+    }
+    page.screenshot(path=str(ARTEFACTS / "user.png"), full_page=True)
 
-    page.goto(base + "#publication")
-    page.wait_for_selector("#publication-failed")
+    assert loaded("#publication", "#publication-failed") <= MAX_REQUESTS
     pub = Counter(d["publication"] for d in docs)
     assert pub["publication_failed"] >= 4  # every done file, refused for good
     row = page.locator(f"#publication-tasks tbody tr[data-task='{task}']")
@@ -309,10 +373,72 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     } == dict(failed_hours)
     page.screenshot(path=str(ARTEFACTS / "publication.png"), full_page=True)
 
-    page.goto(base + "#agents")
-    page.wait_for_selector("#agents")
+    assert loaded("#agents", "#agents") <= MAX_REQUESTS
     rows = {r.get_attribute("data-instance"): r for r in page.locator("#agents tbody tr").all()}
     assert {"sub-p", "mon-p", "gone-0"} <= set(rows)
     assert rows["gone-0"].get_attribute("class") == "stale"
     assert rows["sub-p"].get_attribute("class") == "alive"
     page.screenshot(path=str(ARTEFACTS / "agents.png"), full_page=True)
+
+    # What is not there is said in words, with the way back.
+    assert loaded("#file/no-such-id", "#not-found") <= MAX_REQUESTS
+    assert "No file with id no-such-id" in page.locator("#not-found").inner_text()
+    page.goto(base + "#nonsense/page")
+    page.wait_for_selector("#not-found")
+    assert 'no page called "nonsense"' in page.locator("#not-found").inner_text()
+    assert page.locator("main a[href='#overview']").count() == 1
+    page.goto(base + "#task/no_such_task")
+    page.wait_for_selector("#not-found")
+    page.screenshot(path=str(ARTEFACTS / "not-found.png"), full_page=True)
+
+
+def test_a_browser_logs_in_with_a_store_account(sim_config, accounts, admin):
+    """No certificate, no credentials: the pages' address shows a login page (not the store's
+    401); a wrong password is said so; the right one opens the overview, which stays open on
+    reload (the store's session cookie) until the reader logs out."""
+    Runner(Analytics(sim_config, "an-login")).step(wait=False)
+    with browser() as context:
+        page = context.new_page()
+        page.goto(pages_url(sim_config) + "#users")
+        page.wait_for_selector("form#login")
+        assert page.locator("#users").count() == 0  # nothing of the data without a login
+        log_in(page, "bob", "not-his-password")
+        expect(page.locator("#login-message")).to_contain_text("Not logged in")
+        page.screenshot(path=str(ARTEFACTS / "login.png"), full_page=True)
+        log_in(page, "bob", PASSWORD)
+        page.wait_for_selector("table#users")  # the page asked for, once logged in
+        assert "bob" in page.locator("#who").inner_text()
+        page.reload()
+        page.wait_for_selector("table#users")
+        page.click("#logout")
+        page.wait_for_selector("form#login")
+        page.goto(pages_url(sim_config) + "#overview")
+        page.wait_for_selector("form#login")
+
+
+def test_the_pages_database_is_read_only_to_everyone_but_the_admin(sim_config, accounts, admin):
+    """The pages' database is public to read (the login page loads before a session exists):
+    anonymous readers, users, agents and accounts without a role are refused any write to it;
+    an operator (aso-admin, its database admin, as of every ASO database) may change its design
+    document but write nothing else; the files database stays closed to anonymous readers."""
+    from aso.store import StoreError
+
+    name = sim_config.store.pages_db
+    ddoc = admin.db(name).get("_design/pages")
+    assert ddoc["aso"]["files_db"] == sim_config.store.files_db
+    for who in ("anonymous", "alice", "agent", "stranger", "operator"):
+        db = accounts[who].db(name)
+        assert db.get("_design/pages")["_id"] == "_design/pages"  # anyone reads the app
+        with pytest.raises(StoreError) as refused:
+            db.put({"_id": f"planted-by-{who}", "type": "transfer_request"})
+        assert refused.value.status in (401, 403), (who, refused.value)
+        if who == "operator":
+            continue
+        with pytest.raises(StoreError) as refused:
+            db.put({**ddoc, "aso": {"files_db": "elsewhere"}})  # point the pages elsewhere
+        assert refused.value.status in (401, 403), (who, refused.value)
+    assert admin.db(name).get("_design/pages")["aso"] == ddoc["aso"]
+    assert [d["_id"] for d in admin.db(name).all_docs("", "\ufff0")] == ["_design/pages"]
+    with pytest.raises(StoreError) as refused:
+        accounts["anonymous"].db(sim_config.store.files_db).all_docs("", "\ufff0")
+    assert refused.value.status == 401

@@ -22,12 +22,14 @@ import pytest
 
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import load, render
+from aso.designdocs import pages_url
 from aso.local import pki
 from aso.local.xrootd import export_path
 from aso.localstore import free_port
 from aso.managed import local_store
 from aso.store import Server, Settings, StoreUnavailable
 from aso.supervisor import hang_of
+from tests.browser_helpers import see_the_overview
 from tests.conftest import ENGINE
 from tests.pipeline_helpers import wait_for
 from tests.storage_helpers import (
@@ -222,6 +224,11 @@ def test_run_demo_restart_and_clean_stop(service):
     assert "200 of 200 done" in demo.stdout
     assert "through the front end at https://" in demo.stdout
     config = load(str(path))
+    # Both say where the monitoring pages are; a browser logs in there with the store account
+    # they name and sees the 200 files done (once the analytics agent has summed them up).
+    [address] = re.findall(r"monitoring pages: (\S+)", (base / "run.log").read_text())
+    assert address == pages_url(config) and f"monitoring pages: {address}" in demo.stdout
+    see_the_overview(address, "admin", "run-test-admin", done=200)
     admin = Server(config.store.url, "admin", "run-test-admin")
     done = (
         admin.db("asynctransfer")

@@ -151,8 +151,8 @@ def node_config(**changes: dict[str, str]) -> dict[str, dict[str, str]]:
         "couchdb": {"max_document_size": "8000000", "os_process_timeout": "20000",
                     "single_node": "false", "uuid": "0a959b9b8227188afc2ac26ccdf345a6",
                     "users_db_security_editable": "true"},
-        "chttpd": {"bind_address": "10.0.0.11", "port": "5984", "require_valid_user": "true",
-                   "max_http_request_size": "4294967296",
+        "chttpd": {"bind_address": "10.0.0.11", "port": "5984", "require_valid_user": "false",
+                   "admin_only_all_dbs": "true", "max_http_request_size": "4294967296",
                    "authentication_handlers": "{chttpd_auth, proxy_authentication_handler}, "
                    "{chttpd_auth, cookie_authentication_handler}, "
                    "{chttpd_auth, default_authentication_handler}"},
@@ -259,7 +259,7 @@ def test_one_copy_on_a_cluster_is_a_warning():
     config = proxy_config()
     answers = couchdb_answers(config, n=1)
     findings = analyse(answers, config)
-    assert len(at(findings, WARN, "n=1; 1200 documents")) == 5  # each ASO database and _users
+    assert len(at(findings, WARN, "n=1; 1200 documents")) == 6  # each ASO database and _users
     assert store_check.exit_code(findings) == 0
     answers.configs = {node: node_config(cluster={"n": "1"}) for node in NODES}
     assert len(at(analyse(answers, config), WARN, "defaults q=8, n=1 on a 3-node cluster")) == 3
@@ -349,12 +349,19 @@ def test_other_settings_and_version():
     answers = couchdb_answers(config)
     answers.configs = {
         node: node_config(couchdb={"os_process_timeout": "1000"}, chttpd={
-            "require_valid_user": "false", "bind_address": "127.0.0.1"})
+            "require_valid_user": "true", "bind_address": "127.0.0.1"})
         for node in NODES
     }  # fmt: skip
     findings = analyse(answers, config)
     assert len(at(findings, WARN, "1000 ms, os_process_limit 200: below")) == 3
-    assert len(at(findings, WARN, "false: anonymous requests reach the store")) == 3
+    assert len(at(findings, WARN, "true: the monitoring pages' login page cannot load")) == 3
+    for node in NODES:
+        answers.configs[node]["chttpd"].update(
+            require_valid_user="false", admin_only_all_dbs="false"
+        )
+    assert len(at(analyse(answers, config), WARN, "anyone lists the databases")) == 3
+    for node in NODES:
+        answers.configs[node]["chttpd"]["admin_only_all_dbs"] = "true"
     assert len(at(findings, OK, "127.0.0.1: loopback only")) == 3
     answers.welcome["version"] = "2.3.1"
     assert at(analyse(answers, config), ERROR, "ASO needs Apache CouchDB 3")

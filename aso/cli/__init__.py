@@ -59,7 +59,7 @@ from aso.localstore import LocalCluster, LocalStoreError
 from aso.managed import local_store
 from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
-from aso.supervisor import Supervisor
+from aso.supervisor import Supervisor, pages_addresses
 from aso.upload import adler32_of, requests_from_json, upload
 
 console = Console()
@@ -501,6 +501,8 @@ def demo_cmd(
         f"{counts['done']} of {files} done in {elapsed:.1f} s "
         f"({counts['done'] / elapsed:.1f} files/s)"
     )
+    for line in pages_addresses(config):  # the analytics agent's summaries follow within 30 s
+        console.print(line, soft_wrap=True)
     if counts["done"] != files:
         raise typer.Exit(1)
 

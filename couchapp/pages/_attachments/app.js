@@ -1,0 +1,931 @@
+// ASO monitoring: a single page served from the pages database (store.pages_db, readable
+// without logging in, so that this page can ask for a login), reading the files and statistics
+// databases with the reader's own session: a store account logged in here (a cookie from the
+// store's _session), or a certificate through the front end. Plain JS, no build step.
+//
+// Figures over all requests come from the monitoring summaries the analytics agent keeps in the
+// statistics database (aso/summaries.py): a few small documents per page whatever the number of
+// requests, and history that outlives the purge. Pages about one task, link or file read the
+// files database (a key range of a view, or one document).
+//
+// Addresses (everything a page shows is in its address, so a view can be bookmarked and sent):
+// #overview?window=24h|7d|30d|1y&unit=files|bytes&until=YYYY-MM-DD, #links,
+// #link/SRC>DST, #users, #user/NAME, #publication?window=..., #agents,
+// #task/NAME?state=STATE, #file/ID, #login.
+'use strict';
+
+var PAGES_DB = location.pathname.split('/')[1];
+var PAGES = '/' + PAGES_DB + '/_design/pages';
+var FILES = null; // '/<files database>', from the settings
+var DDOC = null;  // the files database's views
+var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown as stale
+var REFRESH = 30000;
+var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states
+var HOUR = 3600, DAY = 86400;
+// The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
+var STATES = {on_its_way: [], in_flight: [], failing: [], copy_ends: [], publication_ends: []};
+
+// A read the store refused for want of a login: the page asks for one.
+function LoginNeeded(reason) { this.message = reason; }
+// A page or document that is not there: said in words, not as an HTTP status.
+function NotFound(message) { this.message = message; }
+
+function settings() {
+  if (SETTINGS) { return Promise.resolve(SETTINGS); }
+  return get(PAGES).then(function (ddoc) {
+    SETTINGS = ddoc.aso || {};
+    STATES = SETTINGS.states || STATES;
+    FILES = '/' + encodeURIComponent(SETTINGS.files_db);
+    DDOC = FILES + '/_design/asyncstageout/_view/';
+    return SETTINGS;
+  });
+}
+
+function summary(id) {
+  // One monitoring summary document (null until the analytics agent has written it).
+  return settings().then(function (s) {
+    return fetch('/' + s.stats_db + '/' + encodeURIComponent(id), {credentials: 'same-origin'});
+  }).then(function (r) {
+    if (r.status === 404) { return null; }
+    return checked(r, id);
+  });
+}
+
+function summaries(prefix, first, last) {
+  // The summary documents with ids prefix+first ... prefix+last, in time order.
+  return settings().then(function (s) {
+    return get('/' + s.stats_db + '/_all_docs', {start_key: prefix + first,
+      end_key: prefix + last, include_docs: true});
+  }).then(function (res) {
+    return res.rows.filter(function (r) { return r.doc; }).map(function (r) { return r.doc; });
+  });
+}
+
+function noSummaries() {
+  return [el('p', {'class': 'error', id: 'no-summaries'}, ['No monitoring summaries yet: ' +
+    'the analytics agent writes them (aso run starts it).'])];
+}
+
+function get(path, params) {
+  var query = Object.keys(params || {}).map(function (k) {
+    return encodeURIComponent(k) + '=' + encodeURIComponent(JSON.stringify(params[k]));
+  }).join('&');
+  return fetch(path + (query ? '?' + query : ''), {credentials: 'same-origin'})
+    .then(function (r) { return checked(r, path); });
+}
+
+function checked(response, what) {
+  // The answer's JSON; a refusal as the store words it (its `reason`), a 401 as LoginNeeded.
+  return response.json().catch(function () { return {}; }).then(function (body) {
+    if (response.ok) { return body; }
+    var reason = body.reason || body.error || ('HTTP ' + response.status);
+    if (response.status === 401) { throw new LoginNeeded(reason); }
+    if (response.status === 404) { throw new NotFound(what + ': not found (' + reason + ')'); }
+    throw new Error(what + ': ' + reason + ' (HTTP ' + response.status + ')');
+  });
+}
+
+function el(tag, attrs, children) {
+  var node = document.createElement(tag);
+  Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+  (children || []).forEach(function (c) {
+    node.appendChild(typeof c === 'string' || typeof c === 'number'
+      ? document.createTextNode(String(c)) : c);
+  });
+  return node;
+}
+
+function table(id, headers, rows) {
+  return el('table', {id: id}, [
+    el('thead', {}, [el('tr', {}, headers.map(function (h) { return el('th', {}, [h]); }))]),
+    el('tbody', {}, rows)
+  ]);
+}
+
+function when(epoch) {
+  return epoch ? new Date(epoch * 1000).toISOString().replace('T', ' ').slice(0, 19) : '';
+}
+
+// The windows a page can show: the address's key → [label, seconds].
+var WINDOWS = {'24h': ['24 hours', 24 * HOUR], '7d': ['7 days', 7 * DAY],
+  '30d': ['30 days', 30 * DAY], '1y': ['1 year', 365 * DAY]};
+var COLOURS = {done: '#3a7', failed_attempt: '#e93', failed: '#c33', killed: '#888',
+  published: '#37a', publication_error: '#e93', publication_failed: '#c33'};
+// The overview's and publication page's choices, read from the address by route(): window,
+// unit, and the window's end ('' = now).
+var DEFAULT_VIEW = {window: '24h', unit: 'files', until: ''};
+var view = DEFAULT_VIEW;
+var PARAMS = {}; // the address's parameters (after `?`)
+
+function iso(epoch) { return new Date(epoch * 1000).toISOString(); }
+
+function windowSpan() {
+  // {step, starts: bucket starts (epoch), oldest first}: hours up to 7 days, days beyond.
+  var length = WINDOWS[view.window][1];
+  var step = length > 7 * DAY ? DAY : HOUR;
+  var end = view.until ? Date.parse(view.until + 'T00:00:00Z') / 1000 + DAY : Date.now() / 1000;
+  var last = Math.floor((end - 1) / step) * step;
+  var starts = [];
+  for (var t = last - length + step; t <= last; t += step) { starts.push(t); }
+  return {step: step, starts: starts};
+}
+
+function endsOf(moves, axis) {
+  // {to: {files, bytes}} of the moves of one axis.
+  var out = {};
+  Object.keys((moves || {})[axis] || {}).forEach(function (name) {
+    var to = name.split('>')[1], m = moves[axis][name];
+    out[to] = out[to] || {files: 0, bytes: 0};
+    out[to].files += m[0]; out[to].bytes += m[1];
+  });
+  return out;
+}
+
+function netBacklog(moves) {
+  var n = 0;
+  Object.keys((moves || {}).state || {}).forEach(function (name) {
+    var parts = name.split('>'), files = moves.state[name][0];
+    if (STATES.on_its_way.indexOf(parts[1]) >= 0) { n += files; }
+    if (STATES.on_its_way.indexOf(parts[0]) >= 0) { n -= files; }
+  });
+  return n;
+}
+
+function addMoves(into, moves) {
+  Object.keys(moves || {}).forEach(function (axis) {
+    into[axis] = into[axis] || {};
+    Object.keys(moves[axis]).forEach(function (name) {
+      var m = into[axis][name] = into[axis][name] || [0, 0];
+      m[0] += moves[axis][name][0]; m[1] += moves[axis][name][1];
+    });
+  });
+}
+
+function history() {
+  // The window's buckets: {span, live, buckets: [{start, moves, backlog}]} from the
+  // closed hour (or day) documents, the live document's open hours, and the last closed bucket
+  // before the window (where the backlog stood).
+  var span = windowSpan(), step = span.step;
+  var first = span.starts[0], last = span.starts[span.starts.length - 1];
+  var name = step === DAY ? function (t) { return iso(t).slice(0, 10); }
+    : function (t) { return iso(t).slice(0, 13); };
+  var prefix = step === DAY ? 'monitor:day:' : 'monitor:hour:';
+  return Promise.all([
+    summary('monitor:live'),
+    summaries(prefix, name(first), name(last) + '\ufff0'),
+    settings().then(function (s) {
+      return get('/' + s.stats_db + '/_all_docs', {start_key: prefix + name(first - 1),
+        end_key: prefix, descending: true, limit: 1, include_docs: true});
+    }),
+    // A day not yet closed: its closed hours so far.
+    step === DAY ? summaries('monitor:hour:', name(last), name(last) + '\ufff0') : Promise.resolve([])
+  ]).then(function (got) {
+    var live = got[0];
+    if (!live) { return null; }
+    var by = {};
+    var bucket = function (start) {
+      return by[start] = by[start] || {start: start, moves: {}, backlog: null};
+    };
+    got[1].forEach(function (d) {
+      var b = bucket(d.start);
+      addMoves(b.moves, d.moves); b.backlog = d.backlog;
+    });
+    var closedDay = by[last] !== undefined;
+    got[3].forEach(function (d) {
+      if (!closedDay) { addMoves(bucket(last).moves, d.moves); }
+    });
+    (live.open || []).forEach(function (h) {
+      var start = Math.floor(h.start / step) * step;
+      if (start < first || start > last) { return; }
+      addMoves(bucket(start).moves, h.moves);
+    });
+    // The backlog at each bucket's end: a closed bucket says it; otherwise the one before plus
+    // what this bucket's moves added to it (open hours, the day so far, or nothing).
+    var carry = got[2].rows.length ? got[2].rows[0].doc.backlog : 0;
+    var buckets = span.starts.map(function (start) {
+      var b = by[start] || {start: start, moves: {}, backlog: null};
+      if (start > live.as_of) {
+        b.backlog = null; // not yet
+      } else {
+        if (b.backlog === null) { b.backlog = carry + netBacklog(b.moves); }
+        carry = b.backlog;
+      }
+      return b;
+    });
+    return {span: span, live: live, buckets: buckets, label: name};
+  });
+}
+
+
+function niceTop(most) {
+  // The top of a chart's scale: 1, 2 or 5 times a power of ten, at or above `most`.
+  var top = Math.max(most, 1), power = Math.pow(10, Math.floor(Math.log10(top)));
+  var steps = [1, 2, 5, 10];
+  for (var i = 0; i < steps.length; i++) {
+    if (steps[i] * power >= top) { return steps[i] * power; }
+  }
+  return 10 * power;
+}
+
+function bytes(n) {
+  // 1234567 → "1.23 MB" (SI units, as transfer services show them).
+  var units = ['B', 'kB', 'MB', 'GB', 'TB', 'PB'], i = 0;
+  while (Math.abs(n) >= 1000 && i < units.length - 1) { n /= 1000; i++; }
+  return (i ? n.toFixed(n < 10 ? 2 : 1) : String(n)) + ' ' + units[i];
+}
+
+function amount(n, unit) { return unit === 'bytes' ? bytes(n) : String(n); }
+
+function rate(bytesPerSecond) { return (bytesPerSecond / 1e6).toFixed(2); } // MB/s
+
+function svg(tag, attrs, text) {
+  var node = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+  if (text !== undefined) { node.textContent = text; }
+  return node;
+}
+
+function svgChart(got, axis, ends, unit) {
+  // Stacked bars, one per bucket (what ended in it, per end), on a left axis in the unit; on
+  // the state axis, the backlog at each bucket's end as a line on a right axis in files; time
+  // along the bottom (UTC); a legend above. Plain SVG, no library.
+  var buckets = got.buckets, n = buckets.length;
+  var per = got.span.step === DAY ? 'day' : 'hour';
+  var left = 70, right = axis === 'state' ? 60 : 20, top = 44, plot = 180, bottom = 36;
+  var barWidth = Math.max(3, Math.min(30, Math.floor(900 / n)));
+  var width = left + n * barWidth + right;
+  var chart = svg('svg', {width: width, height: top + plot + bottom, role: 'img',
+    id: axis === 'state' ? 'hourly-chart' : 'publication-chart'});
+  var value = function (b, e) { return (endsOf(b.moves, axis)[e] || {})[unit] || 0; };
+  var totals = buckets.map(function (b) {
+    return ends.reduce(function (sum, e) { return sum + value(b, e); }, 0);
+  });
+  var scale = niceTop(Math.max.apply(null, totals.concat([1])));
+  var y = function (v, most) { return top + plot - v / most * plot; };
+  // The left axis: five ticks in the unit, with grid lines.
+  for (var t = 0; t <= 4; t++) {
+    var v = scale * t / 4;
+    chart.appendChild(svg('line', {x1: left, x2: left + n * barWidth, y1: y(v, scale),
+      y2: y(v, scale), stroke: '#ddd'}));
+    chart.appendChild(svg('text', {x: left - 6, y: y(v, scale) + 4, 'text-anchor': 'end',
+      'class': 'y-tick', 'data-value': v}, amount(v, unit)));
+  }
+  chart.appendChild(svg('text', {x: 4, y: top - 10, 'class': 'axis-title'},
+    (unit === 'bytes' ? 'bytes' : 'files') + ' per ' + per));
+  buckets.forEach(function (b, i) {
+    var base = top + plot;
+    ends.forEach(function (e) {
+      var v = value(b, e);
+      if (!v) { return; }
+      var height = v / scale * plot;
+      base -= height;
+      var bar = svg('rect', {x: left + i * barWidth + 1, width: Math.max(barWidth - 2, 1),
+        y: base, height: height, fill: COLOURS[e] || '#999', 'data-end': e,
+        'data-bucket': got.label(b.start), 'data-value': v});
+      bar.appendChild(svg('title', {}, got.label(b.start) + ' UTC: ' + e + ' ' + amount(v, unit)));
+      chart.appendChild(bar);
+    });
+  });
+  // Time along the bottom: about eight labels, whole buckets.
+  var every = Math.max(1, Math.ceil(n / 8));
+  buckets.forEach(function (b, i) {
+    if (i % every) { return; }
+    var label = per === 'hour' ? iso(b.start).slice(5, 13).replace('T', ' ') + 'h'
+      : iso(b.start).slice(0, 10);
+    chart.appendChild(svg('text', {x: left + i * barWidth, y: top + plot + 16,
+      'class': 'x-tick'}, label));
+  });
+  chart.appendChild(svg('text', {x: left, y: top + plot + 32, 'class': 'axis-title'},
+    'UTC, one bar per ' + per + ' of the window'));
+  // The legend: a swatch per end (and the backlog's line).
+  var x = left;
+  ends.forEach(function (e) {
+    chart.appendChild(svg('rect', {x: x, y: 4, width: 10, height: 10, fill: COLOURS[e] || '#999'}));
+    chart.appendChild(svg('text', {x: x + 14, y: 13, 'class': 'legend', 'data-end': e}, e));
+    x += 24 + 7 * e.length;
+  });
+  if (axis === 'state') {
+    var backlogs = buckets.map(function (b) { return b.backlog || 0; });
+    var most = niceTop(Math.max.apply(null, backlogs.concat([1])));
+    var points = [];
+    buckets.forEach(function (b, i) {
+      if (b.backlog === null) { return; }
+      points.push((left + i * barWidth + barWidth / 2).toFixed(1) + ',' + y(b.backlog, most).toFixed(1));
+    });
+    chart.appendChild(svg('polyline', {points: points.join(' '), id: 'backlog-line', fill: 'none',
+      stroke: '#33c', 'stroke-width': 2}));
+    for (var r = 0; r <= 4; r++) {
+      chart.appendChild(svg('text', {x: left + n * barWidth + 6, y: y(most * r / 4, most) + 4,
+        'class': 'y2-tick', fill: '#33c', 'data-value': most * r / 4}, String(most * r / 4)));
+    }
+    chart.appendChild(svg('line', {x1: x, x2: x + 14, y1: 9, y2: 9, stroke: '#33c', 'stroke-width': 2}));
+    chart.appendChild(svg('text', {x: x + 18, y: 13, 'class': 'legend', 'data-end': 'backlog'},
+      'backlog at the end of each ' + per + ' (files, right axis)'));
+  }
+  return chart;
+}
+
+
+function choices(units) {
+  // The window, its end and (with `units`) the unit: each choice goes into the address.
+  var pick = function (name, options) {
+    var select = el('select', {id: name}, Object.keys(options).map(function (o) {
+      var opt = el('option', {value: o}, [options[o]]);
+      if (view[name] === o) { opt.setAttribute('selected', 'selected'); }
+      return opt;
+    }));
+    select.addEventListener('change', function () { setParam(name, select.value); });
+    return select;
+  };
+  var labels = {};
+  Object.keys(WINDOWS).forEach(function (k) { labels[k] = WINDOWS[k][0]; });
+  var until = el('input', {type: 'date', id: 'until', value: view.until});
+  until.addEventListener('change', function () { setParam('until', until.value); });
+  var parts = ['window ', pick('window', labels), ' ending ', until, ' (empty: now)'];
+  if (units) { parts.push(' in ', pick('unit', {files: 'files', bytes: 'bytes'})); }
+  return el('p', {'class': 'choices'}, parts);
+}
+
+function windowTasks(got) {
+  // What each task did in a 24-hour window: {task: {"axis:to" or "created": files}}, from the
+  // live document when the window ends now, else from the window's hourly task documents;
+  // null for longer windows (thousands of tasks may be active in a day).
+  if (view.window !== '24h') { return Promise.resolve(null); }
+  if (!view.until) { return Promise.resolve(got.live.tasks || {}); }
+  var starts = got.span.starts;
+  return summaries('monitor:tasks:', got.label(starts[0]),
+    got.label(starts[starts.length - 1]) + '\ufff0').then(function (docs) {
+    var tasks = {};
+    docs.forEach(function (d) {
+      Object.keys(d.tasks).forEach(function (t) {
+        tasks[t] = tasks[t] || {};
+        Object.keys(d.tasks[t]).forEach(function (k) { tasks[t][k] = (tasks[t][k] || 0) + d.tasks[t][k]; });
+      });
+    });
+    return tasks;
+  });
+}
+
+function activeTasks(tasks) {
+  // Tasks with events in the window: files created, ended and published there.
+  if (tasks === null) { return [el('p', {id: 'tasks-note'}, ['Active tasks: choose a 24-hour window.'])]; }
+  var columns = ['created', 'state:done', 'state:failed_attempt', 'state:failed', 'state:killed',
+    'publication:published'];
+  var names = Object.keys(tasks).sort(function (a, b) {
+    var n = function (t) { return columns.reduce(function (s, c) { return s + (tasks[t][c] || 0); }, 0); };
+    return n(b) - n(a) || a.localeCompare(b);
+  });
+  var rows = names.slice(0, 100).map(function (t) {
+    return el('tr', {'data-task': t}, [
+      el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(t)}, [t])])].concat(columns.map(function (c) {
+      return el('td', {'class': 'n', 'data-column': c}, [tasks[t][c] || 0]);
+    })));
+  });
+  var title = 'Active tasks (' + WINDOWS[view.window][0] + (names.length > 100 ? ', the 100 busiest of ' +
+    names.length : '') + ')';
+  return [el('h2', {}, [title]), table('tasks', ['task'].concat(columns.map(function (c) {
+    return c.replace('state:', '').replace('publication:', ''); })), rows)];
+}
+
+function overview() {
+  return history().then(function (got) {
+    if (!got) { return [got, null]; }
+    return windowTasks(got).then(function (tasks) { return [got, tasks]; });
+  }).then(function (both) {
+    var got = both[0], tasks = both[1];
+    if (!got) { return noSummaries(); }
+    var live = got.live, total = 0;
+    var states = (live.totals || {}).state || {};
+    var rows = Object.keys(states).sort().map(function (s) {
+      total += states[s];
+      return el('tr', {'data-state': s}, [el('td', {}, [s]), el('td', {'class': 'n'}, [states[s]])]);
+    });
+    rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']),
+      el('td', {'class': 'n'}, [total])]));
+    var ends = STATES.copy_ends;
+    var seconds = got.span.step;
+    var perBucket = got.buckets.filter(function (b) {
+      return Object.keys(endsOf(b.moves, 'state')).some(function (e) { return ends.indexOf(e) >= 0; });
+    }).map(function (b) {
+      var e = endsOf(b.moves, 'state');
+      var cellsOf = ends.map(function (end) {
+        var v = (e[end] || {})[view.unit] || 0;
+        return el('td', {'class': 'n', 'data-end': end, 'data-value': v}, [amount(v, view.unit)]);
+      });
+      var throughput = ((e.done || {}).bytes || 0) / seconds;
+      return el('tr', {'data-hour': got.label(b.start)}, [el('td', {}, [got.label(b.start)])].concat(cellsOf, [
+        el('td', {'class': 'n', 'data-end': 'throughput', 'data-value': throughput}, [rate(throughput)]),
+        el('td', {'class': 'n', 'data-backlog': ''}, [b.backlog === null ? '' : b.backlog])]));
+    });
+    var unitName = got.span.step === DAY ? 'day' : 'hour';
+    return [el('h2', {}, ['Files per state']),
+      el('p', {id: 'as-of'}, ['as of ' + when(live.as_of) + ' UTC (monitoring summaries; ' +
+        'backlog ', el('span', {id: 'backlog-now'}, [live.backlog]), ')']),
+      table('states', ['state', 'files'], rows),
+      el('h2', {}, ['Ended per ' + unitName + ' (' + view.unit + ')']), choices(true),
+      svgChart(got, 'state', ends, view.unit),
+      table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput of done copies (MB/s, ' +
+        unitName + ' average)', 'backlog at end (files)']), perBucket)].concat(activeTasks(tasks));
+  });
+}
+
+function agents() {
+  // Every agent instance's heartbeat: how long ago, its last cycle's time and work (the
+  // requests of its partition it had to look at: its backlog), and what that cycle did.
+  return get(FILES + '/_all_docs', {startkey: 'heartbeat:', endkey: 'heartbeat:\ufff0',
+    include_docs: true}).then(function (res) {
+    var now = Date.now() / 1000;
+    var docs = res.rows.map(function (r) { return r.doc; }).filter(Boolean);
+    docs.sort(function (a, b) { return a.agent.localeCompare(b.agent) || a.instance.localeCompare(b.instance); });
+    var rows = docs.map(function (d) {
+      var state = d.stopped ? 'stopped' : (now - d.last_seen > STALE_AFTER ? 'stale' : 'alive');
+      var cycle = d.last_cycle || {};
+      var did = Object.keys(cycle).filter(function (k) {
+        return k !== 'work' && k !== 'seconds' && cycle[k];
+      }).map(function (k) { return k + ' ' + cycle[k]; }).join(', ');
+      return el('tr', {'class': state, 'data-instance': d.instance}, [
+        el('td', {}, [d.agent]), el('td', {}, [d.instance]), el('td', {}, [d.host]),
+        el('td', {}, [when(d.last_seen)]), el('td', {'class': 'n', 'data-column': 'age'},
+          [Math.max(0, Math.round(now - d.last_seen))]), el('td', {}, [state]),
+        el('td', {'class': 'n', 'data-column': 'cycles'}, [d.cycles]),
+        el('td', {'class': 'n', 'data-column': 'seconds'}, [cycle.seconds === undefined ? '' : cycle.seconds]),
+        el('td', {'class': 'n', 'data-column': 'work'}, [cycle.work === undefined ? '' : cycle.work]),
+        el('td', {}, [did || 'nothing'])
+      ]);
+    });
+    return [el('h2', {}, ['Agents']),
+      el('p', {}, ['In red: no heartbeat for ' + STALE_AFTER + ' s; grey: stopped.']),
+      table('agents', ['agent', 'instance', 'host', 'last heartbeat (UTC)', 'age (s)', 'state',
+        'cycles', 'last cycle (s)', 'backlog (requests)', 'last cycle did'], rows)];
+  });
+}
+
+function sumOf(states, names) {
+  return names.reduce(function (n, s) { return n + (states[s] || 0); }, 0);
+}
+
+function liveLinks() {
+  // {links: {"SRC>DST": {source, destination, states: {state: files}}}, errors: {link: {class:
+  // failed attempts}}} from the live summary (null before the first one).
+  return summary('monitor:live:links').then(function (doc) {
+    if (!doc) { return null; }
+    var links = {};
+    Object.keys(doc.links || {}).forEach(function (name) {
+      var parts = name.split('>');
+      links[name] = {source: parts[0], destination: parts[1], states: doc.links[name]};
+    });
+    return {links: links, errors: doc.errors || {}};
+  });
+}
+
+function links() {
+  return liveLinks().then(function (got) {
+    if (!got) { return noSummaries(); }
+    var all = got.links, errors = got.errors;
+    var names = Object.keys(all);
+    var sources = [], destinations = [];
+    names.forEach(function (n) {
+      if (sources.indexOf(all[n].source) < 0) { sources.push(all[n].source); }
+      if (destinations.indexOf(all[n].destination) < 0) { destinations.push(all[n].destination); }
+    });
+    sources.sort(); destinations.sort();
+    var matrix = sources.map(function (src) {
+      return el('tr', {'data-source': src}, [el('th', {}, [src])].concat(destinations.map(function (dst) {
+        var link = all[src + '>' + dst];
+        if (!link) { return el('td', {}, ['']); }
+        var s = link.states;
+        return el('td', {'data-link': src + '>' + dst, 'class': 'n'}, [
+          el('a', {href: '#link/' + encodeURIComponent(src + '>' + dst)},
+            [(s.done || 0) + ' / ' + sumOf(s, STATES.failing) + ' / ' + sumOf(s, STATES.in_flight)])]);
+      })));
+    });
+    var ranked = names.map(function (n) {
+      var s = all[n].states, done = s.done || 0, failed = sumOf(s, STATES.failing);
+      return {name: n, done: done, failed: failed,
+        ratio: done + failed ? failed / (done + failed) : 0};
+    }).sort(function (a, b) { return b.ratio - a.ratio || a.name.localeCompare(b.name); });
+    var WORST = 50; // the worst links are what an operator looks for
+    var worst = ranked.slice(0, WORST).map(function (l) {
+      var classes = errors[l.name] || {};
+      var top = Object.keys(classes).sort(function (a, b) { return classes[b] - classes[a]; })
+        .slice(0, 3).map(function (c) { return c + ' ' + classes[c]; }).join(', ');
+      return el('tr', {'data-link': l.name}, [
+        el('td', {}, [el('a', {href: '#link/' + encodeURIComponent(l.name)}, [l.name])]),
+        el('td', {'class': 'n'}, [l.done]), el('td', {'class': 'n'}, [l.failed]),
+        el('td', {'class': 'n'}, [(100 * l.ratio).toFixed(1) + ' %']), el('td', {}, [top])]);
+    });
+    return [el('h2', {}, ['Links: done / failed / active']),
+      table('matrix', ['source \\ destination'].concat(destinations), matrix),
+      el('h2', {}, ['Worst links first' + (ranked.length > WORST ? ' (' + WORST + ' of ' +
+        ranked.length + ')' : '')]),
+      table('worst', ['link', 'done', 'failed', 'failure ratio',
+        'top error classes (failed attempts)'], worst)];
+  });
+}
+
+function link(name) {
+  // One link: its files per state and its tasks (the `links` view, one key range), and the
+  // error classes of its failed attempts (the live summary).
+  var parts = name.split('>');
+  if (parts.length !== 2) { return Promise.reject(new NotFound('A link is named SOURCE>DESTINATION, not ' + name + '.')); }
+  return Promise.all([
+    get(DDOC + 'links', {start_key: [parts[0], parts[1]], end_key: [parts[0], parts[1], {}], group_level: 4}),
+    summary('monitor:live:links')
+  ]).then(function (got) {
+    if (!got[0].rows.length) { throw new NotFound('No files go from ' + parts[0] + ' to ' + parts[1] + '.'); }
+    var states = got[0].rows.filter(function (r) { return r.key[2] === 'state'; });
+    var tasks = got[0].rows.filter(function (r) { return r.key[2] === 'task'; });
+    var classes = ((got[1] || {}).errors || {})[name] || {};
+    var stateRows = states.map(function (r) {
+      return el('tr', {'data-state': r.key[3]}, [el('td', {}, [r.key[3]]), el('td', {'class': 'n'}, [r.value])]);
+    });
+    var taskRows = tasks.map(function (r) {
+      return el('tr', {'data-task': r.key[3]}, [
+        el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(r.key[3])}, [r.key[3]])]),
+        el('td', {'class': 'n'}, [r.value])]);
+    });
+    var errorRows = Object.keys(classes).sort(function (a, b) { return classes[b] - classes[a]; }).map(function (c) {
+      return el('tr', {'data-class': c}, [el('td', {}, [c]), el('td', {'class': 'n'}, [classes[c]])]);
+    });
+    return [el('h2', {}, ['Link ' + parts[0] + ' → ' + parts[1]]),
+      table('link-states', ['state', 'files'], stateRows),
+      el('h2', {}, ['Failed attempts by error class']),
+      errorRows.length ? table('link-errors', ['error class', 'failed attempts'], errorRows)
+        : el('p', {id: 'link-errors'}, ['none']),
+      el('h2', {}, ['Tasks with files on this link']),
+      table('link-tasks', ['task', 'files'], taskRows)];
+  });
+}
+
+function users() {
+  return summary('monitor:live:users').then(function (doc) {
+    if (!doc) { return noSummaries(); }
+    var byUser = doc.users || {}, states = [];
+    Object.keys(byUser).forEach(function (u) {
+      Object.keys(byUser[u]).forEach(function (s) {
+        if (states.indexOf(s) < 0) { states.push(s); }
+      });
+    });
+    states.sort();
+    var rows = Object.keys(byUser).sort().map(function (u) {
+      var total = states.reduce(function (n, s) { return n + (byUser[u][s] || 0); }, 0);
+      return el('tr', {'data-user': u}, [el('td', {}, [el('a', {href: '#user/' + encodeURIComponent(u)}, [u])])].concat(states.map(function (s) {
+        return el('td', {'class': 'n', 'data-state': s}, [byUser[u][s] || 0]);
+      })).concat([el('td', {'class': 'n', 'data-state': 'total'}, [total])]));
+    });
+    return [el('h2', {}, ['Users: files per state']),
+      el('p', {}, ['as of ' + when(doc.as_of) + ' UTC; each name opens the user\'s page.']),
+      table('users', ['user'].concat(states, ['total']), rows)];
+  });
+}
+
+function user(name) {
+  // One user: their files per state (live summary) and the tasks they were active in over the
+  // last 24 hours (the live summary's task tallies, which record each task's user).
+  return Promise.all([summary('monitor:live:users'), summary('monitor:live')]).then(function (got) {
+    if (!got[0] || !got[1]) { return noSummaries(); }
+    var mine = (got[0].users || {})[name];
+    var tasks = {};
+    Object.keys(got[1].tasks || {}).forEach(function (t) {
+      if (got[1].tasks[t]['user:' + name]) { tasks[t] = got[1].tasks[t]; }
+    });
+    if (!mine && !Object.keys(tasks).length) {
+      throw new NotFound('No user called ' + name + ' has files here.');
+    }
+    mine = mine || {};
+    var total = Object.keys(mine).reduce(function (n, s) { return n + mine[s]; }, 0);
+    var rows = Object.keys(mine).sort().map(function (s) {
+      return el('tr', {'data-state': s}, [el('td', {}, [s]), el('td', {'class': 'n'}, [mine[s]])]);
+    });
+    rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']), el('td', {'class': 'n'}, [total])]));
+    var failing = sumOf(mine, STATES.failing), inFlight = sumOf(mine, STATES.on_its_way);
+    var saved = view;
+    view = {window: '24h', unit: 'files', until: ''};
+    var active = activeTasks(tasks);
+    view = saved;
+    active[0].textContent = 'Tasks active in the last 24 hours';
+    active[1].setAttribute('id', 'user-tasks');
+    return [el('h2', {}, ['User ' + name]),
+      el('p', {id: 'user-summary'}, [total + ' files: ' + (mine.done || 0) + ' done, ' + inFlight +
+        ' on their way, ' + failing + ' failed or failing (as of ' + when(got[0].as_of) + ' UTC)']),
+      table('user-states', ['state', 'files'], rows)].concat(active);
+  });
+}
+
+function publication() {
+  var ends = STATES.publication_ends;
+  var outcomes = history().then(function (got) {
+    if (!got) { return [got, null]; }
+    return windowTasks(got).then(function (active) { return [got, active]; });
+  }).then(function (both) {
+    var got = both[0], active = both[1];
+    if (!got) { return noSummaries(); }
+    var tasks = {};
+    Object.keys(active || {}).forEach(function (t) {
+      ends.forEach(function (e) {
+        var n = active[t]['publication:' + e] || 0;
+        if (n) { tasks[t] = tasks[t] || {}; tasks[t][e] = n; }
+      });
+    });
+    var taskRows = Object.keys(tasks).sort().map(function (t) {
+      return el('tr', {'data-task': t}, [el('td', {}, [el('a', {href: '#task/' +
+        encodeURIComponent(t)}, [t])])].concat(ends.map(function (e) {
+        return el('td', {'class': 'n', 'data-state': e}, [tasks[t][e] || 0]);
+      })));
+    });
+    var rows = got.buckets.filter(function (b) {
+      var e = endsOf(b.moves, 'publication');
+      return ends.some(function (end) { return e[end]; });
+    }).map(function (b) {
+      var e = endsOf(b.moves, 'publication');
+      return el('tr', {'data-hour': got.label(b.start)}, [el('td', {}, [got.label(b.start)])].concat(ends.map(function (end) {
+        return el('td', {'class': 'n', 'data-end': end}, [(e[end] || {}).files || 0]);
+      })));
+    });
+    return [el('h2', {}, ['Publication outcomes per task (' + WINDOWS[view.window][0] + ')']), choices(false),
+      table('publication-tasks', ['task'].concat(ends), taskRows),
+      el('h2', {}, ['Publication outcomes per ' + (got.span.step === DAY ? 'day' : 'hour')]),
+      svgChart(got, 'publication', ends, 'files'),
+      table('publication-hourly', ['UTC'].concat(ends), rows)];
+  });
+  var failed = get(DDOC + 'publication_problems', {}).then(function (res) {
+    var rows = res.rows.map(function (r) {
+      return el('tr', {'data-id': r.id}, [el('td', {}, [r.key[1]]), el('td', {}, [r.key[2]]),
+        el('td', {}, [el('a', {href: '#file/' + r.id}, [r.key[0]])]),
+        el('td', {'class': 'n'}, [r.value.attempts]), el('td', {}, [r.value.error || ''])]);
+    });
+    return [el('h2', {}, ['Failed publications']),
+      rows.length ? table('publication-failed', ['task', 'job', 'state', 'attempts', 'reason'], rows)
+        : el('p', {id: 'publication-failed'}, ['none'])];
+  });
+  return Promise.all([outcomes, failed]).then(function (parts) {
+    return parts[0].concat(parts[1]);
+  });
+}
+
+var TASK_PAGE = 500; // file rows per page of a task
+
+function task(name) {
+  // A task: its files per state of each axis at the top (each count filters the list), then its
+  // files in job order (numeric), each linked to its page; ?state= keeps the filter, ?from= the
+  // page (the key of the first row shown).
+  var filter = PARAMS.state || '';
+  return Promise.all([
+    get(DDOC + 'task_states', {start_key: [name], end_key: [name, {}], group_level: 3}),
+    get(DDOC + 'by_task', {start_key: [name], end_key: [name, {}]})
+  ]).then(function (got) {
+    if (!got[1].rows.length) { throw new NotFound('No files of task ' + name + ' are recorded here.'); }
+    var counts = {state: {}, cleanup: {}, publication: {}};
+    got[0].rows.forEach(function (r) { counts[r.key[1]][r.key[2]] = r.value; });
+    var countRows = ['state', 'cleanup', 'publication'].map(function (axis) {
+      var names = Object.keys(counts[axis]).sort();
+      return el('tr', {'data-axis': axis}, [el('th', {}, [axis])].concat([el('td', {}, names.map(function (s, i) {
+        var link = el('a', {href: taskAddress(name, axis === 'state' ? {state: s} : {}),
+          'data-state': s, 'data-count': counts[axis][s]}, [s + ' ' + counts[axis][s]]);
+        return el('span', {}, [i ? ', ' : '', axis === 'state' ? link : s + ' ' + counts[axis][s]]);
+      }))]));
+    });
+    var all = got[1].rows, total = all.length;
+    var shown = filter ? all.filter(function (r) { return r.value.state === filter; }) : all;
+    var first = Number(PARAMS.page || 0);
+    var page = shown.slice(first * TASK_PAGE, (first + 1) * TASK_PAGE);
+    var rows = page.map(function (r) {
+      var v = r.value, lfn = v.destination_lfn || '';
+      return el('tr', {'data-id': r.id, 'data-state': v.state}, [
+        el('td', {'class': 'n'}, [v.job_id]), el('td', {}, [r.key[2]]),
+        el('td', {}, [el('a', {href: '#file/' + encodeURIComponent(r.id), title: lfn},
+          [lfn.slice(lfn.lastIndexOf('/') + 1) || r.id])]),
+        el('td', {'class': 'n', 'data-value': v.size}, [bytes(v.size || 0)]),
+        el('td', {}, [v.state]), el('td', {}, [v.cleanup]), el('td', {}, [v.publication]),
+        el('td', {'class': 'n'}, [v.attempts]), el('td', {}, [when(v.last_update)]),
+        el('td', {}, [v.reason ? (v.error_class ? v.error_class + ': ' : '') + v.reason : ''])
+      ]);
+    });
+    var select = el('select', {id: 'state-filter'}, [el('option', {value: ''}, ['all states'])].concat(
+      Object.keys(counts.state).sort().map(function (s) {
+        var opt = el('option', {value: s}, [s]);
+        if (s === filter) { opt.setAttribute('selected', 'selected'); }
+        return opt;
+      })));
+    select.addEventListener('change', function () { location.hash = taskAddress(name, {state: select.value}); });
+    var pages = Math.ceil(shown.length / TASK_PAGE), nav = [];
+    if (first > 0) { nav.push(el('a', {href: taskAddress(name, {state: filter, page: first - 1}), id: 'previous'}, ['← previous'])); }
+    if (first + 1 < pages) { nav.push(el('a', {href: taskAddress(name, {state: filter, page: first + 1}), id: 'next'}, ['next →'])); }
+    return [el('h2', {}, ['Task ' + name]),
+      table('task-counts', ['axis', 'files per state (' + total + ' in all)'], countRows),
+      el('p', {'class': 'choices'}, ['show ', select, ' — ' + shown.length + ' files' +
+        (pages > 1 ? ', page ' + (first + 1) + ' of ' + pages : '')]),
+      table('files', ['job', 'type', 'file (its page)', 'size', 'state', 'cleanup', 'publication',
+        'attempts', 'last change (UTC)', 'current failure'], rows),
+      el('p', {}, nav)];
+  });
+}
+
+function taskAddress(name, params) {
+  var query = Object.keys(params).filter(function (k) { return params[k] !== '' && params[k] !== undefined && params[k] !== 0; })
+    .map(function (k) { return k + '=' + encodeURIComponent(params[k]); }).join('&');
+  return '#task/' + encodeURIComponent(name) + (query ? '?' + query : '');
+}
+
+function jobLink(attempt) {
+  // The transfer job in the FTS web monitor, when the configuration names its link template.
+  var template = (SETTINGS || {}).transfer_job_url;
+  if (!template) { return attempt.job_id; }
+  return el('a', {href: template.replace('{job_id}', encodeURIComponent(attempt.job_id)),
+    'class': 'job', target: '_blank', rel: 'noopener'}, [attempt.job_id]);
+}
+
+function file(id) {
+  return get(FILES + '/' + encodeURIComponent(id)).catch(function (err) {
+    if (err instanceof NotFound) {
+      throw new NotFound('No file with id ' + id + ' is recorded here: it was never uploaded, ' +
+        'or it ended long enough ago to be purged (the summaries still count it).');
+    }
+    throw err;
+  }).then(function (doc) {
+    var rows = (doc.history || []).map(function (h) {
+      return el('tr', {}, [el('td', {}, [when(h.at)]), el('td', {}, [h.axis]),
+        el('td', {}, [h.from === null ? '' : h.from]), el('td', {}, [h.to]),
+        el('td', {}, [h.by]), el('td', {}, [h.reason || ''])]);
+    });
+    var attempts = (doc.attempts || []).map(function (a, i) {
+      return el('tr', {'data-job': a.job_id}, [el('td', {'class': 'n'}, [i + 1]),
+        el('td', {}, [jobLink(a)]), el('td', {}, [a.service]), el('td', {}, [when(a.submitted)]),
+        el('td', {}, [when(a.ended)]), el('td', {}, [a.outcome || '']),
+        el('td', {}, [a.error_class || '']), el('td', {}, [a.reason || ''])]);
+    });
+    var link = doc.source + '>' + doc.destination;
+    return [el('h2', {}, [doc.destination_lfn]),
+      el('p', {id: 'file-facts'}, ['task ', el('a', {href: '#task/' + encodeURIComponent(doc.task)}, [doc.task]),
+        ', job ' + doc.job_id + ', user ', el('a', {href: '#user/' + encodeURIComponent(doc.user)}, [doc.user]),
+        ', link ', el('a', {href: '#link/' + encodeURIComponent(link)}, [doc.source + ' → ' + doc.destination]),
+        ', ' + bytes(doc.size || 0) + ' (' + doc.size + ' bytes); now ' + doc.state + ', cleanup ' +
+        doc.cleanup + ', publication ' + doc.publication]),
+      el('p', {}, ['from ' + doc.source_lfn]),
+      el('h2', {}, ['History (each change, by the agent that made it)']),
+      table('history', ['time (UTC)', 'axis', 'from', 'to', 'by', 'reason'], rows),
+      el('h2', {}, ['Transfer attempts']),
+      attempts.length ? table('attempts', ['#', 'transfer job', 'service', 'submitted (UTC)', 'ended (UTC)',
+        'outcome', 'error class', 'reason'], attempts) : el('p', {id: 'attempts'}, ['none yet'])];
+  });
+}
+
+// The pages by the first part of their address.
+var PAGES_OF = {overview: overview, agents: agents, links: links, link: link, users: users,
+  user: user, publication: publication, task: task, file: file};
+
+function address() {
+  // {page, arg, params} of the address: #page/arg?key=value&...
+  var raw = location.hash.slice(1), q = raw.indexOf('?'), params = {};
+  var path = q < 0 ? raw : raw.slice(0, q);
+  (q < 0 ? '' : raw.slice(q + 1)).split('&').forEach(function (pair) {
+    if (!pair) { return; }
+    var i = pair.indexOf('=');
+    params[decodeURIComponent(i < 0 ? pair : pair.slice(0, i))] =
+      i < 0 ? '' : decodeURIComponent(pair.slice(i + 1));
+  });
+  path = decodeURIComponent(path) || 'overview';
+  var slash = path.indexOf('/');
+  return {page: slash < 0 ? path : path.slice(0, slash), arg: slash < 0 ? '' : path.slice(slash + 1),
+    params: params};
+}
+
+function setParam(name, value) {
+  // A choice made on a page goes into its address (a default is left out): reloads, bookmarks
+  // and links keep it.
+  var a = address();
+  a.params[name] = value;
+  var query = Object.keys(a.params).filter(function (k) {
+    return a.params[k] !== '' && DEFAULT_VIEW[k] !== a.params[k];
+  }).map(function (k) { return encodeURIComponent(k) + '=' + encodeURIComponent(a.params[k]); });
+  location.hash = '#' + a.page + (a.arg ? '/' + encodeURIComponent(a.arg) : '') +
+    (query.length ? '?' + query.join('&') : '');
+}
+
+function viewOf(params) {
+  return {
+    window: WINDOWS[params.window] ? params.window : DEFAULT_VIEW.window,
+    unit: params.unit === 'bytes' ? 'bytes' : DEFAULT_VIEW.unit,
+    until: /^[0-9]{4}-[0-9]{2}-[0-9]{2}$/.test(params.until || '') ? params.until : ''
+  };
+}
+
+function session() {
+  // {name, roles, how} of whoever the store sees (name null: nobody).
+  return fetch('/_session', {credentials: 'same-origin'}).then(function (r) { return r.json(); })
+    .then(function (body) {
+      var ctx = body.userCtx || {};
+      return {name: ctx.name || null, roles: ctx.roles || [], how: (body.info || {}).authenticated};
+    });
+}
+
+function showWho(who) {
+  var place = document.getElementById('who');
+  if (!who.name) { place.replaceChildren(); return; }
+  var parts = ['logged in as ', el('strong', {}, [who.name])];
+  if (who.how === 'cookie') { // a certificate cannot be logged out of from a page
+    var out = el('button', {id: 'logout', type: 'button'}, ['log out']);
+    out.addEventListener('click', function () {
+      fetch('/_session', {method: 'DELETE', credentials: 'same-origin'}).then(function () {
+        showWho({name: null});
+        show('login', loginPage('Logged out.'));
+      });
+    });
+    parts.push(' ', out);
+  }
+  place.replaceChildren.apply(place, parts);
+}
+
+function loginPage(message) {
+  // A store account's name and password, sent to the store's _session: it answers with a
+  // session cookie (HttpOnly) that every read of the pages then carries.
+  var name = el('input', {id: 'login-name', name: 'name', autocomplete: 'username', required: 'required'});
+  var password = el('input', {id: 'login-password', type: 'password', name: 'password',
+    autocomplete: 'current-password', required: 'required'});
+  var said = el('p', {'class': 'error', id: 'login-message', role: 'alert'}, [message || '']);
+  var form = el('form', {id: 'login'}, [
+    el('h2', {}, ['Log in']),
+    el('p', {}, ['With your account of this store (its name and password). Through the front ' +
+      'end, a certificate in your browser logs you in and this page is not shown.']),
+    el('p', {}, [el('label', {'for': 'login-name'}, ['name ']), name]),
+    el('p', {}, [el('label', {'for': 'login-password'}, ['password ']), password]),
+    el('p', {}, [el('button', {type: 'submit', id: 'login-submit'}, ['log in'])]), said]);
+  form.addEventListener('submit', function (event) {
+    event.preventDefault();
+    said.textContent = '';
+    fetch('/_session', {method: 'POST', credentials: 'same-origin',
+      headers: {'Content-Type': 'application/json', 'Accept': 'application/json'},
+      body: JSON.stringify({name: name.value, password: password.value})}).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (body) {
+        if (!r.ok) {
+          said.textContent = 'Not logged in: ' + (body.reason || 'HTTP ' + r.status);
+          return;
+        }
+        if (address().page === 'login') { location.hash = '#overview'; } else { route(); }
+      });
+    }).catch(function (err) { said.textContent = 'Not logged in: ' + (err.message || err); });
+  });
+  return [form];
+}
+
+function notFoundPage(message) {
+  var pages = Object.keys(PAGES_OF).filter(function (p) {
+    return ['link', 'user', 'task', 'file'].indexOf(p) < 0;
+  });
+  return [el('h2', {}, ['Not found']), el('p', {'class': 'error', id: 'not-found'}, [message]),
+    el('p', {}, ['The pages: '].concat(pages.map(function (p, i) {
+      return el('span', {}, [i ? ', ' : '', el('a', {href: '#' + p}, [p])]);
+    })))];
+}
+
+function show(page, nodes) {
+  var main = document.getElementById('page');
+  main.replaceChildren.apply(main, nodes);
+  document.body.setAttribute('data-page', page);
+}
+
+var ROUTED = 0; // the latest route()'s number: an earlier one that ends later shows nothing
+
+function route() {
+  var mine = ++ROUTED;
+  var a = address();
+  PARAMS = a.params;
+  view = viewOf(a.params);
+  var render = PAGES_OF[a.page];
+  var shown;
+  if (a.page === 'login') {
+    shown = session().then(function (who) {
+      if (who.name) { location.hash = '#overview'; return null; }
+      return loginPage('');
+    });
+  } else if (!render) {
+    shown = Promise.reject(new NotFound('There is no page called "' + a.page + '".'));
+  } else {
+    // The settings first: every page groups states as they say (STATES).
+    shown = settings().then(function () { return render(a.arg); });
+  }
+  return shown.then(function (nodes) {
+    if (!nodes || mine !== ROUTED) { return; }
+    show(a.page, nodes);
+    document.getElementById('refreshed').textContent = 'as of ' + when(Date.now() / 1000) + ' UTC';
+    return session().then(showWho);
+  }).catch(function (err) {
+    if (mine !== ROUTED) { return; }
+    if (err instanceof LoginNeeded) {
+      show('login', loginPage(''));
+    } else if (err instanceof NotFound) {
+      show('not-found', notFoundPage(err.message));
+    } else {
+      show('error', [el('p', {'class': 'error', id: 'page-error'}, [String(err.message || err)])]);
+    }
+  });
+}
+
+function refresh() {
+  // Every REFRESH ms, unless a login is being typed.
+  if (document.body.getAttribute('data-page') !== 'login') { route(); }
+}
+
+window.addEventListener('hashchange', route);
+setInterval(refresh, REFRESH);
+route();
