@@ -19,6 +19,10 @@ its error class). Events are counted in the UTC hour they happened in:
 * `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
             how (hour documents and the live document's open hours only); and
             "user:NAME" → events, which tells whose task it is
+* `link_hours` "SRC>DST" → [copies done, bytes done, failed attempts]: each link's throughput
+            and success rate over time (hour and day documents, open hours)
+* `failures` "SRC>DST" → error class → message pattern (`error_pattern`) → [failed attempts,
+            first seen, last seen, up to SAMPLES request ids]: the errors page (idem)
 
 Added up from the first event on, the moves give the files per state of every axis, exactly
 what the documents say (`totals`), and the backlog (new + retry + acquired + submitted).
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -86,8 +91,32 @@ ATTEMPT = "attempt"  # the pseudo-axis of failed attempts in events
 # the design document).
 BACKLOG = model.ON_ITS_WAY
 
-# An event: (at, axis, from, to); for a failed attempt (ended, "attempt", None, error class).
+# An event: (at, axis, from, to); for a failed attempt (ended, "attempt", the reason's pattern,
+# error class).
 Event = tuple[float, str, str | None, str]
+SAMPLES = 3  # request ids kept per error message pattern and hour
+
+# What varies between failures of one cause: URLs, paths, ids, counts. The errors page groups
+# reasons by what is left (`error_pattern`).
+_VARYING = (
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), "<url>"),
+    (re.compile(r"(?<![\w.])/[^\s,;:'\"]+"), "<path>"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<id>"),
+    (re.compile(r"\b(?=[0-9a-f]*[0-9])[0-9a-f]{8,}\b", re.I), "<id>"),
+    (re.compile(r"\b\d+(\.\d+)?\s*(s|ms|seconds|bytes|B|kB|MB|GB)\b"), "<n> \\2"),
+    (re.compile(r"\b\d{4,}\b"), "<n>"),
+)
+PATTERN_CHARS = 200
+
+
+def error_pattern(reason: str | None) -> str:
+    """A failure's reason with what varies between failures of one cause replaced by
+    placeholders: 'connection refused by /store/a/1.root at 10:22' and '... /store/b/2.root'
+    are one pattern."""
+    text = " ".join((reason or "").split())
+    for pattern, placeholder in _VARYING:
+        text = pattern.sub(placeholder, text)
+    return text[:PATTERN_CHARS] or "(no reason given)"
 
 
 @dataclass(frozen=True)
@@ -98,6 +127,7 @@ class Meta:
     link: str
     user: str
     task: str
+    doc_id: str = ""
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Meta:
@@ -106,6 +136,7 @@ class Meta:
             f"{doc.get('source')}>{doc.get('destination')}",
             str(doc.get("user")),
             str(doc.get("task")),
+            str(doc.get("_id") or ""),
         )
 
 
@@ -132,7 +163,8 @@ def events_of(doc: Mapping[str, Any]) -> list[Event]:
     for attempt in doc.get("attempts") or []:
         if attempt.get("outcome") == "failed" and attempt.get("ended") is not None:
             cls = attempt.get("error_class") or "unknown"
-            out.append((float(attempt["ended"]), ATTEMPT, None, cls))
+            reason = error_pattern(attempt.get("reason"))
+            out.append((float(attempt["ended"]), ATTEMPT, reason, cls))
     return out
 
 
@@ -166,21 +198,34 @@ class Tally:
     users: dict[str, dict[str, int]] = field(default_factory=dict)
     errors: dict[str, dict[str, int]] = field(default_factory=dict)
     tasks: dict[str, dict[str, int]] = field(default_factory=dict)
+    link_hours: dict[str, list[int]] = field(default_factory=dict)
+    failures: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)
 
     def count(
         self, event: Event, meta: Meta, *, moves: bool = True, dims: bool = True, tasks: bool = True
     ) -> None:
         """Count one event; or only its moves, or only its links, users and errors (an hour's
         own tally needs only its moves and tasks: thousands of hours of links would not fit)."""
-        _, axis, frm, to = event
+        at, axis, frm, to = event
         if axis == ATTEMPT:
             if dims:
                 _bump(self.errors, meta.link, to, 1)
+            if moves:  # an hour's own: which link failed, how, and which files
+                self.link_hours.setdefault(meta.link, [0, 0, 0])[2] += 1
+                merge_failure(
+                    self.failures.setdefault(meta.link, {}).setdefault(to, {}),
+                    frm or "",
+                    [1, at, at, [meta.doc_id] if meta.doc_id else []],
+                )
             return
         if moves:
             move = self.moves.setdefault(axis, {}).setdefault(f"{frm or ''}>{to}", [0, 0])
             move[0] += 1
             move[1] += meta.size
+            if axis == model.STATE and to == "done":
+                done = self.link_hours.setdefault(meta.link, [0, 0, 0])
+                done[0] += 1
+                done[1] += meta.size
         if axis == model.STATE and dims:
             _bump(self.links, meta.link, to, 1)
             _bump(self.users, meta.user, to, 1)
@@ -209,6 +254,17 @@ class Tally:
             for outer, row in theirs.items():
                 for inner, n in row.items():
                     _bump(table, outer, inner, n)
+        if not tasks:  # the per-hour detail is summed over hours and days, never cumulated
+            return
+        for link, figures in other.link_hours.items():
+            mine_link = self.link_hours.setdefault(link, [0, 0, 0])
+            for i, n in enumerate(figures):
+                mine_link[i] += n
+        for link, classes in other.failures.items():
+            for cls, patterns in classes.items():
+                into = self.failures.setdefault(link, {}).setdefault(cls, {})
+                for pattern, entry in patterns.items():
+                    merge_failure(into, pattern, entry)
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Files per state of each axis: every move adds one to its `to` and takes one from its
@@ -236,6 +292,8 @@ class Tally:
         }
         if tasks:
             out["tasks"] = self.tasks
+            out["link_hours"] = self.link_hours
+            out["failures"] = self.failures
         return out
 
     @classmethod
@@ -248,9 +306,28 @@ class Tally:
                 users=dict(data.get("users", {})),
                 errors=dict(data.get("errors", {})),
                 tasks=dict(data.get("tasks", {})),
+                link_hours=dict(data.get("link_hours", {})),
+                failures=dict(data.get("failures", {})),
             )
         )
         return tally
+
+
+def merge_failure(into: dict[str, list[Any]], pattern: str, entry: list[Any]) -> None:
+    """Add `entry` ([failed attempts, first seen, last seen, request ids]) to `into`'s entry of
+    `pattern`: counts add up, the first and last seen widen, up to SAMPLES ids are kept."""
+    mine = into.get(pattern)
+    if mine is None:
+        into[pattern] = [entry[0], entry[1], entry[2], list(entry[3][:SAMPLES])]
+        return
+    mine[0] += entry[0]
+    mine[1] = min(mine[1], entry[1])
+    mine[2] = max(mine[2], entry[2])
+    for doc_id in entry[3]:
+        if len(mine[3]) >= SAMPLES:
+            break
+        if doc_id not in mine[3]:
+            mine[3].append(doc_id)
 
 
 def backlog(totals: Mapping[str, Mapping[str, int]]) -> int:
@@ -477,6 +554,8 @@ class Aggregator:
                     "hour": hour_name(start),
                     "start": start,
                     "moves": tally.moves,
+                    "link_hours": tally.link_hours,
+                    "failures": tally.failures,
                     "totals": totals,
                     "backlog": backlog(totals),
                 }
@@ -530,7 +609,15 @@ class Aggregator:
         for day, hour_docs in sorted(by_day.items()):
             tally = Tally()
             for h in hour_docs:
-                tally.add(Tally.from_json({"moves": h["moves"]}))
+                tally.add(
+                    Tally.from_json(
+                        {
+                            "moves": h["moves"],
+                            "link_hours": h.get("link_hours", {}),
+                            "failures": h.get("failures", {}),
+                        }
+                    )
+                )
             last = max(hour_docs, key=lambda h: h["start"])
             docs.append(
                 {
@@ -539,6 +626,8 @@ class Aggregator:
                     "day": day,
                     "start": (last["start"] // DAY) * DAY,
                     "moves": tally.moves,
+                    "link_hours": tally.link_hours,
+                    "failures": tally.failures,
                     "totals": last["totals"],
                     "backlog": last["backlog"],
                     "backlog_max": max(h["backlog"] for h in hour_docs),
@@ -586,7 +675,13 @@ class Aggregator:
             "totals": totals,
             "backlog": backlog(totals),
             "open": [
-                {"hour": hour_name(start), "start": start, "moves": t.moves}
+                {
+                    "hour": hour_name(start),
+                    "start": start,
+                    "moves": t.moves,
+                    "link_hours": t.link_hours,
+                    "failures": t.failures,
+                }
                 for start, t in sorted(open_hours.items())
             ],
             "tasks_since": as_of - RECENT,

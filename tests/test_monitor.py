@@ -64,7 +64,11 @@ def lifecycle(start: float, rng: random.Random, **overrides: Any) -> dict[str, A
         return doc
     attempt = {"job_id": uuid.uuid4().hex, "service": "sim", "submitted": t}
     if steps in ("failed", "retry"):
-        attempt.update(ended=t + 60, outcome="failed", error_class=rng.choice(["timeout", "io"]))
+        cls = rng.choice(["timeout", "io"])
+        # Reasons that differ only in what varies (the file, a count): one pattern per class.
+        path = f"/store/user/{doc['user']}/{uuid.uuid4().hex}.root"
+        reason = f"{cls} copying {path} after {rng.randint(10, 999)} s"
+        attempt.update(ended=t + 60, outcome="failed", error_class=cls, reason=reason)
         step(model.STATE, "failed_attempt", attempts=[attempt])
         step(model.STATE, "failed" if steps == "failed" else "retry")
         return doc
@@ -104,6 +108,59 @@ def direct_moves(docs: list[dict[str, Any]], start: float, end: float) -> dict[s
     return moves
 
 
+def direct_link_hours(docs: list[dict[str, Any]], start: float, end: float) -> dict[str, list]:
+    """SRC>DST → [copies done, bytes done, failed attempts] in [start, end), from the documents."""
+    out: dict[str, list[int]] = {}
+    for d in docs:
+        link = f"{d['source']}>{d['destination']}"
+        for h in d["history"]:
+            if h["axis"] == model.STATE and h["to"] == "done" and start <= h["at"] < end:
+                row = out.setdefault(link, [0, 0, 0])
+                row[0] += 1
+                row[1] += d["size"]
+        for a in d.get("attempts", []):
+            if a["outcome"] == "failed" and start <= a["ended"] < end:
+                out.setdefault(link, [0, 0, 0])[2] += 1
+    return out
+
+
+def direct_failures(docs: list[dict[str, Any]], start: float, end: float) -> dict:
+    """(link, class, pattern) → (failed attempts, first, last) in [start, end): the pattern is
+    the reason with its path and count replaced, as the test's reasons are made."""
+    out: dict[tuple[str, str, str], list] = {}
+    for d in docs:
+        for a in d.get("attempts", []):
+            if a["outcome"] == "failed" and start <= a["ended"] < end:
+                pattern = f"{a['error_class']} copying <path> after <n> s"
+                key = (f"{d['source']}>{d['destination']}", a["error_class"], pattern)
+                row = out.setdefault(key, [0, a["ended"], a["ended"]])
+                row[0] += 1
+                row[1], row[2] = min(row[1], a["ended"]), max(row[2], a["ended"])
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def failure_counts(failures: dict) -> dict:
+    return {
+        (link, cls, pattern): (entry[0], entry[1], entry[2])
+        for link, classes in failures.items()
+        for cls, patterns in classes.items()
+        for pattern, entry in patterns.items()
+    }
+
+
+def check_samples(failures: dict, docs: list[dict[str, Any]]) -> None:
+    """Each sample is a request that failed that way, at most SAMPLES of them."""
+    by_id = {d["_id"]: d for d in docs}
+    for link, classes in failures.items():
+        for cls, patterns in classes.items():
+            for entry in patterns.values():
+                assert 1 <= len(entry[3]) <= summaries.SAMPLES
+                for doc_id in entry[3]:
+                    doc = by_id[doc_id]
+                    assert f"{doc['source']}>{doc['destination']}" == link
+                    assert any(a.get("error_class") == cls for a in doc["attempts"])
+
+
 def check_against(
     stats_db: Database, docs: list[dict[str, Any]], closed_end: float
 ) -> dict[str, Any]:
@@ -120,6 +177,15 @@ def check_against(
         assert got == expected, summaries.hour_name(start)
         start += HOUR
     assert all(s < closed_end for s in hours)
+    # Each closed hour's links (copies and bytes done, failed attempts) and failures by link,
+    # class and message pattern, with when they were first and last seen and sample files.
+    for start, hour in hours.items():
+        assert hour["link_hours"] == direct_link_hours(docs, start, start + HOUR)
+        assert failure_counts(hour["failures"]) == direct_failures(docs, start, start + HOUR)
+        check_samples(hour["failures"], docs)
+    for h in live["open"]:
+        assert h["link_hours"] == direct_link_hours(docs, h["start"], h["start"] + HOUR)
+        assert failure_counts(h["failures"]) == direct_failures(docs, h["start"], h["start"] + HOUR)
     # The live document's open hours and the closed ones add up to every event.
     open_moves = Counter()
     for h in live["open"]:
@@ -147,6 +213,7 @@ def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database])
     assert aggregator.closed_end == T0 - HOUR
     hours = check_against(stats_db, requests(files), T0 - HOUR)
     assert len(report.closed) == len(hours)
+    assert sum(len(h["failures"]) for h in hours.values()) >= 10  # the check above had work
     # Days: the two full days before T0's day; each holds the sum of its hours and its end.
     days = stats_db.all_docs(summaries.DAY_PREFIX, "monitor:day;")
     assert [d["day"] for d in days] == report.days
