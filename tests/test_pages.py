@@ -13,6 +13,7 @@ import calendar
 import dataclasses
 import time
 from collections import Counter
+from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import expect
@@ -319,6 +320,77 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     page.locator("#files tbody tr a").first.click()
     page.wait_for_selector("#history")
     assert page.locator("#history tbody tr").count() >= 1
+
+    # The errors page: failed attempts per link and per class, as the documents' attempts say,
+    # each message pattern with sample files that failed that way.
+    failed_attempts = [
+        (f"{d['source']}>{d['destination']}", a["error_class"], d["_id"], a["ended"])
+        for d in docs
+        for a in d.get("attempts", [])
+        if a.get("outcome") == "failed"
+    ]
+    assert failed_attempts, "the run was meant to fail on one link"
+    assert loaded("#errors", "#error-groups") <= MAX_REQUESTS
+
+    def group_counts() -> dict[str, int]:
+        return {
+            r.get_attribute("data-group"): int(r.locator("td[data-column='count']").inner_text())
+            for r in page.locator("#error-groups tbody tr").all()
+        }
+
+    assert group_counts() == Counter(link for link, _, _, _ in failed_attempts)
+    messages: Counter = Counter()
+    for r in page.locator("#error-messages tbody tr").all():
+        key = (r.get_attribute("data-link"), r.get_attribute("data-class"))
+        messages[key] += int(r.locator("td[data-column='count']").inner_text())
+        for sample in r.locator("a.sample").all():
+            doc = by_id[sample.get_attribute("href").removeprefix("#file/")]
+            assert f"{doc['source']}>{doc['destination']}" == key[0]
+            assert key[1] in {a.get("error_class") for a in doc["attempts"]}
+    assert messages == Counter((link, cls) for link, cls, _, _ in failed_attempts)
+    page.screenshot(path=str(ARTEFACTS / "errors.png"), full_page=True)
+    page.select_option("#group", "class")  # by class, kept in the address
+    expect(page.locator("#error-groups th").first).to_have_text("error class")
+    assert "group=class" in page.evaluate("location.hash")
+    assert group_counts() == Counter(cls for _, cls, _, _ in failed_attempts)
+    cls = next(iter(group_counts()))
+    page.click(f"#error-groups tr[data-group='{cls}'] a")  # a group is a filter
+    expect(page.locator(f"#error-messages tbody tr:not([data-class='{cls}'])")).to_have_count(0)
+    assert f"class={cls}" in page.evaluate("location.hash")
+
+    # A link's page: copies and bytes done per hour, its throughput and success rate, as the
+    # documents' histories say.
+    copied = next(name for name, c in sorted(per_link.items()) if c["done"])
+    per_hour: dict[str, list] = {}
+    for d in docs:
+        if f"{d['source']}>{d['destination']}" != copied:
+            continue
+        for h in d["history"]:
+            if h["axis"] == "state" and h["to"] == "done":
+                row = per_hour.setdefault(
+                    time.strftime("%Y-%m-%dT%H", time.gmtime(h["at"])), [0, 0]
+                )
+                row[0] += 1
+                row[1] += d["size"]
+    assert loaded(f"#link/{quote(copied)}", "#link-hourly") <= MAX_REQUESTS
+    shown_hours = {
+        r.get_attribute("data-hour"): [
+            int(r.locator("td[data-column='done']").inner_text()),
+            int(r.locator("td[data-column='bytes']").get_attribute("data-value")),
+            float(r.locator("td[data-column='throughput']").get_attribute("data-value")),
+            r.locator("td[data-column='success']").inner_text(),
+        ]
+        for r in page.locator("#link-hourly tbody tr").all()
+    }
+    assert shown_hours == {
+        hour: [n, size, pytest.approx(size / 3600), "100.0 %"]
+        for hour, (n, size) in per_hour.items()
+    }
+    bars = page.locator("#link-chart rect[data-end='throughput']").all()
+    assert {b.get_attribute("data-bucket"): float(b.get_attribute("data-value")) for b in bars} == {
+        hour: pytest.approx(size / 3600) for hour, (_, size) in per_hour.items()
+    }
+    page.screenshot(path=str(ARTEFACTS / "link.png"), full_page=True)
 
     assert loaded("#users", "#users") <= MAX_REQUESTS
     row = page.locator("#users tbody tr[data-user='alice']")

@@ -161,6 +161,38 @@ function addMoves(into, moves) {
   });
 }
 
+function emptyBucket(start) {
+  // moves: axis → "from>to" → [files, bytes]; links: link → [copies done, bytes done, failed
+  // attempts]; failures: link → class → message pattern → [attempts, first, last, ids].
+  return {start: start, moves: {}, links: {}, failures: {}, backlog: null};
+}
+
+function addDetail(bucket, doc) {
+  // A summary document's per-link figures and failures into a bucket (aso/summaries.py).
+  Object.keys(doc.link_hours || {}).forEach(function (link) {
+    var mine = bucket.links[link] = bucket.links[link] || [0, 0, 0];
+    doc.link_hours[link].forEach(function (n, i) { mine[i] += n; });
+  });
+  eachFailure(doc.failures, function (link, cls, pattern, entry) {
+    var into = ((bucket.failures[link] = bucket.failures[link] || {})[cls] =
+      (bucket.failures[link] || {})[cls] || {});
+    var mine = into[pattern];
+    if (!mine) { into[pattern] = [entry[0], entry[1], entry[2], entry[3].slice()]; return; }
+    mine[0] += entry[0]; mine[1] = Math.min(mine[1], entry[1]); mine[2] = Math.max(mine[2], entry[2]);
+    entry[3].forEach(function (id) { if (mine[3].length < 3 && mine[3].indexOf(id) < 0) { mine[3].push(id); } });
+  });
+}
+
+function eachFailure(failures, visit) {
+  Object.keys(failures || {}).forEach(function (link) {
+    Object.keys(failures[link]).forEach(function (cls) {
+      Object.keys(failures[link][cls]).forEach(function (pattern) {
+        visit(link, cls, pattern, failures[link][cls][pattern]);
+      });
+    });
+  });
+}
+
 function history() {
   // The window's buckets: {span, live, buckets: [{start, moves, backlog}]} from the
   // closed hour (or day) documents, the live document's open hours, and the last closed bucket
@@ -184,26 +216,26 @@ function history() {
     if (!live) { return null; }
     var by = {};
     var bucket = function (start) {
-      return by[start] = by[start] || {start: start, moves: {}, backlog: null};
+      return by[start] = by[start] || emptyBucket(start);
     };
     got[1].forEach(function (d) {
       var b = bucket(d.start);
-      addMoves(b.moves, d.moves); b.backlog = d.backlog;
+      addMoves(b.moves, d.moves); addDetail(b, d); b.backlog = d.backlog;
     });
     var closedDay = by[last] !== undefined;
     got[3].forEach(function (d) {
-      if (!closedDay) { addMoves(bucket(last).moves, d.moves); }
+      if (!closedDay) { addMoves(bucket(last).moves, d.moves); addDetail(bucket(last), d); }
     });
     (live.open || []).forEach(function (h) {
       var start = Math.floor(h.start / step) * step;
       if (start < first || start > last) { return; }
-      addMoves(bucket(start).moves, h.moves);
+      addMoves(bucket(start).moves, h.moves); addDetail(bucket(start), h);
     });
     // The backlog at each bucket's end: a closed bucket says it; otherwise the one before plus
     // what this bucket's moves added to it (open hours, the day so far, or nothing).
     var carry = got[2].rows.length ? got[2].rows[0].doc.backlog : 0;
     var buckets = span.starts.map(function (start) {
-      var b = by[start] || {start: start, moves: {}, backlog: null};
+      var b = by[start] || emptyBucket(start);
       if (start > live.as_of) {
         b.backlog = null; // not yet
       } else {
@@ -231,12 +263,13 @@ function bytes(n) {
   // 1234567 → "1.23 MB" (SI units, as transfer services show them).
   var units = ['B', 'kB', 'MB', 'GB', 'TB', 'PB'], i = 0;
   while (Math.abs(n) >= 1000 && i < units.length - 1) { n /= 1000; i++; }
-  return (i ? n.toFixed(n < 10 ? 2 : 1) : String(n)) + ' ' + units[i];
+  var whole = i === 0 && Math.round(n) === n;
+  return (whole ? String(n) : n.toFixed(n < 10 ? 2 : 1)) + ' ' + units[i];
 }
 
 function amount(n, unit) { return unit === 'bytes' ? bytes(n) : String(n); }
 
-function rate(bytesPerSecond) { return (bytesPerSecond / 1e6).toFixed(2); } // MB/s
+function rate(bytesPerSecond) { return bytes(bytesPerSecond) + '/s'; } // "12.5 MB/s"
 
 function svg(tag, attrs, text) {
   var node = document.createElementNS('http://www.w3.org/2000/svg', tag);
@@ -246,85 +279,98 @@ function svg(tag, attrs, text) {
 }
 
 function svgChart(got, axis, ends, unit) {
-  // Stacked bars, one per bucket (what ended in it, per end), on a left axis in the unit; on
-  // the state axis, the backlog at each bucket's end as a line on a right axis in files; time
-  // along the bottom (UTC); a legend above. Plain SVG, no library.
+  // What ended in each bucket, stacked per end, in the unit; on the state axis the backlog at
+  // each bucket's end as a line.
+  var per = got.span.step === DAY ? 'day' : 'hour';
+  return timeChart(got, {
+    id: axis === 'state' ? 'hourly-chart' : 'publication-chart',
+    title: (unit === 'bytes' ? 'bytes' : 'files') + ' per ' + per,
+    format: function (v) { return amount(v, unit); },
+    stacks: ends.map(function (e) {
+      return {key: e, colour: COLOURS[e] || '#999',
+        value: function (b) { return (endsOf(b.moves, axis)[e] || {})[unit] || 0; }};
+    }),
+    line: axis !== 'state' ? null : {key: 'backlog', colour: '#33c',
+      label: 'backlog at the end of each ' + per + ' (files, right axis)',
+      value: function (b) { return b.backlog; }, format: String}
+  });
+}
+
+function timeChart(got, spec) {
+  // Bars over time, stacked (spec.stacks: {key, colour, value(bucket)}), on a left axis
+  // (spec.format, spec.title); optionally a line (spec.line: {key, label, colour,
+  // value(bucket) or null, top (a fixed scale), format}) on a right axis; time along the
+  // bottom (UTC); a legend above. Plain SVG, no library.
   var buckets = got.buckets, n = buckets.length;
   var per = got.span.step === DAY ? 'day' : 'hour';
-  var left = 70, right = axis === 'state' ? 60 : 20, top = 44, plot = 180, bottom = 36;
+  var left = 70, right = spec.line ? 60 : 20, top = 44, plot = 180, bottom = 36;
   var barWidth = Math.max(3, Math.min(30, Math.floor(900 / n)));
   var width = left + n * barWidth + right;
-  var chart = svg('svg', {width: width, height: top + plot + bottom, role: 'img',
-    id: axis === 'state' ? 'hourly-chart' : 'publication-chart'});
-  var value = function (b, e) { return (endsOf(b.moves, axis)[e] || {})[unit] || 0; };
+  var chart = svg('svg', {width: width, height: top + plot + bottom, role: 'img', id: spec.id});
   var totals = buckets.map(function (b) {
-    return ends.reduce(function (sum, e) { return sum + value(b, e); }, 0);
+    return spec.stacks.reduce(function (sum, st) { return sum + st.value(b); }, 0);
   });
-  var scale = niceTop(Math.max.apply(null, totals.concat([1])));
+  var scale = niceTop(Math.max.apply(null, totals.concat([0])));
   var y = function (v, most) { return top + plot - v / most * plot; };
-  // The left axis: five ticks in the unit, with grid lines.
-  for (var t = 0; t <= 4; t++) {
+  for (var t = 0; t <= 4; t++) { // the left axis: five ticks with grid lines
     var v = scale * t / 4;
     chart.appendChild(svg('line', {x1: left, x2: left + n * barWidth, y1: y(v, scale),
       y2: y(v, scale), stroke: '#ddd'}));
     chart.appendChild(svg('text', {x: left - 6, y: y(v, scale) + 4, 'text-anchor': 'end',
-      'class': 'y-tick', 'data-value': v}, amount(v, unit)));
+      'class': 'y-tick', 'data-value': v}, spec.format(v)));
   }
-  chart.appendChild(svg('text', {x: 4, y: top - 10, 'class': 'axis-title'},
-    (unit === 'bytes' ? 'bytes' : 'files') + ' per ' + per));
+  chart.appendChild(svg('text', {x: 4, y: top - 10, 'class': 'axis-title'}, spec.title));
   buckets.forEach(function (b, i) {
     var base = top + plot;
-    ends.forEach(function (e) {
-      var v = value(b, e);
+    spec.stacks.forEach(function (st) {
+      var v = st.value(b);
       if (!v) { return; }
       var height = v / scale * plot;
       base -= height;
       var bar = svg('rect', {x: left + i * barWidth + 1, width: Math.max(barWidth - 2, 1),
-        y: base, height: height, fill: COLOURS[e] || '#999', 'data-end': e,
+        y: base, height: height, fill: st.colour, 'data-end': st.key,
         'data-bucket': got.label(b.start), 'data-value': v});
-      bar.appendChild(svg('title', {}, got.label(b.start) + ' UTC: ' + e + ' ' + amount(v, unit)));
+      bar.appendChild(svg('title', {}, got.label(b.start) + ' UTC: ' + st.key + ' ' + spec.format(v)));
       chart.appendChild(bar);
     });
   });
-  // Time along the bottom: about eight labels, whole buckets.
-  var every = Math.max(1, Math.ceil(n / 8));
+  var every = Math.max(1, Math.ceil(n / 8)); // about eight time labels, whole buckets
   buckets.forEach(function (b, i) {
     if (i % every) { return; }
     var label = per === 'hour' ? iso(b.start).slice(5, 13).replace('T', ' ') + 'h'
       : iso(b.start).slice(0, 10);
-    chart.appendChild(svg('text', {x: left + i * barWidth, y: top + plot + 16,
-      'class': 'x-tick'}, label));
+    chart.appendChild(svg('text', {x: left + i * barWidth, y: top + plot + 16, 'class': 'x-tick'}, label));
   });
   chart.appendChild(svg('text', {x: left, y: top + plot + 32, 'class': 'axis-title'},
     'UTC, one bar per ' + per + ' of the window'));
-  // The legend: a swatch per end (and the backlog's line).
   var x = left;
-  ends.forEach(function (e) {
-    chart.appendChild(svg('rect', {x: x, y: 4, width: 10, height: 10, fill: COLOURS[e] || '#999'}));
-    chart.appendChild(svg('text', {x: x + 14, y: 13, 'class': 'legend', 'data-end': e}, e));
-    x += 24 + 7 * e.length;
+  spec.stacks.forEach(function (st) { // the legend
+    chart.appendChild(svg('rect', {x: x, y: 4, width: 10, height: 10, fill: st.colour}));
+    chart.appendChild(svg('text', {x: x + 14, y: 13, 'class': 'legend', 'data-end': st.key}, st.key));
+    x += 24 + 7 * st.key.length;
   });
-  if (axis === 'state') {
-    var backlogs = buckets.map(function (b) { return b.backlog || 0; });
-    var most = niceTop(Math.max.apply(null, backlogs.concat([1])));
+  if (spec.line) {
+    var line = spec.line;
+    var values = buckets.map(function (b) { return line.value(b); });
+    var most = line.top || niceTop(Math.max.apply(null, values.map(function (v) { return v || 0; }).concat([1])));
     var points = [];
     buckets.forEach(function (b, i) {
-      if (b.backlog === null) { return; }
-      points.push((left + i * barWidth + barWidth / 2).toFixed(1) + ',' + y(b.backlog, most).toFixed(1));
+      if (values[i] === null || values[i] === undefined) { return; }
+      points.push((left + i * barWidth + barWidth / 2).toFixed(1) + ',' + y(values[i], most).toFixed(1));
+      chart.appendChild(svg('circle', {cx: left + i * barWidth + barWidth / 2, cy: y(values[i], most),
+        r: 2, fill: line.colour, 'class': 'point', 'data-bucket': got.label(b.start), 'data-value': values[i]}));
     });
-    chart.appendChild(svg('polyline', {points: points.join(' '), id: 'backlog-line', fill: 'none',
-      stroke: '#33c', 'stroke-width': 2}));
+    chart.appendChild(svg('polyline', {points: points.join(' '), id: line.key + '-line', fill: 'none',
+      stroke: line.colour, 'stroke-width': 2}));
     for (var r = 0; r <= 4; r++) {
       chart.appendChild(svg('text', {x: left + n * barWidth + 6, y: y(most * r / 4, most) + 4,
-        'class': 'y2-tick', fill: '#33c', 'data-value': most * r / 4}, String(most * r / 4)));
+        'class': 'y2-tick', 'data-value': most * r / 4}, line.format(most * r / 4)));
     }
-    chart.appendChild(svg('line', {x1: x, x2: x + 14, y1: 9, y2: 9, stroke: '#33c', 'stroke-width': 2}));
-    chart.appendChild(svg('text', {x: x + 18, y: 13, 'class': 'legend', 'data-end': 'backlog'},
-      'backlog at the end of each ' + per + ' (files, right axis)'));
+    chart.appendChild(svg('line', {x1: x, x2: x + 14, y1: 9, y2: 9, stroke: line.colour, 'stroke-width': 2}));
+    chart.appendChild(svg('text', {x: x + 18, y: 13, 'class': 'legend', 'data-end': line.key}, line.label));
   }
   return chart;
 }
-
 
 function choices(units) {
   // The window, its end and (with `units`) the unit: each choice goes into the address.
@@ -424,7 +470,7 @@ function overview() {
       table('states', ['state', 'files'], rows),
       el('h2', {}, ['Ended per ' + unitName + ' (' + view.unit + ')']), choices(true),
       svgChart(got, 'state', ends, view.unit),
-      table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput of done copies (MB/s, ' +
+      table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput of done copies (' +
         unitName + ' average)', 'backlog at end (files)']), perBucket)].concat(activeTasks(tasks));
   });
 }
@@ -479,7 +525,8 @@ function liveLinks() {
 }
 
 function links() {
-  return liveLinks().then(function (got) {
+  return Promise.all([liveLinks(), history()]).then(function (both) {
+    var got = both[0], h = both[1];
     if (!got) { return noSummaries(); }
     var all = got.links, errors = got.errors;
     var names = Object.keys(all);
@@ -519,23 +566,151 @@ function links() {
       el('h2', {}, ['Worst links first' + (ranked.length > WORST ? ' (' + WORST + ' of ' +
         ranked.length + ')' : '')]),
       table('worst', ['link', 'done', 'failed', 'failure ratio',
-        'top error classes (failed attempts)'], worst)];
+        'top error classes (failed attempts)'], worst)].concat(h ? linksInWindow(h) : []);
+  });
+}
+
+function linksInWindow(h) {
+  // Each link's copies, throughput and success rate over the window (the summaries' hours),
+  // the links with most failed attempts first.
+  var figures = windowLinks(h), seconds = WINDOWS[view.window][1];
+  var names = Object.keys(figures).sort(function (a, b) {
+    return figures[b][2] - figures[a][2] || figures[b][1] - figures[a][1] || a.localeCompare(b);
+  });
+  var rows = names.slice(0, 50).map(function (name) {
+    var f = figures[name];
+    return el('tr', {'data-link': name}, [el('td', {}, [el('a', {href: '#link/' + encodeURIComponent(name) +
+      (view.window !== DEFAULT_VIEW.window ? '?window=' + view.window : '')}, [name])]),
+      el('td', {'class': 'n', 'data-column': 'done'}, [f[0]]),
+      el('td', {'class': 'n', 'data-column': 'bytes', 'data-value': f[1]}, [bytes(f[1])]),
+      el('td', {'class': 'n', 'data-column': 'throughput', 'data-value': f[1] / seconds}, [rate(f[1] / seconds)]),
+      el('td', {'class': 'n', 'data-column': 'failed'}, [f[2]]),
+      el('td', {'class': 'n', 'data-column': 'success'}, [percent(successRate(f))])]);
+  });
+  return [el('h2', {}, ['Links over the window (' + WINDOWS[view.window][0] +
+    (names.length > 50 ? '; the 50 with most failures of ' + names.length : '') + ')']), choices(false),
+    rows.length ? table('links-window', ['link', 'copies done', 'bytes done', 'throughput (window average)',
+      'failed attempts', 'success rate'], rows) : el('p', {id: 'links-window'}, ['nothing ended in the window'])];
+}
+
+function windowFailures(got) {
+  // Every failure pattern of the window: [{link, cls, pattern, count, first, last, samples}],
+  // the most frequent first.
+  var all = emptyBucket(0);
+  got.buckets.forEach(function (b) { addDetail(all, {failures: b.failures}); });
+  var rows = [];
+  eachFailure(all.failures, function (link, cls, pattern, e) {
+    rows.push({link: link, cls: cls, pattern: pattern, count: e[0], first: e[1], last: e[2], samples: e[3]});
+  });
+  rows.sort(function (a, b) { return b.count - a.count || a.link.localeCompare(b.link) || a.pattern.localeCompare(b.pattern); });
+  return rows;
+}
+
+function windowLinks(got) {
+  // link → [copies done, bytes done, failed attempts] over the window.
+  var all = emptyBucket(0);
+  got.buckets.forEach(function (b) { addDetail(all, {link_hours: b.links}); });
+  return all.links;
+}
+
+function successRate(figures) {
+  // Copies done out of the attempts that ended (done + failed), in %; null when none ended.
+  var ended = figures[0] + figures[2];
+  return ended ? 100 * figures[0] / ended : null;
+}
+
+function percent(v) { return v === null ? '' : v.toFixed(1) + ' %'; }
+
+// How the errors page groups failures: the address's `group`.
+var GROUPS = {link: 'link', source: 'source site', destination: 'destination site', 'class': 'error class'};
+
+function groupOf(row, group) {
+  var ends = row.link.split('>');
+  return {link: row.link, source: ends[0], destination: ends[1], 'class': row.cls}[group];
+}
+
+function classesText(classes) {
+  return Object.keys(classes).sort(function (a, b) { return classes[b] - classes[a]; })
+    .map(function (c) { return c + ' ' + classes[c]; }).join(', ');
+}
+
+function errors() {
+  // Failed attempts of the window grouped by link, site or class (each group a filter), then
+  // each message pattern with its count, first and last seen, and sample files.
+  return history().then(function (got) {
+    if (!got) { return noSummaries(); }
+    var group = GROUPS[PARAMS.group] ? PARAMS.group : 'link';
+    var filters = {link: PARAMS.link || '', site: PARAMS.site || '', 'class': PARAMS['class'] || ''};
+    var rows = windowFailures(got).filter(function (r) {
+      return (!filters.link || r.link === filters.link) && (!filters['class'] || r.cls === filters['class']) &&
+        (!filters.site || r.link.split('>').indexOf(filters.site) >= 0);
+    });
+    var totals = {};
+    rows.forEach(function (r) {
+      var g = groupOf(r, group);
+      var t = totals[g] = totals[g] || {count: 0, classes: {}, first: r.first, last: r.last};
+      t.count += r.count;
+      t.classes[r.cls] = (t.classes[r.cls] || 0) + r.count;
+      t.first = Math.min(t.first, r.first); t.last = Math.max(t.last, r.last);
+    });
+    var filterOf = {link: 'link', source: 'site', destination: 'site', 'class': 'class'}[group];
+    var groupRows = Object.keys(totals).sort(function (a, b) {
+      return totals[b].count - totals[a].count || a.localeCompare(b);
+    }).map(function (g) {
+      var t = totals[g], change = {};
+      change[filterOf] = g;
+      return el('tr', {'data-group': g}, [el('td', {}, [el('a', {href: addressWith(change)}, [g])]),
+        el('td', {'class': 'n', 'data-column': 'count'}, [t.count]), el('td', {}, [classesText(t.classes)]),
+        el('td', {}, [when(t.first)]), el('td', {}, [when(t.last)])]);
+    });
+    var SHOWN = 200;
+    var detail = rows.slice(0, SHOWN).map(function (r) {
+      return el('tr', {'data-link': r.link, 'data-class': r.cls}, [
+        el('td', {}, [el('a', {href: '#link/' + encodeURIComponent(r.link)}, [r.link])]),
+        el('td', {}, [r.cls]), el('td', {'class': 'n', 'data-column': 'count'}, [r.count]),
+        el('td', {'class': 'pattern'}, [r.pattern]), el('td', {}, [when(r.first)]), el('td', {}, [when(r.last)]),
+        el('td', {}, r.samples.map(function (id, i) {
+          return el('span', {}, [i ? ' ' : '', el('a', {href: '#file/' + encodeURIComponent(id), 'class': 'sample'},
+            ['file ' + (i + 1)])]);
+        }))]);
+    });
+    var groupSelect = el('select', {id: 'group'}, Object.keys(GROUPS).map(function (g) {
+      var opt = el('option', {value: g}, [GROUPS[g]]);
+      if (g === group) { opt.setAttribute('selected', 'selected'); }
+      return opt;
+    }));
+    groupSelect.addEventListener('change', function () { setParam('group', groupSelect.value); });
+    var active = Object.keys(filters).filter(function (k) { return filters[k]; }).map(function (k) {
+      var clear = {};
+      clear[k] = '';
+      return el('span', {'class': 'filter', 'data-filter': k}, [k + ' = ' + filters[k] + ' ',
+        el('a', {href: addressWith(clear), title: 'remove this filter'}, ['×']), ' ']);
+    });
+    var total = rows.reduce(function (n, r) { return n + r.count; }, 0);
+    return [el('h2', {}, ['Errors: failed attempts (' + WINDOWS[view.window][0] + ')']), choices(false),
+      el('p', {'class': 'choices'}, ['grouped by ', groupSelect].concat(active.length ? [' — filters: '].concat(active) : [])),
+      el('p', {id: 'errors-total'}, [total + ' failed attempts, ' + rows.length + ' distinct messages']),
+      groupRows.length ? table('error-groups', [GROUPS[group], 'failed attempts', 'error classes', 'first seen (UTC)', 'last seen (UTC)'], groupRows)
+        : el('p', {id: 'error-groups'}, ['none']),
+      el('h2', {}, ['Messages' + (rows.length > SHOWN ? ' (the ' + SHOWN + ' most frequent of ' + rows.length + ')' : '')]),
+      detail.length ? table('error-messages', ['link', 'error class', 'failed attempts', 'message (what varies: <url>, <path>, <id>, <n>)',
+        'first seen (UTC)', 'last seen (UTC)', 'sample files'], detail) : el('p', {id: 'error-messages'}, ['none'])];
   });
 }
 
 function link(name) {
-  // One link: its files per state and its tasks (the `links` view, one key range), and the
-  // error classes of its failed attempts (the live summary).
+  // One link: its files per state and its tasks (the `links` view, one key range); over the
+  // window, its throughput and success rate per hour (or day) and its error messages (the
+  // monitoring summaries).
   var parts = name.split('>');
   if (parts.length !== 2) { return Promise.reject(new NotFound('A link is named SOURCE>DESTINATION, not ' + name + '.')); }
   return Promise.all([
     get(DDOC + 'links', {start_key: [parts[0], parts[1]], end_key: [parts[0], parts[1], {}], group_level: 4}),
-    summary('monitor:live:links')
+    history()
   ]).then(function (got) {
     if (!got[0].rows.length) { throw new NotFound('No files go from ' + parts[0] + ' to ' + parts[1] + '.'); }
     var states = got[0].rows.filter(function (r) { return r.key[2] === 'state'; });
     var tasks = got[0].rows.filter(function (r) { return r.key[2] === 'task'; });
-    var classes = ((got[1] || {}).errors || {})[name] || {};
     var stateRows = states.map(function (r) {
       return el('tr', {'data-state': r.key[3]}, [el('td', {}, [r.key[3]]), el('td', {'class': 'n'}, [r.value])]);
     });
@@ -544,16 +719,41 @@ function link(name) {
         el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(r.key[3])}, [r.key[3]])]),
         el('td', {'class': 'n'}, [r.value])]);
     });
-    var errorRows = Object.keys(classes).sort(function (a, b) { return classes[b] - classes[a]; }).map(function (c) {
-      return el('tr', {'data-class': c}, [el('td', {}, [c]), el('td', {'class': 'n'}, [classes[c]])]);
-    });
-    return [el('h2', {}, ['Link ' + parts[0] + ' → ' + parts[1]]),
-      table('link-states', ['state', 'files'], stateRows),
-      el('h2', {}, ['Failed attempts by error class']),
-      errorRows.length ? table('link-errors', ['error class', 'failed attempts'], errorRows)
-        : el('p', {id: 'link-errors'}, ['none']),
-      el('h2', {}, ['Tasks with files on this link']),
-      table('link-tasks', ['task', 'files'], taskRows)];
+    var out = [el('h2', {}, ['Link ' + parts[0] + ' → ' + parts[1]]),
+      table('link-states', ['state', 'files now'], stateRows)];
+    var h = got[1];
+    if (h) {
+      var step = h.span.step, per = step === DAY ? 'day' : 'hour';
+      var figures = function (b) { return b.links[name] || [0, 0, 0]; };
+      out.push(el('h2', {}, ['Throughput and success rate (' + WINDOWS[view.window][0] + ')']), choices(false),
+        timeChart(h, {id: 'link-chart', title: 'throughput of done copies (average over each ' + per + ')',
+          format: function (v) { return rate(v); },
+          stacks: [{key: 'throughput', colour: COLOURS.done, value: function (b) { return figures(b)[1] / step; }}],
+          line: {key: 'success', colour: '#c33', top: 100, label: 'success rate (% of attempts ended, right axis)',
+            value: function (b) { return successRate(figures(b)); }, format: function (v) { return v + ' %'; }}}));
+      var hourly = h.buckets.filter(function (b) { var f = figures(b); return f[0] || f[2]; }).map(function (b) {
+        var f = figures(b), rate_ = f[1] / step;
+        return el('tr', {'data-hour': h.label(b.start)}, [el('td', {}, [h.label(b.start)]),
+          el('td', {'class': 'n', 'data-column': 'done'}, [f[0]]),
+          el('td', {'class': 'n', 'data-column': 'bytes', 'data-value': f[1]}, [bytes(f[1])]),
+          el('td', {'class': 'n', 'data-column': 'throughput', 'data-value': rate_}, [rate(rate_)]),
+          el('td', {'class': 'n', 'data-column': 'failed'}, [f[2]]),
+          el('td', {'class': 'n', 'data-column': 'success'}, [percent(successRate(f))])]);
+      });
+      out.push(hourly.length ? table('link-hourly', [per + ' (UTC)', 'copies done', 'bytes done',
+        'throughput (' + per + ' average)', 'failed attempts', 'success rate'], hourly)
+        : el('p', {id: 'link-hourly'}, ['nothing ended on this link in the window']));
+      var messages = windowFailures(h).filter(function (r) { return r.link === name; }).slice(0, 10).map(function (r) {
+        return el('tr', {'data-class': r.cls}, [el('td', {}, [r.cls]), el('td', {'class': 'n'}, [r.count]),
+          el('td', {'class': 'pattern'}, [r.pattern]), el('td', {}, [when(r.last)])]);
+      });
+      out.push(el('h2', {}, ['Top errors (', el('a', {href: '#errors?link=' + encodeURIComponent(name) +
+        (view.window !== DEFAULT_VIEW.window ? '&window=' + view.window : '')}, ['all']), ')']),
+        messages.length ? table('link-errors', ['error class', 'failed attempts', 'message', 'last seen (UTC)'], messages)
+          : el('p', {id: 'link-errors'}, ['none']));
+    }
+    out.push(el('h2', {}, ['Tasks with files on this link']), table('link-tasks', ['task', 'files'], taskRows));
+    return out;
   });
 }
 
@@ -771,8 +971,8 @@ function file(id) {
 }
 
 // The pages by the first part of their address.
-var PAGES_OF = {overview: overview, agents: agents, links: links, link: link, users: users,
-  user: user, publication: publication, task: task, file: file};
+var PAGES_OF = {overview: overview, links: links, errors: errors, users: users,
+  publication: publication, agents: agents, link: link, user: user, task: task, file: file};
 
 function address() {
   // {page, arg, params} of the address: #page/arg?key=value&...
@@ -790,16 +990,23 @@ function address() {
     params: params};
 }
 
-function setParam(name, value) {
-  // A choice made on a page goes into its address (a default is left out): reloads, bookmarks
-  // and links keep it.
+function addressWith(changes) {
+  // This page's address with `changes` to its parameters (an empty value or a default is left
+  // out): what a choice or a filter link leads to.
   var a = address();
-  a.params[name] = value;
+  Object.keys(changes).forEach(function (k) { a.params[k] = changes[k]; });
   var query = Object.keys(a.params).filter(function (k) {
-    return a.params[k] !== '' && DEFAULT_VIEW[k] !== a.params[k];
+    return a.params[k] !== '' && a.params[k] !== undefined && DEFAULT_VIEW[k] !== a.params[k];
   }).map(function (k) { return encodeURIComponent(k) + '=' + encodeURIComponent(a.params[k]); });
-  location.hash = '#' + a.page + (a.arg ? '/' + encodeURIComponent(a.arg) : '') +
+  return '#' + a.page + (a.arg ? '/' + encodeURIComponent(a.arg) : '') +
     (query.length ? '?' + query.join('&') : '');
+}
+
+function setParam(name, value) {
+  // A choice made on a page goes into its address: reloads, bookmarks and links keep it.
+  var change = {};
+  change[name] = value;
+  location.hash = addressWith(change);
 }
 
 function viewOf(params) {
