@@ -26,18 +26,20 @@ from typing import Any
 import pytest
 import requests
 from cryptography.hazmat.primitives.serialization import Encoding
+from playwright.sync_api import expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from aso import frontend as frontend_module
 from aso import model, proxycert, upload
 from aso.config import Config
-from aso.designdocs import known_sites
+from aso.designdocs import known_sites, pages_url
 from aso.frontend import GridMap, MapfileError, Mapped, ProxyAuth
-from aso.local.pki import CertificateAuthority, Pki, make_proxy
+from aso.local.pki import CertificateAuthority, Pki, make_proxy, write_pkcs12
 from aso.localstore import distinct_free_ports
 from aso.model import AGENT, STATE, Change
 from aso.store import Server
 from aso.x509auth import Refused, TrustStore, verify_chain
+from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser
 from tests.conftest import only_on, sample_request, write_config
 
 ASO = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "aso")
@@ -771,3 +773,35 @@ def test_a_client_gone_before_its_check_ends_gets_nothing_and_breaks_nothing(
             release.set()
         answer = call(url, pki, cert_files(pki, "carol"), "GET", f"/{files_db}")
         assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_a_browser_with_a_certificate_opens_the_pages_through_the_front_end(
+    frontend, pki, files_db, store_config, tmp_path
+):
+    """The certificate route of docs/frontend.md end to end: a user's PKCS#12 file (as `aso
+    certs demo` writes it) in Chromium opens the pages' address on the front end as that user,
+    with no login page; without a certificate the front end lets nothing through."""
+    p12 = write_pkcs12(tmp_path / "carol.p12", pki.user("carol"), pki.ca, b"p12-password")
+    config = dataclasses.replace(
+        store_config, store=dataclasses.replace(store_config.store, files_db=files_db)
+    )
+    address = pages_url(config, frontend)
+    certificate = {"origin": frontend, "pfxPath": str(p12), "passphrase": "p12-password"}
+    # The demo CA is not among Chromium's authorities here (a person imports it: the docs).
+    with browser(client_certificates=[certificate], ignore_https_errors=True) as context:
+        page = context.new_page()
+        page.goto(address + "#agents")
+        page.wait_for_selector("table#agents")
+        expect(page.locator("#who")).to_contain_text("carol")
+        assert page.locator("form#login").count() == 0 and page.locator("#logout").count() == 0
+        page.screenshot(path=str(ARTEFACTS / "frontend-agents.png"), full_page=True)
+    with browser(ignore_https_errors=True) as context:
+        page = context.new_page()
+        try:
+            response = page.goto(address)
+        except Exception as exc:  # the TLS handshake refused without a certificate
+            assert "ERR_" in str(exc), exc
+        else:
+            assert response is not None and response.status == 401
+            assert "certificate" in response.json()["reason"]
