@@ -133,8 +133,8 @@ bench-locust: setup
 	$(VENV)/bin/python -m sim.bench_locust
 
 # The monitoring pages with 1M requests in the store (the filled store is kept in var/).
-bench-pages: setup
-	$(VENV)/bin/python -m sim.bench_pages
+bench-pages: setup couchdb
+	$(VENV)/bin/python -m sim.bench_pages --engines $(if $(filter both,$(STORE)),pouchdb$(,)couchdb,$(STORE)) $(BENCH_ARGS)
 
 # Chaos at 4x design (docs/testing.md: Chaos, soak and failures): agents killed every 5 s, the store
 # killed and restarted twice, a storage outage and a failing link; then two agent hosts, one

@@ -105,6 +105,7 @@ PAGES_STATES: dict[str, tuple[str, ...]] = {
     "failing": ("failed", "failed_attempt"),
     "copy_ends": ("done", "failed_attempt", "failed", "killed"),  # how attempts end, per hour
     "publication_ends": ("published", *PUBLICATION_FAILURES),
+    "publication_failures": PUBLICATION_FAILURES,  # failed blocks
 }
 RAN_TO_AN_END = ("done", "failed")  # outcomes of an attempt whose copy ran (not cancelled)
 

@@ -1,19 +1,21 @@
 """Benchmark: the monitoring pages with many requests in the store (1M by default).
 
-Fills an embedded store with synthetic requests whose histories spread over `--days` days (200
+Fills a store (`--engines`: the embedded pouchdb-server, a local CouchDB node, or each in turn)
+with synthetic requests whose histories spread over `--days` days (200
 users, 60 sites, tasks of 1000 jobs; most done and cleaned, some failed after failed attempts,
 half published, the last hour's still on their way), runs the monitoring summaries' first run
 (aso.summaries, as the analytics agent does), builds the view indexes the per-task, per-link and
 publication pages read (unless --skip-views), then loads every page `--loads` times in headless
 Chromium (Debian's, through Playwright) and prints, per page, the median and 95th percentile of
-the time from navigation to the page's content on screen, and the bytes it read.
+the time from navigation to the page's content on screen, the bytes it read and the most
+requests one load made.
 
 The filled store is kept in `--data-dir` (default var/bench-pages) and used again by the next run
 with the same `--requests`: filling 1M requests and building the view indexes take long on the
 embedded store (it builds each view index in a pass of its own, about 600 requests/s here).
 
     python -m sim.bench_pages [--requests 1000000] [--days 30] [--loads 5] [--skip-views]
-                              [--summaries-again]
+                              [--summaries-again] [--engines pouchdb,couchdb]
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ from rich.table import Table
 from aso import model, summaries
 from aso.config import Config, render
 from aso.designdocs import init_databases, pages_url
-from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port
+from aso.managed import local_store
 from aso.store import Server, Settings
 
 console = Console()
 USERS, SITES, JOBS_PER_TASK = 200, 60, 1000
-PAGE_VIEWS = ("by_task", "links", "publication_problems")  # what the pages' key-range reads use
+PAGE_VIEWS = ("by_task", "links", "publication_blocks")  # what the pages' key-range reads use
 
 
 def site(i: int) -> str:
@@ -103,8 +105,10 @@ def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, 
                 move("publication", "publishing", 600)
                 move("publication", "published", 5)
             break
-        job.update(ended=t + 60, outcome="failed", error_class=rng.choice(["timeout", "io"]))
-        job["reason"] = "TRANSFER ERROR: simulated"
+        cls = rng.choice(["timeout", "io"])
+        job.update(ended=t + 60, outcome="failed", error_class=cls)
+        # As a transfer service words it: the file's URL varies, the cause does not.
+        job["reason"] = f"TRANSFER ERROR: {cls} copying davs://{src.lower()}.example{lfn}"
         move("state", "failed_attempt", 60)
         if n == 2 or not last:
             move("state", "failed", 1)
@@ -190,8 +194,12 @@ def pages(admin: Server, config: Config) -> dict[str, str]:
     one = next(c["doc"] for c in first if c["doc"].get("type") == model.REQUEST_TYPE)
     return {
         "overview (24 h)": "#overview",
+        "overview (30 days)": "#overview?window=30d",
         "links": "#links",
+        "errors (24 h)": "#errors",
+        "errors (7 days)": "#errors?window=7d",
         "users": "#users",
+        "user": f"#user/{one['user']}",
         "publication": "#publication",
         "agents": "#agents",
         "task (1000 files)": f"#task/{one['task']}",
@@ -209,6 +217,8 @@ PAGE_DONE = {  # what is on screen once a page has loaded
     "#task": "#files",
     "#file": "#attempts",
     "#link": "#link-tasks",
+    "#errors": "#error-groups",
+    "#user": "#user-states",
 }
 
 
@@ -222,30 +232,34 @@ def load_pages(config: Config, password: str, targets: dict[str, str], loads: in
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
         context = browser.new_context(extra_http_headers={"Authorization": f"Basic {auth}"})
         page = context.new_page()
-        received = {"bytes": 0}
+        received = {"bytes": 0, "requests": 0}
 
         def count(response: Any) -> None:
+            received["requests"] += 1
             # A redirect or an aborted load has no body.
             with contextlib.suppress(Exception):
                 received["bytes"] += len(response.body())
 
         page.on("response", count)
         for name, fragment in targets.items():
-            done = PAGE_DONE[fragment.split("/")[0]]
-            times, sizes = [], []
+            done = PAGE_DONE[fragment.split("/")[0].split("?")[0]]
+            times, sizes, requests = [], [], []
             for _ in range(loads + 1):  # the first load warms the browser's and store's caches
-                received["bytes"] = 0
+                received["bytes"] = received["requests"] = 0
                 page.goto("about:blank")
                 started = time.perf_counter()
                 page.goto(base + fragment)
                 page.wait_for_selector(done, timeout=600_000)
                 times.append(time.perf_counter() - started)
+                page.wait_for_load_state("networkidle")  # the page's last reads counted too
                 sizes.append(received["bytes"])
+                requests.append(received["requests"])
             times = times[1:]
             figures[name] = {
                 "median_s": statistics.median(times),
                 "p95_s": sorted(times)[max(0, round(0.95 * len(times)) - 1)],
                 "bytes": statistics.median(sizes[1:]),
+                "requests": max(requests[1:]),
             }
         browser.close()
     return figures
@@ -257,28 +271,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--days", type=float, default=30, help="days their histories span")
     parser.add_argument("--loads", type=int, default=5, help="loads of each page")
     parser.add_argument("--data-dir", default="var/bench-pages", help="kept between runs")
+    parser.add_argument(
+        "--engines",
+        default="pouchdb",
+        help="stores to measure, one after the other: pouchdb, couchdb or pouchdb,couchdb",
+    )
     parser.add_argument("--skip-views", action="store_true", help="no task/link/publication pages")
     parser.add_argument(
         "--summaries-again", action="store_true", help="redo the summaries' first run"
     )
     args = parser.parse_args(argv)
+    for engine in args.engines.split(","):
+        report_figures(run(engine, args))
 
-    root = Path(args.data_dir).resolve() / str(args.requests)
+
+def run(engine: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Fill (or reuse) a store of `engine` with args.requests requests; the figures."""
+    root = Path(args.data_dir).resolve() / (
+        str(args.requests) if engine == "pouchdb" else f"{engine}-{args.requests}"
+    )
     root.mkdir(parents=True, exist_ok=True)
     marker = root / "filled.json"
     config = Config(source=root / "aso.toml")
+    config.store.engine = engine
     config.store.url = f"http://127.0.0.1:{free_port()}"
     config.store.admin_password = "bench-admin"
     config.store.agent_password = "bench-agent"
     config.embedded.data_dir = str(root / "store")
     config.source.write_text(render(config, show_secrets=True))
-    embedded = EmbeddedStore(config)
-    embedded.start()
+    store = local_store(config)
+    console.print(store.start())
     try:
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         admin.put_user("benchuser", "bench-user", [model.USER_ROLE])
-        figures: dict[str, Any] = {"requests": args.requests, "days": args.days}
+        figures: dict[str, Any] = {"engine": engine, "requests": args.requests, "days": args.days}
         if marker.exists():
             figures.update(json.loads(marker.read_text()))
             console.print(f"using the {args.requests} requests filled before in {root}")
@@ -298,12 +325,13 @@ def main(argv: list[str] | None = None) -> None:
             marker.write_text(json.dumps({k: v for k, v in figures.items() if k != "pages"}))
         figures["pages"] = load_pages(config, "bench-user", targets, args.loads)
     finally:
-        embedded.stop()
-    report_figures(figures)
+        store.stop()
+    return figures
 
 
 def report_figures(figures: dict[str, Any]) -> None:
     console.print(
+        f"{figures.get('engine', 'pouchdb')}: "
         f"{figures['requests']} requests over {figures['days']:.0f} days; filled at "
         f"{figures['fill_per_s']:.0f} requests/s; monitoring summaries' first run "
         f"{figures['summaries_first_run_s']:.0f} s ({figures['summaries_hours']} hours, peak "
@@ -312,10 +340,16 @@ def report_figures(figures: dict[str, Any]) -> None:
     for name, seconds in (figures.get("view_build_s") or {}).items():
         console.print(f"view index {name}: built in {seconds:.0f} s")
     table = Table(title="page loads (navigation → content on screen), headless Chromium")
-    for column in ("page", "median (s)", "p95 (s)", "bytes read"):
+    for column in ("page", "median (s)", "p95 (s)", "bytes read", "store requests"):
         table.add_column(column, justify="left" if column == "page" else "right")
     for name, f in figures["pages"].items():
-        table.add_row(name, f"{f['median_s']:.3f}", f"{f['p95_s']:.3f}", f"{f['bytes']:.0f}")
+        table.add_row(
+            name,
+            f"{f['median_s']:.3f}",
+            f"{f['p95_s']:.3f}",
+            f"{f['bytes']:.0f}",
+            str(f.get("requests", "")),
+        )
     console.print(table)
 
 

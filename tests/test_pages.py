@@ -32,7 +32,7 @@ from tests.test_publisher import BrokenCatalog
 
 # The most store requests one page load makes (the page, its script and style, the settings,
 # the session, and the page's own reads): a bound that does not grow with the store.
-MAX_REQUESTS = 12
+MAX_REQUESTS = 15
 
 
 def nice_top(most: int) -> int:
@@ -422,6 +422,14 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
         c.get_attribute("data-state"): int(c.inner_text())
         for c in row.locator("td[data-state]").all()
     } == {e: outcomes[e] for e in ("published", "publication_error", "publication_failed")}
+    # The failed block(s), with the files the documents put in them and the catalog's reason.
+    failed_docs = [d for d in docs if d["publication"] == "publication_failed"]
+    blocks = page.locator("#blocks-failed tbody tr").all()
+    assert sum(int(b.locator("td[data-column='files']").inner_text()) for b in blocks) == len(
+        failed_docs
+    )
+    assert all("catalog unavailable: 503" in b.inner_text() for b in blocks)
+    assert page.locator("p#blocks-open").inner_text() == "none"  # every done file was tried
     failures = {
         r.get_attribute("data-id"): [c.inner_text() for c in r.locator("td").all()]
         for r in page.locator("#publication-failed tbody tr").all()

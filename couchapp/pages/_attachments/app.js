@@ -23,7 +23,8 @@ var REFRESH = 30000;
 var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states
 var HOUR = 3600, DAY = 86400;
 // The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
-var STATES = {on_its_way: [], in_flight: [], failing: [], copy_ends: [], publication_ends: []};
+var STATES = {on_its_way: [], in_flight: [], failing: [], copy_ends: [], publication_ends: [],
+  publication_failures: []};
 
 // A read the store refused for want of a login: the page asks for one.
 function LoginNeeded(reason) { this.message = reason; }
@@ -848,18 +849,91 @@ function publication() {
       svgChart(got, 'publication', ends, 'files'),
       table('publication-hourly', ['UTC'].concat(ends), rows)];
   });
-  var failed = get(DDOC + 'publication_problems', {}).then(function (res) {
-    var rows = res.rows.map(function (r) {
-      return el('tr', {'data-id': r.id}, [el('td', {}, [r.key[1]]), el('td', {}, [r.key[2]]),
-        el('td', {}, [el('a', {href: '#file/' + r.id}, [r.key[0]])]),
+  return Promise.all([outcomes, publicationBlocks()]).then(function (parts) {
+    return parts[0].concat(parts[1]);
+  });
+}
+
+var BLOCK_ROWS = 10000;   // files read per range of publication_blocks (pending..failed, publishing)
+var PUBLISHED_ROWS = 1000; // the most recently published files read
+
+function publicationBlocks() {
+  // Blocks from the publication_blocks view, three key ranges: files waiting for a block per
+  // user and dataset (open), blocks being published, failed blocks with the catalog's reason
+  // (and each failed file), and the blocks published last.
+  return Promise.all([
+    get(DDOC + 'publication_blocks', {start_key: ['pending'], end_key: ['publication_failed', {}], limit: BLOCK_ROWS}),
+    get(DDOC + 'publication_blocks', {start_key: ['publishing'], end_key: ['publishing', {}], limit: BLOCK_ROWS}),
+    get(DDOC + 'publication_blocks', {start_key: ['published', {}], end_key: ['published'],
+      descending: true, limit: PUBLISHED_ROWS})
+  ]).then(function (got) {
+    var open = {}, blocks = {}, failedFiles = [];
+    got[0].rows.concat(got[1].rows).forEach(function (r) {
+      var state = r.key[0], v = r.value;
+      if (state === 'pending') {
+        var k = v.user + '\u0000' + v.dataset;
+        var o = open[k] = open[k] || {user: v.user, dataset: v.dataset, files: 0, bytes: 0, oldest: v.done};
+        o.files++; o.bytes += v.size || 0; o.oldest = Math.min(o.oldest, v.done);
+        return;
+      }
+      var key = state + '\u0000' + (v.block || v.dataset + '\u0000' + (v.error || ''));
+      var b = blocks[key] = blocks[key] || {state: state, dataset: v.dataset, block: v.block, files: 0,
+        bytes: 0, attempts: 0, error: v.error, since: v.since, sample: r.id};
+      b.files++; b.bytes += v.size || 0; b.attempts = Math.max(b.attempts, v.attempts || 0);
+      b.since = Math.min(b.since, v.since);
+      if (state !== 'publishing') { failedFiles.push(r); }
+    });
+    var published = {}, order = [];
+    got[2].rows.forEach(function (r) {
+      var v = r.value, key = v.block || v.dataset;
+      if (!published[key]) { published[key] = {dataset: v.dataset, block: v.block, files: 0, bytes: 0, at: r.key[1], sample: r.id}; order.push(key); }
+      published[key].files++; published[key].bytes += v.size || 0;
+    });
+    var now = Date.now() / 1000;
+    var openRows = Object.keys(open).sort(function (a, b) { return open[a].oldest - open[b].oldest; }).map(function (k) {
+      var o = open[k];
+      return el('tr', {'data-dataset': o.dataset}, [el('td', {}, [el('a', {href: '#user/' + encodeURIComponent(o.user)}, [o.user])]),
+        el('td', {}, [o.dataset]), el('td', {'class': 'n', 'data-column': 'files'}, [o.files]),
+        el('td', {'class': 'n', 'data-value': o.bytes}, [bytes(o.bytes)]),
+        el('td', {'class': 'n'}, [Math.round((now - o.oldest) / 60)])]);
+    });
+    var blockRow = function (b) {
+      return el('tr', {'data-state': b.state, 'data-block': b.block || ''}, [el('td', {}, [b.state]),
+        el('td', {}, [b.dataset]), el('td', {'class': 'block'}, [b.block ? b.block.slice(b.block.indexOf('#') + 1) : '(no block)']),
+        el('td', {'class': 'n', 'data-column': 'files'}, [b.files]), el('td', {'class': 'n', 'data-value': b.bytes}, [bytes(b.bytes)]),
+        el('td', {'class': 'n'}, [b.attempts]), el('td', {}, [when(b.since)]), el('td', {}, [b.error || '']),
+        el('td', {}, [el('a', {href: '#file/' + encodeURIComponent(b.sample)}, ['a file'])])]);
+    };
+    var states = function (wanted) {
+      return Object.keys(blocks).filter(function (k) { return wanted.indexOf(blocks[k].state) >= 0; })
+        .sort(function (a, b) { return blocks[b].files - blocks[a].files; }).map(function (k) { return blockRow(blocks[k]); });
+    };
+    var failedRows = failedFiles.map(function (r) {
+      return el('tr', {'data-id': r.id}, [el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(r.value.task)}, [r.value.task])]),
+        el('td', {}, [r.value.job_id]), el('td', {}, [el('a', {href: '#file/' + encodeURIComponent(r.id)}, [r.key[0]])]),
         el('td', {'class': 'n'}, [r.value.attempts]), el('td', {}, [r.value.error || ''])]);
     });
-    return [el('h2', {}, ['Failed publications']),
-      rows.length ? table('publication-failed', ['task', 'job', 'state', 'attempts', 'reason'], rows)
-        : el('p', {id: 'publication-failed'}, ['none'])];
-  });
-  return Promise.all([outcomes, failed]).then(function (parts) {
-    return parts[0].concat(parts[1]);
+    var publishedRows = order.map(function (k) {
+      var b = published[k];
+      return el('tr', {'data-block': b.block || ''}, [el('td', {}, [when(b.at)]), el('td', {}, [b.dataset]),
+        el('td', {'class': 'block'}, [b.block ? b.block.slice(b.block.indexOf('#') + 1) : '']),
+        el('td', {'class': 'n', 'data-column': 'files'}, [b.files]), el('td', {'class': 'n', 'data-value': b.bytes}, [bytes(b.bytes)]),
+        el('td', {}, [el('a', {href: '#file/' + encodeURIComponent(b.sample)}, ['a file'])])]);
+    });
+    var blockHeaders = ['state', 'dataset', 'block', 'files', 'bytes', 'attempts', 'since (UTC)', 'reason', ''];
+    var orNone = function (id, headers, rows) { return rows.length ? table(id, headers, rows) : el('p', {id: id}, ['none']); };
+    var cut = function (res) { return res.rows.length >= BLOCK_ROWS ? ' (the first ' + BLOCK_ROWS + ' files)' : ''; };
+    return [
+      el('h2', {}, ['Open blocks: files waiting for their block to close' + cut(got[0])]),
+      orNone('blocks-open', ['user', 'dataset', 'files', 'bytes', 'oldest waits (min)'], openRows),
+      el('h2', {}, ['Blocks being published' + cut(got[1])]),
+      orNone('blocks-publishing', blockHeaders, states(['publishing'])),
+      el('h2', {}, ['Failed blocks (publication_error: tried again; publication_failed: given up, `aso publish --retry TASK`)']),
+      orNone('blocks-failed', blockHeaders, states(STATES.publication_failures)),
+      el('h2', {}, ['Blocks published last (the last ' + PUBLISHED_ROWS + ' files)']),
+      orNone('blocks-published', ['published (UTC)', 'dataset', 'block', 'files', 'bytes', ''], publishedRows),
+      el('h2', {}, ['Failed publications, file by file']),
+      orNone('publication-failed', ['task', 'job', 'state', 'attempts', 'reason'], failedRows)];
   });
 }
 
