@@ -192,6 +192,22 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert max(ticks) == nice_top(tallest) and min(ticks) == 0
     legend = {t.get_attribute("data-end") for t in page.locator("#hourly-chart .legend").all()}
     assert legend == {*ends, "backlog"}
+
+    # The queues at each hour's end: the files each backlog state held then.
+    def queue_at(end: float, state: str) -> int:
+        def state_then(doc: dict) -> str | None:
+            before = [h["to"] for h in doc["history"] if h["axis"] == "state" and h["at"] < end]
+            return before[-1] if before else None
+
+        return sum(state_then(d) == state for d in docs)
+
+    queue_bars = page.locator("#queues-chart rect[data-end]").all()
+    assert queue_bars
+    for bar in queue_bars:
+        hour, state = bar.get_attribute("data-bucket"), bar.get_attribute("data-end")
+        end = calendar.timegm(time.strptime(hour, "%Y-%m-%dT%H")) + 3600
+        assert int(bar.get_attribute("data-value")) == queue_at(min(end, time.time()), state)
+    assert {b.get_attribute("data-end") for b in queue_bars} <= set(summaries.BACKLOG)
     page.screenshot(path=str(ARTEFACTS / "overview.png"), full_page=True)
     page.select_option("#unit", "bytes")  # the same hours in bytes, kept in the address
     page.wait_for_selector("h2:has-text('Ended per hour (bytes)')")

@@ -110,6 +110,7 @@ function when(epoch) {
 // The windows a page can show: the address's key → [label, seconds].
 var WINDOWS = {'24h': ['24 hours', 24 * HOUR], '7d': ['7 days', 7 * DAY],
   '30d': ['30 days', 30 * DAY], '1y': ['1 year', 365 * DAY]};
+var QUEUE_COLOURS = ['#9bd', '#e93', '#68c', '#36a', '#a6c'];
 var COLOURS = {done: '#3a7', failed_attempt: '#e93', failed: '#c33', killed: '#888',
   published: '#37a', publication_error: '#e93', publication_failed: '#c33'};
 // The overview's and publication page's choices, read from the address by route(): window,
@@ -150,6 +151,25 @@ function netBacklog(moves) {
     if (STATES.on_its_way.indexOf(parts[0]) >= 0) { n -= files; }
   });
   return n;
+}
+
+function queuesOf(totals) {
+  // {state: files} of the backlog's states, from a summary's totals.
+  var out = {};
+  STATES.on_its_way.forEach(function (s) { out[s] = ((totals || {}).state || {})[s] || 0; });
+  return out;
+}
+
+function netQueues(moves, start) {
+  // The queues after a bucket's moves, from the queues before it.
+  var out = {};
+  Object.keys(start).forEach(function (s) { out[s] = start[s]; });
+  Object.keys((moves || {}).state || {}).forEach(function (name) {
+    var parts = name.split('>'), files = moves.state[name][0];
+    if (parts[1] in out) { out[parts[1]] += files; }
+    if (parts[0] in out) { out[parts[0]] -= files; }
+  });
+  return out;
 }
 
 function addMoves(into, moves) {
@@ -222,6 +242,7 @@ function history() {
     got[1].forEach(function (d) {
       var b = bucket(d.start);
       addMoves(b.moves, d.moves); addDetail(b, d); b.backlog = d.backlog;
+      b.queues = queuesOf(d.totals);
     });
     var closedDay = by[last] !== undefined;
     got[3].forEach(function (d) {
@@ -234,14 +255,19 @@ function history() {
     });
     // The backlog at each bucket's end: a closed bucket says it; otherwise the one before plus
     // what this bucket's moves added to it (open hours, the day so far, or nothing).
-    var carry = got[2].rows.length ? got[2].rows[0].doc.backlog : 0;
+    // So are the queues (files per backlog state).
+    var before = got[2].rows.length ? got[2].rows[0].doc : null;
+    var carry = before ? before.backlog : 0, queues = queuesOf(before ? before.totals : {});
     var buckets = span.starts.map(function (start) {
       var b = by[start] || emptyBucket(start);
       if (start > live.as_of) {
         b.backlog = null; // not yet
+        b.queues = null;
       } else {
         if (b.backlog === null) { b.backlog = carry + netBacklog(b.moves); }
+        if (!b.queues) { b.queues = netQueues(b.moves, queues); }
         carry = b.backlog;
+        queues = b.queues;
       }
       return b;
     });
@@ -472,7 +498,13 @@ function overview() {
       el('h2', {}, ['Ended per ' + unitName + ' (' + view.unit + ')']), choices(true),
       svgChart(got, 'state', ends, view.unit),
       table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput of done copies (' +
-        unitName + ' average)', 'backlog at end (files)']), perBucket)].concat(activeTasks(tasks));
+        unitName + ' average)', 'backlog at end (files)']), perBucket),
+      el('h2', {}, ['Queues at the end of each ' + unitName + ' (files per state on their way)']),
+      timeChart(got, {id: 'queues-chart', title: 'files waiting or in flight', format: String,
+        stacks: STATES.on_its_way.map(function (q, i) {
+          return {key: q, colour: QUEUE_COLOURS[i % QUEUE_COLOURS.length],
+            value: function (b) { return (b.queues || {})[q] || 0; }};
+        })})].concat(activeTasks(tasks));
   });
 }
 
