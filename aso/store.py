@@ -73,6 +73,11 @@ EMBEDDED_IGNORES_PROXY_AUTH      proxy-authentication headers are ignored: ident
 EMBEDDED_SINGLE_NODE             (found by aso store check) `/_membership` answers one fixed node
                                  and `GET /db` has no `cluster` member: there is one copy of each
                                  document and q/n do not apply (aso/store_check.py says so).
+EMBEDDED_NO_ATTACHMENTS_CSP      attachments come without the Content-Security-Policy CouchDB sends
+                                 (COUCHDB_ATTACHMENTS_CSP): the embedded store's node loads
+                                 deploy/store/attachments-csp.js first, which adds ASO's policy to
+                                 design documents' attachments (aso/local/embedded.py), so the
+                                 pages run under the same policy on both stores.
 EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
                                  one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts,
                                  ~780 docs/s per view build): one machine's load, and a crash

@@ -16,6 +16,7 @@ from collections import Counter
 from urllib.parse import quote
 
 import pytest
+import requests
 from playwright.sync_api import expect
 
 from agents.analytics import Analytics
@@ -23,6 +24,7 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.submitter import Submitter
 from aso import model, summaries
+from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import init_databases, pages_url
 from aso.runtime import Runner
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in
@@ -534,6 +536,12 @@ def test_the_pages_database_is_read_only_to_everyone_but_the_admin(sim_config, a
             db.put({**ddoc, "aso": {"files_db": "elsewhere"}})  # point the pages elsewhere
         assert refused.value.status in (401, 403), (who, refused.value)
     assert admin.db(name).get("_design/pages")["aso"] == ddoc["aso"]
+    # Both stores serve the pages under ASO's Content-Security-Policy (the embedded store's is
+    # added by deploy/store/attachments-csp.js): the same rules for the pages everywhere.
+    page = requests.get(pages_url(sim_config), timeout=30)
+    assert page.status_code == 200 and page.headers["Content-Security-Policy"] == ATTACHMENTS_CSP
+    view = requests.get(f"{sim_config.store.url}/{name}/_design/pages", timeout=30)
+    assert "Content-Security-Policy" not in view.headers  # the document itself: no attachment
     assert [d["_id"] for d in admin.db(name).all_docs("", "\ufff0")] == ["_design/pages"]
     with pytest.raises(StoreError) as refused:
         accounts["anonymous"].db(sim_config.store.files_db).all_docs("", "\ufff0")

@@ -17,11 +17,13 @@ import shutil
 from pathlib import Path
 
 from aso.config import Config
+from aso.couchdb import ATTACHMENTS_CSP
 from aso.localstore import LocalStore, LocalStoreError
 from aso.store import Server, Settings, StoreError
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the checkout
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
+ATTACHMENTS_CSP_MODULE = CHECKOUT / "deploy" / "store" / "attachments-csp.js"
 
 
 class EmbeddedStore(LocalStore):
@@ -76,6 +78,14 @@ class EmbeddedStore(LocalStore):
             "--no-stdout-logs",
             "--no-color",
         ]
+
+    def server_env(self) -> dict[str, str]:
+        """EMBEDDED_NO_ATTACHMENTS_CSP: the attachments' Content-Security-Policy CouchDB sends
+        with ASO's settings, added by a module node loads first
+        (deploy/store/attachments-csp.js)."""
+        preload = f"--require={ATTACHMENTS_CSP_MODULE}"
+        options = " ".join(o for o in (os.environ.get("NODE_OPTIONS", ""), preload) if o)
+        return {"NODE_OPTIONS": options, "ASO_ATTACHMENTS_CSP": ATTACHMENTS_CSP}
 
     def ensure_admin(self) -> None:
         store = self.config.store
