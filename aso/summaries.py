@@ -14,7 +14,7 @@ its error class). Events are counted in the UTC hour they happened in:
 
 * `moves`   axis → "from>to" → [files, bytes]  (from is "" at creation)
 * `links`   "SRC>DST" → state → net files on the `state` axis (+1 into, -1 out of)
-* `users`   user → state → net files on the `state` axis
+* `users`   user → state → net files on the `state` axis; and "bytes_done" → their bytes done
 * `errors`  "SRC>DST" → error class → failed attempts
 * `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
             how (hour documents and the live document's open hours only); and
@@ -87,6 +87,7 @@ RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 
 # thousands of tasks an hour over months would not fit: it records tasks of its last week only.
 FIRST_RUN_TASKS = 7 * 86400.0
 ATTEMPT = "attempt"  # the pseudo-axis of failed attempts in events
+USER_BYTES_DONE = "bytes_done"  # in `users`, beside the states: the bytes of the files done
 # What the overview calls the backlog: files on their way (the pages read the same list from
 # the design document).
 BACKLOG = model.ON_ITS_WAY
@@ -232,6 +233,11 @@ class Tally:
             if frm:
                 _bump(self.links, meta.link, frm, -1)
                 _bump(self.users, meta.user, frm, -1)
+            # What each user has copied: the bytes of their files done (a quota's figure).
+            if to == "done":
+                _bump(self.users, meta.user, USER_BYTES_DONE, meta.size)
+            if frm == "done":
+                _bump(self.users, meta.user, USER_BYTES_DONE, -meta.size)
         if tasks and moves:
             created = axis == model.STATE and frm is None
             _bump(self.tasks, meta.task, "created" if created else f"{axis}:{to}", 1)

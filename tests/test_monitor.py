@@ -234,7 +234,11 @@ def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database])
     assert stats_db.get(summaries.LIVE_LINKS_ID)["errors"][link] == dict(failed_attempts)
     users = stats_db.get(summaries.LIVE_USERS_ID)["users"]
     for user in ("alice", "bob"):
-        assert users[user] == dict(Counter(d["state"] for d in docs if d["user"] == user))
+        mine = [d for d in docs if d["user"] == user]
+        assert users[user] == {
+            **Counter(d["state"] for d in mine),
+            summaries.USER_BYTES_DONE: sum(d["size"] for d in mine if d["state"] == "done"),
+        }
 
 
 def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(

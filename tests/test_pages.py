@@ -417,6 +417,8 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
         for c in row.locator("td[data-state]").all()
     }
     assert shown_users == {**truth, "total": len(docs)}  # the only user of this database
+    copied_bytes = sum(d["size"] for d in docs if d["state"] == "done")
+    assert int(row.locator("td[data-column='bytes']").get_attribute("data-value")) == copied_bytes
     page.screenshot(path=str(ARTEFACTS / "users.png"), full_page=True)
     page.click("#users a")  # → alice's page: her files per state and her tasks
     page.wait_for_selector("#user-states")
@@ -425,6 +427,7 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
         **truth,
         "total": len(docs),
     }
+    assert int(page.locator("#user-summary").get_attribute("data-bytes")) == copied_bytes
     assert {r.get_attribute("data-task") for r in page.locator("#user-tasks tbody tr").all()} == {
         task,
         f"{task}_later",
@@ -505,7 +508,7 @@ def test_a_browser_logs_in_with_a_store_account(sim_config, accounts, admin):
         page.screenshot(path=str(ARTEFACTS / "login.png"), full_page=True)
         log_in(page, "bob", PASSWORD)
         page.wait_for_selector("table#users")  # the page asked for, once logged in
-        assert "bob" in page.locator("#who").inner_text()
+        expect(page.locator("#who")).to_contain_text("bob")
         page.reload()
         page.wait_for_selector("table#users")
         page.click("#logout")

@@ -22,6 +22,7 @@ var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown a
 var REFRESH = 30000;
 var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states
 var HOUR = 3600, DAY = 86400;
+var BYTES_DONE = 'bytes_done'; // in a user's live summary, beside the states (aso/summaries.py)
 // The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
 var STATES = {on_its_way: [], in_flight: [], failing: [], copy_ends: [], publication_ends: [],
   publication_failures: []};
@@ -796,7 +797,7 @@ function users() {
     var byUser = doc.users || {}, states = [];
     Object.keys(byUser).forEach(function (u) {
       Object.keys(byUser[u]).forEach(function (s) {
-        if (states.indexOf(s) < 0) { states.push(s); }
+        if (states.indexOf(s) < 0 && s !== BYTES_DONE) { states.push(s); }
       });
     });
     states.sort();
@@ -804,11 +805,13 @@ function users() {
       var total = states.reduce(function (n, s) { return n + (byUser[u][s] || 0); }, 0);
       return el('tr', {'data-user': u}, [el('td', {}, [el('a', {href: '#user/' + encodeURIComponent(u)}, [u])])].concat(states.map(function (s) {
         return el('td', {'class': 'n', 'data-state': s}, [byUser[u][s] || 0]);
-      })).concat([el('td', {'class': 'n', 'data-state': 'total'}, [total])]));
+      })).concat([el('td', {'class': 'n', 'data-state': 'total'}, [total]),
+        el('td', {'class': 'n', 'data-column': 'bytes', 'data-value': byUser[u][BYTES_DONE] || 0},
+          [bytes(byUser[u][BYTES_DONE] || 0)])]));
     });
     return [el('h2', {}, ['Users: files per state']),
       el('p', {}, ['as of ' + when(doc.as_of) + ' UTC; each name opens the user\'s page.']),
-      table('users', ['user'].concat(states, ['total']), rows)];
+      table('users', ['user'].concat(states, ['total', 'bytes copied (files done)']), rows)];
   });
 }
 
@@ -826,8 +829,10 @@ function user(name) {
       throw new NotFound('No user called ' + name + ' has files here.');
     }
     mine = mine || {};
-    var total = Object.keys(mine).reduce(function (n, s) { return n + mine[s]; }, 0);
-    var rows = Object.keys(mine).sort().map(function (s) {
+    var copied = mine[BYTES_DONE] || 0;
+    var states = Object.keys(mine).filter(function (s) { return s !== BYTES_DONE; });
+    var total = states.reduce(function (n, s) { return n + mine[s]; }, 0);
+    var rows = states.sort().map(function (s) {
       return el('tr', {'data-state': s}, [el('td', {}, [s]), el('td', {'class': 'n'}, [mine[s]])]);
     });
     rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']), el('td', {'class': 'n'}, [total])]));
@@ -839,8 +844,9 @@ function user(name) {
     active[0].textContent = 'Tasks active in the last 24 hours';
     active[1].setAttribute('id', 'user-tasks');
     return [el('h2', {}, ['User ' + name]),
-      el('p', {id: 'user-summary'}, [total + ' files: ' + (mine.done || 0) + ' done, ' + inFlight +
-        ' on their way, ' + failing + ' failed or failing (as of ' + when(got[0].as_of) + ' UTC)']),
+      el('p', {id: 'user-summary', 'data-bytes': copied}, [total + ' files: ' + (mine.done || 0) +
+        ' done (' + bytes(copied) + ' copied), ' + inFlight + ' on their way, ' + failing +
+        ' failed or failing (as of ' + when(got[0].as_of) + ' UTC)']),
       table('user-states', ['state', 'files'], rows)].concat(active);
   });
 }
