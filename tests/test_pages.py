@@ -32,6 +32,8 @@ from tests.conftest import PASSWORD
 from tests.pipeline_helpers import LINKS, run_until, states, upload
 from tests.test_publisher import BrokenCatalog
 
+OUTAGE = "T2_US_MIT"  # a source site out for the whole run (LINKS[2]'s)
+
 # The most store requests one page load makes (the page, its script and style, the settings,
 # the session, and the page's own reads): a bound that does not grow with the store.
 MAX_REQUESTS = 15
@@ -64,11 +66,16 @@ def cells(page, selector: str) -> dict[str, str]:
 
 def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_page):
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    # Every copy on one link fails: the links page has a worst link to show. Done files are
+    # Every copy on one link fails, and a third link's source is out for the whole run: the
+    # links and errors pages have failures to show. Done files are
     # published at once, to a catalog that refuses them for good.
     sim_config = dataclasses.replace(
         sim_config,
-        sim=dataclasses.replace(sim_config.sim, link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0}),
+        sim=dataclasses.replace(
+            sim_config.sim,
+            link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0},
+            outages=[{"site": OUTAGE, "start": 0, "end": 3600}],
+        ),
         publisher=dataclasses.replace(sim_config.publisher, block_closure_timeout=0),
         store=dataclasses.replace(sim_config.store, stats_db=f"{sim_config.store.files_db}_stats"),
         fts3=dataclasses.replace(sim_config.fts3, monitor_url="https://fts.example/job/{job_id}"),
@@ -76,7 +83,7 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     init_databases(admin, sim_config)  # the pages' settings, a statistics database of its own
     publish = {"publish": True, "publish_info": {"dataset": "/Prim/alice-pages-v1/USER"}}
     task = "261121_210000:alice_pages"
-    ids = upload(accounts, sim_config, 12, users=("alice",), task=task, **publish)
+    ids = upload(accounts, sim_config, 12, users=("alice",), task=task, links=LINKS[:3], **publish)
     db = admin.db(sim_config.store.files_db)
     runners = [Runner(Submitter(sim_config, "sub-p")), Runner(Monitor(sim_config, "mon-p"))]
     run_until(  # a mix of states, then stop
@@ -357,6 +364,12 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
         }
 
     assert group_counts() == Counter(link for link, _, _, _ in failed_attempts)
+    # The outage is named: its link, the class its failures fall in, the message.
+    outage_link = f"{OUTAGE}>T2_DE_DESY"
+    assert group_counts()[outage_link] == sum(link == outage_link for link, *_ in failed_attempts)
+    outage_row = page.locator(f"#error-messages tr[data-link='{outage_link}']")
+    assert outage_row.get_attribute("data-class") == "connection"
+    assert f"simulated outage of {OUTAGE}: connection refused" in outage_row.inner_text()
     messages: Counter = Counter()
     for r in page.locator("#error-messages tbody tr").all():
         key = (r.get_attribute("data-link"), r.get_attribute("data-class"))
