@@ -111,7 +111,7 @@ function when(epoch) {
 // The windows a page can show: the address's key → [label, seconds].
 var WINDOWS = {'24h': ['24 hours', 24 * HOUR], '7d': ['7 days', 7 * DAY],
   '30d': ['30 days', 30 * DAY], '1y': ['1 year', 365 * DAY]};
-var QUEUE_COLOURS = ['#9bd', '#e93', '#68c', '#36a', '#a6c'];
+var QUEUE_COLOURS = ['#9bd', '#e93', '#68c', '#36a', '#a6c', '#777'];
 var COLOURS = {done: '#3a7', failed_attempt: '#e93', failed: '#c33', killed: '#888',
   published: '#37a', publication_error: '#e93', publication_failed: '#c33'};
 // The overview's and publication page's choices, read from the address by route(): window,
