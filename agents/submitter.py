@@ -193,7 +193,13 @@ def file_transfer(config: Config, doc: Mapping[str, Any]) -> FileTransfer:
         ),
         size=doc["size"],
         adler32=doc["checksum"]["adler32"],
-        metadata={"request_id": doc["_id"], "lfn": doc["destination_lfn"]},
+        # Which attempt of the request this copy is: the job table records it (the simulator
+        # draws a file's fate from it, so one seed gives the same fates whatever the batching).
+        metadata={
+            "request_id": doc["_id"],
+            "lfn": doc["destination_lfn"],
+            "attempt": len(doc.get("attempts") or []),
+        },
         ours=may_have_left_a_copy(doc),
     )
 

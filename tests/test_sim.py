@@ -6,6 +6,7 @@ and the report computed from the documents."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -283,6 +284,32 @@ def test_a_simulated_transfer_longer_than_the_timeout_fails_as_a_timeout():
     assert (fate.error_class, fate.end) == ("timeout", 130.0)
     quick = SimService(None, SimConfig(mean_duration=20.0, distribution="fixed", timeout=30.0))
     assert quick.fate(job, "f1") == type(fate)(100.0, 120.0, None, None)
+
+
+def test_one_seed_draws_the_same_fate_for_an_attempt_however_files_are_batched():
+    """`sim.seed`'s promise (same seed, same durations and failures): a file's attempt meets
+    the same fate in any job (job ids are new each run, batches differ with timing); another
+    attempt of it, or another seed, draws again."""
+    from aso.config import SimConfig
+    from aso.transfer.sim import SimService
+
+    def job(job_id: str, files: dict[str, int]) -> dict:
+        entries = {f: {"attempt": n} for f, n in files.items()}
+        return {"_id": job_id, "created": 0.0, "source_site": "A", "destination_site": "B",
+                "files": entries}  # fmt: skip
+
+    config = SimConfig(mean_duration=60.0, distribution="exponential", failure_rate=0.5,
+                       timeout=10_000.0, seed=7)  # fmt: skip
+    service = SimService(None, config)
+    together = job("j-one", {f"f{i}": 0 for i in range(40)})
+    alone = [job(f"j-{i}", {f"f{i}": 0}) for i in range(40)]
+    fates = [service.fate(together, f"f{i}") for i in range(40)]
+    assert fates == [service.fate(alone[i], f"f{i}") for i in range(40)]
+    assert {f.error_class for f in fates} > {None}  # failures and successes both drawn
+    again = [service.fate(job("j-two", {f"f{i}": 1}), f"f{i}") for i in range(40)]
+    assert again != fates  # the next attempt draws anew
+    other_seed = SimService(None, dataclasses.replace(config, seed=8))
+    assert [other_seed.fate(together, f"f{i}") for i in range(40)] != fates
 
 
 def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_off_time():

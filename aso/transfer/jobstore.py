@@ -84,6 +84,7 @@ def new_job_document(job: JobRequest, service: str, now: float) -> dict[str, Any
                 "started": None,
                 "ended": None,
                 **({"ours": True} if f.ours else {}),
+                **({"attempt": f.metadata["attempt"]} if "attempt" in f.metadata else {}),
             }
             for i, f in enumerate(job.files)
         },

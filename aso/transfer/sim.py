@@ -102,7 +102,12 @@ class SimService(JobTableService):
 
     # -- fates ---------------------------------------------------------------------------------
     def fate(self, doc: Mapping[str, Any], file_id: str) -> Fate:
-        rng = _rng(self.config.seed, doc["_id"], file_id)
+        # Drawn from the request and its attempt number where the job records it: one seed,
+        # the same durations and failures for each attempt of each file, however the files were
+        # batched into jobs (job ids are new each run); else from the job and the file.
+        attempt = ((doc.get("files") or {}).get(file_id) or {}).get("attempt")
+        parts = (file_id, f"attempt {attempt}") if attempt is not None else (doc["_id"], file_id)
+        rng = _rng(self.config.seed, *parts)
         start = float(doc["created"])
         end = start + draw_duration(rng, self.config)
         link = f"{doc['source_site']}>{doc['destination_site']}"
