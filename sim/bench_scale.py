@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
                 bucket=parse_duration(args.bucket),
                 drain_timeout=args.drain_timeout,
                 ceiling_docs=args.ceiling_docs,
+                # Each scale on a fresh store: the same requests, so the same fates, every run.
+                run_token=f"bench_{scale:g}x",
             )
             console.rule(
                 f"{scale:g}x design on {engine}: {plan.files_per_second * 3600:,.0f} files/hour"

@@ -95,6 +95,10 @@ class RunOptions:
     hosts: int = 1  # agent hosts: `aso run --agents-only` processes, each with every agent
     chaos: ChaosPlan | None = None  # faults during the injection (sim/chaos.py)
     upload_patience: float = 180.0  # wall seconds a job's upload keeps being retried
+    # What makes this run's LFNs unique (default: the time and a random tag). A fixed one on a
+    # fresh store gives every run of one plan the same requests, and so, with the plan's seed,
+    # the same fates for each attempt (make bench: runs of two commits side by side).
+    run_token: str | None = None
     # The service's own timings (None: production's defaults). Short ones let a short run see a
     # dead host's leases and partitions pass on.
     lease: float | None = None  # transfer.lease
@@ -472,7 +476,9 @@ class Simulation:
         self.config.source.chmod(0o600)
         self.service = Service(self.config, options)
         self.chaos_log: ChaosLog | None = None
-        self.run_token = time.strftime("%y%m%d_%H%M%S", time.gmtime()) + "_" + uuid.uuid4().hex[:4]
+        self.run_token = options.run_token or (
+            time.strftime("%y%m%d_%H%M%S", time.gmtime()) + "_" + uuid.uuid4().hex[:4]
+        )
 
     def run(self) -> Report:
         service = self.service
