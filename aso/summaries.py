@@ -36,6 +36,8 @@ analytics agent that holds the turn):
   can be active in an hour). Written once; the same content if written again.
 * `monitor:day:YYYY-MM-DD`      a day once its last hour is closed: the sum of its hours' moves,
   totals and backlog at its end, the day's highest hourly backlog. Long windows read these.
+* `monitor:linkhour:YYYY-MM-DDTHH`, `monitor:linkday:YYYY-MM-DD`  an hour's (a day's) links and
+  failures, apart from the moves: only the links and errors pages read them.
 * `monitor:state`               where the aggregator stands: the end of the last closed hour,
   the cumulative tally up to it, and a `_changes` sequence to resume from. Written after the
   hour and day documents it accounts for: a crash in between writes the same hours again.
@@ -77,11 +79,22 @@ DAY = 86400.0
 HOUR_PREFIX = "monitor:hour:"
 TASKS_PREFIX = "monitor:tasks:"
 DAY_PREFIX = "monitor:day:"
+# Each hour's and day's links and failures, in documents of their own: only the links and
+# errors pages read them (the overview's long windows would read megabytes otherwise).
+LINK_HOUR_PREFIX = "monitor:linkhour:"
+LINK_DAY_PREFIX = "monitor:linkday:"
 STATE_ID = "monitor:state"
 LIVE_ID = "monitor:live"
 LIVE_LINKS_ID = "monitor:live:links"
 LIVE_USERS_ID = "monitor:live:users"
-TYPES = ("monitor_hour", "monitor_tasks", "monitor_day", "monitor_state", "monitor_live")
+TYPES = (
+    "monitor_hour",
+    "monitor_tasks",
+    "monitor_links",
+    "monitor_day",
+    "monitor_state",
+    "monitor_live",
+)
 RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 hours
 # The first run over an existing store holds every hour in memory until the whole feed is read;
 # thousands of tasks an hour over months would not fit: it records tasks of its last week only.
@@ -560,10 +573,18 @@ class Aggregator:
                     "hour": hour_name(start),
                     "start": start,
                     "moves": tally.moves,
-                    "link_hours": tally.link_hours,
-                    "failures": tally.failures,
                     "totals": totals,
                     "backlog": backlog(totals),
+                }
+            )
+            docs.append(
+                {
+                    "_id": LINK_HOUR_PREFIX + hour_name(start),
+                    "type": "monitor_links",
+                    "hour": hour_name(start),
+                    "start": start,
+                    "link_hours": tally.link_hours,
+                    "failures": tally.failures,
                 }
             )
             docs.append(
@@ -599,44 +620,56 @@ class Aggregator:
     def _days(
         self, previous: float | None, until: float, report: StepReport
     ) -> list[dict[str, Any]]:
-        """Day documents of the days that ended between `previous` and `until` (with events)."""
+        """Day documents of the days that ended between `previous` and `until` (with events):
+        each with the sum of its hours' moves, and one with the sum of their links and
+        failures."""
         last_end = (until // DAY) * DAY  # days ending at or before `until` are over
         first = (previous // DAY) * DAY if previous is not None else 0.0  # not closed yet
         if first >= last_end:
             return []
-        rows = self.stats_db.all_docs(
-            HOUR_PREFIX + (hour_name(first) if first else ""),
-            HOUR_PREFIX + hour_name(last_end - HOUR),
+        first_hour, last_hour = (hour_name(first) if first else ""), hour_name(last_end - HOUR)
+        rows = self.stats_db.all_docs(HOUR_PREFIX + first_hour, HOUR_PREFIX + last_hour)
+        details = self.stats_db.all_docs(
+            LINK_HOUR_PREFIX + first_hour, LINK_HOUR_PREFIX + last_hour
         )
         by_day: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for doc in rows:
             by_day[day_name(doc["start"])].append(doc)
+        detail_by_day: dict[str, Tally] = defaultdict(Tally)
+        for doc in details:
+            detail_by_day[day_name(doc["start"])].add(
+                Tally.from_json(
+                    {"moves": {}, "link_hours": doc["link_hours"], "failures": doc["failures"]}
+                )
+            )
         docs = []
         for day, hour_docs in sorted(by_day.items()):
             tally = Tally()
             for h in hour_docs:
-                tally.add(
-                    Tally.from_json(
-                        {
-                            "moves": h["moves"],
-                            "link_hours": h.get("link_hours", {}),
-                            "failures": h.get("failures", {}),
-                        }
-                    )
-                )
+                tally.add(Tally.from_json({"moves": h["moves"]}))
             last = max(hour_docs, key=lambda h: h["start"])
+            start = (last["start"] // DAY) * DAY
             docs.append(
                 {
                     "_id": DAY_PREFIX + day,
                     "type": "monitor_day",
                     "day": day,
-                    "start": (last["start"] // DAY) * DAY,
+                    "start": start,
                     "moves": tally.moves,
-                    "link_hours": tally.link_hours,
-                    "failures": tally.failures,
                     "totals": last["totals"],
                     "backlog": last["backlog"],
                     "backlog_max": max(h["backlog"] for h in hour_docs),
+                }
+            )
+            detail = detail_by_day[day]
+            docs.append(
+                {
+                    "_id": LINK_DAY_PREFIX + day,
+                    "type": "monitor_links",
+                    "day": day,
+                    "start": start,
+                    "link_hours": detail.link_hours,
+                    "failures": detail.failures,
                 }
             )
             report.days.append(day)

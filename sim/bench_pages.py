@@ -42,7 +42,7 @@ from aso.config import Config, render
 from aso.designdocs import init_databases, pages_url
 from aso.localstore import free_port
 from aso.managed import local_store
-from aso.store import Server, Settings
+from aso.store import Server, Settings, StoreError
 
 console = Console()
 USERS, SITES, JOBS_PER_TASK = 200, 60, 1000
@@ -178,7 +178,15 @@ def build_views(admin: Server, config: Config) -> dict[str, float]:
     seconds = {}
     for name in PAGE_VIEWS:
         started = time.monotonic()
-        db.view("asyncstageout", name, limit=1, reduce=False if name == "by_task" else None)
+        while True:
+            try:
+                db.view("asyncstageout", name, limit=1, reduce=False if name == "by_task" else None)
+                break
+            except StoreError as exc:
+                # CouchDB answers a read that waits for a long build `500 timeout` and goes on
+                # building: ask again until the index is there.
+                if exc.status != 500 or exc.error != "timeout":
+                    raise
         seconds[name] = time.monotonic() - started
         console.print(f"view {name}: index built in {seconds[name]:.0f} s")
     return seconds

@@ -215,7 +215,7 @@ function eachFailure(failures, visit) {
   });
 }
 
-function history() {
+function history(withDetail) {
   // The window's buckets: {span, live, buckets: [{start, moves, backlog}]} from the
   // closed hour (or day) documents, the live document's open hours, and the last closed bucket
   // before the window (where the backlog stood).
@@ -232,7 +232,13 @@ function history() {
         end_key: prefix, descending: true, limit: 1, include_docs: true});
     }),
     // A day not yet closed: its closed hours so far.
-    step === DAY ? summaries('monitor:hour:', name(last), name(last) + '\ufff0') : Promise.resolve([])
+    step === DAY ? summaries('monitor:hour:', name(last), name(last) + '\ufff0') : Promise.resolve([]),
+    // The links and failures (withDetail: the links and errors pages), kept apart from the
+    // moves: the hours' or days' of the window, and the closed hours of a day not yet closed.
+    withDetail ? summaries(step === DAY ? 'monitor:linkday:' : 'monitor:linkhour:', name(first),
+      name(last) + '\ufff0') : Promise.resolve([]),
+    withDetail && step === DAY ? summaries('monitor:linkhour:', name(last), name(last) + '\ufff0')
+      : Promise.resolve([])
   ]).then(function (got) {
     var live = got[0];
     if (!live) { return null; }
@@ -242,17 +248,20 @@ function history() {
     };
     got[1].forEach(function (d) {
       var b = bucket(d.start);
-      addMoves(b.moves, d.moves); addDetail(b, d); b.backlog = d.backlog;
+      addMoves(b.moves, d.moves); b.backlog = d.backlog;
       b.queues = queuesOf(d.totals);
     });
     var closedDay = by[last] !== undefined;
     got[3].forEach(function (d) {
-      if (!closedDay) { addMoves(bucket(last).moves, d.moves); addDetail(bucket(last), d); }
+      if (!closedDay) { addMoves(bucket(last).moves, d.moves); }
     });
+    got[4].forEach(function (d) { addDetail(bucket(d.start), d); });
+    got[5].forEach(function (d) { if (!closedDay) { addDetail(bucket(last), d); } });
     (live.open || []).forEach(function (h) {
       var start = Math.floor(h.start / step) * step;
       if (start < first || start > last) { return; }
-      addMoves(bucket(start).moves, h.moves); addDetail(bucket(start), h);
+      addMoves(bucket(start).moves, h.moves);
+      if (withDetail) { addDetail(bucket(start), h); }
     });
     // The backlog at each bucket's end: a closed bucket says it; otherwise the one before plus
     // what this bucket's moves added to it (open hours, the day so far, or nothing).
@@ -559,7 +568,7 @@ function liveLinks() {
 }
 
 function links() {
-  return Promise.all([liveLinks(), history()]).then(function (both) {
+  return Promise.all([liveLinks(), history(true)]).then(function (both) {
     var got = both[0], h = both[1];
     if (!got) { return noSummaries(); }
     var all = got.links, errors = got.errors;
@@ -671,7 +680,7 @@ function classesText(classes) {
 function errors() {
   // Failed attempts of the window grouped by link, site or class (each group a filter), then
   // each message pattern with its count, first and last seen, and sample files.
-  return history().then(function (got) {
+  return history(true).then(function (got) {
     if (!got) { return noSummaries(); }
     var group = GROUPS[PARAMS.group] ? PARAMS.group : 'link';
     var filters = {link: PARAMS.link || '', site: PARAMS.site || '', 'class': PARAMS['class'] || ''};
@@ -740,7 +749,7 @@ function link(name) {
   if (parts.length !== 2) { return Promise.reject(new NotFound('A link is named SOURCE>DESTINATION, not ' + name + '.')); }
   return Promise.all([
     get(DDOC + 'links', {start_key: [parts[0], parts[1]], end_key: [parts[0], parts[1], {}], group_level: 4}),
-    history()
+    history(true)
   ]).then(function (got) {
     if (!got[0].rows.length) { throw new NotFound('No files go from ' + parts[0] + ' to ' + parts[1] + '.'); }
     var states = got[0].rows.filter(function (r) { return r.key[2] === 'state'; });
