@@ -150,8 +150,13 @@ class LocalStore(ABC):
             )
 
     def start(self) -> str:
-        """Start the store (if it is not running) and make sure the admin account exists."""
+        """Start the store (if it is not running) and make sure the admin account exists.
+        Starts and stops of one store take turns (procs.exclusive)."""
         self.check_startable()
+        with procs.exclusive(self.pid_file.with_suffix(".lock")):
+            return self._start()
+
+    def _start(self) -> str:
         pid = self.our_pid()
         if pid is None and self.answers():
             raise LocalStoreError(
@@ -267,13 +272,14 @@ class LocalStore(ABC):
     # -- stop -----------------------------------------------------------------------------------
     def stop(self, timeout: float = 30.0) -> str:
         what = f"{self.engine} store{f' {self.name}' if self.name else ''}"
-        pid = self.our_pid()
-        if pid is None:
+        with procs.exclusive(self.pid_file.with_suffix(".lock")):
+            pid = self.our_pid()
+            if pid is None:
+                self.pid_file.unlink(missing_ok=True)
+                return f"{what} is not running"
+            procs.terminate([pid], timeout)
             self.pid_file.unlink(missing_ok=True)
-            return f"{what} is not running"
-        procs.terminate([pid], timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return f"{what} stopped (pid {pid})"
+            return f"{what} stopped (pid {pid})"
 
     def kill(self) -> int | None:
         """SIGKILL the server (a crash, for tests and chaos runs); its pid, if it ran."""

@@ -4,11 +4,12 @@ them detached with a pid file, recognise them again, stop them and nobody else."
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -37,6 +38,22 @@ def pid_if_ours(pid_file: Path, ours: Callable[[list[str]], bool]) -> int | None
         return None
     argv = cmdline(pid)
     return pid if argv and ours(argv) and alive(pid) else None
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_file` (made if missing) while starting or stopping a
+    daemon: two starts at once (`aso run`'s watchdog and `aso storage start`, or two threads)
+    would both find it not running, both spawn it, and leave the pid file naming the one that
+    lost the port, while the other serves unrecognised. An flock ends with its holder, so a
+    killed starter leaves no stale lock."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def spawn_detached(

@@ -191,6 +191,16 @@ def test_a_storage_server_stopped_mid_run_is_a_connection_failure(
         assert doc["attempts"][-1]["outcome"] == "failed"
 
 
+def assert_stops_answering(storage: EmbeddedStorage, name: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        [site] = [s for s in storage.status() if s.site == name]
+        if not site.answering:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{name} still answers after its server was killed: {site.line()}")
+
+
 def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, storage, watchdog):
     """kill -9 of the destination's XRootD just as its copies are about to start: once a copy
     has met the dead server, the watchdog starts it again (as `aso run` does), the copies that
@@ -218,6 +228,10 @@ def test_a_crashed_storage_server_is_ridden_out(gfal_config, accounts, admin, st
         # before the first copy began once, on a loaded machine), then starts it again.
         with watchdog.paused():
             os.kill(site.pid, signal.SIGKILL)
+            # The server killed is the one that served the site (CI once met all ten copies
+            # done and none retried: two starts at once had left another server on the port,
+            # which EmbeddedStorage's start lock now prevents).
+            assert_stops_answering(watchdog.storage, DESTINATION)
             run_until(lambda: bool(retried_entries()), runners, 120, lambda: states(db, ids))
         run_until(
             lambda: states(db, ids)["done"] + states(db, ids)["failed_attempt"] == len(ids),

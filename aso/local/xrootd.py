@@ -478,11 +478,20 @@ class EmbeddedStorage:
         return " | ".join(text[-lines:]) or "(empty log)"
 
     # -- start ----------------------------------------------------------------------------------
+    @property
+    def lock_file(self) -> Path:
+        return self.data_dir / "storage.lock"
+
     def start(self) -> list[str]:
         """Start the server of every embedded site that does not run yet and wait until each
-        answers; one line per site. If one fails, the ones this call started are stopped."""
+        answers; one line per site. If one fails, the ones this call started are stopped.
+        Starts and stops of one data directory take turns (procs.exclusive)."""
         if not self.servers:
             return ["no embedded site in the site catalogue"]
+        with procs.exclusive(self.lock_file):
+            return self._start()
+
+    def _start(self) -> list[str]:
         self._check_distinct_ports()
         xrootd = self.executable()
         xrdcp = self.xrdcp(xrootd)
@@ -611,14 +620,17 @@ class EmbeddedStorage:
     def stop(self, timeout: float = 10.0) -> list[str]:
         """Stop the servers this config started (checked by pid file and command line), and no
         other process; one line per embedded site."""
-        pids = {name: self._our_pid(server) for name, server in self.servers.items()}
-        procs.terminate([pid for pid in pids.values() if pid], timeout)
-        lines = []
-        for name, server in self.servers.items():
-            server.pid_file.unlink(missing_ok=True)
-            pid = pids[name]
-            lines.append(f"{name}: stopped (pid {pid})" if pid else f"{name}: not running")
-        return lines or ["no embedded site in the site catalogue"]
+        if not self.servers:
+            return ["no embedded site in the site catalogue"]
+        with procs.exclusive(self.lock_file):
+            pids = {name: self._our_pid(server) for name, server in self.servers.items()}
+            procs.terminate([pid for pid in pids.values() if pid], timeout)
+            lines = []
+            for name, server in self.servers.items():
+                server.pid_file.unlink(missing_ok=True)
+                pid = pids[name]
+                lines.append(f"{name}: stopped (pid {pid})" if pid else f"{name}: not running")
+            return lines
 
 
 # -- files at a site ------------------------------------------------------------------------------
