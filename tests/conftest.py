@@ -14,6 +14,9 @@ import dataclasses
 import itertools
 import os
 import secrets
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +30,7 @@ from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.local.xrootd import EmbeddedStorage
-from aso.localstore import LocalCluster, LocalStore, free_port
+from aso.localstore import LocalCluster, LocalStore, distinct_free_ports, free_port
 from aso.managed import local_store
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
@@ -37,6 +40,12 @@ ARTEFACTS = Path(__file__).parent / "artefacts"
 ENGINE = os.environ.get("ASO_TEST_STORE", "pouchdb")
 if ENGINE not in ("pouchdb", "couchdb"):
     raise SystemExit(f"ASO_TEST_STORE must be pouchdb or couchdb, not {ENGINE!r}")
+# CouchDB's JavaScript engine (couchdb.js_engine): `make test` runs the whole suite on quickjs,
+# ASO's default, then the tests of the store's own JavaScript (validation, views) again on
+# spidermonkey, CouchDB's default: ASO's functions must work on both.
+JS_ENGINE = os.environ.get("ASO_TEST_JS_ENGINE", "quickjs")
+if JS_ENGINE not in ("quickjs", "spidermonkey"):
+    raise SystemExit(f"ASO_TEST_JS_ENGINE must be quickjs or spidermonkey, not {JS_ENGINE!r}")
 
 
 def only_on(engine: str, why: str) -> pytest.MarkDecorator:
@@ -53,6 +62,7 @@ def make_config(tmp: Path, port: int, **store: Any) -> Config:
     config.store.retries = 2
     config.store.backoff = 0.1
     config.embedded.data_dir = str(tmp / "store")
+    config.couchdb.js_engine = JS_ENGINE
     for key, value in store.items():
         setattr(config.store, key, value)
     return config
@@ -291,21 +301,23 @@ def preloaded_cli(
 
 
 @pytest.fixture()
-def agents_in_background(sim_config: Config) -> Iterator[None]:
-    """The copy pipeline's agents (submitter, monitor, retry manager, cleaner; sim back end)
-    stepping in a thread of their own for the whole test, as a service runs beside its
-    clients (tests/test_status_client.py, whose own code may not import ASO)."""
+def agents_in_background(pub_config: Config) -> Iterator[None]:
+    """The pipeline's agents (submitter, monitor, retry manager, cleaner, publisher; sim back
+    end, the embedded catalog) stepping in a thread of their own for the whole test, as a
+    service runs beside its clients (tests/test_status_client.py, whose own code may not
+    import ASO)."""
     import threading
 
     from agents.cleaner import Cleaner
     from agents.monitor import Monitor
+    from agents.publisher import Publisher
     from agents.retry_manager import RetryManager
     from agents.submitter import Submitter
     from aso.runtime import Runner
 
     runners = [Runner(agent) for agent in (
-        Submitter(sim_config, "s1"), Monitor(sim_config, "m1"),
-        RetryManager(sim_config, "r1"), Cleaner(sim_config, "c1"),
+        Submitter(pub_config, "s1"), Monitor(pub_config, "m1"),
+        RetryManager(pub_config, "r1"), Cleaner(pub_config, "c1"), Publisher(pub_config, "p1"),
     )]  # fmt: skip
     for runner in runners:
         runner.workset.start()
@@ -324,3 +336,70 @@ def agents_in_background(sim_config: Config) -> Iterator[None]:
     thread.join(60)
     for runner in runners:
         runner.agent.close()
+
+
+@contextlib.contextmanager
+def running_frontend(config: Config) -> Iterator[str]:
+    """`aso frontend` on `config` (written next to its source) in a process of its own, as an
+    operator runs it, until the block ends; its URL. Its log is `frontend.log` beside the
+    config."""
+    assert config.source is not None
+    write_config(config)
+    log = config.source.parent / "frontend.log"
+    aso = Path(sys.executable).parent / "aso"
+    with open(log, "w") as out:
+        process = subprocess.Popen([str(aso), "--config", str(config.source), "frontend"],
+                                   stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield f"https://{config.frontend.listen}"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontDoor:
+    """What a user of the status API is handed (docs/status-api.md, docs/frontend.md): the
+    front end's address, the CA that signed its certificate, the user's proxy (certificate,
+    key and chain in one file, as voms-proxy-init writes it), the name the grid-mapfile maps
+    it to, the files database and the catalogue's site names."""
+
+    url: str
+    ca_file: str
+    proxy: str
+    user: str
+    db: str
+    sites: tuple[str, ...]
+
+
+FRONT_DOOR_USER = "wendy"  # no store account of the `accounts` fixture: the front end's own
+
+
+@pytest.fixture()
+def front_door(pub_config: Config, tmp_path: Path) -> Iterator[FrontDoor]:
+    """A real X.509 front end (`aso frontend`, its own process and PKI) before the test's files
+    database, and a proxy of a user its grid-mapfile maps."""
+    from aso.local.pki import Pki
+
+    pki = Pki.create(tmp_path / "pki")
+    user = pki.user(FRONT_DOOR_USER)
+    (pki.root / "grid-mapfile").write_text(f'"{user.dn}" {FRONT_DOOR_USER}\n')
+    port, metrics_port = distinct_free_ports(2)
+    config = dataclasses.replace(
+        pub_config,
+        source=tmp_path / "frontend" / "aso.toml",
+        frontend=dataclasses.replace(
+            pub_config.frontend, listen=f"127.0.0.1:{port}", host_cert=str(pki.host_cert),
+            host_key=str(pki.host_key), capath=str(pki.capath),
+            mapfile=str(pki.root / "grid-mapfile"), secret=secrets.token_urlsafe(16),
+        ),
+        metrics=dataclasses.replace(pub_config.metrics, frontend_port=metrics_port),
+    )  # fmt: skip
+    config.source.parent.mkdir()
+    with running_frontend(config) as url:
+        yield FrontDoor(url, str(pki.ca_file), str(pki.proxy_file(user)), FRONT_DOOR_USER,
+                        pub_config.store.files_db, tuple(sorted(pub_config.sites)))  # fmt: skip
