@@ -34,7 +34,7 @@ export COUCHDB_HOME
 STORE ?= pouchdb
 , := ,
 
-.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages bench-metrics clean
+.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages bench-metrics clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -101,6 +101,16 @@ test-couchdb test-pouchdb: test-%: setup
 	@echo "== the test suite on $* ($$(date +%T))"
 	@start=$$(date +%s); ASO_TEST_STORE=$* $(VENV)/bin/pytest $(PYTEST_ARGS); \
 	  echo "== the suite on $* passed in $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"
+	@if [ "$*" = couchdb ] && [ -z "$(PYTEST_ARGS)" ]; then $(MAKE) --no-print-directory test-spidermonkey; fi
+
+# The suite's CouchDB leg runs on QuickJS (couchdb.js_engine, ASO's default); the tests of the
+# store's own JavaScript (validation, views, the work queue, status, hostile input) run again on
+# SpiderMonkey, CouchDB's default: ASO's functions must work on both (~3 min).
+JS_TESTS := tests/test_validation.py tests/test_store.py tests/test_workqueue.py \
+	tests/test_status.py tests/test_hostile.py tests/test_monitor.py
+test-spidermonkey: setup
+	@echo "== the store's JavaScript on CouchDB with spidermonkey ($$(date +%T))"
+	ASO_TEST_STORE=couchdb ASO_TEST_JS_ENGINE=spidermonkey $(VENV)/bin/pytest $(JS_TESTS)
 
 # tests/test_hostile.py with the "long" Hypothesis profile (tests/hostile_strategies.py): random
 # instead of derandomized, ASO_HYPOTHESIS_EXAMPLES per property (600), failures kept in

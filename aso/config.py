@@ -150,6 +150,11 @@ class CouchDBConfig:
     log_level: str = _key(
         "warning", "CouchDB's log level (its `info` logs every request: gigabytes a day)."
     )
+    js_engine: str = _key(
+        "quickjs",
+        "JavaScript engine of a local CouchDB's validation and views: quickjs (CouchDB 3.4+;"
+        " about 3x the validated writes per second of spidermonkey here) or spidermonkey.",
+    )
 
 
 @dataclass
@@ -596,6 +601,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("store.files_q must be 1 to 64")
     if config.couchdb.log_level not in ("debug", "info", "notice", "warning", "error"):
         raise bad("couchdb.log_level must be debug, info, notice, warning or error")
+    if config.couchdb.js_engine not in ("quickjs", "spidermonkey"):
+        raise bad("couchdb.js_engine must be quickjs or spidermonkey")
     if config.store.auth not in ("password", "x509"):
         raise bad("store.auth must be password or x509")
     if config.store.auth == "x509" and not config.store.url.startswith("https://"):

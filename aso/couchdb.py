@@ -61,6 +61,7 @@ SETTINGS: dict[str, dict[str, str]] = {
         "os_process_timeout": "20000",
         "default_security": "admin_only",
         "users_db_security_editable": "true",
+        "js_engine": "quickjs",
     },
     "chttpd": {
         "bind_address": "127.0.0.1",
@@ -235,6 +236,7 @@ class CouchDBNode(LocalStore):
             database_dir=data,
             view_index_dir=data,
             uuid=self.state["uuid"],
+            js_engine=config.couchdb.js_engine,
         )
         sections["chttpd"]["port"] = str(self.port)
         sections["chttpd_auth"]["secret"] = config.frontend.secret or self.state["secret"]

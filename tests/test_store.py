@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from aso import model
+from aso import designdocs, model
+from aso.designdocs import FILES_SECURITY
 from aso.model import AGENT, STATE, Change
 from aso.store import (
     Conflict,
@@ -22,7 +23,7 @@ from aso.store import (
     StoreError,
     StoreUnavailable,
 )
-from tests.conftest import ENGINE, db_as, free_port, only_on, sample_request
+from tests.conftest import ENGINE, JS_ENGINE, db_as, free_port, only_on, sample_request
 
 
 def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
@@ -374,6 +375,53 @@ def test_store_kind_is_detected(admin):
     assert admin.kind == {"pouchdb": "pouchdb-server", "couchdb": "couchdb"}[ENGINE]
     ctx: dict[str, Any] = admin.session()
     assert ctx["name"] == admin.user and "_admin" in ctx["roles"]
+
+
+# What each engine says of `null.x`: the fingerprint of the engine that runs a view.
+ENGINE_FINGERPRINT = {
+    "quickjs": "cannot read property 'x' of null",
+    "spidermonkey": "null has no properties",
+}
+
+
+@only_on("couchdb", "the JavaScript engine is CouchDB's choice (couchdb.js_engine)")
+def test_the_store_runs_the_configured_javascript_engine(admin, store_config):
+    """The suite's store-side tests run on the engine they name (ASO_TEST_JS_ENGINE): asked
+    of the JavaScript itself, not of the config."""
+    name = f"engine_{time.monotonic_ns()}"
+    admin.create_db(name, FILES_SECURITY)
+    try:
+        db = admin.db(name)
+        map_fn = "function (doc) { try { null.x; } catch (e) { emit(null, e.message); } }"
+        db.push_design({"_id": "_design/probe", "views": {"engine": {"map": map_fn}}})
+        db.server.raw("PUT", f"/{name}/one", body={"n": 1})
+        rows = db.view("probe", "engine").rows
+        assert [row["value"] for row in rows] == [ENGINE_FINGERPRINT[JS_ENGINE]]
+    finally:
+        admin.delete_db(name)
+
+
+def test_every_view_of_every_design_document_builds_and_answers(files_db, accounts, store_config):
+    """Each view of the files database, over requests in every state, on this store (and on
+    CouchDB on the engine under test: a function one engine cannot run fails here)."""
+    db = db_as(accounts, "admin", files_db)
+    docs = []
+    for state in model.STATES[STATE]:
+        doc = sample_request("alice", publish=True, publish_info={"dataset": "/p/alice-v/USER"})
+        doc[STATE] = state
+        docs.append(doc)
+    assert all(r.ok for r in db.bulk_write(docs))
+    views = [
+        (ddoc["_id"].split("/", 1)[1], name, "reduce" in view)
+        for ddoc in designdocs.design_documents(store_config)
+        for name, view in ddoc.get("views", {}).items()
+    ]
+    assert len(views) >= 7
+    for ddoc, name, has_reduce in views:
+        rows = db.view(ddoc, name, reduce=False if has_reduce else None).rows
+        assert rows, (ddoc, name)  # every view has something to say of some request
+        if has_reduce:
+            assert db.view(ddoc, name, reduce=True).rows, (ddoc, name)
 
 
 # --- conflicting branches (a CouchDB cluster's; made here with new_edits=false) -------------

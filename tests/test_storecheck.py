@@ -80,8 +80,10 @@ def test_the_local_couchdb_is_fit_with_nothing_to_fix(checked_config):
     ok = {f["item"] for f in report["findings"] if f["level"] == OK}
     wanted = {"auth handlers", "proxy authentication", "require_valid_user", "max_document_size",
               "max_http_request_size", "JS query server", "attachments CSP", "bind", "cluster",
-              "cluster q/n", "agent account aso-agent"}  # fmt: skip
+              "cluster q/n", "agent account aso-agent", "JS engine"}  # fmt: skip
     assert wanted <= ok, wanted - ok
+    [engine] = [f for f in report["findings"] if f["item"] == "JS engine"]
+    assert engine["detail"] == "quickjs", engine
 
 
 def test_an_open_database_is_an_error(checked_config, admin):
@@ -150,7 +152,7 @@ def node_config(**changes: dict[str, str]) -> dict[str, dict[str, str]]:
     config = {
         "couchdb": {"max_document_size": "8000000", "os_process_timeout": "20000",
                     "single_node": "false", "uuid": "0a959b9b8227188afc2ac26ccdf345a6",
-                    "users_db_security_editable": "true"},
+                    "users_db_security_editable": "true", "js_engine": "quickjs"},
         "chttpd": {"bind_address": "10.0.0.11", "port": "5984", "require_valid_user": "false",
                    "admin_only_all_dbs": "true", "max_http_request_size": "4294967296",
                    "authentication_handlers": "{chttpd_auth, proxy_authentication_handler}, "
@@ -365,6 +367,29 @@ def test_other_settings_and_version():
     assert len(at(findings, OK, "127.0.0.1: loopback only")) == 3
     answers.welcome["version"] = "2.3.1"
     assert at(analyse(answers, config), ERROR, "ASO needs Apache CouchDB 3")
+
+
+def test_the_javascript_engine_is_quickjs_where_couchdb_has_it():
+    """SpiderMonkey (CouchDB's default) runs every write's validation about 3x slower than
+    QuickJS: a warning with the fix on 3.4; the only engine before 3.4, so nothing to fix."""
+    config = proxy_config()
+    answers = couchdb_answers(config)
+    answers.welcome["version"] = "3.4.3"
+    for engine, level in ((None, WARN), ("spidermonkey", WARN), ("quickjs", OK)):
+        answers.configs = {node: node_config() for node in NODES}
+        for node in NODES:
+            answers.configs[node]["couchdb"].pop("js_engine")
+            if engine:
+                answers.configs[node]["couchdb"]["js_engine"] = engine
+        findings = [f for f in analyse(answers, config) if f.item.endswith(": JS engine")]
+        assert [f.level for f in findings] == [level] * 3, findings
+        if level == WARN:
+            assert "js_engine = quickjs" in findings[0].detail
+    answers.welcome["version"] = "3.3.3"
+    for node in NODES:
+        answers.configs[node]["couchdb"].pop("js_engine")
+    findings = [f for f in analyse(answers, config) if f.item.endswith(": JS engine")]
+    assert [f.level for f in findings] == [OK] * 3 and "has no other" in findings[0].detail
 
 
 def test_design_documents_and_agent_account():
