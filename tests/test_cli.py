@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -111,6 +112,76 @@ def test_unreachable_store_is_one_line_and_a_retryable_exit(tmp_path):
         line = one_line_error(result)
         assert f"cannot reach the store at {config.store.url}" in line
         assert line.endswith("(retryable: try again later)")
+
+
+# Every command that reads or writes the store, the store being down: one line saying so and
+# the retryable exit code (75, EX_TEMPFAIL; README, docs/usage.md), so that a job wrapper or a
+# cron job tries again later instead of giving up.
+UNREACHABLE = [
+    ["status", "261121_1:alice_t"],
+    ["status", "261121_1:alice_t", "--since", "0"],
+    ["status", "--file", "abcd1234"],
+    ["request", "list", "--task", "261121_1:alice_t", "--json"],
+    ["kill", "--task", "261121_1:alice_t"],
+    ["resubmit", "--task", "261121_1:alice_t"],
+    ["publish", "--retry", "261121_1:alice_t"],
+    ["catalog", "ls", "/Prim/proc-v1/USER"],
+    ["catalog", "blocks", "/Prim/proc-v1/USER"],
+    ["stats"],
+    ["reconcile", "--kind", "stuck"],
+    ["metrics", "targets"],
+    ["store", "check"],
+    ["db", "add-user", "carla", "--password", "pw"],
+]
+
+
+@pytest.mark.parametrize("command", UNREACHABLE, ids=[" ".join(c) for c in UNREACHABLE])
+def test_each_command_meeting_a_store_that_is_down_exits_75(tmp_path, command):
+    config = make_config(tmp_path, free_port(), retries=1)
+    result = aso(*command, config=write_config(config))
+    assert result.returncode == 75, (result.stdout, result.stderr)
+    line = one_line_error(result)
+    assert f"cannot reach the store at {config.store.url}" in line
+    assert line.endswith("(retryable: try again later)")
+
+
+# The panels of `aso --help`, in their order, and the commands of each.
+HELP_PANELS = {
+    "For users and clients": {"status", "upload", "kill", "resubmit", "publish", "request"},
+    "For operators": {"run", "config", "store", "db", "storage", "catalog", "reconcile", "stats",
+                      "certs", "metrics"},
+    "The service's processes, the demo and the simulator": {"agent", "frontend", "demo", "sim"},
+}  # fmt: skip
+
+
+def help_panels(text: str) -> dict[str, list[str]]:
+    """The commands of each panel of a rich help text (`╭─ Title ─...╮`, then `│ name  ...`)."""
+    panels: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        title = re.match(r"╭─ (.+?) ─+╮", line)
+        if title:
+            current = panels.setdefault(title.group(1), [])
+        elif current is not None and re.match(r"│ [a-z]", line):
+            current.append(line[2:].split()[0])
+    return panels
+
+
+def test_help_groups_the_commands_by_who_uses_them():
+    """`aso --help`: the users' commands first, then the operators', then the service's
+    processes; every command in one panel."""
+    from aso.cli import app
+
+    result = aso("--help")
+    assert result.returncode == 0, result.stderr
+    panels = help_panels(result.stdout)
+    assert list(panels) == ["Options", *HELP_PANELS]
+    assert {name: set(commands) for name, commands in panels.items() if name != "Options"} == (
+        HELP_PANELS
+    )
+    registered = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert set().union(*HELP_PANELS.values()) == registered
+    assert panels["For users and clients"][0] == "status"  # what a user asks first
 
 
 def test_config_init_show_and_secrets(tmp_path):

@@ -53,6 +53,11 @@ class CatalogError(Exception):
         self.retryable = retryable
 
 
+class CatalogStoreDown(CatalogError):
+    """The embedded catalog's document store is unreachable or overloaded: as for any command
+    meeting a store that is down, `aso` exits with its retryable code (75)."""
+
+
 class BlockConflict(CatalogError):
     """A block of that name exists with other files (never overwritten), or some of the
     block's files are already in other blocks (`elsewhere`: LFN → the block holding it)."""

@@ -37,6 +37,7 @@ from aso.catalog.base import (
     Catalog,
     CatalogError,
     CatalogFile,
+    CatalogStoreDown,
     content_message,
 )
 from aso.store import Conflict, Database, Forbidden, Server, StoreError, StoreUnavailable
@@ -194,7 +195,8 @@ def _store_error(action: str, exc: StoreError) -> CatalogError:
     retryable = (
         isinstance(exc, StoreUnavailable) or exc.status in (0, 408, 429) or exc.status >= 500
     )
-    return CatalogError(f"embedded catalog: {action}: {exc}", retryable=retryable)
+    kind = CatalogStoreDown if retryable else CatalogError
+    return kind(f"embedded catalog: {action}: {exc}", retryable=retryable)
 
 
 class EmbeddedCatalog(Catalog):

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 # Typer vendors click (typer._click) and re-exports none of its exceptions but Abort and Exit;
 # a usage error (unknown command or option, a bad value) is click's ClickException.
@@ -35,11 +33,17 @@ from aso import status as task_status
 from aso.cli.catalog import catalog_app
 from aso.cli.common import (
     BUILT_IN_DEFAULTS,
+    EXIT_RETRYABLE,
     NO_CONFIG_HINT,
+    AllOpt,
+    LimitOpt,
     NotFound,
     UsageError,
+    line_console,
+    print_more,
     print_table,
     resolve_id,
+    row_limit,
 )
 from aso.cli.common import config_of as _config
 from aso.cli.frontend import certs_app, frontend_cmd
@@ -62,8 +66,8 @@ from aso.store import Database, Server, StoreError, redact
 from aso.supervisor import Supervisor, pages_addresses
 from aso.upload import adler32_of, requests_from_json, upload
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = line_console()
+err_console = line_console(stderr=True)
 
 # `aso --help` groups the commands by who uses them.
 USERS = "For users and clients"
@@ -235,18 +239,31 @@ def store_stop(ctx: typer.Context) -> None:
 
 
 @store_app.command("status")
-def store_status(ctx: typer.Context) -> None:
+def store_status(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the nodes as JSON.")] = False,
+) -> None:
     """Say whether the local store (each node of a cluster) runs and answers; exit 1 if one
     does not answer."""
     store = local_store(_config(ctx))
     statuses = store.statuses() if isinstance(store, LocalCluster) else [store.status()]
-    for status in statuses:
-        pid = f"pid {status.pid}" if status.pid else "not started by this config"
-        state = "answering" if status.answering else "not answering"
-        name = f"{status.name} " if status.name else ""
-        console.print(
-            f"{name}{status.url}: {state} ({store.engine}, {pid}; data in {status.data_dir})"
-        )
+    if json_out:
+        nodes = [
+            {"name": s.name or None, "url": s.url, "answering": s.answering, "pid": s.pid,
+             "data_dir": str(s.data_dir)}
+            for s in statuses
+        ]  # fmt: skip
+        console.print_json(data={"engine": store.engine, "nodes": nodes})
+    else:
+        for status in statuses:
+            pid = f"pid {status.pid}" if status.pid else "not started by this config"
+            state = "answering" if status.answering else "not answering"
+            name = f"{status.name} " if status.name else ""
+            console.print(
+                f"{name}{status.url}: {state} ({store.engine}, {pid}; data in {status.data_dir})",
+                markup=False,
+                highlight=False,
+            )
     if not all(status.answering for status in statuses):
         raise typer.Exit(1)
 
@@ -409,15 +426,15 @@ def request_list(
     ctx: typer.Context,
     task: Annotated[str | None, typer.Option(help="Only this task (in job order).")] = None,
     state: Annotated[str | None, typer.Option(help="Only this transfer state.")] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 50,
-    show_all: Annotated[bool, typer.Option("--all", help="Every row, however many.")] = False,
+    limit: LimitOpt = None,
+    show_all: AllOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """List requests of a task (in job order) or in a state; says how many more there are."""
     if state and state not in model.STATES[model.STATE]:
         raise UsageError(f"unknown state {state!r}; one of {', '.join(model.STATES['state'])}")
     db = _files_db(ctx)
-    wanted = None if show_all else limit
+    wanted = row_limit(limit, show_all, json_out)
     if task:
         files = [f for f in task_status.task_files(db, task) if not state or f.state == state]
         total = len(files)
@@ -442,10 +459,10 @@ def request_list(
         ]  # fmt: skip
     if json_out:
         console.print_json(data={"total": total, "requests": rows})
+        print_more(total, len(rows), json_out=True)
         return
     print_table(REQUEST_COLUMNS, [[r["id"][:12], *list(r.values())[1:]] for r in rows])
-    if total > len(rows):
-        print(f"{total - len(rows)} more: --limit N, or --all")
+    print_more(total, len(rows))
 
 
 @app.command("demo", rich_help_panel=SERVICES)
@@ -493,10 +510,7 @@ def demo_cmd(
         return
     counts = follow(db, ids, timeout, console=console)
     elapsed = time.monotonic() - started
-    table = Table("state", "files")
-    for state, n in counts.most_common():
-        table.add_row(state, str(n))
-    console.print(table)
+    print_table(("state", "files"), [(state, n) for state, n in counts.most_common()])
     console.print(
         f"{counts['done']} of {files} done in {elapsed:.1f} s "
         f"({counts['done'] / elapsed:.1f} files/s)"
@@ -639,9 +653,6 @@ def _log_instance(instance: str) -> None:
         return record
 
     logging.setLogRecordFactory(factory)
-
-
-EXIT_RETRYABLE = 75  # sysexits' EX_TEMPFAIL: the store is down, full or overloaded
 
 
 GLOBAL_FLAGS = ("--verbose", "-v")

@@ -12,16 +12,25 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from aso.catalog import open_catalog
-from aso.catalog.base import Catalog, CatalogError
+from aso.catalog.base import Catalog, CatalogError, CatalogStoreDown
+from aso.cli.common import (
+    EXIT_RETRYABLE,
+    AllOpt,
+    LimitOpt,
+    first_rows,
+    line_console,
+    print_more,
+    print_table,
+    row_limit,
+    utc_time,
+)
 from aso.cli.common import config_of as _config
-from aso.cli.common import print_table, utc_time
 from aso.config import Config
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = line_console()
+err_console = line_console(stderr=True)
 
 catalog_app = typer.Typer(
     help="Look at the catalog finished files are published to (embedded or DBS3).",
@@ -41,6 +50,12 @@ def _catalog(config: Config) -> Catalog:
 
 
 def _fail(exc: CatalogError) -> typer.Exit:
+    """A one-line error; the exit code of a store that is down (75, try again later) when the
+    embedded catalog's store is, else 1."""
+    if isinstance(exc, CatalogStoreDown):
+        err_console.print(f"aso: error: {exc} (retryable: try again later)", markup=False,
+                          highlight=False)  # fmt: skip
+        return typer.Exit(EXIT_RETRYABLE)
     err_console.print(f"aso: error: {exc}", markup=False, highlight=False)
     return typer.Exit(1)
 
@@ -78,21 +93,36 @@ def _listing(ctx: typer.Context, dataset: str, what: str) -> tuple[Catalog, Any]
     return catalog, answer
 
 
+def _print_json(rows: list[Any], total: int) -> None:
+    """The rows as a JSON list (the catalog's own answer, whole unless --limit cut it; the
+    "N more" line then goes to stderr)."""
+    print(json.dumps(rows, indent=2))
+    print_more(total, len(rows), json_out=True)
+
+
 @catalog_app.command("blocks")
-def catalog_blocks(ctx: typer.Context, dataset: DatasetArg, json_out: JsonOpt = False) -> None:
+def catalog_blocks(
+    ctx: typer.Context,
+    dataset: DatasetArg,
+    limit: LimitOpt = None,
+    show_all: AllOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
     """List the blocks of a dataset: name, files, size, origin site, creation time."""
     catalog, blocks = _listing(ctx, dataset, "blocks")
     if blocks is None:
         _unknown(dataset, catalog, json_out)
         return
+    shown = first_rows(blocks, row_limit(limit, show_all, json_out))
     if json_out:
-        print(json.dumps(blocks, indent=2))
+        _print_json(shown, len(blocks))
         return
     rows = [
         (b["block"], b["files"], human_size(b["size"]), b["origin_site"], utc_time(b["created"]))
-        for b in blocks
+        for b in shown
     ]
     print_table(("block", "files", "size", "origin site", "created (UTC)"), rows)
+    print_more(len(blocks), len(shown))
     total = sum(b["size"] for b in blocks)
     files = sum(b["files"] for b in blocks)
     console.print(
@@ -103,21 +133,29 @@ def catalog_blocks(ctx: typer.Context, dataset: DatasetArg, json_out: JsonOpt = 
 
 
 @catalog_app.command("ls")
-def catalog_ls(ctx: typer.Context, dataset: DatasetArg, json_out: JsonOpt = False) -> None:
+def catalog_ls(
+    ctx: typer.Context,
+    dataset: DatasetArg,
+    limit: LimitOpt = None,
+    show_all: AllOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
     """List the files of a dataset: LFN, size, events, block."""
     catalog, files = _listing(ctx, dataset, "files")
     if files is None:
         _unknown(dataset, catalog, json_out)
         return
+    shown = first_rows(files, row_limit(limit, show_all, json_out))
     if json_out:
-        print(json.dumps(files, indent=2))
+        _print_json(shown, len(files))
         return
     # The dataset is the argument: the block is shown by its part after '#'.
     rows = [
         (f["lfn"], human_size(f["size"]), f["events"], "#" + f["block"].split("#", 1)[-1])
-        for f in files
+        for f in shown
     ]
     print_table(("lfn", "size", "events", "block"), rows)
+    print_more(len(files), len(shown))
     blocks = len({f["block"] for f in files})
     console.print(
         f"{len(files)} file(s) in {blocks} block(s), "

@@ -8,7 +8,7 @@ import datetime as dt
 import logging
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -17,6 +17,8 @@ from rich.table import Table
 from aso import config as aso_config
 from aso.config import Config
 from aso.store import Database
+
+EXIT_RETRYABLE = 75  # sysexits' EX_TEMPFAIL: the store is down, full or overloaded
 
 
 class UsageError(Exception):
@@ -65,6 +67,53 @@ def utc_time(epoch: float | None) -> str:
     if not epoch:
         return ""
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def line_console(stderr: bool = False) -> Console:
+    """A console for lines of text. Rich wraps lines at the terminal's width, and off a terminal
+    at 80 columns: a pipe got a long path or message cut into several lines. Soft-wrapped, a
+    line is printed whole and a terminal folds it itself. Tables go through print_table."""
+    return Console(stderr=stderr, soft_wrap=True)
+
+
+# --- listings: --limit N, --all, and an "N more" line ------------------------------------------
+DEFAULT_LIMIT = 50  # rows of a table by default: a screenful that says how many more there are
+LimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        min=1,
+        help=f"At most this many rows (default {DEFAULT_LIMIT} in a table; with --json every "
+        "row unless this is given).",
+        show_default=False,
+    ),
+]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every row, however many.")]
+Row = TypeVar("Row")
+
+
+def row_limit(limit: int | None, show_all: bool, json_out: bool) -> int | None:
+    """How many rows a listing shows (None: all). A table stops at DEFAULT_LIMIT unless told
+    otherwise; JSON is for scripts, which must not be cut short by a default they never see,
+    so it is whole unless --limit is given."""
+    if show_all:
+        return None
+    if limit is not None:
+        return limit
+    return None if json_out else DEFAULT_LIMIT
+
+
+def first_rows(rows: Sequence[Row], wanted: int | None) -> list[Row]:
+    return list(rows if wanted is None else rows[:wanted])
+
+
+def print_more(total: int, shown: int, json_out: bool = False) -> None:
+    """The line after a listing cut short: how many rows were left out and how to see them.
+    With --json it goes to stderr, so that stdout stays one JSON document."""
+    if total <= shown:
+        return
+    line = f"{total - shown} more: --limit N, or --all"
+    print(line, file=sys.stderr if json_out else sys.stdout)
 
 
 def print_table(

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from aso import metrics, model
 from aso.cli.common import config_of as _config
+from aso.cli.common import line_console
 from aso.store import Server
 
-console = Console()
+console = line_console()
 metrics_app = typer.Typer(help="Prometheus metrics of the agents and the front end.",
                           no_args_is_help=True)  # fmt: skip
 

@@ -14,15 +14,22 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from aso import model, reconcile
+from aso.cli.common import (
+    AllOpt,
+    LimitOpt,
+    first_rows,
+    line_console,
+    print_more,
+    print_table,
+    row_limit,
+)
 from aso.cli.common import config_of as _config
-from aso.cli.common import print_table
 from aso.config import Config
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+console = line_console()
+err_console = line_console(stderr=True)
 
 TITLES = {
     reconcile.STUCK: "Stuck requests",
@@ -53,8 +60,12 @@ def reconcile_cmd(
             show_default=False,
         ),
     ] = None,
+    limit: LimitOpt = None,
+    show_all: AllOpt = False,
 ) -> None:
-    """Compare documents, storage and catalog; report (and with --fix repair) what disagrees."""
+    """Compare documents, storage and catalog; report (and with --fix repair) what disagrees.
+
+    Each kind's table shows at most --limit findings (--fix repairs them all)."""
     unknown = sorted(set(kind or ()) - set(reconcile.KINDS))
     if unknown:
         raise typer.BadParameter(
@@ -81,11 +92,14 @@ def reconcile_cmd(
     finally:
         if catalog is not None:
             catalog.close()
+    wanted = row_limit(limit, show_all, json_out)
     if json_out:
+        findings = first_rows(report.findings, wanted)
         print(
             json.dumps(
                 {
-                    "findings": [f.as_dict() for f in report.findings],
+                    "total": len(report.findings),
+                    "findings": [f.as_dict() for f in findings],
                     "errors": report.errors,
                     "checked": report.checked,
                     "seconds": report.seconds,
@@ -94,8 +108,9 @@ def reconcile_cmd(
                 indent=2,
             )
         )
+        print_more(len(report.findings), len(findings), json_out=True)
     else:
-        _show(report, outcomes, fix)
+        _show(report, outcomes, fix, wanted)
     repaired = {id(o.finding) for o in outcomes if o.repaired}
     left = [f for f in report.findings if id(f) not in repaired]
     if left or report.errors:
@@ -137,11 +152,11 @@ def _fix(config: Config, server: Any, files: Any, report: reconcile.Report) -> l
         fixer.close()
 
 
-def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool) -> None:
+def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool, wanted: int | None) -> None:
     results = {id(o.finding): o for o in outcomes}
     for kind, findings in report.by_kind().items():
         rows = []
-        for f in findings:
+        for f in first_rows(findings, wanted):
             if f.repair is None:
                 repair = "LOST: report only" if f.lost else "report only"
             elif not fixed:
@@ -158,6 +173,7 @@ def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool) -> None:
         columns = ("request / block", "path", "site", "detail",
                    "repair: outcome" if fixed else "repair")  # fmt: skip
         print_table(columns, rows, title=f"{TITLES.get(kind, kind)} ({len(findings)})")
+        print_more(len(findings), len(rows))
     for error in report.errors:
         err_console.print(f"not checked: {error}", markup=False, highlight=False)
     checked = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in report.checked.items())

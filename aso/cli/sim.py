@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+from aso.cli.common import line_console
+
+console = line_console()
+err_console = line_console(stderr=True)
 
 
 def parse_duration(text: str) -> float:

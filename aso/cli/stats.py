@@ -12,14 +12,21 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from aso import statistics
+from aso.cli.common import (
+    AllOpt,
+    LimitOpt,
+    first_rows,
+    line_console,
+    print_more,
+    print_table,
+    row_limit,
+)
 from aso.cli.common import config_of as _config
-from aso.cli.common import print_table
 from aso.store import Server
 
-console = Console()
+console = line_console()
 
 
 def _day(value: str | None, option: str) -> str | None:
@@ -59,10 +66,14 @@ def stats_cmd(
         str | None, typer.Option("--from", help="First day (YYYY-MM-DD); overrides --days.")
     ] = None,
     last: Annotated[str | None, typer.Option("--to", help="Last day (YYYY-MM-DD).")] = None,
+    limit: LimitOpt = None,
+    show_all: AllOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Daily statistics of finished transfers: files, bytes, failures by error class, transfer
-    times; the same before and after finished requests are purged."""
+    times; the same before and after finished requests are purged.
+
+    The total is of every row, also of those --limit leaves out."""
     if by not in statistics.DIMENSIONS:
         raise typer.BadParameter(
             f"{by!r} is not one of {', '.join(statistics.DIMENSIONS)}", param_hint="--by"
@@ -76,12 +87,15 @@ def stats_cmd(
     server = Server.from_config(config)
     sources = [server.db(config.store.files_db), server.db(config.store.stats_db)]
     rows = statistics.read(sources, by, first_day, last_day)
+    shown = first_rows(rows, row_limit(limit, show_all, json_out))
     if json_out:
-        print(json.dumps({"by": by, "from": first_day, "to": last_day, "rows": rows}, indent=2))
+        print(json.dumps({"by": by, "from": first_day, "to": last_day, "total": len(rows),
+                          "rows": shown}, indent=2))  # fmt: skip
+        print_more(len(rows), len(shown), json_out=True)
         return
     columns = ("day", by, "done", "bytes", "failed", "killed", "attempts", "failed att.",
                "mean time", "top errors (files/attempts)")  # fmt: skip
-    cells = [_cells(r["day"], r["name"], r) for r in rows]
+    cells = [_cells(r["day"], r["name"], r) for r in shown]
     if rows:
         whole = statistics.total(rows)
         mean = whole["time_sum"] / whole["time_count"] if whole["time_count"] else None
@@ -95,6 +109,7 @@ def stats_cmd(
     print_table(
         columns, cells, title=f"Finished transfers by {by}, {first_day} to {last_day} (UTC)"
     )
+    print_more(len(rows), len(shown))
     if not rows:
         console.print("no finished transfers in this period")
 

@@ -7,14 +7,24 @@ import dataclasses
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from aso import model, status
-from aso.cli.common import UsageError, print_table, resolve_id, utc_time
+from aso.cli.common import (
+    AllOpt,
+    LimitOpt,
+    UsageError,
+    first_rows,
+    line_console,
+    print_more,
+    print_table,
+    resolve_id,
+    row_limit,
+    utc_time,
+)
 from aso.cli.common import config_of as _config
 from aso.store import Database, Server
 
-console = Console()
+console = line_console()
 
 
 def _duration(seconds: float | None, note: str) -> str:
@@ -66,23 +76,32 @@ def status_cmd(
     summary: Annotated[
         bool, typer.Option("--summary", help="Counts and estimate only, no file table.")
     ] = False,
+    limit: LimitOpt = None,
+    show_all: AllOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
     """The state of a task's files (transfer, cleanup, publication), job by job, with counts
-    per state and an estimated completion; or with --file, one file's timeline."""
+    per state and an estimated completion; or with --file, one file's timeline.
+
+    Rows (files, or a file's events): at most --limit, then how many more."""
     config = _config(ctx)
     db = Server.from_config(config).db(config.store.files_db)
+    wanted = row_limit(limit, show_all, json_out)
     if file is not None:
-        _file_story(db, resolve_id(db, file), json_out, config.fts3.monitor_url)
+        _file_story(db, resolve_id(db, file), json_out, config.fts3.monitor_url, wanted)
         return
     if task is None:
         raise UsageError("give a TASK, or --file ID")
     if since is not None:
-        _changes(db, task, since, json_out)
+        _changes(db, task, since, json_out, wanted)
         return
     answer = status.task_status(db, task, job)
+    files = first_rows(answer.files, wanted)
     if json_out:
-        console.print_json(data=answer.to_json())
+        data = answer.to_json()
+        data.update(total=len(answer.files), files=data["files"][: len(files)])
+        console.print_json(data=data)
+        print_more(len(answer.files), len(files), json_out=True)
         return
     if not answer.exists:
         console.print(status.no_requests(task, job))
@@ -102,22 +121,31 @@ def status_cmd(
             "again; `aso status --file ID` tells why each one stopped"
         )
     if not summary:
-        print_table(FILE_COLUMNS, [_file_row(f) for f in answer.files])
+        print_table(FILE_COLUMNS, [_file_row(f) for f in files])
+        print_more(len(answer.files), len(files))
     print(f"seq {answer.seq}: `aso status {task} --since {answer.seq}` shows what changes next")
 
 
-def _changes(db: Database, task: str, since: str, json_out: bool) -> None:
+def _changes(db: Database, task: str, since: str, json_out: bool, wanted: int | None) -> None:
+    """The files changed after `since`. A listing cut by --limit still gives the `seq` of the
+    whole answer: the rows left out are seen with a larger --limit from the same `since`."""
     changed, seq = status.changed_since(db, task, since)
+    shown = first_rows(changed, wanted)
     if json_out:
-        files = [dataclasses.asdict(f) for f in changed]
-        console.print_json(data={"task": task, "since": since, "seq": seq, "files": files})
+        files = [dataclasses.asdict(f) for f in shown]
+        console.print_json(data={"task": task, "since": since, "seq": seq, "total": len(changed),
+                                 "files": files})  # fmt: skip
+        print_more(len(changed), len(shown), json_out=True)
         return
-    print_table(FILE_COLUMNS, [_file_row(f) for f in changed],
+    print_table(FILE_COLUMNS, [_file_row(f) for f in shown],
                 title=f"{len(changed)} files of task {task} changed after seq {since}")  # fmt: skip
+    print_more(len(changed), len(shown))
     print(f"seq {seq}: `aso status {task} --since {seq}` shows what changes next")
 
 
-def _file_story(db: Database, doc_id: str, json_out: bool, job_url: str) -> None:
+def _file_story(
+    db: Database, doc_id: str, json_out: bool, job_url: str, wanted: int | None
+) -> None:
     doc = db.get(doc_id)
     if doc is None or doc.get("type") != "transfer_request":
         if json_out:
@@ -126,17 +154,25 @@ def _file_story(db: Database, doc_id: str, json_out: bool, job_url: str) -> None
             console.print(f"no request {doc_id}")
         raise typer.Exit(1)
     events = status.timeline(doc, job_url)
+    shown = first_rows(events, wanted)
     if json_out:
         console.print_json(
             data={
                 "id": doc_id,
                 "task": doc["task"],
                 "job_id": doc["job_id"],
-                "events": [e.__dict__ for e in events],
+                # What the text's first line says: the copy's source and destination.
+                "source_lfn": doc["source_lfn"],
+                "destination": doc["destination"],
+                "destination_lfn": doc["destination_lfn"],
+                "total": len(events),
+                "events": [e.__dict__ for e in shown],
             }
         )
+        print_more(len(events), len(shown), json_out=True)
         return
     print(f"{doc['source_lfn']} → {doc['destination']} {doc['destination_lfn']}")
     print_table(
-        ("time (UTC)", "what", "detail"), [(utc_time(e.at), e.what, e.detail) for e in events]
+        ("time (UTC)", "what", "detail"), [(utc_time(e.at), e.what, e.detail) for e in shown]
     )
+    print_more(len(events), len(shown))

@@ -6,13 +6,15 @@ error.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
-from rich.console import Console
 
 from aso.cli.common import config_of as _config
+from aso.cli.common import line_console
 from aso.local.xrootd import EmbeddedStorage
 
-console = Console(soft_wrap=True)  # one line per site, however long
+console = line_console()  # one line per site, however long
 
 storage_app = typer.Typer(
     help="Run the embedded storage: one XRootD server per embedded site (root:// and https).",
@@ -39,10 +41,21 @@ def storage_stop(ctx: typer.Context) -> None:
 
 
 @storage_app.command("status")
-def storage_status(ctx: typer.Context) -> None:
+def storage_status(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the sites as JSON.")] = False,
+) -> None:
     """Say per site whether its server runs and answers (exit 1 if one does not answer)."""
     statuses = EmbeddedStorage(_config(ctx)).status()
-    for status in statuses:
-        _print(status.line())
+    if json_out:
+        sites = [
+            {"site": s.site, "embedded": s.embedded, "endpoints": s.endpoints, "pid": s.pid,
+             "answering": s.answering, "export": None if s.export is None else str(s.export)}
+            for s in statuses
+        ]  # fmt: skip
+        console.print_json(data={"sites": sites})
+    else:
+        for status in statuses:
+            _print(status.line())
     if any(s.embedded and not s.answering for s in statuses):
         raise typer.Exit(1)

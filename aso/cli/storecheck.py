@@ -6,6 +6,7 @@ refuses the credentials is one `aso: error:` line (aso.cli.main), nothing else.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -15,10 +16,10 @@ from rich.table import Table
 from rich.text import Text
 
 from aso import store_check
-from aso.cli.common import config_of
+from aso.cli.common import config_of, line_console, print_table
 from aso.store import Server, Settings, Unauthorized, redact
 
-console = Console()
+console = line_console()
 STYLE = {store_check.OK: "green", store_check.WARN: "yellow", store_check.ERROR: "bold red"}
 CHECK_RETRIES = 1  # a check should say "unreachable" in seconds, not after the agents' retries
 
@@ -85,12 +86,18 @@ def store_check_cmd(
 
 
 def print_findings(findings: list[store_check.Finding]) -> None:
-    table = Table("", "item", "detail")
-    for finding in findings:
-        style = STYLE[finding.level]
-        # Text, not markup: details quote ini sections such as [chttpd].
-        table.add_row(Text(finding.level, style=style), Text(finding.item), Text(finding.detail))
-    console.print(table)
+    """The findings: a table with each level in its colour on a terminal; elsewhere, as every
+    listing, tab-separated lines with a header, each detail whole."""
+    if sys.stdout.isatty():
+        table = Table("", "item", "detail")
+        for finding in findings:
+            style = STYLE[finding.level]
+            # Text, not markup: details quote ini sections such as [chttpd].
+            table.add_row(Text(finding.level, style=style), Text(finding.item),
+                          Text(finding.detail))  # fmt: skip
+        Console().print(table)
+    else:
+        print_table(("level", "item", "detail"), [(f.level, f.item, f.detail) for f in findings])
     counts = {level: sum(f.level == level for f in findings) for level in store_check.LEVELS}
     verdict = "problems found" if counts[store_check.ERROR] else "fit for ASO"
     console.print(
