@@ -103,7 +103,12 @@ PAGES_STATES: dict[str, tuple[str, ...]] = {
     "on_its_way": ON_ITS_WAY,  # the backlog
     "in_flight": IN_FLIGHT,
     "failing": ("failed", "failed_attempt"),
-    "copy_ends": ("done", "failed_attempt", "failed", "killed"),  # how attempts end, per hour
+    # Per hour, files and attempts apart: each file ends once (done, failed for good, killed);
+    # an attempt that failed is counted on its own (a file given up after two failed attempts
+    # is 2 failed attempts and 1 failed file).
+    "file_ends": FINAL[STATE],
+    "attempt_failures": ("failed_attempt",),
+    "current_failures": FAILING,  # a user's failing files, with their current failure
     "publication_ends": ("published", *PUBLICATION_FAILURES),
     "publication_failures": PUBLICATION_FAILURES,  # failed blocks
 }

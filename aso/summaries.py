@@ -19,8 +19,11 @@ its error class). Events are counted in the UTC hour they happened in:
 * `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
             how (hour documents and the live document's open hours only); and
             "user:NAME" → events, which tells whose task it is
-* `link_hours` "SRC>DST" → [copies done, bytes done, failed attempts]: each link's throughput
-            and success rate over time (hour and day documents, open hours)
+* `link_hours` "SRC>DST" → [copies done, bytes done, failed attempts, transfer seconds]: each
+            link's throughput and success rate over time (hour and day documents, open hours);
+            the transfer seconds are the sum of the done copies' durations (their attempt's
+            `submitted` to `ended`), so bytes / transfer seconds is the rate of the copies
+            themselves, beside bytes / 3600, the hour's average
 * `failures` "SRC>DST" → error class → message pattern (`error_pattern`) → [failed attempts,
             first seen, last seen, up to SAMPLES request ids]: the errors page (idem)
 
@@ -142,6 +145,8 @@ class Meta:
     user: str
     task: str
     doc_id: str = ""
+    # (ended, seconds) of each attempt that copied the file (outcome done, with an end).
+    copies: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Meta:
@@ -151,7 +156,25 @@ class Meta:
             str(doc.get("user")),
             str(doc.get("task")),
             str(doc.get("_id") or ""),
+            copies_of(doc),
         )
+
+    def copy_seconds(self, at: float) -> float:
+        """How long the copy that made the file `done` at `at` took: the done attempt that
+        ended nearest to `at` (the monitor records the end the service reports, then the
+        change); 0 when no attempt records one."""
+        if not self.copies:
+            return 0.0
+        return min(self.copies, key=lambda c: abs(c[0] - at))[1]
+
+
+def copies_of(doc: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
+    """(ended, seconds from `submitted` to `ended`) of each attempt of `doc` that copied it."""
+    return tuple(
+        (float(a["ended"]), max(0.0, float(a["ended"]) - float(a["submitted"])))
+        for a in doc.get("attempts") or []
+        if a.get("outcome") == "done" and a.get("ended") is not None and a.get("submitted")
+    )
 
 
 def _initial(doc: Mapping[str, Any], axis: str) -> str | None:
@@ -212,7 +235,7 @@ class Tally:
     users: dict[str, dict[str, int]] = field(default_factory=dict)
     errors: dict[str, dict[str, int]] = field(default_factory=dict)
     tasks: dict[str, dict[str, int]] = field(default_factory=dict)
-    link_hours: dict[str, list[int]] = field(default_factory=dict)
+    link_hours: dict[str, list[float]] = field(default_factory=dict)
     failures: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)
 
     def count(
@@ -225,7 +248,7 @@ class Tally:
             if dims:
                 _bump(self.errors, meta.link, to, 1)
             if moves:  # an hour's own: which link failed, how, and which files
-                self.link_hours.setdefault(meta.link, [0, 0, 0])[2] += 1
+                self.link_hours.setdefault(meta.link, [0, 0, 0, 0.0])[2] += 1
                 merge_failure(
                     self.failures.setdefault(meta.link, {}).setdefault(to, {}),
                     frm or "",
@@ -237,9 +260,10 @@ class Tally:
             move[0] += 1
             move[1] += meta.size
             if axis == model.STATE and to == "done":
-                done = self.link_hours.setdefault(meta.link, [0, 0, 0])
+                done = self.link_hours.setdefault(meta.link, [0, 0, 0, 0.0])
                 done[0] += 1
                 done[1] += meta.size
+                done[3] += meta.copy_seconds(at)
         if axis == model.STATE and dims:
             _bump(self.links, meta.link, to, 1)
             _bump(self.users, meta.user, to, 1)
@@ -276,7 +300,7 @@ class Tally:
         if not tasks:  # the per-hour detail is summed over hours and days, never cumulated
             return
         for link, figures in other.link_hours.items():
-            mine_link = self.link_hours.setdefault(link, [0, 0, 0])
+            mine_link = self.link_hours.setdefault(link, [0, 0, 0, 0.0])
             for i, n in enumerate(figures):
                 mine_link[i] += n
         for link, classes in other.failures.items():

@@ -13,10 +13,14 @@ from typing import Any
 from playwright.sync_api import expect, sync_playwright
 
 CHROMIUM = shutil.which("chromium")
-ARTEFACTS = Path(
+# Screenshots, a folder per store: the suite runs once on each with the same file names, so one
+# folder would keep the second run's only. test-artefacts/<store>/ (or $ASO_TEST_ARTEFACTS/
+# <store>/), kept after the run for CI to collect (docs/testing.md, "Screenshots").
+ARTEFACTS_ROOT = Path(
     os.environ.get("ASO_TEST_ARTEFACTS")
     or Path(__file__).resolve().parent.parent / "test-artefacts"
 )
+ARTEFACTS = ARTEFACTS_ROOT / os.environ.get("ASO_TEST_STORE", "pouchdb")
 
 
 @contextlib.contextmanager

@@ -72,7 +72,8 @@ def lifecycle(start: float, rng: random.Random, **overrides: Any) -> dict[str, A
         step(model.STATE, "failed_attempt", attempts=[attempt])
         step(model.STATE, "failed" if steps == "failed" else "retry")
         return doc
-    attempt.update(ended=t + 60, outcome="done")
+    # A copy of 5 to 60 s (from its attempt's submission to its end): a link's transfer time.
+    attempt.update(ended=t + rng.randint(5, 60), outcome="done")
     step(model.STATE, "done", attempts=[attempt])
     if steps == "cleaned":
         step(model.CLEANUP, "cleaned")
@@ -109,18 +110,22 @@ def direct_moves(docs: list[dict[str, Any]], start: float, end: float) -> dict[s
 
 
 def direct_link_hours(docs: list[dict[str, Any]], start: float, end: float) -> dict[str, list]:
-    """SRC>DST → [copies done, bytes done, failed attempts] in [start, end), from the documents."""
-    out: dict[str, list[int]] = {}
+    """SRC>DST → [copies done, bytes done, failed attempts, transfer seconds of the copies done]
+    in [start, end), from the documents (a copy's seconds: its done attempt's submission to its
+    end; each file here is copied once)."""
+    out: dict[str, list[float]] = {}
     for d in docs:
         link = f"{d['source']}>{d['destination']}"
         for h in d["history"]:
             if h["axis"] == model.STATE and h["to"] == "done" and start <= h["at"] < end:
-                row = out.setdefault(link, [0, 0, 0])
+                row = out.setdefault(link, [0, 0, 0, 0.0])
                 row[0] += 1
                 row[1] += d["size"]
+                (copy,) = [a for a in d["attempts"] if a["outcome"] == "done"]
+                row[3] += copy["ended"] - copy["submitted"]
         for a in d.get("attempts", []):
             if a["outcome"] == "failed" and start <= a["ended"] < end:
-                out.setdefault(link, [0, 0, 0])[2] += 1
+                out.setdefault(link, [0, 0, 0, 0.0])[2] += 1
     return out
 
 

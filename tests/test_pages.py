@@ -13,6 +13,8 @@ import calendar
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -22,21 +24,64 @@ from playwright.sync_api import expect
 from agents.analytics import Analytics
 from agents.monitor import Monitor
 from agents.publisher import Publisher
+from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model, summaries
 from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import init_databases, pages_url
+from aso.model import Change
 from aso.runtime import Runner
+from aso.transfer.sim import SimService
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in
-from tests.conftest import PASSWORD
-from tests.pipeline_helpers import LINKS, run_until, states, upload
+from tests.conftest import PASSWORD, sample_request
+from tests.pipeline_helpers import LINKS, owner_db, run_until, states, upload
 from tests.test_publisher import BrokenCatalog
 
 OUTAGE = "T2_US_MIT"  # a source site out for the whole run (LINKS[2]'s)
+PARTIAL = LINKS[3]  # a link on which half the copies fail: a success rate of 50 %
+FILE_ENDS = model.PAGES_STATES["file_ends"]  # how a file ends (once)
+ATTEMPT_FAILURES = model.PAGES_STATES["attempt_failures"]  # failed attempts, counted apart
 
 # The most store requests one page load makes (the page, its script and style, the settings,
 # the session, and the page's own reads): a bound that does not grow with the store.
 MAX_REQUESTS = 15
+
+
+def number(cell) -> float | None:
+    """A cell's exact figure (its data-value; the text shows it rounded), None if it has none."""
+    value = cell.get_attribute("data-value")
+    return float(value) if value else None
+
+
+def link_rows(page, selector: str, key: str) -> dict[str, list]:
+    """{row's `key` attribute: [copies done, bytes done, throughput, copies' transfer rate,
+    failed attempts, success rate]} of a table of links or of a link's hours."""
+    column = "td[data-column='{}']".format
+    return {
+        r.get_attribute(key): [
+            int(r.locator(column("done")).inner_text()),
+            int(number(r.locator(column("bytes"))) or 0),
+            number(r.locator(column("throughput"))),
+            number(r.locator(column("copy-rate"))),
+            int(r.locator(column("failed")).inner_text()),
+            r.locator(column("success")).inner_text(),
+        ]
+        for r in page.locator(f"{selector} tbody tr").all()
+    }
+
+
+def expected_row(figures: list, seconds: float) -> list:
+    """link_rows' row of [copies done, bytes done, failed attempts, transfer seconds] over
+    `seconds`."""
+    done, size, failed, copying = figures
+    return [
+        done,
+        size,
+        pytest.approx(size / seconds),
+        pytest.approx(size / copying) if copying else None,
+        failed,
+        f"{100 * done / (done + failed):.1f} %",
+    ]
 
 
 def nice_top(most: int) -> int:
@@ -46,6 +91,40 @@ def nice_top(most: int) -> int:
 
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+
+
+def upload_with_fates(accounts, config, admin, link, fails: int, copies: int, **kw) -> list[str]:
+    """Requests of alice on `link` whose first attempt the sim back end fails (`fails` of
+    them) or copies (`copies`): it draws a fate from its seed, the request's id and the
+    attempt's number, so they are known before the run."""
+    jobs = admin.db(config.store.transfers_db)
+    service = SimService(jobs, dataclasses.replace(config.sim, outages=[]))
+    picked: dict[bool, list[dict]] = {True: [], False: []}
+    while len(picked[True]) < fails or len(picked[False]) < copies:
+        doc = sample_request("alice", source=link[0], destination=link[1], **kw)
+        job = {"_id": "fates", "created": 0.0, "source_site": link[0],
+               "destination_site": link[1], "files": {doc["_id"]: {"attempt": 0}}}  # fmt: skip
+        failed = service.fate(job, doc["_id"]).error_class is not None
+        if len(picked[failed]) < (fails if failed else copies):
+            picked[failed].append(doc)
+    docs = picked[True] + picked[False]
+    assert all(r.ok for r in owner_db(accounts, config).bulk_write(docs))
+    return [d["_id"] for d in docs]
+
+
+def seconds_of_copy(doc: dict) -> float:
+    """How long the file's copy took: its done attempt, from its submission to its end."""
+    (copy,) = [a for a in doc["attempts"] if a.get("outcome") == "done"]
+    return copy["ended"] - copy["submitted"]
+
+
+def utc_hour(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H", time.gmtime(at))
+
+
+def utc_second(at: float) -> str:
+    """As the pages show a time (app.js when())."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
 
 
 @pytest.fixture()
@@ -66,14 +145,17 @@ def cells(page, selector: str) -> dict[str, str]:
 
 def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_page):
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    # Every copy on one link fails, and a third link's source is out for the whole run: the
-    # links and errors pages have failures to show. Done files are
-    # published at once, to a catalog that refuses them for good.
+    # Every copy on one link fails, half of them on another, and a third link's source is out
+    # for the whole run: the links and errors pages have failures to show. The failures drawn
+    # are permanent (a missing source: the retry manager gives the files up), the outage's are
+    # not (connection refused: tried again later). Done files are published at once, to a
+    # catalog that refuses them for good.
     sim_config = dataclasses.replace(
         sim_config,
         sim=dataclasses.replace(
             sim_config.sim,
-            link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0},
+            link_failure_rates={"T2_IT_Pisa>T2_DE_DESY": 1.0, ">".join(PARTIAL): 0.5},
+            failure_classes={"source_missing": 1.0},
             outages=[{"site": OUTAGE, "start": 0, "end": 3600}],
         ),
         publisher=dataclasses.replace(sim_config.publisher, block_closure_timeout=0),
@@ -84,19 +166,34 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     publish = {"publish": True, "publish_info": {"dataset": "/Prim/alice-pages-v1/USER"}}
     task = "261121_210000:alice_pages"
     ids = upload(accounts, sim_config, 12, users=("alice",), task=task, links=LINKS[:3], **publish)
+    partial = upload_with_fates(accounts, sim_config, admin, PARTIAL, 2, 2, task=task, **publish)
+    ids += partial
     db = admin.db(sim_config.store.files_db)
     runners = [Runner(Submitter(sim_config, "sub-p")), Runner(Monitor(sim_config, "mon-p"))]
     run_until(  # a mix of states, then stop
-        lambda: states(db, ids)["done"] >= 4 and states(db, ids)["failed_attempt"] >= 2, runners
+        lambda: (
+            states(db, ids)["done"] >= 6
+            and states(db, ids)["failed_attempt"] >= 4
+            and states(db, partial) == {"done": 2, "failed_attempt": 2}
+        ),
+        runners,
     )
+    # The retry manager gives up the files whose failure is permanent (the failing links'),
+    # and sends the outage's to a cool-off: files that failed for good, each after one failed
+    # attempt, beside their attempts.
+    retry = Runner(RetryManager(sim_config, "retry-p"))
+    run_until(lambda: not states(db, ids)["failed_attempt"], [retry])
+    assert states(db, ids)["failed"] >= 2
     publisher = Runner(Publisher(sim_config, "pub-p", catalog=BrokenCatalog(retryable=False)))
     publisher.workset.start()
     publisher.step(wait=False)
-    # An instance that stopped beating a while ago: the agents page shows it stale.
+    # An instance that stopped beating a while ago, after a cycle over a backlog of 42 requests:
+    # the agents page shows it stale, with that cycle.
     db.put({"_id": model.heartbeat_id("cleaner", "gone-0"), "type": model.HEARTBEAT_TYPE,
             "agent": "cleaner", "instance": "gone-0", "host": "old", "pid": 1,
             "started": time.time() - 7200, "last_seen": time.time() - 3600, "stopped": None,
-            "cycles": 3, "totals": {}})  # fmt: skip
+            "cycles": 3, "totals": {},
+            "last_cycle": {"work": 42, "seconds": 1.25, "cleaned": 40}})  # fmt: skip
     # Files of another task still waiting: a backlog to show.
     later = upload(accounts, sim_config, 3, users=("alice",), task=f"{task}_later",
                    links=LINKS[2:3])  # fmt: skip
@@ -112,6 +209,8 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     page.on("request", lambda r: requested.append(r.url))
 
     def loaded(fragment: str, selector: str) -> int:
+        """A whole page load (not a change of address within the page): its store requests."""
+        page.goto("about:blank")
         requested.clear()
         page.goto(base + fragment)
         page.wait_for_selector(selector)
@@ -121,7 +220,7 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert loaded("#overview", "#states") <= MAX_REQUESTS
     shown = cells(page, "#states")
     assert {k: int(v) for k, v in shown.items() if k != "total"} == dict(truth)
-    assert int(shown["total"]) == len(docs) == 15
+    assert int(shown["total"]) == len(docs) == 19
     # The active tasks: what their files did in the window, from the documents' histories.
     columns = ("created", "state:done", "state:failed_attempt", "state:failed", "state:killed",
                "publication:published")  # fmt: skip
@@ -140,15 +239,18 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert page.locator("#tasks tbody tr").first.get_attribute("data-task") == task  # busiest
     # What ended per hour, from the documents' histories (UTC hours of the epoch timestamps),
     # and the backlog at the end of each hour: the files whose state then was a backlog state.
-    ends = ("done", "failed_attempt", "failed", "killed")
+    ends = FILE_ENDS + ATTEMPT_FAILURES
     ended: dict[str, Counter] = {}
     done_bytes: Counter = Counter()
+    files_ended: dict[str, set] = {}  # the files whose state became final in each hour
     for d in docs:
         for h in d["history"]:
             if h["axis"] == "state" and h["to"] in ends:
-                hour = time.strftime("%Y-%m-%dT%H", time.gmtime(h["at"]))
+                hour = utc_hour(h["at"])
                 ended.setdefault(hour, Counter())[h["to"]] += 1
                 done_bytes[hour] += d["size"] if h["to"] == "done" else 0
+                if h["to"] in FILE_ENDS:
+                    files_ended.setdefault(hour, set()).add(d["_id"])
 
     def backlog_at(end: float) -> int:
         def state_then(doc: dict) -> str | None:
@@ -184,23 +286,49 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert hourly_table() == expected_hours
     assert backlogs() == expected_backlogs
     assert int(page.locator("#backlog-now").inner_text()) == backlog_at(float("inf"))
-    # One bar per hour and end with files, each as tall as its count; the left axis's top is
-    # the tallest hour rounded up to 1, 2 or 5 times a power of ten; a legend names each end.
-    bars = page.locator("#hourly-chart rect[data-end]").all()
-    drawn = [
-        (b.get_attribute("data-bucket"), b.get_attribute("data-end"), b.get_attribute("data-value"))
-        for b in bars
-    ]
-    assert sorted((h, e, int(v)) for h, e, v in drawn) == sorted(
-        (h, e, n) for h, c in ended.items() for e, n in c.items() if n
+
+    # Files and attempts apart. The chart of files: one bar per hour and way a file ended (done,
+    # failed for good, killed), as tall as its count; the chart of failed attempts likewise.
+    # Each axis's top is its tallest hour rounded up to 1, 2 or 5 times a power of ten; a
+    # legend names each bar (and the backlog's line).
+    def drawn(chart: str) -> list[tuple[str, str, int]]:
+        return sorted(
+            (b.get_attribute("data-bucket"), b.get_attribute("data-end"),
+             int(b.get_attribute("data-value")))
+            for b in page.locator(f"#{chart} rect[data-end]").all()
+        )  # fmt: skip
+
+    def top_tick(chart: str) -> float:
+        ticks = [float(t.get_attribute("data-value"))
+                 for t in page.locator(f"#{chart} .y-tick").all()]  # fmt: skip
+        assert min(ticks) == 0
+        return max(ticks)
+
+    def legend(chart: str) -> set[str]:
+        return {t.get_attribute("data-end") for t in page.locator(f"#{chart} .legend").all()}
+
+    for chart, shown_ends in (("hourly-chart", FILE_ENDS), ("attempts-chart", ATTEMPT_FAILURES)):
+        bars = drawn(chart)
+        assert bars == sorted(
+            (h, e, n) for h, c in ended.items() for e, n in c.items() if n and e in shown_ends
+        )
+        tallest = max(sum(c[e] for e in shown_ends) for c in ended.values())
+        assert top_tick(chart) == nice_top(tallest)
+    assert legend("hourly-chart") == {*FILE_ENDS, "backlog"}
+    assert legend("attempts-chart") == set(ATTEMPT_FAILURES)
+    # Each file that ended counts once in the chart of files: a file given up after its failed
+    # attempt is one failed file there, and its attempt one failed attempt in the other chart
+    # (not two bars of one file stacked, as the chart that mixed them drew it).
+    given_up = [d for d in docs if d["state"] == "failed"]
+    assert given_up
+    assert all(sum(a["outcome"] == "failed" for a in d["attempts"]) == 1 for d in given_up)
+    files_per_hour: Counter = Counter()
+    for hour, _, n in drawn("hourly-chart"):
+        files_per_hour[hour] += n
+    assert files_per_hour == {hour: len(files) for hour, files in files_ended.items()}
+    assert sum(n for _, _, n in drawn("attempts-chart")) == sum(
+        a["outcome"] == "failed" for d in docs for a in d.get("attempts", [])
     )
-    tallest = max(sum(c.values()) for c in ended.values())
-    ticks = [
-        float(t.get_attribute("data-value")) for t in page.locator("#hourly-chart .y-tick").all()
-    ]
-    assert max(ticks) == nice_top(tallest) and min(ticks) == 0
-    legend = {t.get_attribute("data-end") for t in page.locator("#hourly-chart .legend").all()}
-    assert legend == {*ends, "backlog"}
 
     # The queues at each hour's end: the files each backlog state held then.
     def queue_at(end: float, state: str) -> int:
@@ -219,15 +347,15 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert {b.get_attribute("data-end") for b in queue_bars} <= set(summaries.BACKLOG)
     page.screenshot(path=str(ARTEFACTS / "overview.png"), full_page=True)
     page.select_option("#unit", "bytes")  # the same hours in bytes, kept in the address
-    page.wait_for_selector("h2:has-text('Ended per hour (bytes)')")
+    page.wait_for_selector("h2:has-text('Files ended per hour (bytes)')")
     assert "unit=bytes" in page.evaluate("location.hash")
     page.reload()
-    page.wait_for_selector("h2:has-text('Ended per hour (bytes)')")
+    page.wait_for_selector("h2:has-text('Files ended per hour (bytes)')")
     assert {h: v["done"] for h, v in hourly_table().items()} == {
         hour: done_bytes[hour] for hour in ended
     }
     page.select_option("#unit", "files")
-    page.wait_for_selector("h2:has-text('Ended per hour (files)')")
+    page.wait_for_selector("h2:has-text('Files ended per hour (files)')")
     assert "unit" not in page.evaluate("location.hash")  # the default is left out
     # Two hours later these hours are closed: the same figures from the hour documents.
     analytics.summaries.clock = lambda: time.time() + 7200
@@ -236,27 +364,36 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     page.wait_for_selector("#hourly")
     assert hourly_table() == expected_hours
     assert backlogs() == expected_backlogs
-    assert page.locator("#states tbody tr[data-state='total'] td").inner_text() == "15"
+    assert page.locator("#states tbody tr[data-state='total'] td").inner_text() == "19"
     # A window of days ending today: today's row adds up the same hours.
     page.select_option("#window", "30d")
-    page.wait_for_selector("h2:has-text('Ended per day (files)')")
+    page.wait_for_selector("h2:has-text('Files ended per day (files)')")
     assert "window=30d" in page.evaluate("location.hash")
     days: dict[str, Counter] = {}
     for hour, c in ended.items():
         days.setdefault(hour[:10], Counter()).update(c)
-    assert hourly_table() == {
+    expected_days = {
         day: {**{e: c[e] for e in ends},
               "throughput": sum(done_bytes[h] for h in ended if h[:10] == day) / 86400}
         for day, c in days.items()
     }  # fmt: skip
-    page.select_option("#window", "24h")
-    page.wait_for_selector("h2:has-text('Ended per hour (files)')")
+    assert hourly_table() == expected_days
+    # The long windows read the day (or hour) documents of their window, a bounded number of
+    # requests whatever their length: 7 days of hours, 30 days and a year of days.
+    for window, rows in (("7d", expected_hours), ("30d", expected_days), ("1y", expected_days)):
+        assert loaded(f"#overview?window={window}", "#hourly-chart") <= MAX_REQUESTS
+        assert hourly_table() == rows, window
+    page.goto(base + "#overview")
+    page.wait_for_selector("h2:has-text('Files ended per hour (files)')")
 
+    requested.clear()
     page.click("#tasks a")  # → the task: its counts, then every file with its states
     page.wait_for_selector("#files")
-    assert page.locator("#files tbody tr").count() == 12
+    page.wait_for_load_state("networkidle")
+    assert len(requested) <= MAX_REQUESTS
     by_id = {d["_id"]: d for d in docs}
     mine = [d for d in docs if d["task"] == task]
+    assert page.locator("#files tbody tr").count() == len(mine) == 16
     assert [row.get_attribute("data-id") for row in page.locator("#files tbody tr").all()] == [
         d["_id"] for d in sorted(mine, key=lambda d: (int(d["job_id"]), d["_id"]))
     ]  # jobs in numeric order
@@ -277,20 +414,23 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     assert counts == Counter(d["state"] for d in mine)
     page.screenshot(path=str(ARTEFACTS / "task.png"), full_page=True)
     # A state's count filters the list, and the filter is in the address.
-    page.click("#task-counts a[data-state='failed_attempt']")
+    page.click("#task-counts a[data-state='failed']")
     # The list, filtered (locators, not page functions: the store's CSP allows no eval).
-    expect(page.locator("#files tbody tr:not([data-state='failed_attempt'])")).to_have_count(0)
-    assert "state=failed_attempt" in page.evaluate("location.hash")
+    expect(page.locator("#files tbody tr:not([data-state='failed'])")).to_have_count(0)
+    assert "state=failed" in page.evaluate("location.hash")
     assert {r.get_attribute("data-id") for r in page.locator("#files tbody tr").all()} == {
-        d["_id"] for d in mine if d["state"] == "failed_attempt"
+        d["_id"] for d in mine if d["state"] == "failed"
     }
     page.select_option("#state-filter", "")
-    expect(page.locator("#files tbody tr")).to_have_count(12)
+    expect(page.locator("#files tbody tr")).to_have_count(len(mine))
 
     done_row = page.locator("#files tbody tr", has_text="done").first
     done_id = done_row.get_attribute("data-id")
+    requested.clear()
     done_row.locator("a").click()  # → the file: its whole history
     page.wait_for_selector("#history")
+    page.wait_for_load_state("networkidle")
+    assert len(requested) <= MAX_REQUESTS
     history = [[c.inner_text() for c in r.locator("td").all()][1:5]
                for r in page.locator("#history tbody tr").all()]  # fmt: skip
     expected = [[h["axis"], h["from"] or "", h["to"], h["by"]] for h in by_id[done_id]["history"]]
@@ -305,8 +445,11 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
 
     # overview → links → a link → its task → a file
     assert loaded("#overview", "#states") <= MAX_REQUESTS
+    requested.clear()
     page.click("nav a[href='#links']")
     page.wait_for_selector("#matrix")
+    page.wait_for_load_state("networkidle")
+    assert len(requested) <= MAX_REQUESTS
     active, failed = ("acquired", "submitted", "kill_requested"), ("failed", "failed_attempt")
     per_link: dict[str, Counter] = {}
     for d in docs:
@@ -329,10 +472,43 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     shown = {part.rsplit(" ", 1)[0]: int(part.rsplit(" ", 1)[1]) for part in top.split(", ")}
     assert len(shown) == min(3, len(classes)) and all(classes[c] == n for c, n in shown.items())
     assert min(shown.values()) >= max([n for c, n in classes.items() if c not in shown] or [0])
+    # Each link over the window (24 hours): copies and bytes done, the window's average
+    # throughput beside the copies' own transfer rate (their bytes over the seconds they took),
+    # failed attempts and success rate, as the documents say; the most failed attempts first.
+    figures: dict[str, list] = {}
+    for d in docs:
+        link = f"{d['source']}>{d['destination']}"
+        for h in d["history"]:
+            if h["axis"] == model.STATE and h["to"] == "done":
+                f = figures.setdefault(link, [0, 0, 0, 0.0])
+                f[0], f[1], f[3] = f[0] + 1, f[1] + d["size"], f[3] + seconds_of_copy(d)
+        for a in d.get("attempts", []):
+            if a.get("outcome") == "failed":
+                figures.setdefault(link, [0, 0, 0, 0.0])[2] += 1
+    assert link_rows(page, "#links-window", "data-link") == {
+        link: expected_row(f, 86400) for link, f in figures.items()
+    }
+    assert [r.get_attribute("data-link") for r in page.locator("#links-window tbody tr").all()] == (
+        sorted(figures, key=lambda k: (-figures[k][2], -figures[k][1], k))
+    )
+    partial_link = ">".join(PARTIAL)
+    assert figures[partial_link][0] == figures[partial_link][2] == 2  # 2 copies done, 2 failed
+    assert page.locator(
+        f"#links-window tr[data-link='{partial_link}'] td[data-column='success']"
+    ).inner_text() == "50.0 %"  # fmt: skip
     page.screenshot(path=str(ARTEFACTS / "links.png"), full_page=True)
+    # The 30-day window: the same links from the day documents, in as few requests.
+    assert loaded("#links?window=30d", "#links-window") <= MAX_REQUESTS
+    assert link_rows(page, "#links-window", "data-link") == {
+        link: expected_row(f, 30 * 86400) for link, f in figures.items()
+    }
+    assert loaded("#links", "#matrix") <= MAX_REQUESTS
     name = sorted(per_link)[0]
+    requested.clear()
     page.click(f"#matrix td[data-link='{name}'] a")
     page.wait_for_selector("#link-tasks")
+    page.wait_for_load_state("networkidle")
+    assert len(requested) <= MAX_REQUESTS
     on_link = [d for d in docs if f"{d['source']}>{d['destination']}" == name]
     assert cells(page, "#link-tasks") == {
         t: str(n) for t, n in Counter(d["task"] for d in on_link).items()
@@ -389,38 +565,101 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     expect(page.locator(f"#error-messages tbody tr:not([data-class='{cls}'])")).to_have_count(0)
     assert f"class={cls}" in page.evaluate("location.hash")
 
-    # A link's page: copies and bytes done per hour, its throughput and success rate, as the
-    # documents' histories say.
-    copied = next(name for name, c in sorted(per_link.items()) if c["done"])
-    per_hour: dict[str, list] = {}
-    for d in docs:
-        if f"{d['source']}>{d['destination']}" != copied:
-            continue
-        for h in d["history"]:
-            if h["axis"] == "state" and h["to"] == "done":
-                row = per_hour.setdefault(
-                    time.strftime("%Y-%m-%dT%H", time.gmtime(h["at"])), [0, 0]
-                )
-                row[0] += 1
-                row[1] += d["size"]
-    assert loaded(f"#link/{quote(copied)}", "#link-hourly") <= MAX_REQUESTS
-    shown_hours = {
-        r.get_attribute("data-hour"): [
-            int(r.locator("td[data-column='done']").inner_text()),
-            int(r.locator("td[data-column='bytes']").get_attribute("data-value")),
-            float(r.locator("td[data-column='throughput']").get_attribute("data-value")),
-            r.locator("td[data-column='success']").inner_text(),
-        ]
-        for r in page.locator("#link-hourly tbody tr").all()
-    }
-    assert shown_hours == {
-        hour: [n, size, pytest.approx(size / 3600), "100.0 %"]
-        for hour, (n, size) in per_hour.items()
-    }
-    bars = page.locator("#link-chart rect[data-end='throughput']").all()
-    assert {b.get_attribute("data-bucket"): float(b.get_attribute("data-value")) for b in bars} == {
-        hour: pytest.approx(size / 3600) for hour, (_, size) in per_hour.items()
-    }
+    # Each group's and message's first and last seen: the earliest and the latest end of its
+    # failed attempts in the documents (exact in the row's data, to the second on screen).
+    def seen(selector: str, key: Callable[[Any], str]) -> dict[str, tuple]:
+        out: dict[str, tuple] = {}
+        for r in page.locator(f"{selector} tbody tr").all():
+            first, last = float(r.get_attribute("data-first")), float(r.get_attribute("data-last"))
+            assert r.locator("td[data-column='first']").inner_text() == utc_second(first)
+            assert r.locator("td[data-column='last']").inner_text() == utc_second(last)
+            was = out.get(key(r), (first, last))
+            out[key(r)] = (min(was[0], first), max(was[1], last))
+        return out
+
+    def expected_seen(key: Callable[[str, str], str], only: str = "") -> dict[str, tuple]:
+        out: dict[str, tuple] = {}
+        for link, cls, _, ended in failed_attempts:
+            if only in link.split(">") or not only:
+                was = out.get(key(link, cls), (ended, ended))
+                out[key(link, cls)] = (min(was[0], ended), max(was[1], ended))
+        return out
+
+    def site(end: int) -> Callable[[str, str], str]:
+        return lambda link, _: link.split(">")[end]  # 0: the source site, 1: the destination
+
+    def group_of(r) -> str:
+        return r.get_attribute("data-group")
+
+    def message_of(r) -> str:
+        return f"{r.get_attribute('data-link')} {r.get_attribute('data-class')}"
+
+    assert loaded("#errors", "#error-groups") <= MAX_REQUESTS
+    assert seen("#error-groups", group_of) == expected_seen(lambda link, cls: link)
+    assert seen("#error-messages", message_of) == expected_seen(lambda link, cls: f"{link} {cls}")
+    # Grouped by source site and by destination site (the group in the address), with the
+    # same counts and times.
+    for group, end in (("source", 0), ("destination", 1)):
+        assert loaded(f"#errors?group={group}", "#error-groups") <= MAX_REQUESTS
+        assert group_counts() == Counter(link.split(">")[end] for link, *_ in failed_attempts)
+        assert seen("#error-groups", group_of) == expected_seen(site(end))
+    # A site's group is a filter on the site (site=): the failures of every link from or to it.
+    # T2_IT_Pisa is the source of a failing link and the destination of the half-failing one.
+    pisa = "T2_IT_Pisa"
+    page.click(f"#error-groups tr[data-group='{pisa}'] a")
+    expect(page.locator("span.filter[data-filter='site']")).to_have_count(1)
+    assert "group=destination" in page.evaluate("location.hash")
+    assert f"site={pisa}" in page.evaluate("location.hash")
+    involving = [(link, cls) for link, cls, *_ in failed_attempts if pisa in link.split(">")]
+    assert {link for link, _ in involving} == {"T2_IT_Pisa>T2_DE_DESY", partial_link}
+    assert group_counts() == Counter(link.split(">")[1] for link, _ in involving)
+    assert seen("#error-groups", group_of) == expected_seen(site(1), pisa)
+    shown_messages: Counter = Counter()
+    for r in page.locator("#error-messages tbody tr").all():
+        shown_messages[(r.get_attribute("data-link"), r.get_attribute("data-class"))] += int(
+            r.locator("td[data-column='count']").inner_text()
+        )
+    assert shown_messages == Counter(involving)
+    assert int(page.locator("#errors-total").inner_text().split()[0]) == len(involving)
+    page.screenshot(path=str(ARTEFACTS / "errors-site.png"), full_page=True)
+    # The long windows: the same failures from the day documents, in as few requests.
+    for window in ("7d", "30d"):
+        assert loaded(f"#errors?window={window}", "#error-groups") <= MAX_REQUESTS
+        assert group_counts() == Counter(link for link, *_ in failed_attempts)
+
+    # A link's page: copies and bytes done per hour, its throughput (the hour's average) and its
+    # copies' transfer rate, failed attempts and success rate, as the documents say: on a link
+    # where every copy succeeds and on one where half fail.
+    def per_hour_of(link: str) -> dict[str, list]:
+        hours: dict[str, list] = {}
+        for d in docs:
+            if f"{d['source']}>{d['destination']}" != link:
+                continue
+            for h in d["history"]:
+                if h["axis"] == model.STATE and h["to"] == "done":
+                    f = hours.setdefault(utc_hour(h["at"]), [0, 0, 0, 0.0])
+                    f[0], f[1], f[3] = f[0] + 1, f[1] + d["size"], f[3] + seconds_of_copy(d)
+            for a in d.get("attempts", []):
+                if a.get("outcome") == "failed":
+                    hours.setdefault(utc_hour(a["ended"]), [0, 0, 0, 0.0])[2] += 1
+        return hours
+
+    for link in ("T2_CH_CERN>T2_DE_DESY", partial_link):
+        per_hour = per_hour_of(link)
+        assert loaded(f"#link/{quote(link)}", "#link-hourly") <= MAX_REQUESTS
+        assert link_rows(page, "#link-hourly", "data-hour") == {
+            hour: expected_row(f, 3600) for hour, f in per_hour.items()
+        }
+        for chart, value in (("link-chart", lambda f: f[1] / 3600),
+                             ("link-rate-chart", lambda f: f[1] / f[3])):  # fmt: skip
+            bars = page.locator(f"#{chart} rect[data-end]").all()
+            assert {
+                b.get_attribute("data-bucket"): float(b.get_attribute("data-value")) for b in bars
+            } == {hour: pytest.approx(value(f)) for hour, f in per_hour.items() if f[1]}
+    # Over 30 days (a row per day): the link where half the copies fail shows 50 %.
+    assert loaded(f"#link/{quote(partial_link)}?window=30d", "#link-hourly") <= MAX_REQUESTS
+    (day_row,) = link_rows(page, "#link-hourly", "data-hour").values()
+    assert day_row[0] == 2 and day_row[4] == 2 and day_row[-1] == "50.0 %"
     page.screenshot(path=str(ARTEFACTS / "link.png"), full_page=True)
 
     assert loaded("#users", "#users") <= MAX_REQUESTS
@@ -433,19 +672,56 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     copied_bytes = sum(d["size"] for d in docs if d["state"] == "done")
     assert int(row.locator("td[data-column='bytes']").get_attribute("data-value")) == copied_bytes
     page.screenshot(path=str(ARTEFACTS / "users.png"), full_page=True)
-    page.click("#users a")  # → alice's page: her files per state and her tasks
-    page.wait_for_selector("#user-states")
+    requested.clear()
+    page.click("#users a")  # → alice's page: her files per state, tasks and failures
+    page.wait_for_selector("#user-failures")
+    page.wait_for_load_state("networkidle")
+    assert len(requested) <= MAX_REQUESTS
     assert "#user/alice" in page.evaluate("location.hash")
     assert {k: int(v) for k, v in cells(page, "#user-states").items()} == {
         **truth,
         "total": len(docs),
     }
     assert int(page.locator("#user-summary").get_attribute("data-bytes")) == copied_bytes
-    assert {r.get_attribute("data-task") for r in page.locator("#user-tasks tbody tr").all()} == {
+    # Every task of hers, newest first, with its files per state, as the documents say.
+    task_rows = page.locator("#user-tasks tbody tr").all()
+    assert [r.get_attribute("data-task") for r in task_rows] == [f"{task}_later", task]
+    for r in task_rows:
+        hers = [d for d in docs if d["task"] == r.get_attribute("data-task")]
+        assert int(r.locator("td[data-column='files']").inner_text()) == len(hers)
+        assert {
+            c.get_attribute("data-state"): int(c.inner_text())
+            for c in r.locator("td[data-state]").all()
+            if c.inner_text() != "0"
+        } == Counter(d["state"] for d in hers)
+    # Her failures: each file whose state is a failure now, the last changed first, with its
+    # class and reason, linked to its page.
+    failing = sorted(
+        (d for d in docs if d["state"] in model.FAILING),
+        key=lambda d: (d["last_update"], d["_id"]),
+        reverse=True,
+    )
+    assert len(failing) >= 2
+    failure_rows = page.locator("#user-failures tbody tr").all()
+    assert [r.get_attribute("data-id") for r in failure_rows] == [d["_id"] for d in failing]
+    for r, d in zip(failure_rows, failing, strict=True):
+        column = "td[data-column='{}']".format
+        assert [r.locator(column(c)).inner_text() for c in ("state", "attempts", "class")] == [
+            d["state"], str(len(d["attempts"])), d["error_class"] or ""
+        ]  # fmt: skip
+        assert r.locator(column("reason")).inner_text() == (d["failure_reason"] or "")
+        assert r.locator("a.file").get_attribute("href") == f"#file/{quote(d['_id'])}"
+    assert {r.get_attribute("data-task") for r in page.locator("#user-active tbody tr").all()} == {
         task,
         f"{task}_later",
-    }
+    }  # and the tasks active in the last 24 hours
     page.screenshot(path=str(ARTEFACTS / "user.png"), full_page=True)
+    requested.clear()
+    page.locator("#user-failures a.file").first.click()  # → the failed file's page
+    page.wait_for_selector("#history")
+    page.wait_for_load_state("networkidle")
+    assert len(requested) <= MAX_REQUESTS
+    assert page.evaluate("location.hash") == f"#file/{quote(failing[0]['_id'])}"
 
     assert loaded("#publication", "#publication-failed") <= MAX_REQUESTS
     pub = Counter(d["publication"] for d in docs)
@@ -489,9 +765,27 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
 
     assert loaded("#agents", "#agents") <= MAX_REQUESTS
     rows = {r.get_attribute("data-instance"): r for r in page.locator("#agents tbody tr").all()}
-    assert {"sub-p", "mon-p", "gone-0"} <= set(rows)
+    assert {"sub-p", "mon-p", "retry-p", "pub-p", "an-p", "gone-0"} <= set(rows)
     assert rows["gone-0"].get_attribute("class") == "stale"
     assert rows["sub-p"].get_attribute("class") == "alive"
+    # Each instance's cycles, its last cycle's time and its backlog (the requests of its
+    # partition it had to look at), and how long ago it beat, as its heartbeat document says.
+    beats = {d["instance"]: d for d in db.all_docs("heartbeat:", "heartbeat:\ufff0")}
+    assert set(beats) == set(rows)
+    now = time.time()
+    for instance, beat in beats.items():
+        r, cycle = rows[instance], beat.get("last_cycle") or {}
+        column = "td[data-column='{}']".format
+        assert int(r.locator(column("cycles")).inner_text()) == beat["cycles"]
+        seconds, work = (r.locator(column(c)).inner_text() for c in ("seconds", "work"))
+        assert (float(seconds) if seconds else None) == cycle.get("seconds"), instance
+        assert (int(work) if work else None) == cycle.get("work"), instance
+        assert abs(int(r.locator(column("age")).inner_text()) - (now - beat["last_seen"])) < 30
+        stale = now - beat["last_seen"] > 120
+        assert r.get_attribute("class") == ("stopped" if beat.get("stopped") else
+                                             "stale" if stale else "alive")  # fmt: skip
+    assert rows["gone-0"].locator("td").last.inner_text() == "cleaned 40"
+    assert rows["gone-0"].locator("td[data-column='work']").inner_text() == "42"
     page.screenshot(path=str(ARTEFACTS / "agents.png"), full_page=True)
 
     # What is not there is said in words, with the way back.
@@ -504,6 +798,8 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     page.goto(base + "#task/no_such_task")
     page.wait_for_selector("#not-found")
     page.screenshot(path=str(ARTEFACTS / "not-found.png"), full_page=True)
+    assert loaded("#user/nobody", "#not-found") <= MAX_REQUESTS
+    assert "No user called nobody" in page.locator("#not-found").inner_text()
 
 
 def test_a_browser_logs_in_with_a_store_account(sim_config, accounts, admin):
@@ -562,3 +858,109 @@ def test_the_pages_database_is_read_only_to_everyone_but_the_admin(sim_config, a
     with pytest.raises(StoreError) as refused:
         accounts["anonymous"].db(sim_config.store.files_db).all_docs("", "\ufff0")
     assert refused.value.status == 401
+
+
+def failed_request(user: str, task: str, at: float, n: int) -> dict[str, Any]:
+    """A request of `user` given up at `at` + 4 s after one failed attempt (its n-th failure)."""
+    doc, t = sample_request(user, task=task, at=at), at
+
+    def step(to: str, **fields: Any) -> None:
+        nonlocal doc, t
+        t += 1
+        doc = model.transition(doc, [Change(model.STATE, to, "test")], model.ADMIN, at=t, **fields)
+
+    step("acquired")
+    step("submitted")
+    reason = f"gone ({n})"
+    attempt = {"job_id": f"job-{n}", "service": "sim", "submitted": t, "ended": t + 1,
+               "outcome": "failed", "error_class": "source_missing", "reason": reason}  # fmt: skip
+    step("failed_attempt", attempts=[attempt], error_class="source_missing",
+         failure_reason=reason)  # fmt: skip
+    step("failed")
+    return doc
+
+
+def test_a_user_page_lists_every_task_and_failure_a_page_at_a_time(
+    sim_config, accounts, admin, browser_page
+):
+    """A user's page lists every task of theirs, newest first (not only those active in the
+    last 24 hours), 300 rows of (task, state) a page, and their failing files, the last changed
+    first, 100 a page: the pages together hold each task and each failure once, with the
+    documents' counts, classes and reasons; each page load makes a bounded number of requests."""
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    sim_config = dataclasses.replace(
+        sim_config,
+        store=dataclasses.replace(sim_config.store, stats_db=f"{sim_config.store.files_db}_stats"),
+    )
+    init_databases(admin, sim_config)
+    db = admin.db(sim_config.store.files_db)
+    start = time.time() - 3 * 86400  # older than the 24 hours of "active"
+    names = [f"261101_{i:06d}:bob_many" for i in range(160)]  # in the order they were made
+    docs = []
+    for i, name in enumerate(names):
+        docs.append(failed_request("bob", name, start + 10 * i, i))
+        docs.append(sample_request("bob", task=name, at=start + 10 * i))  # still waiting
+    for chunk in range(0, len(docs), 100):
+        assert all(r.ok for r in db.bulk_write(docs[chunk : chunk + 100]))
+    Runner(Analytics(sim_config, "an-u")).step(wait=False)
+    page, base = browser_page, pages_url(sim_config)
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+
+    def load(fragment: str) -> None:
+        """A whole page load of `fragment`: its store requests are bounded."""
+        page.goto("about:blank")
+        requested.clear()
+        page.goto(base + fragment)
+        page.wait_for_selector("#user-failures")
+        page.wait_for_load_state("networkidle")
+        assert len(requested) <= MAX_REQUESTS
+
+    def next_page(link: str) -> str | None:
+        older = page.locator(link)
+        return older.get_attribute("href") if older.count() else None
+
+    by_task = Counter((d["task"], d["state"]) for d in docs)
+    failing = sorted((d for d in docs if d["state"] == "failed"),
+                     key=lambda d: (d["last_update"], d["_id"]), reverse=True)  # fmt: skip
+    tasks_seen: list[list[str]] = []
+    failures_seen: list[list[str]] = []
+    fragment: str | None = "#user/bob"
+    while fragment:  # older tasks, page by page
+        load(fragment)
+        assert int(page.locator("#user-summary").get_attribute("data-bytes")) == 0
+        shown = []
+        for r in page.locator("#user-tasks tbody tr").all():
+            name = r.get_attribute("data-task")
+            shown.append(name)
+            assert int(r.locator("td[data-column='files']").inner_text()) == 2
+            assert {
+                c.get_attribute("data-state"): int(c.inner_text())
+                for c in r.locator("td[data-state]").all()
+            } == {"failed": by_task[(name, "failed")], "new": by_task[(name, "new")]}
+        tasks_seen.append(shown)
+        if len(tasks_seen) == 1:
+            page.screenshot(path=str(ARTEFACTS / "user-pages.png"), full_page=True)
+        fragment = next_page("#tasks-older")
+    # 300 rows of two states each: 149 whole tasks (the 150th may be cut short: it begins the
+    # next page), then the other 11; newest first, each once.
+    assert [len(p) for p in tasks_seen] == [149, 11]
+    assert [name for p in tasks_seen for name in p] == names[::-1]
+    fragment = "#user/bob"
+    while fragment:  # older failures, page by page
+        load(fragment)
+        rows = page.locator("#user-failures tbody tr").all()
+        failures_seen.append([r.get_attribute("data-id") for r in rows])
+        by_id = {d["_id"]: d for d in failing}
+        for r in rows:
+            d = by_id[r.get_attribute("data-id")]
+            column = "td[data-column='{}']".format
+            assert [r.locator(column(c)).inner_text() for c in ("state", "class", "reason")] == [
+                "failed", "source_missing", d["failure_reason"]
+            ]  # fmt: skip
+            assert r.locator("td").first.inner_text() == utc_second(d["last_update"])
+        fragment = next_page("#failures-older")
+    assert [len(p) for p in failures_seen] == [100, 60]
+    assert [i for p in failures_seen for i in p] == [d["_id"] for d in failing]
+    # None of them was active in the last 24 hours: the page lists them all the same.
+    assert page.locator("#user-active tbody tr").count() == 0

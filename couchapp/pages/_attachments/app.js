@@ -9,8 +9,9 @@
 // files database (a key range of a view, or one document).
 //
 // Addresses (everything a page shows is in its address, so a view can be bookmarked and sent):
-// #overview?window=24h|7d|30d|1y&unit=files|bytes&until=YYYY-MM-DD, #links,
-// #link/SRC>DST, #users, #user/NAME, #publication?window=..., #agents,
+// #overview?window=24h|7d|30d|1y&unit=files|bytes&until=YYYY-MM-DD, #links?window=...,
+// #link/SRC>DST?window=..., #errors?window=...&group=...&link=...&site=...&class=..., #users,
+// #user/NAME?tasks_from=TASK&failures_from=[TIME,ID], #publication?window=..., #agents,
 // #task/NAME?state=STATE, #file/ID, #login.
 'use strict';
 
@@ -18,14 +19,15 @@ var PAGES_DB = location.pathname.split('/')[1];
 var PAGES = '/' + PAGES_DB + '/_design/pages';
 var FILES = null; // '/<files database>', from the settings
 var DDOC = null;  // the files database's views
+var USERS_VIEWS = null; // the files database's views of a user's tasks and failures
 var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown as stale
 var REFRESH = 30000;
 var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states
 var HOUR = 3600, DAY = 86400;
 var BYTES_DONE = 'bytes_done'; // in a user's live summary, beside the states (aso/summaries.py)
 // The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
-var STATES = {on_its_way: [], in_flight: [], failing: [], copy_ends: [], publication_ends: [],
-  publication_failures: []};
+var STATES = {on_its_way: [], in_flight: [], failing: [], file_ends: [], attempt_failures: [],
+  current_failures: [], publication_ends: [], publication_failures: []};
 
 // A read the store refused for want of a login: the page asks for one.
 function LoginNeeded(reason) { this.message = reason; }
@@ -39,6 +41,7 @@ function settings() {
     STATES = SETTINGS.states || STATES;
     FILES = '/' + encodeURIComponent(SETTINGS.files_db);
     DDOC = FILES + '/_design/asyncstageout/_view/';
+    USERS_VIEWS = FILES + '/_design/users/_view/';
     return SETTINGS;
   });
 }
@@ -185,14 +188,15 @@ function addMoves(into, moves) {
 
 function emptyBucket(start) {
   // moves: axis → "from>to" → [files, bytes]; links: link → [copies done, bytes done, failed
-  // attempts]; failures: link → class → message pattern → [attempts, first, last, ids].
+  // attempts, transfer seconds of the copies done]; failures: link → class → message pattern →
+  // [attempts, first, last, ids].
   return {start: start, moves: {}, links: {}, failures: {}, backlog: null};
 }
 
 function addDetail(bucket, doc) {
   // A summary document's per-link figures and failures into a bucket (aso/summaries.py).
   Object.keys(doc.link_hours || {}).forEach(function (link) {
-    var mine = bucket.links[link] = bucket.links[link] || [0, 0, 0];
+    var mine = bucket.links[link] = bucket.links[link] || [0, 0, 0, 0];
     doc.link_hours[link].forEach(function (n, i) { mine[i] += n; });
   });
   eachFailure(doc.failures, function (link, cls, pattern, entry) {
@@ -315,19 +319,19 @@ function svg(tag, attrs, text) {
   return node;
 }
 
-function svgChart(got, axis, ends, unit) {
-  // What ended in each bucket, stacked per end, in the unit; on the state axis the backlog at
-  // each bucket's end as a line.
+function svgChart(got, id, axis, ends, unit) {
+  // What ended in each bucket, stacked per end, in the unit; on the overview's chart of files
+  // (id hourly-chart) the backlog at each bucket's end as a line.
   var per = got.span.step === DAY ? 'day' : 'hour';
   return timeChart(got, {
-    id: axis === 'state' ? 'hourly-chart' : 'publication-chart',
-    title: (unit === 'bytes' ? 'bytes' : 'files') + ' per ' + per,
+    id: id,
+    title: (unit === 'bytes' ? 'bytes' : id === 'attempts-chart' ? 'attempts' : 'files') + ' per ' + per,
     format: function (v) { return amount(v, unit); },
     stacks: ends.map(function (e) {
       return {key: e, colour: COLOURS[e] || '#999',
         value: function (b) { return (endsOf(b.moves, axis)[e] || {})[unit] || 0; }};
     }),
-    line: axis !== 'state' ? null : {key: 'backlog', colour: '#33c',
+    line: id !== 'hourly-chart' ? null : {key: 'backlog', colour: '#33c',
       label: 'backlog at the end of each ' + per + ' (files, right axis)',
       value: function (b) { return b.backlog; }, format: String}
   });
@@ -485,7 +489,10 @@ function overview() {
     });
     rows.push(el('tr', {'data-state': 'total'}, [el('th', {}, ['total']),
       el('td', {'class': 'n'}, [total])]));
-    var ends = STATES.copy_ends;
+    // Files and attempts apart: each file ends once (done, failed for good, killed); failed
+    // attempts are counted on their own, in a chart of their own.
+    var fileEnds = STATES.file_ends, attemptEnds = STATES.attempt_failures;
+    var ends = fileEnds.concat(attemptEnds);
     var seconds = got.span.step;
     var perBucket = got.buckets.filter(function (b) {
       return Object.keys(endsOf(b.moves, 'state')).some(function (e) { return ends.indexOf(e) >= 0; });
@@ -505,9 +512,15 @@ function overview() {
       el('p', {id: 'as-of'}, ['as of ' + when(live.as_of) + ' UTC (monitoring summaries; ' +
         'backlog ', el('span', {id: 'backlog-now'}, [live.backlog]), ')']),
       table('states', ['state', 'files'], rows),
-      el('h2', {}, ['Ended per ' + unitName + ' (' + view.unit + ')']), choices(true),
-      svgChart(got, 'state', ends, view.unit),
-      table('hourly', [unitName + ' (UTC)'].concat(ends, ['throughput of done copies (' +
+      el('h2', {}, ['Files ended per ' + unitName + ' (' + view.unit + ')']), choices(true),
+      el('p', {'class': 'note'}, ['Each file counts once, when it ends: done, failed (given up) or ' +
+        'killed. Failed attempts are counted apart, below: a file given up after two failed attempts ' +
+        'is 2 failed attempts and 1 failed file.']),
+      svgChart(got, 'hourly-chart', 'state', fileEnds, view.unit),
+      el('h2', {}, ['Failed attempts per ' + unitName + ' (' + view.unit + ')']),
+      svgChart(got, 'attempts-chart', 'state', attemptEnds, view.unit),
+      table('hourly', [unitName + ' (UTC)'].concat(fileEnds.map(function (e) { return e + ' (files ended)'; }),
+        attemptEnds.map(function (e) { return e + ' (attempts)'; }), ['throughput of done copies (' +
         unitName + ' average)', 'backlog at end (files)']), perBucket),
       el('h2', {}, ['Queues at the end of each ' + unitName + ' (files per state on their way)']),
       timeChart(got, {id: 'queues-chart', title: 'files waiting or in flight', format: String,
@@ -613,6 +626,17 @@ function links() {
   });
 }
 
+function copyRate(figures) {
+  // The copies' own transfer rate: bytes done over the seconds those copies took (each from
+  // its attempt's submission to its end); null when no copy records its time.
+  return figures[3] ? figures[1] / figures[3] : null;
+}
+
+function rateCell(v) {
+  return el('td', {'class': 'n', 'data-column': 'copy-rate', 'data-value': v === null ? '' : v},
+    [v === null ? '' : rate(v)]);
+}
+
 function linksInWindow(h) {
   // Each link's copies, throughput and success rate over the window (the summaries' hours),
   // the links with most failed attempts first.
@@ -627,13 +651,14 @@ function linksInWindow(h) {
       el('td', {'class': 'n', 'data-column': 'done'}, [f[0]]),
       el('td', {'class': 'n', 'data-column': 'bytes', 'data-value': f[1]}, [bytes(f[1])]),
       el('td', {'class': 'n', 'data-column': 'throughput', 'data-value': f[1] / seconds}, [rate(f[1] / seconds)]),
+      rateCell(copyRate(f)),
       el('td', {'class': 'n', 'data-column': 'failed'}, [f[2]]),
       el('td', {'class': 'n', 'data-column': 'success'}, [percent(successRate(f))])]);
   });
   return [el('h2', {}, ['Links over the window (' + WINDOWS[view.window][0] +
     (names.length > 50 ? '; the 50 with most failures of ' + names.length : '') + ')']), choices(false),
     rows.length ? table('links-window', ['link', 'copies done', 'bytes done', 'throughput (window average)',
-      'failed attempts', 'success rate'], rows) : el('p', {id: 'links-window'}, ['nothing ended in the window'])];
+      'transfer rate of the copies', 'failed attempts', 'success rate'], rows) : el('p', {id: 'links-window'}, ['nothing ended in the window'])];
 }
 
 function windowFailures(got) {
@@ -650,7 +675,7 @@ function windowFailures(got) {
 }
 
 function windowLinks(got) {
-  // link → [copies done, bytes done, failed attempts] over the window.
+  // link → [copies done, bytes done, failed attempts, transfer seconds] over the window.
   var all = emptyBucket(0);
   got.buckets.forEach(function (b) { addDetail(all, {link_hours: b.links}); });
   return all.links;
@@ -702,16 +727,17 @@ function errors() {
     }).map(function (g) {
       var t = totals[g], change = {};
       change[filterOf] = g;
-      return el('tr', {'data-group': g}, [el('td', {}, [el('a', {href: addressWith(change)}, [g])]),
+      return el('tr', {'data-group': g, 'data-first': t.first, 'data-last': t.last}, [el('td', {}, [el('a', {href: addressWith(change)}, [g])]),
         el('td', {'class': 'n', 'data-column': 'count'}, [t.count]), el('td', {}, [classesText(t.classes)]),
-        el('td', {}, [when(t.first)]), el('td', {}, [when(t.last)])]);
+        el('td', {'data-column': 'first'}, [when(t.first)]), el('td', {'data-column': 'last'}, [when(t.last)])]);
     });
     var SHOWN = 200;
     var detail = rows.slice(0, SHOWN).map(function (r) {
-      return el('tr', {'data-link': r.link, 'data-class': r.cls}, [
+      return el('tr', {'data-link': r.link, 'data-class': r.cls, 'data-first': r.first, 'data-last': r.last}, [
         el('td', {}, [el('a', {href: '#link/' + encodeURIComponent(r.link)}, [r.link])]),
         el('td', {}, [r.cls]), el('td', {'class': 'n', 'data-column': 'count'}, [r.count]),
-        el('td', {'class': 'pattern'}, [r.pattern]), el('td', {}, [when(r.first)]), el('td', {}, [when(r.last)]),
+        el('td', {'class': 'pattern'}, [r.pattern]), el('td', {'data-column': 'first'}, [when(r.first)]),
+        el('td', {'data-column': 'last'}, [when(r.last)]),
         el('td', {}, r.samples.map(function (id, i) {
           return el('span', {}, [i ? ' ' : '', el('a', {href: '#file/' + encodeURIComponent(id), 'class': 'sample'},
             ['file ' + (i + 1)])]);
@@ -767,24 +793,31 @@ function link(name) {
     var h = got[1];
     if (h) {
       var step = h.span.step, per = step === DAY ? 'day' : 'hour';
-      var figures = function (b) { return b.links[name] || [0, 0, 0]; };
+      var figures = function (b) { return b.links[name] || [0, 0, 0, 0]; };
       out.push(el('h2', {}, ['Throughput and success rate (' + WINDOWS[view.window][0] + ')']), choices(false),
         timeChart(h, {id: 'link-chart', title: 'throughput of done copies (average over each ' + per + ')',
           format: function (v) { return rate(v); },
           stacks: [{key: 'throughput', colour: COLOURS.done, value: function (b) { return figures(b)[1] / step; }}],
           line: {key: 'success', colour: '#c33', top: 100, label: 'success rate (% of attempts ended, right axis)',
-            value: function (b) { return successRate(figures(b)); }, format: function (v) { return v + ' %'; }}}));
+            value: function (b) { return successRate(figures(b)); }, format: function (v) { return v + ' %'; }}}),
+        el('p', {'class': 'note'}, ['The throughput above is the bytes copied in each ' + per + ' over the ' +
+          per + '\'s length; the copies\' own transfer rate (below) is the same bytes over the seconds ' +
+          'those copies took, each from its attempt\'s submission to its end.']),
+        timeChart(h, {id: 'link-rate-chart', title: 'transfer rate of the copies done in each ' + per,
+          format: function (v) { return rate(v); },
+          stacks: [{key: 'copy-rate', colour: '#37a', value: function (b) { return copyRate(figures(b)) || 0; }}]}));
       var hourly = h.buckets.filter(function (b) { var f = figures(b); return f[0] || f[2]; }).map(function (b) {
         var f = figures(b), rate_ = f[1] / step;
         return el('tr', {'data-hour': h.label(b.start)}, [el('td', {}, [h.label(b.start)]),
           el('td', {'class': 'n', 'data-column': 'done'}, [f[0]]),
           el('td', {'class': 'n', 'data-column': 'bytes', 'data-value': f[1]}, [bytes(f[1])]),
           el('td', {'class': 'n', 'data-column': 'throughput', 'data-value': rate_}, [rate(rate_)]),
+          rateCell(copyRate(f)),
           el('td', {'class': 'n', 'data-column': 'failed'}, [f[2]]),
           el('td', {'class': 'n', 'data-column': 'success'}, [percent(successRate(f))])]);
       });
       out.push(hourly.length ? table('link-hourly', [per + ' (UTC)', 'copies done', 'bytes done',
-        'throughput (' + per + ' average)', 'failed attempts', 'success rate'], hourly)
+        'throughput (' + per + ' average)', 'transfer rate of the copies', 'failed attempts', 'success rate'], hourly)
         : el('p', {id: 'link-hourly'}, ['nothing ended on this link in the window']));
       var messages = windowFailures(h).filter(function (r) { return r.link === name; }).slice(0, 10).map(function (r) {
         return el('tr', {'data-class': r.cls}, [el('td', {}, [r.cls]), el('td', {'class': 'n'}, [r.count]),
@@ -824,18 +857,106 @@ function users() {
   });
 }
 
+var USER_TASK_ROWS = 300; // grouped rows (a task's state) read per page of a user's tasks
+var USER_FAILURES = 100;  // failing files per page of a user's failures
+
+function userAddress(name, params) {
+  var query = Object.keys(params).filter(function (k) { return params[k]; })
+    .map(function (k) { return k + '=' + encodeURIComponent(params[k]); }).join('&');
+  return '#user/' + encodeURIComponent(name) + (query ? '?' + query : '');
+}
+
+function userTasks(name) {
+  // Every task the user has files of, newest first (CRAB's task names begin with when they
+  // were made), with its files per state: the users/tasks view grouped over the user's key
+  // range, a page at a time (?tasks_from=TASK: the page that begins with that task).
+  var from = PARAMS.tasks_from || '';
+  return get(USERS_VIEWS + 'tasks', {start_key: from ? [name, from, {}] : [name, {}], end_key: [name],
+    descending: true, group_level: 3, limit: USER_TASK_ROWS}).then(function (res) {
+    var order = [], tasks = {};
+    res.rows.forEach(function (r) {
+      var t = r.key[1];
+      if (!tasks[t]) { tasks[t] = {}; order.push(t); }
+      tasks[t][r.key[2]] = r.value;
+    });
+    var next = '';
+    if (res.rows.length >= USER_TASK_ROWS && order.length > 1) {
+      next = order.pop(); // perhaps cut short: it begins the next page
+    }
+    var states = [];
+    order.forEach(function (t) {
+      Object.keys(tasks[t]).forEach(function (st) { if (states.indexOf(st) < 0) { states.push(st); } });
+    });
+    states.sort();
+    var rows = order.map(function (t) {
+      var files = Object.keys(tasks[t]).reduce(function (n, st) { return n + tasks[t][st]; }, 0);
+      return el('tr', {'data-task': t}, [el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(t)}, [t])]),
+        el('td', {'class': 'n', 'data-column': 'files'}, [files])].concat(states.map(function (st) {
+        var n = tasks[t][st] || 0;
+        return el('td', {'class': 'n', 'data-state': st}, [n ? el('a', {href: taskAddress(t, {state: st})}, [String(n)]) : '0']);
+      })));
+    });
+    var nav = [];
+    if (from) { nav.push(el('a', {href: userAddress(name, {failures_from: PARAMS.failures_from}), id: 'tasks-newest'}, ['← newest tasks']), ' '); }
+    if (next) { nav.push(el('a', {href: userAddress(name, {tasks_from: next, failures_from: PARAMS.failures_from}), id: 'tasks-older'}, ['older tasks →'])); }
+    return {count: order.length, nodes: [el('h2', {}, ['Tasks (every task with files here, newest first' +
+      (from || next ? '; ' + order.length + ' on this page' : '') + ')']),
+      rows.length ? table('user-tasks', ['task', 'files'].concat(states), rows) : el('p', {id: 'user-tasks'}, ['none']),
+      el('p', {'class': 'pager'}, nav)]};
+  });
+}
+
+function userFailures(name) {
+  // The user's failing files (state a current failure: STATES.current_failures), the last
+  // changed first, with class and reason, each linked to its page: the users/failures view by
+  // the user's key range (?failures_from=[time, id]: the page that begins with that file).
+  var from = null;
+  try { from = PARAMS.failures_from ? JSON.parse(PARAMS.failures_from) : null; } catch (e) { from = null; }
+  if (!Array.isArray(from) || from.length !== 2) { from = null; }
+  return get(USERS_VIEWS + 'failures', {start_key: from ? [name].concat(from) : [name, {}], end_key: [name],
+    descending: true, limit: USER_FAILURES + 1}).then(function (res) {
+    var shown = res.rows.slice(0, USER_FAILURES);
+    var next = res.rows.length > USER_FAILURES ? JSON.stringify(res.rows[USER_FAILURES].key.slice(1)) : '';
+    var rows = shown.map(function (r) {
+      var v = r.value, lfn = v.destination_lfn || '';
+      return el('tr', {'data-id': r.id, 'data-state': v.state}, [el('td', {}, [when(r.key[1])]),
+        el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(v.task)}, [v.task])]),
+        el('td', {'class': 'n'}, [v.job_id]),
+        el('td', {}, [el('a', {href: '#file/' + encodeURIComponent(r.id), title: lfn, 'class': 'file'},
+          [lfn.slice(lfn.lastIndexOf('/') + 1) || r.id])]),
+        el('td', {}, [v.source + ' → ' + v.destination]), el('td', {'data-column': 'state'}, [v.state]),
+        el('td', {'class': 'n', 'data-column': 'attempts'}, [v.attempts]),
+        el('td', {'data-column': 'class'}, [v.error_class || '']), el('td', {'data-column': 'reason'}, [v.reason || ''])]);
+    });
+    var nav = [];
+    if (from) { nav.push(el('a', {href: userAddress(name, {tasks_from: PARAMS.tasks_from}), id: 'failures-newest'}, ['← last failures']), ' '); }
+    if (next) { nav.push(el('a', {href: userAddress(name, {tasks_from: PARAMS.tasks_from, failures_from: next}), id: 'failures-older'}, ['older failures →'])); }
+    return {count: shown.length, nodes: [el('h2', {}, ['Failures (files whose state is a failure now: ' +
+      STATES.current_failures.join(', ') + '; the last changed first)']),
+      rows.length ? table('user-failures', ['last change (UTC)', 'task', 'job', 'file (its page)', 'link', 'state',
+        'attempts', 'error class', 'reason'], rows) : el('p', {id: 'user-failures'}, ['none']),
+      el('p', {'class': 'pager'}, nav)]};
+  });
+}
+
 function user(name) {
-  // One user: their files per state (live summary) and the tasks they were active in over the
-  // last 24 hours (the live summary's task tallies, which record each task's user).
-  return Promise.all([summary('monitor:live:users'), summary('monitor:live')]).then(function (got) {
-    if (!got[0] || !got[1]) { return noSummaries(); }
-    var mine = (got[0].users || {})[name];
+  // One user: their files per state and bytes copied (live summary), every task they have
+  // files of (userTasks), their failing files (userFailures), and the tasks they were active
+  // in over the last 24 hours (the live summary's task tallies, which record each task's user).
+  return Promise.all([summary('monitor:live:users'), summary('monitor:live'), userTasks(name),
+    userFailures(name)]).then(function (got) {
+    var allTasks = got[2], failures = got[3];
+    var mine = got[0] ? (got[0].users || {})[name] : null;
     var tasks = {};
-    Object.keys(got[1].tasks || {}).forEach(function (t) {
+    Object.keys((got[1] || {}).tasks || {}).forEach(function (t) {
       if (got[1].tasks[t]['user:' + name]) { tasks[t] = got[1].tasks[t]; }
     });
-    if (!mine && !Object.keys(tasks).length) {
+    if (!mine && !Object.keys(tasks).length && !allTasks.count && !failures.count) {
       throw new NotFound('No user called ' + name + ' has files here.');
+    }
+    var head = [el('h2', {}, ['User ' + name])];
+    if (!got[0] || !got[1]) {
+      return head.concat(noSummaries(), allTasks.nodes, failures.nodes);
     }
     mine = mine || {};
     var copied = mine[BYTES_DONE] || 0;
@@ -851,12 +972,12 @@ function user(name) {
     var active = activeTasks(tasks);
     view = saved;
     active[0].textContent = 'Tasks active in the last 24 hours';
-    active[1].setAttribute('id', 'user-tasks');
-    return [el('h2', {}, ['User ' + name]),
+    active[1].setAttribute('id', 'user-active');
+    return head.concat([
       el('p', {id: 'user-summary', 'data-bytes': copied}, [total + ' files: ' + (mine.done || 0) +
         ' done (' + bytes(copied) + ' copied), ' + inFlight + ' on their way, ' + failing +
         ' failed or failing (as of ' + when(got[0].as_of) + ' UTC)']),
-      table('user-states', ['state', 'files'], rows)].concat(active);
+      table('user-states', ['state', 'files'], rows)], allTasks.nodes, failures.nodes, active);
   });
 }
 
@@ -893,7 +1014,7 @@ function publication() {
     return [el('h2', {}, ['Publication outcomes per task (' + WINDOWS[view.window][0] + ')']), choices(false),
       table('publication-tasks', ['task'].concat(ends), taskRows),
       el('h2', {}, ['Publication outcomes per ' + (got.span.step === DAY ? 'day' : 'hour')]),
-      svgChart(got, 'publication', ends, 'files'),
+      svgChart(got, 'publication-chart', 'publication', ends, 'files'),
       table('publication-hourly', ['UTC'].concat(ends), rows)];
   });
   return Promise.all([outcomes, publicationBlocks()]).then(function (parts) {
