@@ -32,6 +32,11 @@ endif
 export COUCHDB_HOME
 # The store the benchmarks run on: pouchdb (the embedded store), couchdb, or both.
 STORE ?= pouchdb
+# Screenshots of the monitoring pages (tests/browser_helpers.py): a folder per store, emptied
+# when that store's leg starts and kept afterwards, passed or not, for CI to collect
+# (docs/testing.md, "Screenshots of the monitoring pages").
+ASO_TEST_ARTEFACTS := $(or $(ASO_TEST_ARTEFACTS),$(CURDIR)/test-artefacts)
+export ASO_TEST_ARTEFACTS
 , := ,
 
 .PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-workqueue bench-frontend bench-locust bench-pages bench-metrics clean
@@ -96,10 +101,13 @@ test: setup lint couchdb
 	else \
 	  echo "make test: WARNING: no Apache CouchDB at $(COUCHDB_HOME); the CouchDB leg is NOT run (set COUCHDB_HOME)" >&2; fi
 	@$(MAKE) --no-print-directory test-pouchdb
+	@echo "== screenshots of the monitoring pages, a folder per store: $(ASO_TEST_ARTEFACTS)/"
 
 test-couchdb test-pouchdb: test-%: setup
 	@echo "== the test suite on $* ($$(date +%T))"
-	@start=$$(date +%s); ASO_TEST_STORE=$* $(VENV)/bin/pytest $(PYTEST_ARGS); \
+	@rm -rf "$(ASO_TEST_ARTEFACTS)/$*"
+	@trap 'echo "== screenshots of the monitoring pages on $*: $(ASO_TEST_ARTEFACTS)/$*/"' EXIT; \
+	  start=$$(date +%s); ASO_TEST_STORE=$* $(VENV)/bin/pytest $(PYTEST_ARGS); \
 	  echo "== the suite on $* passed in $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s"
 	@if [ "$*" = couchdb ] && [ -z "$(PYTEST_ARGS)" ]; then $(MAKE) --no-print-directory test-spidermonkey; fi
 
