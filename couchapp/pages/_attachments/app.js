@@ -338,7 +338,7 @@ function svgChart(got, id, axis, ends, unit) {
 }
 
 function timeChart(got, spec) {
-  // Bars over time, stacked (spec.stacks: {key, colour, value(bucket)}), on a left axis
+  // Bars over time, stacked (spec.stacks: {key, colour, value(bucket), label (default: key)}), on a left axis
   // (spec.format, spec.title); optionally a line (spec.line: {key, label, colour,
   // value(bucket) or null, top (a fixed scale), format}) on a right axis; time along the
   // bottom (UTC); a legend above. Plain SVG, no library.
@@ -387,8 +387,9 @@ function timeChart(got, spec) {
   var x = left;
   spec.stacks.forEach(function (st) { // the legend
     chart.appendChild(svg('rect', {x: x, y: 4, width: 10, height: 10, fill: st.colour}));
-    chart.appendChild(svg('text', {x: x + 14, y: 13, 'class': 'legend', 'data-end': st.key}, st.key));
-    x += 24 + 7 * st.key.length;
+    var label = st.label || st.key;
+    chart.appendChild(svg('text', {x: x + 14, y: 13, 'class': 'legend', 'data-end': st.key}, label));
+    x += 24 + 7 * label.length;
   });
   if (spec.line) {
     var line = spec.line;
@@ -805,7 +806,8 @@ function link(name) {
           'those copies took, each from its attempt\'s submission to its end.']),
         timeChart(h, {id: 'link-rate-chart', title: 'transfer rate of the copies done in each ' + per,
           format: function (v) { return rate(v); },
-          stacks: [{key: 'copy-rate', colour: '#37a', value: function (b) { return copyRate(figures(b)) || 0; }}]}));
+          stacks: [{key: 'copy-rate', label: 'transfer rate of the copies (bytes / their seconds)', colour: '#37a',
+            value: function (b) { return copyRate(figures(b)) || 0; }}]}));
       var hourly = h.buckets.filter(function (b) { var f = figures(b); return f[0] || f[2]; }).map(function (b) {
         var f = figures(b), rate_ = f[1] / step;
         return el('tr', {'data-hour': h.label(b.start)}, [el('td', {}, [h.label(b.start)]),
