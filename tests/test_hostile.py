@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from aso import gate, model, openapi
+from aso import gate, model, openapi, status
 from aso import jsvalues as js
 from aso import upload as upload_module
 from aso.config import Config
@@ -859,6 +859,50 @@ def test_the_openapi_description_carries_the_model_s_request_schema():
     assert described["components"]["parameters"]["db"]["schema"]["enum"] == [
         Config().store.files_db
     ]
+
+
+# A sequence as CouchDB 3 hands it out (`update_seq`, `last_seq`): opaque, base64url after N-.
+COUCHDB_SEQ = ("6-g1AAAAC_eJzLYWBgYMpgTmGQSizON7UwM7C0SDS2TEzJM3QwNDLXMwBCwxyQmjwWIMnQAKT-"
+               "A0FWBnMiSy5QgD3FMsnCyNACrwHEmJ_IkFQPNZgJbLCZhbFxomESXp1ZAICTL8o")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("since", "taken"),
+    [("0", True), ("now", True), ("1234", True), (COUCHDB_SEQ, True), ("7-" + "g1A" * 1300, True),
+     ("", False), ("1-abc=", False), ("a b", False), ("-1.5", False), ("x" * 5000, False)],
+)  # fmt: skip
+def test_the_openapi_since_is_the_sequence_the_front_end_takes(since, taken):
+    """docs/openapi.yaml's `since` took numbers only, while CouchDB's sequences are opaque
+    strings: a client following a task on CouchDB sends what the store gave it, and the gate
+    (aso/gate.py) forwards it. The description and the gate take the same values."""
+    spec = yaml.safe_load(OPENAPI.read_text())
+    [param] = [p for p in spec["paths"]["/{db}/_changes"]["post"]["parameters"]
+               if p["name"] == "since"]  # fmt: skip
+    assert bool(re.fullmatch(param["schema"]["pattern"], since)) is taken
+    target = f"/asynctransfer/_changes?filter=_doc_ids&since={quote(since, safe='')}".encode()
+    verdict = gate.check(b"POST", target, b'{"doc_ids": []}')
+    assert isinstance(verdict, gate.Verdict) is taken, verdict
+
+
+def test_the_openapi_status_rows_and_conflicts_are_the_ones_served():
+    """The status row of docs/openapi.yaml is the by_task view's value (aso/status.py's
+    FileStatus, less the key's parts), the POST of by_task with keys that docs/status-api.md
+    tells clients to send passes the gate, and the 409 examples are the front end's reasons."""
+    spec = yaml.safe_load(OPENAPI.read_text())
+    row = spec["components"]["schemas"]["StatusRow"]
+    served = set(status.FileStatus.__dataclass_fields__) - {"id", "file_type"}
+    assert set(row["properties"]) == set(row["required"]) == served
+    body = json.dumps({"keys": [["T", 1, "output", "a" * 64], ["T", "x", "log", "b" * 64]]})
+    view = b"/asynctransfer/_design/asyncstageout/_view/by_task"
+    assert isinstance(gate.check(b"POST", view, body.encode()), gate.Verdict)
+    post = spec["paths"]["/{db}/_design/asyncstageout/_view/by_task"]["post"]
+    assert set(post["requestBody"]["content"]["application/json"]["schema"]["properties"]) <= (
+        gate.VIEW_BODY
+    )
+    examples = spec["components"]["responses"]["Conflict"]["content"]["application/json"]
+    reasons = [e["value"]["reason"] for e in examples["examples"].values()]
+    assert upload_module.ALREADY_RECORDED in reasons
+    assert any(r.startswith(upload_module.DIFFERENT_FILE) for r in reasons)
 
 
 # Loaded at import (the description is a file): schemathesis.pytest.from_fixture, which would

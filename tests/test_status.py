@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import requests
 
 from agents.cleaner import Cleaner
 from agents.monitor import Monitor
@@ -115,6 +116,64 @@ def test_a_task_of_a_thousand_jobs_agrees_with_its_documents(config, files_db, a
     assert only["id"] == next(d["_id"] for d in truth if d["job_id"] == "17")
     table = aso("status", task, "--summary", config=config.source)
     assert table.returncode == 0 and f"{on_their_way} files on their way" in table.stdout
+
+
+# Jobs of a task as CRAB names them and retries them: numbers (one written "007"), and text.
+PAGING_JOBS = ["1", "2", "007", "7", "10", "11", "100", "10a", "a", "b-7", "retry.3"]
+
+
+def by_task_order(doc: dict[str, Any]) -> tuple[Any, ...]:
+    """Where a file's row is in by_task: numeric jobs first in numeric order, then the others
+    as text; within a job, its type, then its id."""
+    job = model.job_order(doc["job_id"])
+    return ((0, job) if isinstance(job, int) else (1, job), doc["file_type"], doc["_id"])
+
+
+def raw_pages(server, db: str, task: str, page: int) -> list[list[dict[str, Any]]]:
+    """A task's rows read as docs/status-api.md tells a client to page (plain HTTP): start at
+    the last row's key and skip it. At most 100 pages: a loop would show as too many."""
+    url = f"{server.url}/{db}/_design/asyncstageout/_view/by_task"
+    params: dict[str, Any] = {"start_key": json.dumps([task]), "end_key": json.dumps([task, {}])}
+    pages = []
+    for _ in range(100):
+        answer = requests.get(url, params={**params, "limit": page},
+                              auth=(server.user, server._password), timeout=30)  # fmt: skip
+        answer.raise_for_status()
+        rows = answer.json()["rows"]
+        pages.append(rows)
+        if len(rows) < page:
+            break
+        params.update(start_key=json.dumps(rows[-1]["key"]), skip=1)
+    return pages
+
+
+def test_paging_a_task_of_several_files_per_job_gives_each_file_once(config, files_db, accounts):
+    """Issue 20: by_task's keys repeated within a job (an output and a log file), so paging by
+    key looped forever at page size 2 and gave 24 rows for 15 files at page size 4. Jobs of
+    three files (two outputs and a log), numeric and text job ids mixed: at pages of 2 and 4,
+    through the library and as a client pages over HTTP, every file comes once, in job order."""
+    task = "261121_200007:alice_paging"
+    owner = db_as(accounts, "alice", files_db)
+    docs = [sample_request("alice", task=task, job_id=job, file_type=kind)
+            for job in PAGING_JOBS for kind in ("output", "output", "log")]  # fmt: skip
+    assert all(r.ok for r in owner.bulk_write(docs))
+    expected = [d["_id"] for d in sorted(docs, key=by_task_order)]
+    reader = db_as(accounts, "bob", files_db)
+    for size in (2, 4):
+        pages = list(status.task_pages(reader, task, page=size))
+        assert [f.id for page in pages for f in page] == expected
+        assert all(len(page) <= size for page in pages) and len(pages) == -(-len(docs) // size)
+        raw = raw_pages(accounts["bob"], files_db, task, size)
+        assert [row["id"] for page in raw for row in page] == expected
+        assert len(raw) == len(docs) // size + 1  # the last page short (or empty): the end
+    # One job of the three files, by its id as written: "007" and "7" are both job 7.
+    assert {f.id for f in status.task_files(reader, task, "7")} == {
+        d["_id"] for d in docs if d["job_id"] in ("007", "7")
+    }
+    printed = json.loads(aso("status", task, "--json", config=config.source).stdout)
+    assert [f["id"] for f in printed["files"]] == expected and printed["total"] == len(docs)
+    jobs = [f["job_id"] for f in printed["files"][::3]]
+    assert jobs[:2] == ["1", "2"] and jobs[-4:] == ["10a", "a", "b-7", "retry.3"]
 
 
 def test_a_task_that_does_not_exist_is_an_empty_answer(config):
