@@ -30,6 +30,7 @@ import resource
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from rich.table import Table
 
 from aso import model, summaries
 from aso.config import Config, render
-from aso.designdocs import init_databases, pages_url
+from aso.designdocs import design_documents, init_databases, pages_url
 from aso.localstore import free_port
 from aso.managed import local_store
 from aso.store import Server, Settings, StoreError
@@ -165,9 +166,23 @@ def first_summaries(admin: Server, config: Config) -> dict[str, Any]:
     }
 
 
-def build_views(admin: Server, config: Config) -> dict[str, float]:
-    """Seconds to bring each view index the pages read up to date (the embedded store answers
-    once the index is built: tens of minutes at 1M requests, so no read timeout to speak of)."""
+def all_views(config: Config) -> list[tuple[str, str]]:
+    """(design document, view) of every view of the files database: what the agents, `aso
+    status` and the pages read."""
+    return [
+        (ddoc["_id"].split("/", 1)[1], name)
+        for ddoc in design_documents(config)
+        for name in ddoc.get("views", {})
+    ]
+
+
+def build_views(
+    admin: Server, config: Config, views: list[tuple[str, str]] | None = None
+) -> dict[str, float]:
+    """Seconds to bring each view index (default: those the pages read) up to date (the
+    embedded store answers once the index is built: tens of minutes at 1M requests, so no
+    read timeout to speak of). CouchDB builds a design document's views together: the first
+    view of one pays for all of them."""
     patient = Server(
         admin.url,
         config.store.admin_user,
@@ -176,11 +191,11 @@ def build_views(admin: Server, config: Config) -> dict[str, float]:
     )
     db = patient.db(config.store.files_db)
     seconds = {}
-    for name in PAGE_VIEWS:
+    for ddoc, name in views or [("asyncstageout", view) for view in PAGE_VIEWS]:
         started = time.monotonic()
         while True:
             try:
-                db.view("asyncstageout", name, limit=1, reduce=False if name == "by_task" else None)
+                db.view(ddoc, name, limit=1, reduce=False)
                 break
             except StoreError as exc:
                 # CouchDB answers a read that waits for a long build `500 timeout` and goes on
@@ -293,17 +308,34 @@ def main(argv: list[str] | None = None) -> None:
         report_figures(run(engine, args))
 
 
-def run(engine: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Fill (or reuse) a store of `engine` with args.requests requests; the figures."""
-    root = Path(args.data_dir).resolve() / (
-        str(args.requests) if engine == "pouchdb" else f"{engine}-{args.requests}"
-    )
+ADMIN_PASSWORD = "bench-admin"  # the filled stores' admin (sim/bench_long.py runs copies)
+
+
+def store_root(data_dir: str | Path, engine: str, requests: int) -> Path:
+    """Where the store filled with `requests` requests of `engine` is kept."""
+    name = str(requests) if engine == "pouchdb" else f"{engine}-{requests}"
+    return Path(data_dir).resolve() / name
+
+
+@contextlib.contextmanager
+def filled_store(
+    engine: str,
+    requests: int,
+    days: float,
+    data_dir: str | Path,
+    *,
+    summaries_again: bool = False,
+) -> Iterator[tuple[Config, Server, dict[str, Any]]]:
+    """A running store of `engine` filled with `requests` requests (filled now, or kept from an
+    earlier run in `data_dir`) with their summaries' first run; its config, admin and the
+    figures of the fill (kept in filled.json beside it). The store stops at the end."""
+    root = store_root(data_dir, engine, requests)
     root.mkdir(parents=True, exist_ok=True)
     marker = root / "filled.json"
     config = Config(source=root / "aso.toml")
     config.store.engine = engine
     config.store.url = f"http://127.0.0.1:{free_port()}"
-    config.store.admin_password = "bench-admin"
+    config.store.admin_password = ADMIN_PASSWORD
     config.store.agent_password = "bench-agent"
     config.embedded.data_dir = str(root / "store")
     config.source.write_text(render(config, show_secrets=True))
@@ -313,27 +345,36 @@ def run(engine: str, args: argparse.Namespace) -> dict[str, Any]:
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         admin.put_user("benchuser", "bench-user", [model.USER_ROLE])
-        figures: dict[str, Any] = {"engine": engine, "requests": args.requests, "days": args.days}
+        figures: dict[str, Any] = {"engine": engine, "requests": requests, "days": days}
         if marker.exists():
             figures.update(json.loads(marker.read_text()))
-            console.print(f"using the {args.requests} requests filled before in {root}")
+            console.print(f"using the {requests} requests filled before in {root}")
         else:
-            figures["fill_per_s"] = fill(admin, config, args.requests, args.days, time.time())
-        if args.summaries_again or "summaries_first_run_s" not in figures:
+            figures["fill_per_s"] = fill(admin, config, requests, days, time.time())
+        if summaries_again or "summaries_first_run_s" not in figures:
             admin.delete_db(config.store.stats_db)
             init_databases(admin, config)
             figures.update(first_summaries(admin, config))
         marker.write_text(json.dumps(figures))
+        yield config, admin, figures
+        marker.write_text(json.dumps({k: v for k, v in figures.items() if k != "pages"}))
+    finally:
+        store.stop()
+
+
+def run(engine: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Fill (or reuse) a store of `engine` with args.requests requests; the figures."""
+    with filled_store(
+        engine, args.requests, args.days, args.data_dir, summaries_again=args.summaries_again
+    ) as (config, admin, figures):
         targets = pages(admin, config)
         if args.skip_views:
             targets = {k: v for k, v in targets.items() if not v.startswith(("#task/", "#link/"))}
             targets.pop("publication")
         else:
-            figures["view_build_s"] = build_views(admin, config)
-            marker.write_text(json.dumps({k: v for k, v in figures.items() if k != "pages"}))
+            built = build_views(admin, config)  # nothing to do if built before: keep that figure
+            figures["view_build_s"] = figures.get("view_build_s") or built
         figures["pages"] = load_pages(config, "bench-user", targets, args.loads)
-    finally:
-        store.stop()
     return figures
 
 

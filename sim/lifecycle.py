@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psutil
+import requests
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -70,6 +74,12 @@ log = logging.getLogger("aso.sim")
 AGENTS = ("submitter", "monitor", "retry-manager", "cleaner", "publisher", "analytics")
 HOST_ID = "sim"
 DATABASES = ("files_db", "transfers_db", "catalog_db", "stats_db")
+SHORT_DB = {
+    "files_db": "files",
+    "transfers_db": "jobs",
+    "catalog_db": "catalog",
+    "stats_db": "stats",
+}
 START_TIMEOUT = 120.0
 STOP_GRACE = 60.0
 UPLOAD_BACKOFF = (0.5, 5.0)  # first and longest wait between two tries of one upload
@@ -99,6 +109,11 @@ class RunOptions:
     # fresh store gives every run of one plan the same requests, and so, with the plan's seed,
     # the same fates for each attempt (make bench: runs of two commits side by side).
     run_token: str | None = None
+    # A store prepared before (sim/bench_long.py: 1M finished requests, their summaries and
+    # view indexes): its data directory is copied into the workspace and run with its admin
+    # password. The report then reads the run's own requests by id, not the whole store.
+    store_data: Path | None = None
+    store_admin_password: str | None = None
     # The service's own timings (None: production's defaults). Short ones let a short run see a
     # dead host's leases and partitions pass on.
     lease: float | None = None  # transfer.lease
@@ -124,7 +139,7 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     else:
         store.engine = options.engine
         store.url = f"http://127.0.0.1:{free_ports(options.nodes)}"
-        store.admin_password = secrets.token_urlsafe(12)
+        store.admin_password = options.store_admin_password or secrets.token_urlsafe(12)
         config.embedded.data_dir = str(workdir / "store")
         config.couchdb.nodes = options.nodes
     store.agent_password = secrets.token_urlsafe(12)
@@ -220,6 +235,13 @@ class Service:
 
     def start_store(self) -> None:
         if self.local is not None:
+            prepared = self.options.store_data
+            if prepared is not None:
+                data_dir = self.config.path(self.config.embedded.data_dir)
+                shutil.rmtree(data_dir, ignore_errors=True)
+                shutil.copytree(prepared, data_dir, symlinks=True)
+                for stale in data_dir.rglob("*.pid"):
+                    stale.unlink()
             log.info(self.local.start())
         init_databases(self.admin, self.config)
 
@@ -275,9 +297,11 @@ class Service:
         )
 
     def store_pids(self) -> dict[str, int]:
-        """ "store" (or "store node2"...) → pid of each local store process that runs."""
+        """ "store" (or "store node2"...) → pid of each local store process that runs; for an
+        external store on this host, the process listening on its port."""
         if self.local is None:
-            return {}
+            pid = listening_pid(self.config.store.url)
+            return {"store": pid} if pid else {}
         if isinstance(self.local, LocalCluster):
             statuses = self.local.statuses()
             return {f"store {s.name}": s.pid for s in statuses if s.pid}
@@ -337,6 +361,37 @@ def seq_number(seq: Any) -> int:
     return int(str(seq).split("-", 1)[0])
 
 
+def listening_pid(url: str) -> int | None:
+    """The pid of the process listening on a loopback URL's port (an external store that runs
+    on this host: its CPU is part of the run's cost), or None."""
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return conn.pid
+    return None
+
+
+def tree_cpu(proc: psutil.Process) -> tuple[float, float]:
+    """CPU seconds of a store's process tree: (the store's processes, its JavaScript processes).
+    CouchDB runs validate_doc_update and the views in couchjs (spidermonkey) or couchjs_mainjs
+    (quickjs) processes below it; a process's `children_*` times hold its reaped children, so
+    a JavaScript process that ended is still counted (in the first figure)."""
+    own, js = 0.0, 0.0
+    for member in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = member.cpu_times()
+            seconds = times.user + times.system + times.children_user + times.children_system
+            if member.name().startswith("couchjs"):
+                js += seconds
+            else:
+                own += seconds
+    return own, js
+
+
 class Sampler(threading.Thread):
     """Every `every` seconds: the files database's update count, the monitoring summary's
     totals and backlog, and the CPU seconds of every process of the run."""
@@ -348,6 +403,9 @@ class Sampler(threading.Thread):
         self.latest: Sample | None = None
         self._halt = threading.Event()
         self._procs: dict[str, psutil.Process] = {}
+        # Store processes to look for: the local nodes, or an external store on this host.
+        local = service.local is not None
+        self._stores = service.options.nodes if local else len(service.store_pids())
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -363,16 +421,21 @@ class Sampler(threading.Thread):
         # The simulator, the embedded store (if any) and every agent instance: look again
         # while one is missing (still starting, or restarted by the supervisor).
         per_host = sum(config.agents.instances.values())
-        stores = 0 if self.service.local is None else self.service.options.nodes
+        stores = self._stores
         expected = 1 + stores + per_host * self.service.options.hosts
         if len(self._procs) < expected:
             self._procs = self.service.processes()
         cpu, rss, fds = {}, {}, {}
         for name, proc in list(self._procs.items()):
             try:
+                if name.startswith("store"):
+                    cpu[name], js = tree_cpu(proc)
+                    if js:
+                        cpu[name.replace("store", "store-js", 1)] = js
                 with proc.oneshot():
-                    times = proc.cpu_times()
-                    cpu[name] = times.user + times.system
+                    if not name.startswith("store"):
+                        times = proc.cpu_times()
+                        cpu[name] = times.user + times.system
                     rss[name] = proc.memory_info().rss
                     fds[name] = proc.num_fds()
             except psutil.Error:
@@ -491,6 +554,7 @@ class Simulation:
                     service.admin, self.config, self.options.ceiling_docs
                 )
             service.start_agents()
+            writes_before = self._update_counts()
             sampler = Sampler(service, self.options.sample_every)
             sampler.take()
             sampler.start()
@@ -507,8 +571,15 @@ class Simulation:
             drained = time.time()
             sampler.stop()
             sampler.take()
+            store_requests = self._store_requests()
             service.stop_agents()
+            writes = {
+                name: count - writes_before.get(name, 0)
+                for name, count in self._update_counts().items()
+            }
             report = self._report(injector.injected, started, injection_end, drained, sampler)
+            report.writes = writes
+            report.store_requests = store_requests
             report.ceiling = ceiling
             report.drain_unfinished = unfinished
             if chaos is not None:
@@ -633,7 +704,7 @@ class Simulation:
         analysis = Analysis(started, plan.compression, bucket)
         requests = {
             doc["_id"]: doc
-            for doc in self._all_docs(self.config.store.files_db)
+            for doc in self._requests(injected.ids)
             if doc.get("type") == model.REQUEST_TYPE
         }
         accounting = account(injected.ids, requests.values())
@@ -642,7 +713,10 @@ class Simulation:
         hosts = self._work_by_host(requests.values())
         for doc in requests.values():
             analysis.add(doc)
+        # Each revision's number counts the writes that made it: the requests' own writes.
+        own_writes = sum(int(str(doc["_rev"]).split("-", 1)[0]) for doc in requests.values())
         return Report(
+            request_writes=own_writes,
             plan=plan,
             started=started,
             injection_end=injection_end,
@@ -658,6 +732,51 @@ class Simulation:
             hosts=hosts,
         )
 
+    def _store_requests(self) -> dict[str, dict[str, list[float]]]:
+        """Who asked the store for what over the run: agent (or `simulator`: its uploads, its
+        samples and the drain's reads) → "database route METHOD" → [requests, seconds to the
+        answer], from each agent process's Prometheus metrics (its heartbeat has the address)
+        and the simulator's own."""
+        names = {getattr(self.config.store, name): short for name, short in SHORT_DB.items()}
+        found: dict[str, dict[str, list[float]]] = {}
+        texts = [("simulator", generate_latest(REGISTRY).decode())]
+        files = self.service.admin.db(self.config.store.files_db)
+        for host in self.service.supervisors:
+            ids = [
+                model.heartbeat_id(agent, f"{host}-{slot}")
+                for agent, n in self.config.agents.instances.items()
+                for slot in range(n)
+            ]
+            for beat in files.get_many(ids).values():
+                if beat and beat.get("metrics"):
+                    with contextlib.suppress(requests.RequestException):
+                        answer = requests.get(f"http://{beat['metrics']}/metrics", timeout=10)
+                        texts.append((str(beat.get("agent")), answer.text))
+        for who, text in texts:
+            mine = found.setdefault(who, {})
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "aso_store_requests_total":
+                        index = 0
+                    elif sample.name == "aso_store_request_seconds_sum":
+                        index = 1
+                    else:
+                        continue
+                    labels = sample.labels
+                    db = names.get(labels.get("db", ""), labels.get("db") or "server")
+                    key = f"{db} {labels.get('route')} {labels.get('method')}"
+                    mine.setdefault(key, [0.0, 0.0])[index] += sample.value
+        return found
+
+    def _update_counts(self) -> dict[str, int]:
+        """Each of the run's databases (files_db, transfers_db, ...) → updates so far: what
+        every writer (agents, uploads, the sim service, the catalog) wrote to it."""
+        counts = {}
+        for name in DATABASES:
+            info = self.service.admin.db(getattr(self.config.store, name)).info()
+            counts[name] = seq_number(info.get("update_seq", 0))
+        return counts
+
     def _work_by_host(self, docs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
         if self.options.hosts < 2:
             return None
@@ -667,6 +786,17 @@ class Simulation:
             at = [e.at for e in self.chaos_log.events if e.what == "host_killed"]
             killed = (chaos.kill_host, at[0]) if at else None
         return work_by_host(docs, host_ids(self.options.hosts), killed)
+
+    def _requests(self, ids: set[str]) -> Iterable[dict[str, Any]]:
+        """The requests to account for: every document of the files database (so that one
+        nobody injected is seen), or, in a prepared store of a million others, the run's own."""
+        if self.options.store_data is None:
+            yield from self._all_docs(self.config.store.files_db)
+            return
+        db = self.service.admin.db(self.config.store.files_db)
+        wanted = sorted(ids)
+        for start in range(0, len(wanted), 2000):
+            yield from (d for d in db.get_many(wanted[start : start + 2000]).values() if d)
 
     def _all_docs(self, name: str) -> Iterable[dict[str, Any]]:
         """Every live document of one of the run's databases, from its `_changes` feed."""

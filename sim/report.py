@@ -462,6 +462,12 @@ class Report:
     upload_retries: int
     upload_lag: list[float]
     ceiling: float | None = None
+    # Updates of each of the run's databases from the agents' start to their stop (files_db,
+    # transfers_db, catalog_db, stats_db), and the request documents' own share of files_db's.
+    writes: dict[str, int] = field(default_factory=dict)
+    request_writes: int = 0
+    # Who asked the store for what: agent → "database route METHOD" → [requests, seconds].
+    store_requests: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     drain_unfinished: int = 0
     chaos: dict[str, Any] | None = None  # what the chaos thread did (sim/chaos.py)
     hosts: dict[str, Any] | None = None  # the work of each agent host (work_by_host)
@@ -554,6 +560,39 @@ class Report:
         )
         return figures
 
+    @property
+    def writes_per_file(self) -> dict[str, float] | None:
+        """Document writes per injected file over the whole run, each database's share and
+        the total; `requests` is the request documents' own writes (the rest of files_db's
+        are heartbeats and leases). A file's deletion by the purge comes later (+1, not in a
+        run: the report reads every request at its end)."""
+        files = self.accounting.injected
+        if not files or not self.writes:
+            return None
+        shares = {name: round(count / files, 3) for name, count in self.writes.items()}
+        shares["total"] = round(sum(self.writes.values()) / files, 3)
+        shares["requests"] = round(self.request_writes / files, 3)
+        return shares
+
+    def requests_per_file(self, top: int = 25) -> list[dict[str, Any]]:
+        """The store requests of the run per injected file, the most frequent first: who asked,
+        what (database, route, method), how many per file and the mean seconds to the answer
+        (a `_changes` long poll's includes its wait)."""
+        files = self.accounting.injected
+        rows = [
+            {
+                "who": who,
+                "request": what,
+                "per_file": round(count / files, 3) if files else None,
+                "mean_s": round(seconds / count, 4) if count else None,
+            }
+            for who, calls in self.store_requests.items()
+            for what, (count, seconds) in calls.items()
+            if count
+        ]
+        rows.sort(key=lambda r: -(r["per_file"] or 0))
+        return rows[:top]
+
     def rows(self) -> list[dict[str, Any]]:
         analysis, counts = self.analysis, self.analysis.counts
         last = analysis.last_index()
@@ -596,6 +635,8 @@ class Report:
             "store_use_of_ceiling": (
                 round(rate / self.ceiling, 3) if rate is not None and self.ceiling else None
             ),
+            "writes_per_file": self.writes_per_file,
+            "store_requests_per_file": self.requests_per_file(),
             "cpu_cores": cpu_shares(self.samples),
             "resources": self.resources,
             "resource_samples": [
@@ -628,6 +669,9 @@ class Report:
                 f" · store {s['store_writes_per_s']:.0f} writes/s of a {self.ceiling:.0f}/s "
                 f"ceiling ({s['store_writes_per_s'] / self.ceiling:.0%})"
             )
+        shares = self.writes_per_file
+        if shares:
+            use += f" · {shares['total']:.2f} writes/file ({writes_text(shares)})"
         return (
             f"{self.plan.scale:g}x: completed/expected {s['ratio']} · backlog max "
             f"{s['backlog_max']} (growth {s['backlog_growth']:+.0f}) · injection→done p50/p95/p99 "
@@ -746,3 +790,23 @@ def _outage_text(outage: Mapping[str, Any]) -> str:
 
 def _fmt(p: Mapping[str, float | None]) -> str:
     return "/".join("–" if p[k] is None else f"{p[k]:.0f}" for k in ("p50", "p95", "p99"))
+
+
+WRITE_SHARES = {
+    "files_db": "files",
+    "transfers_db": "jobs",
+    "catalog_db": "catalog",
+    "stats_db": "stats",
+}
+
+
+def writes_text(shares: Mapping[str, float]) -> str:
+    """ "files 5.10 (requests 5.00) · jobs 0.70 · ...": each database's writes per file."""
+    parts = []
+    for name, short in WRITE_SHARES.items():
+        if name in shares:
+            text = f"{short} {shares[name]:.2f}"
+            if name == "files_db" and "requests" in shares:
+                text += f" (requests {shares['requests']:.2f})"
+            parts.append(text)
+    return " · ".join(parts)

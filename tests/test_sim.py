@@ -26,6 +26,7 @@ from sim.report import (
     work_by_host,
 )
 from sim.workload import Plan, Workload
+from tests.conftest import ENGINE
 
 
 def request(i: int, **fields) -> dict:
@@ -175,6 +176,27 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     assert (options.workdir / "report" / "completed.png").stat().st_size > 1000
     assert (options.workdir / "report" / "backlog.png").stat().st_size > 1000
     assert data["steady"]["ratio"] is not None and data["cpu_cores"]
+    # What the run cost the store: each database's writes per file and the requests' own share
+    # (a copied file is at least created, sent, copied and cleaned), who asked for what, and
+    # the store's CPU (the session's store runs on this host), its JavaScript apart on CouchDB.
+    writes = data["writes_per_file"]
+    assert set(writes) == {
+        "files_db",
+        "transfers_db",
+        "catalog_db",
+        "stats_db",
+        "total",
+        "requests",
+    }
+    assert writes["total"] > writes["files_db"] > writes["requests"] >= 4, writes
+    assert writes["transfers_db"] > 0 and writes["catalog_db"] > 0, writes
+    assert {"submitter", "monitor", "cleaner", "simulator"} <= set(report.store_requests)
+    assert report.store_requests["submitter"]["files _bulk_docs POST"][0] > 0
+    assert report.store_requests["simulator"]["files _bulk_docs POST"][0] > 0  # the uploads
+    assert data["store_requests_per_file"][0]["per_file"] > 0
+    assert data["cpu_cores"].get("store", 0) > 0, data["cpu_cores"]
+    if ENGINE == "couchdb":
+        assert data["cpu_cores"].get("store-js", 0) > 0, data["cpu_cores"]
     # The run had databases (and an agent account) of its own, dropped at its end.
     assert not [name for name in admin.all_dbs() if "_sim" in name]
 
