@@ -377,6 +377,11 @@ class ReconcilerConfig:
 @dataclass
 class AgentsConfig:
     poll_interval: float = _key(5.0, "Seconds an agent waits for new work when it has none.")
+    feed_interval: float = _key(
+        1.0,
+        "Least seconds between two reads of the changes feed by one agent instance: under load"
+        " each read gathers a second's changes instead of one (0: read again at once).",
+    )
     heartbeat_interval: float = _key(15.0, "Seconds between two heartbeats of an agent instance.")
     heartbeat_expiry: float = _key(
         60.0, "Seconds after its last heartbeat an instance counts as dead; others take its work."
@@ -601,6 +606,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("store.files_q must be 1 to 64")
     if config.couchdb.log_level not in ("debug", "info", "notice", "warning", "error"):
         raise bad("couchdb.log_level must be debug, info, notice, warning or error")
+    if config.agents.feed_interval < 0:
+        raise bad("agents.feed_interval must be 0 or more seconds")
     if config.couchdb.js_engine not in ("quickjs", "spidermonkey"):
         raise bad("couchdb.js_engine must be quickjs or spidermonkey")
     if config.store.auth not in ("password", "x509"):
