@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import shutil
 import signal
@@ -58,6 +59,7 @@ from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService
 from aso.upload import upload
 from sim.chaos import Chaos, ChaosLog, ChaosPlan, chaos_outages
+from sim.profile import StoreProfiler
 from sim.report import (
     Analysis,
     Report,
@@ -65,6 +67,7 @@ from sim.report import (
     account,
     check_catalog,
     check_copies,
+    warmup_of,
     work_by_host,
 )
 from sim.workload import Plan, Workload, injections, site_names
@@ -114,6 +117,9 @@ class RunOptions:
     # password. The report then reads the run's own requests by id, not the whole store.
     store_data: Path | None = None
     store_admin_password: str | None = None
+    # Profile the store over the injection after its warm-up (sim/profile.py): the embedded
+    # store's CPU profile, or CouchDB's own counters.
+    profile_store: bool = False
     # The service's own timings (None: production's defaults). Short ones let a short run see a
     # dead host's leases and partitions pass on.
     lease: float | None = None  # transfer.lease
@@ -546,7 +552,14 @@ class Simulation:
     def run(self) -> Report:
         service = self.service
         try:
-            service.start_store()
+            if self.options.profile_store:
+                # Read by the embedded store's start (aso/local/embedded.py): its profiler.
+                self.profile_dir.mkdir(parents=True, exist_ok=True)
+                os.environ["ASO_STORE_CPU_PROFILE"] = str(self.profile_dir)
+            try:
+                service.start_store()
+            finally:
+                os.environ.pop("ASO_STORE_CPU_PROFILE", None)
             ceiling = None
             if self.options.measure_ceiling:
                 self.console.print("measuring the store's bulk-write ceiling…")
@@ -562,9 +575,11 @@ class Simulation:
             started = time.time()
             chaos = self._start_chaos(started)
             self.chaos_log = chaos.log if chaos is not None else None
+            profiling = self._start_profile(started, injector)
             with self._progress() as progress:
                 self._inject(injector, started, progress, sampler)
                 injection_end = time.time()
+                store_profile = self._stop_profile(profiling, injector)
                 if chaos is not None:
                     chaos.stop()
                 unfinished = self._drain(injector.injected.ids, progress, sampler)
@@ -580,6 +595,7 @@ class Simulation:
             report = self._report(injector.injected, started, injection_end, drained, sampler)
             report.writes = writes
             report.store_requests = store_requests
+            report.store_profile = store_profile
             report.ceiling = ceiling
             report.drain_unfinished = unfinished
             if chaos is not None:
@@ -589,6 +605,48 @@ class Simulation:
             service.stop()
 
     # -- phases ----------------------------------------------------------------------------------
+    @property
+    def profile_dir(self) -> Path:
+        return self.options.workdir.resolve() / "profile"
+
+    def _start_profile(
+        self, started: float, injector: Injector
+    ) -> tuple[StoreProfiler, threading.Timer, list[int]] | None:
+        """Start profiling the store once the injection's warm-up is over (a timer)."""
+        if not self.options.profile_store:
+            return None
+        pids = self.service.store_pids()
+        profiler = StoreProfiler(
+            self.service.admin,
+            self.config.store.engine if self.service.local is not None else "couchdb",
+            next(iter(pids.values()), None),
+            self.profile_dir,
+        )
+        injected_at_start: list[int] = []
+
+        def begin() -> None:
+            injected_at_start.append(len(injector.injected))
+            profiler.start()
+
+        delay = self.plan.wall(warmup_of(self.plan)) - (time.time() - started)
+        timer = threading.Timer(max(0.0, delay), begin)
+        timer.start()
+        return profiler, timer, injected_at_start
+
+    def _stop_profile(
+        self, profiling: tuple[StoreProfiler, threading.Timer, list[int]] | None, injector: Injector
+    ) -> dict[str, Any] | None:
+        if profiling is None:
+            return None
+        profiler, timer, injected_at_start = profiling
+        timer.cancel()
+        if not injected_at_start:
+            return {"error": "the injection ended before its warm-up"}
+        try:
+            return profiler.stop(len(injector.injected) - injected_at_start[0])
+        except (StoreError, OSError) as exc:
+            return {"error": f"the profile failed: {exc}"}
+
     def _start_chaos(self, started: float) -> Chaos | None:
         if self.options.chaos is None:
             return None

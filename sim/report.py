@@ -350,6 +350,14 @@ class Sample:
     fds: Mapping[str, int] = field(default_factory=dict)  # process name → open descriptors
 
 
+def warmup_of(plan: Plan) -> float:
+    """Simulated seconds of a run left out of its steady-state figures: long enough for the
+    agents' first cycles and the completions' ramp (three mean transfer times), at most half
+    of the run."""
+    first = max(3 * plan.mean_duration, 2 * plan.interval, 0.1 * plan.duration)
+    return min(0.5 * plan.duration, first)
+
+
 def write_rate(samples: Sequence[Sample], start: float, end: float) -> float | None:
     """Writes per wall second to the files database between two wall times."""
     inside = [s for s in samples if start <= s.at <= end]
@@ -468,6 +476,7 @@ class Report:
     request_writes: int = 0
     # Who asked the store for what: agent → "database route METHOD" → [requests, seconds].
     store_requests: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    store_profile: dict[str, Any] | None = None  # where the store's time went (sim/profile.py)
     drain_unfinished: int = 0
     chaos: dict[str, Any] | None = None  # what the chaos thread did (sim/chaos.py)
     hosts: dict[str, Any] | None = None  # the work of each agent host (work_by_host)
@@ -476,11 +485,7 @@ class Report:
     @property
     def warmup(self) -> float:
         """Simulated seconds left out of the steady-state figures at the start."""
-        plan = self.plan
-        # Long enough for the agents' first cycles and the completions' ramp (three mean
-        # transfer times), at most half of the run.
-        first = max(3 * plan.mean_duration, 2 * plan.interval, 0.1 * plan.duration)
-        return min(0.5 * plan.duration, first)
+        return warmup_of(self.plan)
 
     @property
     def window(self) -> tuple[int, int]:
@@ -637,6 +642,7 @@ class Report:
             ),
             "writes_per_file": self.writes_per_file,
             "store_requests_per_file": self.requests_per_file(),
+            "store_profile": self.store_profile,
             "cpu_cores": cpu_shares(self.samples),
             "resources": self.resources,
             "resource_samples": [
@@ -684,6 +690,8 @@ class Report:
     def extra_lines(self) -> list[str]:
         """The accounting's counts, and what the chaos and the hosts did, when there were any."""
         lines = [f"accounting: {self.accounting.counts_line()}"]
+        if self.store_profile:
+            lines.append(profile_line(self.store_profile))
         if self.chaos is not None:
             c = self.chaos
             lines.append(
@@ -810,3 +818,19 @@ def writes_text(shares: Mapping[str, float]) -> str:
                 text += f" (requests {shares['requests']:.2f})"
             parts.append(text)
     return " · ".join(parts)
+
+
+def profile_line(profile: Mapping[str, Any]) -> str:
+    """ "store profile: ..." : where the store's time went (sim/profile.py)."""
+    if "error" in profile:
+        return f"store profile: {profile['error']}"
+    if profile.get("engine") == "couchdb":
+        per_file = profile.get("per_file", {})
+        return "store profile (CouchDB, per file injected): " + " · ".join(
+            f"{k} {v:g}" for k, v in per_file.items()
+        )
+    kinds = " · ".join(f"{k} {v:.0%}" for k, v in profile.get("kinds", {}).items())
+    return (
+        f"store profile ({profile['busy_share_of_span']:.0%} busy over {profile['span_s']:.0f} s):"
+        f" {kinds}"
+    )

@@ -162,6 +162,13 @@ def sim_cmd(
             "ends, so a short run with --kill-host or --kill-node wants a short one."
         ),
     ] = None,
+    profile_store: Annotated[
+        bool,
+        typer.Option(
+            help="Profile the store over the injection after its warm-up: the embedded store's"
+            " CPU profile by kind of work, or CouchDB's counters (docs/performance.md)."
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show live progress.")] = True,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the whole report as JSON.")
@@ -239,6 +246,7 @@ def sim_cmd(
         hosts=hosts,
         chaos=chaos_plan,
         lease=lease_seconds,
+        profile_store=profile_store,
     )
     err_console.print(
         f"simulating {plan.scale:g}x design ({plan.files_per_second * 86400:,.0f} files/day) "

@@ -24,6 +24,7 @@ from aso.store import Server, Settings, StoreError
 CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the checkout
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
 ATTACHMENTS_CSP_MODULE = CHECKOUT / "deploy" / "store" / "attachments-csp.js"
+CPU_PROFILE_MODULE = CHECKOUT / "deploy" / "store" / "cpu-profile.js"
 
 
 class EmbeddedStore(LocalStore):
@@ -83,8 +84,11 @@ class EmbeddedStore(LocalStore):
         """EMBEDDED_NO_ATTACHMENTS_CSP: the attachments' Content-Security-Policy CouchDB sends
         with ASO's settings, added by a module node loads first
         (deploy/store/attachments-csp.js)."""
-        preload = f"--require={ATTACHMENTS_CSP_MODULE}"
-        options = " ".join(o for o in (os.environ.get("NODE_OPTIONS", ""), preload) if o)
+        preload = [f"--require={ATTACHMENTS_CSP_MODULE}"]
+        if os.environ.get("ASO_STORE_CPU_PROFILE"):
+            # The simulator's profile of the store (SIGUSR2 starts and stops V8's profiler).
+            preload.append(f"--require={CPU_PROFILE_MODULE}")
+        options = " ".join(o for o in (os.environ.get("NODE_OPTIONS", ""), *preload) if o)
         return {"NODE_OPTIONS": options, "ASO_ATTACHMENTS_CSP": ATTACHMENTS_CSP}
 
     def ensure_admin(self) -> None:
