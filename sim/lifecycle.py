@@ -615,13 +615,12 @@ class Simulation:
         """Start profiling the store once the injection's warm-up is over (a timer)."""
         if not self.options.profile_store:
             return None
-        pids = self.service.store_pids()
-        profiler = StoreProfiler(
-            self.service.admin,
-            self.config.store.engine if self.service.local is not None else "couchdb",
-            next(iter(pids.values()), None),
-            self.profile_dir,
-        )
+        # The embedded store's profiler is loaded only into a store this run started (a
+        # SIGUSR2 would end another); CouchDB's counters are any CouchDB's.
+        local = self.service.local is not None
+        kind = self.config.store.engine if local else self.service.admin.kind
+        pid = next(iter(self.service.store_pids().values()), None) if local else None
+        profiler = StoreProfiler(self.service.admin, kind, pid, self.profile_dir)
         injected_at_start: list[int] = []
 
         def begin() -> None:

@@ -170,7 +170,11 @@ class StoreProfiler:
             per_file = {k: round(v / files, 3) for k, v in figures.items()} if files else {}
             return {"engine": "couchdb", "span_s": span, "totals": figures, "per_file": per_file}
         if not self.pid:
-            return {"engine": self.engine, "span_s": span, "error": "no local store to profile"}
+            return {
+                "engine": self.engine,
+                "span_s": span,
+                "error": "the embedded store is profiled only when the simulator starts it",
+            }
         known = set(self.directory.glob("*.cpuprofile"))
         os.kill(self.pid, signal.SIGUSR2)
         deadline = time.monotonic() + 60

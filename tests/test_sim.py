@@ -201,6 +201,26 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     assert not [name for name in admin.all_dbs() if "_sim" in name]
 
 
+def test_the_store_is_profiled_over_the_injection(tmp_path):
+    """`--profile-store` on a store of the run's own: the embedded store's CPU profile by
+    kind of work (its busy time shared out), or CouchDB's counters per file injected."""
+    plan = Plan(scale=4, users=10, sites=4, interval=2.0, duration=16.0, mean_duration=2.0,
+                retry_delay=1.0, block_timeout=3.0, jobs_per_task=(5, 20))  # fmt: skip
+    options = RunOptions(workdir=tmp_path / "sim", engine=ENGINE, drain_timeout=120.0,
+                         measure_ceiling=False, progress=False, profile_store=True)  # fmt: skip
+    report = run_simulation(plan, options)
+    profile = report.store_profile
+    assert profile is not None and "error" not in profile, profile
+    if ENGINE == "pouchdb":
+        assert profile["busy_s"] > 0 and list((tmp_path / "sim" / "profile").glob("*.cpuprofile"))
+        assert abs(sum(profile["kinds"].values()) - 1) < 0.01, profile["kinds"]
+        assert profile["kinds"].get("validation (validate_doc_update)", 0) > 0, profile["kinds"]
+    else:
+        per_file = profile["per_file"]
+        assert per_file["documents written"] >= 4 and per_file["JavaScript: validation (ms)"] > 0
+    assert "store profile" in "\n".join(report.extra_lines())
+
+
 def test_copies_twice_at_once_and_the_catalog_are_checked():
     docs = [walk(request(i), *FINISHED) for i in range(3)]
     result = account([d["_id"] for d in docs], docs)
