@@ -377,6 +377,14 @@ class ReconcilerConfig:
 @dataclass
 class AgentsConfig:
     poll_interval: float = _key(5.0, "Seconds an agent waits for new work when it has none.")
+    feed_relay: bool = _key(
+        True,
+        "`aso run` reads the files database's changes once for all its agents and relays them"
+        " on loopback (aso/feedrelay.py), instead of each agent reading every change itself.",
+    )
+    feed_relay_changes: int = _key(
+        20000, "Changes the feed relay keeps in memory for agents that read behind."
+    )
     feed_interval: float = _key(
         1.0,
         "Least seconds between two reads of the changes feed by one agent instance: under load"
@@ -606,6 +614,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("store.files_q must be 1 to 64")
     if config.couchdb.log_level not in ("debug", "info", "notice", "warning", "error"):
         raise bad("couchdb.log_level must be debug, info, notice, warning or error")
+    if config.agents.feed_relay_changes < 100:
+        raise bad("agents.feed_relay_changes must be at least 100")
     if config.agents.feed_interval < 0:
         raise bad("agents.feed_interval must be 0 or more seconds")
     if config.couchdb.js_engine not in ("quickjs", "spidermonkey"):

@@ -42,6 +42,7 @@ from typing import Any, cast
 from aso import metrics, model
 from aso.config import Config
 from aso.core import request
+from aso.feedrelay import RELAY_ENV, feed_for
 from aso.store import Conflict, Database, Server, StoreError
 from aso.workqueue import ChangesWorkSet
 
@@ -396,7 +397,8 @@ class Runner:
         self.heartbeat = Heartbeat(agent.db, agent.name, agent.instance)
         self.membership = Membership(agent.instance, [agent.instance])
         observer = agent.observe if agent.observes else None
-        self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=observer)
+        feed = feed_for(agent.db, self.config, os.environ.get(RELAY_ENV))
+        self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=observer, feed=feed)
         self.errors = DocumentErrors(agent.name, self.config.agents.set_aside_after)
         self.clock: Callable[[], float] = time.time
         self._last_beat = 0.0

@@ -32,6 +32,7 @@ from cryptography import x509
 
 from aso.config import Config
 from aso.designdocs import init_databases, pages_url
+from aso.feedrelay import RELAY_ENV, start_relay
 from aso.managed import local_store
 from aso.runtime import StopFlag
 from aso.store import Server
@@ -163,6 +164,15 @@ class Supervisor:
         self.storage = storage
         self.cleanups.append(("embedded storage", storage.stop))
 
+    def start_feed_relay(self) -> None:
+        """One changes feed for this host's agents (agents.feed_relay, aso/feedrelay.py): they
+        find it by the environment they inherit."""
+        relay = start_relay(self.config)
+        if relay is None:
+            return
+        os.environ[RELAY_ENV] = relay.url
+        self.cleanups.append(("feed relay", relay.stop))
+
     def spawn_all(self) -> None:
         log_dir = self.config.path(self.config.agents.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -292,6 +302,7 @@ class Supervisor:
         self.stop_event.install()
         try:
             self.prepare()
+            self.start_feed_relay()
             self.spawn_all()
             log.info(
                 "ASO running on %s: %d supervised processes (pid %d); Ctrl-C stops it",

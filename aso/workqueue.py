@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
+from aso.feedrelay import Feed, FeedGap, StoreFeed
 from aso.store import Database
 
 log = logging.getLogger("aso.workqueue")
@@ -116,6 +117,12 @@ class ChangesWorkSet:
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Sees every document of the feed, wanted or not (a policy learning from all outcomes).
     observer: Callable[[Mapping[str, Any]], None] | None = None
+    # Where the changes come from: the store's feed, or the host's feed relay (aso/feedrelay.py).
+    feed: Feed | None = None
+
+    def __post_init__(self) -> None:
+        if self.feed is None:
+            self.feed = StoreFeed(self.db)
 
     def wants(self, doc: Mapping[str, Any]) -> bool:
         return any(key[0] in self.kinds for key in work_kinds(doc)) and self.accept(doc)
@@ -126,12 +133,13 @@ class ChangesWorkSet:
         The sequence is taken first, then the view read: a change racing the read is read again
         from the feed, and applying a change twice is harmless.
         """
+        assert self.feed is not None
         self.docs = {}
         if source == "feed":
             self.since = "0"
             self.refresh()
         else:
-            self.since = str(self.db.info().get("update_seq", "0"))
+            self.since = self.feed.position()
             view = QueueView(self.db)
             for kind in self.kinds:
                 self.apply(view.docs(kind))
@@ -145,11 +153,24 @@ class ChangesWorkSet:
         return len(self.docs)
 
     def refresh(self, wait: float | None = None) -> int:
-        """Apply the changes since the last refresh; returns how many changes were read."""
+        """Apply the changes since the last refresh; returns how many changes were read. A
+        position the feed no longer holds (the relay's memory passed it, or the relay failed
+        and the store's feed takes over) starts the set again from the queue view."""
+        assert self.feed is not None
+        try:
+            return self._refresh(wait)
+        except FeedGap:
+            log.info(
+                "work set %s: the feed lost position %s; starting again", self.kinds, self.since
+            )
+            return self.start()
+
+    def _refresh(self, wait: float | None) -> int:
+        assert self.feed is not None
         read = 0
         while True:
-            result = self.db.changes(
-                self.since, limit=self.batch, include_docs=True, wait=wait if read == 0 else None
+            result = self.feed.changes(
+                self.since, limit=self.batch, wait=wait if read == 0 else None
             )
             self.apply(
                 change.get("doc") or {"_id": change["id"], "_deleted": True}

@@ -194,6 +194,10 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     assert report.store_requests["submitter"]["files _bulk_docs POST"][0] > 0
     assert report.store_requests["simulator"]["files _bulk_docs POST"][0] > 0  # the uploads
     assert data["store_requests_per_file"][0]["per_file"] > 0
+    # The agents read the files database's changes through the host's feed relay, not from
+    # the store (aso/feedrelay.py): none of theirs went to the store.
+    for agent in ("submitter", "monitor", "retry-manager", "cleaner", "publisher"):
+        assert report.store_requests[agent].get("files _changes POST", [0])[0] == 0, agent
     assert data["cpu_cores"].get("store", 0) > 0, data["cpu_cores"]
     if ENGINE == "couchdb":
         assert data["cpu_cores"].get("store-js", 0) > 0, data["cpu_cores"]
