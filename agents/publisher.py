@@ -3,17 +3,22 @@
 Done files waiting for publication are grouped by (user, dataset). A block is closed when it
 holds `publisher.max_files_per_block` files, when its oldest file has waited
 `publisher.block_closure_timeout` seconds since its copy ended, or when the user's task is over
-(no request of it still on its way). Publishing a block is crash-safe and idempotent:
+(no request of it still on its way). Publishing a block is crash-safe and idempotent with one
+write per file, because the catalog is the record of what was published:
 
 1. the block's name is derived from its content (dataset + LFNs, aso.catalog.base.block_name)
-   and recorded on its files first (`publication` → `publishing`, `publication_block`), all of
-   them or none (a file that changed meanwhile sends the others back to `pending`);
-2. the block goes to the catalog; a block already there with the same files is not inserted
-   again (a crash between the catalog call and step 3 is repaired by publishing again);
-3. the files become `published`.
-A failed publication is retried up to `publisher.max_attempts` times with backoff
-(`publication_error`), then the files end `publication_failed` with the reason, which
-`aso publish --retry TASK` resets. Partition: by (user, dataset).
+   and the block goes to the catalog; a block already there with the same files is not
+   inserted again;
+2. the files become `published` with the block's name, in one bulk write per cycle.
+
+A crash between the two leaves the files waiting: the next cycle makes the same block (the
+catalog answers "already there") or one with more files, which the catalog refuses for the
+files it holds in another block of the dataset: those are `published` there and the rest wait
+for the next block. (Publishers before issue 22 recorded a block's name first, `publishing`:
+such files are finished like waiting ones.) A failed publication is retried up to
+`publisher.max_attempts` times with backoff (`publication_error`, waiting again once the backoff
+is over), then the files end `publication_failed` with the reason, which `aso publish --retry
+TASK` resets. Partition: by (user, dataset).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from aso.catalog.base import (
     CatalogError,
     CatalogFile,
     block_name,
-    content_message,
 )
 from aso.config import Config
 from aso.core import request
@@ -42,7 +46,7 @@ from aso.workqueue import PUBLISH
 log = logging.getLogger("aso.agent.publisher")
 
 WAITING = "pending"
-PUBLISHING = "publishing"
+LEGACY = "publishing"  # a block's name recorded first, by publishers before issue 22
 ERROR = "publication_error"
 
 
@@ -140,39 +144,21 @@ class Publisher(Agent):
         self.catalog.close()
 
     def cycle(self, ctx: Cycle) -> None:
-        now = ctx.now
+        now, by = ctx.now, self.instance
         ctx.counts("blocks", "published", "errors", "failed", "conflicts")
         docs = [d for d in ctx.work if d.get(STATE) == "done"]
-        # 1. blocks recorded earlier and not finished (a crash), and failed ones now due again
-        recorded: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        freed: list[dict[str, Any]] = []  # files of blocks abandoned half-way, pending again
-        for doc in docs:
-            if doc[PUBLICATION] == PUBLISHING or (
-                doc[PUBLICATION] == ERROR and (doc.get("publication_retry_after") or 0) <= now
-            ):
-                recorded[doc["publication_block"]].append(doc)
-        for name, block_docs in recorded.items():
-            retrying = [d for d in block_docs if d[PUBLICATION] == ERROR]
-            if retrying:
-                again, failed = self._advance(
-                    retrying,
-                    ERROR,
-                    ctx,
-                    lambda d: request.block_retried(d, self.instance, now),
-                    name,
-                )
-                if failed:
-                    continue  # a file changed under us: the block is taken up next cycle
-                block_docs = [d for d in block_docs if d[PUBLICATION] == PUBLISHING] + again
-            if make_block(block_docs).name == name:  # the whole block
-                self.publish(block_docs, name, ctx)
-            elif self.left_behind(block_docs, now):
-                freed.extend(self.settle_remainder(name, block_docs, ctx))
-        # 2. new blocks from the waiting files
+        # Failed publications whose backoff is over wait for a block again.
+        due = [
+            d
+            for d in docs
+            if d[PUBLICATION] == ERROR and (d.get("publication_retry_after") or 0) <= now
+        ]
+        again, _ = self._advance(due, ERROR, ctx, lambda d: request.publication_retried(d, by, now))
         waiting: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for doc in [d for d in docs if d[PUBLICATION] == WAITING] + freed:
+        for doc in [d for d in docs if d[PUBLICATION] in (WAITING, LEGACY)] + again:
             waiting[(doc["user"], dataset_of(doc))].append(doc)
         tasks: dict[str, bool] = {}
+        published: list[tuple[dict[str, Any], str, str]] = []  # (file, its block, why)
         for group in waiting.values():
             for block_docs in close_blocks(
                 group,
@@ -181,9 +167,8 @@ class Publisher(Agent):
                 self.config.publisher.block_closure_timeout,
                 lambda task: tasks.setdefault(task, self.task_over(task)),
             ):
-                intended = self.record_intent(block_docs, ctx)
-                if intended:
-                    self.publish(intended, intended[0]["publication_block"], ctx)
+                published += self.publish(block_docs, ctx)
+        self.mark_published(published, ctx)
 
     def task_over(self, task: str) -> bool:
         """No request of the task is still on its way: neither in the feed this agent has
@@ -196,178 +181,110 @@ class Publisher(Agent):
         rows = self.db.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}]).rows
         return not any(row["value"]["state"] in ON_ITS_WAY for row in rows)
 
-    def record_intent(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
-        name = make_block(docs).name
-        by, now = self.instance, ctx.now
-        written, failed = self._advance(
-            docs, WAITING, ctx, lambda d: request.block_recorded(d, by, now, name)
-        )
-        if failed and written:
-            # All or none: a block's name stands for exactly its files.
-            self.abandon(written, name, ctx)
-            return []
-        return written
-
-    def abandon(
-        self,
-        docs: list[dict[str, Any]],
-        name: str,
-        ctx: Cycle,
-        reason: str = "block abandoned: a file changed",
-    ) -> list[dict[str, Any]]:
-        """Files of a block that will not be published as recorded go back to `pending`."""
-        by, now = self.instance, ctx.now
-        written, _ = self._advance(
-            docs, PUBLISHING, ctx, lambda d: request.block_abandoned(d, by, now, reason), name
-        )
-        return written
-
-    def left_behind(self, docs: list[dict[str, Any]], now: float) -> bool:
-        """A part of a block is a crash's remainder if this instance recorded it (before a
-        restart), or if its recorder has had a heartbeat expiry to finish it. Otherwise it is
-        most likely another publisher's block still being recorded, seen half-way (two
-        instances both act on a dataset while their membership settles): hands off."""
-        intents = [
-            h
-            for d in docs
-            for h in d.get("history", [])
-            if h["axis"] == PUBLICATION and h["to"] == PUBLISHING
-        ]
-        if not intents:
-            return True
-        latest = max(intents, key=lambda h: h["at"])
-        left: bool = (
-            latest["by"] == self.instance
-            or now - latest["at"] > self.config.agents.heartbeat_expiry
-        )
-        return left
-
-    def settle_remainder(
-        self, name: str, docs: list[dict[str, Any]], ctx: Cycle
-    ) -> list[dict[str, Any]]:
-        """`docs` are `publishing` in block `name` but are not all of it (a block's name is
-        derived from exactly its files' LFNs): what is left of the block after a crash or a
-        file that changed. They are `published` if the catalog holds the block with them, and
-        go back to `pending` (returned) if it holds no such block: abandoned half-way."""
-        try:
-            stored = self.catalog.block_files(name)
-        except CatalogError as exc:
-            log.warning("block %s: remainder of %d files not settled: %s", name, len(docs), exc)
-            return []
-        lfns = sorted(d["destination_lfn"] for d in docs)
-        if stored is None:
-            log.info("block %s was never published: %d files back to pending", name, len(docs))
-            return self.abandon(docs, name, ctx)
-        if set(lfns) <= set(stored):
-            self.mark_published(docs, name, ctx, inserted=False)
-        else:
-            self.failed(docs, BlockConflict(content_message(name, stored, lfns)), ctx)
-        return []
-
-    def publish(self, docs: list[dict[str, Any]], name: str, ctx: Cycle) -> None:
-        """Docs all `publishing` with block `name`: to the catalog, then `published`."""
-        block = make_block(docs, name)
+    def publish(
+        self, docs: list[dict[str, Any]], ctx: Cycle
+    ) -> list[tuple[dict[str, Any], str, str]]:
+        """One block to the catalog; the files the catalog holds now, each with its block and
+        why (their `published` is written for the whole cycle at once). A failure is written
+        at once."""
+        block = make_block(docs)
         try:
             inserted = self.catalog.publish_block(block)
         except BlockConflict as exc:
-            if not self.settle_published_elsewhere(docs, name, exc, ctx):
-                self.failed(docs, exc, ctx)
-            return
+            settled = self.published_elsewhere(docs, exc)
+            if settled is None:
+                self.failed(docs, block.name, exc, ctx)
+                return []
+            return settled
         except CatalogError as exc:
-            self.failed(docs, exc, ctx)
-            return
+            self.failed(docs, block.name, exc, ctx)
+            return []
         except Exception as exc:
             # An error of ours or of the catalog's client on this block: a publication error
             # like any other (tried again after the backoff, given up after max_attempts),
             # with the reason in the documents, so that it cannot stop the publisher.
-            self.failed(docs, CatalogError(set_aside_reason(self.name, docs[0], exc)), ctx)
-            return
-        self.mark_published(docs, name, ctx, inserted)
+            reason = set_aside_reason(self.name, docs[0], exc)
+            self.failed(docs, block.name, CatalogError(reason), ctx)
+            return []
+        ctx.count("blocks", 1)
+        log.debug(
+            "block %s (%s, %d files) %s the catalog",
+            block.name,
+            dataset_of(docs[0]),
+            len(docs),
+            "inserted in" if inserted else "was already in",
+        )
+        return [(doc, block.name, f"in block {block.name}") for doc in docs]
 
-    def settle_published_elsewhere(
-        self,
-        docs: list[dict[str, Any]],
-        name: str,
-        exc: BlockConflict,
-        ctx: Cycle,
-    ) -> bool:
+    def published_elsewhere(
+        self, docs: list[dict[str, Any]], exc: BlockConflict
+    ) -> list[tuple[dict[str, Any], str, str]] | None:
         """Files the catalog already holds in another block of their dataset were published
         there (by another publisher that acted on them at the same time, or before a crash):
-        they are `published` in that block, and the rest of this block goes back to `pending`
-        to be blocked again. The catalog is the truth; calling such a file failed would tell
-        its owner the opposite of what the catalog says. False: not that case (a file is in
-        another dataset's block, a real conflict)."""
+        they are `published` in that block; the rest wait for the next block. The catalog is
+        the truth; calling such a file failed would tell its owner the opposite of what the
+        catalog says. None: not that case (a file is in another dataset's block, a real
+        conflict)."""
         dataset = dataset_of(docs[0])
         elsewhere = exc.elsewhere
         if not elsewhere or any(b.split("#", 1)[0] != dataset for b in elsewhere.values()):
-            return False
-        by_block: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        rest: list[dict[str, Any]] = []
+            return None
+        settled = []
         for doc in docs:
             other = elsewhere.get(doc["destination_lfn"])
-            (by_block[other] if other else rest).append(doc)
-        for other, published in by_block.items():
-            why = f"in block {other} (published there by another publisher)"
+            if other:
+                settled.append((doc, other, f"in block {other} (published there before)"))
+        log.debug("%d files of %s were already in other blocks", len(settled), dataset)
+        return settled
 
-            def there(d: dict[str, Any], other: str = other, why: str = why) -> dict[str, Any]:
-                return request.published(d, self.instance, ctx.now, other, why)
+    def mark_published(self, done: list[tuple[dict[str, Any], str, str]], ctx: Cycle) -> None:
+        """The cycle's published files, in one bulk write. A file written meanwhile by
+        another agent (the cleaner, on its own axis) is read again and marked if it still
+        waits: the catalog holds it whatever its document says."""
+        if not done:
+            return
+        by, now = self.instance, ctx.now
+        where = {doc["_id"]: (block, why) for doc, block, why in done}
 
-            written, _ = self._advance(published, PUBLISHING, ctx, there, name)
-            ctx.count("published", len(written))
-            log.info(
-                "block %s: %d files were already in block %s: published there",
-                name,
-                len(written),
-                other,
-            )
-        if rest:
-            self.abandon(rest, name, ctx, "block abandoned: some files were elsewhere")
-        return True
+        def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+            if doc.get(STATE) != "done" or doc.get(PUBLICATION) not in (WAITING, LEGACY, ERROR):
+                return None
+            block, why = where[doc["_id"]]
+            return request.published(doc, by, now, block, why)
 
-    def mark_published(
-        self,
-        docs: list[dict[str, Any]],
-        name: str,
-        ctx: Cycle,
-        inserted: bool,
-    ) -> None:
-        by, why, now = self.instance, f"in block {name}", ctx.now
-        written, _ = self._advance(
-            docs, PUBLISHING, ctx, lambda d: request.published(d, by, now, name, why), name
-        )
-        ctx.count("blocks", 1)
-        ctx.count("published", len(written))
-        log.info(
-            "block %s (%s, %d files) %s the catalog",
-            name,
-            dataset_of(docs[0]),
-            len(written),
-            "inserted in" if inserted else "was already in",
-        )
+        outcome = self.db.write_decided([doc for doc, _, _ in done], decide)
+        ctx.count("conflicts", len(outcome.not_written))
+        ctx.count("published", len(outcome.written))
+        ctx.wrote(outcome.written)
 
-    def failed(self, docs: list[dict[str, Any]], exc: CatalogError, ctx: Cycle) -> None:
+    def failed(self, docs: list[dict[str, Any]], name: str, exc: CatalogError, ctx: Cycle) -> None:
         """`publication_error` with a next try after a backoff; `publication_failed` once the
         attempts are spent or the catalog's answer cannot change."""
         settings = self.config.publisher
-        name = docs[0]["publication_block"]
         reason = str(exc)[:4096]
-
         by, now = self.instance, ctx.now
 
         def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
             attempts = failures_since_reset(doc) + 1
             delay = min(settings.max_delay, settings.base_delay * 2 ** (attempts - 1))
             retry_after = round(now + delay, 3)
-            return request.publication_failed_attempt(doc, by, now, reason, attempts, retry_after)
+            return request.publication_failed_attempt(
+                doc, by, now, reason, attempts, retry_after, name
+            )
 
-        written, _ = self._advance(docs, PUBLISHING, ctx, attempt, name)
+        written: list[dict[str, Any]] = []
+        for source in (WAITING, LEGACY):
+            moved, _ = self._advance(
+                [d for d in docs if d[PUBLICATION] == source], source, ctx, attempt
+            )
+            written += moved
         give_up = [
             d
             for d in written
             if d["publication_attempts"] >= settings.max_attempts or not exc.retryable
         ]
         failed, _ = self._advance(
-            give_up, ERROR, ctx, lambda d: request.publication_given_up(d, by, now, reason), name
+            give_up, ERROR, ctx, lambda d: request.publication_given_up(d, by, now, reason)
         )
         ctx.count("errors", len(written) - len(failed))
         ctx.count("failed", len(failed))
@@ -387,21 +304,19 @@ class Publisher(Agent):
         source: str,
         ctx: Cycle,
         change: Callable[[dict[str, Any]], dict[str, Any]],
-        block: str | None = None,
     ) -> tuple[list[dict[str, Any]], list[str]]:
         """Make `change` (an operation of aso.core.request) to files whose publication is at
         `source`; returns (the files as written, the ids not changed). A file written meanwhile
         by another agent (the cleaner, on its own axis) is read again and changed if it is still
-        done, at `source` and (when given) in block `block`: losing such a race would split a
-        block."""
+        done and at `source`."""
 
         def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
             if doc.get(STATE) != "done" or doc.get(PUBLICATION) != source:
                 return None
-            if block is not None and doc.get("publication_block") != block:
-                return None
             return change(doc)
 
+        if not docs:
+            return [], []
         outcome = self.db.write_decided(docs, decide)
         ctx.count("conflicts", len(outcome.not_written))
         ctx.wrote(outcome.written)

@@ -68,7 +68,7 @@ STATES: dict[str, tuple[str, ...]] = {
     PUBLICATION: (
         "not_required",  # publish is false, or a log file
         "pending",  # waits for a block
-        "publishing",  # in a block whose publication is under way (block name recorded first)
+        "publishing",  # a block's name recorded first (publishers before issue 22 only)
         "published",  # in the catalog
         "publication_error",  # the last publication failed; retried up to a limit
         "publication_failed",  # given up; the user may reset it to pending
@@ -160,13 +160,16 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("cleanup_error", "cleaned"): _A,
     },
     PUBLICATION: {
-        ("pending", "publishing"): _A,  # the block name is recorded before the catalog call
-        ("publishing", "published"): _A,
-        ("publishing", "publication_error"): _A,
-        ("publishing", "pending"): _A,  # block abandoned before the catalog call
-        ("publication_error", "publishing"): _A,
+        ("pending", "published"): _A,  # the catalog holds it (the catalog is the record)
+        ("pending", "publication_error"): _A,
+        ("publication_error", "pending"): _A,  # the backoff is over: waits for a block again
         ("publication_error", "publication_failed"): _A,
         ("publication_failed", "pending"): _O,  # `aso publish --retry`: the user resets it
+        # Publishers before issue 22 recorded a block's name before the catalog call; their
+        # files are finished from there (published, failed, or waiting again).
+        ("publishing", "published"): _A,
+        ("publishing", "publication_error"): _A,
+        ("publishing", "pending"): _A,
     },
 }
 

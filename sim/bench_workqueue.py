@@ -2,7 +2,7 @@
 work sets, side by side in one run, on the same store.
 
 A small pipeline moves every file through the agents' steps (upload → acquired → submitted →
-done → cleaned, and publishing → published for outputs) in rounds. Each agent reads its work
+done → cleaned, and published for outputs) in rounds. Each agent reads its work
 before it acts, either
 
 * view:         a fresh read of its kind in the shared queue view (`queue/work`),
@@ -54,7 +54,7 @@ STEPS: list[tuple[str, str, list[list[tuple[str, str]]]]] = [
     ("submitter", SUBMIT, [[(STATE, "acquired")], [(STATE, "submitted")]]),
     ("monitor", ACTIVE, [[(STATE, "done")]]),
     ("cleaner", CLEAN, [[(CLEANUP, "cleaned")]]),
-    ("publisher", PUBLISH, [[(PUBLICATION, "publishing")], [(PUBLICATION, "published")]]),
+    ("publisher", PUBLISH, [[(PUBLICATION, "published")]]),
 ]
 
 

@@ -150,7 +150,7 @@ def test_publish_retry_command(files_db, accounts, store_config, tmp_path):
     )
     doc["_rev"] = owner.create(doc)
     moves = [(STATE, "acquired"), (STATE, "submitted"), (STATE, "done"),
-             (PUBLICATION, "publishing"), (PUBLICATION, "publication_error"),
+             (PUBLICATION, "publication_error"),
              (PUBLICATION, "publication_failed")]  # fmt: skip
     for axis, to in moves:
         doc = model.transition(doc, [Change(axis, to, "t")], AGENT, publication_block="/P#b")

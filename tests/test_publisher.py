@@ -88,10 +88,8 @@ def test_full_blocks_go_at_once_and_the_rest_waits(pub_config, accounts, admin):
         if doc[PUBLICATION] == "published":
             assert doc["destination_lfn"] in published
             assert doc["publication_block"] in blocks
-            assert [h["to"] for h in doc["history"] if h["axis"] == PUBLICATION] == [
-                "publishing",
-                "published",
-            ]
+            # One write: the catalog, not an intent in the document, records the block.
+            assert [h["to"] for h in doc["history"] if h["axis"] == PUBLICATION] == ["published"]
 
 
 def test_a_block_closes_when_the_task_is_over_or_its_oldest_file_waited(
@@ -120,20 +118,18 @@ def test_a_block_closes_when_the_task_is_over_or_its_oldest_file_waited(
 
 
 def test_publishing_again_after_a_crash_duplicates_nothing(pub_config, accounts, admin):
-    """The publisher died after the catalog call: the files are still `publishing`; the next
-    one publishes the same block again, the catalog keeps one copy, the files end published."""
+    """The publisher died after the catalog call: the files still wait; the next one makes
+    the same block, the catalog keeps one copy, the files end published."""
     docs = done_outputs(pub_config, accounts, 4)
 
     class DiesAfterTheCatalog(Publisher):
-        def publish(self, docs, name, ctx):  # the catalog call, then the crash
-            self.catalog.publish_block(
-                __import__("agents.publisher").publisher.make_block(docs, name)
-            )
+        def publish(self, docs, ctx):  # the catalog call, then the crash
+            self.catalog.publish_block(make_block(docs))
             raise SystemExit("killed after the catalog call")
 
     with pytest.raises(SystemExit):
         run_publisher(pub_config, DiesAfterTheCatalog(pub_config, "p-dying"))
-    assert states_of(pub_config, accounts, docs) == {"publishing": 4}
+    assert states_of(pub_config, accounts, docs) == {"pending": 4}
     time.sleep(pub_config.agents.heartbeat_expiry)  # the dead one's part passes to the living
     run_publisher(pub_config)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
@@ -222,23 +218,26 @@ def test_the_cleaner_writing_the_same_files_meanwhile_splits_no_block(pub_config
     assert {d["publication_block"] for d in stored.values()} == set(blocks)
 
 
-def test_what_is_left_of_a_block_is_settled_with_the_catalog(pub_config, accounts, admin):
-    """Files left `publishing` under a block name that stands for more files: back to pending
-    when the catalog never got that block (and published whole in the same cycle), `published`
-    when the catalog has the block with them."""
+def test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog(
+    pub_config, accounts, admin
+):
+    """Publishers before issue 22 recorded a block's name first (`publishing`) and could die
+    there: such files are blocked again with the waiting ones, and the catalog decides. A
+    block it never got is made whole and published; one it holds keeps its files."""
     agent = accounts["agent"].db(pub_config.store.files_db)
+    admin_db = admin.db(pub_config.store.files_db)
 
     def left_publishing(docs, name):
+        # An older publisher's intent (no agent writes it now: planted as an admin).
         for doc in agent.get_many(d["_id"] for d in docs).values():
-            change = Change(PUBLICATION, "publishing", "p-gone")
-            agent.put(model.transition(doc, [change], AGENT, publication_block=name))
+            change = Change(PUBLICATION, "publishing", "p-old")
+            admin_db.put(model.transition(doc, [change], model.ADMIN, publication_block=name))
 
-    # 1. abandoned half-way: two of four files still carry the block's name
+    # 1. the catalog never got the block: two of four files carry its name
     docs = done_outputs(pub_config, accounts, 4)
     name = make_block(docs).name
     left_publishing(docs[:2], name)
-    time.sleep(pub_config.agents.heartbeat_expiry)  # its recorder had time to finish it
-    run_publisher(pub_config)  # back to pending, then one block with the two others
+    run_publisher(pub_config)  # one block with all four: the same name, now in the catalog
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert catalog_of(pub_config, admin).dataset_files(DATASET) == {
         name: sorted(d["destination_lfn"] for d in docs)
@@ -251,21 +250,14 @@ def test_what_is_left_of_a_block_is_settled_with_the_catalog(pub_config, account
     catalog_of(pub_config, admin).publish_block(make_block(docs, name))
     left_publishing(docs, name)
     for doc in agent.get_many(d["_id"] for d in docs[:2]).values():
-        agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-gone")], AGENT))
-    time.sleep(pub_config.agents.heartbeat_expiry)
-    run_publisher(pub_config)
+        agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-old")], AGENT))
+    run_publisher(pub_config)  # a block of the other two: the catalog holds them in `name`
+    stored = agent.get_many(d["_id"] for d in docs)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
+    assert {d["publication_block"] for d in stored.values()} == {name}
     assert catalog_of(pub_config, admin).dataset_files(other) == {
         name: sorted(d["destination_lfn"] for d in docs)
     }
-
-    # 3. fresh, by another instance: maybe its block being recorded right now; hands off.
-    third = "/Prim/alice-third-v1/USER"
-    docs = done_outputs(pub_config, accounts, 4, task="261121_190003:alice_3", dataset=third)
-    left_publishing(docs[:2], make_block(docs).name)
-    run_publisher(pub_config)
-    stored = agent.get_many(d["_id"] for d in docs[:2])
-    assert {d[PUBLICATION] for d in stored.values()} == {"publishing"}
 
 
 def test_files_another_publisher_put_in_another_block_are_published_there(
@@ -329,6 +321,7 @@ def test_a_task_is_not_over_while_the_feed_shows_files_on_their_way(pub_config, 
     for to in ("submitted", "done"):
         doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
         doc["_rev"] = agent.put(doc)
+    time.sleep(pub_config.agents.feed_interval)  # the next read of the feed is due
     runner.step(wait=False)
     assert states_of(pub_config, accounts, done + on_the_way) == {"published": 3}
     blocks = catalog_of(pub_config, admin).dataset_files(DATASET)

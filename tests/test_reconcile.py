@@ -220,8 +220,7 @@ def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
     block = make_block([extra])
     assert EmbeddedCatalog(accounts["agent"].db(config.store.catalog_db)).publish_block(block)
     missing = plant.request(41, task=task, dataset=OTHER_DATASET)
-    missing = plant.move(missing, PUBLICATION, "publishing", publication_block=block.name)
-    missing = plant.move(missing, PUBLICATION, "published")
+    missing = plant.move(missing, PUBLICATION, "published", publication_block=block.name)
 
     expected = Counter(
         {

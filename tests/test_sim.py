@@ -73,7 +73,6 @@ def test_outcomes_of_finished_and_unfinished_files():
         request(4),
         *DONE,
         (model.CLEANUP, "cleaned"),
-        (model.PUBLICATION, "publishing"),
         (model.PUBLICATION, "publication_error"),
         (model.PUBLICATION, "publication_failed"),
     )

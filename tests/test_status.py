@@ -33,7 +33,6 @@ PATH = [
     [(STATE, "submitted")],
     [(STATE, "done")],
     [(CLEANUP, "cleaned")],
-    [(PUBLICATION, "publishing")],
     [(PUBLICATION, "published")],
 ]
 

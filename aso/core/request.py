@@ -242,18 +242,14 @@ def cleanup_failed(
 
 
 # --- publication ------------------------------------------------------------------------------
-def block_recorded(doc: Mapping[str, Any], by: str, now: float, block: str) -> Doc:
-    """The publisher's intent: the block's name, recorded before the catalog call."""
-    return _moved(doc, PUBLICATION, "publishing", by, now, publication_block=block)
-
-
-def block_retried(doc: Mapping[str, Any], by: str, now: float) -> Doc:
-    """A failed publication whose backoff is over: publishing again, in its recorded block."""
-    return _moved(doc, PUBLICATION, "publishing", by, now)
+def publication_retried(doc: Mapping[str, Any], by: str, now: float) -> Doc:
+    """A failed publication whose backoff is over: waiting for a block again."""
+    return _moved(doc, PUBLICATION, "pending", by, now, publication_retry_after=None)
 
 
 def block_abandoned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
-    """A file of a block that will not be published as recorded: pending again."""
+    """A file recorded `publishing` in a block (by a publisher before issue 22) that the
+    catalog does not hold: waiting for a block again (the reconciler's repair)."""
     return _moved(doc, PUBLICATION, "pending", by, now, reason, publication_block=None)
 
 
@@ -279,8 +275,10 @@ def publication_failed_attempt(
     reason: str,
     attempts: int,
     retry_after: float,
+    block: str,
 ) -> Doc:
-    """A publication the catalog refused or failed: `publication_error`, tried again after."""
+    """A publication of `block` the catalog refused or failed: `publication_error`, tried
+    again after `retry_after`."""
     return _moved(
         doc,
         PUBLICATION,
@@ -289,6 +287,7 @@ def publication_failed_attempt(
         now,
         reason,
         publication_attempts=attempts,
+        publication_block=block,
         publication_error=reason[:MAX_REASON],
         publication_retry_after=retry_after,
     )
