@@ -205,6 +205,9 @@ class EmbeddedCatalog(Catalog):
     def __init__(self, db: Database, *, clock: Any = time.time):
         self.db = db
         self._clock = clock
+        # Datasets known to have their document: a block's dataset is written once, not
+        # tried again (a refused write) for every block (datasets are never deleted).
+        self._datasets: set[str] = set()
 
     @classmethod
     def open(cls, server: Server, name: str = DEFAULT_DB) -> EmbeddedCatalog:
@@ -259,6 +262,8 @@ class EmbeddedCatalog(Catalog):
         return {r["key"]: r["value"]["block"] for r in rows if r["value"]["block"] != block.name}
 
     def _ensure_dataset(self, block: Block) -> None:
+        if block.dataset in self._datasets:
+            return
         doc = {
             "_id": DATASET_PREFIX + block.dataset,
             "type": DATASET,
@@ -269,6 +274,7 @@ class EmbeddedCatalog(Catalog):
         }
         with contextlib.suppress(Conflict):  # there already
             self.db.create(doc)
+        self._datasets.add(block.dataset)
 
     # -- reading ----------------------------------------------------------------------------
 
