@@ -7,8 +7,12 @@ between them: each cycle it
   writes every file that ended, in one bulk write: `done` (with the checksum the service saw,
   compared with the request's), or `failed_attempt` with the service's reason text and ASO's
   error class, or `killed` for a cancelled file whose owner asked for it;
-* settles expired leases: an `acquired` file whose submitter died is adopted if its job reached
-  the service (looked up by the job key recorded in the lease) and put back to `new` if not.
+* waits, while its lease lasts, for the job of a file the submitter has just recorded
+  `submitted` (the intent is written before the job goes to the service); when the lease has
+  ended and the service still knows no job of its key (its submitter died, or the service did
+  not answer it), puts the file back to `new`;
+* settles expired leases of `acquired` files (written by submitters before issue 22): adopted if
+  their job reached the service (looked up by the job key in the lease), back to `new` if not.
 
 Partition: by job (a job's files are followed by one instance), or by job key for leases.
 """
@@ -150,6 +154,9 @@ class Monitor(Agent):
             faults.point("monitor.after_status")
             for job_id in batch:
                 job = statuses.get(job_id)
+                if job is None and any(doc.get("lease") for doc in by_job[job_id]):
+                    updates += self.not_at_the_service(by_job[job_id], ctx.now)
+                    continue
                 for doc in by_job[job_id]:
                     file_status = job.files.get(doc["_id"]) if job else None
                     known = job is not None
@@ -158,6 +165,33 @@ class Monitor(Agent):
                     if updated is not None:
                         updates.append(updated)
         return updates
+
+    def not_at_the_service(self, docs: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """Files of a job the service does not know, whose submitter wrote them `submitted`
+        before its call: wait while their lease lasts (the call may be under way); then ask
+        the service for the key (it may have named the job otherwise) and put them back to
+        `new` if it never got the job (a kill ends `killed`)."""
+        lease = docs[0].get("lease") or {}
+        if lease.get("until", 0) >= now:
+            return []
+        found = self.service.lookup(lease["job_key"]) if lease.get("job_key") else None
+        if found is not None:
+            if found == docs[0]["transfer"]["job_id"]:
+                return []  # made since the status call: its status comes next cycle
+            return [request.job_recorded(d, found, self.service.name, now) for d in docs]
+        return [
+            request.released(d, self.instance, now)
+            if d[STATE] == "submitted"
+            else request.attempt_ended(
+                d,
+                "killed",
+                self.instance,
+                now,
+                outcome="canceled",
+                reason="killed before its job reached the service",
+            )
+            for d in docs
+        ]
 
     def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Expired leases, and kills of files that never got a job id in their document."""

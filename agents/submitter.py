@@ -2,27 +2,29 @@
 
 Core logic (plain functions over documents):
 * `plan_jobs`: which new files go now, and in which jobs. Files are grouped by
-  (user, group, role, source, destination); per-link and per-site caps on files acquired or in
-  transfer are honoured (protecting storage is why ASO exists); inside a link, users take turns
-  (fair share) and each user's files go by priority, then age; jobs hold at most
+  (user, group, role, source, destination); per-link and per-site caps on files in flight are
+  honoured (protecting storage is why ASO exists); inside a link, users take turns (fair
+  share) and each user's files go by priority, then age; jobs hold at most
   `transfer.max_files_per_job` files.
-* `acquire`: records the intent on the documents in one bulk write: `acquired`, with a lease
-  (owner, until) and the job key, *before* the job is submitted. A document whose write
-  conflicts (someone else acted) simply drops out of its job.
-* then the job is submitted under that key (idempotent at the service), and the documents move to
-  `submitted` with the job id.
-A cycle does this for a batch of jobs at once (FILES_PER_BATCH files): one bulk write of intents,
-the jobs to the service (`submit_many`: one bulk write of the job table for the gfal and sim
-services), one bulk write of `submitted`.
+* the intent, *before* the job goes to the service, in one write per file: `submitted`, with
+  the job's id (which the service derives from the job key: `TransferService.job_id_of`), the
+  new attempt and a lease (owner, until, job key). A document whose write conflicts (someone
+  else acted) simply drops out of its job.
+* then the job goes to the service under that key (idempotent there). Nothing more is written
+  unless the service refuses the job (`failed_attempt`) or names it otherwise than expected.
+A cycle does this for a batch of jobs at once (FILES_PER_BATCH files): one bulk write of
+intents, then the jobs to the service (`submit_many`: one bulk write of the job table for the
+gfal and sim services). Until issue 22 the intent (`acquired`) and `submitted` were two writes.
 
-Crash safety: a submitter killed after `acquire` leaves `acquired` documents whose lease names
-the job key; when the lease expires the monitor asks the service for that key and either adopts
-the job or puts the files back to `new`. A submitter never submits with less lease left than the
-service's call may take, so the monitor cannot release a file whose job is still being created.
-A submitter started again under the same instance name (its host's `aso run` restarts it) knows
-that the leases it holds from before its start belong to its dead predecessor: it shortens them
-to end SUBMIT_MARGIN after its own start (by then any call its predecessor made has ended), so
-the monitor settles those files minutes earlier than the full lease would have let it.
+Crash safety: a submitter killed after the intent leaves `submitted` documents whose job may
+not exist; the monitor finds no job for them and waits while their lease lasts, then asks the
+service for the key and, when it never got the job, puts the files back to `new`. A submitter
+never submits with less lease left than the service's call may take, so the monitor cannot
+release a file whose job is still being created. A submitter started again under the same
+instance name (its host's `aso run` restarts it) knows that the leases it holds from before its
+start belong to its dead predecessor: it shortens them to end SUBMIT_MARGIN after its own start
+(by then any call its predecessor made has ended), so the monitor settles those files minutes
+earlier than the full lease would have let it.
 
 Partition: by link (source → destination), so a link's cap is kept by one instance; a site's cap
 is shared out between the live instances.
@@ -30,6 +32,7 @@ is shared out between the live instances.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -268,7 +271,7 @@ class Submitter(Agent):
         stale = [
             d
             for d in ctx.work
-            if d[STATE] == "acquired"
+            if d[STATE] in IN_FLIGHT
             and (lease := d.get("lease") or {}).get("owner") == self.instance
             and lease["until"] - self.config.transfer.lease < self.started
             and lease["until"] > end
@@ -284,36 +287,49 @@ class Submitter(Agent):
         return len(written)
 
     def submit_jobs(self, plans: list[list[Mapping[str, Any]]], ctx: Cycle) -> None:
-        """Intent for every job of the batch in one bulk write, then the jobs to the service
-        (in one call where it can take many), then `submitted` in one bulk write: three round
-        trips for the batch instead of three per job, which capped a submitter at ~8 jobs/s."""
+        """Intent for every job of the batch in one bulk write (`submitted`, with the job's id
+        and a lease), then the jobs to the service in one call where it can take many: two
+        round trips for the batch, and one write per file."""
         plans, made = self.screen(plans, ctx)
-        keys = [f"{self.instance}:{uuid.uuid4()}" for _ in plans]
-        acquired = self.acquire(plans, keys, ctx)
-        if not acquired:
+        jobs = self.job_requests(
+            {f"{self.instance}:{uuid.uuid4()}": list(docs) for docs in plans}, made, ctx
+        )
+        requests = {key: job for key, (_, job) in jobs.items()}
+        try:
+            ids = {key: self.service.job_id_of(job) for key, job in requests.items()}
+        except TransferError as exc:
+            log.warning("the transfer service did not answer (%s): submitting later", exc)
+            ctx.count("deferred", sum(len(job.files) for job in requests.values()))
             return
-        faults.point("submitter.after_acquire")
+        intended = self.intend(jobs, ids, ctx)
+        if not intended:
+            return
+        faults.point("submitter.after_intent")
         margin = min(SUBMIT_MARGIN, self.config.transfer.lease / 2)
         ready = {}
-        for key, docs in acquired.items():
+        for key, docs in intended.items():
             lease_left = docs[0]["lease"]["until"] - ctx.clock()
             if lease_left < margin:
                 log.warning(
                     "job %s: only %.0f s of lease left; leaving it to lease expiry", key, lease_left
                 )
                 continue
-            ready[key] = docs
-        requests = self.job_requests(ready, made, ctx)
-        ready = {key: ready[key] for key in requests}
-        outcomes = self.service.submit_many(list(requests.values()))
+            # A file whose intent conflicted dropped out: the job is what was written.
+            written = {doc["_id"] for doc in docs}
+            job = requests[key]
+            ready[key] = dataclasses.replace(
+                job, files=tuple(f for f in job.files if f.file_id in written)
+            )
+        outcomes = self.service.submit_many(list(ready.values()))
         faults.point("submitter.after_submit")
-        accepted = []
-        for (key, docs), outcome in zip(ready.items(), outcomes, strict=True):
+        renamed = []
+        for key, outcome in zip(ready, outcomes, strict=True):
+            docs = intended[key]
             if isinstance(outcome, JobRefused):
                 self.refused(docs, str(outcome), outcome.error_class, ctx)
             elif isinstance(outcome, TransferError):
-                # The service is unreachable: the files stay acquired; when the lease expires
-                # the monitor asks the service for this key and adopts the job or releases them.
+                # The service is unreachable: when the lease ends the monitor asks it for this
+                # key, and it either finds the job or puts the files back to `new`.
                 log.warning(
                     "job %s for %d files not submitted (%s): left to lease expiry",
                     key,
@@ -322,8 +338,16 @@ class Submitter(Agent):
                 )
                 ctx.count("deferred", len(docs))
             else:
-                accepted.append((docs, outcome))
-        self.mark_submitted(accepted, ctx)
+                ctx.count("jobs")
+                ctx.count("submitted", len(docs))
+                self.log_job(outcome, docs)
+                if outcome != ids[key]:
+                    # The service named the job otherwise than its key says: record its id.
+                    log.warning("job %s: the service named it %s, not %s", key, outcome, ids[key])
+                    now = ctx.clock()
+                    service = self.service.name
+                    renamed += [request.job_recorded(d, outcome, service, now) for d in docs]
+        ctx.write(renamed)
 
     def screen(
         self, plans: list[list[Mapping[str, Any]]], ctx: Cycle
@@ -354,13 +378,13 @@ class Submitter(Agent):
 
     def job_requests(
         self,
-        jobs: dict[str, list[dict[str, Any]]],
+        jobs: dict[str, list[Mapping[str, Any]]],
         made: dict[str, FileTransfer | str],
         ctx: Cycle,
-    ) -> dict[str, JobRequest]:
-        """The request of each job, by key; a file screened out is set aside (`failed_attempt`,
-        class `unprocessable`, with the reason; the retry manager makes it `failed`) and drops
-        out of its job."""
+    ) -> dict[str, tuple[list[Mapping[str, Any]], JobRequest]]:
+        """Each job's documents and request, by key; a file screened out is set aside
+        (`failed_attempt`, class `unprocessable`, with the reason; the retry manager makes it
+        `failed`) and drops out of its job."""
         requests, aside, now = {}, [], ctx.clock()
         for key, docs in jobs.items():
             files = []
@@ -372,56 +396,49 @@ class Submitter(Agent):
                 aside.append(request.set_aside(doc, self.instance, now, copy))
                 docs.remove(doc)
             if docs:
-                requests[key] = job_request(self.config, key, docs, tuple(files))
+                requests[key] = (docs, job_request(self.config, key, docs, tuple(files)))
         # One bulk write for all of them: a link to an unknown site may be a thousand files.
         ctx.count("set_aside", len(ctx.write(aside)))
         return requests
 
-    def acquire(
-        self, plans: list[list[Mapping[str, Any]]], keys: list[str], ctx: Cycle
+    def intend(
+        self,
+        jobs: dict[str, tuple[list[Mapping[str, Any]], JobRequest]],
+        ids: dict[str, str],
+        ctx: Cycle,
     ) -> dict[str, list[dict[str, Any]]]:
-        """Record the intent (acquired, with a lease naming the job key) of every job; returns
-        the documents written, by job key (a conflicting document drops out of its job)."""
-        now = ctx.clock()
+        """Record every job's intent (`submitted`, with its job's id, a new attempt and a lease
+        naming the job key); returns the documents written, by job key (a conflicting
+        document drops out of its job)."""
+        now, service = ctx.clock(), self.service.name
         updated = []
-        for docs, key in zip(plans, keys, strict=True):
+        for key, (docs, _) in jobs.items():
             lease = {
                 "owner": self.instance,
                 "until": now + self.config.transfer.lease,
                 "job_key": key,
             }
-            updated += [request.acquired(d, self.instance, now, lease) for d in docs]
+            updated += [
+                request.submitted(d, ids[key], service, self.instance, now, lease) for d in docs
+            ]
         by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for doc in ctx.write(updated):
             by_key[doc["lease"]["job_key"]].append(doc)
-        return {key: by_key[key] for key in keys if by_key.get(key)}
+        return {key: by_key[key] for key in jobs if by_key.get(key)}
 
-    def mark_submitted(self, jobs: list[tuple[list[dict[str, Any]], str]], ctx: Cycle) -> None:
-        now, service = ctx.clock(), self.service.name
-        updated = [
-            request.attempt_started(doc, job_id, service, self.instance, now)
-            for docs, job_id in jobs
-            for doc in docs
-        ]
-        written: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for doc in ctx.write(updated):
-            written[doc["transfer"]["job_id"]].append(doc)
-        for docs, job_id in jobs:
-            files = written.get(job_id, [])
-            ctx.count("jobs")
-            ctx.count("submitted", len(files))
-            log.debug(
-                "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
-                job_id,
-                self.service.name,
-                len(files),
-                docs[0]["source"],
-                docs[0]["destination"],
-                docs[0]["user"],
-                docs[0]["task"],
-            )
-            for doc in files:
-                log.debug("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
+    def log_job(self, job_id: str, docs: list[dict[str, Any]]) -> None:
+        log.debug(
+            "job %s submitted to %s: %d files (%s → %s, user %s, task %s)",
+            job_id,
+            self.service.name,
+            len(docs),
+            docs[0]["source"],
+            docs[0]["destination"],
+            docs[0]["user"],
+            docs[0]["task"],
+        )
+        for doc in docs:
+            log.debug("file %s (%s) submitted in job %s", doc["_id"], doc["source_lfn"], job_id)
 
     def refused(
         self, docs: list[dict[str, Any]], reason: str, error_class: str, ctx: Cycle
@@ -432,7 +449,7 @@ class Submitter(Agent):
     def failed_attempt(
         self, docs: list[dict[str, Any]], reason: str, error_class: str, ctx: Cycle
     ) -> list[dict[str, Any]]:
-        """Acquired files whose attempt ended before it began: `failed_attempt`, with why."""
+        """Files whose job the service refused: `failed_attempt`, with why."""
         now = ctx.clock()
         updated = [
             request.attempt_refused(d, self.instance, now, reason, error_class) for d in docs

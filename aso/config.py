@@ -186,7 +186,10 @@ class TransferConfig:
         2.0, "Seconds between two status polls of the transfer service while files are in it."
     )
     lease: float = _key(
-        300.0, "Seconds an `acquired` request stays leased to its submitter before others may act."
+        300.0,
+        "Seconds a request's job may take to reach the transfer service after its submitter"
+        " recorded it `submitted` (its lease): then the monitor puts a file whose job never got"
+        " there back to `new`.",
     )
 
 

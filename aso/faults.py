@@ -1,4 +1,4 @@
-"""Named fault points for crash tests: `point("submitter.after_acquire")` kills the process
+"""Named fault points for crash tests: `point("submitter.after_intent")` kills the process
 (SIGKILL, as `kill -9` would) when $ASO_FAULTS names that point. Without the variable, nothing.
 
 Tests and chaos runs use them to stop a process at the exact moment that matters (between an

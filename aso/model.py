@@ -9,7 +9,7 @@ store and checks that the store and this module agree.
 A request has three state axes, because a finished copy is then cleaned and published
 independently, by different agents:
 
-* ``state``       the copy itself:  new → acquired → submitted → done, with failed attempts,
+* ``state``       the copy itself:  new → submitted → done, with failed attempts,
                   retries, permanent failure and the user's kill;
 * ``cleanup``     the temporary copy at the source, acted upon once ``state`` is done;
 * ``publication`` the catalog entry, acted upon once ``state`` is done.
@@ -50,8 +50,10 @@ AXES = (STATE, CLEANUP, PUBLICATION)
 STATES: dict[str, tuple[str, ...]] = {
     STATE: (
         "new",  # waiting for the submitter
-        "acquired",  # the submitter recorded its intent (lease, job key) before submitting
-        "submitted",  # the transfer service has the job
+        "acquired",  # an intent without its job (submitters before issue 22 only)
+        "submitted",  # with the transfer service, under the job the document names (the
+        # submitter writes it just before its call, with a lease: the monitor releases the
+        # file if the service never got the job)
         "done",  # copied and verified at the destination
         "failed_attempt",  # an attempt failed; the retry manager decides what next
         "retry",  # cooling off until `retry_after`, then back to new
@@ -86,6 +88,7 @@ FINAL: dict[str, tuple[str, ...]] = {
 ON_ITS_WAY: tuple[str, ...] = tuple(s for s in STATES[STATE] if s not in FINAL[STATE])
 # The named subsets every module uses; no other module spells a subset of states out.
 AT_THE_SERVICE = ("submitted", "kill_requested")  # a job at the transfer service carries the file
+BEFORE_A_JOB = ("new", "acquired")  # no job carries the file (set aside before one is made)
 IN_FLIGHT = ("acquired", *AT_THE_SERVICE)  # counted against the link and site caps
 CLEANUP_DUE = ("pending", "cleanup_error")  # a temporary copy the cleaner still has to delete
 PUBLICATION_DUE = ("pending", "publishing", "publication_error")  # the publisher's to finish
@@ -135,12 +138,19 @@ _O, _A = frozenset({OWNER}), frozenset({AGENT})
 # (from, to) → roles allowed to make the change. Admins may make any change of any axis.
 TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
     STATE: {
-        ("new", "acquired"): _A,  # submitter: intent recorded
-        ("acquired", "submitted"): _A,  # submitter: the service accepted the job
-        ("acquired", "new"): _A,  # lease expired and the job never reached the service
-        ("acquired", "failed_attempt"): _A,  # the service refused the job
+        # submitter: its intent and the attempt in one write, before the job goes to the
+        # service under the job key and id the lease and `transfer` name
+        ("new", "submitted"): _A,
+        ("new", "failed_attempt"): _A,  # a file no job can be made of, set aside at once
+        ("submitted", "new"): _A,  # lease over and the service never got the job
         ("submitted", "done"): _A,  # monitor: copied and verified
-        ("submitted", "failed_attempt"): _A,  # monitor: the attempt failed (or the job was lost)
+        ("submitted", "failed_attempt"): _A,  # the attempt failed, the job was refused or lost
+        # Submitters before issue 22 wrote their intent (`acquired`) and `submitted` apart;
+        # their files are finished from there (the monitor adopts or releases them).
+        ("new", "acquired"): _A,
+        ("acquired", "submitted"): _A,
+        ("acquired", "new"): _A,
+        ("acquired", "failed_attempt"): _A,
         ("failed_attempt", "retry"): _A,  # retry manager: try again after a cool-off
         ("failed_attempt", "failed"): _A,  # retry manager: permanent error / out of attempts
         ("retry", "new"): _A,  # retry manager: cool-off over

@@ -3,7 +3,7 @@
 * `account`: every injected file in exactly one final outcome (done, publication_failed,
   failed, killed), none missing, none that nobody injected, none completed twice.
 * `Analysis`: per bucket of simulated time, files injected, completed (done), failed for good,
-  failed attempts and published; the backlog (new + retry + acquired + submitted, as the
+  failed attempts and published; the backlog (every file not in a final state, as the
   monitoring pages count it) rebuilt from every file's history; latencies in simulated seconds:
   injection → done, the same without the time the transfer service held the file (the sum of
   its attempts), and done → published.
@@ -319,19 +319,24 @@ STAGES = ("queued", "submitting", "at_service", "reporting")
 
 def stages(doc: Mapping[str, Any], done_at: float) -> dict[str, float]:
     """Where the last attempt of a done file spent its time: waiting in `new` for the
-    submitter, being submitted (acquired → submitted), at the transfer service, and waiting
-    for the monitor to see that it ended (→ done). What the tuning looks at."""
+    submitter, being submitted (from the intent to `submitted`: 0 since issue 22, which writes
+    both at once; the job's creation is then part of the time at the service), at the transfer
+    service, and waiting for the monitor to see that it ended (→ done). What the tuning looks
+    at."""
     marks: dict[str, float] = {}
     for entry in doc.get("history", []):
-        if entry["axis"] == STATE and entry["to"] in ("new", "acquired", "submitted"):
+        if entry["axis"] == STATE:
             marks[entry["to"]] = float(entry["at"])
     attempts = doc.get("attempts") or []
     ended = attempts[-1].get("ended") if attempts else None
-    if not ({"new", "acquired", "submitted"} <= marks.keys()) or ended is None:
+    if "new" not in marks or "submitted" not in marks or ended is None:
         return {}
+    intent = marks.get("acquired", marks["submitted"])
+    if not marks["new"] <= intent <= marks["submitted"]:  # an earlier attempt's intent
+        intent = marks["submitted"]
     return {
-        "queued": marks["acquired"] - marks["new"],
-        "submitting": marks["submitted"] - marks["acquired"],
+        "queued": intent - marks["new"],
+        "submitting": marks["submitted"] - intent,
         "at_service": float(ended) - marks["submitted"],
         "reporting": max(0.0, done_at - float(ended)),
     }
@@ -777,7 +782,7 @@ class Report:
         ax.plot([t / 60 for t, _ in series], [b for _, b in series], label=f"{label}backlog")
         ax.axvline(self.plan.duration / 60, color="grey", linestyle=":", label="injection ends")
         ax.set_xlabel("simulated minutes")
-        ax.set_ylabel("files (new + retry + acquired + submitted)")
+        ax.set_ylabel("files not yet final")
         ax.set_title(f"Backlog, {self.plan.scale:g}x design load")
         ax.legend(loc="upper right", fontsize="small")
 

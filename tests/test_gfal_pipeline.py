@@ -108,7 +108,7 @@ def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admi
         copied = export_path(gfal_config, DESTINATION, doc["destination_lfn"]).read_bytes()
         assert copied == source and len(copied) == doc["size"]
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
-        assert [h["to"] for h in doc["history"]] == ["new", "acquired", "submitted", "done"]
+        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done"]
         assert doc["attempts"][-1]["outcome"] == "done"
     assert_never_copied_twice_at_once(gfal_config, docs)
     for job in jobs_of(admin, gfal_config):
@@ -317,7 +317,7 @@ def test_leftovers_of_our_own_failed_attempts_do_not_block_the_retry(
 
 
 @pytest.mark.parametrize(
-    "fault", ["submitter.after_acquire", "submitter.after_submit", "monitor.after_status"]
+    "fault", ["submitter.after_intent", "submitter.after_submit", "monitor.after_status"]
 )
 def test_agents_killed_at_the_worst_moment_lose_and_duplicate_nothing(
     gfal_config, accounts, admin, fault

@@ -39,8 +39,8 @@ def test_files_flow_to_done_with_their_history(sim_config, accounts, admin):
     runners = [Runner(Submitter(sim_config, "s1")), Runner(Monitor(sim_config, "m1"))]
     run_until(lambda: states(db, ids) == Counter(done=50), runners)
     for doc in db.get_many(ids).values():
-        assert [h["to"] for h in doc["history"]] == ["new", "acquired", "submitted", "done"]
-        assert [h["by"] for h in doc["history"][1:]] == ["s1", "s1", "m1"]
+        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done"]
+        assert [h["by"] for h in doc["history"][1:]] == ["s1", "m1"]
         [attempt] = doc["attempts"]
         assert attempt["outcome"] == "done" and attempt["service"] == "sim"
         assert attempt["job_id"] == doc["transfer"]["job_id"] and doc["lease"] is None
@@ -65,7 +65,7 @@ def test_link_cap_holds_while_files_flow(sim_config, accounts, admin):
     def finished() -> bool:
         nonlocal peak
         counts = states(db, ids)
-        peak = max(peak, counts["acquired"] + counts["submitted"])
+        peak = max(peak, counts["submitted"])
         return counts["done"] == 12
 
     run_until(finished, [submitter, monitor])
@@ -177,28 +177,27 @@ def _aso_agent(config_path: Path, agent: str, fault: str) -> subprocess.Complete
 
 
 def test_submitter_killed_between_intent_and_submission(sim_config, accounts, admin):
-    """kill -9 after `acquired` was written and before the job exists: after the lease the
-    monitor puts the files back; they are submitted again and end done, each in one job."""
+    """kill -9 after the intent (`submitted`, with the job's id and a lease) was written and
+    before the job exists: the monitor finds no job, waits out the lease, then puts the files
+    back; they are submitted again and end done, each in one job."""
     ids = upload(accounts, sim_config, 5, users=("alice",), links=LINKS[:1])
     path = write_config(sim_config)
-    died = _aso_agent(path, "submitter", "submitter.after_acquire")
+    died = _aso_agent(path, "submitter", "submitter.after_intent")
     assert died.returncode == -9, died.stderr
     db = admin.db(sim_config.store.files_db)
-    assert states(db, ids) == Counter(acquired=5)
+    assert states(db, ids) == Counter(submitted=5)
     assert jobs_of(admin, sim_config) == []  # the job was never created
+    monitor = Runner(Monitor(sim_config, "m1"))
+    run_until(lambda: True, [monitor])  # a poll within the lease: nothing to do yet
+    assert states(db, ids) == Counter(submitted=5)
     time.sleep(sim_config.transfer.lease)
-    runners = [Runner(Monitor(sim_config, "m1")), Runner(Submitter(sim_config, "s1"))]
+    runners = [monitor, Runner(Submitter(sim_config, "s1"))]
     run_until(lambda: states(db, ids) == Counter(done=5), runners)
     for doc in db.get_many(ids).values():
-        assert [h["to"] for h in doc["history"]] == [
-            "new",
-            "acquired",
-            "new",
-            "acquired",
-            "submitted",
-            "done",
-        ]
+        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "new", "submitted", "done"]
         assert doc["history"][2]["reason"] == "lease expired, no job"
+        first, last = doc["attempts"]
+        assert first["outcome"] == "canceled" and last["outcome"] == "done"
     assert_each_file_in_one_job(admin, sim_config, ids)
 
 
@@ -210,7 +209,7 @@ def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, ac
         sim_config, transfer=dataclasses.replace(sim_config.transfer, lease=20.0)
     )
     ids = upload(accounts, config, 4, users=("alice",), links=LINKS[:1])
-    died = _aso_agent(write_config(config), "submitter", "submitter.after_acquire")
+    died = _aso_agent(write_config(config), "submitter", "submitter.after_intent")
     assert died.returncode == -9, died.stderr
     db = admin.db(config.store.files_db)
     taken = {i: d["lease"]["until"] for i, d in db.get_many(ids).items()}
@@ -236,20 +235,20 @@ def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, ac
 
 
 def test_submitter_killed_after_the_job_was_created(sim_config, accounts, admin):
-    """kill -9 after submission and before `submitted` was written: the monitor finds the job
-    by the key in the lease and adopts it; no second job is ever made."""
+    """kill -9 right after the job was made: nothing was left to write (the documents named
+    the job before it was made), so the monitor follows it as any other; no second job is
+    ever made."""
     ids = upload(accounts, sim_config, 5, users=("alice",), links=LINKS[:1])
     died = _aso_agent(write_config(sim_config), "submitter", "submitter.after_submit")
     assert died.returncode == -9, died.stderr
     db = admin.db(sim_config.store.files_db)
-    assert states(db, ids) == Counter(acquired=5)
+    assert states(db, ids) == Counter(submitted=5)
     [job] = jobs_of(admin, sim_config)
-    time.sleep(sim_config.transfer.lease)
     runners = [Runner(Monitor(sim_config, "m1")), Runner(Submitter(sim_config, "s1"))]
     run_until(lambda: states(db, ids) == Counter(done=5), runners)
     for doc in db.get_many(ids).values():
         assert doc["transfer"]["job_id"] == job["_id"]
-        assert doc["history"][2]["reason"] == "adopted after lease expiry"
+        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done"]
     assert_each_file_in_one_job(admin, sim_config, ids)
 
 
@@ -305,11 +304,11 @@ def test_two_submitters_split_the_work_and_never_share_a_file(sim_config, accoun
 
 
 def test_kill_of_a_file_whose_submitter_died_before_submitting(sim_config, accounts, admin):
-    """The owner kills files left `acquired` by a dead submitter: the monitor finds no job for
-    their key and kills them at once; a file whose job did reach the service is cancelled
-    there first."""
+    """The owner kills files a dead submitter left `submitted` before it made their job: the
+    monitor finds no job for their key once their lease is over and kills them; a file whose
+    job did reach the service is cancelled there first."""
     ids = upload(accounts, sim_config, 3, users=("alice",), links=LINKS[:1])
-    died = _aso_agent(write_config(sim_config), "submitter", "submitter.after_acquire")
+    died = _aso_agent(write_config(sim_config), "submitter", "submitter.after_intent")
     assert died.returncode == -9, died.stderr
     owner = owner_db(accounts, sim_config)
     for doc_id in ids:
@@ -323,10 +322,10 @@ def test_kill_of_a_file_whose_submitter_died_before_submitting(sim_config, accou
         timeout=20,
     )
     for doc in db.get_many(ids).values():
-        assert doc["history"][-1]["reason"] == "killed before its job was submitted"
+        assert doc["history"][-1]["reason"] == "killed before its job reached the service"
     assert jobs_of(admin, sim_config) == []  # and no job was ever made for them
 
-    # Killed after its job was made but before `submitted` was written: cancelled there.
+    # Killed after its job was made: cancelled there.
     slow = dataclasses.replace(
         sim_config, sim=dataclasses.replace(sim_config.sim, mean_duration=60.0)
     )

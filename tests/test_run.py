@@ -250,7 +250,6 @@ def test_run_demo_restart_and_clean_stop(service):
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
         assert [h["to"] for h in doc["history"] if h["axis"] == "state"] == [
             "new",
-            "acquired",
             "submitted",
             "done",
         ]

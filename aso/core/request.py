@@ -39,10 +39,21 @@ def _moved(
 
 
 # --- the copy (`state`) -----------------------------------------------------------------------
-def acquired(doc: Mapping[str, Any], by: str, now: float, lease: Mapping[str, Any]) -> Doc:
-    """The submitter's intent, recorded before the job is submitted: the lease names the
-    owner, its end and the job key under which the service will know the job."""
-    return _moved(doc, STATE, "acquired", by, now, lease=dict(lease))
+def submitted(
+    doc: Mapping[str, Any],
+    job_id: str,
+    service: str,
+    by: str,
+    now: float,
+    lease: Mapping[str, Any],
+) -> Doc:
+    """The submitter's intent and the new attempt, in one write before the job goes to the
+    service: the job's id (which the service derives from the job key) and a lease naming the
+    owner, its end and the key. Until the lease ends the monitor waits for a job it does not
+    find yet; then it releases the file (`released`)."""
+    fields = job_fields(doc, job_id, service, now)
+    fields["lease"] = dict(lease)
+    return _moved(doc, STATE, "submitted", by, now, **fields)
 
 
 def lease_shortened(doc: Mapping[str, Any], until: float) -> Doc:
@@ -91,8 +102,22 @@ def job_recorded(doc: Mapping[str, Any], job_id: str, service: str, now: float) 
 def attempt_refused(
     doc: Mapping[str, Any], by: str, now: float, reason: str, error_class: str
 ) -> Doc:
-    """An acquired file whose job the service refused (or that could not be made):
-    `failed_attempt` with the reason, for the retry manager."""
+    """A file whose job the service refused, or of which no job could be made:
+    `failed_attempt` with the reason, for the retry manager (its attempt, if recorded, ends
+    failed)."""
+    if doc[STATE] == "submitted":
+        return {
+            **attempt_ended(
+                doc,
+                "failed_attempt",
+                by,
+                now,
+                outcome="failed",
+                reason=reason,
+                error_class=error_class,
+            ),
+            "lease": None,
+        }
     return _moved(
         doc,
         STATE,
@@ -127,7 +152,8 @@ def attempt_ended(
             reason=reason[:MAX_REASON] if reason else None,
             error_class=error_class,
         )
-    fields: dict[str, Any] = {"attempts": attempts}
+    # The submitter's lease ends with the attempt (it only covered the job's creation).
+    fields: dict[str, Any] = {"attempts": attempts, "lease": None}
     if state != "done":
         fields.update(failure_reason=(reason or "")[:MAX_REASON] or None, error_class=error_class)
     return _moved(doc, STATE, state, by, now, reason, **fields)
@@ -148,8 +174,13 @@ def job_lost(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
 
 
 def released(doc: Mapping[str, Any], by: str, now: float) -> Doc:
-    """An acquired file whose job never reached the service: back to the queue."""
-    return _moved(doc, STATE, "new", by, now, "lease expired, no job", lease=None)
+    """A file whose job never reached the service (its lease is over and the service knows no
+    job of its key): back to the queue, its attempt ended as never begun."""
+    reason = "lease expired, no job"
+    attempts = [dict(a) for a in doc.get("attempts", [])]
+    if doc[STATE] == "submitted" and attempts:
+        attempts[-1].update(ended=now, outcome="canceled", reason=reason)
+    return _moved(doc, STATE, "new", by, now, reason, lease=None, transfer=None, attempts=attempts)
 
 
 def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str) -> Doc:
@@ -181,7 +212,7 @@ def set_aside(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     class unprocessable, which the retry manager takes as permanent; a file already waiting for
     that decision is given up at once; a kill still ends `killed`."""
     state = doc[STATE]
-    if state == "acquired":
+    if state in model.BEFORE_A_JOB:
         return attempt_refused(doc, by, now, reason, errors.UNPROCESSABLE)
     if state in model.AT_THE_SERVICE:
         return attempt_ended(

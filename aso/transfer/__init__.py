@@ -57,6 +57,9 @@ class Measured(TransferService):
                 SERVICE_ERRORS.labels(self.name, "submit_many", result.error_class).inc()
         return results
 
+    def job_id_of(self, job: JobRequest) -> str:
+        return self.service.job_id_of(job)
+
     def lookup(self, key: str) -> str | None:
         with Timed(self.name, "lookup"):
             return self.service.lookup(key)

@@ -131,6 +131,12 @@ class TransferService(abc.ABC):
                 results.append(exc)
         return results
 
+    def job_id_of(self, job: JobRequest) -> str:
+        """The id the service gives `job` (it derives it from the job's key): the submitter
+        writes it into the documents before the job goes to the service, so that submitting
+        needs no second write. TransferError: the service must be asked, and does not answer."""
+        return job_id_for(job.key)
+
     @abc.abstractmethod
     def lookup(self, key: str) -> str | None:
         """The id of the job made for `key`, or None if the service never got it."""

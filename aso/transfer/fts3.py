@@ -267,6 +267,10 @@ class Fts3Service(TransferService):
         log.debug("job key %s submitted as %s (%d files) %s", job.key, job_id, len(job.files), link)
         return job_id
 
+    def job_id_of(self, job: JobRequest) -> str:
+        """FTS's deterministic id of the job (id_generator=deterministic: its VO and sid)."""
+        return fts_job_id(self._vo(self._session(job.credentials)), sid_for(job.key))
+
     def lookup(self, key: str) -> str | None:
         session = self._session()
         sid = sid_for(key)
