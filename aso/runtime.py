@@ -325,6 +325,9 @@ class Agent:
 
     # Whether `observe` wants every document of the `_changes` feed (not only the work).
     observes = False
+    # Queue kinds whose requests `observe` is also given, from the queue view, whenever the
+    # work set starts (after `forget`): what was written before the feed's start position.
+    observed_kinds: tuple[str, ...] = ()
 
     def __init__(self, config: Config, instance: str | None = None):
         self.config = config
@@ -342,6 +345,10 @@ class Agent:
 
     def observe(self, doc: Mapping[str, Any]) -> None:
         """Every document of the `_changes` feed, when `observes` is set."""
+
+    def forget(self) -> None:
+        """The work set starts (again, after a gap in the feed): what `observe` learnt so far
+        is replaced by what the queue view's `observed_kinds` and the feed tell from now on."""
 
     def close(self) -> None:
         """Release back-end resources."""
@@ -398,7 +405,14 @@ class Runner:
         self.membership = Membership(agent.instance, [agent.instance])
         observer = agent.observe if agent.observes else None
         feed = feed_for(agent.db, self.config, os.environ.get(RELAY_ENV))
-        self.workset = ChangesWorkSet(agent.db, agent.kinds, observer=observer, feed=feed)
+        self.workset = ChangesWorkSet(
+            agent.db,
+            agent.kinds,
+            observer=observer,
+            feed=feed,
+            observed_kinds=agent.observed_kinds if agent.observes else (),
+            on_start=agent.forget if agent.observes else None,
+        )
         self.errors = DocumentErrors(agent.name, self.config.agents.set_aside_after)
         self.clock: Callable[[], float] = time.time
         self._last_beat = 0.0

@@ -34,6 +34,13 @@ QUEUE_VIEW = "work"
 
 KINDS = tuple(model.WORK)
 SUBMIT, LEASE, ACTIVE, DECIDE, COOLOFF, CLEAN, PUBLISH = KINDS
+# The kinds of the requests still on their way: each state of model.ON_ITS_WAY is the work of
+# one of them (tests/test_workqueue.py holds the two lists together).
+ON_ITS_WAY_KINDS = tuple(
+    kind
+    for kind, axes in model.WORK.items()
+    if set(axes) == {model.STATE} and set(axes[model.STATE]) <= set(model.ON_ITS_WAY)
+)
 
 
 def work_key(kind: str, doc: Mapping[str, Any]) -> list[Any]:
@@ -117,6 +124,11 @@ class ChangesWorkSet:
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Sees every document of the feed, wanted or not (a policy learning from all outcomes).
     observer: Callable[[Mapping[str, Any]], None] | None = None
+    # Kinds whose documents the observer is also given from the queue view each time the set
+    # starts (what was written before the position the feed is followed from), after
+    # `on_start()` has told it to forget what it learnt from the feed so far (a gap in it).
+    observed_kinds: tuple[str, ...] = ()
+    on_start: Callable[[], None] | None = None
     # Where the changes come from: the store's feed, or the host's feed relay (aso/feedrelay.py).
     feed: Feed | None = None
 
@@ -135,6 +147,8 @@ class ChangesWorkSet:
         """
         assert self.feed is not None
         self.docs = {}
+        if self.on_start is not None:
+            self.on_start()
         if source == "feed":
             self.since = "0"
             self.refresh()
@@ -143,6 +157,10 @@ class ChangesWorkSet:
             view = QueueView(self.db)
             for kind in self.kinds:
                 self.apply(view.docs(kind))
+            if self.observer is not None:
+                for kind in self.observed_kinds:
+                    for doc in view.docs(kind):
+                        self.observer(doc)
         log.debug(
             "work set %s started from the %s with %d documents at seq %s",
             self.kinds,

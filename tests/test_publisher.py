@@ -295,34 +295,65 @@ def test_a_file_in_another_datasets_block_is_a_real_conflict(pub_config, account
     assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
 
 
-def test_a_task_is_not_over_while_the_feed_shows_files_on_their_way(pub_config, accounts, admin):
-    """The task index lacks the requests still on their way (an index read that missed them,
-    as was seen once under load): the publisher still waits, because its own `_changes` feed
-    showed them; once they are done the task is over and its files go as one block."""
+class NoTaskIndex(Database):
+    """The files database without its task index: the publisher must not need it."""
 
-    class IndexMissingRows(Database):
-        def view(self, ddoc, name, **kw):
-            result = super().view(ddoc, name, **kw)
-            if name == "by_task":
-                result.rows = [r for r in result.rows if r["value"]["state"] == "done"]
-            return result
+    def view(self, ddoc, name, **kw):
+        assert name != "by_task", "the publisher read the task index"
+        return super().view(ddoc, name, **kw)
 
+
+def test_a_task_is_over_when_neither_the_queue_nor_the_feed_shows_files_on_their_way(
+    pub_config, accounts, admin
+):
+    """A task's end is known without reading its index (which the embedded store brings up
+    to date on a read, every change since the last one: minutes under load): the requests on
+    their way before the publisher started come from the queue view when its work set starts,
+    the later ones from the feed. Its files go as one block once the last one is done."""
     publisher = Publisher(pub_config, "p-feed")
-    publisher.db = IndexMissingRows(publisher.db.server, publisher.db.name)
+    publisher.db = NoTaskIndex(publisher.db.server, publisher.db.name)
+    before, after = "261121_190003:alice_before", "261121_190004:alice_after"
+    done = done_outputs(pub_config, accounts, 2, task=before)
+    on_the_way = done_outputs(pub_config, accounts, 1, task=before, state_done=False)
     runner = Runner(publisher)
-    runner.workset.start()  # the requests come after the start: the feed sees them
-    task = "261121_190003:alice_feed"
-    done = done_outputs(pub_config, accounts, 2, task=task)
-    on_the_way = done_outputs(pub_config, accounts, 1, task=task, state_done=False)
-    runner.step(wait=False)
-    assert states_of(pub_config, accounts, done) == {"pending": 2}
+    runner.workset.start()  # `before`'s third file is on its way: from the queue view
+    other = "/Prim/alice-after-v1/USER"  # a dataset of its own: blocks hold up to 4 files
+    done += done_outputs(pub_config, accounts, 2, task=after, dataset=other)
+    on_the_way += done_outputs(pub_config, accounts, 1, task=after, state_done=False, dataset=other)
+    time.sleep(pub_config.agents.feed_interval)
+    runner.step(wait=False)  # `after`'s third file is on its way: from the feed
+    assert states_of(pub_config, accounts, done) == {"pending": 4}
+    assert publisher.on_its_way == {before: {on_the_way[0]["_id"]}, after: {on_the_way[1]["_id"]}}
     agent = accounts["agent"].db(pub_config.store.files_db)
-    doc = agent.get(on_the_way[0]["_id"])
-    for to in ("submitted", "done"):
-        doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
-        doc["_rev"] = agent.put(doc)
+    for doc in on_the_way:
+        doc = agent.get(doc["_id"])
+        for to in ("submitted", "done"):
+            doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
+            doc["_rev"] = agent.put(doc)
     time.sleep(pub_config.agents.feed_interval)  # the next read of the feed is due
     runner.step(wait=False)
-    assert states_of(pub_config, accounts, done + on_the_way) == {"published": 3}
-    blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
-    assert sorted(map(len, blocks.values())) == [3]
+    assert states_of(pub_config, accounts, done + on_the_way) == {"published": 6}
+    for dataset in (DATASET, other):
+        blocks = catalog_of(pub_config, admin).dataset_files(dataset)
+        assert sorted(map(len, blocks.values())) == [3]
+
+
+def test_a_gap_in_the_feed_makes_the_publisher_forget_what_it_saw_on_its_way(
+    pub_config, accounts, admin
+):
+    """After a gap in the feed (the relay's memory passed the publisher's position) the work
+    set starts again: a file the publisher saw on its way and that ended during the gap must
+    not hold its task open for ever. What it knew is replaced by the queue view's."""
+    publisher = Publisher(pub_config, "p-gap")
+    publisher.db = NoTaskIndex(publisher.db.server, publisher.db.name)
+    task = "261121_190005:alice_gap"
+    done = done_outputs(pub_config, accounts, 2, task=task)
+    runner = Runner(publisher)
+    runner.workset.start()
+    publisher.on_its_way[task].add("ended-during-the-gap")  # seen on its way, then the gap
+    runner.step(wait=False)
+    assert states_of(pub_config, accounts, done) == {"pending": 2}
+    runner.workset.start()  # what a FeedGap does
+    assert task not in publisher.on_its_way
+    runner.step(wait=False)
+    assert states_of(pub_config, accounts, done) == {"published": 2}

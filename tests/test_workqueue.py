@@ -6,7 +6,16 @@ import itertools
 
 from aso import model
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
-from aso.workqueue import ACTIVE, CLEAN, PUBLISH, SUBMIT, ChangesWorkSet, QueueView, work_kinds
+from aso.workqueue import (
+    ACTIVE,
+    CLEAN,
+    ON_ITS_WAY_KINDS,
+    PUBLISH,
+    SUBMIT,
+    ChangesWorkSet,
+    QueueView,
+    work_kinds,
+)
 from tests.conftest import db_as, sample_request
 
 
@@ -55,6 +64,14 @@ def test_the_python_twin_agrees_with_the_queue_view(files_db, accounts):
     }
     finished = [d for d in docs if model.is_final(d)]
     assert finished and all(work_kinds(d) == [] for d in finished)
+
+
+def test_the_kinds_on_their_way_cover_the_states_on_their_way_and_nothing_else():
+    """A request is on its way exactly when the queue view holds it under one of
+    ON_ITS_WAY_KINDS: what the publisher learns of a task before it started rests on it."""
+    for doc in _every_state_combination():
+        kinds = {key[0] for key in work_kinds(doc)}
+        assert bool(kinds & set(ON_ITS_WAY_KINDS)) == (doc[STATE] in model.ON_ITS_WAY), doc[STATE]
 
 
 def test_queue_view_reads_a_kind_and_counts_the_backlog(files_db, accounts):
