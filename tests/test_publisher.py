@@ -5,6 +5,7 @@ update, failures retried then given up, and `aso publish --retry`."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -74,11 +75,15 @@ def states_of(config, accounts, docs) -> Counter[str]:
     return Counter(d[PUBLICATION] for d in db.get_many(d["_id"] for d in docs).values())
 
 
-def test_full_blocks_go_at_once_and_the_rest_waits(pub_config, accounts, admin):
+def test_full_blocks_go_at_once_and_the_rest_waits(pub_config, accounts, admin, caplog):
     # 10 done files of a task that still has a file on its way: 2 full blocks, 2 files wait.
     docs = done_outputs(pub_config, accounts, 10)
     done_outputs(pub_config, accounts, 1, state_done=False)
-    run_publisher(pub_config)
+    with caplog.at_level(logging.INFO, logger="aso"):
+        run_publisher(pub_config)
+    # One INFO line for the cycle, with its counts; the blocks and files at DEBUG only.
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(info) == 1 and "cycle of" in info[0] and "blocks 2, published 8" in info[0], info
     assert states_of(pub_config, accounts, docs) == {"published": 8, "pending": 2}
     blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
     assert sorted(len(lfns) for lfns in blocks.values()) == [4, 4]

@@ -394,7 +394,7 @@ class DbsCatalog(Catalog):
             if elsewhere:
                 raise BlockConflict(elsewhere_message(block, elsewhere), elsewhere) from None
             raise
-        log.info("published block %s (%d files) to DBS", block.name, len(block.files))
+        log.debug("published block %s (%d files) to DBS", block.name, len(block.files))
         return True
 
     def _existing(self, block: Block) -> bool | None:
@@ -403,7 +403,7 @@ class DbsCatalog(Catalog):
         if stored is None:
             return None
         if stored == block.lfns():
-            log.info("block %s was already in DBS", block.name)
+            log.debug("block %s was already in DBS", block.name)
             return False
         raise BlockConflict(content_message(block.name, stored, block.lfns()))
 

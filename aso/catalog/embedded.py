@@ -242,7 +242,7 @@ class EmbeddedCatalog(Catalog):
             ) from None
         except StoreError as exc:
             raise _store_error(f"publishing block {block.name}", exc) from None
-        log.info("published block %s (%d files)", block.name, len(block.files))
+        log.debug("published block %s (%d files)", block.name, len(block.files))
         return True
 
     def _compare_existing(self, block: Block) -> bool:
@@ -252,7 +252,7 @@ class EmbeddedCatalog(Catalog):
             raise CatalogError(f"block {block.name} changed while publishing", retryable=True)
         stored_lfns = sorted(f["lfn"] for f in stored["files"])
         if stored_lfns == block.lfns():
-            log.info("block %s was already published", block.name)
+            log.debug("block %s was already published", block.name)
             return False
         raise BlockConflict(content_message(block.name, stored_lfns, block.lfns()))
 
