@@ -99,7 +99,11 @@ def make_block(docs: Sequence[Mapping[str, Any]], name: str | None = None) -> Bl
 
 
 def close_blocks(
-    waiting: list[dict[str, Any]], now: float, max_files: int, timeout: float, task_over: Any
+    waiting: list[dict[str, Any]],
+    now: float,
+    max_files: int,
+    timeout: float,
+    task_over: Callable[[str], bool],
 ) -> list[list[dict[str, Any]]]:
     """The blocks to publish now out of one (user, dataset)'s waiting files, oldest first."""
     ordered = sorted(waiting, key=lambda d: (done_at(d), d["_id"]))
@@ -167,7 +171,6 @@ class Publisher(Agent):
         waiting: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for doc in [d for d in docs if d[PUBLICATION] in (WAITING, LEGACY)] + again:
             waiting[(doc["user"], dataset_of(doc))].append(doc)
-        tasks: dict[str, bool] = {}
         published: list[tuple[dict[str, Any], str, str]] = []  # (file, its block, why)
         flushed = time.monotonic()
         for group in waiting.values():
@@ -176,7 +179,7 @@ class Publisher(Agent):
                 now,
                 self.config.publisher.max_files_per_block,
                 self.config.publisher.block_closure_timeout,
-                lambda task: tasks.setdefault(task, self.task_over(task)),
+                self.task_over,
             ):
                 published += self.publish(block_docs, ctx)
                 # A long cycle (a backlog of blocks) writes its files as it goes: their

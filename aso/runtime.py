@@ -410,8 +410,8 @@ class Runner:
             agent.kinds,
             observer=observer,
             feed=feed,
-            observed_kinds=agent.observed_kinds if agent.observes else (),
-            on_start=agent.forget if agent.observes else None,
+            observed_kinds=agent.observed_kinds,
+            on_start=agent.forget,
         )
         self.errors = DocumentErrors(agent.name, self.config.agents.set_aside_after)
         self.clock: Callable[[], float] = time.time

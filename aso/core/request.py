@@ -105,19 +105,10 @@ def attempt_refused(
     """A file whose job the service refused, or of which no job could be made:
     `failed_attempt` with the reason, for the retry manager (its attempt, if recorded, ends
     failed)."""
-    if doc[STATE] == "submitted":
-        return {
-            **attempt_ended(
-                doc,
-                "failed_attempt",
-                by,
-                now,
-                outcome="failed",
-                reason=reason,
-                error_class=error_class,
-            ),
-            "lease": None,
-        }
+    if doc[STATE] == "submitted":  # its lease ends with the attempt
+        return attempt_ended(
+            doc, "failed_attempt", by, now, outcome="failed", reason=reason, error_class=error_class
+        )
     return _moved(
         doc,
         STATE,
