@@ -1,6 +1,9 @@
 """Cleaner: deletes a file's temporary copy at the source once the file is safe.
 
-For each `done` request whose cleanup is pending (or failed before and due again):
+For each `done` request whose cleanup is pending (or failed before and due again) and whose
+publication is over (not required, published or given up: model.WORK's "clean"; a file waiting
+for its block is cleaned by the publisher, with the same functions, in the write that records
+it published: one write for both, issue 22):
 1. the temporary copy must be inside the source site's temp area (`sites.temp_pfn` refuses
    anything else: the cleaner never touches a user's files) and inside the owner's own
    temporary area (`model.in_temp_area`: never another user's output);
@@ -8,8 +11,8 @@ For each `done` request whose cleanup is pending (or failed before and due again
 3. only then the temporary copy is deleted with gfal2 (already gone counts as deleted).
 The outcome is written in one bulk write per cycle: `cleaned`, or `cleanup_error` with the
 reason, a count of attempts and the time of the next try (backoff `cleaner.base_delay` · 2^n,
-capped at `cleaner.max_delay`). Deletions run `cleaner.max_per_site` at a time per source site.
-Partition: by source site (a site's deletions are one instance's, so the bound holds).
+capped at `cleaner.max_delay`). Deletions run `cleaner.max_per_site` at a time per source
+site in each process that deletes (the cleaner's, the publisher's). Partition: by source site.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aso import model, sites
-from aso.config import Config
+from aso.config import CleanerConfig, Config
 from aso.core import request
 from aso.files import FileError, Files, open_files
 from aso.model import CLEANUP
@@ -76,51 +79,30 @@ def due(doc: Mapping[str, Any], now: float) -> bool:
     )
 
 
-class Cleaner(Agent):
-    name = "cleaner"
-    kinds = (CLEAN,)
+def cleanup_recorded(
+    doc: dict[str, Any], outcome: Outcome, by: str, now: float, settings: CleanerConfig
+) -> dict[str, Any]:
+    """The document with a deletion's outcome: `cleaned`, or `cleanup_error` with the next
+    try after the backoff."""
+    if outcome.cleaned:
+        return request.cleaned(doc, by, now, outcome.reason)
+    return request.cleanup_failed(
+        doc, by, now, outcome.reason, settings.base_delay, settings.max_delay
+    )
 
-    def __init__(self, config: Config, instance: str | None = None, files: Files | None = None):
-        super().__init__(config, instance)
-        self.files = files or open_files(config)
+
+class Deleter:
+    """Deletions of temporary copies (`clean_one`) of all sites at once, `cleaner.max_per_site`
+    at a time at each site (one lasting thread pool per site, so its threads keep their gfal2
+    contexts)."""
+
+    def __init__(self, config: Config, files: Files, agent: str):
+        self.config = config
+        self.files = files
+        self.agent = agent
         self.pools: dict[str, ThreadPoolExecutor] = {}
 
-    def partition_key(self, doc: Mapping[str, Any]) -> str:
-        return cast(str, doc["source"])
-
-    def cycle(self, ctx: Cycle) -> None:
-        now = ctx.now
-        work = sorted((d for d in ctx.work if due(d, now)), key=lambda d: d["last_update"])
-        work = work[: self.config.cleaner.batch]
-        report = ctx.counts("cleaned", "cleanup_errors", "conflicts")
-        if not work:
-            return
-        outcomes = self.clean_all(work)
-        seen = {doc["_id"]: doc[CLEANUP] for doc in work}
-
-        def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
-            # Read again after a conflict (the publisher wrote its own axis): the outcome still
-            # holds while the file is done and its cleanup where this cycle found it.
-            if doc.get(model.STATE) != "done" or doc.get(CLEANUP) != seen[doc["_id"]]:
-                return None
-            return self.recorded(doc, outcomes[doc["_id"]], now)
-
-        outcome = self.db.write_decided(work, decide)
-        report["conflicts"] += len(outcome.not_written)
-        for doc in outcome.written:
-            report["cleaned" if doc[CLEANUP] == "cleaned" else "cleanup_errors"] += 1
-            log.debug(
-                "file %s: temporary copy %s at %s: %s",
-                doc["_id"],
-                doc["source_lfn"],
-                doc["source"],
-                outcomes[doc["_id"]].reason,
-            )
-        ctx.wrote(outcome.written)
-
     def clean_all(self, docs: list[dict[str, Any]]) -> dict[str, Outcome]:
-        """Deletions of all sites at once, `cleaner.max_per_site` at a time at each site (one
-        lasting thread pool per site, so its threads keep their gfal2 contexts)."""
         futures = {}
         for doc in docs:
             pool = self.pools.get(doc["source"])
@@ -138,16 +120,57 @@ class Cleaner(Agent):
         try:
             return future.result()
         except Exception as exc:
-            return Outcome(False, set_aside_reason(self.name, doc, exc))
+            return Outcome(False, set_aside_reason(self.agent, doc, exc))
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def recorded(self, doc: dict[str, Any], outcome: Outcome, now: float) -> dict[str, Any]:
-        if outcome.cleaned:
-            return request.cleaned(doc, self.instance, now, outcome.reason)
-        settings = self.config.cleaner
-        return request.cleanup_failed(
-            doc, self.instance, now, outcome.reason, settings.base_delay, settings.max_delay
-        )
+
+class Cleaner(Agent):
+    name = "cleaner"
+    kinds = (CLEAN,)
+
+    def __init__(self, config: Config, instance: str | None = None, files: Files | None = None):
+        super().__init__(config, instance)
+        self.files = files or open_files(config)
+        self.deleter = Deleter(config, self.files, self.name)
+
+    def partition_key(self, doc: Mapping[str, Any]) -> str:
+        return cast(str, doc["source"])
+
+    def cycle(self, ctx: Cycle) -> None:
+        now = ctx.now
+        work = sorted((d for d in ctx.work if due(d, now)), key=lambda d: d["last_update"])
+        work = work[: self.config.cleaner.batch]
+        report = ctx.counts("cleaned", "cleanup_errors", "conflicts")
+        if not work:
+            return
+        outcomes = self.deleter.clean_all(work)
+        seen = {doc["_id"]: doc[CLEANUP] for doc in work}
+
+        def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+            # Read again after a conflict (a user's `aso publish --retry`, or the publisher):
+            # the outcome still holds while the file is done and its cleanup where this cycle
+            # found it.
+            if doc.get(model.STATE) != "done" or doc.get(CLEANUP) != seen[doc["_id"]]:
+                return None
+            return cleanup_recorded(
+                doc, outcomes[doc["_id"]], self.instance, now, self.config.cleaner
+            )
+
+        outcome = self.db.write_decided(work, decide)
+        report["conflicts"] += len(outcome.not_written)
+        for doc in outcome.written:
+            report["cleaned" if doc[CLEANUP] == "cleaned" else "cleanup_errors"] += 1
+            log.debug(
+                "file %s: temporary copy %s at %s: %s",
+                doc["_id"],
+                doc["source_lfn"],
+                doc["source"],
+                outcomes[doc["_id"]].reason,
+            )
+        ctx.wrote(outcome.written)
+
+    def close(self) -> None:
+        self.deleter.close()

@@ -9,7 +9,11 @@ write per file, because the catalog is the record of what was published:
 1. the block's name is derived from its content (dataset + LFNs, aso.catalog.base.block_name)
    and the block goes to the catalog; a block already there with the same files is not
    inserted again;
-2. the files become `published` with the block's name, in one bulk write per cycle.
+2. the files become `published` with the block's name, in one bulk write per cycle; the same
+   write records their temporary copies deleted (`cleaned`, or `cleanup_error` for the cleaner
+   to try again), which the publisher does just before with the cleaner's own functions
+   (agents/cleaner.py: the destination confirmed first). The cleaner takes a file only once
+   its publication is over, so a published file costs one write for both axes (issue 22).
 
 A crash between the two leaves the files waiting: the next cycle makes the same block (the
 catalog answers "already there") or one with more files, which the catalog refuses for the
@@ -29,6 +33,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from agents.cleaner import Deleter, cleanup_recorded
+from agents.cleaner import due as cleanup_due
 from aso import model
 from aso.catalog import open_catalog
 from aso.catalog.base import (
@@ -40,7 +46,8 @@ from aso.catalog.base import (
 )
 from aso.config import Config
 from aso.core import request
-from aso.model import ON_ITS_WAY, PUBLICATION, STATE
+from aso.files import Files, open_files
+from aso.model import CLEANUP, ON_ITS_WAY, PUBLICATION, STATE
 from aso.runtime import Agent, Cycle, set_aside_reason
 from aso.workqueue import ON_ITS_WAY_KINDS, PUBLISH
 
@@ -123,9 +130,16 @@ class Publisher(Agent):
     name = "publisher"
     kinds = (PUBLISH,)
 
-    def __init__(self, config: Config, instance: str | None = None, catalog: Any = None):
+    def __init__(
+        self,
+        config: Config,
+        instance: str | None = None,
+        catalog: Any = None,
+        files: Files | None = None,
+    ):
         super().__init__(config, instance)
         self.catalog = catalog or open_catalog(config, self.server)
+        self.deleter = Deleter(config, files or open_files(config), self.name)
         # Requests on their way, by task: those the queue view held when the work set started,
         # kept current by the `_changes` feed since.
         self.on_its_way: dict[str, set[str]] = defaultdict(set)
@@ -156,10 +170,13 @@ class Publisher(Agent):
 
     def close(self) -> None:
         self.catalog.close()
+        self.deleter.close()
 
     def cycle(self, ctx: Cycle) -> None:
         now, by = ctx.now, self.instance
-        ctx.counts("blocks", "published", "errors", "failed", "conflicts")
+        ctx.counts(
+            "blocks", "published", "cleaned", "cleanup_errors", "errors", "failed", "conflicts"
+        )
         docs = [d for d in ctx.work if d.get(STATE) == "done"]
         # Failed publications whose backoff is over wait for a block again.
         due = [
@@ -253,23 +270,38 @@ class Publisher(Agent):
         return settled
 
     def mark_published(self, done: list[tuple[dict[str, Any], str, str]], ctx: Cycle) -> None:
-        """The cycle's published files, in one bulk write. A file written meanwhile by
-        another agent (the cleaner, on its own axis) is read again and marked if it still
-        waits: the catalog holds it whatever its document says."""
+        """The cycle's published files, their temporary copies deleted first, in one bulk
+        write. A file written meanwhile (a user's reset, another publisher) is read again and
+        marked if it still waits: the catalog holds it whatever its document says; its
+        deletion is recorded if its cleanup is still where this cycle found it (else the
+        cleaner finds the copy already gone)."""
         if not done:
             return
         by, now = self.instance, ctx.now
         where = {doc["_id"]: (block, why) for doc, block, why in done}
+        to_clean = [doc for doc, _, _ in done if cleanup_due(doc, now)]
+        deleted = self.deleter.clean_all(to_clean)
+        seen = {doc["_id"]: doc[CLEANUP] for doc in to_clean}
+        recorded: dict[str, bool] = {}  # file → its deletion recorded in the write (cleaned?)
 
         def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+            recorded.pop(doc["_id"], None)
             if doc.get(STATE) != "done" or doc.get(PUBLICATION) not in (WAITING, LEGACY, ERROR):
                 return None
             block, why = where[doc["_id"]]
-            return request.published(doc, by, now, block, why)
+            new = request.published(doc, by, now, block, why)
+            outcome = deleted.get(doc["_id"])
+            if outcome is not None and doc.get(CLEANUP) == seen[doc["_id"]]:
+                new = cleanup_recorded(new, outcome, by, now, self.config.cleaner)
+                recorded[doc["_id"]] = outcome.cleaned
+            return new
 
         outcome = self.db.write_decided([doc for doc, _, _ in done], decide)
         ctx.count("conflicts", len(outcome.not_written))
         ctx.count("published", len(outcome.written))
+        for doc in outcome.written:
+            if doc["_id"] in recorded:
+                ctx.count("cleaned" if recorded[doc["_id"]] else "cleanup_errors", 1)
         ctx.wrote(outcome.written)
 
     def failed(self, docs: list[dict[str, Any]], name: str, exc: CatalogError, ctx: Cycle) -> None:
@@ -322,7 +354,7 @@ class Publisher(Agent):
     ) -> tuple[list[dict[str, Any]], list[str]]:
         """Make `change` (an operation of aso.core.request) to files whose publication is at
         `source`; returns (the files as written, the ids not changed). A file written meanwhile
-        by another agent (the cleaner, on its own axis) is read again and changed if it is still
+        by another agent or its owner is read again and changed if it is still
         done and at `source`."""
 
         def decide(doc: dict[str, Any]) -> dict[str, Any] | None:

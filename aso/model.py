@@ -90,7 +90,7 @@ ON_ITS_WAY: tuple[str, ...] = tuple(s for s in STATES[STATE] if s not in FINAL[S
 AT_THE_SERVICE = ("submitted", "kill_requested")  # a job at the transfer service carries the file
 BEFORE_A_JOB = ("new", "acquired")  # no job carries the file (set aside before one is made)
 IN_FLIGHT = ("acquired", *AT_THE_SERVICE)  # counted against the link and site caps
-CLEANUP_DUE = ("pending", "cleanup_error")  # a temporary copy the cleaner still has to delete
+CLEANUP_DUE = ("pending", "cleanup_error")  # a temporary copy still to delete
 PUBLICATION_DUE = ("pending", "publishing", "publication_error")  # the publisher's to finish
 IN_A_BLOCK = ("publishing", "published")  # the file's block is recorded in its document
 AFTER_AN_ERROR = ("cleanup_error", "publication_error")  # the document carries the last error
@@ -126,7 +126,9 @@ WORK: dict[str, dict[str, tuple[str, ...]]] = {
     "active": {STATE: AT_THE_SERVICE},  # the monitor
     "decide": {STATE: ("failed_attempt",)},  # the retry manager
     "cooloff": {STATE: ("retry",)},  # the retry manager, once the cool-off has ended
-    "clean": {STATE: ("done",), CLEANUP: CLEANUP_DUE},  # the cleaner
+    # The cleaner, once the file's publication is over: the publisher cleans the files it
+    # publishes in the same write (one write for both axes instead of two, issue 22).
+    "clean": {STATE: ("done",), CLEANUP: CLEANUP_DUE, PUBLICATION: FINAL[PUBLICATION]},
     "publish": {STATE: ("done",), PUBLICATION: PUBLICATION_DUE},  # the publisher
 }
 

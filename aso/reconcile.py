@@ -113,7 +113,8 @@ RESPONSIBLE = {
     (STATE, "acquired"): "the monitor, which settles expired leases (is one running?)",
     (STATE, "failed_attempt"): "the retry manager (is one running?)",
     (STATE, "retry"): "the retry manager (is one running?)",
-    (CLEANUP, "pending"): "the cleaner (is one running?)",
+    (CLEANUP, "pending"): "the cleaner, or the publisher while the file waits for its block "
+    "(is one running?)",
     (CLEANUP, "cleanup_error"): "the cleaner, which keeps failing",
     (PUBLICATION, "pending"): "the publisher (is one running? is the block still open?)",
     (PUBLICATION, "publication_error"): "the publisher, which keeps failing",

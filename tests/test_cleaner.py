@@ -1,5 +1,6 @@
 """The cleaner against real storage: it deletes a temporary copy only once the destination is
-confirmed, never outside the temp area, and retries failed deletions with backoff."""
+confirmed, never outside the temp area, and retries failed deletions with backoff; a file to be
+published is the publisher's to clean, in the write that records it published."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from agents.cleaner import Cleaner
+from agents.publisher import Publisher
 from aso import model
+from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
 from aso.files import SimFiles
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, STATE, Change
@@ -25,6 +30,7 @@ def done_request(
     copy: bool = True,
     dest_content: bytes | None = None,
     source_lfn: str | None = None,
+    publish_info: dict[str, Any] | None = None,
     **kw: Any,
 ) -> dict[str, Any]:
     """A request whose transfer is `done`: its temporary copy at the source and (unless told
@@ -42,6 +48,8 @@ def done_request(
         destination_lfn=doc["destination_lfn"],
         size=stored.size,
         adler32=stored.adler32,
+        publish=publish_info is not None,
+        publish_info=publish_info,
     )
     if copy:
         data = export_path(config, SOURCES[0], lfn).read_bytes()
@@ -149,3 +157,87 @@ def test_sim_back_end_cleans_without_storage(sim_config, accounts):
     assert sorted(cleaner.files.sim.deleted) == sorted(
         f"sim://{d['source']}{d['source_lfn']}" for d in docs
     )
+
+
+DATASET = "/Prim/alice-clean-v1/USER"
+
+
+@pytest.fixture()
+def cat_config(gfal_config, admin):
+    """gfal_config with a catalog of its own; a block closes at once."""
+    name = f"catalog_{gfal_config.store.files_db}"
+    init_catalog_db(admin, name)
+    yield dataclasses.replace(
+        gfal_config,
+        store=dataclasses.replace(gfal_config.store, catalog_db=name),
+        publisher=dataclasses.replace(gfal_config.publisher, block_closure_timeout=0),
+    )
+    admin.delete_db(name)
+
+
+def publish_info(i: int) -> dict[str, Any]:
+    return {"dataset": DATASET, "events": 10, "lumis": {"1": [i]}, "parents": []}
+
+
+def publish(config) -> dict[str, Any]:
+    runner = Runner(Publisher(config, "p1"))
+    runner.workset.start()
+    try:
+        return runner.step(wait=False)
+    finally:
+        runner.agent.close()
+
+
+def test_a_published_file_is_cleaned_in_the_same_write(cat_config, accounts, admin):
+    """The cleaner leaves a file waiting for publication alone; the publisher deletes its
+    temporary copy (the destination confirmed first) and records it `published` and `cleaned`
+    in one write: one new revision, one history entry per axis. A file without publication
+    is the cleaner's as before."""
+    to_publish = done_request(cat_config, accounts, publish_info=publish_info(1))
+    not_published = done_request(cat_config, accounts)
+    stored = clean(cat_config, [to_publish, not_published])
+    assert stored[not_published["_id"]][CLEANUP] == "cleaned"
+    assert stored[to_publish["_id"]]["_rev"] == to_publish["_rev"]  # not the cleaner's
+    assert export_path(cat_config, SOURCES[0], to_publish["source_lfn"]).exists()
+
+    report = publish(cat_config)
+    assert (report["published"], report["cleaned"], report["cleanup_errors"]) == (1, 1, 0)
+    after = accounts["agent"].db(cat_config.store.files_db).get(to_publish["_id"])
+    assert (after["publication"], after[CLEANUP]) == ("published", "cleaned")
+    assert int(after["_rev"].split("-")[0]) == int(to_publish["_rev"].split("-")[0]) + 1
+    last = after["history"][-2:]
+    assert [(h["axis"], h["to"], h["by"]) for h in last] == [
+        ("publication", "published", "p1"),
+        (CLEANUP, "cleaned", "p1"),
+    ]
+    assert last[1]["reason"] == "temporary copy deleted"
+    assert not export_path(cat_config, SOURCES[0], to_publish["source_lfn"]).exists()
+    assert export_path(cat_config, DESTINATION, to_publish["destination_lfn"]).exists()
+    catalog = EmbeddedCatalog(admin.db(cat_config.store.catalog_db))
+    assert [after["destination_lfn"]] in catalog.dataset_files(DATASET).values()
+
+
+def test_a_publisher_keeps_a_copy_it_cannot_confirm_and_the_cleaner_tries_again(
+    cat_config, accounts
+):
+    """The publisher's deletion follows the cleaner's rules: a destination with the wrong
+    adler32 keeps the temporary copy (`cleanup_error`, with its backoff), the file is published
+    all the same (the catalog holds it), and the cleaner, whose work it is now, tries again."""
+    config = dataclasses.replace(
+        cat_config, cleaner=dataclasses.replace(cat_config.cleaner, base_delay=0.2)
+    )
+    doc = done_request(config, accounts, dest_content=b"x" * 3000, publish_info=publish_info(2))
+    report = publish(config)
+    assert (report["published"], report["cleanup_errors"]) == (1, 1)
+    after = accounts["agent"].db(config.store.files_db).get(doc["_id"])
+    assert (after["publication"], after[CLEANUP]) == ("published", "cleanup_error")
+    assert after["cleanup_error"].startswith("destination not confirmed (adler32")
+    assert export_path(config, SOURCES[0], doc["source_lfn"]).exists()  # kept
+
+    # The right copy arrives at the destination; after the backoff, the cleaner deletes.
+    data = export_path(config, SOURCES[0], doc["source_lfn"]).read_bytes()
+    write_file(config, DESTINATION, doc["destination_lfn"], data)
+    time.sleep(0.3)
+    final = clean(config, [doc])[doc["_id"]]
+    assert final[CLEANUP] == "cleaned" and final["history"][-1]["by"] == "c1"
+    assert not export_path(config, SOURCES[0], doc["source_lfn"]).exists()
