@@ -315,7 +315,9 @@ class RetryConfig:
 
 @dataclass
 class CleanerConfig:
-    max_per_site: int = _key(8, "Deletions at once at one site.")
+    max_per_site: int = _key(
+        8, "Deletions at once at one site, in each process that deletes (cleaner, publisher)."
+    )
     batch: int = _key(200, "Files a cleaner handles in one cycle.")
     base_delay: float = _key(
         60.0, "Seconds before a failed deletion is tried again; doubles each time."
