@@ -116,6 +116,13 @@ COUCHDB_STOPS_ON_FULL_DISK       a node whose database files cannot be written a
                                  (enospc) for a while, then stops: clients see a store that went
                                  away (retryable); it is started again once there is room
                                  (tests/test_disk_full.py).
+COUCHDB_REQUEST_SIZE_LIMIT       (found by `make bench-pages` with 1M requests) a request body
+                                 over `[chttpd] max_http_request_size` (64 MB in ASO's settings)
+                                 is refused whole, 413, where the embedded store takes up to
+                                 4 GB: the analytics' first summaries of a million requests
+                                 wrote 2,000 documents of ~170 kB in one `_bulk_docs` (89 MB)
+                                 and stopped there. `Database.bulk_write` cuts a write into
+                                 requests of at most BULK_REQUEST_BYTES.
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).
@@ -170,6 +177,7 @@ EMBEDDED = "pouchdb-server"
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 FEED_MARGIN = 2.0  # seconds a long poll may outlive its `timeout` before the client ends it
+BULK_REQUEST_BYTES = 8_000_000  # one `_bulk_docs` body at most (COUCHDB_REQUEST_SIZE_LIMIT)
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -611,6 +619,21 @@ class Server:
             return False
 
 
+def bulk_chunks(
+    docs: Sequence[Mapping[str, Any]], max_bytes: int
+) -> Iterator[Sequence[Mapping[str, Any]]]:
+    """`docs` in order, cut so that each part's JSON stays under `max_bytes` (a document larger
+    than that goes alone: the store judges it by its own `max_document_size`)."""
+    start, size = 0, 0
+    for i, doc in enumerate(docs):
+        doc_bytes = len(json.dumps(doc, separators=(",", ":"))) + 1
+        if i > start and size + doc_bytes > max_bytes:
+            yield docs[start:i]
+            start, size = i, 0
+        size += doc_bytes
+    yield docs[start:]
+
+
 class Database:
     """One database of a Server."""
 
@@ -773,7 +796,11 @@ class Database:
         ids = [doc.get("_id") for doc in docs]
         if None in ids or len(set(ids)) != len(ids):
             raise ValueError("bulk_write needs documents with distinct _id")
-        answer = self._call(self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in docs]})
+        answer = []
+        for chunk in bulk_chunks(docs, BULK_REQUEST_BYTES):
+            answer += self._call(
+                self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in chunk]}
+            )
         by_id = {item.get("id"): item for item in answer}
         results = []
         for doc_id in cast(list[str], ids):  # no None: refused above

@@ -350,6 +350,7 @@ def filled_store(
             console.print(f"using the {requests} requests filled before in {root}")
         else:
             figures["fill_per_s"] = fill(admin, config, requests, days, time.time())
+            marker.write_text(json.dumps(figures))  # kept: a later step's failure refills nothing
         if summaries_again or "summaries_first_run_s" not in figures:
             admin.delete_db(config.store.stats_db)
             init_databases(admin, config)
