@@ -121,8 +121,9 @@ COUCHDB_REQUEST_SIZE_LIMIT       (found by `make bench-pages` with 1M requests) 
                                  is refused whole, 413, where the embedded store takes up to
                                  4 GB: the analytics' first summaries of a million requests
                                  wrote 2,000 documents of ~170 kB in one `_bulk_docs` (89 MB)
-                                 and stopped there. `Database.bulk_write` cuts a write into
-                                 requests of at most BULK_REQUEST_BYTES.
+                                 and stopped there. Nothing of a refused body is written:
+                                 `Database.bulk_write` sends such a write again in halves,
+                                 down to the store's own limit, whatever it is set to.
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).
@@ -177,7 +178,6 @@ EMBEDDED = "pouchdb-server"
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 FEED_MARGIN = 2.0  # seconds a long poll may outlive its `timeout` before the client ends it
-BULK_REQUEST_BYTES = 8_000_000  # one `_bulk_docs` body at most (COUCHDB_REQUEST_SIZE_LIMIT)
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -619,21 +619,6 @@ class Server:
             return False
 
 
-def bulk_chunks(
-    docs: Sequence[Mapping[str, Any]], max_bytes: int
-) -> Iterator[Sequence[Mapping[str, Any]]]:
-    """`docs` in order, cut so that each part's JSON stays under `max_bytes` (a document larger
-    than that goes alone: the store judges it by its own `max_document_size`)."""
-    start, size = 0, 0
-    for i, doc in enumerate(docs):
-        doc_bytes = len(json.dumps(doc, separators=(",", ":"))) + 1
-        if i > start and size + doc_bytes > max_bytes:
-            yield docs[start:i]
-            start, size = i, 0
-        size += doc_bytes
-    yield docs[start:]
-
-
 class Database:
     """One database of a Server."""
 
@@ -785,8 +770,24 @@ class Database:
         )
         return [row["doc"] for row in result["rows"] if row.get("doc")]
 
+    def _bulk_docs(self, docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """One `_bulk_docs`; a body over the store's request size (413, nothing written:
+        COUCHDB_REQUEST_SIZE_LIMIT) is sent again in two halves. A document too large alone
+        is the store's error."""
+        try:
+            answer = self._call(
+                self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in docs]}
+            )
+        except StoreError as exc:
+            if exc.status != 413 or len(docs) < 2:
+                raise
+            half = len(docs) // 2
+            return self._bulk_docs(docs[:half]) + self._bulk_docs(docs[half:])
+        return cast(list[dict[str, Any]], answer)
+
     def bulk_write(self, docs: Sequence[Mapping[str, Any]]) -> list[WriteResult]:
-        """Write documents in one `_bulk_docs`; one WriteResult per document, in input order.
+        """Write documents in one `_bulk_docs` (in halves if the store finds the body too
+        large); one WriteResult per document, in input order.
 
         A refused document (conflict, forbidden) does not stop the others. Ids must be unique
         within one call: results are matched by id (EMBEDDED_BULK_RESULT_ORDER).
@@ -796,11 +797,7 @@ class Database:
         ids = [doc.get("_id") for doc in docs]
         if None in ids or len(set(ids)) != len(ids):
             raise ValueError("bulk_write needs documents with distinct _id")
-        answer = []
-        for chunk in bulk_chunks(docs, BULK_REQUEST_BYTES):
-            answer += self._call(
-                self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in chunk]}
-            )
+        answer = self._bulk_docs(docs)
         by_id = {item.get("id"): item for item in answer}
         results = []
         for doc_id in cast(list[str], ids):  # no None: refused above
