@@ -381,21 +381,25 @@ def listening_pid(url: str) -> int | None:
     return None
 
 
-def tree_cpu(proc: psutil.Process) -> tuple[float, float]:
+def tree_cpu(proc: psutil.Process, js_seen: dict[tuple[int, float], float]) -> tuple[float, float]:
     """CPU seconds of a store's process tree: (the store's processes, its JavaScript processes).
     CouchDB runs validate_doc_update and the views in couchjs (spidermonkey) or couchjs_mainjs
-    (quickjs) processes below it; a process's `children_*` times hold its reaped children, so
-    a JavaScript process that ended is still counted (in the first figure)."""
-    own, js = 0.0, 0.0
+    (quickjs) processes below it, and ends and starts them as it likes (an idle one is ended,
+    a crashed one replaced): a JavaScript process's seconds are kept in `js_seen` by process, so
+    one that ended still counts with what it had used when last seen, and the sum never goes
+    back. Reaped children's times (`children_*`) are left out: they would count an ended
+    JavaScript process a second time, in its parent."""
+    own = 0.0
     for member in [proc, *proc.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
             times = member.cpu_times()
-            seconds = times.user + times.system + times.children_user + times.children_system
+            seconds = times.user + times.system
             if member.name().startswith("couchjs"):
-                js += seconds
+                key = (member.pid, member.create_time())  # a pid may be used again
+                js_seen[key] = max(seconds, js_seen.get(key, 0.0))
             else:
                 own += seconds
-    return own, js
+    return own, sum(js_seen.values())
 
 
 class Sampler(threading.Thread):
@@ -409,6 +413,8 @@ class Sampler(threading.Thread):
         self.latest: Sample | None = None
         self._halt = threading.Event()
         self._procs: dict[str, psutil.Process] = {}
+        # Each store process's JavaScript processes ever seen (see tree_cpu).
+        self._js_seen: dict[str, dict[tuple[int, float], float]] = {}
         # Store processes to look for: the local nodes, or an external store on this host.
         local = service.local is not None
         self._stores = service.options.nodes if local else len(service.store_pids())
@@ -435,7 +441,7 @@ class Sampler(threading.Thread):
         for name, proc in list(self._procs.items()):
             try:
                 if name.startswith("store"):
-                    cpu[name], js = tree_cpu(proc)
+                    cpu[name], js = tree_cpu(proc, self._js_seen.setdefault(name, {}))
                     if js:
                         cpu[name.replace("store", "store-js", 1)] = js
                 with proc.oneshot():
