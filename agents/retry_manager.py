@@ -1,8 +1,9 @@
-"""Retry manager: decides what becomes of every failed attempt, and ends the cool-offs.
+"""Retry manager: decides what becomes of every failed attempt.
 
-* `failed_attempt` → `retry` (with `retry_after`, the end of its cool-off) or → `failed` for
-  good, as the retry policy decides (aso/retry.py; a plug-in chosen by `retry.policy`);
-* `retry` whose cool-off is over → `new`, for the submitter.
+`failed_attempt` → `retry` (with `retry_after`, the end of its cool-off) or → `failed` for good,
+as the retry policy decides (aso/retry.py; a plug-in chosen by `retry.policy`). The submitter
+takes a `retry` once its cool-off is over (until issue 22 this agent wrote it back to `new`
+first: one more write per failed attempt).
 
 A user's kill always wins: an owner may kill a file in `failed_attempt` or `retry` at any moment;
 if the kill lands first, the retry manager's write conflicts (409) and the file stays killed.
@@ -20,7 +21,7 @@ from aso.core import request
 from aso.model import STATE
 from aso.retry import RetryPolicy, load_policy
 from aso.runtime import Agent, Cycle
-from aso.workqueue import COOLOFF, DECIDE
+from aso.workqueue import DECIDE
 
 log = logging.getLogger("aso.agent.retry_manager")
 
@@ -35,7 +36,7 @@ def decided(doc: Mapping[str, Any], policy: RetryPolicy, by: str, now: float) ->
 
 class RetryManager(Agent):
     name = "retry-manager"
-    kinds = (DECIDE, COOLOFF)
+    kinds = (DECIDE,)
 
     def __init__(self, config: Config, instance: str | None = None):
         super().__init__(config, instance)
@@ -50,14 +51,11 @@ class RetryManager(Agent):
         now = ctx.now
         updates = []
         for doc in ctx.work:
-            if doc[STATE] == "failed_attempt":
-                # The policy is a plug-in: an error of its on one file is that file's alone.
-                updated = ctx.acted_on(decided, doc, self.policy, self.instance, now)
-                if updated is not None:
-                    updates.append(updated)
-            elif doc[STATE] == "retry" and (doc.get("retry_after") or 0) <= now:
-                updates.append(request.cooled_off(doc, self.instance, now))
-        report = ctx.counts("retry", "failed", "new", "conflicts")
+            # The policy is a plug-in: an error of its on one file is that file's alone.
+            updated = ctx.acted_on(decided, doc, self.policy, self.instance, now)
+            if updated is not None:
+                updates.append(updated)
+        report = ctx.counts("retry", "failed", "conflicts")
         for doc in ctx.write(updates):
             report[doc[STATE]] += 1
             log.debug(

@@ -1,6 +1,8 @@
-"""Submitter: turns `new` requests into transfer jobs.
+"""Submitter: turns `new` requests into transfer jobs, and failed ones whose cool-off is over.
 
 Core logic (plain functions over documents):
+* `ready_to_submit`: `new` files, and `retry` files whose `retry_after` has passed (the retry
+  manager wrote them back to `new` before issue 22: one write per failed attempt saved).
 * `plan_jobs`: which new files go now, and in which jobs. Files are grouped by
   (user, group, role, source, destination); per-link and per-site caps on files in flight are
   honoured (protecting storage is why ASO exists); inside a link, users take turns (fair
@@ -44,7 +46,7 @@ from typing import Any
 from aso import faults, sites
 from aso.config import Config
 from aso.core import request
-from aso.model import IN_FLIGHT, STATE
+from aso.model import IN_FLIGHT, STATE, TO_SUBMIT
 from aso.runtime import Agent, Cycle
 from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
@@ -73,6 +75,12 @@ def batches_of(
             batch, count = [], 0
     if batch:
         yield batch
+
+
+def ready_to_submit(doc: Mapping[str, Any], now: float) -> bool:
+    """A file to submit now: `new`, or `retry` with its cool-off over."""
+    state = doc[STATE]
+    return state in TO_SUBMIT and (state == "new" or (doc.get("retry_after") or 0) <= now)
 
 
 def link_of(doc: Mapping[str, Any]) -> str:
@@ -253,7 +261,7 @@ class Submitter(Agent):
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts("jobs", "submitted", "conflicts", "refused", "deferred", "set_aside")
         ctx.count("leases_shortened", self.shorten_predecessors_leases(ctx))
-        new = [d for d in ctx.work if d[STATE] == "new"]
+        new = [d for d in ctx.work if ready_to_submit(d, ctx.now)]
         if not new:
             return
         caps = caps_for(self.config, ctx.partition.size)

@@ -56,7 +56,7 @@ STATES: dict[str, tuple[str, ...]] = {
         # file if the service never got the job)
         "done",  # copied and verified at the destination
         "failed_attempt",  # an attempt failed; the retry manager decides what next
-        "retry",  # cooling off until `retry_after`, then back to new
+        "retry",  # cooling off until `retry_after`; then the submitter takes it as it takes new
         "failed",  # given up: permanent error or out of attempts
         "kill_requested",  # the user asked to kill a file that is in flight
         "killed",  # killed by the user
@@ -88,7 +88,9 @@ FINAL: dict[str, tuple[str, ...]] = {
 ON_ITS_WAY: tuple[str, ...] = tuple(s for s in STATES[STATE] if s not in FINAL[STATE])
 # The named subsets every module uses; no other module spells a subset of states out.
 AT_THE_SERVICE = ("submitted", "kill_requested")  # a job at the transfer service carries the file
-BEFORE_A_JOB = ("new", "acquired")  # no job carries the file (set aside before one is made)
+BEFORE_A_JOB = ("new", "acquired", "retry")  # no job carries it (set aside before one is made)
+# The submitter's queue: new files, and failed ones whose cool-off is over (`retry_after`).
+TO_SUBMIT = ("new", "retry")
 IN_FLIGHT = ("acquired", *AT_THE_SERVICE)  # counted against the link and site caps
 CLEANUP_DUE = ("pending", "cleanup_error")  # a temporary copy still to delete
 PUBLICATION_DUE = ("pending", "publishing", "publication_error")  # the publisher's to finish
@@ -121,11 +123,12 @@ RAN_TO_AN_END = ("done", "failed")  # outcomes of an attempt whose copy ran (not
 # this table into, and aso/workqueue.py): a request is work of kind K when each axis WORK[K]
 # names holds one of its values. Finished requests are nobody's work.
 WORK: dict[str, dict[str, tuple[str, ...]]] = {
-    "submit": {STATE: ("new",)},  # the submitter
+    # The submitter: a `retry` once its cool-off is over (`retry_after`), submitted from there
+    # (before issue 22 the retry manager wrote it back to `new` first: a write per failure).
+    "submit": {STATE: TO_SUBMIT},
     "lease": {STATE: ("acquired",)},  # the monitor, once the lease has ended
     "active": {STATE: AT_THE_SERVICE},  # the monitor
     "decide": {STATE: ("failed_attempt",)},  # the retry manager
-    "cooloff": {STATE: ("retry",)},  # the retry manager, once the cool-off has ended
     # The cleaner, once the file's publication is over: the publisher cleans the files it
     # publishes in the same write (one write for both axes instead of two, issue 22).
     "clean": {STATE: ("done",), CLEANUP: CLEANUP_DUE, PUBLICATION: FINAL[PUBLICATION]},
@@ -144,6 +147,8 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         # service under the job key and id the lease and `transfer` name
         ("new", "submitted"): _A,
         ("new", "failed_attempt"): _A,  # a file no job can be made of, set aside at once
+        ("retry", "submitted"): _A,  # its cool-off over, the next attempt
+        ("retry", "failed_attempt"): _A,  # set aside, as from new
         ("submitted", "new"): _A,  # lease over and the service never got the job
         ("submitted", "done"): _A,  # monitor: copied and verified
         ("submitted", "failed_attempt"): _A,  # the attempt failed, the job was refused or lost
@@ -155,7 +160,7 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("acquired", "failed_attempt"): _A,
         ("failed_attempt", "retry"): _A,  # retry manager: try again after a cool-off
         ("failed_attempt", "failed"): _A,  # retry manager: permanent error / out of attempts
-        ("retry", "new"): _A,  # retry manager: cool-off over
+        ("retry", "new"): _A,  # retry managers before issue 22: cool-off over
         ("kill_requested", "killed"): _A,  # monitor: cancelled at the service
         ("kill_requested", "done"): _A,  # the copy finished before the cancel took effect
         ("new", "killed"): _O,  # nothing in flight: the user's kill is immediate
@@ -300,6 +305,7 @@ HISTORY_ENTRY = {
         "at": _EPOCH,
         "by": {"type": "string", "max": 200, "min_length": 1},
         "reason": {"type": "string", "max": 4096},
+        "until": _EPOCH,  # a `retry` entry: the end of its cool-off (the file's story)
     },
 }
 

@@ -33,10 +33,10 @@ shows what was found. The repairs:
 
 * stuck `submitted` / `kill_requested`: the job is cancelled at the transfer service, then the
   file goes to `failed_attempt` (error class job_lost, the retry manager decides) / `killed`;
-  stuck `retry` past its cool-off: `new`; stuck `publishing`: `published` if the catalog holds
-  the block with the file (a publisher died after the catalog call), else `pending` (block
-  abandoned). The other stuck values are the business of a running agent (submitter, monitor,
-  retry manager, cleaner, publisher): reported with the agent to look at.
+  stuck `publishing`: `published` if the catalog holds the block with the file (a publisher died
+  after the catalog call), else `pending` (block abandoned). The other stuck values are the
+  business of a running agent (submitter, monitor, retry manager, cleaner, publisher): reported
+  with the agent to look at (a `retry` past its cool-off is the submitter's, as a `new` is).
 * orphan and leftover temp files: deleted, only inside the temp area (`sites.temp_pfn`).
 * bad destinations: copied again through the normal path (admin: state done → new, cleanup →
   pending) if the temporary copy is still at the source with the request's size and adler32; a
@@ -112,7 +112,8 @@ RESPONSIBLE = {
     (STATE, "new"): "the submitter (is one running? are the link or site limits full?)",
     (STATE, "acquired"): "the monitor, which settles expired leases (is one running?)",
     (STATE, "failed_attempt"): "the retry manager (is one running?)",
-    (STATE, "retry"): "the retry manager (is one running?)",
+    (STATE, "retry"): "the submitter, once the cool-off is over (is one running? are the link or "
+    "site limits full?)",
     (CLEANUP, "pending"): "the cleaner, or the publisher while the file waits for its block "
     "(is one running?)",
     (CLEANUP, "cleanup_error"): "the cleaner, which keeps failing",
@@ -360,15 +361,6 @@ def _stuck(
             "job_lost",
             cancel_job=job,
         )
-    elif axis == STATE and value == "retry" and (request.retry_after or 0) <= now:
-        detail += f", its cool-off ended {_age(now - (request.retry_after or 0))} ago"
-        repair = Repair(
-            TRANSITION,
-            "state retry → new (cool-off over)",
-            AGENT,
-            ((STATE, "retry", "new"),),
-            "cooled_off",
-        )
     elif axis == PUBLICATION and value == "publishing":
         block = request.publication_block
         detail += f" in block {block}"
@@ -399,6 +391,8 @@ def _stuck(
                 if left < 0
                 else f", leased to {request.lease_owner} for {_age(left)} more"
             )
+        if axis == STATE and value == "retry" and (request.retry_after or 0) <= now:
+            detail += f", its cool-off ended {_age(now - (request.retry_after or 0))} ago"
         if request.last_error and value in model.AFTER_AN_ERROR:
             detail += f"; last error: {request.last_error[:300]}"
         who = RESPONSIBLE.get((axis, value))

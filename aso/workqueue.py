@@ -33,7 +33,7 @@ QUEUE_DDOC = "queue"
 QUEUE_VIEW = "work"
 
 KINDS = tuple(model.WORK)
-SUBMIT, LEASE, ACTIVE, DECIDE, COOLOFF, CLEAN, PUBLISH = KINDS
+SUBMIT, LEASE, ACTIVE, DECIDE, CLEAN, PUBLISH = KINDS
 # The kinds of the requests still on their way: each state of model.ON_ITS_WAY is the work of
 # one of them (tests/test_workqueue.py holds the two lists together).
 ON_ITS_WAY_KINDS = tuple(
@@ -53,8 +53,6 @@ def work_key(kind: str, doc: Mapping[str, Any]) -> list[Any]:
         return [(doc.get("transfer") or {}).get("job_id", "")]
     if kind == DECIDE:
         return [doc["last_update"]]
-    if kind == COOLOFF:
-        return [doc.get("retry_after") or 0]
     if kind == CLEAN:
         return [doc["source"]]
     return [doc["user"], (doc.get("publish_info") or {}).get("dataset", "")]  # PUBLISH

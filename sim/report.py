@@ -295,16 +295,20 @@ def time_at_service(doc: Mapping[str, Any]) -> float:
 
 
 def time_cooling_off(doc: Mapping[str, Any]) -> float:
-    """Wall seconds the file spent in `retry`, the retry policy's cool-offs."""
-    total, since = 0.0, None
+    """Wall seconds of the retry policy's cool-offs: from each `retry` entry to the end of its
+    cool-off (the entry's `until`), or to the next move if that came first (a kill). A file
+    still waiting for the submitter after its cool-off is queued, not cooling off (entries
+    without `until`, from before issue 22, end at the retry manager's move back to `new`)."""
+    total, since, until = 0.0, None, None
     for entry in doc.get("history", []):
         if entry["axis"] != STATE:
             continue
         if since is not None:
-            total += float(entry["at"]) - since
+            end = float(entry["at"]) if until is None else min(float(entry["at"]), until)
+            total += end - since
             since = None
         if entry["to"] == "retry":
-            since = float(entry["at"])
+            since, until = float(entry["at"]), entry.get("until")
     return total
 
 
@@ -318,15 +322,17 @@ STAGES = ("queued", "submitting", "at_service", "reporting")
 
 
 def stages(doc: Mapping[str, Any], done_at: float) -> dict[str, float]:
-    """Where the last attempt of a done file spent its time: waiting in `new` for the
-    submitter, being submitted (from the intent to `submitted`: 0 since issue 22, which writes
-    both at once; the job's creation is then part of the time at the service), at the transfer
-    service, and waiting for the monitor to see that it ended (→ done). What the tuning looks
-    at."""
+    """Where the last attempt of a done file spent its time: waiting for the submitter (in
+    `new`, or in `retry` after its cool-off), being submitted (from the intent to `submitted`:
+    0 since issue 22, which writes both at once; the job's creation is then part of the time at
+    the service), at the transfer service, and waiting for the monitor to see that it ended
+    (→ done). What the tuning looks at."""
     marks: dict[str, float] = {}
     for entry in doc.get("history", []):
         if entry["axis"] == STATE:
             marks[entry["to"]] = float(entry["at"])
+            if entry["to"] == "retry" and entry.get("until") is not None:
+                marks["new"] = float(entry["until"])  # submittable again from then on
     attempts = doc.get("attempts") or []
     ended = attempts[-1].get("ended") if attempts else None
     if "new" not in marks or "submitted" not in marks or ended is None:
@@ -335,7 +341,7 @@ def stages(doc: Mapping[str, Any], done_at: float) -> dict[str, float]:
     if not marks["new"] <= intent <= marks["submitted"]:  # an earlier attempt's intent
         intent = marks["submitted"]
     return {
-        "queued": intent - marks["new"],
+        "queued": max(0.0, intent - marks["new"]),
         "submitting": marks["submitted"] - intent,
         "at_service": float(ended) - marks["submitted"],
         "reporting": max(0.0, done_at - float(ended)),

@@ -287,22 +287,24 @@ def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admi
         ):
             doc.update(model.transition(doc, [Change(STATE, to, "t", "boom")], AGENT, **extra))
             doc["_rev"] = agent_db.put(doc)
-    runner = Runner(RetryManager(sim_config, "r7"))
+    runner = Runner(Submitter(sim_config, "s7"))
     runner.clock = lambda: 999.0  # not due yet
     runner.workset.start()
-    assert runner.step(wait=False)["new"] == 0
+    assert runner.step(wait=False)["submitted"] == 0
     runner.clock = lambda: 1000.5
     with caplog.at_level(logging.DEBUG, logger="aso"):
         report = runner.step(wait=False)
-    assert report["new"] == 2 and report["work"] == 2
+    assert report["submitted"] == 2 and report["work"] == 2
     # The log: one INFO line for the cycle, with its counts; each file at DEBUG only.
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert len(info) == 1 and "r7: cycle of" in info[0] and "over 2 files: new 2" in info[0]
+    assert len(info) == 1 and "s7: cycle of" in info[0] and "submitted 2" in info[0], info
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert all(any(doc["_id"] in line for line in debug) for doc in docs)
     assert not any(doc["_id"] in line for line in info for doc in docs)
     for doc in docs:
         stored = agent_db.get(doc["_id"])
-        assert stored[STATE] == "new"
-        assert stored["history"][-1]["at"] == 1000.5 and stored["history"][-1]["by"] == "r7"
-        assert runner.workset.docs.get(doc["_id"]) is None  # out of its work: learnt at once
+        assert stored[STATE] == "submitted" and stored["retry_after"] is None
+        assert stored["history"][-1]["at"] == 1000.5 and stored["history"][-1]["by"] == "s7"
+        assert stored["lease"]["until"] == 1000.5 + sim_config.transfer.lease
+        # Learnt at once: the work set holds the document as written, not as the feed had it.
+        assert runner.workset.docs[doc["_id"]]["_rev"] == stored["_rev"]

@@ -30,7 +30,6 @@ from aso import model, reconcile
 from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
 from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config
-from aso.core import request as core
 from aso.files import GfalFiles
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
@@ -392,9 +391,11 @@ def test_stuck_is_judged_per_axis_from_the_history():
     [f] = reconcile.find_stuck([acquired], now, HOUR)
     assert f.repair is None and "leased to s9, lease expired 30 min ago" in f.detail
     assert "the monitor" in f.detail
+    # A retry past its cool-off is the submitter's, as a new file is: reported, not moved.
     retry = request(moves=[(STATE, "retry", now - 2 * HOUR)], retry_after=now - HOUR)
     [f] = reconcile.find_stuck([retry], now, HOUR)
-    assert f.repair.changes == ((STATE, "retry", "new"),) and f.repair.role == AGENT
+    assert f.repair is None and "its cool-off ended 1.0 h ago" in f.detail, f.detail
+    assert "up to the submitter" in f.detail, f.detail
     failed = request(moves=[(STATE, "failed", 0.0)])
     assert reconcile.find_stuck([failed], now, HOUR) == []
 
@@ -433,15 +434,15 @@ def test_a_published_file_in_another_block_gets_that_block_recorded():
     assert reconcile.find_catalog_extra({doc.destination_lfn: doc}, catalog) == []
 
 
-def test_the_reconciler_ends_a_cool_off_as_the_retry_manager_does(files_db, accounts, store_config):
-    """Issue 19: the reconciler's own copy of "cool-off over" left `transfer` set (the monitor
-    reads it to pick its partition and to find a kill's job); both now call
-    aso.core.request.cooled_off, and the documents they write differ only in who and when."""
+def test_a_retry_past_its_cool_off_is_left_to_the_submitter(files_db, accounts, store_config):
+    """Issue 22: the submitter takes a `retry` once its cool-off is over (no write back to `new`
+    first), so the reconciler proposes no repair for one: it reports it with the agent to look
+    at, and `--fix` leaves the document as it was (no revision, no history entry)."""
     agent = accounts["agent"].db(files_db)
     doc = sample_request("alice")
     doc["_rev"] = accounts["alice"].db(files_db).create(doc)
     old = time.time() - 2 * HOUR
-    for to in ("acquired", "submitted", "failed_attempt", "retry"):
+    for to in ("submitted", "failed_attempt", "retry"):
         doc = model.transition(doc, [Change(STATE, to, "t")], AGENT, at=old)
         if to == "submitted":
             doc["transfer"] = {"job_id": "j1", "service": "gfal", "file_id": doc["_id"]}
@@ -449,14 +450,6 @@ def test_the_reconciler_ends_a_cool_off_as_the_retry_manager_does(files_db, acco
             doc["retry_after"] = old + 60
         doc["_rev"] = agent.put(doc)
     [finding] = reconcile.find_stuck([Request.from_doc(doc)], time.time(), HOUR)
-    [outcome] = reconcile.Fixer(store_config, None, agent, None).apply([finding])
-    assert outcome.repaired, outcome.text
-    fixed = agent.get(doc["_id"])
-    assert fixed[STATE] == "new" and fixed["transfer"] is None and fixed["retry_after"] is None
-    assert fixed["history"][-1]["by"] == "reconciler"
-    by_retry_manager = core.cooled_off(doc, "r1", fixed["last_update"])
-
-    def what(d: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in d.items() if k not in ("_rev", "history")}
-
-    assert what(fixed) == what(by_retry_manager)
+    assert finding.repair is None and "up to the submitter" in finding.detail, finding.detail
+    assert reconcile.Fixer(store_config, None, agent, None).apply([finding]) == []
+    assert agent.get(doc["_id"])["_rev"] == doc["_rev"]

@@ -193,12 +193,17 @@ def test_a_policy_plugged_in_by_entry_point_drives_the_retry_manager(
             "submitted",
             "failed_attempt",
             "retry",
-            "new",
             "submitted",
             "failed_attempt",
             "failed",
         ]
         assert doc["history"][3]["reason"] == "the test policy retries once"
+        # The submitter took the file from `retry` once its cool-off was over: no write back
+        # to `new` in between (issue 22); the cool-off's end stays in the retry's entry.
+        cooled, resubmitted = doc["history"][3], doc["history"][4]
+        assert cooled["until"] == pytest.approx(cooled["at"] + 0.1, abs=0.002)
+        assert resubmitted["by"] == "s1" and resubmitted["at"] >= cooled["until"]
+        assert doc["retry_after"] is None
         assert doc["failure_reason"] == "the test policy gives up"
         assert len(doc["attempts"]) == 2 and doc["history"][-1]["by"] == "r1"
     assert manager.policy.observed > 0  # it saw the feed

@@ -358,7 +358,7 @@ def test_one_seed_draws_the_same_fate_for_an_attempt_however_files_are_batched()
 
 
 def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_off_time():
-    from sim.report import ideal_time
+    from sim.report import ideal_time, stages
 
     doc = walk(
         request(0),
@@ -375,3 +375,26 @@ def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_of
         {"job_id": "b", "service": "sim", "submitted": 1011.0, "ended": 1011.5},
     ]
     assert ideal_time(doc) == 1.0 + 0.5 + 1.0
+    # Since issue 22 the submitter takes the retry itself once its cool-off is over: the cool-off
+    # is what the retry entry's `until` says (2 s), the 5 s the file then waited for the
+    # submitter are queueing, and the last attempt's stages start at the cool-off's end.
+    doc = walk(
+        request(0),
+        (model.STATE, "submitted"),
+        (model.STATE, "failed_attempt"),
+        (model.STATE, "retry"),
+        at=1000.0,
+    )  # in retry from 1002, cool-off until 1004
+    doc["history"][-1]["until"] = 1004.0
+    doc = walk(doc, (model.STATE, "submitted"), (model.STATE, "done"), at=1009.0)
+    doc["attempts"] = [
+        {"job_id": "a", "service": "sim", "submitted": 1000.0, "ended": 1001.0},
+        {"job_id": "b", "service": "sim", "submitted": 1009.0, "ended": 1009.5},
+    ]
+    assert ideal_time(doc) == 1.0 + 0.5 + 2.0
+    assert stages(doc, 1010.0) == {
+        "queued": 5.0,
+        "submitting": 0.0,
+        "at_service": 0.5,
+        "reporting": 0.5,
+    }

@@ -58,7 +58,6 @@ def test_the_python_twin_agrees_with_the_queue_view(files_db, accounts):
         "lease",
         "active",
         "decide",
-        "cooloff",
         "clean",
         "publish",
     }

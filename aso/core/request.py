@@ -7,8 +7,9 @@ the caller writes the result back with the revision it read, and a conflict mean
 acted first.
 
 Two writers of the same change call the same function, so that they cannot drift apart: the
-reconciler's "cool-off over" had not cleared `transfer` as the retry manager's did, and the
-monitor reads `transfer` to pick its partition and to decide whether a kill has a job to cancel.
+reconciler's own "cool-off over" once left `transfer` set where the retry manager's cleared it
+(issue 19), and the monitor reads `transfer` to pick its partition and to decide whether a kill
+has a job to cancel.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def submitted(
     find yet; then it releases the file (`released`)."""
     fields = job_fields(doc, job_id, service, now)
     fields["lease"] = dict(lease)
-    return _moved(doc, STATE, "submitted", by, now, **fields)
+    # From `retry` too, once its cool-off is over (model.TO_SUBMIT): the cool-off's end stays
+    # in the history entry that began it (retry_scheduled).
+    return _moved(doc, STATE, "submitted", by, now, retry_after=None, **fields)
 
 
 def lease_shortened(doc: Mapping[str, Any], until: float) -> Doc:
@@ -117,6 +120,7 @@ def attempt_refused(
         now,
         reason,
         lease=None,
+        retry_after=None,
         failure_reason=reason[:MAX_REASON],
         error_class=error_class,
     )
@@ -175,8 +179,13 @@ def released(doc: Mapping[str, Any], by: str, now: float) -> Doc:
 
 
 def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str) -> Doc:
-    """A failed attempt to be tried again after a cool-off of `delay` seconds."""
-    return _moved(doc, STATE, "retry", by, now, reason, retry_after=round(now + delay, 3))
+    """A failed attempt to be tried again after a cool-off of `delay` seconds: the submitter
+    takes it from `retry` once `retry_after` has passed. The history entry keeps the cool-off's
+    end (`until`) for the file's story, since `retry_after` goes with the next attempt."""
+    until = round(now + delay, 3)
+    moved = _moved(doc, STATE, "retry", by, now, reason, retry_after=until)
+    moved["history"][-1]["until"] = until
+    return moved
 
 
 def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
@@ -191,11 +200,6 @@ def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
         retry_after=None,
         failure_reason=reason[:MAX_REASON],
     )
-
-
-def cooled_off(doc: Mapping[str, Any], by: str, now: float, reason: str = "cool-off over") -> Doc:
-    """A file whose cool-off is over goes back to the submitter's queue, with no job."""
-    return _moved(doc, STATE, "new", by, now, reason, retry_after=None, transfer=None)
 
 
 def set_aside(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
@@ -349,7 +353,6 @@ def republished(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc
 # OPERATION(doc, by, now, reason, **args).
 REPAIRS: dict[str, Callable[..., Doc]] = {
     "job_lost": job_lost,
-    "cooled_off": cooled_off,
     "published": published,
     "block_abandoned": block_abandoned,
     "block_corrected": lambda doc, by, now, reason, block: block_corrected(doc, by, now, block),

@@ -15,7 +15,6 @@ function (doc) {
     if (kind === 'lease') { return [doc.lease ? doc.lease.until : 0]; }
     if (kind === 'active') { return [doc.transfer ? doc.transfer.job_id : '']; }
     if (kind === 'decide') { return [doc.last_update]; }
-    if (kind === 'cooloff') { return [doc.retry_after || 0]; }
     if (kind === 'clean') { return [doc.source]; }
     return [doc.user, doc.publish_info ? doc.publish_info.dataset : ''];  // publish
   }
