@@ -701,6 +701,15 @@ class Report:
     def extra_lines(self) -> list[str]:
         """The accounting's counts, and what the chaos and the hosts did, when there were any."""
         lines = [f"accounting: {self.accounting.counts_line()}"]
+        lag = percentiles(self.upload_lag)
+        if lag["p95"] is not None:
+            # The yardstick counts from the injection times: uploads that lag behind them (the
+            # job wrappers waiting for the store) are counted against ASO (docs/performance.md,
+            # CouchDB at 30x).
+            line = f"uploads: lag behind the injection times p50/p95 {lag['p50']}/{lag['p95']} s"
+            if lag["p95"] > self.plan.interval:
+                line += " (more than an injection interval: the uploads limit this run)"
+            lines.append(line)
         if self.store_profile:
             lines.append(profile_line(self.store_profile))
         if self.chaos is not None:

@@ -198,6 +198,10 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     for agent in ("submitter", "monitor", "retry-manager", "cleaner", "publisher"):
         assert report.store_requests[agent].get("files _changes POST", [0])[0] == 0, agent
     assert data["cpu_cores"].get("store", 0) > 0, data["cpu_cores"]
+    # The uploads' lag behind the injection times is printed: a run whose job wrappers cannot
+    # keep up says so (the yardstick counts from the injection times).
+    [uploads] = [line for line in report.extra_lines() if line.startswith("uploads: lag")]
+    assert f"p50/p95 {data['uploads']['lag']['p50']}/" in uploads, uploads
     if ENGINE == "couchdb":
         assert data["cpu_cores"].get("store-js", 0) > 0, data["cpu_cores"]
     # The run had databases (and an agent account) of its own, dropped at its end.
