@@ -310,13 +310,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def print_costs(name: str, store: dict[str, Any]) -> None:
     millions = store["requests"] / 1e6
-    rate = store.get("fill_per_s")  # not kept by a store filled before the rate was
-    fill_rate = f"{rate:.0f}" if rate else "?"
     disk = store["disk_bytes"]
     per_million = sum(disk.values()) / millions / 1e9
     lines = [
-        f"{name}: {store['requests']:,} requests filled at {fill_rate}/s; on disk "
-        f"{per_million:.2f} GB per million ("
+        f"{name}: {store['requests']:,} requests filled at {bench_pages.fill_rate(store)}/s; "
+        f"on disk {per_million:.2f} GB per million ("
         + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
         + ")",
         "view index builds: "

@@ -386,13 +386,17 @@ def run(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def fill_rate(figures: dict[str, Any]) -> str:
+    """The fill's requests per second, or "?" for a store filled before the rate was kept."""
+    rate = figures.get("fill_per_s")
+    return f"{rate:.0f}" if rate else "?"
+
+
 def report_figures(figures: dict[str, Any]) -> None:
-    rate = figures.get("fill_per_s")  # not kept by a store filled before the rate was
-    fill_rate = f"{rate:.0f}" if rate else "?"
     console.print(
         f"{figures.get('engine', 'pouchdb')}: "
         f"{figures['requests']} requests over {figures['days']:.0f} days; filled at "
-        f"{fill_rate} requests/s; monitoring summaries' first run "
+        f"{fill_rate(figures)} requests/s; monitoring summaries' first run "
         f"{figures['summaries_first_run_s']:.0f} s ({figures['summaries_hours']} hours, peak "
         f"memory {figures.get('summaries_peak_rss_mb', 0):.0f} MB)"
     )
