@@ -3,7 +3,9 @@
 For each `done` request whose cleanup is pending (or failed before and due again) and whose
 publication is over (not required, published or given up: model.WORK's "clean"; a file waiting
 for its block is cleaned by the publisher, with the same functions, in the write that records
-it published: one write for both, issue 22):
+it published: one write for both, issue 22; a file that needs no publication is cleaned by the
+monitor in the write that records it `done`, when the deletion ends within
+`cleaner.at_done_wait` seconds):
 1. the temporary copy must be inside the source site's temp area (`sites.temp_pfn` refuses
    anything else: the cleaner never touches a user's files) and inside the owner's own
    temporary area (`model.in_temp_area`: never another user's output);
@@ -12,14 +14,15 @@ it published: one write for both, issue 22):
 The outcome is written in one bulk write per cycle: `cleaned`, or `cleanup_error` with the
 reason, a count of attempts and the time of the next try (backoff `cleaner.base_delay` · 2^n,
 capped at `cleaner.max_delay`). Deletions run `cleaner.max_per_site` at a time per source
-site in each process that deletes (the cleaner's, the publisher's). Partition: by source site.
+site in each process that deletes (the cleaner's, the publisher's, the monitor's). Partition:
+by source site.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -79,6 +82,12 @@ def due(doc: Mapping[str, Any], now: float) -> bool:
     )
 
 
+def cleanable_at_done(doc: Mapping[str, Any], now: float) -> bool:
+    """A file just recorded `done` whose temporary copy may go at once: its cleanup is due and
+    no publication waits for it (model.WORK's "clean")."""
+    return due(doc, now) and doc.get(model.PUBLICATION) in model.FINAL[model.PUBLICATION]
+
+
 def cleanup_recorded(
     doc: dict[str, Any], outcome: Outcome, by: str, now: float, settings: CleanerConfig
 ) -> dict[str, Any]:
@@ -101,8 +110,9 @@ class Deleter:
         self.files = files
         self.agent = agent
         self.pools: dict[str, ThreadPoolExecutor] = {}
+        self.late: dict[str, list[Future[Outcome]]] = {}  # site → deletions not waited for
 
-    def clean_all(self, docs: list[dict[str, Any]]) -> dict[str, Outcome]:
+    def _submit(self, docs: list[dict[str, Any]]) -> dict[str, Future[Outcome]]:
         futures = {}
         for doc in docs:
             pool = self.pools.get(doc["source"])
@@ -112,7 +122,34 @@ class Deleter:
                     thread_name_prefix=f"clean-{doc['source']}",
                 )
             futures[doc["_id"]] = pool.submit(clean_one, self.config, self.files, doc)
+        return futures
+
+    def clean_all(self, docs: list[dict[str, Any]]) -> dict[str, Outcome]:
+        futures = self._submit(docs)
         return {doc["_id"]: self.outcome_of(doc, futures[doc["_id"]]) for doc in docs}
+
+    def clean_within(self, docs: list[dict[str, Any]], seconds: float) -> dict[str, Outcome]:
+        """The outcomes of the deletions of `docs` that end within `seconds` (the monitor
+        records them in the write of the file's `done`). The others go on; their files stay
+        the cleaner's (a copy already gone counts as cleaned). A site whose deletions of an
+        earlier call are still under way gets none this time: a slow storage is left to the
+        cleaner instead of a queue growing behind it."""
+        self.late = {
+            site: running
+            for site, futures in self.late.items()
+            if (running := [f for f in futures if not f.done()])
+        }
+        taken = [doc for doc in docs if doc["source"] not in self.late]
+        futures = self._submit(taken)
+        wait(futures.values(), timeout=seconds)
+        outcomes = {}
+        for doc in taken:
+            future = futures[doc["_id"]]
+            if future.done():
+                outcomes[doc["_id"]] = self.outcome_of(doc, future)
+            else:
+                self.late.setdefault(doc["source"], []).append(future)
+        return outcomes
 
     def outcome_of(self, doc: dict[str, Any], future: Future[Outcome]) -> Outcome:
         """The deletion's outcome; an error of ours on one file is that file's `cleanup_error`

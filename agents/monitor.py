@@ -7,6 +7,10 @@ between them: each cycle it
   writes every file that ended, in one bulk write: `done` (with the checksum the service saw,
   compared with the request's), or `failed_attempt` with the service's reason text and ASO's
   error class, or `killed` for a cancelled file whose owner asked for it;
+* deletes the temporary copies of the files it finds `done` that need no publication and
+  records each deletion in the same write as the `done` (the cleaner's functions and rules,
+  agents/cleaner.py: one write fewer per such file, issue 22); a deletion that has not ended
+  within `cleaner.at_done_wait` seconds is left to the cleaner;
 * waits, while its lease lasts, for the job of a file the submitter has just recorded
   `submitted` (the intent is written before the job goes to the service); when the lease has
   ended and the service still knows no job of its key (its submitter died, or the service did
@@ -24,10 +28,12 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, cast
 
+from agents.cleaner import Deleter, cleanable_at_done, cleanup_recorded
 from aso import faults
 from aso.config import Config
 from aso.core import request
-from aso.model import AT_THE_SERVICE, STATE, STOPPED
+from aso.files import Files, open_files
+from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
@@ -94,10 +100,11 @@ class Monitor(Agent):
     name = "monitor"
     kinds = (ACTIVE, LEASE)
 
-    def __init__(self, config: Config, instance: str | None = None):
+    def __init__(self, config: Config, instance: str | None = None, files: Files | None = None):
         super().__init__(config, instance)
         self.service = open_service(config, self.server)
         self.cancelled: set[tuple[str, str]] = set()  # (job, file) cancels already sent
+        self.deleter = Deleter(config, files or open_files(config), self.name)
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         if doc.get("transfer"):
@@ -106,6 +113,7 @@ class Monitor(Agent):
 
     def close(self) -> None:
         self.service.close()
+        self.deleter.close()
 
     def pause(self, mine: list[dict[str, Any]]) -> tuple[float, bool]:
         """With files at the service: poll it every `transfer.status_interval`, whatever else
@@ -116,7 +124,10 @@ class Monitor(Agent):
         return super().pause(mine)
 
     def cycle(self, ctx: Cycle) -> None:
-        ctx.counts("done", "failed", "killed", "adopted", "released", "conflicts")
+        ctx.counts(
+            "done", "failed", "killed", "adopted", "released", "cleaned", "cleanup_errors",
+            "conflicts",
+        )  # fmt: skip
         updates: list[dict[str, Any]] = []
         active = [d for d in ctx.work if d[STATE] in AT_THE_SERVICE and d.get("transfer")]
         self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
@@ -125,7 +136,7 @@ class Monitor(Agent):
             updates += self.settle_leases(ctx.work, ctx.now)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
-        self.record(updates, ctx)
+        self.record(self.clean_at_done(updates, ctx.now), ctx)
 
     def send_cancels(self, docs: list[dict[str, Any]]) -> None:
         by_job: dict[str, list[str]] = defaultdict(list)
@@ -233,6 +244,24 @@ class Monitor(Agent):
                 updates.append(request.released(doc, self.instance, now))
         return updates
 
+    def clean_at_done(self, updates: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        """The updates, each file found `done` that needs no publication with its temporary
+        copy's deletion recorded (`cleaned`, or `cleanup_error` with its backoff) when the
+        deletion ended within `cleaner.at_done_wait` seconds. Should the write then conflict,
+        the next cycle finds the copy already gone, which counts as cleaned."""
+        wait = self.config.cleaner.at_done_wait
+        cleanable = [d for d in updates if d[STATE] == "done" and cleanable_at_done(d, now)]
+        if wait <= 0 or not cleanable:
+            return updates
+        outcomes = self.deleter.clean_within(cleanable, wait)
+        settings = self.config.cleaner
+        return [
+            cleanup_recorded(doc, outcomes[doc["_id"]], self.instance, now, settings)
+            if doc["_id"] in outcomes
+            else doc
+            for doc in updates
+        ]
+
     def record(self, updates: list[dict[str, Any]], ctx: Cycle) -> None:
         """Write the outcomes; count and log each file written."""
         for doc in ctx.write(updates):
@@ -246,6 +275,8 @@ class Monitor(Agent):
             }.get(doc[STATE])
             if key and last.get("at") == doc["last_update"]:
                 ctx.count(key)
+            if key == "done" and last.get("axis") == CLEANUP:
+                ctx.count("cleaned" if doc[CLEANUP] == "cleaned" else "cleanup_errors")
             log.debug(
                 "file %s (%s): %s%s",
                 doc["_id"],

@@ -316,9 +316,17 @@ class RetryConfig:
 @dataclass
 class CleanerConfig:
     max_per_site: int = _key(
-        8, "Deletions at once at one site, in each process that deletes (cleaner, publisher)."
+        8,
+        "Deletions at once at one site, in each process that deletes (cleaner, publisher, "
+        "monitor).",
     )
     batch: int = _key(200, "Files a cleaner handles in one cycle.")
+    at_done_wait: float = _key(
+        5.0,
+        "Seconds the monitor waits for the deletions of the temporary copies of files it records "
+        "done that need no publication, to record each in the same write; the rest are the "
+        "cleaner's. 0: the cleaner deletes them all.",
+    )
     base_delay: float = _key(
         60.0, "Seconds before a failed deletion is tried again; doubles each time."
     )

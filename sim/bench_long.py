@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-timeout", type=float, default=15.0)
     parser.add_argument("--transfer-timeout", type=float, default=60.0)
     parser.add_argument("--bucket", default="60s")
+    parser.add_argument(
+        "--uploaders",
+        type=int,
+        default=32,
+        help="Job wrappers uploading at once (at 30x, 8 lagged behind the injection times).",
+    )
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="Wall seconds.")
     parser.add_argument(
         "--prefill", type=int, default=1_000_000, help="Finished requests already in the store "
@@ -93,6 +99,7 @@ def options_of(args: argparse.Namespace, engine: str, name: str) -> RunOptions:
         engine=engine,
         bucket=parse_duration(args.bucket),
         drain_timeout=args.drain_timeout,
+        uploaders=args.uploaders,
         run_token=f"long_{engine}",
     )
 

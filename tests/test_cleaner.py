@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from agents.cleaner import Cleaner
+from agents.monitor import Monitor
 from agents.publisher import Publisher
 from aso import model
 from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
@@ -141,16 +143,22 @@ def test_nothing_happens_before_the_copy_is_done(gfal_config, accounts):
     assert cleaner.files.deleted == []
 
 
-def test_sim_back_end_cleans_without_storage(sim_config, accounts):
+def sim_done_requests(config, accounts, n: int) -> list[dict[str, Any]]:
+    """n `done` requests of the simulator's sites (no data: sim:// URLs)."""
     docs = []
-    for _ in range(3):
+    for _ in range(n):
         doc = sample_request("alice")
-        agent = accounts["agent"].db(sim_config.store.files_db)
-        doc["_rev"] = accounts["alice"].db(sim_config.store.files_db).create(doc)
+        agent = accounts["agent"].db(config.store.files_db)
+        doc["_rev"] = accounts["alice"].db(config.store.files_db).create(doc)
         for to in ("acquired", "submitted", "done"):
             doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
             doc["_rev"] = agent.put(doc)
         docs.append(doc)
+    return docs
+
+
+def test_sim_back_end_cleans_without_storage(sim_config, accounts):
+    docs = sim_done_requests(sim_config, accounts, 3)
     cleaner = Cleaner(sim_config, "c1")
     stored = clean(sim_config, docs, cleaner)
     assert all(d[CLEANUP] == "cleaned" for d in stored.values())
@@ -241,3 +249,89 @@ def test_a_publisher_keeps_a_copy_it_cannot_confirm_and_the_cleaner_tries_again(
     final = clean(config, [doc])[doc["_id"]]
     assert final[CLEANUP] == "cleaned" and final["history"][-1]["by"] == "c1"
     assert not export_path(config, SOURCES[0], doc["source_lfn"]).exists()
+
+
+def test_the_monitor_deletes_at_done_what_no_publication_waits_for(gfal_config, accounts):
+    """The monitor's deletion at `done` follows the cleaner's rules on real storage: a file
+    without publication is cleaned (destination confirmed, temporary copy gone, the monitor
+    named), one whose destination is wrong keeps its copy (`cleanup_error` with its backoff),
+    one waiting for its block is the publisher's (unchanged). What it decided is a write the
+    agent may make on the `done` document."""
+    plain = done_request(gfal_config, accounts)
+    bad_copy = done_request(gfal_config, accounts, dest_content=b"x" * 3000)
+    to_publish = done_request(gfal_config, accounts, publish_info=publish_info(3))
+    now = time.time()
+    monitor = Monitor(gfal_config, "m1")
+    try:
+        decided = monitor.clean_at_done([plain, bad_copy, to_publish], now)
+    finally:
+        monitor.close()
+    after = {doc["_id"]: doc for doc in decided}
+
+    cleaned = after[plain["_id"]]
+    assert cleaned[CLEANUP] == "cleaned"
+    assert (cleaned["history"][-1]["by"], cleaned["history"][-1]["reason"]) == (
+        "m1",
+        "temporary copy deleted",
+    )
+    assert not export_path(gfal_config, SOURCES[0], plain["source_lfn"]).exists()
+    assert export_path(gfal_config, DESTINATION, plain["destination_lfn"]).exists()
+
+    kept = after[bad_copy["_id"]]
+    assert kept[CLEANUP] == "cleanup_error"
+    assert kept["cleanup_error"].startswith("destination not confirmed (adler32")
+    assert kept["cleanup_attempts"] == 1 and kept["cleanup_retry_after"] > now
+    assert export_path(gfal_config, SOURCES[0], bad_copy["source_lfn"]).exists()
+
+    assert after[to_publish["_id"]] == to_publish  # the publisher's
+    assert export_path(gfal_config, SOURCES[0], to_publish["source_lfn"]).exists()
+
+    agent = accounts["agent"].db(gfal_config.store.files_db)
+    for doc in (cleaned, kept):
+        assert agent.put(doc).startswith(f"{int(doc['_rev'].split('-')[0]) + 1}-")
+
+
+class HeldFiles:
+    """The simulator's storage, whose deletions wait until released (a slow site)."""
+
+    def __init__(self) -> None:
+        self.files = SimFiles()
+        self.release = threading.Event()
+        self.asked: list[str] = []
+
+    def confirm(self, url: str, size: int, adler32: str) -> str | None:
+        return None
+
+    def delete(self, url: str) -> bool:
+        self.asked.append(url)
+        assert self.release.wait(30)
+        return self.files.delete(url)
+
+
+def test_a_deletion_that_outlasts_the_monitors_wait_is_left_to_the_cleaner(sim_config, accounts):
+    """A slow site does not hold the monitor's `done` writes beyond `cleaner.at_done_wait`:
+    the file is written `done` with its cleanup pending (the cleaner's), and the site gets no
+    more deletions from the monitor while one is still under way there."""
+    config = dataclasses.replace(
+        sim_config, cleaner=dataclasses.replace(sim_config.cleaner, at_done_wait=0.2)
+    )
+    first, second = sim_done_requests(config, accounts, 2)
+    held = HeldFiles()
+    monitor = Monitor(config, "m1", files=held)
+    try:
+        started = time.monotonic()
+        assert monitor.clean_at_done([first], time.time()) == [first]  # not waited for
+        assert time.monotonic() - started < 10
+        assert monitor.clean_at_done([second], time.time()) == [second]  # the site is busy
+        assert held.asked == [f"sim://{first['source']}{first['source_lfn']}"]
+        held.release.set()
+        deadline = time.monotonic() + 10
+        while len(held.files.deleted) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [after] = monitor.clean_at_done([second], time.time())  # the site is free again
+        assert after[CLEANUP] == "cleaned" and after["history"][-1]["by"] == "m1"
+    finally:
+        monitor.close()
+    stored = clean(config, [first])  # the cleaner takes the one left to it
+    assert stored[first["_id"]][CLEANUP] == "cleaned"
+    assert stored[first["_id"]]["history"][-1]["by"] == "c1"

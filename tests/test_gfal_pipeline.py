@@ -96,6 +96,9 @@ def finished(db: Any, ids: list[str]) -> bool:
 def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admin):
     docs = put_files(gfal_config, accounts, 100, sizes=(1, 512 << 10))  # 200 files, 2 users
     ids = [d["_id"] for d in docs]
+    sources = {
+        d["_id"]: export_path(gfal_config, d["source"], d["source_lfn"]).read_bytes() for d in docs
+    }
     db = admin.db(gfal_config.store.files_db)
     runners = agents(gfal_config)
     try:
@@ -107,12 +110,21 @@ def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admi
         runners[2].agent.close()
     assert states(db, ids) == Counter(done=200)
     for doc in db.get_many(ids).values():
-        source = export_path(gfal_config, doc["source"], doc["source_lfn"]).read_bytes()
         copied = export_path(gfal_config, DESTINATION, doc["destination_lfn"]).read_bytes()
-        assert copied == source and len(copied) == doc["size"]
+        assert copied == sources[doc["_id"]] and len(copied) == doc["size"]
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
-        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done"]
+        # No publication: the monitor confirmed the destination and deleted the temporary
+        # copy, recorded in the write of the `done` (unless the deletion outlasted
+        # cleaner.at_done_wait: then it is the cleaner's, which is not running here).
+        assert [h["to"] for h in doc["history"]][:3] == ["new", "submitted", "done"]
+        if doc["cleanup"] == "cleaned":
+            assert doc["history"][3]["by"] == "m1" and doc["_rev"].startswith("3-")
+            assert not export_path(gfal_config, doc["source"], doc["source_lfn"]).exists()
+        else:
+            assert doc["cleanup"] == "pending" and len(doc["history"]) == 3
         assert doc["attempts"][-1]["outcome"] == "done"
+    cleaned = Counter(doc["cleanup"] for doc in db.get_many(ids).values())["cleaned"]
+    assert cleaned >= 100, f"the monitor deleted only {cleaned} temporary copies of 200"
     assert_never_copied_twice_at_once(gfal_config, docs)
     for job in jobs_of(admin, gfal_config):
         assert job["state"] == "finished" and len(job["files"]) <= 25

@@ -39,11 +39,17 @@ def test_files_flow_to_done_with_their_history(sim_config, accounts, admin):
     runners = [Runner(Submitter(sim_config, "s1")), Runner(Monitor(sim_config, "m1"))]
     run_until(lambda: states(db, ids) == Counter(done=50), runners)
     for doc in db.get_many(ids).values():
-        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done"]
-        assert [h["by"] for h in doc["history"][1:]] == ["s1", "m1"]
+        # No publication: the monitor deletes the temporary copy and records it in the write
+        # of the `done` (three writes in the file's life: upload, submission, outcome).
+        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done", "cleaned"]
+        assert [h["by"] for h in doc["history"][1:]] == ["s1", "m1", "m1"]
+        assert doc["_rev"].startswith("3-") and doc["cleanup"] == "cleaned"
         [attempt] = doc["attempts"]
         assert attempt["outcome"] == "done" and attempt["service"] == "sim"
         assert attempt["job_id"] == doc["transfer"]["job_id"] and doc["lease"] is None
+    deleted = runners[1].agent.deleter.files.sim.deleted
+    temp_copies = [f"sim://{d['source']}{d['source_lfn']}" for d in db.get_many(ids).values()]
+    assert sorted(deleted) == sorted(temp_copies)
     jobs = jobs_of(admin, sim_config)
     assert all(len(job["files"]) <= 10 for job in jobs)
     for job in jobs:  # one user and one link per job, tagged for the service's dashboards
@@ -194,7 +200,9 @@ def test_submitter_killed_between_intent_and_submission(sim_config, accounts, ad
     runners = [monitor, Runner(Submitter(sim_config, "s1"))]
     run_until(lambda: states(db, ids) == Counter(done=5), runners)
     for doc in db.get_many(ids).values():
-        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "new", "submitted", "done"]
+        assert [h["to"] for h in doc["history"]] == [
+            "new", "submitted", "new", "submitted", "done", "cleaned"
+        ]  # fmt: skip
         assert doc["history"][2]["reason"] == "lease expired, no job"
         first, last = doc["attempts"]
         assert first["outcome"] == "canceled" and last["outcome"] == "done"
@@ -248,7 +256,7 @@ def test_submitter_killed_after_the_job_was_created(sim_config, accounts, admin)
     run_until(lambda: states(db, ids) == Counter(done=5), runners)
     for doc in db.get_many(ids).values():
         assert doc["transfer"]["job_id"] == job["_id"]
-        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done"]
+        assert [h["to"] for h in doc["history"]] == ["new", "submitted", "done", "cleaned"]
     assert_each_file_in_one_job(admin, sim_config, ids)
 
 

@@ -270,7 +270,7 @@ def test_an_error_that_passes_sets_nothing_aside(sim_config, accounts, admin, mo
     run_until(lambda: states(db, ids) == Counter(done=3), runners, 60)
     assert calls[flaky] >= 2 and set_aside("monitor") == before
     assert document_errors("monitor") == errors_before + 1
-    assert [h["to"] for h in db.get(flaky)["history"]] == ["new", "submitted", "done"]
+    assert [h["to"] for h in db.get(flaky)["history"]] == ["new", "submitted", "done", "cleaned"]
 
 
 def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admin, caplog):
