@@ -39,7 +39,7 @@ ASO_TEST_ARTEFACTS := $(or $(ASO_TEST_ARTEFACTS),$(CURDIR)/test-artefacts)
 export ASO_TEST_ARTEFACTS
 , := ,
 
-.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-long bench-workqueue bench-frontend bench-locust bench-pages bench-metrics clean
+.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-long bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -150,6 +150,11 @@ LONG_ENGINES = $(if $(filter command line environment,$(origin STORE)),$(if $(fi
 
 bench-workqueue: setup
 	$(VENV)/bin/python -m sim.bench_workqueue
+
+# The embedded store's view builds with pouchdb-mapreduce's own evaluation and with ASO's
+# workaround (deploy/store/view-functions.js), side by side.
+bench-views: setup
+	$(VENV)/bin/python -m sim.bench_views $(BENCH_ARGS)
 
 # What the Prometheus metrics cost a store call: the same calls with the hook on and off.
 bench-metrics: setup

@@ -78,9 +78,17 @@ EMBEDDED_NO_ATTACHMENTS_CSP      attachments come without the Content-Security-P
                                  deploy/store/attachments-csp.js first, which adds ASO's policy to
                                  design documents' attachments (aso/local/embedded.py), so the
                                  pages run under the same policy on both stores.
+EMBEDDED_VIEW_CONTEXT_PER_DOCUMENT  (found here, profiling a view build) pouchdb-mapreduce
+                                 compiles a view's map function anew for every document, in a new
+                                 V8 context: ~1.3 ms per document and view, ~780 documents/s per
+                                 view build. The embedded store's node loads
+                                 deploy/store/view-functions.js first, which compiles each
+                                 function once per view update, in a sandbox of its own
+                                 (aso/local/embedded.py; tests/test_store.py: what the functions
+                                 see, on both stores).
 EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
-                                 one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts,
-                                 ~780 docs/s per view build): one machine's load, and a crash
+                                 one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts):
+                                 one machine's load, and a crash
                                  (EMBEDDED_CHANGES_FILTER_CRASH, ...) stops all of it.
 
 Apache CouchDB 3 itself, and a cluster of it, have behaviour a client must handle too; each is

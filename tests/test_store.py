@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -14,6 +16,7 @@ import pytest
 
 from aso import designdocs, model
 from aso.designdocs import FILES_SECURITY
+from aso.local.embedded import VIEW_FUNCTIONS_MODULE
 from aso.model import AGENT, STATE, Change
 from aso.store import (
     Conflict,
@@ -441,6 +444,72 @@ def test_every_view_of_every_design_document_builds_and_answers(files_db, accoun
         assert rows, (ddoc, name)  # every view has something to say of some request
         if has_reduce:
             assert db.view(ddoc, name, reduce=True).rows, (ddoc, name)
+
+
+SANDBOX_MAP = """function (doc) {
+  if (doc.boom) { throw new Error('this document breaks the map function'); }
+  var made = Function('return typeof process + "/" + typeof Buffer')();
+  emit(doc._id, [typeof process, typeof Buffer, made, Array.isArray(doc.list), doc.list.length]);
+}"""
+SANDBOX_SUM = "function (keys, values, rereduce) { return sum(values); }"
+
+
+def test_view_functions_run_sandboxed_for_each_document(admin):
+    """A view's functions see each document, and nothing of the server that runs them (no
+    process, no Buffer), not through a function they make either (on the embedded store they
+    are compiled once per view update, EMBEDDED_VIEW_CONTEXT_PER_DOCUMENT); a document that
+    breaks the map function is left out of the view, not the rest; a reduce function of one's own
+    (with the `sum` helper) adds up."""
+    name = f"aso_test_sandbox_{uuid.uuid4().hex[:8]}"
+    admin.create_db(name, FILES_SECURITY)
+    try:
+        db = admin.db(name)
+        db.create(
+            {
+                "_id": "_design/sandbox",
+                "views": {
+                    "reach": {"map": SANDBOX_MAP},
+                    "total": {"map": "function (doc) { emit(doc.group, doc.n); }",
+                              "reduce": SANDBOX_SUM},
+                },
+            }
+        )  # fmt: skip
+        docs = [{"_id": f"d{i}", "group": "ab"[i % 2], "n": i, "list": [i] * i} for i in range(6)]
+        docs.append({"_id": "d6", "group": "a", "n": 100, "list": [], "boom": True})
+        assert all(r.ok for r in db.bulk_write(docs))
+        rows = db.view("sandbox", "reach").rows
+        assert [r["id"] for r in rows] == [f"d{i}" for i in range(6)]  # not the one that broke it
+        for i, row in enumerate(rows):
+            assert row["value"] == ["undefined", "undefined", "undefined/undefined", True, i]
+        totals = db.view("sandbox", "total", reduce=True, group=True).rows
+        assert {r["key"]: r["value"] for r in totals} == {"a": 0 + 2 + 4 + 100, "b": 1 + 3 + 5}
+        assert db.view("sandbox", "total", reduce=True).rows[0]["value"] == 115
+        db.create({"_id": "d7", "group": "b", "n": 7, "list": []})  # an update of the view
+        assert db.view("sandbox", "total", keys=["b"], reduce=True, group=True).rows == [
+            {"key": "b", "value": 16}
+        ]
+    finally:
+        admin.delete_db(name)
+
+
+@only_on("pouchdb", "the embedded store's node loads deploy/store/view-functions.js")
+def test_the_embedded_store_will_not_start_without_its_view_workaround(tmp_path):
+    """deploy/store/view-functions.js patches one line of pouchdb-mapreduce as node loads it;
+    another pouchdb-mapreduce without that line stops node with a message that says so, rather
+    than a store that builds views 5x slower unnoticed."""
+    node = shutil.which("node")
+    assert node, "node is installed with the embedded store (deploy/debian-packages.txt)"
+    lib = tmp_path / "node_modules" / "pouchdb-mapreduce" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "index.js").write_text("var evalFunction = somethingElse;\nmodule.exports = {};\n")
+    ran = subprocess.run(
+        [node, f"--require={VIEW_FUNCTIONS_MODULE}", "-e", f"require({str(lib / 'index.js')!r})"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode != 0
+    assert "is not in" in ran.stderr and "exactly once" in ran.stderr
 
 
 # --- conflicting branches (a CouchDB cluster's; made here with new_edits=false) -------------

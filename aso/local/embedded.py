@@ -24,7 +24,10 @@ from aso.store import Server, Settings, StoreError
 CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the checkout
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
 ATTACHMENTS_CSP_MODULE = CHECKOUT / "deploy" / "store" / "attachments-csp.js"
+VIEW_FUNCTIONS_MODULE = CHECKOUT / "deploy" / "store" / "view-functions.js"
 CPU_PROFILE_MODULE = CHECKOUT / "deploy" / "store" / "cpu-profile.js"
+# The embedded store's workarounds that node loads before pouchdb-server (server_env).
+PRELOADS: tuple[Path, ...] = (ATTACHMENTS_CSP_MODULE, VIEW_FUNCTIONS_MODULE)
 
 
 class EmbeddedStore(LocalStore):
@@ -81,10 +84,12 @@ class EmbeddedStore(LocalStore):
         ]
 
     def server_env(self) -> dict[str, str]:
-        """EMBEDDED_NO_ATTACHMENTS_CSP: the attachments' Content-Security-Policy CouchDB sends
-        with ASO's settings, added by a module node loads first
-        (deploy/store/attachments-csp.js)."""
-        preload = [f"--require={ATTACHMENTS_CSP_MODULE}"]
+        """Modules node loads first: EMBEDDED_NO_ATTACHMENTS_CSP, the attachments'
+        Content-Security-Policy CouchDB sends with ASO's settings
+        (deploy/store/attachments-csp.js); EMBEDDED_VIEW_CONTEXT_PER_DOCUMENT, view functions
+        compiled once per view update instead of once per document
+        (deploy/store/view-functions.js)."""
+        preload = [f"--require={module}" for module in PRELOADS]
         if os.environ.get("ASO_STORE_CPU_PROFILE"):
             # The simulator's profile of the store (SIGUSR2 starts and stops V8's profiler).
             preload.append(f"--require={CPU_PROFILE_MODULE}")
