@@ -34,7 +34,6 @@ from rich.console import Console
 
 from aso import purge
 from aso.config import Config
-from aso.designdocs import design_documents
 from aso.store import Server, Settings
 from sim import bench_pages
 from sim.lifecycle import RunOptions, run_simulation
@@ -118,10 +117,9 @@ def index_sizes(admin: Server, config: Config) -> dict[str, int]:
             "views": sum(directory_bytes(p) for p in dbs.glob(f"{db}-mrview-*")),
         }
     sizes = {"database": int(info["sizes"]["file"])}
-    for ddoc in [*design_documents(config), bench_pages.STATISTICS_DESIGN]:
-        if ddoc.get("views"):
-            view = admin.raw("GET", f"/{db}/{ddoc['_id']}/_info")["view_index"]
-            sizes[ddoc["_id"].split("/", 1)[1]] = int(view["sizes"]["file"])
+    for ddoc in bench_pages.view_design_documents(config):
+        view = admin.raw("GET", f"/{db}/{ddoc['_id']}/_info")["view_index"]
+        sizes[ddoc["_id"].split("/", 1)[1]] = int(view["sizes"]["file"])
     return sizes
 
 
@@ -133,9 +131,7 @@ def compact(admin: Server, config: Config) -> float:
     """Seconds a compaction of the files database and of each view index takes (started,
     then waited for: CouchDB compacts in the background)."""
     db = config.store.files_db
-    views = [
-        d for d in [*design_documents(config), bench_pages.STATISTICS_DESIGN] if d.get("views")
-    ]
+    views = bench_pages.view_design_documents(config)
     if "sizes" not in admin.raw("GET", f"/{db}"):
         views = []  # the embedded store compacts a database only, and answers when done
     started = time.monotonic()
@@ -335,8 +331,8 @@ def print_costs(name: str, store: dict[str, Any]) -> None:
         f"on disk {per_million:.2f} GB per million ("
         + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in disk.items())
         + ")",
-        f"as filled {sum(store.get('disk_bytes_as_filled', disk).values()) / 1e9:.2f} GB, "
-        f"compacted before the run in {store.get('compaction_before_copy_s', 0):.0f} s",
+        f"as filled {sum(store['disk_bytes_as_filled'].values()) / 1e9:.2f} GB, "
+        f"compacted before the run in {store['compaction_before_copy_s']:.0f} s",
         "view index builds: "
         + ", ".join(f"{k} {v:.0f} s" for k, v in store.get("all_views_build_s", {}).items()),
         f"compaction of the database and its indexes after the run: {store['compaction_s']:.0f} s"

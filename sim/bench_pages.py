@@ -169,6 +169,11 @@ def first_summaries(admin: Server, config: Config) -> dict[str, Any]:
     }
 
 
+def view_design_documents(config: Config) -> list[dict[str, Any]]:
+    """The files database's design documents with views, the statistics' included."""
+    return [d for d in [*design_documents(config), STATISTICS_DESIGN] if d.get("views")]
+
+
 def all_views(config: Config) -> list[tuple[str, str]]:
     """(design document, view) of every view of the files database: what the agents, `aso
     status` and the pages read, and the statistics' (the analytics agent reads them: a store
@@ -176,8 +181,8 @@ def all_views(config: Config) -> list[tuple[str, str]]:
     window measured that build, not the store's size)."""
     return [
         (ddoc["_id"].split("/", 1)[1], name)
-        for ddoc in [*design_documents(config), STATISTICS_DESIGN]
-        for name in ddoc.get("views", {})
+        for ddoc in view_design_documents(config)
+        for name in ddoc["views"]
     ]
 
 

@@ -496,7 +496,7 @@ def test_view_functions_run_sandboxed_for_each_document(admin):
 def test_the_embedded_store_will_not_start_without_its_view_workaround(tmp_path):
     """deploy/store/view-functions.js patches one line of pouchdb-mapreduce as node loads it;
     another pouchdb-mapreduce without that line stops node with a message that says so, rather
-    than a store that builds views 5x slower unnoticed."""
+    than a store that builds views several times slower unnoticed."""
     node = shutil.which("node")
     assert node, "node is installed with the embedded store (deploy/debian-packages.txt)"
     lib = tmp_path / "node_modules" / "pouchdb-mapreduce" / "lib"
