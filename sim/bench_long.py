@@ -34,7 +34,7 @@ from rich.console import Console
 
 from aso import purge
 from aso.config import Config
-from aso.store import Server, Settings
+from aso.store import Server
 from sim import bench_pages
 from sim.lifecycle import RunOptions, run_simulation
 from sim.report import Report, cpu_shares, writes_text
@@ -129,7 +129,9 @@ def directory_bytes(path: Path) -> int:
 
 def compact(admin: Server, config: Config) -> float:
     """Seconds a compaction of the files database and of each view index takes (started,
-    then waited for: CouchDB compacts in the background)."""
+    then waited for: CouchDB compacts in the background; the embedded store answers when it
+    is done, minutes at 1M requests, past the client's usual read timeout)."""
+    admin = bench_pages.patient_admin(admin, config)
     db = config.store.files_db
     views = bench_pages.view_design_documents(config)
     if "sizes" not in admin.raw("GET", f"/{db}"):
@@ -153,12 +155,7 @@ def purge_rate(admin: Server, config: Config, seconds: float) -> dict[str, float
     batch for about `seconds`: requests purged per second."""
     files = admin.db(config.store.files_db)
     stats = admin.db(config.store.stats_db)
-    patient = Server(
-        admin.url,
-        config.store.admin_user,
-        config.store.admin_password,
-        Settings(read_timeout=3600, retries=1),
-    )
+    patient = bench_pages.patient_admin(admin, config)
     # The purgeable view over a million requests is brought up to date first (not the purge's
     # own cost; timed: the statistics' design document is none of the pages', so its index is
     # built here for the first time unless the analytics read it before).

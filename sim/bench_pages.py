@@ -186,6 +186,18 @@ def all_views(config: Config) -> list[tuple[str, str]]:
     ]
 
 
+def patient_admin(admin: Server, config: Config) -> Server:
+    """The admin's client for calls that answer when a long job is done (an index build, the
+    embedded store's compaction: minutes at 1M requests): no read timeout to speak of, and no
+    retry, which would start the job again behind the first."""
+    return Server(
+        admin.url,
+        config.store.admin_user,
+        config.store.admin_password,
+        Settings(read_timeout=6 * 3600, retries=0),
+    )
+
+
 def build_views(
     admin: Server, config: Config, views: list[tuple[str, str]] | None = None
 ) -> dict[str, float]:
@@ -193,13 +205,7 @@ def build_views(
     embedded store answers once the index is built: tens of minutes at 1M requests, so no
     read timeout to speak of). CouchDB builds a design document's views together: the first
     view of one pays for all of them."""
-    patient = Server(
-        admin.url,
-        config.store.admin_user,
-        config.store.admin_password,
-        Settings(read_timeout=6 * 3600, retries=0),
-    )
-    db = patient.db(config.store.files_db)
+    db = patient_admin(admin, config).db(config.store.files_db)
     seconds = {}
     for ddoc, name in views or [("asyncstageout", view) for view in PAGE_VIEWS]:
         started = time.monotonic()
