@@ -167,16 +167,20 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
     task = "261121_210000:alice_pages"
     ids = upload(accounts, sim_config, 12, users=("alice",), task=task, links=LINKS[:3], **publish)
     partial = upload_with_fates(accounts, sim_config, admin, PARTIAL, 2, 2, task=task, **publish)
+    outage = ids[2::3]  # LINKS[2]'s: every one fails its first attempt on the outage
     ids += partial
     db = admin.db(sim_config.store.files_db)
     runners = [Runner(Submitter(sim_config, "sub-p")), Runner(Monitor(sim_config, "mon-p"))]
-    run_until(  # a mix of states, then stop
+    run_until(  # a mix of states, then stop; each failing link's files have failed once (the
+        # errors page names the outage: stopping on counts alone raced its attempts)
         lambda: (
             states(db, ids)["done"] >= 6
             and states(db, ids)["failed_attempt"] >= 4
+            and states(db, outage) == {"failed_attempt": 4}
             and states(db, partial) == {"done": 2, "failed_attempt": 2}
         ),
         runners,
+        describe=lambda: (states(db, ids), states(db, outage)),
     )
     # The retry manager gives up the files whose failure is permanent (the failing links'),
     # and sends the outage's to a cool-off: files that failed for good, each after one failed
