@@ -52,9 +52,13 @@ Exactly once, without remembering every request: the aggregator follows the file
 `_changes` feed and keeps, per request, only its events of the open hours (`pending`, replaced
 whole each time the request shows up again: its history only grows). An hour is closed once
 a feed read that ended `close_after` seconds after the hour's end has been taken in. To resume
-after a restart it reads the feed again from a sequence taken at least `close_after` seconds
-before the end of the last closed hour: every write that could carry a later event comes after
-it. The very first run (no `monitor:state`) reads the whole feed once and counts every event of
+after a restart it reads the feed again from just before the batch of the earliest change among
+the requests that still have open events (each pending request remembers the feed batch it was
+last read in), or from where the last read ended when none has: any other request with an
+event after the closed hours was written after that read. The position is exact, whatever the
+clocks: a store of a million finished requests resumes near the end of its feed, not from its
+start (issue 22: a resume taken by time stayed at "0" until the hour after the first run). The
+very first run (no `monitor:state`) reads the whole feed once and counts every event of
 the closed hours from the first copy of each request it sees (what tasks did: its last week
 only, FIRST_RUN_TASKS). The purge deletes only requests
 whose last change is before the end of the last closed hour (`purge_bound`), so every purged
@@ -428,16 +432,21 @@ class Aggregator:
         self.closed_end: float | None = None
         self.resume_seq = "0"
         self.cumulative = Tally()
-        self.pending: dict[str, tuple[Meta, list[Event]]] = {}
+        # request → its metadata, its events in the open hours, the feed batch it was last read in
+        self.pending: dict[str, tuple[Meta, list[Event], int]] = {}
         self.feed_seq = "0"
-        self.samples: list[tuple[float, str]] = []  # (time, seq): writes after time come after seq
+        self.batch_starts: dict[int, str] = {}  # feed batch → the sequence it was read after
+        self._batches = 0
+        self.last_read_at: float | None = None  # when the last feed read reached the end
         self.recent_tasks: dict[float, dict[str, dict[str, int]]] = {}  # closed hour → tasks
         self._revs: dict[str, str] = {}
 
     # -- where it stands --------------------------------------------------------------------
     def load(self) -> None:
         state = self.stats_db.get(STATE_ID)
-        self.pending, self.samples, self._revs, self.recent_tasks = {}, [], {}, {}
+        self.pending, self._revs, self.recent_tasks = {}, {}, {}
+        self.last_read_at = None
+        self.batch_starts = {}
         if state:
             self.closed_end = float(state["closed_end"])
             self.resume_seq = str(state["resume_seq"])
@@ -482,14 +491,17 @@ class Aggregator:
 
     def _changes(self, since: str) -> Iterable[tuple[str, dict[str, Any] | None]]:
         """(id, document or None if deleted) of each request in the feed after `since`; the
-        last sample records where the read ended."""
+        time it reached the end is `last_read_at`; `batch_starts` says where each batch began."""
         while True:
             batch = self.files_db.changes(since, limit=self.batch, include_docs=True)
             taken = self.clock()
+            if batch.results:
+                self._batches += 1
+                self.batch_starts[self._batches] = since
             since = batch.last_seq
             self.feed_seq = since
             if not batch.results:
-                self.samples.append((taken, since))
+                self.last_read_at = taken
                 return
             for change in batch.results:
                 doc = change.get("doc")
@@ -499,11 +511,24 @@ class Aggregator:
                     yield change["id"], doc
 
     def _keep_open(self, doc_id: str, doc: Mapping[str, Any], since: float) -> None:
+        """Keep the request's events from `since` on, and the feed batch it was just read in."""
         events = [e for e in events_of(doc) if e[0] >= since]
         if events:
-            self.pending[doc_id] = (Meta.of(doc), events)
+            self.pending[doc_id] = (Meta.of(doc), events, self._batches)
         else:
             self.pending.pop(doc_id, None)
+
+    def _resume_point(self) -> str:
+        """Where a restart reads the feed from once the hours up to `closed_end` are closed: the
+        start of the batch that read the earliest of the requests still pending (a restart must
+        find each of them again: the feed shows a request at its last write, at or after where
+        it was read), else where the last read ended. Forgets the batch starts before it."""
+        if not self.pending:
+            self.batch_starts = {}
+            return self.feed_seq
+        first = min(batch for _, _, batch in self.pending.values())
+        self.batch_starts = {b: s for b, s in self.batch_starts.items() if b >= first}
+        return self.batch_starts[first]
 
     def _read_feed(self) -> int:
         assert self.closed_end is not None
@@ -539,7 +564,7 @@ class Aggregator:
                         dims.count(event, meta, moves=False, tasks=False)
             self._keep_open(doc_id, doc, until)
         report.backfilled = True
-        self._commit_hours(sorted(hours.items()), dims, until, "0", report)
+        self._commit_hours(sorted(hours.items()), dims, until, self._resume_point(), report)
         log.info(
             "monitoring summaries started: %d requests read, %d hours with events before %s",
             report.read,
@@ -550,13 +575,14 @@ class Aggregator:
     def _close(self, report: StepReport) -> None:
         """Close every hour that ended `close_after` seconds before the last feed read."""
         assert self.closed_end is not None
-        last_read = self.samples[-1][0]
+        assert self.last_read_at is not None
+        last_read = self.last_read_at
         until = hour_start(last_read - self.close_after)
         if until <= self.closed_end:
             return
         hours: dict[float, Tally] = defaultdict(Tally)
         dims = Tally()
-        for doc_id, (meta, events) in list(self.pending.items()):
+        for doc_id, (meta, events, batch) in list(self.pending.items()):
             still_open = []
             for event in events:
                 if event[0] < until:
@@ -565,15 +591,10 @@ class Aggregator:
                 else:
                     still_open.append(event)
             if still_open:
-                self.pending[doc_id] = (meta, still_open)
+                self.pending[doc_id] = (meta, still_open, batch)
             else:
                 del self.pending[doc_id]
-        # Resume from a read that ended before any write of an event after `until` could.
-        usable = [s for s in self.samples if s[0] <= until - self.close_after]
-        resume = usable[-1][1] if usable else self.resume_seq
-        if usable:
-            self.samples = self.samples[len(usable) - 1 :]
-        self._commit_hours(sorted(hours.items()), dims, until, resume, report)
+        self._commit_hours(sorted(hours.items()), dims, until, self._resume_point(), report)
 
     def _commit_hours(
         self,
@@ -717,12 +738,12 @@ class Aggregator:
         now_tally = Tally()
         now_tally.add(self.cumulative, tasks=False)
         open_hours: dict[float, Tally] = defaultdict(Tally)
-        for meta, events in self.pending.values():
+        for meta, events, _ in self.pending.values():
             for event in events:
                 open_hours[hour_start(event[0])].count(event, meta)
         for tally in open_hours.values():
             now_tally.add(tally, tasks=False)
-        as_of = self.samples[-1][0] if self.samples else self.clock()
+        as_of = self.last_read_at if self.last_read_at is not None else self.clock()
         totals = now_tally.totals()
         recent = Tally()
         for start, tasks in self.recent_tasks.items():

@@ -358,6 +358,47 @@ def test_a_request_changed_while_the_first_run_reads_is_counted_once(
     check_against(stats_db, requests(files), aggregator.closed_end)
 
 
+def test_a_restart_reads_the_feed_from_the_first_request_still_open(
+    dbs: tuple[Database, Database],
+) -> None:
+    """A store of finished requests resumes near the end of its feed: a restart reads the
+    requests that still have events in the open hours (from the feed batch of the first of
+    them), and none once their hours are closed (issue 22: the first run's resume was the start
+    of the feed, so a million finished requests were read again by each restart until an hour
+    closed a further hour later)."""
+    files, stats_db = dbs
+    rng = random.Random(6)
+    old = [lifecycle(T0 - 5 * HOUR - rng.uniform(0, HOUR), rng) for _ in range(150)]
+    write(files, old)
+    # The open hour's requests (created 20 to 25 minutes before T0), written last.
+    write(files, [lifecycle(T0 - 20 * 60 - rng.uniform(0, 300), rng) for _ in range(5)])
+    clock = Clock(T0)
+
+    def restarted() -> summaries.Aggregator:
+        return summaries.Aggregator(files, stats_db, close_after=300, batch=20, clock=clock)
+
+    report = restarted().step()
+    assert report.backfilled and report.read == 155 and report.pending == 5
+    assert stats_db.get(summaries.STATE_ID)["resume_seq"] != "0"
+    again = restarted()
+    report = again.step()
+    # From the batch of the first open request on (the feed of a store of several shards
+    # interleaves them: the open five may be a little earlier than the last five).
+    assert 5 <= report.read < 75 and report.pending == 5
+    check_against(stats_db, requests(files), again.closed_end)
+    # An hour later the open hour is closed and nothing is pending: a restart reads nothing.
+    clock.now = T0 + HOUR
+    report = again.step()
+    assert report.closed == [summaries.hour_name(T0 - HOUR)] and report.pending == 0
+    last = restarted()
+    assert last.step().read == 0
+    check_against(stats_db, requests(files), last.closed_end)
+    # A request written after that is read, and counted once.
+    write(files, [lifecycle(clock.now - 600, rng)])
+    assert last.step().read == 1
+    check_against(stats_db, requests(files), last.closed_end)
+
+
 def test_purged_requests_stay_in_the_history(dbs: tuple[Database, Database], admin: Server) -> None:
     files, stats_db = dbs
     rng = random.Random(4)
