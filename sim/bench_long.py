@@ -73,6 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--purge-seconds", type=float, default=120.0)
     parser.add_argument("--runs", default="fresh,prefilled", help="Which runs: fresh, prefilled.")
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-long"))
+    parser.add_argument(
+        "--profile-store", action="store_true", help="Profile the store over each run's "
+        "injection (aso sim --profile-store): where its time goes, in the run's report."
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -100,6 +104,7 @@ def options_of(args: argparse.Namespace, engine: str, name: str) -> RunOptions:
         drain_timeout=args.drain_timeout,
         uploaders=args.uploaders,
         run_token=f"long_{engine}",
+        profile_store=args.profile_store,
     )
 
 

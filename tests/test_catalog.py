@@ -264,6 +264,66 @@ def test_malformed_blocks_are_refused_before_anything_is_written(harness: Harnes
     assert cat.dataset_files(dataset) == {}
 
 
+def test_a_cycles_blocks_in_one_call_have_each_its_own_outcome(harness: Harness):
+    """publish_blocks (the publisher hands a cycle's blocks over together): each block gets
+    what publish_block would have answered it, in order, whatever the others get."""
+    cat = harness.catalog
+    dataset, other_dataset = new_dataset(), new_dataset("bob")
+    old = new_block(dataset)
+    assert cat.publish_block(old) is True
+    shared = new_file(dataset)
+    blocks = [
+        new_block(dataset),  # new
+        old,  # already there
+        dataclasses.replace(
+            old, files=(*old.files[:2], new_file(dataset))
+        ),  # its name, other files
+        new_block(dataset, [new_file(dataset), old.files[0]]),  # a file of another block
+        dataclasses.replace(old, files=()),  # malformed
+        new_block(other_dataset, [shared]),  # a new dataset, a file...
+        new_block(other_dataset, [shared, new_file(other_dataset)]),  # ...that this one has too
+        new_block(other_dataset, n=2),
+    ]
+    outcomes = cat.publish_blocks(blocks)
+    assert outcomes[0] is True and outcomes[1] is False and outcomes[5] is True
+    assert outcomes[7] is True
+    for i in (2, 3, 6):
+        assert isinstance(outcomes[i], BlockConflict), (i, outcomes[i])
+    assert isinstance(outcomes[3], BlockConflict) and outcomes[3].elsewhere == {
+        old.files[0].lfn: old.name
+    }
+    assert isinstance(outcomes[6], BlockConflict)
+    assert outcomes[6].elsewhere == {shared.lfn: blocks[5].name}
+    assert isinstance(outcomes[4], CatalogError) and outcomes[4].retryable is False
+    assert cat.dataset_files(dataset) == {b.name: b.lfns() for b in (old, blocks[0])}
+    assert cat.dataset_files(other_dataset) == {b.name: b.lfns() for b in (blocks[5], blocks[7])}
+    assert cat.publish_blocks([]) == []
+
+
+def test_the_embedded_catalog_takes_a_cycles_blocks_in_a_few_requests(
+    accounts: dict[str, Server], catalog_db: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Four requests for a batch of new blocks (read, datasets, blocks, read again), however
+    many; one at a time, each block took three or four (issue 22)."""
+    cat = _catalog_of(accounts, catalog_db)
+    requests: list[Any] = []
+    real = cat.db.server.call  # every request of the client goes through it
+
+    def counted(send: Any, *args: Any, **kw: Any) -> Any:
+        requests.append(send)
+        return real(send, *args, **kw)
+
+    monkeypatch.setattr(cat.db.server, "call", counted)
+    for n in (1, 40):
+        requests.clear()
+        datasets = [new_dataset() for _ in range(n)]
+        blocks = [new_block(d) for d in datasets for _ in range(2)]
+        assert cat.publish_blocks(blocks) == [True] * len(blocks)
+        assert len(requests) == 4, requests
+        assert all(cat.dataset_files(d) for d in datasets)
+
+
+# --- DBS: what the client sends, and what its failures become ---------------------------------
 # --- DBS: what the client sends, and what its failures become ---------------------------------
 
 
@@ -517,15 +577,28 @@ def test_embedded_two_publishers_of_one_block_insert_it_once(
     assert len(rows) == len({r["key"] for r in rows}) == 15  # every file once
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["one", "with-others"])
 def test_embedded_overlapping_blocks_at_once_never_share_a_file(
-    accounts: dict[str, Server], catalog_db: str
+    accounts: dict[str, Server], catalog_db: str, together: bool
 ):
     dataset = new_dataset()
+
+    def publish(catalog: EmbeddedCatalog, block: Block) -> bool:
+        if not together:
+            return catalog.publish_block(block)
+        # In a cycle's batch beside a block of its own (publish_blocks' checks, not the
+        # one-block path's).
+        outcome, beside = catalog.publish_blocks([block, new_block(dataset)])
+        assert beside is True
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
     for _ in range(4):
         shared = new_file(dataset)
         blocks = [new_block(dataset, [shared, new_file(dataset)]) for _ in range(3)]
         catalogs = [_catalog_of(accounts, catalog_db) for _ in blocks]
-        results = _race(3, lambda i, b=blocks, c=catalogs: c[i].publish_block(b[i]))
+        results = _race(3, lambda i, b=blocks, c=catalogs: publish(c[i], b[i]))
         winners = [b for b, r in zip(blocks, results, strict=True) if r is True]
         assert len(winners) <= 1, results
         for r in results:

@@ -15,7 +15,7 @@ import pytest
 from agents.publisher import Publisher, close_blocks, done_at, make_block
 from aso import model
 from aso.actions import republish
-from aso.catalog.base import CatalogError
+from aso.catalog.base import Catalog, CatalogError
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.runtime import Runner
@@ -128,8 +128,8 @@ def test_publishing_again_after_a_crash_duplicates_nothing(pub_config, accounts,
     docs = done_outputs(pub_config, accounts, 4)
 
     class DiesAfterTheCatalog(Publisher):
-        def publish(self, docs, ctx):  # the catalog call, then the crash
-            self.catalog.publish_block(make_block(docs))
+        def publish(self, blocks, ctx):  # the catalog call, then the crash
+            self.catalog.publish_blocks([make_block(docs) for docs in blocks])
             raise SystemExit("killed after the catalog call")
 
     with pytest.raises(SystemExit):
@@ -144,7 +144,9 @@ def test_publishing_again_after_a_crash_duplicates_nothing(pub_config, accounts,
     )
 
 
-class BrokenCatalog:
+class BrokenCatalog(Catalog):
+    """A catalog that refuses every block (its publish_blocks is the base's, one by one)."""
+
     name = "broken"
 
     def __init__(self, retryable: bool):
@@ -155,8 +157,11 @@ class BrokenCatalog:
         self.calls += 1
         raise CatalogError("catalog unavailable: 503", retryable=self.retryable)
 
-    def close(self):
-        pass
+    def block_files(self, name):
+        return None
+
+    def dataset_files(self, dataset):
+        return {}
 
 
 def test_failed_publications_are_retried_then_given_up_then_reset(pub_config, accounts, admin):
@@ -308,6 +313,38 @@ def test_a_file_in_another_datasets_block_is_a_real_conflict(pub_config, account
     catalog_of(pub_config, admin).publish_block(squatted)
     run_publisher(pub_config)
     assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
+
+
+def test_a_cycles_blocks_go_to_the_catalog_together_each_with_its_own_outcome(
+    pub_config, accounts, admin, monkeypatch
+):
+    """The blocks of a cycle are handed to the catalog in one call (a call per block made
+    a cycle of 300 blocks last a minute at 20x design, issue 22); a block the catalog refuses
+    fails alone."""
+    datasets = [f"/Prim/alice-batch{i}-v1/USER" for i in range(3)]
+    docs = {d: done_outputs(pub_config, accounts, 4, dataset=d) for d in datasets}
+    refused = docs[datasets[1]]
+    other = done_outputs(pub_config, accounts, 1, dataset="/Prim/alice-x-v1/USER", state_done=False)
+    elsewhere = make_block(other)
+    catalog_of(pub_config, admin).publish_block(
+        dataclasses.replace(
+            elsewhere,
+            files=(dataclasses.replace(elsewhere.files[0], lfn=refused[0]["destination_lfn"]),),
+        )
+    )  # one of its files is already in another dataset's block: a real conflict
+    calls: list[int] = []
+    real = EmbeddedCatalog.publish_blocks
+
+    def counted(self, blocks):
+        calls.append(len(blocks))
+        return real(self, blocks)
+
+    monkeypatch.setattr(EmbeddedCatalog, "publish_blocks", counted)
+    run_publisher(pub_config)
+    assert calls == [3]
+    for dataset, mine in docs.items():
+        expected = "publication_failed" if mine is refused else "published"
+        assert states_of(pub_config, accounts, mine) == {expected: 4}, dataset
 
 
 class NoTaskIndex(Database):

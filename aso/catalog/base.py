@@ -86,6 +86,19 @@ class Catalog(abc.ABC):
         False if the same block was already there; BlockConflict if the name exists with other
         files; CatalogError otherwise."""
 
+    def publish_blocks(self, blocks: Sequence[Block]) -> list[bool | Exception]:
+        """publish_block for each block, in order: what it answered (True, False) or what it
+        raised (a CatalogError; any other exception is the client's and is returned too, so
+        that one block cannot stop the others). A catalog that can take several blocks in
+        fewer round trips overrides it (the embedded catalog); DBS takes a block per call."""
+        outcomes: list[bool | Exception] = []
+        for block in blocks:
+            try:
+                outcomes.append(self.publish_block(block))
+            except Exception as exc:  # the block's outcome, returned
+                outcomes.append(exc)
+        return outcomes
+
     @abc.abstractmethod
     def block_files(self, name: str) -> list[str] | None:
         """LFNs of a published block, or None if there is no such block."""

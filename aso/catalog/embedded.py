@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aso.catalog.base import (
@@ -245,6 +245,151 @@ class EmbeddedCatalog(Catalog):
         log.debug("published block %s (%d files)", block.name, len(block.files))
         return True
 
+    def publish_blocks(self, blocks: Sequence[Block]) -> list[bool | Exception]:
+        """The blocks of a publisher's cycle in a handful of requests whatever their number,
+        with publish_block's outcomes and checks: one `files` view read before, one bulk
+        create of their new datasets and one of the blocks, one read after (one block at a
+        time took three requests each: 300 blocks a cycle at 20x design made cycles of a
+        minute, issue 22). A block sharing a file with an earlier one of the batch is
+        published after them, on its own, so that the checks decide between the two."""
+        outcomes: list[bool | Exception | None] = [None] * len(blocks)
+        together: list[int] = []
+        alone: list[int] = []
+        taken: set[str] = set()
+        for i, block in enumerate(blocks):
+            try:
+                check_block(block)
+            except CatalogError as exc:
+                outcomes[i] = exc
+                continue
+            lfns = block.lfns()
+            (alone if taken.intersection(lfns) else together).append(i)
+            taken.update(lfns)
+        published = self._publish_together([blocks[i] for i in together])
+        for i, outcome in zip(together, published, strict=True):
+            outcomes[i] = outcome
+        for i in alone:
+            outcomes[i] = super().publish_blocks([blocks[i]])[0]
+        return [o if o is not None else CatalogError("not published", True) for o in outcomes]
+
+    def _publish_together(self, blocks: Sequence[Block]) -> list[bool | Exception]:
+        """Blocks without a file in common, checked beforehand (check_block)."""
+        outcomes: list[bool | Exception] = [CatalogError("not published", True)] * len(blocks)
+        if not blocks:
+            return outcomes
+        try:
+            before = self._elsewhere_of(blocks)
+        except StoreError as exc:
+            return [self._refused_or_down(f"publishing block {b.name}", exc) for b in blocks]
+        fresh = []
+        for i, (block, elsewhere) in enumerate(zip(blocks, before, strict=True)):
+            if elsewhere:
+                outcomes[i] = BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
+            else:
+                fresh.append(i)
+        try:
+            refused = self._ensure_datasets([blocks[i] for i in fresh])
+            for i in [i for i in fresh if blocks[i].dataset in refused]:
+                outcomes[i] = CatalogError(
+                    f"embedded catalog refused block {blocks[i].name}: "
+                    f"{refused[blocks[i].dataset]}", False
+                )  # fmt: skip
+            fresh = [i for i in fresh if blocks[i].dataset not in refused]
+            now = self._clock()
+            results = self.db.bulk_write([block_document(blocks[i], now) for i in fresh])
+        except StoreError as exc:
+            for i in fresh:
+                outcomes[i] = self._refused_or_down(f"publishing block {blocks[i].name}", exc)
+            return outcomes
+        written: list[tuple[int, str]] = []
+        for i, result in zip(fresh, results, strict=True):
+            name = blocks[i].name
+            if result.ok and result.rev:
+                written.append((i, result.rev))
+            elif result.conflict:
+                outcomes[i] = self._existing_outcome(blocks[i])
+            elif result.error in ("forbidden", "unauthorized"):
+                reason = f"embedded catalog refused block {name}: {result.reason}"
+                outcomes[i] = CatalogError(reason, retryable=False)
+            else:
+                reason = f"embedded catalog: publishing block {name}: {result.error}: "
+                outcomes[i] = CatalogError(reason + str(result.reason), retryable=True)
+        # Another block with one of these files may have been written at the same moment.
+        try:
+            after = self._elsewhere_of([blocks[i] for i, _ in written])
+            withdrawn = []
+            for (i, rev), elsewhere in zip(written, after, strict=True):
+                if not elsewhere:
+                    outcomes[i] = True
+                    continue
+                withdrawn.append({"_id": blocks[i].name, "_rev": rev, "_deleted": True})
+                outcomes[i] = CatalogError(
+                    elsewhere_message(blocks[i], elsewhere)
+                    + " (published at the same moment; this block was withdrawn)",
+                    retryable=True,
+                )
+            if withdrawn:
+                self.db.bulk_write(withdrawn)
+        except StoreError as exc:
+            # Written but not checked: retryable, and the next try finds the block there.
+            for i, _ in written:
+                outcomes[i] = self._refused_or_down(f"publishing block {blocks[i].name}", exc)
+        for i, _ in written:
+            if outcomes[i] is True:
+                log.debug("published block %s (%d files)", blocks[i].name, len(blocks[i].files))
+        return outcomes
+
+    def _elsewhere_of(self, blocks: Sequence[Block]) -> list[dict[str, str]]:
+        """For each block, {LFN: other block} of its LFNs that another block holds: one view
+        read for them all."""
+        if not blocks:
+            return []
+        keys = sorted({lfn for block in blocks for lfn in block.lfns()})
+        rows = self.db.view(DDOC, "files", keys=keys).rows
+        held: dict[str, list[str]] = {}
+        for r in rows:
+            held.setdefault(r["key"], []).append(r["value"]["block"])
+        return [
+            {
+                lfn: other
+                for lfn in block.lfns()
+                for other in held.get(lfn, [])
+                if other != block.name
+            }
+            for block in blocks
+        ]
+
+    def _ensure_datasets(self, blocks: Sequence[Block]) -> dict[str, str]:
+        """The datasets of these blocks created if new, in one bulk write; {dataset: why} of
+        those the store refused."""
+        new = {b.dataset: b for b in blocks if b.dataset not in self._datasets}
+        if not new:
+            return {}
+        now = self._clock()
+        docs = [self._dataset_document(b, now) for b in new.values()]
+        refused = {}
+        for dataset, result in zip(new, self.db.bulk_write(docs), strict=True):
+            if result.ok or result.conflict:  # created now, or there already
+                self._datasets.add(dataset)
+            else:
+                refused[dataset] = f"{result.error}: {result.reason}"
+        return refused
+
+    def _existing_outcome(self, block: Block) -> bool | Exception:
+        """A block whose create found its name taken: _compare_existing's answer."""
+        try:
+            return self._compare_existing(block)
+        except CatalogError as exc:
+            return exc
+        except StoreError as exc:
+            return _store_error("reading a block", exc)
+
+    @staticmethod
+    def _refused_or_down(action: str, exc: StoreError) -> CatalogError:
+        if isinstance(exc, Forbidden):
+            return CatalogError(f"embedded catalog refused: {action}: {exc}", False)
+        return _store_error(action, exc)
+
     def _compare_existing(self, block: Block) -> bool:
         stored = self.db.get(block.name)
         if stored is None or stored.get("type") != BLOCK:
@@ -264,17 +409,20 @@ class EmbeddedCatalog(Catalog):
     def _ensure_dataset(self, block: Block) -> None:
         if block.dataset in self._datasets:
             return
-        doc = {
+        with contextlib.suppress(Conflict):  # there already
+            self.db.create(self._dataset_document(block, self._clock()))
+        self._datasets.add(block.dataset)
+
+    @staticmethod
+    def _dataset_document(block: Block, now: float) -> dict[str, Any]:
+        return {
             "_id": DATASET_PREFIX + block.dataset,
             "type": DATASET,
             "schema": SCHEMA_VERSION,
             "dataset": block.dataset,
             "user": block.user,
-            "created": self._clock(),
+            "created": now,
         }
-        with contextlib.suppress(Conflict):  # there already
-            self.db.create(doc)
-        self._datasets.add(block.dataset)
 
     # -- reading ----------------------------------------------------------------------------
 
