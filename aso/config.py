@@ -337,6 +337,9 @@ class CleanerConfig:
 class PublisherConfig:
     catalog: str = _key("embedded", "Catalog: embedded (a database in the store) or dbs (DBS3).")
     max_files_per_block: int = _key(100, "Files in a block; a full block is published at once.")
+    blocks_per_call: int = _key(
+        100, "Blocks of a cycle handed to the catalog at once (embedded: 4 requests; DBS: 1 each)."
+    )
     block_closure_timeout: float = _key(
         3600.0, "Seconds a block waits for more files after its oldest file was copied."
     )
@@ -668,6 +671,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("sim failure rates must be numbers between 0 and 1")
     if config.publisher.catalog not in ("embedded", "dbs"):
         raise bad("publisher.catalog must be embedded or dbs")
+    if not 1 <= config.publisher.blocks_per_call <= 1000:
+        raise bad("publisher.blocks_per_call must be between 1 and 1000")
     if config.publisher.catalog == "dbs" and not config.dbs.url:
         raise bad("publisher.catalog is dbs but dbs.url is empty")
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:

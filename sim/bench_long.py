@@ -74,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", default="fresh,prefilled", help="Which runs: fresh, prefilled.")
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-long"))
     parser.add_argument(
+        "--blocks-per-call", type=int, default=None, help="publisher.blocks_per_call of the "
+        "runs (default: the configuration's; 1: a catalog call per block, as before issue 22)."
+    )  # fmt: skip
+    parser.add_argument(
         "--profile-store", action="store_true", help="Profile the store over each run's "
         "injection (aso sim --profile-store): where its time goes, in the run's report."
     )  # fmt: skip
@@ -105,6 +109,7 @@ def options_of(args: argparse.Namespace, engine: str, name: str) -> RunOptions:
         uploaders=args.uploaders,
         run_token=f"long_{engine}",
         profile_store=args.profile_store,
+        blocks_per_call=args.blocks_per_call,
     )
 
 

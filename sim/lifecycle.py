@@ -124,6 +124,7 @@ class RunOptions:
     # dead host's leases and partitions pass on.
     lease: float | None = None  # transfer.lease
     heartbeat_expiry: float | None = None  # agents.heartbeat_expiry
+    blocks_per_call: int | None = None  # publisher.blocks_per_call (make bench-long's A/B)
 
 
 def sim_config(plan: Plan, options: RunOptions) -> Config:
@@ -165,6 +166,8 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     config.cleaner.base_delay = wall(60.0)
     config.cleaner.max_delay = wall(3600.0)
     config.publisher.block_closure_timeout = wall(plan.block_timeout)
+    if options.blocks_per_call is not None:
+        config.publisher.blocks_per_call = options.blocks_per_call
     config.publisher.base_delay = wall(60.0)
     config.publisher.max_delay = wall(3600.0)
     # The report reads every document at the end: nothing may be purged during the run.
@@ -536,6 +539,24 @@ class Injector:
 
 
 # -- the run -------------------------------------------------------------------------------------
+def request_counts(text: str) -> dict[tuple[str, str, str], list[float]]:
+    """(database, route, method) → [store requests, seconds to their answers] in a process's
+    Prometheus metrics (aso.metrics: aso_store_requests_total, aso_store_request_seconds)."""
+    counts: dict[tuple[str, str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "aso_store_requests_total":
+                index = 0
+            elif sample.name == "aso_store_request_seconds_sum":
+                index = 1
+            else:
+                continue
+            labels = sample.labels
+            key = (labels.get("db", ""), str(labels.get("route")), str(labels.get("method")))
+            counts.setdefault(key, [0.0, 0.0])[index] += sample.value
+    return counts
+
+
 class Simulation:
     def __init__(self, plan: Plan, options: RunOptions, console: Console | None = None):
         if options.chaos is not None:
@@ -550,6 +571,9 @@ class Simulation:
         self.config.source.write_text(render(self.config, show_secrets=True))
         self.config.source.chmod(0o600)
         self.service = Service(self.config, options)
+        # The simulator's own store requests before this run (a process that runs several
+        # simulations, as make bench-long does, counts them all): subtracted in the report.
+        self.simulator_before = request_counts(generate_latest(REGISTRY).decode())
         self.chaos_log: ChaosLog | None = None
         self.run_token = options.run_token or (
             time.strftime("%y%m%d_%H%M%S", time.gmtime()) + "_" + uuid.uuid4().hex[:4]
@@ -816,19 +840,14 @@ class Simulation:
                         answer = requests.get(f"http://{beat['metrics']}/metrics", timeout=10)
                         texts.append((str(beat.get("agent")), answer.text))
         for who, text in texts:
+            before = self.simulator_before if who == "simulator" else {}
             mine = found.setdefault(who, {})
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name == "aso_store_requests_total":
-                        index = 0
-                    elif sample.name == "aso_store_request_seconds_sum":
-                        index = 1
-                    else:
-                        continue
-                    labels = sample.labels
-                    db = names.get(labels.get("db", ""), labels.get("db") or "server")
-                    key = f"{db} {labels.get('route')} {labels.get('method')}"
-                    mine.setdefault(key, [0.0, 0.0])[index] += sample.value
+            for (db, route, method), counts in request_counts(text).items():
+                was = before.get((db, route, method), [0.0, 0.0])
+                if counts[0] - was[0] <= 0:
+                    continue
+                key = f"{names.get(db, db or 'server')} {route} {method}"
+                mine[key] = [counts[0] - was[0], counts[1] - was[1]]
         return found
 
     def _update_counts(self) -> dict[str, int]:

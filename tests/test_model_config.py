@@ -143,6 +143,7 @@ def test_env_variable_names_the_file(tmp_path, monkeypatch):
         ("[log]\nlevel = 'LOUD'\n", "log.level must be"),
         ("store = 3\n", "[store] must be a table"),
         ("[store]\npool_size = 0\n", "store.pool_size is out of range"),
+        ("[publisher]\nblocks_per_call = 0\n", "publisher.blocks_per_call must be between 1"),
     ],
 )
 def test_bad_config_values(tmp_path, text, message):
