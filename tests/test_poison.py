@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 import agents.cleaner
@@ -28,6 +29,7 @@ from agents.publisher import Publisher
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
+from aso.catalog.base import Catalog
 from aso.config import SiteConfig
 from aso.designdocs import design_documents
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
@@ -181,22 +183,34 @@ def test_a_cleaner_failing_on_one_file_parks_it_with_the_reason(
     assert stored["cleanup_retry_after"] > time.time()  # tried again after the backoff
 
 
-class BuggyCatalog:
-    """A catalog client with a bug: anything but a CatalogError."""
+class BuggyCatalog(Catalog):
+    """A catalog client with a bug: anything but a CatalogError (its publish_blocks is the
+    base's, a block at a time)."""
 
     name = "buggy"
 
     def publish_block(self, block: Any) -> bool:
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
 
-    def close(self) -> None:
-        pass
+    def block_files(self, name: str) -> list[str] | None:
+        return None
+
+    def dataset_files(self, dataset: str) -> dict[str, list[str]]:
+        return {}
 
 
-def test_a_publisher_failing_on_a_block_records_a_publication_error(pub_config, accounts):
+class BuggyBatchCatalog(BuggyCatalog):
+    """A catalog whose batch call itself has the bug: every block of the call gets it."""
+
+    def publish_blocks(self, blocks: Any) -> list[bool | Exception]:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+
+@pytest.mark.parametrize("catalog", [BuggyCatalog, BuggyBatchCatalog], ids=["block", "call"])
+def test_a_publisher_failing_on_a_block_records_a_publication_error(pub_config, accounts, catalog):
     docs = done_outputs(pub_config, accounts, 4)
     before = set_aside("publisher")
-    run_publisher(pub_config, Publisher(pub_config, "p1", catalog=BuggyCatalog()))
+    run_publisher(pub_config, Publisher(pub_config, "p1", catalog=catalog()))
     assert states_of(pub_config, accounts, docs) == {"publication_error": 4}
     stored = accounts["agent"].db(pub_config.store.files_db).get(docs[0]["_id"])
     assert stored[PUBLICATION] == "publication_error"
