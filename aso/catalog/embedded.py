@@ -403,8 +403,7 @@ class EmbeddedCatalog(Catalog):
 
     def _published_elsewhere(self, block: Block) -> dict[str, str]:
         """{LFN: other block} for the block's LFNs that another block holds."""
-        rows = self.db.view(DDOC, "files", keys=block.lfns()).rows
-        return {r["key"]: r["value"]["block"] for r in rows if r["value"]["block"] != block.name}
+        return self._elsewhere_of([block])[0]
 
     def _ensure_dataset(self, block: Block) -> None:
         if block.dataset in self._datasets:
