@@ -25,7 +25,6 @@ once written. Members (aso-user, aso-agent, aso-admin) read.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,7 +39,7 @@ from aso.catalog.base import (
     CatalogStoreDown,
     content_message,
 )
-from aso.store import Conflict, Database, Forbidden, Server, StoreError, StoreUnavailable
+from aso.store import Database, Forbidden, Server, StoreError, StoreUnavailable, WriteResult
 
 log = logging.getLogger("aso.catalog.embedded")
 
@@ -199,6 +198,21 @@ def _store_error(action: str, exc: StoreError) -> CatalogError:
     return kind(f"embedded catalog: {action}: {exc}", retryable=retryable)
 
 
+# A bulk write's per-document refusals, with the status a single write of it answers.
+REFUSALS = {"forbidden": 403, "unauthorized": 401}
+
+
+def bulk_refusal(result: WriteResult) -> str:
+    """A bulk write's refusal of one document in the text a single write's error carries
+    ("403 forbidden: reason"), so that a refusal reads the same whichever way it came."""
+    status = REFUSALS.get(result.error or "", 400)
+    return str(StoreError(status, result.error or "error", result.reason or ""))
+
+
+def refusal(block: str, why: str) -> CatalogError:
+    return CatalogError(f"embedded catalog refused block {block}: {why}", retryable=False)
+
+
 class EmbeddedCatalog(Catalog):
     name = "embedded"
 
@@ -216,34 +230,13 @@ class EmbeddedCatalog(Catalog):
     # -- publishing -----------------------------------------------------------------------
 
     def publish_block(self, block: Block) -> bool:
+        """The one-block case of the batch: the same checks and outcomes (True: published
+        now, False: already there with these files; a CatalogError otherwise)."""
         check_block(block)
-        try:
-            elsewhere = self._published_elsewhere(block)
-            if elsewhere:
-                raise BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
-            self._ensure_dataset(block)
-            doc = block_document(block, self._clock())
-            try:
-                rev = self.db.create(doc)
-            except Conflict:
-                return self._compare_existing(block)
-            # Another block with one of these files may have been written at the same moment.
-            elsewhere = self._published_elsewhere(block)
-            if elsewhere:
-                self.db.delete(block.name, rev)
-                raise CatalogError(
-                    elsewhere_message(block, elsewhere)
-                    + " (published at the same moment; this block was withdrawn)",
-                    retryable=True,
-                )
-        except Forbidden as exc:
-            raise CatalogError(
-                f"embedded catalog refused block {block.name}: {exc}", False
-            ) from None
-        except StoreError as exc:
-            raise _store_error(f"publishing block {block.name}", exc) from None
-        log.debug("published block %s (%d files)", block.name, len(block.files))
-        return True
+        outcome = self._publish_together([block])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def publish_blocks(self, blocks: Sequence[Block]) -> list[bool | Exception]:
         """The blocks of a publisher's cycle in a handful of requests whatever their number,
@@ -290,10 +283,7 @@ class EmbeddedCatalog(Catalog):
         try:
             refused = self._ensure_datasets([blocks[i] for i in fresh])
             for i in [i for i in fresh if blocks[i].dataset in refused]:
-                outcomes[i] = CatalogError(
-                    f"embedded catalog refused block {blocks[i].name}: "
-                    f"{refused[blocks[i].dataset]}", False
-                )  # fmt: skip
+                outcomes[i] = refusal(blocks[i].name, refused[blocks[i].dataset])
             fresh = [i for i in fresh if blocks[i].dataset not in refused]
             now = self._clock()
             results = self.db.bulk_write([block_document(blocks[i], now) for i in fresh])
@@ -308,9 +298,8 @@ class EmbeddedCatalog(Catalog):
                 written.append((i, result.rev))
             elif result.conflict:
                 outcomes[i] = self._existing_outcome(blocks[i])
-            elif result.error in ("forbidden", "unauthorized"):
-                reason = f"embedded catalog refused block {name}: {result.reason}"
-                outcomes[i] = CatalogError(reason, retryable=False)
+            elif result.error in REFUSALS:
+                outcomes[i] = refusal(name, bulk_refusal(result))
             else:
                 reason = f"embedded catalog: publishing block {name}: {result.error}: "
                 outcomes[i] = CatalogError(reason + str(result.reason), retryable=True)
@@ -372,7 +361,7 @@ class EmbeddedCatalog(Catalog):
             if result.ok or result.conflict:  # created now, or there already
                 self._datasets.add(dataset)
             else:
-                refused[dataset] = f"{result.error}: {result.reason}"
+                refused[dataset] = bulk_refusal(result)
         return refused
 
     def _existing_outcome(self, block: Block) -> bool | Exception:
@@ -400,17 +389,6 @@ class EmbeddedCatalog(Catalog):
             log.debug("block %s was already published", block.name)
             return False
         raise BlockConflict(content_message(block.name, stored_lfns, block.lfns()))
-
-    def _published_elsewhere(self, block: Block) -> dict[str, str]:
-        """{LFN: other block} for the block's LFNs that another block holds."""
-        return self._elsewhere_of([block])[0]
-
-    def _ensure_dataset(self, block: Block) -> None:
-        if block.dataset in self._datasets:
-            return
-        with contextlib.suppress(Conflict):  # there already
-            self.db.create(self._dataset_document(block, self._clock()))
-        self._datasets.add(block.dataset)
 
     @staticmethod
     def _dataset_document(block: Block, now: float) -> dict[str, Any]:
