@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -444,34 +445,41 @@ def test_an_agent_stuck_past_hang_timeout_writes_its_stacks_and_exits(tmp_path):
     black_hole = socket.socket()
     black_hole.bind(("127.0.0.1", 0))
     black_hole.listen(8)  # connections complete in the kernel; nobody ever answers
+    agents = {}
     try:
-        outcomes = {}
+        # Both at once: the watched one exits after its 3 s; the other is still waiting well
+        # past that (four times the watched one's timeout).
         for hang_timeout in (3.0, 0.0):
-            config = make_config(tmp_path, black_hole.getsockname()[1], read_timeout=600.0)
+            home = tmp_path / f"hang-{hang_timeout:g}"
+            home.mkdir()
+            config = make_config(home, black_hole.getsockname()[1], read_timeout=600.0)
             config.store.retries = 0
             config.agents.hang_timeout = hang_timeout
             config_file = write_config(config)
-            agent = subprocess.Popen(
+            agents[hang_timeout] = subprocess.Popen(
                 [ASO, "--config", str(config_file), "agent", "analytics", "--instance", "stuck"],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-            try:
-                outcomes[hang_timeout] = (agent.wait(30), agent.stdout.read())
-            except subprocess.TimeoutExpired:
-                outcomes[hang_timeout] = (None, "")
-            finally:
-                if agent.poll() is None:
-                    agent.kill()
-                    agent.wait()
+        started = time.monotonic()
+        try:
+            code = agents[3.0].wait(30)
+        except subprocess.TimeoutExpired:
+            code = None
+        time.sleep(max(0.0, started + 12.0 - time.monotonic()))
+        unwatched_still_waiting = agents[0.0].poll() is None
     finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait()
         black_hole.close()
-    code, output = outcomes[3.0]
+    output = agents[3.0].stdout.read()
     assert code == 1, output
     assert "Timeout (0:00:03)!" in output
     assert "aso/store.py" in output and "aso/runtime.py" in output  # where it waited
-    assert outcomes[0.0][0] is None  # no watchdog: still waiting after 30 s
+    assert unwatched_still_waiting, agents[0.0].stdout.read()  # no watchdog: still waiting
 
 
 def test_an_error_on_the_built_in_defaults_says_no_config_file_was_found(tmp_path):

@@ -479,6 +479,9 @@ def outcomes(report: upload_module.UploadReport) -> dict[str, str]:
     return found
 
 
+# Each example uploads its batch twice through the real store (the suite's slowest generated
+# test): in the CI profile half its examples; the "long" profile's all.
+@settings(max_examples=settings.default.max_examples // (1 if LONG else 2) or 1)
 @given(case=batches(), per_call=st.sampled_from([upload_module.BATCH, 2, 3]))
 def test_generated_upload_batches_end_each_in_one_place_and_twice_is_once(store, case, per_call):
     before, batch = case
