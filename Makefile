@@ -39,7 +39,7 @@ ASO_TEST_ARTEFACTS := $(or $(ASO_TEST_ARTEFACTS),$(CURDIR)/test-artefacts)
 export ASO_TEST_ARTEFACTS
 , := ,
 
-.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-long bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
+.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-long bench-uploads bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -51,6 +51,7 @@ help:
 	@echo "              STORE=couchdb on a local CouchDB, STORE=both side by side"
 	@echo "make bench-long - 20x (embedded) and 30x (CouchDB) for 30 min, fresh and with 1M requests"
 	@echo "              in the store, with that store's costs (~4 h; STORE=both for both stores)"
+	@echo "make bench-uploads - job uploads a store takes at 2, 8, 32 uploaders, and their CPU (~2 min)"
 	@echo "make fuzz   - the hostile-input suite with many more generated cases (~15 min)"
 	@echo "make chaos  - 4x design with agents, store and storage failing; then a host killed (~25 min)"
 	@echo "make soak   - one simulated hour at 4x: memory and open files per process (~35 min)"
@@ -147,6 +148,14 @@ bench-long: setup couchdb
 
 # Both stores unless STORE is given.
 LONG_ENGINES = $(if $(filter command line environment,$(origin STORE)),$(if $(filter both,$(STORE)),pouchdb$(,)couchdb,$(STORE)),pouchdb$(,)couchdb)
+
+# Job uploads (one call per job, as job wrappers make them) that a store of its own takes at
+# 2, 8 and 32 concurrent uploaders with nothing else running, and their CPU (store, its
+# JavaScript, the client): what 30x design's 74 uploads/s ask of this machine (~2 min each
+# store; STORE=couchdb by default, STORE=both side by side).
+bench-uploads: setup couchdb
+	@for engine in $(if $(filter both,$(STORE)),pouchdb couchdb,$(if $(filter command line environment,$(origin STORE)),$(STORE),couchdb)); do \
+	  $(VENV)/bin/python -m sim.bench_uploads --engine $$engine --workdir var/bench-uploads/$$engine $(BENCH_ARGS) || exit 1; done
 
 bench-workqueue: setup
 	$(VENV)/bin/python -m sim.bench_workqueue

@@ -402,3 +402,20 @@ def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_of
         "at_service": 0.5,
         "reporting": 0.5,
     }
+
+
+def test_the_upload_benchmark_measures_job_uploads_on_a_store_of_its_own(tmp_path):
+    """`make bench-uploads` (sim/bench_uploads.py): each count of uploaders uploads jobs of the
+    workload, every file recorded, and prints uploads/s, latency and each party's CPU."""
+    argv = [sys.executable, "-m", "sim.bench_uploads", "--engine", ENGINE, "--uploaders",
+            "1,3", "--seconds", "3", "--users", "5", "--sites", "3", "--workdir",
+            str(tmp_path / "uploads")]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rounds = json.loads((tmp_path / "uploads" / "uploads.json").read_text())["rounds"]
+    assert [r["uploaders"] for r in rounds] == [1, 3]
+    for r in rounds:
+        assert r["uploads_per_s"] > 0 and r["docs_per_s"] >= r["uploads_per_s"], r
+        assert r["refused"] == 0 and r["store_cores"] > 0 and r["client_cores"] > 0, r
+        assert 0 < r["latency_p50_ms"] <= r["latency_p95_ms"], r
+    assert "job uploads on " + ENGINE in result.stdout
