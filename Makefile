@@ -86,8 +86,17 @@ run: setup
 demo: $(ASO)
 	$(ASO) --config $(CONFIG) demo --files 200
 
+# A `make run` of this checkout still running would start again what is stopped under it: it
+# is asked to stop first (SIGTERM: it stops its agents, storage and store; waited for until it
+# has exited, a zombie counting as exited), then whatever it left behind.
 stop:
-	@if [ -x $(ASO) ] && [ -f $(CONFIG) ]; then $(ASO) --config $(CONFIG) storage stop; $(ASO) --config $(CONFIG) store stop; else echo "nothing to stop"; fi
+	@if [ ! -x $(ASO) ] || [ ! -f $(CONFIG) ]; then echo "nothing to stop"; exit 0; fi; \
+	for pid in $$(pgrep -f -- "^[^ ]*python[0-9.]* [^ ]*aso --config $(CONFIG) run( |$$)" || true); do \
+	  if [ "$$(readlink /proc/$$pid/cwd)" = "$(CURDIR)" ]; then \
+	    echo "stopping aso run (pid $$pid)"; kill -TERM $$pid; \
+	    for i in $$(seq 120); do grep -qs '^State:[[:space:]]*[A-Y]' /proc/$$pid/status || break; sleep 0.5; done; fi; \
+	done; \
+	$(ASO) --config $(CONFIG) storage stop; $(ASO) --config $(CONFIG) store stop
 
 lint: $(ASO)
 	$(VENV)/bin/ruff check aso agents sim tests

@@ -39,6 +39,7 @@ from tests.storage_helpers import (
 )
 
 ASO = str(Path(sys.executable).parent / "aso")
+REPO = Path(__file__).resolve().parent.parent  # `make stop` stops the `aso run` started here
 
 
 # Lines every XRootD server logs all the time (the supervisor's health checks, clients closing
@@ -195,8 +196,9 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
         log = base / "run.log"
         with open(log, "w") as out:
             process = subprocess.Popen(
-                [ASO, "--config", str(path), "run"], stdout=out, stderr=subprocess.STDOUT, text=True
-            )
+                [ASO, "--config", str(path), "run"], stdout=out, stderr=subprocess.STDOUT,
+                text=True, cwd=REPO,
+            )  # fmt: skip
         try:
             try:
                 wait_for(lambda: "ASO running" in log.read_text(), 90, "aso run to start")
@@ -346,7 +348,13 @@ def test_run_demo_restart_and_clean_stop(service):
         # The service healed itself (that is what the watchdog is for), but a stuck agent is
         # a defect to find: say where it was stuck in the run's warnings.
         warnings.warn("agents stuck, ended by their watchdog:\n" + "\n".join(dumps), stacklevel=1)
-    process.send_signal(signal.SIGTERM)
+    # `make stop` (make help) ends the `aso run` of its checkout and config, which stops its
+    # agents, storage and store, and then whatever it left.
+    stop = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "stop",
+                           f"ASO={ASO}", f"CONFIG={path}"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert f"stopping aso run (pid {process.pid})" in stop.stdout, stop.stdout
     assert process.wait(60) == 0
     log = (base / "run.log").read_text()
     assert "exited with code -9; restart" in log
