@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from rich.table import Table
 from aso.store import Database, Server
 from aso.upload import upload
 from sim.lifecycle import RunOptions, Service, sim_config, tree_cpu
+from sim.report import percentiles
 from sim.workload import Plan, Workload
 
 console = Console()
@@ -112,14 +112,14 @@ def measure(db: Database, workload: Workload, uploaders: int, seconds: float,
     span = time.monotonic() - started
     after = cpu_seconds(store, js_seen)
     cores = [round((a - b) / span, 2) for a, b in zip(after, before, strict=True)]
-    latencies = sorted(uploads.latencies) or [0.0]
+    latency = percentiles([1000 * t for t in uploads.latencies])  # the simulator's p50/p95
     return UploadRound(
         uploaders=uploaders,
         seconds=round(span, 1),
         uploads_per_s=round(len(uploads.latencies) / span, 1),
         docs_per_s=round(uploads.docs / span, 1),
-        latency_p50_ms=round(1000 * statistics.median(latencies)),
-        latency_p95_ms=round(1000 * latencies[int(0.95 * (len(latencies) - 1))]),
+        latency_p50_ms=round(latency["p50"] or 0.0),
+        latency_p95_ms=round(latency["p95"] or 0.0),
         refused=uploads.refused,
         store_cores=cores[0],
         store_js_cores=cores[1],
@@ -158,8 +158,7 @@ def run(args: argparse.Namespace) -> list[UploadRound]:
             console.print(f"{count} uploaders for {args.seconds:g} s…")
             rounds.append(measure(db, workload, count, args.seconds, store))
     finally:
-        if service.local is not None:
-            service.local.stop()
+        service.stop()
     print_table(args.engine, rounds)
     out = args.workdir / "uploads.json"
     out.write_text(json.dumps({"engine": args.engine, "rounds": [asdict(r) for r in rounds]}))
