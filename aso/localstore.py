@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import contextlib
 import os
+import random
 import select
 import signal
 import socket
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -381,46 +382,85 @@ def _notify_barrier(sock: socket.socket) -> None:
             os.close(write_end)
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (for tests and benchmarks that start their own store)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+# Servers started here listen on ports chosen outside the kernel's ephemeral range: a port
+# handed out by bind(("127.0.0.1", 0)) and closed again is free only until some outgoing
+# connection takes it as its local port, or another process on the machine (a second test
+# leg, a benchmark) is handed the same one, and the server started on it then dies with
+# EADDRINUSE (seen: a CouchDB node of the test cluster while the other test leg ran). Outside
+# that range only a listener can hold a port, and a random choice among ~27,000 rarely meets
+# another process's.
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000
+_random = random.Random()  # seeded from os.urandom: forked processes do not share a sequence
 
 
-def distinct_free_ports(count: int) -> list[int]:
-    """`count` different TCP ports free on loopback now: the sockets are held until all are
-    chosen (one after the other, the kernel may hand back a port it has just released)."""
-    socks = []
+def _listen_ranges() -> list[range]:
+    """The loopback ports a server started here may be given: above 10000, outside the
+    kernel's ephemeral range (Linux's default 32768-60999 where it cannot be read)."""
     try:
-        for _ in range(count):
+        low, high = (int(word) for word in _EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    ranges = [
+        range(_LOWEST_PORT, max(low, _LOWEST_PORT)),
+        range(max(high + 1, _LOWEST_PORT), 65536),
+    ]
+    return [r for r in ranges if len(r) > 0]
+
+
+def _candidate_first_ports(count: int) -> list[int]:
+    """Up to 500 random first ports of `count` consecutive ports inside one listen range."""
+    spans = [range(r.start, r.stop - count + 1) for r in _listen_ranges() if len(r) >= count]
+    if not spans:
+        return []
+    weights = [len(span) for span in spans]
+    return [_random.choice(_random.choices(spans, weights)[0]) for _ in range(500)]
+
+
+def _bind_all(ports: Iterable[int], socks: list[socket.socket]) -> bool:
+    """Bind each of `ports` on loopback (the sockets kept in `socks`): all free now?"""
+    try:
+        for port in ports:
             sock = socket.socket()
             socks.append(sock)
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+            sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def free_ports(count: int) -> int:
     """The first of `count` consecutive TCP ports free on loopback now (a local cluster's
-    nodes listen on store.url's port and the ones after it)."""
-    for _ in range(200):
-        first = free_port()
-        if first + count > 65535:
-            continue
-        socks = []
+    nodes listen on store.url's port and the ones after it), outside the ephemeral range."""
+    for first in _candidate_first_ports(count):
+        socks: list[socket.socket] = []
         try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
+            if _bind_all(range(first, first + count), socks):
+                return first
         finally:
             for sock in socks:
                 sock.close()
     raise LocalStoreError(f"no {count} consecutive free ports on loopback")
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, outside the ephemeral range (for tests and benchmarks
+    that start their own servers)."""
+    return free_ports(1)
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` different TCP ports free on loopback now, outside the ephemeral range: the
+    sockets are held until all are chosen, so that no two are the same."""
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for first in _candidate_first_ports(1):
+            if first not in ports and _bind_all([first], socks):
+                ports.append(first)
+                if len(ports) == count:
+                    return ports
+    finally:
+        for sock in socks:
+            sock.close()
+    raise LocalStoreError(f"no {count} free ports on loopback")
