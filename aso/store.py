@@ -243,6 +243,8 @@ ACCEPTED_REASON = "accepted by fewer copies than the quorum: another writer may 
 
 
 _BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}
+# A bulk write's per-document `error`, with the status a single write of that document answers.
+_BULK_ERROR_STATUS = {"unauthorized": 401, "forbidden": 403, "not_found": 404, "conflict": 409}
 
 
 def _short(exc: BaseException) -> str:
@@ -285,6 +287,14 @@ class WriteResult:
     @property
     def conflict(self) -> bool:
         return self.error == "conflict"
+
+    def as_error(self, url: str = "") -> StoreError:
+        """This document's failure as the error a single write of it raises (same status, class
+        and text: "403 forbidden: reason"), so that a refusal reads the same whichever way it
+        came. An error the store names nothing else becomes 400: the write is not retried."""
+        error = self.error or "error"
+        status = _BULK_ERROR_STATUS.get(error, 400)
+        return _BY_STATUS.get(status, StoreError)(status, error, self.reason or "", url)
 
 
 @dataclass

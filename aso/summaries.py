@@ -730,7 +730,7 @@ class Aggregator:
                     doc["_rev"] = existing["_rev"]
             for result in self.stats_db.bulk_write(chunk):
                 if not result.ok:
-                    raise Conflict(409, result.error or "conflict", result.reason or "")
+                    raise result.as_error(self.stats_db.name)
 
     # -- now --------------------------------------------------------------------------------
     def _write_live(self) -> None:

@@ -39,7 +39,7 @@ from aso.catalog.base import (
     CatalogStoreDown,
     content_message,
 )
-from aso.store import Database, Forbidden, Server, StoreError, StoreUnavailable, WriteResult
+from aso.store import Database, Forbidden, Server, StoreError, StoreUnavailable, Unauthorized
 
 log = logging.getLogger("aso.catalog.embedded")
 
@@ -198,17 +198,6 @@ def _store_error(action: str, exc: StoreError) -> CatalogError:
     return kind(f"embedded catalog: {action}: {exc}", retryable=retryable)
 
 
-# A bulk write's per-document refusals, with the status a single write of it answers.
-REFUSALS = {"forbidden": 403, "unauthorized": 401}
-
-
-def bulk_refusal(result: WriteResult) -> str:
-    """A bulk write's refusal of one document in the text a single write's error carries
-    ("403 forbidden: reason"), so that a refusal reads the same whichever way it came."""
-    status = REFUSALS.get(result.error or "", 400)
-    return str(StoreError(status, result.error or "error", result.reason or ""))
-
-
 def refusal(block: str, why: str) -> CatalogError:
     return CatalogError(f"embedded catalog refused block {block}: {why}", retryable=False)
 
@@ -298,8 +287,8 @@ class EmbeddedCatalog(Catalog):
                 written.append((i, result.rev))
             elif result.conflict:
                 outcomes[i] = self._existing_outcome(blocks[i])
-            elif result.error in REFUSALS:
-                outcomes[i] = refusal(name, bulk_refusal(result))
+            elif isinstance(error := result.as_error(), Forbidden | Unauthorized):
+                outcomes[i] = refusal(name, str(error))
             else:
                 reason = f"embedded catalog: publishing block {name}: {result.error}: "
                 outcomes[i] = CatalogError(reason + str(result.reason), retryable=True)
@@ -361,7 +350,7 @@ class EmbeddedCatalog(Catalog):
             if result.ok or result.conflict:  # created now, or there already
                 self._datasets.add(dataset)
             else:
-                refused[dataset] = bulk_refusal(result)
+                refused[dataset] = str(result.as_error())
         return refused
 
     def _existing_outcome(self, block: Block) -> bool | Exception:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from aso.store import Conflict, Database, StoreError
+from aso.store import Conflict, Database
 from aso.transfer.base import (
     CANCELED,
     DONE,
@@ -137,7 +137,7 @@ class JobStore:
             elif result.conflict:
                 log.info("job %s (key %s) exists: not created again", doc["_id"], doc["key"])
             else:
-                raise StoreError(403, result.error or "error", result.reason or "", self.db.name)
+                raise result.as_error(self.db.name)
         return [doc["_id"] for doc in docs]
 
     def exists(self, key: str) -> str | None:
