@@ -38,6 +38,11 @@ STORE ?= pouchdb
 ASO_TEST_ARTEFACTS := $(or $(ASO_TEST_ARTEFACTS),$(CURDIR)/test-artefacts)
 export ASO_TEST_ARTEFACTS
 , := ,
+space := $(subst ,, )
+# The stores a benchmark runs on: both for STORE=both, the one STORE names when given, and when
+# STORE is not given the benchmark's own default ($(1)) or STORE's (pouchdb).
+engines = $(if $(filter both,$(STORE)),pouchdb couchdb,$(if $(filter command line environment,$(origin STORE)),$(STORE),$(or $(1),$(STORE))))
+comma_list = $(subst $(space),$(,),$(strip $(1)))
 
 .PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-long bench-uploads bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
 
@@ -153,24 +158,21 @@ bench: bench-scale
 # STORE=couchdb runs it on a local CouchDB ($(COUCHDB_HOME)), STORE=both on each store back to
 # back, scale by scale, with a side-by-side table.
 bench-scale: setup couchdb
-	$(VENV)/bin/python -m sim.bench_scale --engines $(if $(filter both,$(STORE)),pouchdb$(,)couchdb,$(STORE)) $(BENCH_ARGS)
+	$(VENV)/bin/python -m sim.bench_scale --engines $(call comma_list,$(call engines)) $(BENCH_ARGS)
 
 # Issue 22's goal scales (20x on the embedded store, 30x on CouchDB) over a 30-minute injection
 # window, on a fresh store and on a copy of one holding 1M finished requests (filled once into
 # var/bench-pages, as make bench-pages does), with the store's costs at that size (~4 h both
 # stores, the default; STORE=pouchdb or couchdb for one; BENCH_ARGS="--duration 5m --prefill 100000" short).
 bench-long: setup couchdb
-	$(VENV)/bin/python -m sim.bench_long --engines $(LONG_ENGINES) $(BENCH_ARGS)
-
-# Both stores unless STORE is given.
-LONG_ENGINES = $(if $(filter command line environment,$(origin STORE)),$(if $(filter both,$(STORE)),pouchdb$(,)couchdb,$(STORE)),pouchdb$(,)couchdb)
+	$(VENV)/bin/python -m sim.bench_long --engines $(call comma_list,$(call engines,pouchdb couchdb)) $(BENCH_ARGS)
 
 # Job uploads (one call per job, as job wrappers make them) that a store of its own takes at
 # 2, 8 and 32 concurrent uploaders with nothing else running, and their CPU (store, its
 # JavaScript, the client): what 30x design's 74 uploads/s ask of this machine (~2 min each
 # store; STORE=couchdb by default, STORE=both side by side).
 bench-uploads: setup couchdb
-	@for engine in $(if $(filter both,$(STORE)),pouchdb couchdb,$(if $(filter command line environment,$(origin STORE)),$(STORE),couchdb)); do \
+	@for engine in $(call engines,couchdb); do \
 	  $(VENV)/bin/python -m sim.bench_uploads --engine $$engine --workdir var/bench-uploads/$$engine $(BENCH_ARGS) || exit 1; done
 
 bench-workqueue: setup
@@ -194,7 +196,7 @@ bench-locust: setup
 
 # The monitoring pages with 1M requests in the store (the filled store is kept in var/).
 bench-pages: setup couchdb
-	$(VENV)/bin/python -m sim.bench_pages --engines $(if $(filter both,$(STORE)),pouchdb$(,)couchdb,$(STORE)) $(BENCH_ARGS)
+	$(VENV)/bin/python -m sim.bench_pages --engines $(call comma_list,$(call engines)) $(BENCH_ARGS)
 
 # Chaos at 4x design (docs/testing.md: Chaos, soak and failures): agents killed every 5 s, the store
 # killed and restarted twice, a storage outage and a failing link; then two agent hosts, one
