@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from aso import designdocs, model
 from aso.designdocs import FILES_SECURITY
 from aso.local.embedded import VIEW_FUNCTIONS_MODULE
+from aso.localstore import distinct_free_ports, free_ports
 from aso.model import AGENT, STATE, Change
 from aso.store import (
     Conflict,
@@ -65,6 +67,29 @@ def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
     assert [stored[d["_id"]]["_rev"] for d in docs if stored[d["_id"]][STATE] == "acquired"] == [
         results[i].rev for i in (0, 3, 5)
     ]
+
+
+def test_a_document_refused_in_bulk_raises_what_its_single_write_raises(files_db, accounts):
+    """WriteResult.as_error: the error a bulk write's refusal or conflict becomes is the one a
+    single write of the same document raises (class, status and text), so that callers and
+    logs read a refusal the same whichever way it came."""
+    agent = db_as(accounts, "agent", files_db)
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).put(doc)
+    forbidden = dict(model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT), size=1)
+    stale = dict(forbidden, size=doc["size"], _rev="1-" + "0" * 32)
+    for update, cls in ((forbidden, Forbidden), (stale, Conflict)):
+        (result,) = agent.bulk_write([update])
+        with pytest.raises(cls) as single:
+            agent.put(dict(update))
+        from_bulk = result.as_error()
+        assert type(from_bulk) is type(single.value), (from_bulk, single.value)
+        assert (from_bulk.status, from_bulk.error, from_bulk.reason) == (
+            single.value.status,
+            single.value.error,
+            single.value.reason,
+        )
+        assert str(from_bulk) == str(single.value)
 
 
 def test_a_bulk_write_larger_than_a_request_may_be_is_cut_into_requests(admin):
@@ -587,3 +612,22 @@ def test_agents_delete_unfinished_requests_only_as_a_withdrawn_branch(files_db, 
     assert other.error == "forbidden"
     [done] = db_as(accounts, "agent", files_db).bulk_write([dict(plain, withdrawn=model.WITHDRAWN)])
     assert done.ok and db_as(accounts, "admin", files_db).get(doc["_id"]) is None
+
+
+def test_ports_for_local_servers_are_free_and_outside_the_ephemeral_range():
+    """free_port, free_ports and distinct_free_ports choose listening ports that no outgoing
+    connection can take meanwhile (outside the kernel's ephemeral range) and that are free:
+    the servers of two test legs at once do not die of EADDRINUSE."""
+    low, high = (int(w) for w in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    first = free_ports(3)
+    chosen = [free_port() for _ in range(50)] + distinct_free_ports(8) + [first, first + 2]
+    assert len(set(distinct_free_ports(8))) == 8
+    for port in chosen:
+        assert 10000 <= port < 65536 and not low <= port <= high, port
+    with contextlib.ExitStack() as held:  # each one can be listened on now
+        for port in range(first, first + 3):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        # ... and one held by a listener is never handed out again meanwhile
+        assert not {free_port() for _ in range(200)} & set(range(first, first + 3))
