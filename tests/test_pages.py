@@ -33,7 +33,7 @@ from aso.model import Change
 from aso.runtime import Runner
 from aso.transfer.sim import SimService
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in
-from tests.conftest import PASSWORD, sample_request
+from tests.conftest import ENGINE, PASSWORD, sample_request
 from tests.pipeline_helpers import LINKS, owner_db, run_until, states, upload
 from tests.test_publisher import BrokenCatalog
 
@@ -885,6 +885,51 @@ def failed_request(user: str, task: str, at: float, n: int) -> dict[str, Any]:
          failure_reason=reason)  # fmt: skip
     step("failed")
     return doc
+
+
+def test_a_user_s_failures_are_paged_from_the_row_s_exact_time(sim_config, admin):
+    """EMBEDDED_VIEW_KEYS_INEXACT: the embedded store decodes a view row's key from the index's
+    sortable text, and a time of 17 significant digits may come back a unit in the last place
+    off; the user page started its next page of failures at that key and, when it was smaller
+    than the stored one, skipped the row (the page test's "59 of 60", now and then). The view
+    carries the exact time in its value (`at`), which the page starts from: every failure is
+    on exactly one page, in order, on both stores; paging by the row's key would have lost
+    rows on the embedded store, with these very times."""
+    init_databases(admin, sim_config)
+    db = admin.db(sim_config.store.files_db)
+    # Times to the tenth of a microsecond, as time.time() gives them (one decoded a unit off in
+    # a failed run: 1795532316.2118158 came back as ...156).
+    times = [1795532316.2118158 + 10 * i + 1.37e-5 * i for i in range(120)]
+    docs = [
+        failed_request("carol", f"261101_{i:06d}:carol_f", t - 4, i) for i, t in enumerate(times)
+    ]
+    assert all(r.ok for r in db.bulk_write(docs))
+    want = [
+        d["_id"] for d in sorted(docs, key=lambda d: (d["last_update"], d["_id"]), reverse=True)
+    ]
+
+    def pages(next_from: Callable[[dict[str, Any]], list[Any]]) -> list[list[str]]:
+        """The failures 7 a page, newest first, as the page reads them (limit: a page + 1)."""
+        seen, start = [], ["carol", {}]
+        while True:
+            rows = db.view("users", "failures", start_key=start, end_key=["carol"],
+                           descending=True, limit=8).rows  # fmt: skip
+            seen.append([r["id"] for r in rows[:7]])
+            if len(rows) < 8:
+                return seen
+            start = ["carol", *next_from(rows[7])]
+
+    by_value = pages(lambda row: [row["value"]["at"], row["id"]])
+    assert [i for page in by_value for i in page] == want
+    assert {d["_id"]: d["last_update"] for d in docs} == {
+        r["id"]: r["value"]["at"]
+        for r in db.view("users", "failures", start_key=["carol"], end_key=["carol", {}]).rows
+    }
+    by_key = [i for page in pages(lambda row: row["key"][1:]) for i in page]
+    if ENGINE == "pouchdb":  # the store's defect is still there: the test data meets it
+        assert len(by_key) < len(want), "keys exact on the embedded store: workaround obsolete?"
+    else:
+        assert by_key == want
 
 
 def test_a_user_page_lists_every_task_and_failure_a_page_at_a_time(

@@ -918,10 +918,13 @@ function userFailures(name) {
   return get(USERS_VIEWS + 'failures', {start_key: from ? [name].concat(from) : [name, {}], end_key: [name],
     descending: true, limit: USER_FAILURES + 1}).then(function (res) {
     var shown = res.rows.slice(0, USER_FAILURES);
-    var next = res.rows.length > USER_FAILURES ? JSON.stringify(res.rows[USER_FAILURES].key.slice(1)) : '';
+    // The next page starts at its first row's [time, id], the time from the row's value: the
+    // key's is inexact on the embedded store (aso/store.py EMBEDDED_VIEW_KEYS_INEXACT).
+    var first = res.rows[USER_FAILURES];
+    var next = first ? JSON.stringify([first.value.at, first.id]) : '';
     var rows = shown.map(function (r) {
       var v = r.value, lfn = v.destination_lfn || '';
-      return el('tr', {'data-id': r.id, 'data-state': v.state}, [el('td', {}, [when(r.key[1])]),
+      return el('tr', {'data-id': r.id, 'data-state': v.state}, [el('td', {}, [when(v.at)]),
         el('td', {}, [el('a', {href: '#task/' + encodeURIComponent(v.task)}, [v.task])]),
         el('td', {'class': 'n'}, [v.job_id]),
         el('td', {}, [el('a', {href: '#file/' + encodeURIComponent(r.id), title: lfn, 'class': 'file'},
