@@ -49,7 +49,7 @@ comma_list = $(subst $(space),$(,),$(strip $(1)))
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
 	@echo "make demo   - while 'make run' runs: write 200 files at two sites and follow their transfers"
-	@echo "make test   - set up and run the linter and the test suite on CouchDB, then on pouchdb-server"
+	@echo "make test   - set up and run the linter and the test suite on CouchDB and pouchdb-server at once"
 	@echo "make test-couchdb / test-pouchdb - the suite on one store only"
 	@echo "make stop   - stop what 'make run' started"
 	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min);"
