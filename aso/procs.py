@@ -99,15 +99,24 @@ def signal_group(pid: int, signum: int) -> None:
 
 
 def terminate(pids: Sequence[int], timeout: float) -> None:
-    """SIGTERM, then SIGKILL whatever still lives after `timeout` seconds."""
+    """SIGTERM, then SIGKILL whatever still lives after `timeout` seconds; returns once they
+    are gone (a process killed is not gone at once: a server started again on its ports right
+    after found them taken)."""
     for pid in pids:
         signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        for pid in pids:
-            reap(pid)
-        time.sleep(0.05)
+    _wait_gone(pids, timeout)
     for pid in pids:
         if alive(pid):
             signal_group(pid, signal.SIGKILL)
-        reap(pid)
+    _wait_gone(pids, 5.0)
+
+
+def _wait_gone(pids: Sequence[int], timeout: float) -> None:
+    """Wait up to `timeout` seconds until none of `pids` lives (reaping our children)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in pids:
+            reap(pid)
+        if time.monotonic() >= deadline or not any(alive(pid) for pid in pids):
+            return
+        time.sleep(0.05)
