@@ -42,10 +42,6 @@ log = logging.getLogger("aso.run")
 GRACE = 15.0  # seconds agents get to finish their cycle after SIGTERM
 MAX_BACKOFF = 30.0
 STORAGE_CHECK = 10.0  # seconds between two looks at the embedded storage servers
-# Looks in a row a running site server may fail to answer (root:// handshake and HTTPS HEAD, 2 s
-# each) before it is stopped and started again: XRootD's HTTPS side has stopped accepting
-# connections here while its process lived on (a `make demo` stalled at 124 of 200 files).
-UNANSWERING_LOOKS = 3
 STORE_CHECK = 5.0  # seconds between two looks at the local store's processes
 FRONTEND = "frontend"  # the X.509 front end, supervised as the agents are
 
@@ -138,7 +134,6 @@ class Supervisor:
         self.cleanups: list[tuple[str, Callable[[], object]]] = []
         self.storage: Any = None  # the embedded storage, when this host runs it
         self._storage_checked = 0.0
-        self._unanswering: dict[str, int] = {}  # site → looks in a row it ran but did not answer
         self.store: Any = None  # the local store, when this supervisor started it
         self._store_checked = 0.0
 
@@ -214,23 +209,11 @@ class Supervisor:
 
     # -- supervision ----------------------------------------------------------------------------
     def watch_storage(self, now: float) -> None:
-        """Start again a site server that died (XRootD has crashed under load here), or that
-        runs but has not answered for UNANSWERING_LOOKS looks in a row (stopped first)."""
+        """Start again a site server that died (XRootD has crashed under load here)."""
         if self.storage is None or now - self._storage_checked < STORAGE_CHECK:
             return
         self._storage_checked = now
-        statuses = [s for s in self.storage.status() if s.embedded]
-        for s in statuses:
-            hung = s.pid is not None and not s.answering
-            self._unanswering[s.site] = self._unanswering.get(s.site, 0) + 1 if hung else 0
-        stuck = [s.site for s in statuses if self._unanswering[s.site] >= UNANSWERING_LOOKS]
-        if stuck:
-            log.warning("storage of %s runs but has not answered for %d looks: stopping it to"
-                        " start it again", ", ".join(stuck), UNANSWERING_LOOKS)  # fmt: skip
-            for line in self.storage.stop(only=stuck):
-                log.info(line)
-            self._unanswering.update(dict.fromkeys(stuck, 0))
-        dead = [s.site for s in statuses if s.pid is None] + stuck
+        dead = [s.site for s in self.storage.status() if s.embedded and s.pid is None]
         if dead:
             log.warning("storage of %s is down: starting it again", ", ".join(dead))
             try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import errno
-import logging
 import os
 import shutil
 import signal
@@ -39,7 +38,6 @@ from aso.local.xrootd import (
     write_file,
 )
 from aso.localstore import free_port
-from aso.supervisor import STORAGE_CHECK, UNANSWERING_LOOKS, Supervisor
 from tests.storage_helpers import reachable_tmp_dir, storage_config
 
 SOURCE, DESTINATION, THIRD = "T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"
@@ -344,37 +342,6 @@ def test_two_starts_at_once_leave_one_server_named_by_its_pid_file() -> None:
             assert servers == [site.pid]
         finally:
             EmbeddedStorage(config).stop()
-
-
-def test_a_server_that_runs_but_answers_nothing_is_started_again(caplog) -> None:
-    """`aso run`'s storage watchdog: a site server whose process lives but answers neither
-    root:// nor HTTPS (frozen here with SIGSTOP; XRootD's HTTPS side stopped accepting while
-    its process lived on, and a demo stalled) is stopped and started again after
-    UNANSWERING_LOOKS looks in a row, not before; the other site is left alone."""
-    with reachable_tmp_dir() as base:
-        config = storage_config(base, ["T2_X", "T2_Y"], protocol="http")
-        storage = EmbeddedStorage(config)
-        storage.start()
-        supervisor = Supervisor(config, None)
-        supervisor.storage = storage
-        try:
-            before = {s.site: s.pid for s in storage.status()}
-            os.kill(before["T2_X"], signal.SIGSTOP)
-            looks = [STORAGE_CHECK * (i + 1) for i in range(UNANSWERING_LOOKS)]
-            for now in looks[:-1]:
-                supervisor.watch_storage(now)
-                assert {s.site: s.pid for s in storage.status()} == before  # not yet
-            with caplog.at_level(logging.INFO, logger="aso.run"):
-                supervisor.watch_storage(looks[-1])
-            after = {s.site: (s.pid, s.answering) for s in storage.status()}
-            assert after["T2_Y"] == (before["T2_Y"], True)
-            assert after["T2_X"][1] and after["T2_X"][0] not in (None, before["T2_X"]), after
-            assert not procs.alive(before["T2_X"])
-            assert f"storage of T2_X runs but has not answered for {UNANSWERING_LOOKS} looks" in (
-                caplog.text
-            )
-        finally:
-            storage.stop()
 
 
 def test_a_server_that_exits_at_start_is_reported_with_its_log() -> None:

@@ -40,7 +40,6 @@ import subprocess
 import tempfile
 import time
 import zlib
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -618,17 +617,16 @@ class EmbeddedStorage:
         )
 
     # -- stop -----------------------------------------------------------------------------------
-    def stop(self, timeout: float = 10.0, only: Collection[str] | None = None) -> list[str]:
+    def stop(self, timeout: float = 10.0) -> list[str]:
         """Stop the servers this config started (checked by pid file and command line), and no
-        other process; one line per embedded site (of the sites `only` names, when given)."""
+        other process; one line per embedded site."""
         if not self.servers:
             return ["no embedded site in the site catalogue"]
-        servers = {n: s for n, s in self.servers.items() if only is None or n in only}
         with procs.exclusive(self.lock_file):
-            pids = {name: self._our_pid(server) for name, server in servers.items()}
+            pids = {name: self._our_pid(server) for name, server in self.servers.items()}
             procs.terminate([pid for pid in pids.values() if pid], timeout)
             lines = []
-            for name, server in servers.items():
+            for name, server in self.servers.items():
                 server.pid_file.unlink(missing_ok=True)
                 pid = pids[name]
                 lines.append(f"{name}: stopped (pid {pid})" if pid else f"{name}: not running")
