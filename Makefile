@@ -148,7 +148,7 @@ test-spidermonkey: setup
 # instead of derandomized, ASO_HYPOTHESIS_EXAMPLES per property (600), failures kept in
 # var/hypothesis and tried first next time. No per-test timeout: a property runs for minutes.
 fuzz: setup
-	ASO_HYPOTHESIS_PROFILE=long $(VENV)/bin/pytest tests/test_hostile.py --timeout=0 \
+	ASO_HYPOTHESIS_PROFILE=long $(VENV)/bin/pytest tests/test_hostile.py tests/test_boundary.py --timeout=0 \
 		--hypothesis-show-statistics --durations=0
 
 # The lifecycle simulator at 2x, 4x and 8x design load, each on a fresh store with every agent

@@ -19,10 +19,9 @@ back. Responses are streamed as they come (the `_changes` feed).
 
 Refusals are JSON answers in CouchDB's shape: 401 for a missing or bad certificate, 403 for a DN
 no one mapped, 413 for a body over `frontend.max_body` however it is framed (`_BoundedRequest`),
-400/403/405 for what the front end does not forward (aso.gate: a request target that is no path,
-query parameters off its allow-list, store administration, malformed document bodies), 502 when
-the store is unreachable. What is forwarded is the gate's `Verdict`: the path and the query as
-checked, never the raw target.
+400/403/404/405 for what the route table does not hold (aso/routes.py, matched by aso/gate.py),
+502 when the store is unreachable. What is forwarded is the gate's `Forward`: a store request
+made anew from the typed form of the client's (path, query, body), never the client's bytes.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from cryptography import x509
 from OpenSSL import SSL
@@ -52,16 +51,17 @@ from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 
-from aso import gate, metrics, model, upload
+from aso import gate, metrics, model, routes, upload
 from aso.config import Config
 from aso.store import Server
 from aso.x509auth import Identity, Refused, TrustStore, verify_chain
 
 log = logging.getLogger("aso.frontend")
 
-# Headers a client may not send: they would claim an identity.
-_DROPPED_PREFIXES = (b"x-auth-", b"x-forwarded-", b"x-couchdb-")
-_DROPPED = {b"authorization", b"cookie", b"proxy-authorization", b"forwarded"}
+# The client's headers that go on to the store: those that ask for a representation. Every
+# other is dropped (Authorization, Cookie, X-Auth-CouchDB-*, X-Forwarded-* would claim an
+# identity; the body's type and length are the front end's own).
+KEPT_HEADERS = {b"accept", b"if-none-match", b"if-modified-since", b"user-agent"}
 KNOWN_ROLES = (model.USER_ROLE, model.AGENT_ROLE, "aso-admin")
 # A grid user's name: a CMS user name. No dot (a name `alice.x` would own alice's
 # /store/temp/user/alice.x/), not starting with `_` (the store's own names).
@@ -71,6 +71,7 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"traile
               b"transfer-encoding", b"upgrade", b"content-length", b"host"}  # fmt: skip
 BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
+POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
 
 
@@ -269,6 +270,35 @@ class _Relay(protocol.Protocol):
             self.request.loseConnection()
 
 
+class _Collect(protocol.Protocol):
+    """Reads a store answer's body whole, then hands it on; `drop` ends the store's side before
+    that (the connection is not put back in a pool)."""
+
+    def __init__(self, whole: Any):
+        self.whole, self.parts, self.dropped = whole, [b""], False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def drop(self) -> None:
+        self.dropped = True
+        if self.transport is not None:
+            cast(_Producer, self.transport).stopProducing()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self.dropped:
+            return
+        if reason is None or reason.check(client.ResponseDone, http.PotentialDataLoss):
+            self.whole(b"".join(self.parts))
+        else:
+            log.error("store answer cut: %s", reason.getErrorMessage())
+            self.whole(
+                json.dumps(
+                    {"error": "bad_gateway", "reason": "the store's answer was cut"}
+                ).encode()
+            )
+
+
 def _watch_client(request: server.Request) -> None:
     """Remember when the client goes away before its answer (Twisted's own flag is private)."""
     request.notifyFinish().addErrback(lambda _: setattr(request, "aso_client_gone", True))
@@ -392,6 +422,7 @@ class FrontEnd(resource.Resource):
         self.config = config
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
         self.reactor = reactor
+        self.routes = routes.table(config)
         url = urlsplit(config.store.url)
         if url.scheme != "http":
             raise ValueError("the front end forwards to a store on http:// (its loopback side)")
@@ -449,7 +480,8 @@ class FrontEnd(resource.Resource):
         _answer(request, 500, "internal_error", "the client's certificate could not be checked")
 
     def authorised(self, request: server.Request, identity: Identity) -> None:
-        """Map the verified client, check the request at the gate, and forward it."""
+        """Map the verified client, match the request against the route table, and forward
+        what the match made."""
         if _client_gone(request):
             return
         who = self.gridmap.lookup(identity.dn)
@@ -460,22 +492,22 @@ class FrontEnd(resource.Resource):
             return
         content = cast(BinaryIO, request.content)  # the body, read whole before render
         content.seek(0)
-        verdict = gate.check(request.method, request.uri, content.read())
+        audiences = routes.audiences_of(who.roles)
+        verdict = gate.check(request.method, request.uri, content.read(), audiences, self.routes)
         if isinstance(verdict, gate.GateRefusal):
             log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
                         verdict.reason)  # fmt: skip
             metrics.FRONTEND_REFUSALS.labels("gate").inc()
             _answer(request, verdict.status, verdict.error, verdict.reason)
             return
-        target = verdict.target
         headers = self.identity.ready(who)
         if headers is not None:
-            self.forward(request, who, headers, target)
+            self.forward(request, who, headers, verdict)
             return
         done = threads.deferToThreadPool(  # may write to the store
             self.reactor, self.reactor.getThreadPool(), self.identity.prepare, who
         )
-        done.addCallback(lambda headers: self.forward(request, who, headers, target))
+        done.addCallback(lambda headers: self.forward(request, who, headers, verdict))
         done.addErrback(self._failed, request)
 
     def _failed(self, failure: Any, request: server.Request) -> None:
@@ -487,71 +519,132 @@ class FrontEnd(resource.Resource):
         _answer(request, 502, "bad_gateway", "the document store is not available")
 
     def forward(
-        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], target: bytes
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
     ) -> None:
-        """Send the request on to the store as `who`: `target` is the path and the query as the
-        gate checked them (aso.gate.Verdict)."""
+        """Send the store request the gate made (aso.gate.Forward) as `who`. Of the client's
+        headers only those that ask for a representation go on (KEPT_HEADERS); the identity is
+        the front end's."""
         headers = {
-            key: [value]
-            for key, value in request.getAllHeaders().items()
-            if key not in _DROPPED
-            and key not in HOP_BY_HOP
-            and not key.startswith(_DROPPED_PREFIXES)
+            key: [value] for key, value in request.getAllHeaders().items() if key in KEPT_HEADERS
         }
         headers.update({key: [value] for key, value in identity.items()})
-        # The store's gzip holds a stream back until its buffer fills: a `_changes` feed would
-        # stall. The store is on loopback; its answers come through as they are.
-        headers.pop(b"accept-encoding", None)
-        content = cast(BinaryIO, request.content)
-        content.seek(0)
-        body = content.read()
+        producer = None
+        if made.body is not None:
+            headers[b"content-type"] = [b"application/json"]
+            producer = cast(IBodyProducer, FileBodyProducer(BytesIO(made.body)))
+        elif made.method in BODY:
+            producer = cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
-        producer = (
-            cast(IBodyProducer, FileBodyProducer(BytesIO(body)))  # it implements IBodyProducer
-            if body or request.method in BODY
-            else None
-        )
-        feed = request.args.get(b"feed", [b""])[-1] in (b"continuous", b"longpoll", b"eventsource")
-        sent = (self.feeds if feed else self.agent).request(
-            request.method, self.store_url + target, Headers(headers), producer
-        )
+        via = self.feeds if made.poll_ms is not None else self.agent
+        sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
-        if creation_conflicts_possible(request.method, target):
-            sent.addCallback(self._explained, request, headers, target, body)
+        if made.route.kind in ("write", "create"):
+            sent.addCallback(self._written, request, headers, made)
+        elif made.poll_ms is not None:
+            self._poll(sent, request, made)
         else:
             sent.addCallback(self._relay, request)
         sent.addErrback(self._upstream_failed, request)
+
+    def _poll(self, sent: defer.Deferred[Any], request: server.Request, made: gate.Forward) -> None:
+        """A long poll, bounded: its answer is read whole and sent once it is complete; at its
+        timeout it ends as CouchDB ends one (COUCHDB_FEED_ENDS_AT_TIMEOUT), with no results
+        and the sequence it was asked from, on both stores: the embedded store never ends a
+        long poll itself (EMBEDDED_FEED_NEVER_TIMES_OUT) and sends the head of its answer
+        before any change. Heartbeats (blank lines, as CouchDB sends them) are the front end's
+        own, so that no part of an answer is sent before it is whole."""
+        assert made.poll_ms is not None
+        beat_ms = made.heartbeat_ms or 0
+        timers: list[Any] = []
+        begun = False
+
+        def begin() -> None:
+            nonlocal begun
+            if not begun:
+                begun = True
+                request.setResponseCode(200)
+                request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+
+        def end(code: int, phrase: bytes, headers: Any, body: bytes | None) -> None:
+            for timer in timers:
+                if timer.active():
+                    timer.cancel()
+            if _client_gone(request):
+                return
+            if body is None:
+                request.loseConnection()
+                return
+            if not begun:
+                request.setResponseCode(code, phrase)
+                if headers is not None:
+                    _copy_headers_of(headers, request, skip=(b"content-length",))
+            elif code != 200:
+                log.warning(
+                    "a long poll's answer %d came after its heartbeats: %s", code, body[:200]
+                )
+            request.write(body)
+            request.finish()
+
+        def beat() -> None:
+            if _client_gone(request):
+                return
+            begin()
+            request.write(b"\n")
+            timers.append(self.reactor.callLater(beat_ms / 1000, beat))
+
+        collectors: list[_Collect] = []
+
+        def answered(response: Any) -> None:
+            collector = _Collect(lambda body: end(response.code, response.phrase,
+                                                  response.headers, body))  # fmt: skip
+            collectors.append(collector)
+            request.notifyFinish().addErrback(lambda _: collector.drop())
+            response.deliverBody(collector)
+
+        def expire() -> None:
+            if collectors:
+                collectors[0].drop()
+            else:
+                sent.cancel()
+            quiet = json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
+            end(200, b"OK", Headers({b"content-type": [b"application/json"]}), quiet)
+
+        sent.addCallback(answered)
+        timers.append(self.reactor.callLater(made.poll_ms / 1000 + POLL_GRACE, expire))
+        if beat_ms:
+            timers.append(self.reactor.callLater(beat_ms / 1000, beat))
+        request.notifyFinish().addBoth(lambda _: [t.cancel() for t in timers if t.active()])
 
     def _relay(self, response: Any, request: server.Request) -> None:
         if _client_gone(request):
             response.deliverBody(_Relay(request))  # read nothing more; the relay drops it
             return
         request.setResponseCode(response.code, response.phrase)
-        for name, values in response.headers.getAllRawHeaders():
-            # A store session would bypass the front end; framing is each hop's own.
-            if name.lower() not in HOP_BY_HOP and name.lower() != b"set-cookie":
-                request.responseHeaders.setRawHeaders(name, values)
+        _copy_headers(response, request)
         response.deliverBody(_Relay(request))
 
     @defer.inlineCallbacks
-    def _explained(
+    def _written(
         self,
         response: Any,
         request: server.Request,
         headers: dict[bytes, list[bytes]],
-        target: bytes,
-        sent: bytes,
+        made: gate.Forward,
     ) -> Any:
-        """A creation's answer with each conflict's reason telling the same request from a
-        different file (docs/status-api.md): the store says only "Document update conflict.",
-        and a job wrapper should not need a second round trip to know whether its upload is
-        done. The stored requests are read once, as the same user, for all conflicts."""
+        """A write's answer, read whole: a refusal that is a conflict is a 409 on both stores
+        (conflicts_to_409), and a creation's conflicts say whether the same request is recorded
+        already (docs/status-api.md): the store says only "Document update conflict.", and a
+        job wrapper should not need a second round trip to know whether its upload is done. The
+        stored requests are read once, as the same user, for all conflicts."""
         body = yield client.readBody(response)
+        code, phrase = response.code, response.phrase
         try:
-            conflicts = conflicts_of(request.method, target, sent, body)
+            code, body = conflicts_to_409(code, body)
+            phrase = http.RESPONSES.get(code, phrase)
+            conflicts = conflicts_of(made, body) if made.route.kind == "create" else {}
             if conflicts:
                 keys = json.dumps({"keys": sorted(conflicts)}).encode()
-                db = _parts(target)[0]
+                db = made.target.partition(b"?")[0].split(b"/")[1]
                 read = yield self.agent.request(
                     b"POST",
                     self.store_url + b"/" + db + b"/_all_docs?include_docs=true",
@@ -565,10 +658,8 @@ class FrontEnd(resource.Resource):
             log.warning("conflicts of %s not explained: %s", _path(request), exc)
         if _client_gone(request):
             return
-        request.setResponseCode(response.code, response.phrase)
-        for name, values in response.headers.getAllRawHeaders():
-            if name.lower() not in (*HOP_BY_HOP, b"set-cookie", b"content-length"):
-                request.responseHeaders.setRawHeaders(name, values)
+        request.setResponseCode(code, phrase)
+        _copy_headers(response, request, skip=(b"content-length",))
         request.write(body)
         request.finish()
 
@@ -579,40 +670,67 @@ class FrontEnd(resource.Resource):
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
 
 
-def _parts(target: bytes) -> list[bytes]:
-    return target.partition(b"?")[0].strip(b"/").split(b"/")
+def _copy_headers(response: Any, request: server.Request, skip: tuple[bytes, ...] = ()) -> None:
+    _copy_headers_of(response.headers, request, skip)
 
 
-def creation_conflicts_possible(method: bytes, target: bytes) -> bool:
-    """A write that may create requests: `PUT /db/ID` (no `rev`), `POST /db` (one document)
-    or `POST /db/_bulk_docs`."""
-    parts, query = _parts(target), target.partition(b"?")[2]
-    if method == b"POST":
-        return len(parts) == 1 or (len(parts) == 2 and parts[1] == b"_bulk_docs")
+def _copy_headers_of(headers: Any, request: server.Request, skip: tuple[bytes, ...] = ()) -> None:
+    """The store's answer headers but framing (each hop's own) and cookies (a store session
+    would bypass the front end)."""
+    for name, values in headers.getAllRawHeaders():
+        lowered = name.lower()
+        if lowered not in HOP_BY_HOP and lowered != b"set-cookie" and lowered not in skip:
+            request.responseHeaders.setRawHeaders(name, values)
+
+
+# EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs validate_doc_update for a write
+# based on another revision than the current one, which refuses it as a conflict (a 403 whose
+# reason starts so); CouchDB finds the conflict first and answers 409.
+CONFLICT_REFUSAL = "[conflict]"
+CONFLICT = {"error": "conflict", "reason": "Document update conflict."}
+
+
+def conflicts_to_409(code: int, body: bytes) -> tuple[int, bytes]:
+    """A write's answer with the validation's conflict refusals as the conflicts they are."""
+    got = json.loads(body)
+    if isinstance(got, dict) and code == 403 and _is_conflict_refusal(got):
+        return 409, json.dumps(CONFLICT).encode()
+    if isinstance(got, list) and any(_is_conflict_refusal(e) for e in got if isinstance(e, dict)):
+        entries = [
+            {"id": e.get("id"), **CONFLICT}
+            if isinstance(e, dict) and _is_conflict_refusal(e)
+            else e
+            for e in got
+        ]
+        return code, json.dumps(entries).encode()
+    return code, body
+
+
+def _is_conflict_refusal(entry: dict[str, Any]) -> bool:
+    reason = entry.get("reason")
     return (
-        method == b"PUT" and len(parts) == 2 and not parts[1].startswith(b"_")
-        and b"rev=" not in query
-    )  # fmt: skip
+        entry.get("error") == "forbidden"
+        and isinstance(reason, str)
+        and reason.startswith(CONFLICT_REFUSAL)
+    )
 
 
-def conflicts_of(method: bytes, target: bytes, sent: bytes, answer: bytes) -> dict[str, Any]:
+def conflicts_of(made: gate.Forward, answer: bytes) -> dict[str, Any]:
     """The documents sent for creation (no `_rev`) that the store answered with a conflict,
     by id."""
-    got, body = json.loads(answer), json.loads(sent)
-    parts = _parts(target)
-    if len(parts) == 2 and parts[1] == b"_bulk_docs":
-        docs = {d["_id"]: d for d in body["docs"] if isinstance(d, dict) and "_rev" not in d
-                and isinstance(d.get("_id"), str)}  # fmt: skip
+    got = json.loads(answer)
+    sent = json.loads(made.body or b"null")
+    if isinstance(sent, dict) and isinstance(sent.get("docs"), list):
+        docs = {d["_id"]: d for d in sent["docs"] if "_rev" not in d}
         return {
             entry["id"]: docs[entry["id"]]
-            for entry in got
+            for entry in got if isinstance(got, list)
             if isinstance(entry, dict) and entry.get("error") == "conflict"
             and entry.get("id") in docs
         }  # fmt: skip
-    doc_id = unquote(parts[1].decode()) if method == b"PUT" else body.get("_id")
     is_conflict = isinstance(got, dict) and got.get("error") == "conflict"
-    new = isinstance(body, dict) and "_rev" not in body and isinstance(doc_id, str)
-    return {doc_id: body} if is_conflict and new else {}
+    new = isinstance(sent, dict) and "_rev" not in sent
+    return {sent["_id"]: sent} if is_conflict and new else {}
 
 
 def explain(answer: bytes, conflicts: dict[str, Any], stored: dict[str, Any]) -> bytes:

@@ -15,7 +15,7 @@ EMBEDDED_FEED_NEVER_TIMES_OUT    a `_changes` long poll ignores `timeout` and ha
 EMBEDDED_CHANGES_FILTER_CRASH    `filter=_design`, `_selector`, an unknown filter, or `_doc_ids`
                                  without its ids kill the server (and `_selector` answers nothing
                                  when it does not): `Database.changes` offers only `doc_ids`,
-                                 always with the ids; the front end refuses the rest (aso/gate.py).
+                                 always with the ids; the front end refuses the rest (aso/routes.py).
 EMBEDDED_OPEN_SECURITY           a new database is open to anonymous writers: `Server.create_db`
                                  always sets `_security` in the same call.
 EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE  (found here) a non-admin `PUT /db` kills the server process:
@@ -54,12 +54,12 @@ EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a write based on a revision tha
 EMBEDDED_CRASH_ON_NON_ADMIN_MAINTENANCE  (found by tests/test_hostile.py) a non-admin POST
                                  /db/_compact or /db/_view_cleanup kills the server process
                                  (an unhandled 401): the front end never forwards them
-                                 (aso/gate.py).
+                                 (aso/routes.py).
 EMBEDDED_500_ON_MALFORMED_DOCS   (found by tests/test_hostile.py) a document with an unknown "_"
                                  member, a `_bulk_docs` entry that is not an object, or (before
                                  validate_doc_update checked it) a non-string `_id` is a 500 there,
                                  a 400 on CouchDB: the front end refuses them with a 400
-                                 (aso/gate.py), upload() never sends them (aso/upload.py).
+                                 (aso/routes.py), upload() never sends them (aso/upload.py).
 EMBEDDED_DROPS_PROTO_MEMBERS     (found by tests/test_hostile.py) a member named `__proto__`
                                  inside a document (a lumi run) is dropped without a word: the
                                  store keeps another document than the one it answered 201 for.
@@ -118,7 +118,7 @@ COUCHDB_SECURITY_NO_MAJORITY     a non-admin's `PUT /db/_security` answers `500 
                                  is sent once, not retried as a 5xx, and reported as Forbidden
                                  when the account is no admin of the database
                                  (`Database.set_security`); the front end refuses such writes
-                                 with a 403 before the store sees them (aso/gate.py).
+                                 with a 403 before the store sees them (aso/routes.py).
 COUCHDB_REFUSES_MALFORMED_FIRST  a body that is no valid UTF-8 (a lone surrogate in a \\ud800
                                  escape) or a non-string `_id` is a 400 before validate_doc_update
                                  runs; the embedded store judged or kept it. The model refuses
@@ -186,6 +186,7 @@ from urllib3.util.retry import Retry
 
 from aso import gridenv, metrics
 from aso.model import WITHDRAWN
+from aso.routes import MAX_DOCS, MAX_KEYS
 
 log = logging.getLogger("aso.store")
 
@@ -775,14 +776,14 @@ class Database:
         """{id: document or None} for every id, in one `_all_docs` request (`conflicts`: with
         the `_conflicts` revisions of each, CLUSTER_CONFLICTING_BRANCHES)."""
         wanted = list(dict.fromkeys(ids))
-        if not wanted:
-            return {}
         extra = {"conflicts": True} if conflicts else {}
-        result = self._call(self.client.post_all_docs, keys=wanted, include_docs=True, **extra)
         found: dict[str, dict[str, Any] | None] = dict.fromkeys(wanted)
-        for row in result["rows"]:
-            if row.get("doc") and not row.get("value", {}).get("deleted"):
-                found[row["key"]] = row["doc"]
+        for start in range(0, len(wanted), MAX_KEYS):
+            keys = wanted[start : start + MAX_KEYS]
+            result = self._call(self.client.post_all_docs, keys=keys, include_docs=True, **extra)
+            for row in result["rows"]:
+                if row.get("doc") and not row.get("value", {}).get("deleted"):
+                    found[row["key"]] = row["doc"]
         return found
 
     def all_docs(self, first: str, last: str, limit: int | None = None) -> list[dict[str, Any]]:
@@ -797,9 +798,16 @@ class Database:
         return [row["doc"] for row in result["rows"] if row.get("doc")]
 
     def _bulk_docs(self, docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """One `_bulk_docs`; a body over the store's request size (413, nothing written:
+        """`_bulk_docs` of at most MAX_DOCS documents each (the front end's bound, whoever
+        writes); a body over the store's request size (413, nothing written:
         COUCHDB_REQUEST_SIZE_LIMIT) is sent again in two halves. A document too large alone
         is the store's error."""
+        if len(docs) > MAX_DOCS:
+            return [
+                answer
+                for start in range(0, len(docs), MAX_DOCS)
+                for answer in self._bulk_docs(docs[start : start + MAX_DOCS])
+            ]
         try:
             answer = self._call(
                 self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in docs]}

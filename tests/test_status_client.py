@@ -117,8 +117,7 @@ def rows_schema() -> jsonschema_rs.Draft202012Validator:
     """A page of by_task rows as docs/openapi.yaml describes it (its $refs resolved within
     the file's components)."""
     components = yaml.safe_load(OPENAPI.read_text())["components"]
-    answer = components["responses"]["TaskRows"]["content"]["application/json"]["schema"]
-    rows = answer["properties"]["rows"]
+    rows = components["schemas"]["TaskRows"]["properties"]["rows"]
     return jsonschema_rs.Draft202012Validator(
         {"$ref": "#/components/rows", "components": {**components, "rows": rows}}
     )

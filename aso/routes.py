@@ -1,0 +1,817 @@
+"""The front end's one table: every request a grid user, an agent or an operator may send through
+the X.509 front end, as typed routes (the only source of docs/openapi.yaml and of docs/security.md's
+route table).
+
+A route is a method, a path of literal and typed segments, the query parameters it takes (each
+typed and bounded), the body it takes (a schema with bounded sizes and item counts) and the
+audiences it serves: `user` (roles aso-user, group:<group>), `agent` (aso-agent), `operator`
+(aso-admin). aso/gate.py matches a request against this table and builds the store request from
+what it parsed; anything the table does not hold is refused. Nothing of the store's own names
+(`_local`, `_design` writes, `_users`, `_replicator`, `_config`, ...) is in it, for anyone: the
+store is administered on its loopback port with its admin account (`aso db init`).
+
+The table is made for a config (the databases' names, the design documents and their views,
+the pages' files): `table(config)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aso import model
+from aso.config import Config
+
+USER, AGENT, OPERATOR = "user", "agent", "operator"
+AUDIENCES = (USER, AGENT, OPERATOR)
+EVERYONE = frozenset(AUDIENCES)
+SERVICES = frozenset({AGENT, OPERATOR})
+
+# Bounds of what one request may carry (docs/openapi.yaml's maxItems): the store's work per
+# request stays bounded, whoever sends it (100,000 view keys had stalled the embedded store).
+MAX_KEYS = 1000  # keys of a view or _all_docs, doc_ids of _changes
+MAX_DOCS = 1000  # documents of one _bulk_docs
+MAX_LIMIT = 10_000  # rows of one view or _all_docs page, changes of one _changes batch
+MAX_SKIP = 10_000
+MAX_KEY_CHARS = 4096  # one JSON key as sent
+MAX_DEPTH = 16  # nesting of any JSON value sent (a request's history entries are at depth 3)
+# A long poll is ended by the front end at most this long after it began (plus a grace for the
+# store to answer first): the embedded store never ends one itself.
+MAX_POLL_MS = 60_000
+FEEDS = ("normal", "longpoll")
+
+# A store revision: CouchDB's and the embedded store's are both N-<32 hex digits>.
+REV_PATTERN = r"^[1-9][0-9]{0,9}-[0-9a-f]{32}$"
+# An update sequence as handed out: a number on the embedded store, an opaque string on CouchDB.
+SEQ_PATTERN = r"^(now|[0-9A-Za-z_-]{1,4096})$"
+# A document id of ASO's own documents other than requests (heartbeats, jobs, blocks, statistics):
+# never one of the store's names (`_local`, `_design`), no control characters.
+DOC_ID_PATTERN = r"^[A-Za-z0-9][^\x00-\x1f\x7f]{0,511}$"
+# A file of the pages' design document.
+ATTACHMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+ROLE_AUDIENCE = {model.USER_ROLE: USER, model.AGENT_ROLE: AGENT, "aso-admin": OPERATOR}
+
+
+def audiences_of(roles: Iterable[str]) -> frozenset[str]:
+    """The audiences a mapped identity's roles make it part of."""
+    found = {ROLE_AUDIENCE[r] for r in roles if r in ROLE_AUDIENCE}
+    if model.granted_groups(list(roles)):
+        found.add(USER)
+    return frozenset(found)
+
+
+class Invalid(ValueError):
+    """A value that is not what its parameter takes; the message says what it must be."""
+
+
+# -- values ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Value:
+    """How one parameter's value is read from a query's text or a body's JSON, bounded, and
+    written again for the store."""
+
+    def from_text(self, text: str) -> Any:
+        return self.from_json(text)
+
+    def from_json(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def to_text(self, value: Any) -> str:
+        return str(value)
+
+    def schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Flag(Value):
+    def from_text(self, text: str) -> bool:
+        if text not in ("true", "false"):
+            raise Invalid("true or false")
+        return text == "true"
+
+    def from_json(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise Invalid("true or false")
+        return value
+
+    def to_text(self, value: Any) -> str:
+        return "true" if value else "false"
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True)
+class Count(Value):
+    low: int = 0
+    high: int = MAX_LIMIT
+
+    def from_text(self, text: str) -> int:
+        if not (text.isascii() and text.isdigit() and len(text) <= 10):
+            raise Invalid(f"a whole number from {self.low} to {self.high}")
+        return self.from_json(int(text))
+
+    def from_json(self, value: Any) -> int:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not (self.low <= value <= self.high)
+        ):
+            raise Invalid(f"a whole number from {self.low} to {self.high}")
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.low, "maximum": self.high}
+
+
+@dataclass(frozen=True)
+class Text(Value):
+    pattern: str
+    meaning: str
+
+    def from_text(self, text: str) -> str:
+        return self.from_json(text)
+
+    def from_json(self, value: Any) -> str:
+        if not isinstance(value, str) or not re.fullmatch(self.pattern.strip("^$"), value):
+            raise Invalid(self.meaning)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": self.pattern}
+
+
+@dataclass(frozen=True)
+class Choice(Value):
+    choices: tuple[str, ...]
+
+    def from_json(self, value: Any) -> str:
+        if value not in self.choices or not isinstance(value, str):
+            raise Invalid("one of " + ", ".join(self.choices))
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "enum": list(self.choices)}
+
+
+@dataclass(frozen=True)
+class Key(Value):
+    """A JSON value used as a key (a view's; `_all_docs`' are strings): sent as JSON text in a
+    query, bounded in size and depth."""
+
+    strings: bool = False
+
+    def from_text(self, text: str) -> Any:
+        try:
+            value = parse_json(text.encode("utf-8"), "the key")
+        except Invalid as exc:
+            raise Invalid(f"JSON text ({exc})") from None
+        return self.from_json(value)
+
+    def from_json(self, value: Any) -> Any:
+        if self.strings and not isinstance(value, str):
+            raise Invalid("a JSON string (a document id)")
+        check_json(value, "the key")
+        if len(dumps(value)) > MAX_KEY_CHARS:
+            raise Invalid(f"a JSON value of at most {MAX_KEY_CHARS} characters")
+        return value
+
+    def to_text(self, value: Any) -> str:
+        return dumps(value)
+
+    def schema(self) -> dict[str, Any]:
+        if self.strings:
+            return {"type": "string", "maxLength": MAX_KEY_CHARS}
+        return {"description": "a JSON value (in a query: as JSON text)"}
+
+
+@dataclass(frozen=True)
+class Listed(Value):
+    """A JSON list of values of one kind, at most `most` of them."""
+
+    item: Value
+    most: int = MAX_KEYS
+
+    def from_text(self, text: str) -> list[Any]:
+        return self.from_json(parse_json(text.encode("utf-8"), "the list"))
+
+    def from_json(self, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise Invalid(f"a JSON list of at most {self.most} items")
+        if len(value) > self.most:
+            raise Invalid(f"a JSON list of at most {self.most} items, not {len(value)}")
+        out = []
+        for index, item in enumerate(value):
+            try:
+                out.append(self.item.from_json(item))
+            except Invalid as exc:
+                raise Invalid(f"a list whose items are each {exc} (item {index} is not)") from None
+        return out
+
+    def to_text(self, value: Any) -> str:
+        return dumps(value)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "maxItems": self.most, "items": self.item.schema()}
+
+
+REV = Text(REV_PATTERN, "a revision N-<32 hex digits> as the store handed it out")
+SEQ = Text(SEQ_PATTERN, "an update sequence as the store handed it out, 0 or now")
+REQUEST_ID = Text(model.DOC_ID_PATTERN, "a request id: sha256 of its source LFN, 64 hex digits")
+DOC_ID = Text(
+    DOC_ID_PATTERN, "a document id of ASO's, not starting with _ (at most 512 characters)"
+)
+ATTACHMENT = Text(ATTACHMENT_PATTERN, "a file of the monitoring pages")
+STRING_KEY = Key(strings=True)
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+def dumps(value: Any) -> str:
+    """JSON as the front end sends it on: compact, and non-ASCII escaped so that what the store
+    reads is what was checked, byte for byte, on both stores."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            # Two parsers may keep different ones: the store must see what the front end judged.
+            raise Invalid(f"member {key[:100]!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise Invalid(f"{name} is not a JSON value")
+
+
+def parse_json(raw: bytes, what: str) -> Any:
+    """`raw` as JSON: UTF-8, no NaN/Infinity, no member twice, nested at most MAX_DEPTH deep."""
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except Invalid as exc:
+        raise Invalid(f"{what} is not JSON the front end takes: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise Invalid(f"{what} is not JSON: {str(exc)[:200]}") from None
+    check_json(value, what)
+    return value
+
+
+def check_json(value: Any, what: str) -> None:
+    """Nesting at most MAX_DEPTH, strings valid Unicode (no lone surrogate), finite numbers."""
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_DEPTH:
+            raise Invalid(f"{what} is nested deeper than {MAX_DEPTH}")
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                _check_string(key, what)
+                pending.append((inner, depth + 1))
+        elif isinstance(item, list):
+            pending.extend((inner, depth + 1) for inner in item)
+        elif isinstance(item, str):
+            _check_string(item, what)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise Invalid(f"{what} holds a number that is not finite")
+
+
+def _check_string(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Invalid(
+            f"{what} holds a string that is not valid Unicode (a lone surrogate)"
+        ) from None
+
+
+# -- bodies ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Body:
+    """What a route's body must be; `read` gives the value re-serialised for the store."""
+
+    description: str = ""
+
+    def read(self, data: Any, url_id: str | None) -> Any:
+        raise NotImplementedError
+
+    def schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Document(Body):
+    """One document: a JSON object with `_id` of `ids`, and of the store's members only
+    `members` (the store would act on any other: `_deleted` deletes, `_attachments` uploads)."""
+
+    ids: Text = DOC_ID
+    members: tuple[str, ...] = ("_id", "_rev")
+    schema_ref: str = ""
+
+    def read(self, data: Any, url_id: str | None, what: str = "the document") -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise Invalid(f"{what} must be a JSON object")
+        special = sorted(k for k in data if k.startswith("_") and k not in self.members)
+        if special:
+            raise Invalid(
+                f"{what}: {special[0][:100]!r} is not a member the front end takes "
+                f"(of the store's: {', '.join(self.members)})"
+            )
+        if "__proto__" in _all_keys(data):
+            raise Invalid(f"{what} has a member named __proto__, which the store would drop")
+        doc_id = data.get("_id", url_id)
+        if doc_id is None:
+            raise Invalid(f"{what} needs an _id")
+        if url_id is not None and doc_id != url_id:
+            raise Invalid(f"{what}: _id differs from the URL's")
+        for member, kind, value in (("_id", self.ids, doc_id), ("_rev", REV, data.get("_rev")),
+                                    ("_deleted", Flag(), data.get("_deleted"))):  # fmt: skip
+            if member == "_id" or member in data:
+                try:
+                    kind.from_json(value)
+                except Invalid as exc:
+                    raise Invalid(f"{what}: {member} must be {exc}") from None
+        return {"_id": doc_id, **{k: v for k, v in data.items() if k != "_id"}}
+
+    def schema(self) -> dict[str, Any]:
+        if self.schema_ref:
+            return {"$ref": self.schema_ref}
+        return {
+            "type": "object",
+            "required": ["_id"],
+            "properties": {"_id": self.ids.schema(), "_rev": REV.schema()},
+        }
+
+
+@dataclass(frozen=True)
+class Bulk(Body):
+    """`{"docs": [...]}`: at most MAX_DOCS documents, each id once (a second write of one id in
+    one batch is judged against the first's parent by the embedded store)."""
+
+    doc: Document = field(default_factory=Document)
+
+    def read(self, data: Any, url_id: str | None) -> dict[str, Any]:
+        if (
+            not isinstance(data, dict)
+            or set(data) != {"docs"}
+            or not isinstance(data["docs"], list)
+        ):
+            raise Invalid('_bulk_docs takes {"docs": [documents]} and nothing else')
+        docs = data["docs"]
+        if len(docs) > MAX_DOCS:
+            raise Invalid(f"_bulk_docs takes at most {MAX_DOCS} documents, not {len(docs)}")
+        out, seen = [], set()
+        for index, doc in enumerate(docs):
+            checked = self.doc.read(doc, None, f"docs[{index}]")
+            if checked["_id"] in seen:
+                raise Invalid(f"docs[{index}]: _id {checked['_id'][:100]!r} appears twice")
+            seen.add(checked["_id"])
+            out.append(checked)
+        return {"docs": out}
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["docs"],
+            "additionalProperties": False,
+            "properties": {
+                "docs": {"type": "array", "maxItems": MAX_DOCS, "items": self.doc.schema()}
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Options(Body):
+    """An object of the route's own parameters (a view's, `_all_docs'`, `_changes'`), typed as
+    in the query."""
+
+    params: Mapping[str, Value] = field(default_factory=dict)
+
+    def read(self, data: Any, url_id: str | None) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise Invalid("the body must be a JSON object of options")
+        out = {}
+        for name, value in data.items():
+            kind = self.params.get(name)
+            if kind is None:
+                raise Invalid(
+                    f"{name[:100]!r} is not an option taken here "
+                    f"({', '.join(self.params) or 'none'})"
+                )
+            try:
+                out[name] = kind.from_json(value)
+            except Invalid as exc:
+                raise Invalid(f"option {name[:100]} must be {exc}") from None
+        return out
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {n: v.schema() for n, v in self.params.items()},
+        }
+
+
+def _all_keys(value: Any) -> Iterable[str]:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            yield from item
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+
+
+# -- routes ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Var:
+    """A typed path segment."""
+
+    name: str
+    value: Text
+
+
+Segment = str | Var
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str  # the operationId
+    method: str
+    path: tuple[Segment, ...]
+    audiences: frozenset[str]
+    summary: str
+    query: Mapping[str, Value] = field(default_factory=dict)
+    body: Body | None = None
+    # the query parameters this route always sends the store (a long poll's bound)
+    fixed: Mapping[str, str] = field(default_factory=dict)
+    kind: str = "read"  # read | write | create (its conflicts are explained) | poll
+    tag: str = ""
+    # (a, b): parameter a only with parameter b; (a, "!b"): a never with b
+    rules: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def template(self) -> str:
+        return "/" + "/".join(s if isinstance(s, str) else "{" + s.name + "}" for s in self.path)
+
+
+def _view_params(reduces: bool) -> dict[str, Value]:
+    params: dict[str, Value] = {
+        **dict.fromkeys(("key", "startkey", "start_key", "endkey", "end_key"), Key()),
+        "keys": Listed(Key()),
+        **dict.fromkeys(("descending", "include_docs", "inclusive_end", "update_seq"), Flag()),
+        "limit": Count(0, MAX_LIMIT),
+        "skip": Count(0, MAX_SKIP),
+        # Freshness: the embedded store reads stale/update_after, CouchDB stable/update.
+        "stale": Choice(("ok", "update_after")),
+        "stable": Flag(),
+        "update": Choice(("true", "false", "lazy")),
+    }
+    if reduces:  # a map-only view answers reduce=true with 400 on CouchDB, map rows elsewhere
+        params.update(reduce=Flag(), group=Flag(), group_level=Count(0, 16))
+    return params
+
+
+ALL_DOCS_PARAMS: dict[str, Value] = {
+    **dict.fromkeys(("key", "startkey", "start_key", "endkey", "end_key"), STRING_KEY),
+    "keys": Listed(STRING_KEY),
+    **dict.fromkeys(("descending", "include_docs", "inclusive_end", "conflicts"), Flag()),
+    "limit": Count(0, MAX_LIMIT),
+    "skip": Count(0, MAX_SKIP),
+}
+CHANGES_PARAMS: dict[str, Value] = {
+    "feed": Choice(FEEDS),
+    "since": SEQ,
+    "limit": Count(0, MAX_LIMIT),
+    "timeout": Count(0, MAX_POLL_MS),
+    "heartbeat": Count(1000, MAX_POLL_MS),
+    "include_docs": Flag(),
+    # Only the built-in filter by id: the others killed the embedded store
+    # (EMBEDDED_CHANGES_FILTER_CRASH).
+    "filter": Choice(("_doc_ids",)),
+    "doc_ids": Listed(DOC_ID),
+}
+# open_revs=all&latest=true: a cluster's conflicting branches (aso/store.py Database.leaves).
+DOC_READ_PARAMS: dict[str, Value] = {
+    "rev": REV,
+    "conflicts": Flag(),
+    "open_revs": Choice(("all",)),
+    "latest": Flag(),
+}
+# Parameters that only mean something with another (`latest` with a `rev` killed the embedded
+# store), and pairs that exclude each other.
+DOC_READ_RULES = (("latest", "open_revs"), ("open_revs", "!rev"), ("open_revs", "!conflicts"))
+CHANGES_RULES = (("filter", "doc_ids"), ("doc_ids", "filter"), ("heartbeat", "feed"))
+
+
+@dataclass(frozen=True)
+class Design:
+    """A design document of a database: its name and views (name → has a reduce)."""
+
+    name: str
+    views: Mapping[str, bool]
+    audiences: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Db:
+    key: str  # files, transfers, catalog, stats, pages
+    name: str
+    readers: frozenset[str]
+    writers: frozenset[str]
+    designs: tuple[Design, ...]
+
+
+def databases(config: Config) -> tuple[Db, ...]:
+    """ASO's databases as the front end serves them: who reads and writes each, and which
+    design documents' views."""
+    from aso.store_check import expected_databases  # the design documents `aso db init` pushes
+
+    store = config.store
+    specs = expected_databases(config)
+    # Users follow their files and the pages read the monitoring summaries; the transfer
+    # service's job table and the catalog are the agents' (a forged "done" job would be trusted).
+    user_views = {"asyncstageout", "users"}
+    plan: tuple[tuple[str, str, frozenset[str], frozenset[str], set[str]], ...] = (
+        ("files", store.files_db, EVERYONE, EVERYONE, user_views),
+        ("stats", store.stats_db, EVERYONE, SERVICES, set()),
+        ("transfers", store.transfers_db, SERVICES, SERVICES, set()),
+        ("catalog", store.catalog_db, SERVICES, SERVICES, set()),
+    )
+    out = []
+    for key, name, readers, writers, for_users in plan:
+        designs = tuple(
+            Design(
+                ddoc["_id"].removeprefix("_design/"),
+                {v: "reduce" in spec for v, spec in sorted(ddoc.get("views", {}).items())},
+                EVERYONE if ddoc["_id"].removeprefix("_design/") in for_users else SERVICES,
+            )
+            for ddoc in specs[name].design
+        )
+        out.append(Db(key, name, readers, writers, designs))
+    return tuple(out)
+
+
+def _db_routes(db: Db) -> list[Route]:
+    """A database's documents, bulk writes, `_all_docs`, `_changes` and views."""
+    n, tag = db.name, db.key
+    files = db.key == "files"
+    routes = [
+        Route(
+            f"{tag}Info",
+            "GET",
+            (n,),
+            db.readers,
+            f"The {tag} database's information "
+            "(its update_seq: where a status client starts following).",
+            tag=tag,
+        ),
+        Route(
+            f"{tag}Get",
+            "GET",
+            (n, Var("doc_id", DOC_ID)),
+            db.readers,
+            "One document as stored (open_revs=all&latest=true: every live leaf).",
+            DOC_READ_PARAMS,
+            tag=tag,
+            rules=DOC_READ_RULES,
+        ),
+        Route(
+            f"{tag}AllDocs",
+            "GET",
+            (n, "_all_docs"),
+            db.readers,
+            "Documents by id or id range.",
+            ALL_DOCS_PARAMS,
+            tag=tag,
+        ),
+        Route(
+            f"{tag}AllDocsPost",
+            "POST",
+            (n, "_all_docs"),
+            db.readers,
+            "Documents by ids (keys) or id range, options in the body.",
+            ALL_DOCS_PARAMS,
+            Options(params=ALL_DOCS_PARAMS),
+            tag=tag,
+        ),
+        Route(
+            f"{tag}Changes",
+            "GET",
+            (n, "_changes"),
+            db.readers,
+            f"The changes feed: a batch, or a long poll of at most {MAX_POLL_MS // 1000} s.",
+            CHANGES_PARAMS,
+            kind="poll",
+            tag=tag,
+            rules=CHANGES_RULES,
+        ),
+        Route(
+            f"{tag}ChangesPost",
+            "POST",
+            (n, "_changes"),
+            db.readers,
+            "The changes feed of the given document ids (doc_ids in the body).",
+            CHANGES_PARAMS,
+            Options(params={"doc_ids": Listed(DOC_ID)}),
+            kind="poll",
+            tag=tag,
+            rules=CHANGES_RULES,
+        ),
+    ]
+    service_writers = SERVICES & db.writers
+    if service_writers:
+        doc = Document(members=("_id", "_rev", "_deleted"))
+        routes += [
+            Route(
+                f"{tag}Put",
+                "PUT",
+                (n, Var("doc_id", DOC_ID)),
+                service_writers,
+                "Write one document (with _rev to update).",
+                body=doc,
+                kind="write",
+                tag=tag,
+            ),
+            Route(
+                f"{tag}Delete",
+                "DELETE",
+                (n, Var("doc_id", DOC_ID)),
+                service_writers,
+                "Delete one revision of a document.",
+                {"rev": REV},
+                kind="write",
+                tag=tag,
+            ),
+            Route(
+                f"{tag}Bulk",
+                "POST",
+                (n, "_bulk_docs"),
+                service_writers,
+                f"Write up to {MAX_DOCS} documents, a result each.",
+                body=Bulk(doc=doc),
+                kind="write",
+                tag=tag,
+            ),
+        ]
+    if files:
+        request = Document(ids=REQUEST_ID, schema_ref="#/components/schemas/TransferRequest")
+        users = frozenset({USER})
+        routes += [
+            Route(
+                "recordRequest",
+                "POST",
+                (n,),
+                users,
+                "Record one transfer request (its owner only; `aso upload` uses _bulk_docs).",
+                body=request,
+                kind="create",
+                tag=tag,
+            ),
+            Route(
+                "writeRequest",
+                "PUT",
+                (n, Var("doc_id", REQUEST_ID)),
+                users,
+                "Create a request, or update it (with _rev) as the rules allow: kill, "
+                "resubmit, reset a failed publication, renew for a job retry.",
+                body=request,
+                kind="create",
+                tag=tag,
+            ),
+            Route(
+                "recordRequests",
+                "POST",
+                (n, "_bulk_docs"),
+                users,
+                f"Record (or update) up to {MAX_DOCS} transfer requests, a result each.",
+                body=Bulk(doc=request),
+                kind="create",
+                tag=tag,
+            ),
+        ]
+    for design in db.designs:
+        for view, reduces in design.views.items():
+            params = _view_params(reduces)
+            path = (n, "_design", design.name, "_view", view)
+            audiences = design.audiences & db.readers
+            routes += [
+                Route(
+                    f"{tag}View_{design.name}_{view}",
+                    "GET",
+                    path,
+                    audiences,
+                    f"View {design.name}/{view}.",
+                    params,
+                    tag=tag,
+                ),
+                Route(
+                    f"{tag}ViewPost_{design.name}_{view}",
+                    "POST",
+                    path,
+                    audiences,
+                    f"View {design.name}/{view}, options (keys) in the body.",
+                    params,
+                    Options(params=params),
+                    tag=tag,
+                ),
+            ]
+    return routes
+
+
+def _pages_routes(config: Config) -> list[Route]:
+    from aso.designdocs import PAGES_DDOC, pages_design
+
+    pages = config.store.pages_db
+    name = PAGES_DDOC.removeprefix("_design/")
+    files = sorted(pages_design(config).get("_attachments", {}))
+    attachment = Text("^(" + "|".join(re.escape(f) for f in files) + ")$", "a file of the pages")
+    return [
+        Route(
+            "pagesDesign",
+            "GET",
+            (pages, "_design", name),
+            EVERYONE,
+            "The monitoring pages' design document (their settings).",
+            tag="pages",
+        ),
+        Route(
+            "pagesFile",
+            "GET",
+            (pages, "_design", name, Var("file", attachment)),
+            EVERYONE,
+            "A file of the monitoring pages (served with the store's Content-Security-Policy).",
+            tag="pages",
+        ),
+    ]
+
+
+def _server_routes() -> list[Route]:
+    return [
+        Route(
+            "welcome",
+            "GET",
+            (),
+            EVERYONE,
+            "The store's welcome (its vendor and version).",
+            tag="server",
+        ),
+        Route(
+            "session",
+            "GET",
+            ("_session",),
+            EVERYONE,
+            "Who the front end says the client is: the user its certificate maps to.",
+            tag="server",
+        ),
+        Route("up", "GET", ("_up",), EVERYONE, "Whether the store is up.", tag="server"),
+    ]
+
+
+def table(config: Config) -> tuple[Route, ...]:
+    """Every route the front end serves for `config` (its databases, design documents and
+    pages). Per audience, a method and a path template lead to one route."""
+    routes = _server_routes() + _pages_routes(config)
+    for db in databases(config):
+        routes += _db_routes(db)
+    names = [r.name for r in routes]
+    assert len(names) == len(set(names)), "route names are operationIds: each once"
+    for audience in AUDIENCES:
+        shapes = [(r.method, r.template) for r in routes if audience in r.audiences]
+        assert len(shapes) == len(set(shapes)), f"two routes of one shape for {audience}"
+    return tuple(routes)
+
+
+def served_to(routes: Sequence[Route], audience: str) -> list[Route]:
+    return [r for r in routes if audience in r.audiences]
+
+
+def describe(value: Value) -> str:
+    """A parameter's type in words, for docs/security.md's tables."""
+    named = {REV: "a revision", SEQ: "an update sequence", DOC_ID: "a document id (no leading _)",
+             REQUEST_ID: "a request id (64 hex)", STRING_KEY: "a JSON string"}  # fmt: skip
+    for known, words in named.items():
+        if value is known:
+            return words
+    if isinstance(value, Flag):
+        return "true or false"
+    if isinstance(value, Count):
+        return f"{value.low}..{value.high}"
+    if isinstance(value, Choice):
+        return " or ".join(value.choices)
+    if isinstance(value, Key):
+        return f"a JSON value (at most {MAX_KEY_CHARS} characters)"
+    if isinstance(value, Listed):
+        return f"a list of at most {value.most} of: {describe(value.item)}"
+    if isinstance(value, Text):
+        return value.meaning
+    return type(value).__name__

@@ -1,0 +1,470 @@
+"""The trust boundary, proven by invariants: requests generated from a grammar of methods, paths
+(with their encodings), query parameters, headers and bodies (valid, near-valid and hostile) are
+sent through a real front end as alice, a grid user, and after every one:
+
+(a) the store and the front end answer, each within 1 s;
+(b) nothing alice may not write has changed: every other user's request, every document of the
+    other databases, every `_security`, design and `_local` document, the system databases;
+(c) no answer carries anything private: store account secrets, passwords, the front end's
+    secret, `_local` documents.
+
+Beside the property, each finding of the second round of probes is attempted as it was reported
+and seen refused, with the store alive afterwards. A store and a front end of their own (the
+engine under test): a case that breaks them fails here. `make test` runs the "ci" profile,
+`make fuzz` the long one (tests/hostile_strategies.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import requests as http
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from aso import model, routes
+from aso.config import Config
+from aso.designdocs import init_databases
+from aso.local.pki import Pki
+from aso.store import Server, StoreError
+from tests.conftest import own_store, sample_request
+from tests.hostile_strategies import LONG, json_values, texts
+from tests.test_frontend import cert_files
+from tests.test_hostile import running_frontend
+
+USERS = {"alice": "", "bob": "", "agent-host": " aso-agent"}
+CANARY = "canary-" + hashlib.sha256(b"aso boundary").hexdigest()[:24]
+LOCAL_NAMES = ("_security", "x", "aso-canary")
+MAX_BODY = 4 << 20
+
+
+@dataclasses.dataclass
+class Boundary:
+    config: Config
+    admin: Server
+    url: str  # the front end's
+    pki: Pki
+    certs: dict[str, Any]
+    private: list[str]  # strings no answer to alice may carry
+    alice_ids: list[str]
+    bob_ids: list[str]
+    last: dict[str, Any] | None = None  # the snapshot after the last generated request
+
+    @property
+    def files(self) -> str:
+        return self.config.store.files_db
+
+    def call(self, who: str, method: str, path: str, **kw: Any) -> http.Response:
+        kw.setdefault("timeout", 90)
+        return http.request(method, self.url + path, cert=self.certs[who],
+                            verify=str(self.pki.ca_file), **kw)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def boundary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boundary]:
+    base = tmp_path_factory.mktemp("boundary")
+    with own_store(base) as (config, _):
+        admin = Server.from_config(config, account="admin")
+        init_databases(admin, config)
+        pki = Pki.create(base / "pki")
+        lines = [f'"{pki.user(who).dn}" {who}{roles}' for who, roles in USERS.items()]
+        (pki.root / "grid-mapfile").write_text("\n".join(lines) + "\n")
+        config = copy.deepcopy(config)
+        config.source = base / "aso.toml"
+        config.frontend = dataclasses.replace(
+            config.frontend, host_cert=str(pki.host_cert), host_key=str(pki.host_key),
+            capath=str(pki.capath), mapfile=str(pki.root / "grid-mapfile"),
+            secret="boundary-secret-" + CANARY[-8:], max_body=MAX_BODY,
+        )  # fmt: skip
+        certs = {who: cert_files(pki, who) for who in USERS}
+        with running_frontend(config, base) as url:
+            found = Boundary(config, admin, url, pki, certs, [], [], [])
+            seed(found)
+            yield found
+
+
+def seed(b: Boundary) -> None:
+    """Requests of alice's (through the front end) and bob's, and private things to look for."""
+    for _ in range(2):
+        doc = sample_request("alice")
+        assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+        b.alice_ids.append(doc["_id"])
+        doc = sample_request("bob")
+        assert b.call("bob", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+        b.bob_ids.append(doc["_id"])
+    files = b.admin.db(b.files)
+    b.admin.raw("PUT", f"/{b.files}/_local/aso-canary", body={"secret": CANARY})
+    b.admin.put_user("canary-user", CANARY + "-pw", [model.USER_ROLE])
+    account = b.admin.db("_users").get("org.couchdb.user:canary-user") or {}
+    b.private += [CANARY, b.config.store.admin_password, b.config.frontend.secret]
+    b.private += [account[k] for k in ("derived_key", "salt", "password_sha") if k in account]
+    b.private += [p for p in (b.config.store.agent_password,) if p]
+    assert files.get(b.bob_ids[0]) is not None
+
+
+# -- the invariants ------------------------------------------------------------------------------
+def snapshot(b: Boundary) -> dict[str, Any]:
+    """What alice may not change: every database's documents (but alice's requests), design
+    documents, `_security` and the `_local` documents of LOCAL_NAMES, by revision or content."""
+    out: dict[str, Any] = {}
+    for name in b.admin.all_dbs():
+        path = "/" + quote(name, safe="")
+        rows = b.admin.raw("GET", f"{path}/_all_docs", params={"include_docs": "true"})["rows"]
+        mine = {
+            r["id"] for r in rows if name == b.files and (r.get("doc") or {}).get("user") == "alice"
+        }
+        docs = {r["id"]: r["value"]["rev"] for r in rows if r["id"] not in mine}
+        local = {}
+        for local_name in LOCAL_NAMES:
+            try:
+                local[local_name] = b.admin.raw(
+                    "GET", f"{path}/_local/{quote(local_name, safe='')}"
+                )
+            except StoreError as exc:
+                local[local_name] = exc.status
+        out[name] = {"docs": docs, "security": b.admin.raw("GET", f"{path}/_security"),
+                     "local": local}  # fmt: skip
+    return out
+
+
+def alive(b: Boundary) -> None:
+    """(a): the store and the front end each answer within 1 s (a second look is allowed: the
+    machine may pause a process for a moment; a stopped or stalled one fails both)."""
+    store = b.config.store
+    for what, probe in (
+        ("store", lambda: http.get(store.url + "/", timeout=1,
+                                   auth=(store.admin_user, store.admin_password))),
+        ("front end", lambda: b.call("alice", "GET", "/_session", timeout=1)),
+    ):  # fmt: skip
+        for attempt in range(2):
+            try:
+                assert probe().status_code == 200
+                break
+            except (http.RequestException, AssertionError):
+                assert attempt == 0, f"the {what} did not answer within 1 s"
+                time.sleep(0.2)
+
+
+def nothing_private(b: Boundary, answer: http.Response) -> None:
+    """(c)."""
+    seen = answer.content.decode("utf-8", "replace") + json.dumps(dict(answer.headers))
+    leaked = [p for p in b.private if p and p in seen]
+    assert not leaked, f"the answer carries private data: {answer.text[:300]}"
+
+
+# -- the grammar ---------------------------------------------------------------------------------
+def segments_of(b: Boundary) -> dict[str, list[str]]:
+    c = b.config.store
+    dbs = [c.files_db, c.stats_db, c.transfers_db, c.catalog_db, c.pages_db]
+    return {
+        "db": dbs * 3 + ["_users", "_replicator", "_global_changes", "_node", "_config",
+                         "_all_dbs", "_session", "_utils", "_uuids", "_up", "favicon.ico",
+                         "%00_replicator", "_replicator%00", "%22_users", "%5Fusers",
+                         c.files_db.upper(), c.files_db + "%2F..", "", "_replicate"],
+        "doc": [*b.alice_ids, *b.bob_ids, model.request_id("/store/temp/user/bob/next.root"),
+                "_local", "_localx", "_local%2Fx", "_local%2F_security", "_design",
+                "_design%2Fasyncstageout", "_all_docs", "_bulk_docs", "_changes", "_security",
+                "_find", "_index", "_purge", "_compact", "_revs_limit", "_bulk_get",
+                "_revs_diff", "_view_cleanup", "_explain", "heartbeat:submitter:x",
+                "heartbeat%3Asubmitter%3Ax", "%5Flocal", "..", "%2e%2e", ".", "x" * 300, "%C3%A9",
+                "%FF", "%00", "a%2Fb"],
+        "deep": ["_view", "asyncstageout", "pages", "users", "queue", "stats", "by_task",
+                 "work", "index.html", "app.js", "att", "_show", "_list", "_update", "_rewrite",
+                 "_info", "_local", "x", "_security", "%2e%2e"],
+    }  # fmt: skip
+
+
+def _quoted(text: str) -> str:
+    return quote(text, safe="", errors="surrogatepass")
+
+
+@st.composite
+def paths(draw: st.DrawFn, b: Boundary) -> str:
+    parts = segments_of(b)
+    path = [draw(st.sampled_from(parts["db"]))]
+    if draw(st.integers(0, 4)):
+        path.append(draw(st.sampled_from(parts["doc"]) | texts.map(_quoted)))
+        path += draw(st.lists(st.sampled_from(parts["deep"]), max_size=3))
+    text = "/" + "/".join(path)
+    if draw(st.integers(0, 9)) == 0:
+        text += "/"
+    return text
+
+
+QUERY_NAMES = sorted({n for r in routes.table(Config()) for n in r.query}
+                     | {"new_edits", "filter", "selector", "view", "style", "attachments",
+                        "callback", "w", "batch", "feed", "rev", "latest", "open_revs",
+                        "%00"})  # fmt: skip
+QUERY_VALUES = st.sampled_from(
+    ["true", "false", "0", "1", "-1", "now", "", "null", "[]", "{}", '["x"]', '"x"', "1-x",
+     "1-" + "0" * 32, "all", "ok", "continuous", "longpoll", "eventsource", "normal", "_selector",
+     "_design", "_view", "_doc_ids", "99999999999", "[" * 40 + "]" * 40, "x;feed=continuous",
+     "true;include_docs=true", '{"$gt":null}', json.dumps(list(range(2000)))]
+) | texts | json_values.map(json.dumps)  # fmt: skip
+
+
+@st.composite
+def queries(draw: st.DrawFn) -> str:
+    pairs = draw(st.lists(st.tuples(st.sampled_from(QUERY_NAMES), QUERY_VALUES), max_size=4))
+    if any(n == "feed" and v == "longpoll" for n, v in pairs):
+        pairs = [(n, v) for n, v in pairs if n != "timeout"]
+        pairs.append(("timeout", draw(st.sampled_from(["0", "50", "300"]))))
+    joiner = draw(st.sampled_from(["&", "&", "&", ";"]))
+    text = joiner.join(f"{_quoted(n)}={_quoted(v)}" for n, v in pairs)
+    return "?" + text if text else ""
+
+
+def _hostile_docs(b: Boundary, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Alice's request made into what she may not write, one way each."""
+    bob_temp = "/store/temp/user/bob/next.root"
+    return [
+        {**doc, "user": "bob"},
+        {**doc, "destination_lfn": "/store/user/bob/mine.root"},
+        {**doc, "destination_lfn": "/store/user/alice/"},
+        {**doc, "_id": model.request_id(bob_temp)},
+        {**doc, "_id": "_local/_security", "_rev": "0-1",
+         "security": {"admins": {"names": ["alice"], "roles": []}}},
+        {**doc, "_id": "_local"}, {**doc, "_id": "_localx"},
+        {**doc, "_id": "_design/evil", "validate_doc_update": "function(){}"},
+        {**doc, "_deleted": True}, {**doc, "_attachments": {"x.html": {
+            "content_type": "text/html", "data": "PGgxPmV2aWw8L2gxPg=="}}},
+        {**doc, "state": "done", "cleanup": "cleaned", "publication": "published"},
+        {**doc, "publish_info": {"dataset": "/P/bob-x/USER"}},
+        {**doc, "_rev": "1-" + "0" * 32},
+    ]  # fmt: skip
+
+
+@st.composite
+def bodies(draw: st.DrawFn, b: Boundary) -> bytes | None:
+    kind = draw(st.sampled_from(["none", "request", "hostile", "bulk", "options", "security",
+                                 "design", "replication", "bytes", "deep", "twice",
+                                 "json"]))  # fmt: skip
+    doc = sample_request("alice")
+    if kind == "request":
+        return json.dumps(doc).encode()
+    if kind == "hostile":
+        return json.dumps(draw(st.sampled_from(_hostile_docs(b, doc)))).encode()
+    if kind == "bulk":
+        docs = draw(st.lists(st.sampled_from([doc, *_hostile_docs(b, doc)]), max_size=4))
+        if draw(st.integers(0, 9)) == 0:
+            docs = [sample_request("alice") for _ in range(routes.MAX_DOCS + 1)]
+        return json.dumps({"docs": docs}).encode()
+    if kind == "options":
+        keys = draw(st.sampled_from([1, True, {}, "x", [], ["a"], list(range(3000)),
+                                     [[b.bob_ids[0]]], None]))  # fmt: skip
+        name = draw(st.sampled_from(["keys", "doc_ids", "selector", "start_key", "limit"]))
+        return json.dumps({name: keys}).encode()
+    if kind == "security":
+        return json.dumps({"admins": {"names": ["alice"], "roles": []},
+                           "members": {"names": [], "roles": []}}).encode()  # fmt: skip
+    if kind == "design":
+        return json.dumps({"_id": "_design/pages", "_attachments": {"index.html": {
+            "content_type": "text/html", "data": "PGgxPmV2aWw8L2gxPg=="}}}).encode()  # fmt: skip
+    if kind == "replication":
+        return json.dumps({"_id": "r1", "source": "http://127.0.0.1:1/x", "target": "y",
+                           "retry": False, "continuous": True}).encode()  # fmt: skip
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "deep":
+        depth = draw(st.integers(10, 3000))
+        return b'{"keys": ' + b"[" * depth + b"]" * depth + b"}"
+    if kind == "twice":
+        return ('{"_id": "' + doc["_id"] + '", "user": "alice", "user": "bob"}').encode()
+    if kind == "json":
+        return json.dumps(draw(json_values)).encode()
+    return None
+
+
+METHODS = ("GET", "GET", "HEAD", "POST", "POST", "PUT", "PUT", "DELETE", "COPY", "PATCH",
+           "OPTIONS", "MOVE")  # fmt: skip
+HEADERS = st.fixed_dictionaries({}, optional={
+    "Content-Type": st.sampled_from(["application/json", "text/plain", "multipart/related",
+                                     "application/x-www-form-urlencoded", ""]),
+    "X-Auth-CouchDB-UserName": st.just("admin"),
+    "X-Auth-CouchDB-Roles": st.just("_admin"),
+    "X-Auth-CouchDB-Token": st.just("0" * 40),
+    "Authorization": st.just("Basic YWRtaW46YWRtaW4="),
+    "Cookie": st.just("AuthSession=YWRtaW46"),
+    "X-Forwarded-For": st.just("127.0.0.1"),
+    "Destination": st.just("_local/x"),
+    "X-HTTP-Method-Override": st.just("DELETE"),
+})  # fmt: skip
+
+
+@settings(max_examples=max(60, settings.default.max_examples * (2 if LONG else 1)))
+@given(method=st.sampled_from(METHODS), data=st.data(), headers=HEADERS)
+def test_whatever_alice_sends_the_boundary_holds(boundary, method, data, headers):
+    """The invariants (a)-(c) after every generated request."""
+    b = boundary
+    path = data.draw(paths(b), label="path") + data.draw(queries(), label="query")
+    body = data.draw(bodies(b), label="body")
+    before = b.last or snapshot(b)
+    b.last = None  # taken again if this case fails
+    answer = b.call("alice", method, path, data=body, headers=headers)
+    assert answer.status_code < 500, (answer.status_code, answer.text[:300])
+    if answer.status_code >= 400 and method != "HEAD":
+        assert answer.json()["reason"], answer.text[:300]
+    alive(b)
+    after = snapshot(b)
+    assert after == before, f"{method} {path[:200]} changed what alice may not write"
+    nothing_private(b, answer)
+    b.last = after
+    event(f"{answer.status_code}")
+
+
+# -- the second round's findings, each attempted --------------------------------------------------
+def refused(answer: http.Response, status: int, reason: str = "") -> None:
+    assert answer.status_code == status, (answer.status_code, answer.text[:300])
+    assert reason in answer.json()["reason"], answer.text[:300]
+
+
+def test_local_documents_are_nobody_s_through_the_front_end(boundary):
+    """Finding 1: `_local/_security` written through `_bulk_docs` made alice the admin of
+    aso_pages; `_local/x`, `_local`, `_localx` were written through POST."""
+    b = boundary
+    before = snapshot(b)
+    grant = {"admins": {"names": ["alice"], "roles": []}, "members": {"names": [], "roles": []}}
+    security = {"_id": "_local/_security", "_rev": "0-1", "security": grant}
+    pages = b.config.store.pages_db
+    refused(b.call("alice", "POST", f"/{pages}/_bulk_docs", json={"docs": [security]}), 403)
+    refused(b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": [security]}), 400,
+            "a request id")  # fmt: skip
+    for doc_id in ("_local/x", "_local", "_localx", "_local/_security"):
+        refused(b.call("alice", "POST", f"/{b.files}", json={"_id": doc_id}), 400, "_id")
+        refused(b.call("agent-host", "POST", f"/{b.files}/_bulk_docs", json={"docs": [
+            {"_id": doc_id, "type": "heartbeat"}]}), 400, "a document id of ASO's")  # fmt: skip
+    for path in ("_local/x", "_local%2Fx", "_local/_security", "_localx"):
+        answer = b.call("alice", "PUT", f"/{b.files}/{path}", json={"x": 1})
+        assert answer.status_code in (400, 403), answer.text
+        answer = b.call("agent-host", "PUT", f"/{b.files}/{path}", json={"x": 1})
+        assert answer.status_code in (400, 403), answer.text
+    alive(b)
+    assert snapshot(b) == before
+    assert "alice" not in json.dumps(b.admin.raw("GET", f"/{pages}/_security"))
+
+
+def test_one_id_twice_in_a_batch_is_refused(boundary):
+    """Finding 2's front-end half: a kill and a forged document of one id in one `_bulk_docs`
+    (the embedded store judged the second against the first's parent)."""
+    b = boundary
+    current = b.admin.db(b.files).get(b.alice_ids[0])
+    kill = model.transition(current, [model.Change("state", "killed", "alice")], model.OWNER)
+    forged = {**kill, "destination_lfn": "/store/user/bob/stolen.root", "_rev": "2-" + "0" * 32}
+    before = snapshot(b)
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": [kill, forged]})
+    refused(answer, 400, "appears twice")
+    assert b.admin.db(b.files).get(b.alice_ids[0]) == current
+    assert snapshot(b) == before
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["latest=true&rev=1-x", "latest=true&rev=1-" + "0" * 32, "latest=true",
+     "open_revs=all&rev=1-" + "0" * 32, "rev=1-x", "open_revs=%5B%22x%22%5D"],
+)  # fmt: skip
+def test_a_document_read_with_latest_and_rev_goes_nowhere(boundary, query):
+    """Finding 6: `GET /asynctransfer/<id>?latest=true&rev=1-x` killed the embedded store."""
+    b = boundary
+    refused(b.call("alice", "GET", f"/{b.files}/{b.bob_ids[0]}?{query}"), 400)
+    alive(b)
+
+
+@pytest.mark.parametrize("doc_ids", [1, True, {}, "x", None, [1], [{}], list(range(1001))])
+def test_a_changes_body_of_the_wrong_shape_goes_nowhere(boundary, doc_ids):
+    """Finding 7: `POST _changes?since=now` with `{"doc_ids": 1}` (true, {}) killed the
+    embedded store."""
+    b = boundary
+    for query in ("since=now", "since=now&filter=_doc_ids"):
+        answer = b.call("alice", "POST", f"/{b.files}/_changes?{query}", json={"doc_ids": doc_ids})
+        refused(answer, 400)
+    alive(b)
+
+
+def test_no_continuous_feed_and_a_long_poll_ends(boundary):
+    """Finding 8's front-end half: users get no continuous feed (the embedded store kept each
+    one after its client left); a long poll ends at its bound."""
+    b = boundary
+    for feed in ("continuous", "eventsource"):
+        refused(b.call("alice", "GET", f"/{b.files}/_changes?feed={feed}&since=now"), 400)
+    refused(b.call("alice", "GET", f"/{b.files}/_changes?feed=longpoll&timeout=60001"), 400)
+    answer = b.call("alice", "GET", f"/{b.files}/_changes?feed=longpoll&since=now&timeout=200")
+    assert answer.status_code == 200 and answer.json()["results"] == [], answer.text
+    alive(b)
+
+
+@pytest.mark.parametrize("path", ["/%00_replicator", "/%00_replicator/r1", "/_replicator",
+                                  "/_replicator/r1", "/%22_replicator", "/_replicator%00",
+                                  "/_users", "/_global_changes", "/%5Freplicator/r1"])  # fmt: skip
+def test_system_databases_are_not_reached(boundary, path):
+    """Finding 9: `/%00_replicator` got past the gate (the store strips NUL and `"` from
+    database names) and a replication document made the store connect anywhere, or die at
+    every start."""
+    b = boundary
+    before = snapshot(b)
+    doc = {"_id": "r1", "source": "http://127.0.0.1:1/x", "target": "y", "retry": False}
+    for method in ("GET", "PUT", "POST"):
+        answer = b.call("alice", method, path, json=doc if method != "GET" else None)
+        assert answer.status_code in (400, 403, 404, 405), (method, path, answer.text)
+    alive(b)
+    assert snapshot(b) == before
+
+
+def test_lists_are_bounded(boundary):
+    """Finding 10: 100,000 view keys stalled the store for every user; `_bulk_docs` took any
+    number of documents. Both are refused at their documented bounds, and at the bound they
+    pass."""
+    b = boundary
+    view = f"/{b.files}/_design/asyncstageout/_view/by_task"
+    refused(b.call("alice", "POST", view, json={"keys": [["t"]] * 100_000}), 400, "at most 1000")
+    assert b.call("alice", "POST", view, json={"keys": [["t"]] * 1000}).status_code == 200
+    docs = [sample_request("alice") for _ in range(routes.MAX_DOCS + 1)]
+    before = snapshot(b)
+    refused(b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": docs}), 400)
+    assert snapshot(b) == before
+    assert not [i for i in b.admin.db(b.files).get_many(d["_id"] for d in docs[:50]).values() if i]
+    keys = json.dumps([[i] for i in range(1001)])
+    refused(b.call("alice", "GET", f"{view}?keys={quote(keys)}"), 400, "at most 1000")
+    alive(b)
+
+
+def test_the_smaller_findings(boundary):
+    """Finding 11's front-end half: view keys of the wrong type (500), `/favicon.ico` forwarded
+    as a database name, a `;` inside a query value that Twisted read as a separator."""
+    b = boundary
+    view = f"/{b.files}/_design/asyncstageout/_view/by_task"
+    for keys in (5, "x", {"a": 1}, True):
+        refused(b.call("alice", "POST", view, json={"keys": keys}), 400, "keys must be")
+    refused(b.call("alice", "GET", "/favicon.ico"), 404, "no such resource")
+    answer = b.call("alice", "GET", f"/{b.files}/_all_docs?include_docs=true;feed=continuous")
+    refused(answer, 400, "include_docs must be true or false")
+    key = quote(json.dumps(["a;b"]))
+    assert b.call("alice", "GET", f"{view}?start_key={key}&limit=1").status_code == 200
+    alive(b)
+
+
+def test_design_documents_and_attachments_are_nobody_s_through_the_front_end(boundary):
+    """The gate had forwarded users' design-document writes and attachment uploads, which
+    CouchDB refused only because the probe's revision was stale: now the boundary refuses them,
+    for users, agents and operators alike."""
+    b = boundary
+    before = snapshot(b)
+    pages = b.config.store.pages_db
+    page = {"_id": "_design/pages", "_attachments": {"index.html": {
+        "content_type": "text/html", "data": "PGgxPmV2aWw8L2gxPg=="}}}  # fmt: skip
+    for who in ("alice", "agent-host"):
+        for method, path in (("PUT", f"/{pages}/_design/pages"),
+                             ("PUT", f"/{pages}/_design/pages/index.html"),
+                             ("PUT", f"/{b.files}/_design/asyncstageout"),
+                             ("DELETE", f"/{b.files}/_design/asyncstageout"),
+                             ("PUT", f"/{b.files}/{b.alice_ids[0]}/evil.html")):  # fmt: skip
+            answer = b.call(who, method, path, json=page)
+            assert answer.status_code in (403, 405), (who, method, path, answer.text)
+    assert snapshot(b) == before
