@@ -107,7 +107,9 @@ class StoreConfig:
     backoff_max: float = _key(30.0, "Longest delay between two retries, in seconds.")
     pool_size: int = _key(16, "HTTP connections kept open to the store per process.")
     feed_timeout: float = _key(
-        30.0, "Seconds a `_changes` long poll may wait for a change before the client ends it."
+        30.0,
+        "Seconds a `_changes` long poll may wait for a change before the client ends it "
+        "(at most 60: the front end's bound).",
     )
 
 
@@ -611,6 +613,11 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> Config:
     return config
 
 
+# The longest a `_changes` long poll waits, in seconds: the front end ends one by then
+# (aso/routes.py MAX_POLL_MS), on both stores.
+MAX_FEED_TIMEOUT = 60.0
+
+
 def _check_values(config: Config, label: str) -> None:
     def bad(message: str) -> ConfigError:
         return ConfigError(f"{label}: {message}")
@@ -624,6 +631,8 @@ def _check_values(config: Config, label: str) -> None:
             raise bad(f"store.{name} is out of range")
     if config.store.engine not in ("pouchdb", "couchdb"):
         raise bad("store.engine must be pouchdb or couchdb")
+    if not 0 < config.store.feed_timeout <= MAX_FEED_TIMEOUT:
+        raise bad(f"store.feed_timeout must be above 0 and at most {MAX_FEED_TIMEOUT:g} seconds")
     if not 1 <= config.couchdb.nodes <= 9:
         raise bad("couchdb.nodes must be 1 to 9")
     if not 1 <= config.store.files_q <= 64:

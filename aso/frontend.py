@@ -119,6 +119,7 @@ class GridMap:
                     "no dot: /store/temp/user/<name>.<hash>/ is the user's temporary area)"
                 )
             out[words[0]] = Mapped(words[1], roles)
+        _no_shared_datasets(out, where)
         return out
 
     def lookup(self, dn: str) -> Mapped | None:
@@ -128,6 +129,19 @@ class GridMap:
                 self._map = self.parse(self.path.read_text(), str(self.path))
                 self._mtime = mtime
             return self._map.get(dn)
+
+
+def _no_shared_datasets(mapped: dict[str, Mapped], where: str) -> None:
+    """A group named as a user would give its members that user's datasets
+    (/<primary>/<name>-<processed>/USER are the user's and the group's alike)."""
+    users = {m.name for m in mapped.values()}
+    for who in mapped.values():
+        shared = sorted(set(model.granted_groups(list(who.roles))) & users)
+        if shared:
+            raise MapfileError(
+                f"{where}: group {shared[0]!r} of {who.name} has the name of a user: its "
+                f"members would publish into that user's datasets /<primary>/{shared[0]}-*/USER"
+            )
 
 
 class ProxyAuth:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
-from aso.config import Config
+from aso.config import MAX_FEED_TIMEOUT, Config
 
 USER, AGENT, OPERATOR = "user", "agent", "operator"
 AUDIENCES = (USER, AGENT, OPERATOR)
@@ -41,7 +41,7 @@ MAX_KEY_CHARS = 4096  # one JSON key as sent
 MAX_DEPTH = 16  # nesting of any JSON value sent (a request's history entries are at depth 3)
 # A long poll is ended by the front end at most this long after it began (plus a grace for the
 # store to answer first): the embedded store never ends one itself.
-MAX_POLL_MS = 60_000
+MAX_POLL_MS = int(MAX_FEED_TIMEOUT * 1000)
 FEEDS = ("normal", "longpoll")
 
 # A store revision: CouchDB's and the embedded store's are both N-<32 hex digits>.

@@ -350,14 +350,16 @@ LIVE_DESIGN: dict[str, Any] = {
 }
 
 VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT (aso/store.py): the embedded store runs this for a write
-  // based on a revision that is not the current one before it finds the conflict; let it pass
-  // so that both stores answer 409.
-  if (oldDoc && newDoc._rev !== oldDoc._rev && !newDoc._deleted) { return; }
   var roles = userCtx.roles || [];
   function has(role) { return roles.indexOf(role) !== -1; }
   function refuse(rule, why) { throw({forbidden: '[' + rule + '] ' + why}); }
   if (has('_admin') || has('aso-admin')) { return; }
+  // EMBEDDED_VALIDATES_BEFORE_CONFLICT (aso/store.py): a write based on another revision than
+  // the current one is a conflict, refused here as one (the embedded store asks before it looks).
+  var live = oldDoc && !oldDoc._deleted, rev = newDoc._rev;
+  if (!(oldDoc ? rev === oldDoc._rev || (!live && rev === undefined) : rev === undefined)) {
+    refuse('conflict', 'the write is based on another revision than the current one');
+  }
   if (!has('aso-agent')) { refuse('stats', 'only agents and admins write statistics'); }
   if (newDoc._deleted) { refuse('stats', 'agents never delete statistics'); }
   if (newDoc._id === 'lease:purge') {

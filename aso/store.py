@@ -15,7 +15,8 @@ EMBEDDED_FEED_NEVER_TIMES_OUT    a `_changes` long poll ignores `timeout` and ha
 EMBEDDED_CHANGES_FILTER_CRASH    `filter=_design`, `_selector`, an unknown filter, or `_doc_ids`
                                  without its ids kill the server (and `_selector` answers nothing
                                  when it does not): `Database.changes` offers only `doc_ids`,
-                                 always with the ids; the front end refuses the rest (aso/routes.py).
+                                 always with the ids; the front end refuses the rest
+                                 (aso/routes.py).
 EMBEDDED_OPEN_SECURITY           a new database is open to anonymous writers: `Server.create_db`
                                  always sets `_security` in the same call.
 EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE  (found here) a non-admin `PUT /db` kills the server process:

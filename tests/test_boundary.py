@@ -44,6 +44,8 @@ USERS = {"alice": "", "bob": "", "agent-host": " aso-agent"}
 CANARY = "canary-" + hashlib.sha256(b"aso boundary").hexdigest()[:24]
 LOCAL_NAMES = ("_security", "x", "aso-canary")
 MAX_BODY = 4 << 20
+# Documents CouchDB writes into its system databases itself, when it first needs them.
+STORE_OWN = {("_users", "_design/_auth"), ("_replicator", "_design/_replicator")}
 
 
 @dataclasses.dataclass
@@ -121,7 +123,8 @@ def snapshot(b: Boundary) -> dict[str, Any]:
         mine = {
             r["id"] for r in rows if name == b.files and (r.get("doc") or {}).get("user") == "alice"
         }
-        docs = {r["id"]: r["value"]["rev"] for r in rows if r["id"] not in mine}
+        docs = {r["id"]: r["value"]["rev"] for r in rows
+                if r["id"] not in mine and (name, r["id"]) not in STORE_OWN}  # fmt: skip
         local = {}
         for local_name in LOCAL_NAMES:
             try:

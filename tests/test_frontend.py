@@ -696,6 +696,10 @@ def test_the_mapfile_grants_group_areas_and_refuses_names_that_would_share_an_ar
     ):
         with pytest.raises(MapfileError, match=re.escape(words)):
             GridMap.parse(line)
+    # A group named as a user: the group's members would publish into the user's datasets.
+    two = '"/DC=org/CN=a" alice\n"/DC=org/CN=c" carol aso-user,group:alice\n'
+    with pytest.raises(MapfileError, match="group 'alice' of carol has the name of a user"):
+        GridMap.parse(two)
 
 
 # --- in process: the front end on a reactor of this test session ---------------------------

@@ -981,7 +981,7 @@ KILLERS = [  # each of these, sent by a user, killed the embedded store or made 
     ("PUT", "/_users/org.couchdb.user:bob", b"{}", 403, NOT_HERE),
     ("PUT", "/{db}/_local/x", b"{}", 403, NOT_HERE),
     ("POST", "/{db}/_bulk_docs", b'{"docs": [null]}', 400, "docs[0] must be a JSON object"),
-    ("POST", "/{db}/_bulk_docs", b'{"docs": [{"_id": 5}]}', 400, "docs[0]: _id must be a request id"),
+    ("POST", "/{db}/_bulk_docs", b'{"docs": [{"_id": 5}]}', 400, "docs[0]: _id must be a"),
     ("POST", "/{db}", b'{"_id": "x", "_foo": 1}', 400, "'_foo' is not a member the front end"),
     ("POST", "/{db}", b"[1, 2]", 400, "the document must be a JSON object"),
     ("PUT", "/{db}/" + DOC_ID, b'{"_id": "abd"}', 400, "_id differs from the URL's"),

@@ -55,13 +55,17 @@ SECURITY = {
 }
 
 VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT (aso/store.py): the embedded store runs this for a create
-  // of an existing id before it finds the conflict; let it pass so that both stores answer 409.
-  if (oldDoc && !newDoc._rev && !newDoc._deleted) { return; }
   var roles = userCtx.roles || [];
   function has(role) { return roles.indexOf(role) !== -1; }
   function refuse(rule, why) { throw({forbidden: '[' + rule + '] ' + why}); }
   var admin = has('_admin') || has('aso-admin');
+  // EMBEDDED_VALIDATES_BEFORE_CONFLICT (aso/store.py): a write based on another revision than
+  // the current one is a conflict, refused here as one (the embedded store asks before it looks).
+  var live = oldDoc && !oldDoc._deleted, rev = newDoc._rev;
+  var current = oldDoc ? rev === oldDoc._rev || (!live && rev === undefined) : rev === undefined;
+  if (!admin && !current) {
+    refuse('conflict', 'the write is based on another revision than the current one');
+  }
   if (!admin && !has('aso-agent')) {
     refuse('catalog', 'only agents and admins write the catalog');
   }
