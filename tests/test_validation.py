@@ -6,10 +6,12 @@ answer must be the Python model's (aso.model.may_transition): the two cannot dis
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import re
+import threading
 import uuid
 from typing import Any
 
@@ -19,9 +21,17 @@ from aso import designdocs, model, sites
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.sites import simulated
-from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
+from aso.store import (
+    Conflict,
+    Database,
+    Forbidden,
+    Server,
+    StoreError,
+    Unauthorized,
+    refused_as_conflict,
+)
 from tests import validation_oracle as oracle
-from tests.conftest import ACCOUNT_ROLES, db_as, sample_request
+from tests.conftest import ACCOUNT_ROLES, PASSWORD, db_as, sample_request
 
 ROLE_ACCOUNT = {OWNER: "alice", AGENT: "agent", "other user": "bob"}
 
@@ -702,3 +712,215 @@ def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, acc
     assert (now[STATE], now["size"], now["job_retry"]) == ("new", retry["size"], 1)
     assert now["history"][-1]["reason"] == "job retry 1: a new file under the same LFN"
     assert upload(owner, [retry]).already == [first["_id"]]  # and the retry again is recorded
+
+
+# --- writes based on another revision than the current one ----------------------------------
+@pytest.fixture(scope="module")
+def twin_db(admin, store_config) -> Any:
+    """A database with the files database's design documents, where a write is made first to
+    learn the revision it gets: both stores' revisions are a hash of what is written
+    (EMBEDDED_PREDICTABLE_REVS), so the same write in the files database gets the same one."""
+    name = f"twin_{uuid.uuid4().hex[:8]}"
+    admin.create_db(name, designdocs.FILES_SECURITY)
+    for ddoc in designdocs.design_documents(store_config):
+        admin.db(name).push_design(ddoc)
+    yield name
+    admin.delete_db(name)
+
+
+def is_conflict(item: dict[str, Any]) -> bool:
+    """A `_bulk_docs` result that is a conflict: CouchDB's 409, or the validation's own."""
+    return item.get("error") == "conflict" or refused_as_conflict(
+        item.get("error"), item.get("reason")
+    )
+
+
+def killed_and_predicted(
+    accounts: dict[str, Any], files_db: str, twin_db: str
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(a request alice stored, her kill of it, the revision the kill will get): the same
+    request and kill written in the twin database first."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    twin = db_as(accounts, "alice", twin_db)
+    assert twin.create({k: v for k, v in doc.items() if k != "_rev"}) == doc["_rev"]
+    kill = model.transition(doc, [Change(STATE, "killed", "alice")], OWNER)
+    return doc, kill, twin.put(kill)
+
+
+def own(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+FORGERIES = [
+    ("a destination in bob's area",
+     lambda d: d.update(destination_lfn=f"/store/user/bob/x/{_token()}.root")),
+    ("a field off the schema", lambda d: d.update(colour="blue")),
+    ("a request done, cleaned and published",
+     lambda d: d.update(state="done", cleanup="cleaned", publication="published")),
+    ("a request turned into bob's", lambda d: d.update(user="bob")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "forge"), FORGERIES, ids=[f[0] for f in FORGERIES])
+def test_a_write_based_on_the_revision_a_kill_of_the_same_batch_will_get_is_refused(
+    files_db, accounts, twin_db, case, forge
+):
+    """Alice's one `_bulk_docs`: her legitimate kill based on R1, and a forged document based
+    on R2, the revision the kill gets. The embedded store judged the forged one against R1, the
+    validation let a write based on another revision pass, and the store put it on R2 unjudged.
+    Now it is a conflict on both stores, and the kill alone is stored."""
+    doc, kill, predicted = killed_and_predicted(accounts, files_db, twin_db)
+    forged = copy.deepcopy(kill)
+    forge(forged)
+    forged["_rev"] = predicted
+    answer = accounts["alice"].raw("POST", f"/{files_db}/_bulk_docs", body={"docs": [kill, forged]})
+    done = [item for item in answer if item.get("ok")]
+    refused = [item for item in answer if not item.get("ok")]
+    assert [item["rev"] for item in done] == [predicted], answer  # the forged one was on time
+    assert len(refused) == 1 and is_conflict(refused[0]), answer
+    stored = db_as(accounts, "admin", files_db).get(doc["_id"])
+    assert stored["_rev"] == predicted and own(stored) == own(kill)
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(forged, doc, {"name": "alice", "roles": ["aso-user"]})
+    assert judged.value.reason.startswith("[conflict] the write is based on revision")
+
+
+def test_a_forged_write_racing_the_owner_s_kill_is_never_stored(files_db, accounts, twin_db):
+    """The same attack from several clients at once: forgers send the forged write (based on
+    the revision the kill will get, into bob's area) again and again while alice's kill is on
+    its way. Whichever the store judges first, each is refused (a conflict before the kill
+    lands, the rules once it has) and the stored request is the kill."""
+    for _ in range(4):
+        doc, kill, predicted = killed_and_predicted(accounts, files_db, twin_db)
+        forged = dict(copy.deepcopy(kill), _rev=predicted,
+                      destination_lfn=f"/store/user/bob/{_token()}.root")  # fmt: skip
+        outcomes = race(accounts["alice"].url, files_db, kill, forged)
+        assert outcomes["kill"] == [predicted], outcomes
+        assert outcomes["forged"], "no forged write was sent"
+        assert all(isinstance(o, Conflict | Forbidden) for o in outcomes["forged"]), outcomes
+        stored = db_as(accounts, "admin", files_db).get(doc["_id"])
+        assert stored["_rev"] == predicted and own(stored) == own(kill)
+
+
+def race(
+    url: str, files_db: str, kill: dict[str, Any], forged: dict[str, Any], forgers: int = 4
+) -> dict[str, list[Any]]:
+    """alice's kill, once, and `forgers` clients writing `forged` until the kill is answered
+    and a few times after; what each write got (a revision or the error)."""
+    start, killed = threading.Barrier(forgers + 1), threading.Event()
+    outcomes: dict[str, list[Any]] = {"kill": [], "forged": []}
+
+    def put(body: dict[str, Any], db: Database) -> Any:
+        try:
+            return db.put(body)
+        except StoreError as exc:
+            return exc
+
+    def killer() -> None:
+        db = Server(url, "alice", PASSWORD).db(files_db)
+        start.wait()
+        outcomes["kill"].append(put(kill, db))
+        killed.set()
+
+    def forger() -> None:
+        db = Server(url, "alice", PASSWORD).db(files_db)
+        start.wait()
+        for after in itertools.count():
+            outcomes["forged"].append(put(forged, db))
+            if after > 200 or (killed.is_set() and after > 3):
+                return
+
+    threads = [threading.Thread(target=killer)]
+    threads += [threading.Thread(target=forger) for _ in range(forgers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return outcomes
+
+
+def _stale(doc: dict[str, Any], accounts: dict[str, Any], files_db: str) -> dict[str, Any]:
+    """`doc` stored again (by an agent: a lease renewal), and `doc` as it was: a stale copy."""
+    agent = db_as(accounts, "agent", files_db)
+    moved = model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT,
+                             lease={"owner": "s-1", "until": 1e10, "job_key": "k"})  # fmt: skip
+    agent.put(moved)
+    return doc
+
+
+STALE_WRITES = [
+    ("a create of an existing id, another file", "alice",
+     lambda doc, stale: dict(own(doc), _id=doc["_id"], size=doc["size"] + 1)),
+    ("a legal kill of a revision no longer current", "alice",
+     lambda doc, stale: model.transition(stale, [Change(STATE, "killed", "alice")], OWNER)),
+    ("an illegal move of an old revision", "agent",
+     lambda doc, stale: dict(model.transition(stale, [Change(STATE, "done", "x")], model.ADMIN),
+                             size=1)),
+    ("a made-up revision", "agent", lambda doc, stale: dict(doc, _rev="9-" + "a" * 32)),
+    ("a revision of a document that does not exist", "alice",
+     lambda doc, stale: dict(sample_request("alice"), _rev="1-" + "b" * 32)),
+    ("a deletion of an old revision", "agent",
+     lambda doc, stale: {"_id": doc["_id"], "_rev": stale["_rev"], "_deleted": True,
+                         "withdrawn": model.WITHDRAWN}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "who", "make"), STALE_WRITES, ids=[s[0] for s in STALE_WRITES])
+def test_every_write_based_on_another_revision_is_a_conflict_to_every_client(
+    files_db, accounts, case, who, make
+):
+    """Whatever it would change, a write by a user or an agent that is not based on the current
+    revision is a conflict: CouchDB's 409 before it validates, the validation's "[conflict]"
+    refusal on the embedded store, and a Conflict (409 `conflict`) from aso.store either way,
+    single or in bulk. Nothing is stored; the oracle says the same."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    stale = _stale(copy.deepcopy(doc), accounts, files_db)
+    current = db_as(accounts, "admin", files_db).get(doc["_id"])
+    write = make(current, stale)
+    before = db_as(accounts, "admin", files_db).get(write["_id"])
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(write, before, {"name": who, "roles": ACCOUNT_ROLES[who]})
+    assert judged.value.rule == "conflict", judged.value.reason
+    db = db_as(accounts, who, files_db)
+    with pytest.raises(Conflict) as single:
+        db.put(write)
+    assert (single.value.status, single.value.error) == (409, "conflict")
+    [bulk] = db.bulk_write([write])
+    assert bulk.conflict and not bulk.ok, bulk
+    assert db_as(accounts, "admin", files_db).get(write["_id"]) == before
+
+
+@pytest.mark.parametrize("graft", ["a branch of its own", "a branch from the current revision"])
+def test_a_replicated_write_cannot_graft_an_unjudged_revision(files_db, accounts, graft):
+    """`new_edits=false` (replication) writes a revision the writer names: the stores ask the
+    validation with an older revision or none. A user's such write is judged (and refused),
+    never grafted: the request keeps its one revision."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    forged = dict(model.transition(doc, [Change(STATE, "done", "alice")], model.ADMIN),
+                  destination_lfn=f"/store/user/bob/{_token()}.root")  # fmt: skip
+    current = doc["_rev"].split("-", 1)[1]
+    revisions = {"start": 9, "ids": ["c" * 32]}
+    if graft != "a branch of its own":
+        revisions = {"start": 3, "ids": ["c" * 32, "d" * 32, current]}
+    forged.update(_rev=f"{revisions['start']}-{'c' * 32}", _revisions=revisions)
+    with contextlib.suppress(StoreError):  # an answer per refused document, or none at all
+        answer = accounts["alice"].raw(
+            "POST", f"/{files_db}/_bulk_docs", body={"docs": [forged], "new_edits": False}
+        )
+        assert all(item.get("error") for item in answer), answer
+    admin = db_as(accounts, "admin", files_db)
+    assert [leaf["_rev"] for leaf in admin.leaves(doc["_id"])] == [doc["_rev"]]
+    assert own(admin.get(doc["_id"])) == own(doc)
+
+
+def test_the_conflict_refusal_is_conflict_only_with_its_prefix():
+    """aso.store's reading of the validation's refusals: only "[conflict] " makes a 403 a
+    conflict; every other rule stays a refusal."""
+    assert refused_as_conflict("forbidden", "[conflict] the write is based on revision ...")
+    assert not refused_as_conflict("forbidden", "[owner] user bob may not write ...")
+    assert not refused_as_conflict("forbidden", "[conflicts] not this rule")
+    assert not refused_as_conflict("unauthorized", "[conflict] not a refusal of the rules")
+    assert not refused_as_conflict("forbidden", None)

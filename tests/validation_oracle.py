@@ -74,6 +74,39 @@ def namespace_refusal(doc: Mapping[str, Any], name: str, roles: Any) -> str | No
     return None
 
 
+def check_current(new: Mapping[str, Any], parent: Mapping[str, Any] | None) -> None:
+    """A write is based on the current revision `parent` (a creation: on none, or on the
+    deleted document's); any other is a conflict, which the embedded store would otherwise
+    store unjudged (`checkCurrent`; EMBEDDED_VALIDATES_BEFORE_CONFLICT)."""
+    rev = new.get("_rev", js.UNDEFINED)
+    live = parent is not None and parent.get("_deleted") is not True
+    if parent is None:
+        based = rev is js.UNDEFINED
+    else:  # JavaScript's === on the store's string
+        based = (isinstance(rev, str) and rev == parent.get("_rev")) or (
+            not live and rev is js.UNDEFINED
+        )
+    if based:
+        return
+    if not live:
+        raise Refusal(
+            "conflict",
+            f"the write is based on revision {js.stringify(rev)} of a document that does not "
+            "exist: a creation has no _rev",
+        )
+    current = parent["_rev"] if parent is not None else None
+    if rev is js.UNDEFINED:
+        raise Refusal(
+            "conflict",
+            f"a document with this id exists (revision {current}): read it, not create it again",
+        )
+    raise Refusal(
+        "conflict",
+        f"the write is based on revision {js.stringify(rev)}, not on the current {current}: "
+        "read the document again",
+    )
+
+
 def validate_doc_update(
     new: Mapping[str, Any],
     old: Mapping[str, Any] | None,
@@ -85,15 +118,13 @@ def validate_doc_update(
     reason otherwise. A line-by-line twin of the JavaScript, so that every writer (and the
     hostile-input tests) can know the store's verdict without asking it. `sites`: the design
     document's `lib/sites` (None: the twin leaves sites unjudged)."""
-    if old is not None and old.get("_deleted") is True:
-        old = None  # a deleted request may be created again
-    # EMBEDDED_VALIDATES_BEFORE_CONFLICT: a stale write passes here and is the store's 409.
-    stale = old is not None and new.get("_rev", js.UNDEFINED) != old.get("_rev", js.UNDEFINED)
-    if stale and not js.truthy(new.get("_deleted", js.UNDEFINED)):
-        return
     roles = user_ctx.get("roles") or []
     is_admin = any(r in roles for r in ADMIN_ROLES)
     is_agent = AGENT_ROLE in roles
+    if not is_admin:
+        check_current(new, old)
+    if old is not None and old.get("_deleted") is True:
+        old = None  # a deleted request may be created again
     doc_id = new.get("_id")
     if doc_id is not None and not isinstance(doc_id, str):
         raise Refusal("schema", "doc._id must be a string")

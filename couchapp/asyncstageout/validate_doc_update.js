@@ -184,6 +184,27 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return null;
   }
 
+  // A write must be based on the current revision `parent` (a creation: on none, or on the
+  // deleted document's). The embedded store asks this function about writes based on any
+  // revision, judged against the current one, before it looks for a conflict, and then stores
+  // them on the revision they name, even one made earlier in the same batch; a replicated write
+  // (new_edits=false) is asked about with an older revision or none, on either store
+  // (EMBEDDED_VALIDATES_BEFORE_CONFLICT). Refused here, such a write is never stored unjudged;
+  // CouchDB answers a plain stale write 409 first, and "[conflict] " makes this refusal that
+  // 409 for every client (aso/store.py).
+  function checkCurrent(parent) {
+    var rev = newDoc._rev;
+    var live = parent && !parent._deleted;
+    if (parent ? rev === parent._rev || (!live && rev === undefined) : rev === undefined) { return; }
+    if (!live) {
+      refuse('conflict', 'the write is based on revision ' + JSON.stringify(rev) + ' of a document that does not exist: a creation has no _rev');
+    }
+    if (rev === undefined) {
+      refuse('conflict', 'a document with this id exists (revision ' + parent._rev + '): read it, not create it again');
+    }
+    refuse('conflict', 'the write is based on revision ' + JSON.stringify(rev) + ', not on the current ' + parent._rev + ': read the document again');
+  }
+
   function isAgentDoc(doc) {
     return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
   }
@@ -207,17 +228,14 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return true;
   }
 
-  // A deleted request may be created again: judge it as a creation.
-  if (oldDoc && oldDoc._deleted) { oldDoc = null; }
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs this function for a write
-  // based on a revision that is not the current one (a create of an existing id, or a stale
-  // update) before it finds the conflict; CouchDB finds the conflict first and never asks.
-  // Let it pass: the store then answers 409, as CouchDB does, and the writer reads again.
-  // (Deletions are judged anyway: a DELETE without rev deletes the current revision there.)
-  if (oldDoc && newDoc._rev !== oldDoc._rev && !newDoc._deleted) { return; }
-
   var isAdmin = hasRole(model.admin_roles);
   var isAgent = hasRole([model.agent_role]);
+
+  // Every write of a user or an agent, deletions included. Admins are trusted (and a CouchDB
+  // replication they run writes revisions that are not the current one, new_edits=false).
+  if (!isAdmin) { checkCurrent(oldDoc); }
+  // A deleted request may be created again: judge it as a creation.
+  if (oldDoc && oldDoc._deleted) { oldDoc = null; }
 
   // CouchDB refuses a non-string id before it asks; the embedded store does not (a 500 here).
   if (newDoc._id !== undefined && typeof newDoc._id !== 'string') {
