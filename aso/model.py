@@ -593,9 +593,27 @@ def doc_chars(doc: Mapping[str, Any]) -> int:
     return js.length(js.stringify({k: v for k, v in doc.items() if not k.startswith("_")}))
 
 
-def check_schema(doc: Mapping[str, Any]) -> None:
+# How a request's id is described when it is not the one it must be.
+ID_RULE = "doc._id must be the request id: sha256 of source_lfn"
+
+
+def _check_id(doc_id: Any, source_lfn: str, creation: bool) -> None:
+    """A creation's id is the hash of its source_lfn (anyone else's id would be squatted: the
+    id of another user's next upload); an update's is any id of that form (it never changes).
+    The schema has already refused a source_lfn that is no valid Unicode, which has no UTF-8."""
+    if creation:
+        expected = request_id(source_lfn)
+        if not js.same(doc_id, expected):
+            raise SchemaError(f"{ID_RULE} ({expected})")
+    elif not (isinstance(doc_id, str) and js.test(DOC_ID_PATTERN, doc_id)):
+        raise SchemaError(f"{ID_RULE} (64 lower-case hex digits)")
+
+
+def check_schema(doc: Mapping[str, Any], *, creation: bool = True) -> None:
     """Raise SchemaError naming the first thing that makes `doc` no request (type, size, fields,
-    id, publication intent), in validate_doc_update's order and words."""
+    id, publication intent), in validate_doc_update's order and words. `creation`: `doc` is to
+    be created, so its id must be the request id of its source_lfn (an update keeps the id it
+    was created with)."""
     if not isinstance(doc, Mapping):
         raise SchemaError("a request must be a JSON object")
     kind = doc.get("type", js.UNDEFINED)
@@ -606,9 +624,7 @@ def check_schema(doc: Mapping[str, Any]) -> None:
     if doc_chars(doc) > MAX_DOC_CHARS:
         raise SchemaError(f"the document is larger than {MAX_DOC_CHARS} characters")
     _check_object("doc", doc, REQUEST_SCHEMA)
-    doc_id = doc.get("_id")
-    if not (isinstance(doc_id, str) and js.test(DOC_ID_PATTERN, doc_id)):
-        raise SchemaError("doc._id must be the request id (sha256 of source_lfn)")
+    _check_id(doc.get("_id", js.UNDEFINED), doc["source_lfn"], creation)
     if doc.get("publish") and doc.get("file_type") == "output" and "publish_info" not in doc:
         raise SchemaError("doc.publish_info is required when publish is true")
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import itertools
 import re
+import string
 import threading
 import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aso import designdocs, model, sites
 from aso.designdocs import init_databases
@@ -30,6 +34,7 @@ from aso.store import (
     Unauthorized,
     refused_as_conflict,
 )
+from aso.upload import upload
 from tests import validation_oracle as oracle
 from tests.conftest import ACCOUNT_ROLES, PASSWORD, db_as, sample_request
 
@@ -686,7 +691,6 @@ def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, acc
     """aso.upload: the same file again is "already"; a job retry's new file under the LFN of
     a failed request is "renewed" (queued again with the new size and checksum); under a
     request on its way, or without a higher job_retry, it is refused with why."""
-    from aso.upload import upload
 
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
     first = sample_request("alice")
@@ -924,3 +928,96 @@ def test_the_conflict_refusal_is_conflict_only_with_its_prefix():
     assert not refused_as_conflict("forbidden", "[conflicts] not this rule")
     assert not refused_as_conflict("unauthorized", "[conflict] not a refusal of the rules")
     assert not refused_as_conflict("forbidden", None)
+
+
+# --- the request id --------------------------------------------------------------------------
+def test_nobody_takes_the_id_of_another_user_s_next_upload(files_db, accounts):
+    """Squatting: alice created a request under the id bob's next upload would have (the hash
+    of his temporary LFN) with her own files in it; bob's upload was then a conflict. A
+    creation's id is the hash of its own source_lfn, whoever creates it."""
+    bobs = sample_request("bob")
+    squat = dict(sample_request("alice"), _id=bobs["_id"])
+    reason = f"[schema] {model.ID_RULE} ({model.request_id(squat['source_lfn'])})"
+    for who in ("alice", "operator"):
+        with pytest.raises(Forbidden) as refused:
+            db_as(accounts, who, files_db).create(squat)
+        assert refused.value.reason == reason
+        with pytest.raises(model.Refusal) as judged:
+            oracle.validate_doc_update(squat, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
+        assert judged.value.reason == reason
+    assert upload(db_as(accounts, "bob", files_db), [bobs]).recorded == [bobs["_id"]]
+
+
+def _one_bit_off(digest: str, at: int) -> str:
+    at %= len(digest)
+    return digest[:at] + format(int(digest[at], 16) ^ 1, "x") + digest[at + 1 :]
+
+
+LFN_PARTS = st.text(string.ascii_letters + string.digits + "_.+=:@,-", min_size=1, max_size=40)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(parts=st.lists(LFN_PARTS.filter(lambda p: p not in (".", "..")), min_size=1, max_size=10),
+       at=st.integers(0, 63))  # fmt: skip
+def test_a_creation_s_id_is_the_hash_of_its_source_on_the_store(files_db, accounts, parts, at):
+    """validate_doc_update's SHA-256 (lib/sha256.js) against hashlib, through the real
+    validation: a creation whose id is its source's hash is stored, one with one bit off is
+    refused with the id it must have, by the store and the oracle alike."""
+    alice = db_as(accounts, "alice", files_db)
+    lfn = f"/store/temp/user/alice/{_token()}/" + "/".join(parts)
+    doc = sample_request("alice", source_lfn=lfn)
+    digest = hashlib.sha256(lfn.encode()).hexdigest()
+    assert doc["_id"] == digest
+    off = dict(doc, _id=_one_bit_off(digest, at))
+    reason = f"[schema] {model.ID_RULE} ({digest})"
+    [refused, stored] = alice.bulk_write([off, doc])
+    assert (refused.error, refused.reason) == ("forbidden", reason), refused
+    assert stored.ok, stored
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(off, None, {"name": "alice", "roles": ["aso-user"]})
+    assert judged.value.reason == reason
+
+
+@pytest.fixture(scope="module")
+def hashing_db(admin) -> Any:
+    """A database whose validation answers every write with lib/sha256.js's hash of its
+    `text`: the store's own JavaScript engine hashes what the test sends."""
+    name = f"sha256_{uuid.uuid4().hex[:8]}"
+    admin.create_db(name, designdocs.FILES_SECURITY)
+    library = (designdocs.COUCHAPP_DIR / "asyncstageout" / "lib" / "sha256.js").read_text()
+    admin.db(name).push_design({
+        "_id": "_design/hash",
+        "lib": {"sha256": library},
+        "validate_doc_update": "function (newDoc) { if (newDoc._deleted) { return; } "
+        "throw({forbidden: require('lib/sha256').hex(newDoc.text)}); }",
+    })  # fmt: skip
+    yield name
+    admin.delete_db(name)
+
+
+# Every plane of Unicode but lone surrogates (no UTF-8 has them: the schema refuses them first).
+UNICODE = st.characters(exclude_categories=("Cs",))
+HASHED = st.one_of(
+    st.text(string.printable, max_size=200),
+    st.text(st.characters(min_codepoint=0x80, max_codepoint=0xFFFF, exclude_categories=("Cs",)),
+            max_size=100),
+    st.text(st.characters(min_codepoint=0x10000), max_size=60),
+    st.text(UNICODE, max_size=150),
+)  # fmt: skip
+# Around the block boundaries of SHA-256's padding (55/56 and 63/64 bytes), in 1-4 byte units.
+EDGES = [c * n for c in ("a", "é", "€", "😀") for n in range(12, 66)
+         if 52 <= len(c.encode()) * n <= 130]  # fmt: skip
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None)
+@given(texts=st.lists(HASHED, min_size=1, max_size=30))
+def test_the_store_s_sha256_is_hashlib_s_for_any_text(admin, hashing_db, texts):
+    """lib/sha256.js in the store's JavaScript engine (node's vm, CouchDB's QuickJS or
+    SpiderMonkey) hashes the UTF-8 bytes of ASCII, multi-byte and astral text exactly as
+    Python's hashlib does, padding boundaries included."""
+    texts = [*texts, *EDGES]
+    docs = [{"_id": f"t{i:04d}", "text": text} for i, text in enumerate(texts)]
+    answer = admin.raw("POST", f"/{hashing_db}/_bulk_docs", body={"docs": docs})
+    got = {item["id"]: item.get("reason") for item in answer}
+    for doc in docs:
+        assert got[doc["_id"]] == hashlib.sha256(doc["text"].encode()).hexdigest(), doc

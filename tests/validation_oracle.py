@@ -139,7 +139,7 @@ def validate_doc_update(
     if isinstance(kind, str) and kind == HEARTBEAT_TYPE:
         _check_agent_doc(new, is_admin, is_agent)
         return
-    check_schema(new)
+    check_schema(new, creation=old is None)
     name = user_ctx.get("name")
     role = role_of(user_ctx, new)
     if role is None:

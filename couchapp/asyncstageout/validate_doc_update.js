@@ -7,6 +7,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var model = require('lib/model');
   // The sites of this ASO's catalogue (aso/designdocs.py sites_module).
   var sites = require('lib/sites').names;
+  // The request id of a source LFN (aso/model.py request_id; lib/sha256.js beside this file).
+  var sha256 = require('lib/sha256').hex;
 
   function refuse(rule, message) {
     throw({forbidden: '[' + rule + '] ' + message});
@@ -275,8 +277,15 @@ function (newDoc, oldDoc, userCtx, secObj) {
     refuse('schema', 'the document is larger than ' + model.max_doc_chars + ' characters');
   }
   checkObject('doc', newDoc, model.schema);
-  if (!(new RegExp(model.doc_id_pattern)).test(newDoc._id)) {
-    refuse('schema', 'doc._id must be the request id (sha256 of source_lfn)');
+  // After the schema: source_lfn is a string of valid Unicode (a lone surrogate has no UTF-8).
+  // A creation's id is its source's hash, so nobody takes the id of another's next upload; an
+  // update keeps the id it was created with.
+  var idRule = 'doc._id must be the request id: sha256 of source_lfn';
+  if (!oldDoc) {
+    var expected = sha256(newDoc.source_lfn);
+    if (newDoc._id !== expected) { refuse('schema', idRule + ' (' + expected + ')'); }
+  } else if (!(new RegExp(model.doc_id_pattern)).test(newDoc._id)) {
+    refuse('schema', idRule + ' (64 lower-case hex digits)');
   }
   if (newDoc.publish && newDoc.file_type === 'output' && !newDoc.publish_info) {
     refuse('schema', 'doc.publish_info is required when publish is true');
