@@ -208,6 +208,9 @@ OWNER_MUTABLE = (*AXES, "history", "last_update")
 # copied (failed or killed) with the new file's, as it resubmits it (docs/status-api.md, "Job
 # retries"); the validation and tests/validation_oracle.py allow exactly this.
 RENEWABLE = ("job_retry", "size", "checksum", "publish_info")
+# The fields whose values must lie in their owner's namespace (below): only a creation or a
+# renewal (RENEWABLE) sets them, and whoever does is judged by the owner's namespace.
+NAMESPACED = ("source_lfn", "destination_lfn", "publish_info")
 # Fields fixed at creation: nobody but an admin changes them afterwards (but RENEWABLE, above).
 IMMUTABLE = (
     "type",
@@ -238,7 +241,11 @@ IMMUTABLE = (
 # /store/temp/user/<name>.<hash>/, writes under /store/user/<name>/, and publishes into
 # /<primary>/<name>-<processed>/USER. A group area /store/group/<group>/ (and datasets
 # /<primary>/<group>-<processed>/USER) needs the role group:<group>, which only the grid-mapfile
-# grants. <name> is the user the front end mapped from the certificate (userCtx.name).
+# grants. <name> is the user the front end mapped from the certificate (userCtx.name). The
+# separators decide ownership: /store/temp/user/<x>.<hash>/ is <x>'s and /<p>/<x>-<rest>/USER is
+# <x>'s, <x> ending at the first "." or "-": a name that holds one owns no such area or dataset
+# (user "alice-bob" would otherwise share alice's datasets). The store judges every write that
+# sets a namespaced field (NAMESPACED): a creation, or its owner's renewal.
 TEMP_USER_AREA = "/store/temp/user/"
 USER_AREA = "/store/user/"
 GROUP_AREA = "/store/group/"
@@ -255,9 +262,11 @@ def granted_groups(roles: Any) -> list[str]:
 
 
 def in_temp_area(name: str, lfn: str) -> bool:
-    """`lfn` is in user `name`'s temporary area: /store/temp/user/<name>[.<hash>]/..."""
+    """`lfn` is in user `name`'s temporary area: /store/temp/user/<name>[.<hash>]/... A
+    temporary area belongs to the part of its name before the first ".": a user whose name
+    holds a "." would share one with another user, and owns none."""
     own = TEMP_USER_AREA + name
-    if not lfn.startswith(own):
+    if "." in name or not lfn.startswith(own):
         return False
     rest = lfn[len(own) :]
     return rest.startswith("/") or js.test(TEMP_HASH_PATTERN, rest)
@@ -807,6 +816,7 @@ def validation_model() -> dict[str, Any]:
         "owner_mutable": list(OWNER_MUTABLE),
         "immutable": list(IMMUTABLE),
         "renewable": list(RENEWABLE),
+        "namespaced": list(NAMESPACED),
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,
         "withdrawn": WITHDRAWN,

@@ -1021,3 +1021,110 @@ def test_the_store_s_sha256_is_hashlib_s_for_any_text(admin, hashing_db, texts):
     got = {item["id"]: item.get("reason") for item in answer}
     for doc in docs:
         assert got[doc["_id"]] == hashlib.sha256(doc["text"].encode()).hexdigest(), doc
+
+
+# --- namespaces on every write that sets them ------------------------------------------------
+def never_copied(files_db: str, accounts: dict[str, Any], end: str) -> dict[str, Any]:
+    """A request of alice's (published into her dataset) that failed or that she killed."""
+    doc = sample_request("alice", publish=True, publish_info={"dataset": "/P/alice-a-v1/USER"})
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    if end == "killed":
+        moves = [(OWNER, "alice", "killed")]
+    else:
+        moves = [(AGENT, "agent", to) for to in ("submitted", "failed_attempt", "failed")]
+    for role, who, to in moves:
+        doc = model.transition(doc, [Change(STATE, to, f"{who}-1" if role == AGENT else who)], role)
+        doc["_rev"] = db_as(accounts, who, files_db).put(doc)
+    return doc
+
+
+ESCAPES = [("bob's dataset", "/P/bob-x/USER"), ("nobody's dataset", "/P/x/USER")]
+
+
+@pytest.mark.parametrize("end", ["failed", "killed"])
+@pytest.mark.parametrize(("case", "dataset"), ESCAPES, ids=[e[0] for e in ESCAPES])
+def test_a_job_retry_s_renewal_stays_in_the_owner_s_namespace(
+    files_db, accounts, end, case, dataset
+):
+    """A request never copied, renewed by its owner with a job retry's file (state new,
+    job_retry + 1, RENEWABLE fields anew): its publication details may change, its dataset
+    may not leave the owner's namespace: the namespace rules judge every write that sets a
+    namespaced field, renewals included; agents set none."""
+    owner = db_as(accounts, "alice", files_db)
+    failed = never_copied(files_db, accounts, end)
+    retry = {"job_retry": 1, "size": failed["size"] + 7, "publish_info": {"dataset": dataset}}
+    renewal = model.transition(failed, [Change(STATE, "new", "alice", "job retry 1")], OWNER,
+                               **retry)  # fmt: skip
+    reason = (
+        "[namespace] publish_info.dataset must be /<primary>/alice-<processed>/USER (the user's "
+        "own datasets)"
+    )
+    with pytest.raises(Forbidden) as refused:
+        owner.put(renewal)
+    assert refused.value.reason == reason
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
+    assert judged.value.reason == reason
+    assert owner.get(failed["_id"]) == failed
+    # The same job retry through upload(): refused with the same reason, nothing renewed.
+    upload_retry = dict(own(failed), _id=failed["_id"], **retry)
+    upload_retry.update({k: v for k, v in sample_request("alice").items() if k in (
+        STATE, CLEANUP, PUBLICATION, "history", "attempts")})  # fmt: skip
+    upload_retry["history"] = [dict(upload_retry["history"][0], to="new")]
+    report = upload(owner, [upload_retry])
+    assert report.refused == {failed["_id"]: f"not renewed: forbidden: {reason}"}
+    assert owner.get(failed["_id"]) == failed
+    # Agents never set a namespaced field; the owner's own dataset renews.
+    with pytest.raises(Forbidden, match=r"\[immutable\] publish_info cannot change"):
+        db_as(accounts, "agent", files_db).put(dict(failed, publish_info={"dataset": dataset}))
+    mine = dict(renewal, publish_info={"dataset": "/P/alice-b-v2/USER"})
+    owner.put(mine)
+    assert owner.get(failed["_id"])["publish_info"] == {"dataset": "/P/alice-b-v2/USER"}
+
+
+@pytest.fixture(scope="module")
+def separators(admin) -> dict[str, Database]:
+    """Users whose names hold a namespace separator: "alice-bob" ("-" ends a dataset's owner)
+    and "alice.x" ("." ends a temporary area's owner)."""
+    names = ("alice-bob", "alice.x")
+    for name in names:
+        admin.put_user(name, PASSWORD, [model.USER_ROLE])
+    return {name: Server(admin.url, name, PASSWORD) for name in names}
+
+
+OWNED_BY_ALICE = [
+    ("alice-bob", {"publish": True, "publish_info": {"dataset": "/P/alice-bob-x/USER"}},
+     '[namespace] publish_info.dataset must be /<primary>/alice-bob-<processed>/USER (the '
+     "user's own datasets; a dataset belongs to the part of its processed name before the first "
+     '"-", so a user whose name holds a "-" owns none)'),
+    ("bob", {"publish": True, "publish_info": {"dataset": "/P/alice-bob-x/USER"}},
+     "[namespace] publish_info.dataset must be /<primary>/bob-<processed>/USER (the user's own "
+     "datasets)"),
+    ("alice.x", {"source_lfn": "/store/temp/user/alice.x/{token}.root"},
+     "[namespace] source_lfn must be in /store/temp/user/alice.x/ or /store/temp/user/alice.x."
+     "<hash>/ (the user's own temporary area; a temporary area belongs to the part of its name "
+     'before the first ".", so a user whose name holds a "." owns none)'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("who", "fields", "reason"), OWNED_BY_ALICE,
+                         ids=[o[0] for o in OWNED_BY_ALICE])  # fmt: skip
+def test_a_dataset_and_a_temporary_area_have_one_owner(
+    files_db, accounts, separators, who, fields, reason
+):
+    """/P/alice-bob-x/USER was accepted for alice and for a user alice-bob; a temporary area
+    /store/temp/user/alice.x/ for alice (hash x) and for a user alice.x. Each belongs to the
+    name before the first separator, alice, and to no one else; the refusal says why."""
+    fields = {k: v.format(token=_token()) if isinstance(v, str) else v for k, v in fields.items()}
+    doc = sample_request(who, **fields)
+    db = separators[who].db(files_db) if who in separators else db_as(accounts, who, files_db)
+    with pytest.raises(Forbidden) as refused:
+        db.create(doc)
+    assert refused.value.reason == reason
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(doc, None, {"name": who, "roles": [model.USER_ROLE]})
+    assert judged.value.reason == reason
+    assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
+    mine = sample_request("alice", **fields)  # the same dataset or temporary area: alice's
+    db_as(accounts, "alice", files_db).create(mine)
+    assert db_as(accounts, "admin", files_db).get(mine["_id"])["user"] == "alice"

@@ -147,18 +147,31 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return out;
   }
 
+  // A temporary area /store/temp/user/<dir>/ belongs to the part of <dir> before its first "."
+  // (<name>.<hash>): a name with a "." would share it with another user, so it owns none.
   function inTempArea(name, lfn) {
     var own = model.namespaces.temp_user_area + name;
-    if (!startsWith(lfn, own)) { return false; }
+    if (name.indexOf('.') !== -1 || !startsWith(lfn, own)) { return false; }
     var rest = lfn.slice(own.length);
     return startsWith(rest, '/') || (new RegExp(model.namespaces.temp_hash_pattern)).test(rest);
+  }
+
+  // A dataset /<primary>/<owner>-<rest>/USER belongs to the part of its processed name before
+  // the first "-": only that user or group, never a name that itself holds a "-".
+  function datasetOwner(dataset) {
+    var parts = dataset.split('/');
+    var processed = parts.length > 2 ? parts[2] : '';
+    var cut = processed.indexOf('-');
+    return cut > 0 ? processed.slice(0, cut) : null;
   }
 
   function namespaceRefusal(doc, name, roles) {
     var ns = model.namespaces, i;
     if (!inTempArea(name, doc.source_lfn)) {
       return 'source_lfn must be in ' + ns.temp_user_area + name + '/ or ' + ns.temp_user_area +
-        name + ".<hash>/ (the user's own temporary area)";
+        name + ".<hash>/ (the user's own temporary area" + (name.indexOf('.') === -1 ? ')' :
+        '; a temporary area belongs to the part of its name before the first ".", so a user ' +
+        'whose name holds a "." owns none)');
     }
     var groups = grantedGroups(roles);
     var destination = doc.destination_lfn, inGroup = false;
@@ -173,17 +186,27 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var info = doc.publish_info;
     var dataset = (info !== null && typeOf(info) === 'object') ? info.dataset : undefined;
     if (typeof dataset === 'string') {
-      var parts = dataset.split('/');
-      var processed = parts.length > 2 ? parts[2] : '';
-      var owners = [name].concat(groups), ok = false;
-      for (i = 0; i < owners.length; i++) {
-        if (startsWith(processed, owners[i] + '-')) { ok = true; }
-      }
-      if (!ok) {
-        return 'publish_info.dataset must be /<primary>/' + name + "-<processed>/USER (the user's own datasets)";
+      var owner = datasetOwner(dataset);
+      if (owner === null || (owner !== name && groups.indexOf(owner) === -1)) {
+        return 'publish_info.dataset must be /<primary>/' + name + "-<processed>/USER (the user's " +
+          'own datasets' + (name.indexOf('-') === -1 ? ')' : '; a dataset belongs to the part ' +
+          'of its processed name before the first "-", so a user whose name holds a "-" owns none)');
       }
     }
     return null;
+  }
+
+  // Where a request's files and dataset lie is judged on every write that sets them, by the
+  // owner's namespace: a creation, or the owner's renewal (RENEWABLE). Nobody else sets them.
+  function checkNamespaces(role) {
+    var fields = model.namespaced, changed = !oldDoc, i;
+    for (i = 0; oldDoc && i < fields.length; i++) {
+      if (!same(newDoc[fields[i]], oldDoc[fields[i]])) { changed = true; }
+    }
+    if (!changed) { return; }
+    if (role !== 'owner') { refuse('immutable', fields.join(', ') + ' are set by the owner only'); }
+    var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
+    if (outside) { refuse('namespace', outside); }
   }
 
   // A write must be based on the current revision `parent` (a creation: on none, or on the
@@ -321,8 +344,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         refuse('site', ends[k] + ' ' + JSON.stringify(newDoc[ends[k]]) + ' is not a site of this ASO (its sites: ' + (sites.join(', ') || 'none') + ')');
       }
     }
-    var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
-    if (outside) { refuse('namespace', outside); }
+    checkNamespaces(role);
     if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
     entry = newDoc.history[0];
     if (entry.axis !== 'state' || entry.from !== null || entry.to !== newDoc.state) {
@@ -345,6 +367,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (renewal && model.renewable.indexOf(field) !== -1) { continue; }
     if (!same(newDoc[field], oldDoc[field])) { refuse('immutable', field + ' cannot change after creation'); }
   }
+  checkNamespaces(role);
 
   // Owners change only the fields that record a kill, a resubmission or a publication reset
   // (and, renewing, what a job retry brings anew).
