@@ -278,23 +278,35 @@ def in_temp_area(name: str, lfn: str) -> bool:
 # Patterns are written in the subset of regular expressions that JavaScript and Python share.
 MAX_DOC_CHARS = 262_144  # the whole document, as JSON
 MAX_STRING = 1024
-LFN_PATTERN = r"^/store/(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_.+/=:@,-]+$"
+# An LFN names a file: /store/ then parts separated by single slashes, none empty, none . or ..,
+# no trailing slash (a directory such as /store/user/alice/ is no file to copy).
+LFN_PATTERN = r"^/store(/(?!\.\.?(/|$))[A-Za-z0-9_.+=:@,-]+)+$"
 NAME_PATTERN = r"^[A-Za-z0-9_.@+-]{1,128}$"
 SITE_PATTERN = r"^T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}$"
 TASK_PATTERN = r"^[A-Za-z0-9_.:+-]{1,200}$"
-DATASET_PATTERN = r"^/[A-Za-z0-9_.-]{1,150}/[A-Za-z0-9_.-]{1,250}/(USER|USER-[A-Za-z0-9_-]+)$"
+# /PRIMARY/PROCESSED/USER, both names starting with a letter or a digit (never . or ..).
+DATASET_PATTERN = (
+    r"^/[A-Za-z0-9][A-Za-z0-9_.-]{0,149}/[A-Za-z0-9][A-Za-z0-9_.-]{0,249}"
+    r"/(USER|USER-[A-Za-z0-9_-]+)$"
+)
 ADLER32_PATTERN = r"^[0-9a-f]{8}$"
 DOC_ID_PATTERN = r"^[0-9a-f]{64}$"
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 # What each pattern means, for people: a refusal names this instead of the regular expression
 # (`in_words`; the store's own reasons keep the expression, as validate_doc_update.js has it).
 PATTERN_MEANINGS = {
-    LFN_PATTERN: "an LFN: /store/... of letters, digits and _.+/=:@,- (no . or .. part)",
+    LFN_PATTERN: (
+        "an LFN naming a file: /store/ and parts of letters, digits and _.+=:@,- separated by "
+        "single slashes (no empty, . or .. part, no trailing slash)"
+    ),
     SITE_PATTERN: "a site name such as T2_CH_CERN",
     TASK_PATTERN: "a task name of up to 200 letters, digits and _.:+-",
     NAME_PATTERN: "a name of up to 128 letters, digits and _.@+-",
     ADLER32_PATTERN: "an adler32 checksum of 8 lower-case hex digits",
-    DATASET_PATTERN: "a dataset name /PRIMARY/PROCESSED/USER",
+    DATASET_PATTERN: (
+        "a dataset name /PRIMARY/PROCESSED/USER (PRIMARY and PROCESSED start with a letter or "
+        "a digit)"
+    ),
     JOB_ID_PATTERN: "a job id of up to 64 letters, digits and _.-",
     DOC_ID_PATTERN: "a request id of 64 lower-case hex digits",
 }

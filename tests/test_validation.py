@@ -691,7 +691,6 @@ def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, acc
     """aso.upload: the same file again is "already"; a job retry's new file under the LFN of
     a failed request is "renewed" (queued again with the new size and checksum); under a
     request on its way, or without a higher job_retry, it is refused with why."""
-
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
     first = sample_request("alice")
     assert upload(owner, [first]).recorded == [first["_id"]]
@@ -1080,6 +1079,48 @@ def test_a_job_retry_s_renewal_stays_in_the_owner_s_namespace(
     mine = dict(renewal, publish_info={"dataset": "/P/alice-b-v2/USER"})
     owner.put(mine)
     assert owner.get(failed["_id"])["publish_info"] == {"dataset": "/P/alice-b-v2/USER"}
+
+
+SHAPES = [
+    ("a directory as the destination",
+     lambda d: d.update(destination_lfn="/store/user/alice/"), "doc.destination_lfn"),
+    ("an empty part", lambda d: d.update(destination_lfn=f"/store/user/alice//{_token()}.root"),
+     "doc.destination_lfn"),
+    ("a source whose first part is ..",
+     lambda d: d.update(source_lfn=f"/store/../temp/user/alice/{_token()}.root"),
+     "doc.source_lfn"),
+    ("a source that is /store/..", lambda d: d.update(source_lfn="/store/.."), "doc.source_lfn"),
+    ("a parent that is a directory",
+     lambda d: d["publish_info"].update(parents=["/store/user/alice/"]),
+     "doc.publish_info.parents[0]"),
+    ("a primary name .", lambda d: d["publish_info"].update(dataset="/./alice-x/USER"),
+     "doc.publish_info.dataset"),
+    ("a processed name ..", lambda d: d["publish_info"].update(dataset="/P/../USER"),
+     "doc.publish_info.dataset"),
+    ("a processed name starting with .",
+     lambda d: d["publish_info"].update(dataset="/P/.alice-x/USER"), "doc.publish_info.dataset"),
+    ("a primary name starting with -",
+     lambda d: d["publish_info"].update(dataset="/-P/alice-x/USER"), "doc.publish_info.dataset"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "edit", "field"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_an_lfn_names_a_file_and_a_dataset_has_real_names(files_db, accounts, case, edit, field):
+    """An LFN is a file: no trailing "/", no empty part, no . or .. part anywhere (the first
+    part after /store/ was not checked); a dataset's primary and processed names start with a
+    letter or a digit. Refused by the store (for admins too) and the model alike, in words."""
+    doc = sample_request("alice", publish=True, publish_info={"dataset": "/P/alice-a-v1/USER"})
+    edit(doc)
+    for who in ("alice", "operator"):
+        with pytest.raises(Forbidden) as refused:
+            db_as(accounts, who, files_db).create(doc)
+        assert refused.value.reason.startswith(f"[schema] {field} "), refused.value.reason
+    with pytest.raises(model.SchemaError) as judged:
+        model.check_schema(doc)
+    assert judged.value.reason == refused.value.reason
+    meaning = next(m for p, m in model.PATTERN_MEANINGS.items() if p in judged.value.reason)
+    assert meaning in model.in_words(judged.value.reason)
+    assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
 
 
 @pytest.fixture(scope="module")
