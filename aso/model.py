@@ -208,6 +208,9 @@ OWNER_MUTABLE = (*AXES, "history", "last_update")
 # copied (failed or killed) with the new file's, as it resubmits it (docs/status-api.md, "Job
 # retries"); the validation and tests/validation_oracle.py allow exactly this.
 RENEWABLE = ("job_retry", "size", "checksum", "publish_info")
+# The fields whose values must lie in their owner's namespace (below): only a creation or a
+# renewal (RENEWABLE) sets them, and whoever does is judged by the owner's namespace.
+NAMESPACED = ("source_lfn", "destination_lfn", "publish_info")
 # Fields fixed at creation: nobody but an admin changes them afterwards (but RENEWABLE, above).
 IMMUTABLE = (
     "type",
@@ -238,7 +241,11 @@ IMMUTABLE = (
 # /store/temp/user/<name>.<hash>/, writes under /store/user/<name>/, and publishes into
 # /<primary>/<name>-<processed>/USER. A group area /store/group/<group>/ (and datasets
 # /<primary>/<group>-<processed>/USER) needs the role group:<group>, which only the grid-mapfile
-# grants. <name> is the user the front end mapped from the certificate (userCtx.name).
+# grants. <name> is the user the front end mapped from the certificate (userCtx.name). The
+# separators decide ownership: /store/temp/user/<x>.<hash>/ is <x>'s and /<p>/<x>-<rest>/USER is
+# <x>'s, <x> ending at the first "." or "-": a name that holds one owns no such area or dataset
+# (user "alice-bob" would otherwise share alice's datasets). The store judges every write that
+# sets a namespaced field (NAMESPACED): a creation, or its owner's renewal.
 TEMP_USER_AREA = "/store/temp/user/"
 USER_AREA = "/store/user/"
 GROUP_AREA = "/store/group/"
@@ -255,9 +262,11 @@ def granted_groups(roles: Any) -> list[str]:
 
 
 def in_temp_area(name: str, lfn: str) -> bool:
-    """`lfn` is in user `name`'s temporary area: /store/temp/user/<name>[.<hash>]/..."""
+    """`lfn` is in user `name`'s temporary area: /store/temp/user/<name>[.<hash>]/... A
+    temporary area belongs to the part of its name before the first ".": a user whose name
+    holds a "." would share one with another user, and owns none."""
     own = TEMP_USER_AREA + name
-    if not lfn.startswith(own):
+    if "." in name or not lfn.startswith(own):
         return False
     rest = lfn[len(own) :]
     return rest.startswith("/") or js.test(TEMP_HASH_PATTERN, rest)
@@ -269,23 +278,35 @@ def in_temp_area(name: str, lfn: str) -> bool:
 # Patterns are written in the subset of regular expressions that JavaScript and Python share.
 MAX_DOC_CHARS = 262_144  # the whole document, as JSON
 MAX_STRING = 1024
-LFN_PATTERN = r"^/store/(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_.+/=:@,-]+$"
+# An LFN names a file: /store/ then parts separated by single slashes, none empty, none . or ..,
+# no trailing slash (a directory such as /store/user/alice/ is no file to copy).
+LFN_PATTERN = r"^/store(/(?!\.\.?(/|$))[A-Za-z0-9_.+=:@,-]+)+$"
 NAME_PATTERN = r"^[A-Za-z0-9_.@+-]{1,128}$"
 SITE_PATTERN = r"^T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}$"
 TASK_PATTERN = r"^[A-Za-z0-9_.:+-]{1,200}$"
-DATASET_PATTERN = r"^/[A-Za-z0-9_.-]{1,150}/[A-Za-z0-9_.-]{1,250}/(USER|USER-[A-Za-z0-9_-]+)$"
+# /PRIMARY/PROCESSED/USER, both names starting with a letter or a digit (never . or ..).
+DATASET_PATTERN = (
+    r"^/[A-Za-z0-9][A-Za-z0-9_.-]{0,149}/[A-Za-z0-9][A-Za-z0-9_.-]{0,249}"
+    r"/(USER|USER-[A-Za-z0-9_-]+)$"
+)
 ADLER32_PATTERN = r"^[0-9a-f]{8}$"
 DOC_ID_PATTERN = r"^[0-9a-f]{64}$"
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 # What each pattern means, for people: a refusal names this instead of the regular expression
 # (`in_words`; the store's own reasons keep the expression, as validate_doc_update.js has it).
 PATTERN_MEANINGS = {
-    LFN_PATTERN: "an LFN: /store/... of letters, digits and _.+/=:@,- (no . or .. part)",
+    LFN_PATTERN: (
+        "an LFN naming a file: /store/ and parts of letters, digits and _.+=:@,- separated by "
+        "single slashes (no empty, . or .. part, no trailing slash)"
+    ),
     SITE_PATTERN: "a site name such as T2_CH_CERN",
     TASK_PATTERN: "a task name of up to 200 letters, digits and _.:+-",
     NAME_PATTERN: "a name of up to 128 letters, digits and _.@+-",
     ADLER32_PATTERN: "an adler32 checksum of 8 lower-case hex digits",
-    DATASET_PATTERN: "a dataset name /PRIMARY/PROCESSED/USER",
+    DATASET_PATTERN: (
+        "a dataset name /PRIMARY/PROCESSED/USER (PRIMARY and PROCESSED start with a letter or "
+        "a digit)"
+    ),
     JOB_ID_PATTERN: "a job id of up to 64 letters, digits and _.-",
     DOC_ID_PATTERN: "a request id of 64 lower-case hex digits",
 }
@@ -593,9 +614,27 @@ def doc_chars(doc: Mapping[str, Any]) -> int:
     return js.length(js.stringify({k: v for k, v in doc.items() if not k.startswith("_")}))
 
 
-def check_schema(doc: Mapping[str, Any]) -> None:
+# How a request's id is described when it is not the one it must be.
+ID_RULE = "doc._id must be the request id: sha256 of source_lfn"
+
+
+def _check_id(doc_id: Any, source_lfn: str, creation: bool) -> None:
+    """A creation's id is the hash of its source_lfn (anyone else's id would be squatted: the
+    id of another user's next upload); an update's is any id of that form (it never changes).
+    The schema has already refused a source_lfn that is no valid Unicode, which has no UTF-8."""
+    if creation:
+        expected = request_id(source_lfn)
+        if not js.same(doc_id, expected):
+            raise SchemaError(f"{ID_RULE} ({expected})")
+    elif not (isinstance(doc_id, str) and js.test(DOC_ID_PATTERN, doc_id)):
+        raise SchemaError(f"{ID_RULE} (64 lower-case hex digits)")
+
+
+def check_schema(doc: Mapping[str, Any], *, creation: bool = True) -> None:
     """Raise SchemaError naming the first thing that makes `doc` no request (type, size, fields,
-    id, publication intent), in validate_doc_update's order and words."""
+    id, publication intent), in validate_doc_update's order and words. `creation`: `doc` is to
+    be created, so its id must be the request id of its source_lfn (an update keeps the id it
+    was created with)."""
     if not isinstance(doc, Mapping):
         raise SchemaError("a request must be a JSON object")
     kind = doc.get("type", js.UNDEFINED)
@@ -606,9 +645,7 @@ def check_schema(doc: Mapping[str, Any]) -> None:
     if doc_chars(doc) > MAX_DOC_CHARS:
         raise SchemaError(f"the document is larger than {MAX_DOC_CHARS} characters")
     _check_object("doc", doc, REQUEST_SCHEMA)
-    doc_id = doc.get("_id")
-    if not (isinstance(doc_id, str) and js.test(DOC_ID_PATTERN, doc_id)):
-        raise SchemaError("doc._id must be the request id (sha256 of source_lfn)")
+    _check_id(doc.get("_id", js.UNDEFINED), doc["source_lfn"], creation)
     if doc.get("publish") and doc.get("file_type") == "output" and "publish_info" not in doc:
         raise SchemaError("doc.publish_info is required when publish is true")
 
@@ -791,6 +828,7 @@ def validation_model() -> dict[str, Any]:
         "owner_mutable": list(OWNER_MUTABLE),
         "immutable": list(IMMUTABLE),
         "renewable": list(RENEWABLE),
+        "namespaced": list(NAMESPACED),
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,
         "withdrawn": WITHDRAWN,

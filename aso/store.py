@@ -31,7 +31,11 @@ EMBEDDED_INTEGER_SEQ             `seq` values are integers there, opaque strings
                                  are turned into strings and never compared or parsed.
 EMBEDDED_CHANGES_ORDER           feeds come in write order there, shard-interleaved on a cluster:
                                  nothing here assumes an order inside a batch.
-EMBEDDED_RANDOM_REVS             revision ids are random there: revisions are only echoed back.
+EMBEDDED_PREDICTABLE_REVS        (found here) revision ids are not random there: the md5 of the
+                                 document as written (with the `_rev` it is based on), so a client
+                                 knows the revision a write will get before it is made. Revisions
+                                 are only echoed back here; nothing relies on their being
+                                 unguessable (EMBEDDED_VALIDATES_BEFORE_CONFLICT).
 EMBEDDED_MAP_ONLY_REDUCE         `reduce=true` on a map-only view is 400 on CouchDB and ignored
                                  there: `Database.view` sends reduce/group only when asked to.
 EMBEDDED_NO_STARTKEY_DOCID       `startkey_docid` and view `offset` are ignored there: nothing here
@@ -47,11 +51,21 @@ EMBEDDED_CONFIG_PATH             the server configuration lives at `/_config` th
                                  `Server.set_server_admin`); its sections differ too (no
                                  [chttpd], [chttpd_auth] or [cluster]).
 EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a write based on a revision that is not the
-                                 current one (a create of an existing id, a stale update) runs
-                                 validate_doc_update against the current document before the
-                                 conflict is found (CouchDB: 409 first, no validation); the
-                                 validation lets such a write pass so that both stores answer
-                                 409 (validate_doc_update.js).
+                                 current one (a create of an existing id, a stale update, a
+                                 revision made up or made earlier in the same `_bulk_docs`) is
+                                 judged by validate_doc_update against the current document
+                                 before the store looks for a conflict, and stored on the revision
+                                 it names if that exists by then: a forged write based on the
+                                 revision the owner's kill in the same batch would get
+                                 (EMBEDDED_PREDICTABLE_REVS) was stored unjudged while the
+                                 validation let such writes pass. CouchDB finds the conflict
+                                 first (409) and never asks. The validation refuses every such
+                                 write by a user or an agent itself, as a 403 whose reason starts
+                                 with "[conflict] " (validate_doc_update.js checkCurrent); this
+                                 module turns that refusal into CouchDB's answer, a Conflict (409
+                                 `conflict`) from single writes (`_from_api`) and a conflict
+                                 result from `Database.bulk_write`, so every writer reads again as
+                                 on CouchDB; the front end does the same for its clients.
 EMBEDDED_CRASH_ON_NON_ADMIN_MAINTENANCE  (found by tests/test_hostile.py) a non-admin POST
                                  /db/_compact or /db/_view_cleanup kills the server process
                                  (an unhandled 401): the front end never forwards them
@@ -253,6 +267,16 @@ ACCEPTED_REASON = "accepted by fewer copies than the quorum: another writer may 
 
 
 _BY_STATUS = {401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict}
+# EMBEDDED_VALIDATES_BEFORE_CONFLICT: how the validation's refusal of a write based on another
+# revision than the current one begins (CouchDB answers such a write 409 before validating).
+CONFLICT_REFUSAL = "[conflict] "
+
+
+def refused_as_conflict(error: str | None, reason: str | None) -> bool:
+    """A `forbidden` answer that is the validation's conflict (a 409 on CouchDB)."""
+    return error == "forbidden" and (reason or "").startswith(CONFLICT_REFUSAL)
+
+
 # A bulk write's per-document `error`, with the status a single write of that document answers.
 _BULK_ERROR_STATUS = {"unauthorized": 401, "forbidden": 403, "not_found": 404, "conflict": 409}
 
@@ -266,6 +290,12 @@ def _short(exc: BaseException) -> str:
     return text.strip("()'\" ")[:200]
 
 
+def _count_conflict(url: str) -> None:
+    """One more conflict in the store's metrics, for the route of `url`."""
+    db, route = metrics.store_route(urlsplit(url).path)
+    metrics.STORE_CONFLICTS.labels(db, route).inc()
+
+
 def _from_api(exc: ApiException, url: str = "") -> StoreError:
     body: dict[str, Any] = {}
     response = exc.http_response
@@ -277,6 +307,10 @@ def _from_api(exc: ApiException, url: str = "") -> StoreError:
             body = {}
     error = str(body.get("error") or exc.message or "error")
     reason = str(body.get("reason") or "")
+    if exc.status_code == 403 and refused_as_conflict(error, reason):
+        if response is not None:  # the response hook counted a 403, not a conflict
+            _count_conflict(response.request.url or "")
+        return Conflict(409, "conflict", reason, url)
     cls = _BY_STATUS.get(exc.status_code, StoreError)
     return cls(exc.status_code, error, reason, url)
 
@@ -839,6 +873,11 @@ class Database:
             item = by_id.get(doc_id)
             if item is None:
                 results.append(WriteResult(doc_id, False, error="missing", reason="no result"))
+            elif refused_as_conflict(item.get("error"), item.get("reason")):
+                # EMBEDDED_VALIDATES_BEFORE_CONFLICT: CouchDB's conflict, as CouchDB answers it
+                results.append(
+                    WriteResult(doc_id, False, error="conflict", reason=item.get("reason"))
+                )
             elif item.get("error"):
                 results.append(
                     WriteResult(doc_id, False, error=item["error"], reason=item.get("reason"))

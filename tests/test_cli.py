@@ -365,8 +365,9 @@ def test_upload_errors(tmp_path, store_config, files_db):
                    '"/store/user/a/x", "size": 1, "adler32": "1"}]')  # fmt: skip
     result = aso("upload", "--file", str(bad), config=path)
     assert one_line_error(result).endswith(
-        'item 0: doc.source_lfn "/tmp/x.root" is not an LFN: /store/... of letters, digits and '
-        "_.+/=:@,- (no . or .. part)"
+        'item 0: doc.source_lfn "/tmp/x.root" is not an LFN naming a file: /store/ and parts of '
+        "letters, digits and _.+=:@,- separated by single slashes (no empty, . or .. part, no "
+        "trailing slash)"
     )  # a meaning, not a regular expression
     assert "keyword" not in result.stderr and "Traceback" not in result.stderr
     local = tmp_path / "out.root"

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 from urllib.parse import quote
 
@@ -53,7 +53,7 @@ from aso.designdocs import init_databases, known_sites
 from aso.local.pki import Pki
 from aso.localstore import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
-from aso.store import Server, StoreError
+from aso.store import CONFLICT_REFUSAL, Server, StoreError
 from aso.upload import IDENTITY, upload
 from tests import validation_oracle as oracle
 from tests.conftest import own_store, sample_request, write_config
@@ -136,12 +136,23 @@ def python_verdict(new: dict[str, Any], old: dict[str, Any] | None, who: str) ->
     return None
 
 
-def expected_conflict(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
-    """A write the validation lets through that the store then answers 409: based on another
-    revision than the current one (a create of an existing id, a replay, a made-up _rev)."""
-    if old is None:
-        return "_rev" in new
-    return new.get("_rev") != old.get("_rev")
+def expected_conflict(verdict: str | None) -> bool:
+    """A write based on another revision than the current one (a create of an existing id, a
+    replay, a made-up _rev): CouchDB answers 409 before it validates, the embedded store's
+    validation refuses it as "[conflict] ..." (EMBEDDED_VALIDATES_BEFORE_CONFLICT)."""
+    return verdict is not None and verdict.startswith(CONFLICT_REFUSAL)
+
+
+def check_conflict(answer: http.Response, body: dict[str, Any], verdict: str) -> None:
+    """The store's answer to such a write: CouchDB's 409, or the validation's own refusal."""
+    if answer.status_code == 409:
+        assert body.get("error") == "conflict", body
+    else:
+        assert (answer.status_code, body.get("error"), body.get("reason")) == (
+            403,
+            "forbidden",
+            verdict,
+        ), body
 
 
 def differences(stored: dict[str, Any], sent: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -212,15 +223,15 @@ def check_write(store: Store, session: http.Session, who: str, new: dict[str, An
         assert body.get("error") in ("bad_request", "illegal_docid", "doc_validation"), body
         assert after == old, "a refused write changed the stored document"
         return "refused"
+    if expected_conflict(verdict):
+        check_conflict(answer, body, cast(str, verdict))
+        assert after == old, "a conflicting write changed the stored document"
+        return "conflict"
     if verdict is not None:
         assert (answer.status_code, body.get("error")) == (403, "forbidden"), (verdict, body)
         assert body["reason"] == verdict
         assert after == old, "a refused write changed the stored document"
         return "refused"
-    if expected_conflict(new, old):
-        assert answer.status_code == 409, (answer.status_code, body)
-        assert after == old
-        return "conflict"
     assert answer.status_code == 201, (answer.status_code, body, new)
     assert after is not None and after["_rev"] == body["rev"]
     assert js.same(own_fields(after), own_fields(new)), differences(after, new)
@@ -328,6 +339,10 @@ def delete(store: Store, session: http.Session, who: str, doc: dict[str, Any]) -
         assert answer.status_code == 200, answer.text
         assert store.doc(doc["_id"]) is None
         return "accepted"
+    if expected_conflict(verdict):
+        check_conflict(answer, answer.json(), verdict)
+        assert store.doc(doc["_id"]) == old
+        return "conflict"
     assert (answer.status_code, answer.json()["reason"]) == (403, verdict)
     assert store.doc(doc["_id"]) == old
     return "refused"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from aso import designdocs, model
 from aso.designdocs import FILES_SECURITY
@@ -183,12 +184,42 @@ def test_delete_needs_the_revision(files_db, accounts):
 
 
 def test_a_delete_without_revision_is_still_judged_by_validation(files_db, accounts):
-    """EMBEDDED_DELETE_WITHOUT_REV: even a raw DELETE without rev cannot bypass the rules."""
+    """EMBEDDED_DELETE_WITHOUT_REV: even a raw DELETE without rev cannot bypass the rules (the
+    embedded store deletes the current revision, and judges that)."""
     doc = sample_request("alice")
     db_as(accounts, "alice", files_db).create(doc)
-    with pytest.raises((Forbidden, Conflict)):
-        accounts["alice"].raw("DELETE", f"/{files_db}/{doc['_id']}")
+    for who in ("alice", "agent"):
+        with pytest.raises((Forbidden, Conflict)):
+            accounts[who].raw("DELETE", f"/{files_db}/{doc['_id']}")
     assert db_as(accounts, "admin", files_db).get(doc["_id"]) is not None
+
+
+def conflicts_counted(db: str, route: str) -> float:
+    return REGISTRY.get_sample_value("aso_store_conflicts_total", {"db": db, "route": route}) or 0
+
+
+def test_a_write_on_another_revision_is_couchdb_s_conflict_from_either_store(files_db, accounts):
+    """EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store's validation refuses a write that
+    is not based on the current revision ("[conflict] ...", a 403); CouchDB answers 409 before
+    it validates. aso.store makes both the same Conflict (409 `conflict`), counted as one, for
+    single writes, deletions and bulk results, so every writer reads again as on CouchDB."""
+    agent = db_as(accounts, "agent", files_db)
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    acquired = model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT)
+    acquired["_rev"] = agent.put(acquired)
+    stale = model.transition(doc, [Change(STATE, "acquired", "s-2")], AGENT)
+    before = conflicts_counted(files_db, "doc")
+    for write in (lambda: agent.put(stale), lambda: agent.delete(doc["_id"], doc["_rev"])):
+        with pytest.raises(Conflict) as conflict:
+            write()
+        assert (conflict.value.status, conflict.value.error) == (409, "conflict")
+        if ENGINE == "pouchdb":  # the validation's own words; CouchDB's are its usual ones
+            assert conflict.value.reason.startswith("[conflict] the write is based on revision")
+    assert conflicts_counted(files_db, "doc") == before + 2
+    [bulk] = agent.bulk_write([stale])
+    assert bulk.conflict and bulk.error == "conflict" and type(bulk.as_error()) is Conflict
+    assert agent.get(doc["_id"]) == acquired
 
 
 def test_views_fresh_and_stale(files_db, accounts):

@@ -6,22 +6,37 @@ answer must be the Python model's (aso.model.may_transition): the two cannot dis
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import hashlib
 import itertools
 import re
+import string
+import threading
 import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aso import designdocs, model, sites
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.sites import simulated
-from aso.store import Conflict, Database, Forbidden, StoreError, Unauthorized
+from aso.store import (
+    Conflict,
+    Database,
+    Forbidden,
+    Server,
+    StoreError,
+    Unauthorized,
+    refused_as_conflict,
+)
+from aso.upload import upload
 from tests import validation_oracle as oracle
-from tests.conftest import ACCOUNT_ROLES, db_as, sample_request
+from tests.conftest import ACCOUNT_ROLES, PASSWORD, db_as, sample_request
 
 ROLE_ACCOUNT = {OWNER: "alice", AGENT: "agent", "other user": "bob"}
 
@@ -676,8 +691,6 @@ def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, acc
     """aso.upload: the same file again is "already"; a job retry's new file under the LFN of
     a failed request is "renewed" (queued again with the new size and checksum); under a
     request on its way, or without a higher job_retry, it is refused with why."""
-    from aso.upload import upload
-
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
     first = sample_request("alice")
     assert upload(owner, [first]).recorded == [first["_id"]]
@@ -702,3 +715,457 @@ def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, acc
     assert (now[STATE], now["size"], now["job_retry"]) == ("new", retry["size"], 1)
     assert now["history"][-1]["reason"] == "job retry 1: a new file under the same LFN"
     assert upload(owner, [retry]).already == [first["_id"]]  # and the retry again is recorded
+
+
+# --- writes based on another revision than the current one ----------------------------------
+@pytest.fixture(scope="module")
+def twin_db(admin, store_config) -> Any:
+    """A database with the files database's design documents, where a write is made first to
+    learn the revision it gets: both stores' revisions are a hash of what is written
+    (EMBEDDED_PREDICTABLE_REVS), so the same write in the files database gets the same one."""
+    name = f"twin_{uuid.uuid4().hex[:8]}"
+    admin.create_db(name, designdocs.FILES_SECURITY)
+    for ddoc in designdocs.design_documents(store_config):
+        admin.db(name).push_design(ddoc)
+    yield name
+    admin.delete_db(name)
+
+
+def is_conflict(item: dict[str, Any]) -> bool:
+    """A `_bulk_docs` result that is a conflict: CouchDB's 409, or the validation's own."""
+    return item.get("error") == "conflict" or refused_as_conflict(
+        item.get("error"), item.get("reason")
+    )
+
+
+def killed_and_predicted(
+    accounts: dict[str, Any], files_db: str, twin_db: str
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(a request alice stored, her kill of it, the revision the kill will get): the same
+    request and kill written in the twin database first."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    twin = db_as(accounts, "alice", twin_db)
+    assert twin.create({k: v for k, v in doc.items() if k != "_rev"}) == doc["_rev"]
+    kill = model.transition(doc, [Change(STATE, "killed", "alice")], OWNER)
+    return doc, kill, twin.put(kill)
+
+
+def own(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+FORGERIES = [
+    ("a destination in bob's area",
+     lambda d: d.update(destination_lfn=f"/store/user/bob/x/{_token()}.root")),
+    ("a field off the schema", lambda d: d.update(colour="blue")),
+    ("a request done, cleaned and published",
+     lambda d: d.update(state="done", cleanup="cleaned", publication="published")),
+    ("a request turned into bob's", lambda d: d.update(user="bob")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "forge"), FORGERIES, ids=[f[0] for f in FORGERIES])
+def test_a_write_based_on_the_revision_a_kill_of_the_same_batch_will_get_is_refused(
+    files_db, accounts, twin_db, case, forge
+):
+    """Alice's one `_bulk_docs`: her legitimate kill based on R1, and a forged document based
+    on R2, the revision the kill gets. The embedded store judged the forged one against R1, the
+    validation let a write based on another revision pass, and the store put it on R2 unjudged.
+    Now it is a conflict on both stores, and the kill alone is stored."""
+    doc, kill, predicted = killed_and_predicted(accounts, files_db, twin_db)
+    forged = copy.deepcopy(kill)
+    forge(forged)
+    forged["_rev"] = predicted
+    answer = accounts["alice"].raw("POST", f"/{files_db}/_bulk_docs", body={"docs": [kill, forged]})
+    done = [item for item in answer if item.get("ok")]
+    refused = [item for item in answer if not item.get("ok")]
+    assert [item["rev"] for item in done] == [predicted], answer  # the forged one was on time
+    assert len(refused) == 1 and is_conflict(refused[0]), answer
+    stored = db_as(accounts, "admin", files_db).get(doc["_id"])
+    assert stored["_rev"] == predicted and own(stored) == own(kill)
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(forged, doc, {"name": "alice", "roles": ["aso-user"]})
+    assert judged.value.reason.startswith("[conflict] the write is based on revision")
+
+
+def test_a_forged_write_racing_the_owner_s_kill_is_never_stored(files_db, accounts, twin_db):
+    """The same attack from several clients at once: forgers send the forged write (based on
+    the revision the kill will get, into bob's area) again and again while alice's kill is on
+    its way. Whichever the store judges first, each is refused (a conflict before the kill
+    lands, the rules once it has) and the stored request is the kill."""
+    for _ in range(4):
+        doc, kill, predicted = killed_and_predicted(accounts, files_db, twin_db)
+        forged = dict(copy.deepcopy(kill), _rev=predicted,
+                      destination_lfn=f"/store/user/bob/{_token()}.root")  # fmt: skip
+        outcomes = race(accounts["alice"].url, files_db, kill, forged)
+        assert outcomes["kill"] == [predicted], outcomes
+        assert outcomes["forged"], "no forged write was sent"
+        assert all(isinstance(o, Conflict | Forbidden) for o in outcomes["forged"]), outcomes
+        stored = db_as(accounts, "admin", files_db).get(doc["_id"])
+        assert stored["_rev"] == predicted and own(stored) == own(kill)
+
+
+def race(
+    url: str, files_db: str, kill: dict[str, Any], forged: dict[str, Any], forgers: int = 4
+) -> dict[str, list[Any]]:
+    """alice's kill, once, and `forgers` clients writing `forged` until the kill is answered
+    and a few times after; what each write got (a revision or the error)."""
+    start, killed = threading.Barrier(forgers + 1), threading.Event()
+    outcomes: dict[str, list[Any]] = {"kill": [], "forged": []}
+
+    def put(body: dict[str, Any], db: Database) -> Any:
+        try:
+            return db.put(body)
+        except StoreError as exc:
+            return exc
+
+    def killer() -> None:
+        db = Server(url, "alice", PASSWORD).db(files_db)
+        start.wait()
+        outcomes["kill"].append(put(kill, db))
+        killed.set()
+
+    def forger() -> None:
+        db = Server(url, "alice", PASSWORD).db(files_db)
+        start.wait()
+        for after in itertools.count():
+            outcomes["forged"].append(put(forged, db))
+            if after > 200 or (killed.is_set() and after > 3):
+                return
+
+    threads = [threading.Thread(target=killer)]
+    threads += [threading.Thread(target=forger) for _ in range(forgers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return outcomes
+
+
+def _stale(doc: dict[str, Any], accounts: dict[str, Any], files_db: str) -> dict[str, Any]:
+    """`doc` stored again (by an agent: a lease renewal), and `doc` as it was: a stale copy."""
+    agent = db_as(accounts, "agent", files_db)
+    moved = model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT,
+                             lease={"owner": "s-1", "until": 1e10, "job_key": "k"})  # fmt: skip
+    agent.put(moved)
+    return doc
+
+
+STALE_WRITES = [
+    ("a create of an existing id, another file", "alice",
+     lambda doc, stale: dict(own(doc), _id=doc["_id"], size=doc["size"] + 1)),
+    ("a legal kill of a revision no longer current", "alice",
+     lambda doc, stale: model.transition(stale, [Change(STATE, "killed", "alice")], OWNER)),
+    ("an illegal move of an old revision", "agent",
+     lambda doc, stale: dict(model.transition(stale, [Change(STATE, "done", "x")], model.ADMIN),
+                             size=1)),
+    ("a made-up revision", "agent", lambda doc, stale: dict(doc, _rev="9-" + "a" * 32)),
+    ("a revision of a document that does not exist", "alice",
+     lambda doc, stale: dict(sample_request("alice"), _rev="1-" + "b" * 32)),
+    ("a deletion of an old revision", "agent",
+     lambda doc, stale: {"_id": doc["_id"], "_rev": stale["_rev"], "_deleted": True,
+                         "withdrawn": model.WITHDRAWN}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "who", "make"), STALE_WRITES, ids=[s[0] for s in STALE_WRITES])
+def test_every_write_based_on_another_revision_is_a_conflict_to_every_client(
+    files_db, accounts, case, who, make
+):
+    """Whatever it would change, a write by a user or an agent that is not based on the current
+    revision is a conflict: CouchDB's 409 before it validates, the validation's "[conflict]"
+    refusal on the embedded store, and a Conflict (409 `conflict`) from aso.store either way,
+    single or in bulk. Nothing is stored; the oracle says the same."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    stale = _stale(copy.deepcopy(doc), accounts, files_db)
+    current = db_as(accounts, "admin", files_db).get(doc["_id"])
+    write = make(current, stale)
+    before = db_as(accounts, "admin", files_db).get(write["_id"])
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(write, before, {"name": who, "roles": ACCOUNT_ROLES[who]})
+    assert judged.value.rule == "conflict", judged.value.reason
+    db = db_as(accounts, who, files_db)
+    with pytest.raises(Conflict) as single:
+        db.put(write)
+    assert (single.value.status, single.value.error) == (409, "conflict")
+    [bulk] = db.bulk_write([write])
+    assert bulk.conflict and not bulk.ok, bulk
+    assert db_as(accounts, "admin", files_db).get(write["_id"]) == before
+
+
+@pytest.mark.parametrize("graft", ["a branch of its own", "a branch from the current revision"])
+def test_a_replicated_write_cannot_graft_an_unjudged_revision(files_db, accounts, graft):
+    """`new_edits=false` (replication) writes a revision the writer names: the stores ask the
+    validation with an older revision or none. A user's such write is judged (and refused),
+    never grafted: the request keeps its one revision."""
+    doc = sample_request("alice")
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    forged = dict(model.transition(doc, [Change(STATE, "done", "alice")], model.ADMIN),
+                  destination_lfn=f"/store/user/bob/{_token()}.root")  # fmt: skip
+    current = doc["_rev"].split("-", 1)[1]
+    revisions = {"start": 9, "ids": ["c" * 32]}
+    if graft != "a branch of its own":
+        revisions = {"start": 3, "ids": ["c" * 32, "d" * 32, current]}
+    forged.update(_rev=f"{revisions['start']}-{'c' * 32}", _revisions=revisions)
+    with contextlib.suppress(StoreError):  # an answer per refused document, or none at all
+        answer = accounts["alice"].raw(
+            "POST", f"/{files_db}/_bulk_docs", body={"docs": [forged], "new_edits": False}
+        )
+        assert all(item.get("error") for item in answer), answer
+    admin = db_as(accounts, "admin", files_db)
+    assert [leaf["_rev"] for leaf in admin.leaves(doc["_id"])] == [doc["_rev"]]
+    assert own(admin.get(doc["_id"])) == own(doc)
+
+
+def test_the_conflict_refusal_is_conflict_only_with_its_prefix():
+    """aso.store's reading of the validation's refusals: only "[conflict] " makes a 403 a
+    conflict; every other rule stays a refusal."""
+    assert refused_as_conflict("forbidden", "[conflict] the write is based on revision ...")
+    assert not refused_as_conflict("forbidden", "[owner] user bob may not write ...")
+    assert not refused_as_conflict("forbidden", "[conflicts] not this rule")
+    assert not refused_as_conflict("unauthorized", "[conflict] not a refusal of the rules")
+    assert not refused_as_conflict("forbidden", None)
+
+
+# --- the request id --------------------------------------------------------------------------
+def test_nobody_takes_the_id_of_another_user_s_next_upload(files_db, accounts):
+    """Squatting: alice created a request under the id bob's next upload would have (the hash
+    of his temporary LFN) with her own files in it; bob's upload was then a conflict. A
+    creation's id is the hash of its own source_lfn, whoever creates it."""
+    bobs = sample_request("bob")
+    squat = dict(sample_request("alice"), _id=bobs["_id"])
+    reason = f"[schema] {model.ID_RULE} ({model.request_id(squat['source_lfn'])})"
+    for who in ("alice", "operator"):
+        with pytest.raises(Forbidden) as refused:
+            db_as(accounts, who, files_db).create(squat)
+        assert refused.value.reason == reason
+        with pytest.raises(model.Refusal) as judged:
+            oracle.validate_doc_update(squat, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
+        assert judged.value.reason == reason
+    assert upload(db_as(accounts, "bob", files_db), [bobs]).recorded == [bobs["_id"]]
+
+
+def _one_bit_off(digest: str, at: int) -> str:
+    at %= len(digest)
+    return digest[:at] + format(int(digest[at], 16) ^ 1, "x") + digest[at + 1 :]
+
+
+LFN_PARTS = st.text(string.ascii_letters + string.digits + "_.+=:@,-", min_size=1, max_size=40)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(parts=st.lists(LFN_PARTS.filter(lambda p: p not in (".", "..")), min_size=1, max_size=10),
+       at=st.integers(0, 63))  # fmt: skip
+def test_a_creation_s_id_is_the_hash_of_its_source_on_the_store(files_db, accounts, parts, at):
+    """validate_doc_update's SHA-256 (lib/sha256.js) against hashlib, through the real
+    validation: a creation whose id is its source's hash is stored, one with one bit off is
+    refused with the id it must have, by the store and the oracle alike."""
+    alice = db_as(accounts, "alice", files_db)
+    lfn = f"/store/temp/user/alice/{_token()}/" + "/".join(parts)
+    doc = sample_request("alice", source_lfn=lfn)
+    digest = hashlib.sha256(lfn.encode()).hexdigest()
+    assert doc["_id"] == digest
+    off = dict(doc, _id=_one_bit_off(digest, at))
+    reason = f"[schema] {model.ID_RULE} ({digest})"
+    [refused, stored] = alice.bulk_write([off, doc])
+    assert (refused.error, refused.reason) == ("forbidden", reason), refused
+    assert stored.ok, stored
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(off, None, {"name": "alice", "roles": ["aso-user"]})
+    assert judged.value.reason == reason
+
+
+@pytest.fixture(scope="module")
+def hashing_db(admin) -> Any:
+    """A database whose validation answers every write with lib/sha256.js's hash of its
+    `text`: the store's own JavaScript engine hashes what the test sends."""
+    name = f"sha256_{uuid.uuid4().hex[:8]}"
+    admin.create_db(name, designdocs.FILES_SECURITY)
+    library = (designdocs.COUCHAPP_DIR / "asyncstageout" / "lib" / "sha256.js").read_text()
+    admin.db(name).push_design({
+        "_id": "_design/hash",
+        "lib": {"sha256": library},
+        "validate_doc_update": "function (newDoc) { if (newDoc._deleted) { return; } "
+        "throw({forbidden: require('lib/sha256').hex(newDoc.text)}); }",
+    })  # fmt: skip
+    yield name
+    admin.delete_db(name)
+
+
+# Every plane of Unicode but lone surrogates (no UTF-8 has them: the schema refuses them first).
+UNICODE = st.characters(exclude_categories=("Cs",))
+HASHED = st.one_of(
+    st.text(string.printable, max_size=200),
+    st.text(st.characters(min_codepoint=0x80, max_codepoint=0xFFFF, exclude_categories=("Cs",)),
+            max_size=100),
+    st.text(st.characters(min_codepoint=0x10000), max_size=60),
+    st.text(UNICODE, max_size=150),
+)  # fmt: skip
+# Around the block boundaries of SHA-256's padding (55/56 and 63/64 bytes), in 1-4 byte units.
+EDGES = [c * n for c in ("a", "é", "€", "😀") for n in range(12, 66)
+         if 52 <= len(c.encode()) * n <= 130]  # fmt: skip
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None)
+@given(texts=st.lists(HASHED, min_size=1, max_size=30))
+def test_the_store_s_sha256_is_hashlib_s_for_any_text(admin, hashing_db, texts):
+    """lib/sha256.js in the store's JavaScript engine (node's vm, CouchDB's QuickJS or
+    SpiderMonkey) hashes the UTF-8 bytes of ASCII, multi-byte and astral text exactly as
+    Python's hashlib does, padding boundaries included."""
+    texts = [*texts, *EDGES]
+    docs = [{"_id": f"t{i:04d}", "text": text} for i, text in enumerate(texts)]
+    answer = admin.raw("POST", f"/{hashing_db}/_bulk_docs", body={"docs": docs})
+    got = {item["id"]: item.get("reason") for item in answer}
+    for doc in docs:
+        assert got[doc["_id"]] == hashlib.sha256(doc["text"].encode()).hexdigest(), doc
+
+
+# --- namespaces on every write that sets them ------------------------------------------------
+def never_copied(files_db: str, accounts: dict[str, Any], end: str) -> dict[str, Any]:
+    """A request of alice's (published into her dataset) that failed or that she killed."""
+    doc = sample_request("alice", publish=True, publish_info={"dataset": "/P/alice-a-v1/USER"})
+    doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
+    if end == "killed":
+        moves = [(OWNER, "alice", "killed")]
+    else:
+        moves = [(AGENT, "agent", to) for to in ("submitted", "failed_attempt", "failed")]
+    for role, who, to in moves:
+        doc = model.transition(doc, [Change(STATE, to, f"{who}-1" if role == AGENT else who)], role)
+        doc["_rev"] = db_as(accounts, who, files_db).put(doc)
+    return doc
+
+
+ESCAPES = [("bob's dataset", "/P/bob-x/USER"), ("nobody's dataset", "/P/x/USER")]
+
+
+@pytest.mark.parametrize("end", ["failed", "killed"])
+@pytest.mark.parametrize(("case", "dataset"), ESCAPES, ids=[e[0] for e in ESCAPES])
+def test_a_job_retry_s_renewal_stays_in_the_owner_s_namespace(
+    files_db, accounts, end, case, dataset
+):
+    """A request never copied, renewed by its owner with a job retry's file (state new,
+    job_retry + 1, RENEWABLE fields anew): its publication details may change, its dataset
+    may not leave the owner's namespace: the namespace rules judge every write that sets a
+    namespaced field, renewals included; agents set none."""
+    owner = db_as(accounts, "alice", files_db)
+    failed = never_copied(files_db, accounts, end)
+    retry = {"job_retry": 1, "size": failed["size"] + 7, "publish_info": {"dataset": dataset}}
+    renewal = model.transition(failed, [Change(STATE, "new", "alice", "job retry 1")], OWNER,
+                               **retry)  # fmt: skip
+    reason = (
+        "[namespace] publish_info.dataset must be /<primary>/alice-<processed>/USER (the user's "
+        "own datasets)"
+    )
+    with pytest.raises(Forbidden) as refused:
+        owner.put(renewal)
+    assert refused.value.reason == reason
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
+    assert judged.value.reason == reason
+    assert owner.get(failed["_id"]) == failed
+    # The same job retry through upload(): refused with the same reason, nothing renewed.
+    upload_retry = dict(own(failed), _id=failed["_id"], **retry)
+    upload_retry.update({k: v for k, v in sample_request("alice").items() if k in (
+        STATE, CLEANUP, PUBLICATION, "history", "attempts")})  # fmt: skip
+    upload_retry["history"] = [dict(upload_retry["history"][0], to="new")]
+    report = upload(owner, [upload_retry])
+    assert report.refused == {failed["_id"]: f"not renewed: forbidden: {reason}"}
+    assert owner.get(failed["_id"]) == failed
+    # Agents never set a namespaced field; the owner's own dataset renews.
+    with pytest.raises(Forbidden, match=r"\[immutable\] publish_info cannot change"):
+        db_as(accounts, "agent", files_db).put(dict(failed, publish_info={"dataset": dataset}))
+    mine = dict(renewal, publish_info={"dataset": "/P/alice-b-v2/USER"})
+    owner.put(mine)
+    assert owner.get(failed["_id"])["publish_info"] == {"dataset": "/P/alice-b-v2/USER"}
+
+
+SHAPES = [
+    ("a directory as the destination",
+     lambda d: d.update(destination_lfn="/store/user/alice/"), "doc.destination_lfn"),
+    ("an empty part", lambda d: d.update(destination_lfn=f"/store/user/alice//{_token()}.root"),
+     "doc.destination_lfn"),
+    ("a source whose first part is ..",
+     lambda d: d.update(source_lfn=f"/store/../temp/user/alice/{_token()}.root"),
+     "doc.source_lfn"),
+    ("a source that is /store/..", lambda d: d.update(source_lfn="/store/.."), "doc.source_lfn"),
+    ("a parent that is a directory",
+     lambda d: d["publish_info"].update(parents=["/store/user/alice/"]),
+     "doc.publish_info.parents[0]"),
+    ("a primary name .", lambda d: d["publish_info"].update(dataset="/./alice-x/USER"),
+     "doc.publish_info.dataset"),
+    ("a processed name ..", lambda d: d["publish_info"].update(dataset="/P/../USER"),
+     "doc.publish_info.dataset"),
+    ("a processed name starting with .",
+     lambda d: d["publish_info"].update(dataset="/P/.alice-x/USER"), "doc.publish_info.dataset"),
+    ("a primary name starting with -",
+     lambda d: d["publish_info"].update(dataset="/-P/alice-x/USER"), "doc.publish_info.dataset"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "edit", "field"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_an_lfn_names_a_file_and_a_dataset_has_real_names(files_db, accounts, case, edit, field):
+    """An LFN is a file: no trailing "/", no empty part, no . or .. part anywhere (the first
+    part after /store/ was not checked); a dataset's primary and processed names start with a
+    letter or a digit. Refused by the store (for admins too) and the model alike, in words."""
+    doc = sample_request("alice", publish=True, publish_info={"dataset": "/P/alice-a-v1/USER"})
+    edit(doc)
+    for who in ("alice", "operator"):
+        with pytest.raises(Forbidden) as refused:
+            db_as(accounts, who, files_db).create(doc)
+        assert refused.value.reason.startswith(f"[schema] {field} "), refused.value.reason
+    with pytest.raises(model.SchemaError) as judged:
+        model.check_schema(doc)
+    assert judged.value.reason == refused.value.reason
+    meaning = next(m for p, m in model.PATTERN_MEANINGS.items() if p in judged.value.reason)
+    assert meaning in model.in_words(judged.value.reason)
+    assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
+
+
+@pytest.fixture(scope="module")
+def separators(admin) -> dict[str, Database]:
+    """Users whose names hold a namespace separator: "alice-bob" ("-" ends a dataset's owner)
+    and "alice.x" ("." ends a temporary area's owner)."""
+    names = ("alice-bob", "alice.x")
+    for name in names:
+        admin.put_user(name, PASSWORD, [model.USER_ROLE])
+    return {name: Server(admin.url, name, PASSWORD) for name in names}
+
+
+OWNED_BY_ALICE = [
+    ("alice-bob", {"publish": True, "publish_info": {"dataset": "/P/alice-bob-x/USER"}},
+     '[namespace] publish_info.dataset must be /<primary>/alice-bob-<processed>/USER (the '
+     "user's own datasets; a dataset belongs to the part of its processed name before the first "
+     '"-", so a user whose name holds a "-" owns none)'),
+    ("bob", {"publish": True, "publish_info": {"dataset": "/P/alice-bob-x/USER"}},
+     "[namespace] publish_info.dataset must be /<primary>/bob-<processed>/USER (the user's own "
+     "datasets)"),
+    ("alice.x", {"source_lfn": "/store/temp/user/alice.x/{token}.root"},
+     "[namespace] source_lfn must be in /store/temp/user/alice.x/ or /store/temp/user/alice.x."
+     "<hash>/ (the user's own temporary area; a temporary area belongs to the part of its name "
+     'before the first ".", so a user whose name holds a "." owns none)'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("who", "fields", "reason"), OWNED_BY_ALICE,
+                         ids=[o[0] for o in OWNED_BY_ALICE])  # fmt: skip
+def test_a_dataset_and_a_temporary_area_have_one_owner(
+    files_db, accounts, separators, who, fields, reason
+):
+    """/P/alice-bob-x/USER was accepted for alice and for a user alice-bob; a temporary area
+    /store/temp/user/alice.x/ for alice (hash x) and for a user alice.x. Each belongs to the
+    name before the first separator, alice, and to no one else; the refusal says why."""
+    fields = {k: v.format(token=_token()) if isinstance(v, str) else v for k, v in fields.items()}
+    doc = sample_request(who, **fields)
+    db = separators[who].db(files_db) if who in separators else db_as(accounts, who, files_db)
+    with pytest.raises(Forbidden) as refused:
+        db.create(doc)
+    assert refused.value.reason == reason
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(doc, None, {"name": who, "roles": [model.USER_ROLE]})
+    assert judged.value.reason == reason
+    assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
+    mine = sample_request("alice", **fields)  # the same dataset or temporary area: alice's
+    db_as(accounts, "alice", files_db).create(mine)
+    assert db_as(accounts, "admin", files_db).get(mine["_id"])["user"] == "alice"

@@ -7,7 +7,7 @@ write)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from aso import jsvalues as js
 from aso.model import (
@@ -23,6 +23,7 @@ from aso.model import (
     HEARTBEAT_SCHEMA,
     HEARTBEAT_TYPE,
     IMMUTABLE,
+    NAMESPACED,
     NEVER_COPIED,
     OWNER,
     OWNER_MUTABLE,
@@ -42,13 +43,27 @@ from aso.model import (
 )
 
 
+def dataset_owner(dataset: str) -> str | None:
+    """Who a dataset belongs to: the part of its processed name before the first "-"."""
+    parts = dataset.split("/")
+    processed = parts[2] if len(parts) > 2 else ""
+    cut = processed.find("-")
+    return processed[:cut] if cut > 0 else None
+
+
 def namespace_refusal(doc: Mapping[str, Any], name: str, roles: Any) -> str | None:
     """Why a request of user `name` (with `roles`) reaches outside the user's namespace, or
     None. validate_doc_update.js follows it line by line (`namespaceRefusal`)."""
     if not in_temp_area(name, doc["source_lfn"]):
         return (
             f"source_lfn must be in {TEMP_USER_AREA}{name}/ or {TEMP_USER_AREA}{name}.<hash>/ "
-            "(the user's own temporary area)"
+            "(the user's own temporary area"
+            + (
+                ")"
+                if "." not in name
+                else '; a temporary area belongs to the part of its name before the first ".", '
+                'so a user whose name holds a "." owns none)'
+            )
         )
     groups = granted_groups(roles)
     destination = doc["destination_lfn"]
@@ -64,14 +79,69 @@ def namespace_refusal(doc: Mapping[str, Any], name: str, roles: Any) -> str | No
     info = doc.get("publish_info")
     dataset = info.get("dataset") if isinstance(info, dict) else None
     if isinstance(dataset, str):
-        parts = dataset.split("/")
-        processed = parts[2] if len(parts) > 2 else ""
-        if not any(processed.startswith(owner + "-") for owner in [name, *groups]):
+        owner = dataset_owner(dataset)
+        if owner is None or (owner != name and owner not in groups):
             return (
-                f"publish_info.dataset must be /<primary>/{name}-<processed>/USER "
-                "(the user's own datasets)"
+                f"publish_info.dataset must be /<primary>/{name}-<processed>/USER (the user's "
+                "own datasets"
+                + (
+                    ")"
+                    if "-" not in name
+                    else "; a dataset belongs to the part of its processed name before the "
+                    'first "-", so a user whose name holds a "-" owns none)'
+                )
             )
     return None
+
+
+def check_namespaces(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, role: str, user_ctx: Mapping[str, Any]
+) -> None:
+    """Where a request's files and dataset lie, judged on every write that sets them (a
+    creation, the owner's renewal) by the owner's namespace (`checkNamespaces`)."""
+    changed = old is None or any(
+        not js.same(new.get(f, js.UNDEFINED), old.get(f, js.UNDEFINED)) for f in NAMESPACED
+    )
+    if not changed:
+        return
+    if role != OWNER:
+        raise Refusal("immutable", f"{', '.join(NAMESPACED)} are set by the owner only")
+    outside = namespace_refusal(new, user_ctx["name"], user_ctx.get("roles"))
+    if outside:
+        raise Refusal("namespace", outside)
+
+
+def check_current(new: Mapping[str, Any], parent: Mapping[str, Any] | None) -> None:
+    """A write is based on the current revision `parent` (a creation: on none, or on the
+    deleted document's); any other is a conflict, which the embedded store would otherwise
+    store unjudged (`checkCurrent`; EMBEDDED_VALIDATES_BEFORE_CONFLICT)."""
+    rev = new.get("_rev", js.UNDEFINED)
+    live = parent is not None and parent.get("_deleted") is not True
+    if parent is None:
+        based = rev is js.UNDEFINED
+    else:  # JavaScript's === on the store's string
+        based = (isinstance(rev, str) and rev == parent.get("_rev")) or (
+            not live and rev is js.UNDEFINED
+        )
+    if based:
+        return
+    if not live:
+        raise Refusal(
+            "conflict",
+            f"the write is based on revision {js.stringify(rev)} of a document that does not "
+            "exist: a creation has no _rev",
+        )
+    current = parent["_rev"] if parent is not None else None
+    if rev is js.UNDEFINED:
+        raise Refusal(
+            "conflict",
+            f"a document with this id exists (revision {current}): read it, not create it again",
+        )
+    raise Refusal(
+        "conflict",
+        f"the write is based on revision {js.stringify(rev)}, not on the current {current}: "
+        "read the document again",
+    )
 
 
 def validate_doc_update(
@@ -85,15 +155,13 @@ def validate_doc_update(
     reason otherwise. A line-by-line twin of the JavaScript, so that every writer (and the
     hostile-input tests) can know the store's verdict without asking it. `sites`: the design
     document's `lib/sites` (None: the twin leaves sites unjudged)."""
-    if old is not None and old.get("_deleted") is True:
-        old = None  # a deleted request may be created again
-    # EMBEDDED_VALIDATES_BEFORE_CONFLICT: a stale write passes here and is the store's 409.
-    stale = old is not None and new.get("_rev", js.UNDEFINED) != old.get("_rev", js.UNDEFINED)
-    if stale and not js.truthy(new.get("_deleted", js.UNDEFINED)):
-        return
     roles = user_ctx.get("roles") or []
     is_admin = any(r in roles for r in ADMIN_ROLES)
     is_agent = AGENT_ROLE in roles
+    if not is_admin:
+        check_current(new, old)
+    if old is not None and old.get("_deleted") is True:
+        old = None  # a deleted request may be created again
     doc_id = new.get("_id")
     if doc_id is not None and not isinstance(doc_id, str):
         raise Refusal("schema", "doc._id must be a string")
@@ -108,7 +176,7 @@ def validate_doc_update(
     if isinstance(kind, str) and kind == HEARTBEAT_TYPE:
         _check_agent_doc(new, is_admin, is_agent)
         return
-    check_schema(new)
+    check_schema(new, creation=old is None)
     name = user_ctx.get("name")
     role = role_of(user_ctx, new)
     if role is None:
@@ -126,9 +194,9 @@ def validate_doc_update(
         )
     if old is None:
         # role_of makes only a user_ctx with a name an owner; _check_creation refuses other roles.
-        _check_creation(new, role, cast(str, name), roles, sites)
+        _check_creation(new, role, user_ctx, sites)
     else:
-        _check_update(new, old, role, name)
+        _check_update(new, old, role, user_ctx)
 
 
 def _check_deletion(
@@ -166,7 +234,10 @@ def site_refusal(doc: Mapping[str, Any], sites: Sequence[str] | None) -> str | N
 
 
 def _check_creation(
-    new: Mapping[str, Any], role: str, name: str, roles: Any, sites: Sequence[str] | None = None
+    new: Mapping[str, Any],
+    role: str,
+    user_ctx: Mapping[str, Any],
+    sites: Sequence[str] | None = None,
 ) -> None:
     if role != OWNER:
         raise Refusal("create", "only the owner (or an admin) may create a request")
@@ -185,9 +256,8 @@ def _check_creation(
     unknown = site_refusal(new, sites)
     if unknown:
         raise Refusal("site", unknown)
-    outside = namespace_refusal(new, name, roles)
-    if outside:
-        raise Refusal("namespace", outside)
+    check_namespaces(new, None, role, user_ctx)
+    name = user_ctx["name"]  # an owner has a name (role_of)
     if len(new["history"]) != 1:
         raise Refusal("history", "a new request has exactly one history entry")
     entry = new["history"][0]
@@ -211,14 +281,16 @@ def renewal(new: Mapping[str, Any], old: Mapping[str, Any], role: str) -> bool:
 
 
 def _check_update(
-    new: Mapping[str, Any], old: Mapping[str, Any], role: str, name: str | None
+    new: Mapping[str, Any], old: Mapping[str, Any], role: str, user_ctx: Mapping[str, Any]
 ) -> None:
+    name = user_ctx.get("name")
     renewing = renewal(new, old, role)
     for field_name in IMMUTABLE:
         if renewing and field_name in RENEWABLE:
             continue
         if not js.same(new.get(field_name, js.UNDEFINED), old.get(field_name, js.UNDEFINED)):
             raise Refusal("immutable", f"{field_name} cannot change after creation")
+    check_namespaces(new, old, role, user_ctx)
     if role == OWNER:
         _check_owner_fields(new, old, renewing)
     old_history = old.get("history") or []

@@ -7,6 +7,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var model = require('lib/model');
   // The sites of this ASO's catalogue (aso/designdocs.py sites_module).
   var sites = require('lib/sites').names;
+  // The request id of a source LFN (aso/model.py request_id; lib/sha256.js beside this file).
+  var sha256 = require('lib/sha256').hex;
 
   function refuse(rule, message) {
     throw({forbidden: '[' + rule + '] ' + message});
@@ -145,18 +147,31 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return out;
   }
 
+  // A temporary area /store/temp/user/<dir>/ belongs to the part of <dir> before its first "."
+  // (<name>.<hash>): a name with a "." would share it with another user, so it owns none.
   function inTempArea(name, lfn) {
     var own = model.namespaces.temp_user_area + name;
-    if (!startsWith(lfn, own)) { return false; }
+    if (name.indexOf('.') !== -1 || !startsWith(lfn, own)) { return false; }
     var rest = lfn.slice(own.length);
     return startsWith(rest, '/') || (new RegExp(model.namespaces.temp_hash_pattern)).test(rest);
+  }
+
+  // A dataset /<primary>/<owner>-<rest>/USER belongs to the part of its processed name before
+  // the first "-": only that user or group, never a name that itself holds a "-".
+  function datasetOwner(dataset) {
+    var parts = dataset.split('/');
+    var processed = parts.length > 2 ? parts[2] : '';
+    var cut = processed.indexOf('-');
+    return cut > 0 ? processed.slice(0, cut) : null;
   }
 
   function namespaceRefusal(doc, name, roles) {
     var ns = model.namespaces, i;
     if (!inTempArea(name, doc.source_lfn)) {
       return 'source_lfn must be in ' + ns.temp_user_area + name + '/ or ' + ns.temp_user_area +
-        name + ".<hash>/ (the user's own temporary area)";
+        name + ".<hash>/ (the user's own temporary area" + (name.indexOf('.') === -1 ? ')' :
+        '; a temporary area belongs to the part of its name before the first ".", so a user ' +
+        'whose name holds a "." owns none)');
     }
     var groups = grantedGroups(roles);
     var destination = doc.destination_lfn, inGroup = false;
@@ -171,17 +186,48 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var info = doc.publish_info;
     var dataset = (info !== null && typeOf(info) === 'object') ? info.dataset : undefined;
     if (typeof dataset === 'string') {
-      var parts = dataset.split('/');
-      var processed = parts.length > 2 ? parts[2] : '';
-      var owners = [name].concat(groups), ok = false;
-      for (i = 0; i < owners.length; i++) {
-        if (startsWith(processed, owners[i] + '-')) { ok = true; }
-      }
-      if (!ok) {
-        return 'publish_info.dataset must be /<primary>/' + name + "-<processed>/USER (the user's own datasets)";
+      var owner = datasetOwner(dataset);
+      if (owner === null || (owner !== name && groups.indexOf(owner) === -1)) {
+        return 'publish_info.dataset must be /<primary>/' + name + "-<processed>/USER (the user's " +
+          'own datasets' + (name.indexOf('-') === -1 ? ')' : '; a dataset belongs to the part ' +
+          'of its processed name before the first "-", so a user whose name holds a "-" owns none)');
       }
     }
     return null;
+  }
+
+  // Where a request's files and dataset lie is judged on every write that sets them, by the
+  // owner's namespace: a creation, or the owner's renewal (RENEWABLE). Nobody else sets them.
+  function checkNamespaces(role) {
+    var fields = model.namespaced, changed = !oldDoc, i;
+    for (i = 0; oldDoc && i < fields.length; i++) {
+      if (!same(newDoc[fields[i]], oldDoc[fields[i]])) { changed = true; }
+    }
+    if (!changed) { return; }
+    if (role !== 'owner') { refuse('immutable', fields.join(', ') + ' are set by the owner only'); }
+    var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
+    if (outside) { refuse('namespace', outside); }
+  }
+
+  // A write must be based on the current revision `parent` (a creation: on none, or on the
+  // deleted document's). The embedded store asks this function about writes based on any
+  // revision, judged against the current one, before it looks for a conflict, and then stores
+  // them on the revision they name, even one made earlier in the same batch; a replicated write
+  // (new_edits=false) is asked about with an older revision or none, on either store
+  // (EMBEDDED_VALIDATES_BEFORE_CONFLICT). Refused here, such a write is never stored unjudged;
+  // CouchDB answers a plain stale write 409 first, and "[conflict] " makes this refusal that
+  // 409 for every client (aso/store.py).
+  function checkCurrent(parent) {
+    var rev = newDoc._rev;
+    var live = parent && !parent._deleted;
+    if (parent ? rev === parent._rev || (!live && rev === undefined) : rev === undefined) { return; }
+    if (!live) {
+      refuse('conflict', 'the write is based on revision ' + JSON.stringify(rev) + ' of a document that does not exist: a creation has no _rev');
+    }
+    if (rev === undefined) {
+      refuse('conflict', 'a document with this id exists (revision ' + parent._rev + '): read it, not create it again');
+    }
+    refuse('conflict', 'the write is based on revision ' + JSON.stringify(rev) + ', not on the current ' + parent._rev + ': read the document again');
   }
 
   function isAgentDoc(doc) {
@@ -207,17 +253,14 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return true;
   }
 
-  // A deleted request may be created again: judge it as a creation.
-  if (oldDoc && oldDoc._deleted) { oldDoc = null; }
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs this function for a write
-  // based on a revision that is not the current one (a create of an existing id, or a stale
-  // update) before it finds the conflict; CouchDB finds the conflict first and never asks.
-  // Let it pass: the store then answers 409, as CouchDB does, and the writer reads again.
-  // (Deletions are judged anyway: a DELETE without rev deletes the current revision there.)
-  if (oldDoc && newDoc._rev !== oldDoc._rev && !newDoc._deleted) { return; }
-
   var isAdmin = hasRole(model.admin_roles);
   var isAgent = hasRole([model.agent_role]);
+
+  // Every write of a user or an agent, deletions included. Admins are trusted (and a CouchDB
+  // replication they run writes revisions that are not the current one, new_edits=false).
+  if (!isAdmin) { checkCurrent(oldDoc); }
+  // A deleted request may be created again: judge it as a creation.
+  if (oldDoc && oldDoc._deleted) { oldDoc = null; }
 
   // CouchDB refuses a non-string id before it asks; the embedded store does not (a 500 here).
   if (newDoc._id !== undefined && typeof newDoc._id !== 'string') {
@@ -257,8 +300,15 @@ function (newDoc, oldDoc, userCtx, secObj) {
     refuse('schema', 'the document is larger than ' + model.max_doc_chars + ' characters');
   }
   checkObject('doc', newDoc, model.schema);
-  if (!(new RegExp(model.doc_id_pattern)).test(newDoc._id)) {
-    refuse('schema', 'doc._id must be the request id (sha256 of source_lfn)');
+  // After the schema: source_lfn is a string of valid Unicode (a lone surrogate has no UTF-8).
+  // A creation's id is its source's hash, so nobody takes the id of another's next upload; an
+  // update keeps the id it was created with.
+  var idRule = 'doc._id must be the request id: sha256 of source_lfn';
+  if (!oldDoc) {
+    var expected = sha256(newDoc.source_lfn);
+    if (newDoc._id !== expected) { refuse('schema', idRule + ' (' + expected + ')'); }
+  } else if (!(new RegExp(model.doc_id_pattern)).test(newDoc._id)) {
+    refuse('schema', idRule + ' (64 lower-case hex digits)');
   }
   if (newDoc.publish && newDoc.file_type === 'output' && !newDoc.publish_info) {
     refuse('schema', 'doc.publish_info is required when publish is true');
@@ -294,8 +344,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         refuse('site', ends[k] + ' ' + JSON.stringify(newDoc[ends[k]]) + ' is not a site of this ASO (its sites: ' + (sites.join(', ') || 'none') + ')');
       }
     }
-    var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
-    if (outside) { refuse('namespace', outside); }
+    checkNamespaces(role);
     if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
     entry = newDoc.history[0];
     if (entry.axis !== 'state' || entry.from !== null || entry.to !== newDoc.state) {
@@ -318,6 +367,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (renewal && model.renewable.indexOf(field) !== -1) { continue; }
     if (!same(newDoc[field], oldDoc[field])) { refuse('immutable', field + ' cannot change after creation'); }
   }
+  checkNamespaces(role);
 
   // Owners change only the fields that record a kill, a resubmission or a publication reset
   // (and, renewing, what a job retry brings anew).
