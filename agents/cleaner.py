@@ -21,7 +21,7 @@ by source site.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, cast
@@ -29,7 +29,7 @@ from typing import Any, cast
 from aso import model, sites
 from aso.config import CleanerConfig, Config
 from aso.core import request
-from aso.files import FileError, Files, open_files
+from aso.files import FileError, Files, Look, open_files
 from aso.model import CLEANUP
 from aso.runtime import Agent, Cycle, set_aside_reason
 from aso.transfer.gfalcopy import normal_adler32
@@ -48,12 +48,27 @@ def destination_url(config: Config, doc: Mapping[str, Any]) -> str:
     return sites.pfn(config, doc["destination"], doc["destination_lfn"])
 
 
+def destination_look(config: Config, doc: Mapping[str, Any]) -> Look:
+    """The look that confirms a request's destination copy (aso.files.Confirmer)."""
+    return Look(
+        key=doc["_id"],
+        site=doc["destination"],
+        url=destination_url(config, doc),
+        size=doc["size"],
+        adler32=normal_adler32(doc["checksum"]["adler32"]),
+    )
+
+
 def temp_url(config: Config, doc: Mapping[str, Any]) -> str:
     return sites.temp_pfn(config, doc["source"], doc["source_lfn"])
 
 
-def clean_one(config: Config, files: Files, doc: Mapping[str, Any]) -> Outcome:
-    """Confirm the destination, then delete the temporary copy; never the other way round."""
+def clean_one(
+    config: Config, files: Files, doc: Mapping[str, Any], confirmed: bool = False
+) -> Outcome:
+    """Confirm the destination, then delete the temporary copy; never the other way round.
+    `confirmed`: the caller confirmed the destination in this cycle (the publisher, before
+    publishing; the monitor, before recording `done`): no second look."""
     if not model.in_temp_area(doc["user"], doc["source_lfn"]):  # an admin-written request
         return Outcome(
             False, f"refused: {doc['source_lfn']} is not in {doc['user']}'s temporary area"
@@ -63,11 +78,14 @@ def clean_one(config: Config, files: Files, doc: Mapping[str, Any]) -> Outcome:
     except sites.SiteError as exc:
         return Outcome(False, f"refused: {exc}")
     try:
-        wrong = files.confirm(
-            destination_url(config, doc), doc["size"], normal_adler32(doc["checksum"]["adler32"])
-        )
-        if wrong:
-            return Outcome(False, f"destination not confirmed ({wrong}): temporary copy kept")
+        if not confirmed:
+            wrong = files.confirm(
+                destination_url(config, doc),
+                doc["size"],
+                normal_adler32(doc["checksum"]["adler32"]),
+            )
+            if wrong:
+                return Outcome(False, f"destination not confirmed ({wrong}): temporary copy kept")
         deleted = files.delete(temp)
     except FileError as exc:
         return Outcome(False, str(exc))
@@ -112,7 +130,9 @@ class Deleter:
         self.pools: dict[str, ThreadPoolExecutor] = {}
         self.late: dict[str, list[Future[Outcome]]] = {}  # site → deletions not waited for
 
-    def _submit(self, docs: list[dict[str, Any]]) -> dict[str, Future[Outcome]]:
+    def _submit(
+        self, docs: list[dict[str, Any]], confirmed: Collection[str]
+    ) -> dict[str, Future[Outcome]]:
         futures = {}
         for doc in docs:
             pool = self.pools.get(doc["source"])
@@ -121,14 +141,22 @@ class Deleter:
                     max_workers=self.config.cleaner.max_per_site,
                     thread_name_prefix=f"clean-{doc['source']}",
                 )
-            futures[doc["_id"]] = pool.submit(clean_one, self.config, self.files, doc)
+            futures[doc["_id"]] = pool.submit(
+                clean_one, self.config, self.files, doc, doc["_id"] in confirmed
+            )
         return futures
 
-    def clean_all(self, docs: list[dict[str, Any]]) -> dict[str, Outcome]:
-        futures = self._submit(docs)
+    def clean_all(
+        self, docs: list[dict[str, Any]], confirmed: Collection[str] = ()
+    ) -> dict[str, Outcome]:
+        """`confirmed`: the ids of the files whose destination the caller confirmed in this
+        cycle (clean_one)."""
+        futures = self._submit(docs, confirmed)
         return {doc["_id"]: self.outcome_of(doc, futures[doc["_id"]]) for doc in docs}
 
-    def clean_within(self, docs: list[dict[str, Any]], seconds: float) -> dict[str, Outcome]:
+    def clean_within(
+        self, docs: list[dict[str, Any]], seconds: float, confirmed: Collection[str] = ()
+    ) -> dict[str, Outcome]:
         """The outcomes of the deletions of `docs` that end within `seconds` (the monitor
         records them in the write of the file's `done`). The others go on; their files stay
         the cleaner's (a copy already gone counts as cleaned). A site whose deletions of an
@@ -140,7 +168,7 @@ class Deleter:
             if (running := [f for f in futures if not f.done()])
         }
         taken = [doc for doc in docs if doc["source"] not in self.late]
-        futures = self._submit(taken)
+        futures = self._submit(taken, confirmed)
         wait(futures.values(), timeout=seconds)
         outcomes = {}
         for doc in taken:

@@ -7,6 +7,13 @@ between them: each cycle it
   writes every file that ended, in one bulk write: `done` (with the checksum the service saw,
   compared with the request's), or `failed_attempt` with the service's reason text and ASO's
   error class, or `killed` for a cancelled file whose owner asked for it;
+* records `done` only a copy confirmed at its destination (aso.core.destination): by the
+  service itself when the job had it compare the destination's adler32 with the request's
+  (FileStatus.verified: the gfal worker and FTS3 with checksum verification, the default),
+  else by a look of its own (aso.files.Confirmer: size and adler32; the simulator's sites
+  have no data and confirm anything). A copy reported done that is missing or different there
+  is a failed attempt (class checksum_mismatch, with what was found); one whose storage
+  cannot be asked stays `submitted` until a look answers;
 * deletes the temporary copies of the files it finds `done` that need no publication and
   records each deletion in the same write as the `done` (the cleaner's functions and rules,
   agents/cleaner.py: one write fewer per such file, issue 22); a deletion that has not ended
@@ -25,16 +32,25 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, cast
 
-from agents.cleaner import Deleter, cleanable_at_done, cleanup_recorded
+from agents.cleaner import Deleter, cleanable_at_done, cleanup_recorded, destination_look
 from aso import faults
 from aso.config import Config
 from aso.core import request
-from aso.files import Files, open_files
+from aso.core.destination import (
+    NOT_DONE_CLASS,
+    Finding,
+    awaits_a_look,
+    needs_a_look,
+    not_done,
+    unchecked,
+)
+from aso.files import Confirmer, Files, open_files
 from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle
+from aso.sites import SiteError
 from aso.transfer import errors, open_service
 from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
 from aso.workqueue import ACTIVE, LEASE
@@ -43,19 +59,22 @@ log = logging.getLogger("aso.agent.monitor")
 
 STATUS_BATCH = 50  # jobs per status call
 ADOPTED = "adopted after lease expiry"
-
-
-def same_checksum(a: str | None, b: str | None) -> bool:
-    def norm(x: str) -> str:
-        return x.lower().removeprefix("adler32:").lstrip("0")
-
-    return a is None or b is None or norm(a) == norm(b)
+# Seconds the monitor waits for its looks at destinations (copies the service did not verify);
+# a file whose look has not ended stays `submitted` until the next cycle takes the finding.
+LOOK_WAIT = 5.0
 
 
 def outcome(
-    doc: Mapping[str, Any], status: FileStatus | None, job_known: bool, by: str, now: float
+    doc: Mapping[str, Any],
+    status: FileStatus | None,
+    job_known: bool,
+    by: str,
+    now: float,
+    finding: Finding | None = None,
 ) -> dict[str, Any] | None:
-    """The document after its file's transfer ended, or None while it is still under way."""
+    """The document after its file's transfer ended, or None while it is still under way (or
+    reported done and not confirmed at the destination yet). `finding`: the monitor's look at
+    the destination, for a copy the service reported done without verifying it."""
     killing = doc[STATE] == "kill_requested"
     if not job_known or status is None:
         reason = (
@@ -67,16 +86,17 @@ def outcome(
     if not status.terminal:
         return None
     if status.state == DONE:
-        expected = doc["checksum"]["adler32"]
-        if not same_checksum(status.checksum, expected):
-            reason = f"checksum mismatch: destination {status.checksum}, request {expected}"
+        if awaits_a_look(status, finding):
+            return None
+        problem = not_done(doc, status, finding)
+        if problem is not None:
             return request.attempt_ended(
                 doc,
                 "killed" if killing else "failed_attempt",
                 by,
                 now,
-                reason=reason,
-                error_class=errors.CHECKSUM,
+                reason=problem,
+                error_class=NOT_DONE_CLASS,
                 outcome="failed",
                 ended=status.ended,
             )
@@ -104,7 +124,9 @@ class Monitor(Agent):
         super().__init__(config, instance)
         self.service = open_service(config, self.server)
         self.cancelled: set[tuple[str, str]] = set()  # (job, file) cancels already sent
-        self.deleter = Deleter(config, files or open_files(config), self.name)
+        files = files or open_files(config)
+        self.deleter = Deleter(config, files, self.name)
+        self.confirmer = Confirmer(files)
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         if doc.get("transfer"):
@@ -114,6 +136,7 @@ class Monitor(Agent):
     def close(self) -> None:
         self.service.close()
         self.deleter.close()
+        self.confirmer.close()
 
     def pause(self, mine: list[dict[str, Any]]) -> tuple[float, bool]:
         """With files at the service: poll it every `transfer.status_interval`, whatever else
@@ -125,18 +148,19 @@ class Monitor(Agent):
 
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts(
-            "done", "failed", "killed", "adopted", "released", "cleaned", "cleanup_errors",
-            "conflicts",
+            "done", "failed", "killed", "adopted", "released", "looked", "unconfirmed",
+            "cleaned", "cleanup_errors", "conflicts",
         )  # fmt: skip
         updates: list[dict[str, Any]] = []
+        confirmed: set[str] = set()  # files whose destination the monitor confirmed
         active = [d for d in ctx.work if d[STATE] in AT_THE_SERVICE and d.get("transfer")]
         self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
         try:
-            updates += self.poll(active, ctx)
+            updates += self.poll(active, ctx, confirmed)
             updates += self.settle_leases(ctx.work, ctx.now)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
-        self.record(self.clean_at_done(updates, ctx.now), ctx)
+        self.record(self.clean_at_done(updates, ctx.now, confirmed), ctx)
 
     def send_cancels(self, docs: list[dict[str, Any]]) -> None:
         by_job: dict[str, list[str]] = defaultdict(list)
@@ -153,12 +177,17 @@ class Monitor(Agent):
             self.cancelled.update((job_id, f) for f in file_ids)
             log.info("job %s: cancel asked for %d files the user killed", job_id, len(file_ids))
 
-    def poll(self, active: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+    def poll(
+        self, active: list[dict[str, Any]], ctx: Cycle, confirmed: set[str]
+    ) -> list[dict[str, Any]]:
+        """The files whose transfer ended, as they are to be written; `confirmed` gets the ids
+        of those the monitor confirmed at their destination itself."""
         by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for doc in active:
             by_job[doc["transfer"]["job_id"]].append(doc)
         job_ids = sorted(by_job)
         updates = []
+        ended: list[tuple[dict[str, Any], FileStatus | None, bool]] = []
         for start in range(0, len(job_ids), STATUS_BATCH):
             batch = job_ids[start : start + STATUS_BATCH]
             statuses: dict[str, JobStatus | None] = self.service.status(batch)
@@ -169,13 +198,40 @@ class Monitor(Agent):
                     updates += self.not_at_the_service(by_job[job_id], ctx.now)
                     continue
                 for doc in by_job[job_id]:
-                    file_status = job.files.get(doc["_id"]) if job else None
-                    known = job is not None
-                    args = (file_status, known, self.instance, ctx.now)
-                    updated = ctx.acted_on(outcome, doc, *args)
-                    if updated is not None:
-                        updates.append(updated)
+                    ended.append((doc, job.files.get(doc["_id"]) if job else None, job is not None))
+        findings = self.look([doc for doc, status, _ in ended if needs_a_look(status)], ctx)
+        for doc, status, known in ended:
+            finding = findings.get(doc["_id"])
+            args = (status, known, self.instance, ctx.now, finding)
+            updated = ctx.acted_on(outcome, doc, *args)
+            if updated is not None:
+                updates.append(updated)
+                if finding is not None and finding.confirmed:
+                    confirmed.add(doc["_id"])
         return updates
+
+    def look(self, docs: list[dict[str, Any]], ctx: Cycle) -> dict[str, Finding]:
+        """Look at the destinations of copies the service reported done without verifying
+        them (FileStatus.verified: FTS3 without checksum verification at the destination, the
+        gfal service without verification, the simulator); one look per file, all sites at
+        once. Each file at DEBUG, the counts in the cycle's report."""
+        if not docs:
+            return {}
+        findings: dict[str, Finding] = {}
+        looks = []
+        for doc in docs:
+            try:
+                looks.append(destination_look(self.config, doc))
+            except SiteError as exc:  # a site the configuration lacks: it cannot be confirmed
+                findings[doc["_id"]] = unchecked(str(exc))
+        findings.update(self.confirmer.look_all(looks, LOOK_WAIT))
+        ctx.count("looked", len(docs))
+        ctx.count("unconfirmed", sum(not f.confirmed for f in findings.values()))
+        for doc_id, finding in findings.items():
+            log.debug(
+                "file %s at its destination: %s (%s)", doc_id, finding.verdict, finding.detail
+            )
+        return findings
 
     def not_at_the_service(self, docs: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
         """Files of a job the service does not know, whose submitter wrote them `submitted`
@@ -244,16 +300,19 @@ class Monitor(Agent):
                 updates.append(request.released(doc, self.instance, now))
         return updates
 
-    def clean_at_done(self, updates: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    def clean_at_done(
+        self, updates: list[dict[str, Any]], now: float, confirmed: Collection[str] = ()
+    ) -> list[dict[str, Any]]:
         """The updates, each file found `done` that needs no publication with its temporary
         copy's deletion recorded (`cleaned`, or `cleanup_error` with its backoff) when the
         deletion ended within `cleaner.at_done_wait` seconds. Should the write then conflict,
-        the next cycle finds the copy already gone, which counts as cleaned."""
+        the next cycle finds the copy already gone, which counts as cleaned. `confirmed`: files
+        whose destination this cycle confirmed already (the deletion does not look again)."""
         wait = self.config.cleaner.at_done_wait
         cleanable = [d for d in updates if d[STATE] == "done" and cleanable_at_done(d, now)]
         if wait <= 0 or not cleanable:
             return updates
-        outcomes = self.deleter.clean_within(cleanable, wait)
+        outcomes = self.deleter.clean_within(cleanable, wait, confirmed)
         settings = self.config.cleaner
         return [
             cleanup_recorded(doc, outcomes[doc["_id"]], self.instance, now, settings)

@@ -6,14 +6,21 @@ holds `publisher.max_files_per_block` files, when its oldest file has waited
 (no request of it still on its way). Publishing a block is crash-safe and idempotent with one
 write per file, because the catalog is the record of what was published:
 
+0. every file of a closed block is confirmed at its destination first (aso.core.destination,
+   aso.files.Confirmer: there, with the request's size and adler32; one look per file, all
+   sites at once): the document is a claim (a request may be created `done` by its owner), the
+   storage is the truth. A file that is missing or different, or whose storage cannot be
+   asked, is not published (a publication error naming what was found, with the backoff
+   below); the rest of the block goes on without it;
 1. the block's name is derived from its content (dataset + LFNs, aso.catalog.base.block_name)
    and the block goes to the catalog; a block already there with the same files is not
    inserted again;
 2. the files become `published` with the block's name, in one bulk write per cycle; the same
    write records their temporary copies deleted (`cleaned`, or `cleanup_error` for the cleaner
    to try again), which the publisher does just before with the cleaner's own functions
-   (agents/cleaner.py: the destination confirmed first). The cleaner takes a file only once
-   its publication is over, so a published file costs one write for both axes (issue 22).
+   (agents/cleaner.py; the destination was confirmed in step 0, and is not looked at twice).
+   The cleaner takes a file only once its publication is over, so a published file costs one
+   write for both axes (issue 22).
 
 A crash between the two leaves the files waiting: the next cycle makes the same block (the
 catalog answers "already there") or one with more files, which the catalog refuses for the
@@ -29,11 +36,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from agents.cleaner import Deleter, cleanup_recorded
+from agents.cleaner import Deleter, cleanup_recorded, destination_look
 from agents.cleaner import due as cleanup_due
 from aso import model
 from aso.catalog import open_catalog
@@ -46,15 +53,21 @@ from aso.catalog.base import (
 )
 from aso.config import Config
 from aso.core import request
-from aso.files import Files, open_files
+from aso.core.destination import DIFFERENT, UNANSWERED, Finding, not_published_reason, unchecked
+from aso.files import MISSING, Confirmer, Files, open_files
 from aso.model import CLEANUP, ON_ITS_WAY, PUBLICATION, STATE
 from aso.runtime import Agent, Cycle, set_aside_reason
+from aso.sites import SiteError
 from aso.workqueue import ON_ITS_WAY_KINDS, PUBLISH
 
 log = logging.getLogger("aso.agent.publisher")
 
 # The files of a cycle's blocks are written `published` in bulk every this many files or seconds.
 FLUSH_FILES, FLUSH_SECONDS = 500, 5.0
+# Seconds the publisher waits for the looks at a cycle's destinations. A look that has not ended
+# by then (a large file's checksum reads the whole file; an XRootD checksum request stalled for
+# 120 s once in a benchmark) leaves its file waiting, unwritten, for a later cycle.
+LOOK_WAIT = 10.0
 
 WAITING = "pending"
 LEGACY = "publishing"  # a block's name recorded first, by publishers before issue 22
@@ -91,6 +104,18 @@ def catalog_file(doc: Mapping[str, Any]) -> CatalogFile:
         lumis=info.get("lumis", {}),
         parents=tuple(info.get("parents", [])),
     )
+
+
+def what_was_found(findings: Mapping[str, Finding], docs: list[dict[str, Any]]) -> Counter[str]:
+    """How many of `docs` were missing, different or could not be checked (for the log)."""
+    counts: Counter[str] = Counter()
+    for doc in docs:
+        finding = findings[doc["_id"]]
+        if finding.verdict == DIFFERENT:
+            counts["missing" if finding.detail == MISSING else "different"] += 1
+        else:
+            counts["not checked"] += 1
+    return counts
 
 
 def make_block(docs: Sequence[Mapping[str, Any]], name: str | None = None) -> Block:
@@ -139,7 +164,9 @@ class Publisher(Agent):
     ):
         super().__init__(config, instance)
         self.catalog = catalog or open_catalog(config, self.server)
-        self.deleter = Deleter(config, files or open_files(config), self.name)
+        files = files or open_files(config)
+        self.deleter = Deleter(config, files, self.name)
+        self.confirmer = Confirmer(files)
         # Requests on their way, by task: those the queue view held when the work set started,
         # kept current by the `_changes` feed since.
         self.on_its_way: dict[str, set[str]] = defaultdict(set)
@@ -171,12 +198,14 @@ class Publisher(Agent):
     def close(self) -> None:
         self.catalog.close()
         self.deleter.close()
+        self.confirmer.close()
 
     def cycle(self, ctx: Cycle) -> None:
         now, by = ctx.now, self.instance
         ctx.counts(
-            "blocks", "published", "cleaned", "cleanup_errors", "errors", "failed", "conflicts"
-        )
+            "blocks", "published", "unconfirmed", "looking", "cleaned", "cleanup_errors", "errors",
+            "failed", "conflicts",
+        )  # fmt: skip
         docs = [d for d in ctx.work if d.get(STATE) == "done"]
         # Failed publications whose backoff is over wait for a block again.
         due = [
@@ -200,6 +229,7 @@ class Publisher(Agent):
                 self.task_over,
             )
         ]
+        blocks = self.confirmed(blocks, ctx)
         published: list[tuple[dict[str, Any], str, str]] = []  # (file, its block, why)
         flushed = time.monotonic()
         # Blocks go to the catalog together (the embedded catalog takes a call in four
@@ -220,6 +250,63 @@ class Publisher(Agent):
         task index here waited for the embedded store to index every change since the last
         one (151 s in a cycle at 16x design, the publication's latency with it)."""
         return not self.on_its_way.get(task)
+
+    def confirmed(
+        self, blocks: list[list[dict[str, Any]]], ctx: Cycle
+    ) -> list[list[dict[str, Any]]]:
+        """The blocks, each with only its files confirmed at their destination: there, with the
+        request's size and adler32 (one look per file, all sites at once). The others are not
+        published: a file missing or different there, or whose storage answered with an error,
+        gets a publication error naming what was found, tried again after the backoff like a
+        catalog's failure (given up after `publisher.max_attempts`); a file whose look has not
+        answered yet waits as it is for a later cycle, which takes the look's finding. The rest
+        of a block goes on without them."""
+        docs = [doc for block in blocks for doc in block]
+        if not docs:
+            return blocks
+        findings = self.look(docs)
+        later = {doc["_id"] for doc in docs if findings[doc["_id"]].verdict == UNANSWERED}
+        refused = [
+            doc for doc in docs if doc["_id"] not in later and not findings[doc["_id"]].confirmed
+        ]
+        ctx.count("looking", len(later))
+        if refused:
+            self.refuse(refused, findings, ctx)
+        left_out = later | {doc["_id"] for doc in refused}
+        if not left_out:
+            return blocks
+        return [
+            kept for block in blocks if (kept := [d for d in block if d["_id"] not in left_out])
+        ]
+
+    def refuse(
+        self, docs: list[dict[str, Any]], findings: Mapping[str, Finding], ctx: Cycle
+    ) -> None:
+        """Files not confirmed at their destination: their publication errors, each with what
+        was found."""
+        reasons = {doc["_id"]: not_published_reason(doc, findings[doc["_id"]]) for doc in docs}
+        for doc in docs:
+            log.debug("file %s: %s", doc["_id"], reasons[doc["_id"]])
+        ctx.count("unconfirmed", len(docs))
+        given_up = self.record_errors(docs, reasons, None, True, ctx)
+        found = what_was_found(findings, docs)
+        log.warning(
+            "%d files not published, not confirmed at their destination (%s)%s",
+            len(docs),
+            ", ".join(f"{n} {what}" for what, n in sorted(found.items())),
+            f", {given_up} given up" if given_up else "",
+        )
+
+    def look(self, docs: list[dict[str, Any]]) -> dict[str, Finding]:
+        """What a look at each file's destination found, by id."""
+        findings: dict[str, Finding] = {}
+        looks = []
+        for doc in docs:
+            try:
+                looks.append(destination_look(self.config, doc))
+            except SiteError as exc:  # a site the configuration lacks: nothing to ask
+                findings[doc["_id"]] = unchecked(str(exc))
+        return {**self.confirmer.look_all(looks, LOOK_WAIT), **findings}
 
     def publish(
         self, blocks: list[list[dict[str, Any]]], ctx: Cycle
@@ -301,7 +388,9 @@ class Publisher(Agent):
         by, now = self.instance, ctx.now
         where = {doc["_id"]: (block, why) for doc, block, why in done}
         to_clean = [doc for doc, _, _ in done if cleanup_due(doc, now)]
-        deleted = self.deleter.clean_all(to_clean)
+        # Every file of a cycle's blocks was confirmed at its destination before the catalog
+        # call (`confirmed`): the deletion does not look again.
+        deleted = self.deleter.clean_all(to_clean, confirmed={doc["_id"] for doc in to_clean})
         seen = {doc["_id"]: doc[CLEANUP] for doc in to_clean}
         recorded: dict[str, bool] = {}  # file → its deletion recorded in the write (cleaned?)
 
@@ -326,10 +415,33 @@ class Publisher(Agent):
         ctx.wrote(outcome.written)
 
     def failed(self, docs: list[dict[str, Any]], name: str, exc: CatalogError, ctx: Cycle) -> None:
-        """`publication_error` with a next try after a backoff; `publication_failed` once the
-        attempts are spent or the catalog's answer cannot change."""
+        """A block the catalog refused or failed: its files' publication errors."""
+        reason = str(exc)[: request.MAX_REASON]
+        given_up = self.record_errors(
+            docs, {doc["_id"]: reason for doc in docs}, name, exc.retryable, ctx
+        )
+        kind = "conflict" if isinstance(exc, BlockConflict) else "error"
+        log.warning(
+            "block %s of %d files not published (%s%s): %s",
+            name,
+            len(docs),
+            kind,
+            ", given up" if given_up else "",
+            exc,
+        )
+
+    def record_errors(
+        self,
+        docs: list[dict[str, Any]],
+        reasons: Mapping[str, str],
+        block: str | None,
+        retryable: bool,
+        ctx: Cycle,
+    ) -> int:
+        """`publication_error` (each file with its reason) with a next try after a backoff;
+        `publication_failed` once the attempts are spent or the error cannot heal. Returns how
+        many were given up."""
         settings = self.config.publisher
-        reason = str(exc)[:4096]
         by, now = self.instance, ctx.now
 
         def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -337,7 +449,7 @@ class Publisher(Agent):
             delay = min(settings.max_delay, settings.base_delay * 2 ** (attempts - 1))
             retry_after = round(now + delay, 3)
             return request.publication_failed_attempt(
-                doc, by, now, reason, attempts, retry_after, name
+                doc, by, now, reasons[doc["_id"]], attempts, retry_after, block
             )
 
         written: list[dict[str, Any]] = []
@@ -349,22 +461,17 @@ class Publisher(Agent):
         give_up = [
             d
             for d in written
-            if d["publication_attempts"] >= settings.max_attempts or not exc.retryable
+            if d["publication_attempts"] >= settings.max_attempts or not retryable
         ]
         failed, _ = self._advance(
-            give_up, ERROR, ctx, lambda d: request.publication_given_up(d, by, now, reason)
+            give_up,
+            ERROR,
+            ctx,
+            lambda d: request.publication_given_up(d, by, now, reasons[d["_id"]]),
         )
         ctx.count("errors", len(written) - len(failed))
         ctx.count("failed", len(failed))
-        kind = "conflict" if isinstance(exc, BlockConflict) else "error"
-        log.warning(
-            "block %s of %d files not published (%s%s): %s",
-            name,
-            len(docs),
-            kind,
-            ", given up" if failed else "",
-            exc,
-        )
+        return len(failed)
 
     def _advance(
         self,

@@ -1,20 +1,33 @@
 """File operations at the sites, behind one small interface: size and checksum of a file, and
 deletion. `GfalFiles` does them with gfal2 on real storage; `SimFiles` for the simulator's sites
 (`sim://` URLs), where no data exists (every destination is "there", every deletion succeeds and
-is recorded). `open_files(config)` gives `SiteFiles`, which picks one by the URL's scheme, as the
-site catalogue spells the URL (aso/sites.py).
+is recorded: the simulator moves no data, so its destinations confirm whatever a request says).
+`open_files(config)` gives `SiteFiles`, which picks one by the URL's scheme, as the site
+catalogue spells the URL (aso/sites.py). `Confirmer` looks at many destinations at once, a few at
+a time at each site.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aso import gfalctx
 from aso.config import Config
+from aso.core.destination import Finding, found, unanswered, unchecked
 from aso.transfer import errors
+
+log = logging.getLogger("aso.files")
+
+MISSING = "no such file"  # what `mismatch` says of a missing file
+LOOKS_PER_SITE = 8  # looks (stat + checksum) at once at one site, in each process that looks
+LATE_FINDING_TTL = 600.0  # seconds a look not waited for stays good for a later call
 
 
 class FileError(Exception):
@@ -42,7 +55,7 @@ class Files(Protocol):
 
 def mismatch(info: FileInfo | None, size: int, adler32: str) -> str | None:
     if info is None:
-        return "no such file"
+        return MISSING
     if info.size != size:
         return f"size {info.size}, expected {size}"
     expected = adler32.lower().rjust(8, "0")
@@ -111,6 +124,11 @@ class SimFiles:
         return True
 
 
+def simulated(url: str) -> bool:
+    """A simulated site's file: no storage behind it, nothing to wait for."""
+    return url.startswith("sim://")
+
+
 class SiteFiles:
     """The file operations of any site: `sim://` URLs to SimFiles, the others to gfal2."""
 
@@ -119,7 +137,7 @@ class SiteFiles:
         self.gfal = GfalFiles(config)
 
     def _for(self, url: str) -> Files:
-        return self.sim if url.startswith("sim://") else self.gfal
+        return self.sim if simulated(url) else self.gfal
 
     def confirm(self, url: str, size: int, adler32: str) -> str | None:
         return self._for(url).confirm(url, size, adler32)
@@ -130,3 +148,113 @@ class SiteFiles:
 
 def open_files(config: Config) -> Files:
     return SiteFiles(config)
+
+
+@dataclass(frozen=True)
+class Look:
+    """A destination to confirm: `key` (the request's id) names it in the answer."""
+
+    key: str
+    site: str
+    url: str
+    size: int
+    adler32: str
+
+
+# What a look answered (Files.confirm: None, or what differs) and when (time.monotonic()).
+Answer = tuple[str | None, float]
+
+
+def fresh(future: Future[Answer]) -> bool:
+    """A look that ended within LATE_FINDING_TTL (or failed: its error is no confirmation)."""
+    if future.exception() is not None:
+        return True
+    return time.monotonic() - future.result()[1] <= LATE_FINDING_TTL
+
+
+class Confirmer:
+    """Looks at many destinations at once (`Files.confirm`: there, with this size and adler32),
+    `per_site` at a time at each site: one lasting thread pool per site, whose threads keep their
+    gfal2 contexts. A look at a simulated site needs no thread."""
+
+    def __init__(self, files: Files, per_site: int = LOOKS_PER_SITE):
+        self.files = files
+        self.per_site = per_site
+        self.pools: dict[str, ThreadPoolExecutor] = {}
+        # Looks not waited for, by key: the next call that asks for the key takes the finding
+        # (while it is fresh: LATE_FINDING_TTL).
+        self.late: dict[str, tuple[Look, Future[Answer]]] = {}
+
+    def look_all(self, looks: Sequence[Look], within: float) -> dict[str, Finding]:
+        """The finding of each look, by key. A look that has not ended within `within` seconds
+        goes on, its finding `unanswered` this time; a later call for the same key gets what it
+        found once it has ended (a checksum of a large file reads the whole file), without a
+        second look. A site with such a look still under way gets no new ones meanwhile (a
+        slow storage is not given a queue)."""
+        asked = {look.key: look for look in looks}
+        # Ended looks nobody asks for again (their request moved on, or changed), or that
+        # ended too long ago, are dropped.
+        self.late = {
+            key: (look, future)
+            for key, (look, future) in self.late.items()
+            if not future.done() or (asked.get(key) == look and fresh(future))
+        }
+        busy = {look.site for look, future in self.late.values() if not future.done()}
+        findings: dict[str, Finding] = {}
+        futures: dict[str, tuple[Look, Future[Answer]]] = {}
+        for look in looks:
+            earlier = self.late.get(look.key)
+            if earlier is not None and earlier[0] == look:
+                future = earlier[1]
+                if future.done():
+                    del self.late[look.key]
+                    findings[look.key] = self._finding(look, future)
+                else:
+                    findings[look.key] = unanswered(f"{look.site} has not answered yet")
+            elif simulated(look.url):
+                findings[look.key] = self._finding(look, self._inline(look))
+            elif look.site in busy:
+                findings[look.key] = unanswered(f"{look.site} has not answered earlier looks yet")
+            else:
+                futures[look.key] = (look, self._pool(look.site).submit(self._confirm, look))
+        wait([future for _, future in futures.values()], timeout=within)
+        for key, (look, future) in futures.items():
+            if future.done():
+                findings[key] = self._finding(look, future)
+            else:
+                self.late[key] = (look, future)
+                findings[key] = unanswered(f"{look.site} did not answer within {within:g} s")
+        return findings
+
+    def _pool(self, site: str) -> ThreadPoolExecutor:
+        pool = self.pools.get(site)
+        if pool is None:
+            pool = self.pools[site] = ThreadPoolExecutor(
+                max_workers=self.per_site, thread_name_prefix=f"look-{site}"
+            )
+        return pool
+
+    def _confirm(self, look: Look) -> Answer:
+        return self.files.confirm(look.url, look.size, look.adler32), time.monotonic()
+
+    def _inline(self, look: Look) -> Future[Answer]:
+        future: Future[Answer] = Future()
+        try:
+            future.set_result(self._confirm(look))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    @staticmethod
+    def _finding(look: Look, future: Future[Answer]) -> Finding:
+        try:
+            return found(future.result()[0])
+        except FileError as exc:
+            return unchecked(str(exc))
+        except Exception as exc:  # an error of ours: never a confirmation
+            log.warning("look at %s failed: %r", look.url, exc, exc_info=exc)
+            return unchecked(f"{type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)

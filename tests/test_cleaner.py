@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from aso import model
 from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
-from aso.files import SimFiles
+from aso.files import SimFiles, open_files
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, STATE, Change
 from aso.runtime import Runner
@@ -187,8 +188,8 @@ def publish_info(i: int) -> dict[str, Any]:
     return {"dataset": DATASET, "events": 10, "lumis": {"1": [i]}, "parents": []}
 
 
-def publish(config) -> dict[str, Any]:
-    runner = Runner(Publisher(config, "p1"))
+def publish(config, files=None) -> dict[str, Any]:
+    runner = Runner(Publisher(config, "p1", files=files))
     runner.workset.start()
     try:
         return runner.step(wait=False)
@@ -225,29 +226,56 @@ def test_a_published_file_is_cleaned_in_the_same_write(cat_config, accounts, adm
     assert [after["destination_lfn"]] in catalog.dataset_files(DATASET).values()
 
 
-def test_a_publisher_keeps_a_copy_it_cannot_confirm_and_the_cleaner_tries_again(
-    cat_config, accounts
+class CountedFiles:
+    """Real storage, with the looks at each URL counted."""
+
+    def __init__(self, config) -> None:
+        self.files = open_files(config)
+        self.looks: Counter[str] = Counter()
+
+    def confirm(self, url: str, size: int, adler32: str) -> str | None:
+        self.looks[url] += 1
+        return self.files.confirm(url, size, adler32)
+
+    def delete(self, url: str) -> bool:
+        return self.files.delete(url)
+
+
+def test_a_publisher_neither_publishes_nor_cleans_a_copy_it_cannot_confirm(
+    cat_config, accounts, admin
 ):
-    """The publisher's deletion follows the cleaner's rules: a destination with the wrong
-    adler32 keeps the temporary copy (`cleanup_error`, with its backoff), the file is published
-    all the same (the catalog holds it), and the cleaner, whose work it is now, tries again."""
+    """The publisher confirms the destination before the catalog: a destination with the wrong
+    adler32 is not published (`publication_error` naming what was found, with its backoff) and
+    its temporary copy is kept (its publication is not over). Once the right copy is there, the
+    next try publishes it and deletes the temporary copy in the same write, after one look at
+    the destination (the deletion does not look again)."""
     config = dataclasses.replace(
-        cat_config, cleaner=dataclasses.replace(cat_config.cleaner, base_delay=0.2)
+        cat_config, publisher=dataclasses.replace(cat_config.publisher, base_delay=0.2)
     )
     doc = done_request(config, accounts, dest_content=b"x" * 3000, publish_info=publish_info(2))
-    report = publish(config)
-    assert (report["published"], report["cleanup_errors"]) == (1, 1)
+    files = CountedFiles(config)
+    report = publish(config, files)
+    assert (report["published"], report["unconfirmed"], report["errors"]) == (0, 1, 1)
+    assert report["cleanup_errors"] == 0
     after = accounts["agent"].db(config.store.files_db).get(doc["_id"])
-    assert (after["publication"], after[CLEANUP]) == ("published", "cleanup_error")
-    assert after["cleanup_error"].startswith("destination not confirmed (adler32")
+    assert (after["publication"], after[CLEANUP]) == ("publication_error", "pending")
+    assert after["publication_error"].startswith(
+        f"not published: {doc['destination_lfn']} at {DESTINATION} is not the requested file "
+        "(adler32 "
+    )
     assert export_path(config, SOURCES[0], doc["source_lfn"]).exists()  # kept
+    assert EmbeddedCatalog(admin.db(config.store.catalog_db)).dataset_files(DATASET) == {}
 
-    # The right copy arrives at the destination; after the backoff, the cleaner deletes.
+    # The right copy arrives at the destination; after the backoff, it is published and cleaned.
     data = export_path(config, SOURCES[0], doc["source_lfn"]).read_bytes()
     write_file(config, DESTINATION, doc["destination_lfn"], data)
     time.sleep(0.3)
-    final = clean(config, [doc])[doc["_id"]]
-    assert final[CLEANUP] == "cleaned" and final["history"][-1]["by"] == "c1"
+    files.looks.clear()
+    report = publish(config, files)
+    assert (report["published"], report["cleaned"], report["unconfirmed"]) == (1, 1, 0)
+    assert list(files.looks.values()) == [1]  # one look at the destination, none at deletion
+    final = accounts["agent"].db(config.store.files_db).get(doc["_id"])
+    assert (final["publication"], final[CLEANUP]) == ("published", "cleaned")
     assert not export_path(config, SOURCES[0], doc["source_lfn"]).exists()
 
 

@@ -301,10 +301,10 @@ def publication_failed_attempt(
     reason: str,
     attempts: int,
     retry_after: float,
-    block: str,
+    block: str | None,
 ) -> Doc:
-    """A publication of `block` the catalog refused or failed: `publication_error`, tried
-    again after `retry_after`."""
+    """A publication of `block` the catalog refused or failed, or of a file not confirmed at
+    its destination (no block): `publication_error`, tried again after `retry_after`."""
     return _moved(
         doc,
         PUBLICATION,

@@ -83,6 +83,9 @@ class FileStatus:
     checksum: str | None = None  # adler32 seen at the destination, when done
     started: float | None = None
     ended: float | None = None
+    # The service compared the destination's adler32 with the request's before reporting the
+    # copy done (the job asked for it). False: the monitor must look at the destination itself.
+    verified: bool = False
 
     @property
     def terminal(self) -> bool:

@@ -12,7 +12,9 @@
   credentials (`/whoami`): lookups try the VOs of every credential this process has used,
   the configured proxy's first.
 * Status: one request for many jobs (`GET /jobs/<id>,<id>?files=...`); FTS's file states are
-  mapped to ASO's five by FILE_STATES below; unknown jobs (404) are None.
+  mapped to ASO's five by FILE_STATES below; unknown jobs (404) are None. A file FINISHED in
+  a job whose checksum method is "both" or "target" is `verified` (FTS compared the
+  destination's adler32 with the request's); otherwise the monitor looks at the destination.
 * Errors: what says "not now" (connection failures, timeouts, 401/403, 419, 5xx, an unusable
   proxy) raises TransferError (class "service"); a job FTS refuses as malformed (400) raises
   JobRefused.
@@ -144,8 +146,9 @@ def adler32_of(checksum: Any) -> str | None:
     return value.lower() if algorithm.lower() == "adler32" and value else None
 
 
-def file_status(entry: Mapping[str, Any]) -> FileStatus | None:
-    """ASO's status of one FTS file, or None for a file that is not an ASO request."""
+def file_status(entry: Mapping[str, Any], verified: bool = False) -> FileStatus | None:
+    """ASO's status of one FTS file, or None for a file that is not an ASO request; `verified`:
+    its job had FTS compare the destination's checksum with the request's."""
     metadata = entry.get("file_metadata")
     file_id = metadata.get("request_id") if isinstance(metadata, dict) else None
     if not file_id:
@@ -167,13 +170,23 @@ def file_status(entry: Mapping[str, Any]) -> FileStatus | None:
         checksum=adler32_of(entry.get("checksum")) if state == DONE else None,
         started=fts_time(entry.get("start_time")),
         ended=fts_time(entry.get("finish_time")),
+        verified=verified and state == DONE,
     )
+
+
+def checks_the_destination(entry: Mapping[str, Any]) -> bool:
+    """FTS compared each finished file's destination checksum with the one submitted (the
+    request's): the job's checksum method (`verify_checksum`, t_job.checksum_method, its first
+    letter) is "both" or "target". "source", "none" or nothing: the monitor looks itself."""
+    method = str(entry.get("verify_checksum") or "").lower()
+    return method[:1] in ("b", "t")
 
 
 def job_status(entry: Mapping[str, Any]) -> JobStatus:
     files = {}
+    verified = checks_the_destination(entry)
     for file_entry in entry.get("files") or []:
-        status = file_status(file_entry)
+        status = file_status(file_entry, verified)
         if status is not None:
             files[status.file_id] = status
     metadata = entry.get("job_metadata")

@@ -5,7 +5,8 @@ module is the client side that the submitter and the monitor use."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from aso.transfer.base import JobStatus
 from aso.transfer.jobstore import JobTableService, job_status
@@ -16,4 +17,15 @@ class GfalService(JobTableService):
 
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus | None]:
         docs = self.jobs.get_many(job_ids)
-        return {job_id: (job_status(doc) if doc else None) for job_id, doc in docs.items()}
+        return {
+            job_id: (job_status(doc, verified(doc)) if doc else None)
+            for job_id, doc in docs.items()
+        }
+
+
+def verified(doc: Mapping[str, Any]) -> bool:
+    """The worker's copies of a job that asked for checksum verification are confirmed at the
+    destination: gfal2 compared the adler32 of the source, the destination and the request
+    (aso.gfalctx.transfer_parameters), and a copy settled after a crash was compared with the
+    request's size and adler32 (GfalCopier.resume). Without it, the monitor looks itself."""
+    return bool(doc.get("params", {}).get("verify_checksum"))

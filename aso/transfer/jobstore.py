@@ -93,7 +93,7 @@ def new_job_document(job: JobRequest, service: str, now: float) -> dict[str, Any
     }
 
 
-def file_status(file_id: str, entry: Mapping[str, Any]) -> FileStatus:
+def file_status(file_id: str, entry: Mapping[str, Any], verified: bool = False) -> FileStatus:
     return FileStatus(
         file_id=file_id,
         state=entry["state"],
@@ -103,6 +103,7 @@ def file_status(file_id: str, entry: Mapping[str, Any]) -> FileStatus:
         checksum=entry.get("checksum"),
         started=entry.get("started"),
         ended=entry.get("ended"),
+        verified=verified and entry["state"] == DONE,
     )
 
 
@@ -195,11 +196,13 @@ class JobStore:
         return docs
 
 
-def job_status(doc: Mapping[str, Any]) -> JobStatus:
+def job_status(doc: Mapping[str, Any], verified: bool = False) -> JobStatus:
+    """A job's status; `verified`: its service compared each copy done with the request's
+    adler32 (FileStatus.verified)."""
     return JobStatus(
         job_id=doc["_id"],
         key=doc.get("key"),
-        files={fid: file_status(fid, entry) for fid, entry in doc["files"].items()},
+        files={fid: file_status(fid, entry, verified) for fid, entry in doc["files"].items()},
     )
 
 
