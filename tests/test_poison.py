@@ -162,7 +162,7 @@ def test_a_cleaner_failing_on_one_file_parks_it_with_the_reason(
             doc.update(model.transition(doc, [Change(STATE, to, "t")], AGENT))
             doc["_rev"] = agent_db.put(doc)
     poison = docs[0]["_id"]
-    monkeypatch.setattr(agents.cleaner, "clean_one", lambda config, files, doc: (
+    monkeypatch.setattr(agents.cleaner, "clean_one", lambda config, files, doc, *_: (
         failing_on(poison, lambda d: agents.cleaner.Outcome(True, "deleted"))(doc)))  # fmt: skip
     cleaner = Cleaner(sim_config, "c1")
     runner = Runner(cleaner)
