@@ -214,6 +214,7 @@ def test_a_member_cannot_make_themselves_an_admin(guarded):
         ("PUT", f"/{db}/_localx", {"anything": "unvalidated"}, {}),
         ("PUT", f"/{db}/_design/mine", {"views": {}}, {}),
         ("PUT", f"/{db}/_design/asyncstageout/page.html", None, {}),
+        ("PUT", f"/{db}/_design/asyncstageout/_view", None, {}),  # an attachment named so
         ("POST", f"/{db}/_index", {"index": {"fields": ["state"]}, "ddoc": "asyncstageout"}, {}),
         ("PUT", f"/{db}/plain", None, {"Content-Type": "multipart/related; boundary=x"}),
     ]

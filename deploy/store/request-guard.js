@@ -44,8 +44,7 @@ const SERVER_ENDPOINTS = new Set([
 // Database-level endpoints of each method: anything else after a database name is a document.
 const DATABASE_ENDPOINTS = {
   POST: new Set(['_all_docs', '_bulk_docs', '_bulk_get', '_changes', '_compact', '_explain',
-    '_find', '_index', '_revs_diff', '_temp_view', '_view_cleanup', '_ensure_full_commit',
-    '_purge', '_missing_revs']),
+    '_find', '_index', '_revs_diff', '_temp_view', '_view_cleanup', '_ensure_full_commit']),
   PUT: new Set(['_security']),
   DELETE: new Set(['_index']),
 };
@@ -185,7 +184,8 @@ function writtenByPath(request) {
   if (endpoints.has(rest[0])) {
     return null;
   }
-  if (rest[0] === '_design' && rest.length > 2 && rest[2].startsWith('_')) {
+  if (request.method === 'POST' && rest[0] === '_design' && rest.length > 2 &&
+      rest[2].startsWith('_')) {
     return null; // a view, show, list or update function: no write of the design document
   }
   return request.docId;
