@@ -3,7 +3,9 @@
 CouchDB).
 
 It is only a process manager. Everything else talks to the store through aso.store and the
-CouchDB 3 API, so a real CouchDB (`store.url`) replaces it with no code change.
+CouchDB 3 API, so a real CouchDB (`store.url`) replaces it with no code change. The node it
+starts loads ASO's workarounds of pouchdb-server first (PRELOADS, deploy/store/*.js), its
+request guard among them: what the store gets wrong is refused whoever sends it.
 
 Layout of `embedded.data_dir`: `dbs/` (the databases), `config.json` (the server's own config,
 holding the hashed admin password), `pouchdb-server.pid`, `pouchdb-server.log` (the server's
