@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from aso import model
 from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
 from aso.statistics import init_stats_db
-from aso.store import Forbidden, Server
+from aso.store import Forbidden, NotFound, Server
 from aso.transfer.jobstore import JOBS_DDOC
 from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
@@ -58,6 +59,13 @@ USERS_SECURITY = {
     "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": ["_admin"]},
 }
+
+# The store's other system databases, where it has them (pouchdb-server makes `_replicator` at
+# start, a CouchDB cluster's setup `_replicator` and maybe `_global_changes`): kept to the admin
+# as `_users` is. None is ASO's and none is created here; `_replicator` makes the store connect
+# wherever a document written there says (EMBEDDED_OPEN_SYSTEM_DATABASES).
+SYSTEM_DATABASES = ("_replicator", "_global_changes")
+SYSTEM_SECURITY = USERS_SECURITY
 
 
 def model_module() -> str:
@@ -140,18 +148,52 @@ class InitReport:
     design_written: list[str] = field(default_factory=list)
     design_unchanged: list[str] = field(default_factory=list)
     users_changed: list[str] = field(default_factory=list)
+    closed_dbs: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"created database {name}" for name in self.created_dbs]
+        out += [f"system database {name} kept to the admin" for name in self.closed_dbs]
         out += [f"design document {d} written" for d in self.design_written]
         out += [f"design document {d} unchanged" for d in self.design_unchanged]
         out += [f"account {u} created/updated" for u in self.users_changed]
         return out
 
 
+KINDS = ("names", "roles")  # what each part of a `_security` lists
+
+
+def same_security(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether two `_security` objects let in the same names and roles."""
+
+    def normal(security: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
+        return {
+            part: {kind: sorted((security.get(part) or {}).get(kind) or []) for kind in KINDS}
+            for part in ("admins", "members")
+        }
+
+    return normal(one) == normal(other)
+
+
+def close_system_databases(admin: Server) -> list[str]:
+    """Keep each system database of SYSTEM_DATABASES that the store has to the admin; the
+    names of those whose `_security` this changed."""
+    changed = []
+    for name in SYSTEM_DATABASES:
+        db = admin.db(name)
+        try:
+            current = db.security()
+        except NotFound:
+            continue  # this store has none: nothing to close
+        if not same_security(current, SYSTEM_SECURITY):
+            db.set_security(SYSTEM_SECURITY)
+            changed.append(name)
+    return changed
+
+
 def init_databases(admin: Server, config: Config) -> InitReport:
-    """Create the databases, push the design documents, set `_security`, create the agent
-    account. Safe to run again: what is already in place is left as it is."""
+    """Create the databases, push the design documents, set `_security` (the store's system
+    databases kept to the admin), create the agent account. Safe to run again: what is
+    already in place is left as it is."""
     report = InitReport()
     files_db = config.store.files_db
     if admin.create_db(files_db, FILES_SECURITY, q=config.store.files_q):
@@ -185,6 +227,7 @@ def init_databases(admin: Server, config: Config) -> InitReport:
             f"_users cannot be kept to the admin ({exc.reason}): set [couchdb] "
             "users_db_security_editable = true (deploy/couchdb/local.ini), then run `aso db init`",
         ) from None
+    report.closed_dbs += close_system_databases(admin)
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")

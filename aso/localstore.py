@@ -15,6 +15,7 @@ import array
 import contextlib
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -36,6 +37,8 @@ from aso.store import Server, Settings, StoreError, redact
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ENGINES = ("pouchdb", "couchdb")
+ERROR_LINE = re.compile(r"^\s*\w*Error\b|\[(error|critical|alert|emergency)\]")
+LOG_SCAN_LINES = 400  # the end of a server's log searched for its last error
 
 
 class LocalStoreError(Exception):
@@ -191,7 +194,8 @@ class LocalStore(ABC):
             if process.poll() is not None:
                 self.pid_file.unlink(missing_ok=True)
                 raise LocalStoreError(
-                    f"{self.program} exited with code {process.returncode}: {self.log_tail()}"
+                    f"{self.program} exited with code {process.returncode}: "
+                    f"{self.last_error() or self.log_tail()}"
                 )
             if self.answers():
                 return
@@ -203,11 +207,25 @@ class LocalStore(ABC):
         )
 
     def log_tail(self, lines: int = 5) -> str:
+        if not self.log_file.exists():
+            return "(no log)"
+        return " | ".join(self.log_lines(lines)) or "(empty log)"
+
+    def log_lines(self, lines: int) -> list[str]:
+        """The last `lines` lines of the server's log (each cut at 300 characters)."""
         try:
             text = self.log_file.read_text(errors="replace").strip().splitlines()
         except OSError:
-            return "(no log)"
-        return " | ".join(line[:300] for line in text[-lines:]) or "(empty log)"
+            return []
+        return [line[:300] for line in text[-lines:]]
+
+    def last_error(self) -> str:
+        """The last line of the server's log that names an error (Node's "FetchError: ...",
+        CouchDB's "[error] ..."), or "": what a crash trace's own last lines seldom say."""
+        for line in reversed(self.log_lines(LOG_SCAN_LINES)):
+            if ERROR_LINE.search(line):
+                return line.strip()
+        return ""
 
     # -- foreground (a service manager supervises the server) -----------------------------------
     def serve(self) -> NoReturn:

@@ -12,15 +12,17 @@ EMBEDDED_BULK_RESULT_ORDER       `_bulk_docs` answers refused documents first: r
                                  to documents by id, never by position (`Database.bulk_write`).
 EMBEDDED_FEED_NEVER_TIMES_OUT    a `_changes` long poll ignores `timeout` and hangs until a change:
                                  the client ends it with its own read timeout (`Database.changes`).
-EMBEDDED_CHANGES_FILTER_CRASH    `filter=_design`, `_selector`, an unknown filter, or `_doc_ids`
-                                 without its ids kill the server (and `_selector` answers nothing
-                                 when it does not): `Database.changes` offers only `doc_ids`,
-                                 always with the ids; the front end refuses the rest
-                                 (aso/routes.py).
+EMBEDDED_CHANGES_FILTER_CRASH    `filter=_design`, `_selector`, `_view`, an unknown filter, a
+                                 `selector` or `view` parameter, or `_doc_ids` without its ids
+                                 kill the server (and `_selector` answers nothing when it does
+                                 not): `Database.changes` offers only `doc_ids`, always with the
+                                 ids; the front end refuses the rest (aso/routes.py), and so does
+                                 the store's request guard (EMBEDDED_REQUEST_GUARD), 400.
 EMBEDDED_OPEN_SECURITY           a new database is open to anonymous writers: `Server.create_db`
                                  always sets `_security` in the same call.
-EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE  (found here) a non-admin `PUT /db` kills the server process:
-                                 `Server.create_db` refuses to send it without admin credentials.
+EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE  (found here) a non-admin `PUT /db` (or `DELETE /db`) kills
+                                 the server process: `Server.create_db` refuses to send it without
+                                 admin credentials; the request guard answers anyone else's 401.
 EMBEDDED_NEEDS_CONTENT_TYPE      bodies without `Content-Type: application/json` are misread: every
                                  request here sends it (the client library does, `_raw` too).
 EMBEDDED_DELETE_WITHOUT_REV      DELETE without rev deletes the current revision: `Database.delete`
@@ -69,12 +71,14 @@ EMBEDDED_VALIDATES_BEFORE_CONFLICT  (found here) a write based on a revision tha
 EMBEDDED_CRASH_ON_NON_ADMIN_MAINTENANCE  (found by tests/test_hostile.py) a non-admin POST
                                  /db/_compact or /db/_view_cleanup kills the server process
                                  (an unhandled 401): the front end never forwards them
-                                 (aso/routes.py).
+                                 (aso/routes.py); the request guard answers a non-admin's 401.
 EMBEDDED_500_ON_MALFORMED_DOCS   (found by tests/test_hostile.py) a document with an unknown "_"
                                  member, a `_bulk_docs` entry that is not an object, or (before
                                  validate_doc_update checked it) a non-string `_id` is a 500 there,
                                  a 400 on CouchDB: the front end refuses them with a 400
-                                 (aso/routes.py), upload() never sends them (aso/upload.py).
+                                 (aso/routes.py), upload() never sends them (aso/upload.py). The
+                                 request guard refuses `docs` that is no list of objects and
+                                 `_attachments`/`_revisions` of another shape (400).
 EMBEDDED_DROPS_PROTO_MEMBERS     (found by tests/test_hostile.py) a member named `__proto__`
                                  inside a document (a lumi run) is dropped without a word: the
                                  store keeps another document than the one it answered 201 for.
@@ -109,6 +113,90 @@ EMBEDDED_VIEW_CONTEXT_PER_DOCUMENT  (found here, profiling a view build) pouchdb
                                  function once per view update, in a sandbox of its own
                                  (aso/local/embedded.py; tests/test_store.py: what the functions
                                  see, on both stores).
+EMBEDDED_REQUEST_GUARD           the embedded store's node loads deploy/store/request-guard.js
+                                 first (aso/local/embedded.py): after authentication, before any
+                                 route, it refuses with a 4xx in CouchDB's shape what the store
+                                 gets wrong, whoever sends it (the front end, an agent, anything
+                                 on loopback); the entries below and
+                                 EMBEDDED_CHANGES_FILTER_CRASH, EMBEDDED_CRASH_ON_NON_ADMIN_*,
+                                 EMBEDDED_500_ON_MALFORMED_DOCS name each case, and
+                                 tests/test_embedded_guard.py sends each straight to its port.
+                                 A server where its hooks did not take refuses to listen.
+EMBEDDED_LATEST_CRASH            (found by a hostile user) `latest` with a revision the document
+                                 lacks (`?latest=true&rev=1-x`, `open_revs`, `_bulk_get`) kills
+                                 the server: ASO never sends `latest`; the guard refuses it, 400.
+EMBEDDED_CHANGES_DOC_IDS_CRASH    (found by a hostile user) a `_changes` body or query whose
+                                 `doc_ids` is no list (`1`, `true`, `{}`) kills the server: the
+                                 guard wants a list of strings, 400.
+EMBEDDED_REVS_DIFF_CRASH         (found here) a `_revs_diff` entry that is no list kills the
+                                 server: the guard wants lists of revisions, 400.
+EMBEDDED_LIST_CRASH              (found here) `_list` with a missing list function kills the
+                                 server: ASO has no list functions; the guard refuses `_list`, 403.
+EMBEDDED_LOG_CRASH               (found here) `/_log?bytes=x` (server admins) kills the server:
+                                 the guard wants non-negative integers, 400.
+EMBEDDED_NAMES_UNCHECKED         (found by a hostile user) database names are stripped of NUL and
+                                 `"` (`/%00_replicator` is `_replicator`) and names CouchDB refuses
+                                 are served: the guard applies CouchDB's rule after
+                                 percent-decoding (`^[a-z][a-z0-9_$()+/-]*$`, or a system database
+                                 or server endpoint), 400 `illegal_database_name`.
+EMBEDDED_REPLICATE_ANYONE        (found here) `POST /_replicate` needs no account: anyone copied
+                                 `_users` (password hashes) into a database anyone reads, or any
+                                 database to any address: the guard answers all but server admins
+                                 401. ASO does not replicate.
+EMBEDDED_OPEN_SYSTEM_DATABASES   (found by a hostile user) `_users` and `_replicator` (created at
+                                 start) have an empty `_security`: any store user wrote a
+                                 replication document, which made the store connect to any
+                                 address it named (one with `"retry": false` and a refused target
+                                 kills it at every start). `aso db init` keeps every system
+                                 database to the admin (designdocs.SYSTEM_SECURITY), `aso store
+                                 check` reports one that is open, and the guard lets only server
+                                 admins write to a system database (403).
+EMBEDDED_USERS_SELF_ADMIN        (found here) a user who writes their own `_users` document is
+                                 `_admin` for that request and gave themselves any role
+                                 (`aso-admin` too), `_security` notwithstanding: only server admins
+                                 write to `_users` there (the guard, 403).
+EMBEDDED_LOCAL_UNVALIDATED       (found by a hostile user) validate_doc_update is skipped for any
+                                 id starting with `_local` (`_localx` too), and a database's
+                                 `_security` is the document `_local/_security`: a member who
+                                 wrote it (PUT, `_bulk_docs`, POST, COPY, multipart, `?id=`) made
+                                 themselves the database's admin. The guard lets only server
+                                 admins write documents whose id starts with `_` (403); nothing
+                                 of ASO writes `_local` documents.
+EMBEDDED_DESIGN_FUNCTIONS_UNSANDBOXED  (found here) validate_doc_update, shows and updates of a
+                                 design document run with a plain eval in the server's process
+                                 (couchdb-eval): writing a design document (db admins may on
+                                 CouchDB, `_index` makes one) ran code as the store's user. Only
+                                 server admins write design documents there (`aso db init`).
+EMBEDDED_TEMP_VIEW_RUNS_CODE     (found here) `POST /db/_temp_view` evaluates the body's map
+                                 function before any check of who sent it, in a context it
+                                 escapes: anyone ran code in the store. CouchDB 3 has no
+                                 temporary views: the guard answers 410 as it does.
+EMBEDDED_VIEW_KEYS_UNCHECKED     (found by a hostile user) view or `_all_docs` `keys` that is no
+                                 list (and `open_revs` neither "all" nor a list) is a 500: the
+                                 guard answers 400.
+EMBEDDED_UNBOUNDED_BATCHES       (found by a hostile user) 100,000 view keys stall the one
+                                 process 14-17 s for everyone: a store user's keys, doc_ids,
+                                 `_bulk_docs`/`_bulk_get` documents are at most 1000 there
+                                 (MAX_BATCH in deploy/store/request-guard.js, the front end's
+                                 maxItems); server admins and the agent role are not bounded (ASO's
+                                 own batches follow its configuration).
+EMBEDDED_SECURITY_UNCHECKED      (found here) a `_security` of another shape (`"members": 1`) is
+                                 stored and breaks every later request to the database: the guard
+                                 wants objects of `names`/`roles` lists, 400.
+EMBEDDED_FEEDS_NEVER_RELEASED    (found by a hostile user) a continuous feed's listener and
+                                 heartbeat timer stay after the client has gone: 100 closed feeds
+                                 made a write's median 9 → 43 ms, 400: 129 ms; 20 with
+                                 `heartbeat=1` took idle CPU from 1 % to 23 %. The guard cancels a
+                                 request's feeds and timers when its connection closes, and
+                                 answers CouchDB's `clients_requesting_changes` stat with the live
+                                 listeners (tests/test_store.py, on both stores).
+EMBEDDED_HEARTBEAT_BUSY          (found by a hostile user) a feed's `heartbeat` of 1 ms writes a
+                                 newline every millisecond: the guard wants at least 100 ms, 400.
+EMBEDDED_REPLICATION_CRASH_AT_START  (found by a hostile user) a replication document with
+                                 `"retry": false` and a refused target kills the server at every
+                                 start: only the admin can write one now
+                                 (EMBEDDED_OPEN_SYSTEM_DATABASES); `aso run` ends the crash loop
+                                 of a store that dies again and again (aso/supervisor.py).
 EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
                                  one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts):
                                  one machine's load, and a crash

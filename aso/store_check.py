@@ -14,9 +14,10 @@ What is checked: the server (vendor, version, CouchDB or the embedded store), th
 `os_process_timeout`, the attachments' Content-Security-Policy that the monitoring pages need,
 the bind address), the cluster (every member
 connected, q/n defaults and each ASO database's q/n), each ASO database (exists, `_security`
-closed and holding ASO's roles, design documents up to date) and the agent account. Against the
-embedded store its known differences (aso/store.py's EMBEDDED_* that an operator must know) are
-warnings.
+closed and holding ASO's roles, design documents up to date), each system database the store has
+(`_users`, `_replicator`, `_global_changes`: kept to the server admins, or an error whose fix is
+`aso db init`) and the agent account. Against the embedded store its known differences
+(aso/store.py's EMBEDDED_* that an operator must know) are warnings.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import (
     FILES_SECURITY,
     PAGES_SECURITY,
+    SYSTEM_DATABASES,
     USERS_SECURITY,
     design_documents,
     pages_design,
@@ -87,8 +89,9 @@ EMBEDDED_WARNINGS = (
      "end it with their own read timeout; other clients may hang"),
     ("EMBEDDED_SINGLE_PROCESS", "one Node.js process for every request and view build "
      "(~5,100 docs/s bulk inserts, ~780 docs/s per view build): one machine's load"),
-    ("EMBEDDED_CHANGES_FILTER_CRASH", "some requests kill the whole server (_changes filters, a "
-     "non-admin PUT /db or _compact): only ASO and its front end may reach it"),
+    ("EMBEDDED_REQUEST_GUARD", "requests that killed the whole server, ran code in it or made a "
+     "member an admin are refused by its request guard (deploy/store/request-guard.js); keep it "
+     "on loopback, reached by ASO and its front end only"),
     ("EMBEDDED_OPEN_SECURITY", "a new database is open to anonymous writers until its _security "
      "is set (`aso db init` sets ASO's); there is no require_valid_user"),
     ("EMBEDDED_SINGLE_NODE", "no cluster: one copy of every document (q/n do not apply); back up "
@@ -175,6 +178,8 @@ class Answers:
     configs: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # node → config
     config_error: str = ""  # why the configuration could not be read
     databases: dict[str, DatabaseAnswers] = field(default_factory=dict)
+    # GET /{name}/_security of each of the store's other system databases (None: it has none)
+    system_databases: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     agent_account: dict[str, Any] | None = None  # its _users document
     agent_password_works: bool | None = None  # None: not tried (no password in the config)
 
@@ -194,6 +199,8 @@ def gather(server: Server, expected: Expected, agent_password: str = "") -> Answ
     answers.configs, answers.config_error = _node_configs(server, answers)
     for name, spec in expected.databases.items():
         answers.databases[name] = _database_answers(server, name, spec)
+    for name in SYSTEM_DATABASES:
+        answers.system_databases[name] = _optional(server.db(name).security)
     if expected.agent_user:
         answers.agent_account = server.db("_users").get(f"org.couchdb.user:{expected.agent_user}")
         if agent_password and answers.agent_account is not None:
@@ -687,8 +694,14 @@ def check_databases(answers: Answers, expected: Expected) -> list[Finding]:
             findings.append(Finding(ERROR, f"database {name}", "missing: run `aso db init`"))
             continue
         findings.append(_database_finding(name, got.info, nodes, answers.kind))
-        findings.append(check_security(name, got.security, spec.security))
+        if name.startswith("_"):
+            findings.append(check_system_security(name, got.security))
+        else:
+            findings.append(check_security(name, got.security, spec.security))
         findings += check_design(name, got.design, spec.design)
+    for name, security in answers.system_databases.items():
+        if security is not None:
+            findings.append(check_system_security(name, security))
     return findings
 
 
@@ -728,6 +741,37 @@ def check_security(name: str, security: Mapping[str, Any], wanted: Mapping[str, 
         return Finding(ERROR, item, f"lacks {', '.join(missing)}; run `aso db init`")
     roles = ", ".join(members.get("roles") or [])
     return Finding(OK, item, f"members {roles}")
+
+
+def admitted(security: Mapping[str, Any]) -> list[str]:
+    """Who besides the server admins may read or write a database with this `_security`
+    (CouchDB's rule: no members, anyone; a database's admins are members too)."""
+    members = security.get("members") or {}
+    if not (members.get("names") or members.get("roles")):
+        return ["anyone (no members)"]
+    who = []
+    for part in ("admins", "members"):
+        section = security.get(part) or {}
+        who += [f"{part} name {name}" for name in section.get("names") or []]
+        who += [f"{part} role {role}" for role in section.get("roles") or [] if role != "_admin"]
+    return who
+
+
+def check_system_security(name: str, security: Mapping[str, Any]) -> Finding:
+    """A system database of the store (`_users`, `_replicator`, `_global_changes`): closed to
+    everyone but the server admins, or an error (EMBEDDED_OPEN_SYSTEM_DATABASES: a replication
+    document makes the store connect wherever it says; an account written in `_users` is a
+    login)."""
+    item = f"database {name} _security"
+    who = admitted(security)
+    if who:
+        return Finding(
+            ERROR,
+            item,
+            f"open to {', '.join(who)}: a store user may read or write the store's own "
+            "database; run `aso db init` (it keeps it to the admin)",
+        )
+    return Finding(OK, item, "kept to the server admins")
 
 
 def check_design(

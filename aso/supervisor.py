@@ -10,6 +10,11 @@ store's log) and the embedded storage's servers, and on Ctrl-C or SIGTERM stops 
 (SIGTERM, then SIGKILL after a grace period) and then what it started itself, in reverse
 order. `--agents-only` runs only the
 agents, against a store that runs elsewhere (a second agent host).
+
+A local store that dies again after STORE_RESTARTS restarts within STORE_RESTART_WINDOW
+seconds (one that dies at every start, or cannot be started at all) is not started again: the
+service stops and `aso run` exits 1, naming the store's log and its last error. Starting it
+for ever would only fill the log, and the agents would wait on a store that never stays.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +39,7 @@ from cryptography import x509
 from aso.config import Config
 from aso.designdocs import init_databases, pages_url
 from aso.feedrelay import RELAY_ENV, start_relay
+from aso.localstore import LocalStoreError
 from aso.managed import local_store
 from aso.runtime import StopFlag
 from aso.store import Server
@@ -43,6 +50,9 @@ GRACE = 15.0  # seconds agents get to finish their cycle after SIGTERM
 MAX_BACKOFF = 30.0
 STORAGE_CHECK = 10.0  # seconds between two looks at the embedded storage servers
 STORE_CHECK = 5.0  # seconds between two looks at the local store's processes
+STORE_RESTARTS = 3  # restarts of the local store within STORE_RESTART_WINDOW before giving up
+STORE_RESTART_WINDOW = 60.0
+STORE_LOG_LINES = 20  # lines of the store's log in the run's log when it is given up
 FRONTEND = "frontend"  # the X.509 front end, supervised as the agents are
 
 
@@ -136,6 +146,7 @@ class Supervisor:
         self._storage_checked = 0.0
         self.store: Any = None  # the local store, when this supervisor started it
         self._store_checked = 0.0
+        self._store_restarts: deque[float] = deque()  # when it was started again, lately
 
     # -- start-up -------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -225,7 +236,9 @@ class Supervisor:
     def watch_store(self, now: float) -> None:
         """Start the local store again if its process is gone (one request had killed the
         embedded store, and the service stayed without it), saying why from its log. A store
-        that is slow to answer is left alone: only a dead process is started again."""
+        that is slow to answer is left alone: only a dead process is started again. One that
+        is dead again after STORE_RESTARTS restarts within STORE_RESTART_WINDOW seconds ends
+        the service (LocalStoreError, see the module's docstring)."""
         if self.store is None or now - self._store_checked < STORE_CHECK:
             return
         self._store_checked = now
@@ -235,16 +248,38 @@ class Supervisor:
             return
         for node in dead:
             log.error(
-                "the %s store%s died; the end of its log (%s): %s",
+                "the %s store%s died; the end of its log (%s): %s; its last error: %s",
                 self.store.engine,
                 f" {node.name}" if node.name else "",
                 node.log_file,
                 node.log_tail(),
+                node.last_error() or "none in its log",
             )
+        while self._store_restarts and now - self._store_restarts[0] > STORE_RESTART_WINDOW:
+            self._store_restarts.popleft()
+        if len(self._store_restarts) >= STORE_RESTARTS:
+            raise self.store_crash_loop(dead)
+        self._store_restarts.append(now)
         try:
             log.info(self.store.start())
-        except Exception as exc:  # the next look tries again
+        except Exception as exc:  # the next look tries again (and counts this restart)
             log.error("could not start the %s store again: %s", self.store.engine, exc)
+
+    def store_crash_loop(self, dead: list[Any]) -> LocalStoreError:
+        """Why the store is not started again: its log's last lines in the run's log, and the
+        error `aso run` ends with."""
+        for node in dead:
+            for line in node.log_lines(STORE_LOG_LINES):
+                log.error("%s: %s", node.log_file.name, line)
+        logs = ", ".join(str(node.log_file) for node in dead)
+        errors = "; ".join(error for node in dead if (error := node.last_error()))
+        return LocalStoreError(
+            f"the {self.store.engine} store died again after {len(self._store_restarts)} "
+            f"restarts within {STORE_RESTART_WINDOW:.0f} s: not starting it again. "
+            f"Its last error: {errors or '(none in its log)'}. Look at {logs} (what killed it "
+            "at start, e.g. a document in _replicator or a store it cannot open), fix that, "
+            "then start `aso run` again"
+        )
 
     def supervise(self) -> None:
         while not self.stop_event.wait(1.0):

@@ -4,6 +4,8 @@ stops everything it started and nothing else."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
@@ -11,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 import zlib
@@ -21,16 +24,16 @@ from pathlib import Path
 import pytest
 
 from aso.catalog.embedded import EmbeddedCatalog
-from aso.config import load, render
+from aso.config import Config, load, render
 from aso.designdocs import pages_url
 from aso.local import pki
 from aso.local.xrootd import export_path
 from aso.localstore import free_port
 from aso.managed import local_store
 from aso.store import Server, Settings, StoreUnavailable
-from aso.supervisor import hang_of
+from aso.supervisor import STORE_CHECK, STORE_RESTARTS, hang_of
 from tests.browser_helpers import see_the_overview
-from tests.conftest import ENGINE
+from tests.conftest import ENGINE, make_config, only_on, write_config
 from tests.pipeline_helpers import wait_for
 from tests.storage_helpers import (
     assert_never_copied_twice_at_once,
@@ -492,4 +495,95 @@ def test_run_starts_again_an_agent_stuck_past_its_hang_timeout(tmp_path):
     assert "retry-manager hang-0 exited with code 1; restart" in output, output
     assert "retry-manager hang-0 was stuck for 0:00:02 (agents.hang_timeout)" in output, output
     assert run.returncode == 0
+    assert not our_processes(str(tmp_path))
+
+
+@contextlib.contextmanager
+def running_service(config: Config, base: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """`aso run` of `config` (its own store, no agent, no front end) with its output in
+    base/run.log, once it says it runs; whatever of it is left is killed at the end."""
+    config.agents.instances = {name: 0 for name in config.agents.instances}
+    config.transfer.backend = "sim"
+    config.frontend.enabled = False
+    config.agents.log_dir = str(base / "log")
+    write_config(config)
+    log = base / "run.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([ASO, "--config", str(config.source), "run"], stdout=out,
+                                   stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: "ASO running" in log.read_text(), 90, "aso run to start")
+        yield process, log
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+        for line in our_processes(str(base)):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def assert_given_up(process: subprocess.Popen[str], log: Path) -> str:
+    """`aso run` ended by itself, 1, with the message that says why and what to look at, and
+    started the store again no more than STORE_RESTARTS times. Its output."""
+    assert process.wait(STORE_RESTARTS * STORE_CHECK * 4 + 120) == 1, log.read_text()[-3000:]
+    text = log.read_text()
+    [message] = [line for line in text.splitlines() if line.startswith("aso: error: ")]
+    assert f"died again after {STORE_RESTARTS} restarts within 60 s: not starting it again" in (
+        message
+    )
+    assert "Look at " in message and "then start `aso run` again" in message
+    restarts = text.count("store started (pid") - 1 + text.count("could not start the")
+    assert restarts == STORE_RESTARTS, text[-3000:]
+    return text
+
+
+@only_on("pouchdb", "the replication document that kills the store at every start is the "
+         "embedded store's (CouchDB retries a failing replication); the supervision is the same "
+         "for both stores (the next test)")  # fmt: skip
+def test_run_ends_the_crash_loop_of_a_store_that_dies_at_every_start(tmp_path):
+    """EMBEDDED_REPLICATION_CRASH_AT_START: the store's admin writes a replication document
+    with `"retry": false` and a target that refuses it; pouchdb-server dies at once, and at
+    every start. `aso run` starts it again a bounded number of times, then stops everything
+    and exits 1 with the store's last error, its log's last lines in its own output."""
+    config = make_config(tmp_path, free_port())
+    with running_service(config, tmp_path) as (process, log):
+        admin = Server.from_config(config, account="admin")
+        admin.db("_replicator").put({"_id": "kills-the-store", "source": config.store.files_db,
+                                     "target": "http://127.0.0.1:1/x", "retry": False})  # fmt: skip
+        text = assert_given_up(process, log)
+    [message] = [line for line in text.splitlines() if line.startswith("aso: error: ")]
+    assert "Its last error: FetchError: request to http://127.0.0.1:1/x/ failed" in message
+    assert "pouchdb-server.log: Node.js v" in text  # the end of its log, line by line
+    assert not our_processes(str(tmp_path))
+
+
+def take_port_of(config: Config) -> http.server.ThreadingHTTPServer:
+    """Kill the store and take its port with another HTTP server, serving in a thread. If
+    `aso run` started the store again in between, that one is killed too."""
+    port = int(config.store.url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 60
+    while True:
+        local_store(config).kill()
+        try:
+            return http.server.ThreadingHTTPServer(
+                ("127.0.0.1", port), http.server.BaseHTTPRequestHandler
+            )
+        except OSError:
+            assert time.monotonic() < deadline, f"port {port} stays taken"
+            time.sleep(0.1)
+
+
+def test_run_ends_when_its_store_cannot_be_started_again(tmp_path):
+    """The store dies (kill -9) and another server takes its port: each start is refused at
+    once. `aso run` tries STORE_RESTARTS times, then stops and exits 1 saying so."""
+    config = make_config(tmp_path, free_port())
+    with running_service(config, tmp_path) as (process, log):
+        squatter = take_port_of(config)
+        threading.Thread(target=squatter.serve_forever, daemon=True).start()
+        try:
+            text = assert_given_up(process, log)
+        finally:
+            squatter.shutdown()
+            squatter.server_close()
+    assert "another server already answers" in text
     assert not our_processes(str(tmp_path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import shutil
 import socket
@@ -31,6 +32,7 @@ from aso.store import (
     StoreUnavailable,
 )
 from tests.conftest import ENGINE, JS_ENGINE, db_as, free_port, only_on, sample_request
+from tests.pipeline_helpers import wait_for
 
 
 def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
@@ -305,6 +307,50 @@ def test_changes_batches_and_long_poll_that_the_store_never_ends(files_db, accou
     if not woken.results:  # the write landed just after the poll ended: the next one sees it
         woken = quiet.db(files_db).changes(batch.last_seq)
     assert late["_id"] in {c["id"] for c in woken.results}
+
+
+CLIENTS_OF_FEEDS = "/_node/_local/_stats/couchdb/httpd/clients_requesting_changes"
+
+
+def clients_of_feeds(admin: Server) -> int:
+    """CouchDB's stat of the clients of live feeds; the embedded store's request guard answers
+    it with its live changes listeners (EMBEDDED_FEEDS_NEVER_RELEASED)."""
+    return int(admin.raw("GET", CLIENTS_OF_FEEDS)["value"])
+
+
+def open_feed(url: str, user: str, password: str, path: str) -> socket.socket:
+    """A client that asks for a live feed and is left waiting on it (the store answers nothing
+    until a change or a heartbeat)."""
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Basic {token}\r\n\r\n".encode()
+    )
+    return sock
+
+
+def test_a_feed_whose_client_left_is_released(files_db, store_config, admin):
+    """Live feeds (continuous and long polls) count while their client waits, and no longer
+    once it has gone: the store keeps no listener. CouchDB notices a gone client when it next
+    writes to it (a heartbeat); the embedded store kept each feed for ever (100 closed feeds
+    made a write 5 times slower) and now lets it go when the connection closes."""
+    store = store_config.store
+    before = clients_of_feeds(admin)
+    paths = [
+        f"/{files_db}/_changes?feed={feed}&since=now&heartbeat={heartbeat}"
+        for feed in ("continuous", "longpoll")
+        for heartbeat in (1000, 5000)
+        for _ in range(10)
+    ]
+    clients = [open_feed(store.url, store.admin_user, store.admin_password, p) for p in paths]
+    try:
+        wait_for(lambda: clients_of_feeds(admin) == before + len(clients), 60, "40 live feeds")
+    finally:
+        for client in clients:
+            client.close()
+    wait_for(lambda: clients_of_feeds(admin) == before, 60, "the 40 closed feeds to be released")
+    assert admin.db(files_db).info()  # and the store answers
 
 
 def test_follow_reads_everything_then_stops(files_db, accounts):

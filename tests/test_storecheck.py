@@ -20,7 +20,7 @@ from aso import couchdb, store_check
 from aso.cli.storecheck import split_credentials
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
-from aso.designdocs import init_databases
+from aso.designdocs import SYSTEM_SECURITY, init_databases
 from aso.localstore import free_port
 from aso.store import Server, design_signature
 from aso.store_check import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
@@ -100,6 +100,36 @@ def test_an_open_database_is_an_error(checked_config, admin):
     assert result.returncode == 1
     assert f"database {name} _security" in result.stdout and "open: no members" in result.stdout
     assert aso("store", "check", config=checked_config).returncode == 0
+
+
+def test_an_open_system_database_is_reported_and_db_init_closes_it(checked_config, admin):
+    """EMBEDDED_OPEN_SYSTEM_DATABASES: a system database of the store (here `_replicator`, which
+    both stores have) open to store users is an error that says its fix; `aso db init` keeps it
+    to the admin, and the check passes again. Through the commands, as an operator runs them."""
+    replicator = admin.db("_replicator")
+    system = {name for name in admin.all_dbs() if name.startswith("_")}
+    replicator.set_security({"admins": {}, "members": {"roles": ["aso-user"]}})
+    result = aso("store", "check", config=checked_config)
+    assert result.returncode == 1, result.stdout + result.stderr
+    [line] = [ln for ln in result.stdout.splitlines() if "database _replicator _security" in ln]
+    assert "error" in line and "open to members role aso-user" in line
+    assert "run `aso db init`" in line
+    replicator.set_security({})  # as the embedded store makes it: open to anyone
+    result = aso("store", "check", config=checked_config)
+    assert result.returncode == 1 and "open to anyone (no members)" in result.stdout
+
+    init = aso("db", "init", config=checked_config)
+    assert init.returncode == 0, init.stdout + init.stderr
+    assert "system database _replicator kept to the admin" in init.stdout + init.stderr
+    result = aso("store", "check", config=checked_config)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [line] = [ln for ln in result.stdout.splitlines() if "database _replicator _security" in ln]
+    assert line.startswith("ok") and "kept to the server admins" in line
+    assert replicator.security()["members"] == {"names": [], "roles": ["_admin"]}
+    # Nothing left to close: db init says nothing of it; it made no system database.
+    again = aso("db", "init", config=checked_config)
+    assert "kept to the admin" not in again.stdout + again.stderr
+    assert {name for name in admin.all_dbs() if name.startswith("_")} == system
 
 
 def test_a_non_admin_account_cannot_check_everything(checked_config, store_config):
@@ -244,8 +274,30 @@ def test_users_open_to_sign_ups_is_an_error_with_its_fix():
     answers.databases["_users"].security = {"members": {"names": [], "roles": []}}
     findings = analyse(answers, config)
     assert len(at(findings, ERROR, "set [couchdb] users_db_security_editable = true")) == 3
-    assert at(findings, ERROR, "open: no members, anonymous users may read and write")
+    assert at(findings, ERROR, "database _users _security: open to anyone (no members)")
     assert store_check.exit_code(findings) == 1
+
+
+def test_a_system_database_open_to_anyone_but_the_admin_is_an_error():
+    """Members or admins other than `_admin` (a name, an ASO role) open a system database as
+    much as no members at all; a system database the store does not have is not reported."""
+    config = proxy_config()
+    answers = couchdb_answers(config)
+    answers.system_databases = {"_replicator": dict(SYSTEM_SECURITY), "_global_changes": None}
+    findings = analyse(answers, config)
+    assert at(findings, OK, "database _replicator _security: kept to the server admins")
+    assert not at(findings, OK, "_global_changes") and not at(findings, ERROR, "_global_changes")
+    assert store_check.exit_code(findings) == 0
+    opened = [
+        ({}, "open to anyone (no members)"),
+        ({"members": {"roles": ["_admin", "aso-user"]}}, "open to members role aso-user"),
+        ({"members": {"roles": ["_admin"]}, "admins": {"names": ["eve"]}}, "admins name eve"),
+    ]
+    for security, words in opened:
+        answers.system_databases["_replicator"] = security
+        findings = analyse(answers, config)
+        [error] = at(findings, ERROR, "database _replicator _security")
+        assert words in error.detail and "run `aso db init`" in error.detail
 
 
 def test_a_member_that_is_not_connected_is_an_error():

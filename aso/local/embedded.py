@@ -3,7 +3,9 @@
 CouchDB).
 
 It is only a process manager. Everything else talks to the store through aso.store and the
-CouchDB 3 API, so a real CouchDB (`store.url`) replaces it with no code change.
+CouchDB 3 API, so a real CouchDB (`store.url`) replaces it with no code change. The node it
+starts loads ASO's workarounds of pouchdb-server first (PRELOADS, deploy/store/*.js), its
+request guard among them: what the store gets wrong is refused whoever sends it.
 
 Layout of `embedded.data_dir`: `dbs/` (the databases), `config.json` (the server's own config,
 holding the hashed admin password), `pouchdb-server.pid`, `pouchdb-server.log` (the server's
@@ -16,6 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
+from aso import model
 from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
 from aso.localstore import LocalStore, LocalStoreError
@@ -25,9 +28,10 @@ CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the 
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
 ATTACHMENTS_CSP_MODULE = CHECKOUT / "deploy" / "store" / "attachments-csp.js"
 VIEW_FUNCTIONS_MODULE = CHECKOUT / "deploy" / "store" / "view-functions.js"
+REQUEST_GUARD_MODULE = CHECKOUT / "deploy" / "store" / "request-guard.js"
 CPU_PROFILE_MODULE = CHECKOUT / "deploy" / "store" / "cpu-profile.js"
 # The embedded store's workarounds that node loads before pouchdb-server (server_env).
-PRELOADS: tuple[Path, ...] = (ATTACHMENTS_CSP_MODULE, VIEW_FUNCTIONS_MODULE)
+PRELOADS: tuple[Path, ...] = (ATTACHMENTS_CSP_MODULE, VIEW_FUNCTIONS_MODULE, REQUEST_GUARD_MODULE)
 
 
 class EmbeddedStore(LocalStore):
@@ -88,13 +92,20 @@ class EmbeddedStore(LocalStore):
         Content-Security-Policy CouchDB sends with ASO's settings
         (deploy/store/attachments-csp.js); EMBEDDED_VIEW_CONTEXT_PER_DOCUMENT, view functions
         compiled once per view update instead of once per document
-        (deploy/store/view-functions.js)."""
+        (deploy/store/view-functions.js); the request guard, which refuses what the store gets
+        wrong (requests that kill it, writes that make a member an admin) and releases feeds
+        whose client has gone (deploy/store/request-guard.js; it bounds batches of store users
+        but not of the agent role)."""
         preload = [f"--require={module}" for module in PRELOADS]
         if os.environ.get("ASO_STORE_CPU_PROFILE"):
             # The simulator's profile of the store (SIGUSR2 starts and stops V8's profiler).
             preload.append(f"--require={CPU_PROFILE_MODULE}")
         options = " ".join(o for o in (os.environ.get("NODE_OPTIONS", ""), *preload) if o)
-        return {"NODE_OPTIONS": options, "ASO_ATTACHMENTS_CSP": ATTACHMENTS_CSP}
+        return {
+            "NODE_OPTIONS": options,
+            "ASO_ATTACHMENTS_CSP": ATTACHMENTS_CSP,
+            "ASO_AGENT_ROLE": model.AGENT_ROLE,
+        }
 
     def ensure_admin(self) -> None:
         store = self.config.store
