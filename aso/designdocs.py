@@ -40,15 +40,16 @@ PAGES_INDEX = "index.html"
 # The pages' database: anyone may read it (the login page loads before a session exists); its
 # validate_doc_update refuses every write but the store admin's. It holds no data: the pages
 # read the files and statistics databases with the reader's own session or certificate.
-PAGES_SECURITY = {
-    "admins": {"names": [], "roles": list(model.ADMIN_ROLES[1:])},
+PAGES_SECURITY: dict[str, dict[str, list[str]]] = {
+    "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": []},
 }
 
 # Who may use the files database: any ASO role reads (a member); writes are then decided by
-# validate_doc_update; aso-admin also administers it (design documents, _security).
+# validate_doc_update. No database admins: design documents (code the store runs) and
+# `_security` are the store admin's alone (`aso db init`), on both stores.
 FILES_SECURITY = {
-    "admins": {"names": [], "roles": list(model.ADMIN_ROLES[1:])},
+    "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": [model.USER_ROLE, model.AGENT_ROLE, *model.ADMIN_ROLES[1:]]},
 }
 

@@ -71,7 +71,7 @@ UNKNOWN_CLASS = "unknown"
 # Who may use the statistics database: every ASO role reads; agents and admins write
 # (validate_doc_update of DESIGN).
 SECURITY = {
-    "admins": {"names": [], "roles": ["aso-admin"]},
+    "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": [model.USER_ROLE, model.AGENT_ROLE, "aso-admin"]},
 }
 

@@ -739,6 +739,15 @@ def check_security(name: str, security: Mapping[str, Any], wanted: Mapping[str, 
             missing += [f"{part} {kind} {x}" for x in sorted(lacking)]
     if missing:
         return Finding(ERROR, item, f"lacks {', '.join(missing)}; run `aso db init`")
+    extra = [
+        f"{kind} {x}"
+        for kind in ("names", "roles")
+        for x in sorted(set((security.get("admins") or {}).get(kind) or [])
+                        - set((wanted.get("admins") or {}).get(kind) or []))
+    ]  # fmt: skip
+    if extra:
+        return Finding(ERROR, item, f"admins {', '.join(extra)}: a database's admins write its "
+                       "design documents, code the store runs; run `aso db init`")  # fmt: skip
     roles = ", ".join(members.get("roles") or [])
     return Finding(OK, item, f"members {roles}")
 

@@ -50,7 +50,7 @@ DATASET_PREFIX = "dataset:"
 SCHEMA_VERSION = 1
 
 SECURITY = {
-    "admins": {"names": [], "roles": ["aso-admin"]},
+    "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": ["aso-agent", "aso-admin", "aso-user"]},
 }
 

@@ -34,7 +34,7 @@ log = logging.getLogger("aso.transfer.jobs")
 JOB_TYPE = "transfer_job"
 QUEUED, RUNNING, FINISHED = "queued", "running", "finished"
 SECURITY = {
-    "admins": {"names": [], "roles": ["aso-admin"]},
+    "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": ["aso-agent", "aso-admin"]},
 }
 JOBS_DDOC = {
