@@ -21,6 +21,8 @@ from typing import Any
 
 import tomli_w
 
+from aso.limits import MAX_FEED_TIMEOUT
+
 SEARCH_PATHS = (
     Path("aso.toml"),
     Path("~/.config/aso/aso.toml"),
@@ -469,6 +471,12 @@ class FrontendConfig:
         "sha256", "HMAC hash of CouchDB proxy-auth tokens (the store's `chttpd_auth` setting)."
     )
     max_body: int = _key(67108864, "Largest request body forwarded, in bytes (larger: 413).")
+    request_timeout: float = _key(
+        60.0, "Seconds a client has to send a request whole, from its first line (later: 408)."
+    )
+    idle_timeout: float = _key(
+        60.0, "Seconds a client connection may stay silent between requests before it is closed."
+    )
     demo_certs: str = _key(
         "certs",
         "`aso certs demo` directory whose users' certificates `aso demo` goes through the front "
@@ -613,11 +621,6 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> Config:
     return config
 
 
-# The longest a `_changes` long poll waits, in seconds: the front end ends one by then
-# (aso/routes.py MAX_POLL_MS), on both stores.
-MAX_FEED_TIMEOUT = 60.0
-
-
 def _check_values(config: Config, label: str) -> None:
     def bad(message: str) -> ConfigError:
         return ConfigError(f"{label}: {message}")
@@ -653,6 +656,9 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("frontend.auth must be proxy or session")
     if config.frontend.proxy_hash not in ("sha1", "sha256", "sha512"):
         raise bad("frontend.proxy_hash must be sha1, sha256 or sha512")
+    for key in ("request_timeout", "idle_timeout"):
+        if not getattr(config.frontend, key) > 0:
+            raise bad(f"frontend.{key} must be above 0 seconds")
     host, _, port = config.frontend.listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise bad("frontend.listen must be host:port")

@@ -74,7 +74,11 @@ SETTINGS: dict[str, dict[str, str]] = {
             "{chttpd_auth, default_authentication_handler}"
         ),
     },
-    "chttpd_auth": {"proxy_use_secret": "true", "hash_algorithms": "sha256, sha"},
+    "chttpd_auth": {
+        "proxy_use_secret": "true",
+        "hash_algorithms": "sha256, sha",
+        "same_site": "strict",
+    },
     "csp": {"attachments_enable": "true", "attachments_header_value": ATTACHMENTS_CSP},
     "cluster": {"q": "2"},
     "query_server_config": {"os_process_limit": "500", "os_process_soft_limit": "100"},

@@ -52,7 +52,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 
 from aso import gate, metrics, model, routes, upload
-from aso.config import Config
+from aso.config import Config, FrontendConfig
 from aso.store import Server
 from aso.x509auth import Identity, Refused, TrustStore, verify_chain
 
@@ -72,6 +72,8 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"traile
 BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
+POOL_IDLE = 4  # seconds a kept-alive store connection may idle
+HEAVY_READS = 2  # reads carrying documents (include_docs) sent to the store at once
 REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
 
 
@@ -345,10 +347,43 @@ def peer_chain(request: server.Request) -> list[x509.Certificate]:
 
 class _Channel(http.HTTPChannel):
     """Twisted's channel, but a line over MAX_LENGTH (16 KiB) gets an answer: Twisted drops such
-    a connection without a word, which a client cannot tell from a crash."""
+    a connection without a word, which a client cannot tell from a crash; and a request must
+    come whole within `frontend.request_timeout` of its first line (a head sent a byte every
+    40 s had held its connection for ever)."""
 
     site: _Site  # set by the site that built the channel (Site.buildProtocol)
     _aso_identity: tuple[Identity, float]  # FrontEnd.client_identity's verdict, and when
+    _aso_deadline: Any = None
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._aso_deadline is None and getattr(self, "_HTTPChannel__first_line", True):
+            self._aso_deadline = self.callLater(  # type: ignore[no-untyped-call]  # Twisted's
+                self.site.request_timeout, self._too_slow
+            )
+        super().lineReceived(line)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def allContentReceived(self) -> None:
+        self._no_deadline()
+        super().allContentReceived()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self._no_deadline()
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def _no_deadline(self) -> None:
+        if self._aso_deadline is not None and self._aso_deadline.active():
+            self._aso_deadline.cancel()
+        self._aso_deadline = None
+
+    def _too_slow(self) -> None:
+        self._aso_deadline = None
+        body = json.dumps({"error": "request_timeout", "reason": "a request must arrive whole "
+                           f"within {self.site.request_timeout:g} s"}).encode()  # fmt: skip
+        _transport(self).write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def lineLengthExceeded(self, line: bytes) -> None:
         first = getattr(self, "_HTTPChannel__first_line", 1)  # still reading the request line
@@ -374,6 +409,7 @@ class _BoundedRequest(server.Request):
 
     DISCARD_LIMIT = 4
     channel: _Channel  # requests come from _Site, whose channels are _Channel
+    aso_content_type = b""  # the Content-Type sent (Twisted is not shown it: requestReceived)
 
     def gotLength(self, length: int | None) -> None:
         self.received, self.too_large = 0, False
@@ -412,8 +448,17 @@ class _BoundedRequest(server.Request):
         if getattr(self, "too_large", False):  # answered already
             self.channel.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
             return
-        # Twisted's requestReceived is unannotated.
-        super().requestReceived(command, path, version)  # type: ignore[no-untyped-call]
+        # Twisted would read a form body itself (and answer a malformed one with a bare 400):
+        # the body is the gate's to judge, so Twisted is not shown its type.
+        content_type = self.requestHeaders.getRawHeaders(b"content-type")
+        self.aso_content_type = content_type[-1] if content_type else b""
+        self.requestHeaders.removeHeader(b"content-type")
+        try:
+            # Twisted's requestReceived is unannotated.
+            super().requestReceived(command, path, version)  # type: ignore[no-untyped-call]
+        finally:
+            if content_type is not None:
+                self.requestHeaders.setRawHeaders(b"content-type", content_type)
 
 
 class _Site(server.Site):
@@ -421,9 +466,11 @@ class _Site(server.Site):
     protocol = _Channel  # type: ignore[assignment]  # Twisted's type: its HTTP/2-capable wrapper
     requestFactory = _BoundedRequest
 
-    def __init__(self, root: resource.Resource, max_body: int):
-        super().__init__(root)  # type: ignore[no-untyped-call]  # unannotated in Twisted
-        self.max_body = max_body
+    def __init__(self, root: resource.Resource, settings: FrontendConfig):
+        # A connection silent for `frontend.idle_timeout` between requests is closed.
+        super().__init__(root, timeout=settings.idle_timeout)  # type: ignore[no-untyped-call]
+        self.max_body = settings.max_body
+        self.request_timeout = settings.request_timeout
 
 
 class FrontEnd(resource.Resource):
@@ -437,6 +484,7 @@ class FrontEnd(resource.Resource):
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
         self.reactor = reactor
         self.routes = routes.table(config)
+        self.heavy = defer.DeferredSemaphore(HEAVY_READS)
         url = urlsplit(config.store.url)
         if url.scheme != "http":
             raise ValueError("the front end forwards to a store on http:// (its loopback side)")
@@ -444,6 +492,9 @@ class FrontEnd(resource.Resource):
         # HTTP/1.1 to the store with kept-alive connections (not one per request).
         pool = client.HTTPConnectionPool(reactor, persistent=True)
         pool.maxPersistentPerHost = STORE_CONNECTIONS
+        # Closed before the store closes it (node's keep-alive: 5 s): a request sent on a
+        # connection the store has just closed was a 502 (a write is not sent again).
+        pool.cachedConnectionTimeout = POOL_IDLE
         timeout = config.store.connect_timeout
         self.agent = client.Agent(reactor, pool=pool, connectTimeout=timeout)
         # A feed holds its connection for as long as it lasts: its own, never pooled.
@@ -504,15 +555,35 @@ class FrontEnd(resource.Resource):
             metrics.FRONTEND_REFUSALS.labels("unmapped").inc()
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return
+        refused = cross_site(request)
+        if refused is not None:
+            self._refused(request, who, refused)
+            return
         content = cast(BinaryIO, request.content)  # the body, read whole before render
         content.seek(0)
-        audiences = routes.audiences_of(who.roles)
-        verdict = gate.check(request.method, request.uri, content.read(), audiences, self.routes)
+        # Parsing a body is the front end's CPU: in a thread, so that one client's large body
+        # never holds up the others' requests on the reactor.
+        checked = threads.deferToThreadPool(
+            self.reactor, self.reactor.getThreadPool(), gate.check, request.method, request.uri,
+            content.read(), routes.audiences_of(who.roles), self.routes,
+            cast(_BoundedRequest, request).aso_content_type,
+        )  # fmt: skip
+        checked.addCallback(self._checked, request, who)
+        checked.addErrback(self._failed, request)
+
+    def _refused(self, request: server.Request, who: Mapped, verdict: gate.GateRefusal) -> None:
+        log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
+                    verdict.reason)  # fmt: skip
+        metrics.FRONTEND_REFUSALS.labels("gate").inc()
+        _answer(request, verdict.status, verdict.error, verdict.reason)
+
+    def _checked(
+        self, verdict: gate.GateRefusal | gate.Forward, request: server.Request, who: Mapped
+    ) -> None:
+        if _client_gone(request):
+            return
         if isinstance(verdict, gate.GateRefusal):
-            log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
-                        verdict.reason)  # fmt: skip
-            metrics.FRONTEND_REFUSALS.labels("gate").inc()
-            _answer(request, verdict.status, verdict.error, verdict.reason)
+            self._refused(request, who, verdict)
             return
         headers = self.identity.ready(who)
         if headers is not None:
@@ -549,6 +620,45 @@ class FrontEnd(resource.Resource):
         elif made.method in BODY:
             producer = cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
+        if made.poll_ms is not None and made.since == "now":
+            self._poll_from_now(request, who, headers, made)
+            return
+        if made.heavy:
+            self.heavy.acquire().addCallback(lambda _: self._send(request, headers, made, producer))
+            return
+        self._send(request, headers, made, producer)
+
+    def _poll_from_now(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+    ) -> None:
+        """A long poll `since=now` asks from the database's current sequence, so that a quiet
+        one ends with a `last_seq` the next poll can start from (the embedded store would
+        answer "now")."""
+        db = made.target.partition(b"?")[0].split(b"/")[1]
+        info = self.agent.request(b"GET", self.store_url + b"/" + db, Headers(headers))
+        info.addCallback(client.readBody)
+        info.addCallback(lambda body: gate.with_since(made, str(json.loads(body)["update_seq"])))
+        info.addCallback(lambda now: self.forward(request, who, {
+            k: v[0] for k, v in headers.items()}, now))  # fmt: skip
+        info.addErrback(self._upstream_failed, request)
+
+    def _send(
+        self,
+        request: server.Request,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+        producer: IBodyProducer | None,
+    ) -> None:
+        if _client_gone(request):
+            if made.heavy:
+                self.heavy.release()
+            return
+        if made.heavy:  # the slot is given back when the answer has gone out, or the client
+            request.notifyFinish().addBoth(lambda _: self.heavy.release())
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
@@ -684,6 +794,22 @@ class FrontEnd(resource.Resource):
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
 
 
+def cross_site(request: server.Request) -> gate.GateRefusal | None:
+    """A write that a page of another site makes a browser send, with the certificate the
+    browser holds (a user's, an operator's): refused. Browsers say where a request comes from
+    (Sec-Fetch-Site, Origin); a client that is no browser sends neither."""
+    if request.method in (b"GET", b"HEAD"):
+        return None
+    site = request.getHeader(b"sec-fetch-site")
+    origin = request.getHeader(b"origin")
+    host = request.getHeader(b"host") or b""
+    if site in (b"cross-site", b"same-site") or (
+        origin is not None and urlsplit(origin.decode("latin-1")).netloc.encode() != host
+    ):
+        return gate.GateRefusal(403, "forbidden", "a write from another site's page is refused")
+    return None
+
+
 def _copy_headers(response: Any, request: server.Request, skip: tuple[bytes, ...] = ()) -> None:
     _copy_headers_of(response.headers, request, skip)
 
@@ -693,8 +819,11 @@ def _copy_headers_of(headers: Any, request: server.Request, skip: tuple[bytes, .
     would bypass the front end)."""
     for name, values in headers.getAllRawHeaders():
         lowered = name.lower()
-        if lowered not in HOP_BY_HOP and lowered != b"set-cookie" and lowered not in skip:
-            request.responseHeaders.setRawHeaders(name, values)
+        if lowered in HOP_BY_HOP or lowered in (b"set-cookie", b"server") or lowered in skip:
+            continue
+        if lowered == b"location":  # the store's own address is not the client's business
+            values = [urlsplit(v.decode("latin-1")).path.encode("latin-1") for v in values]
+        request.responseHeaders.setRawHeaders(name, values)
 
 
 # EMBEDDED_VALIDATES_BEFORE_CONFLICT: the embedded store runs validate_doc_update for a write
@@ -776,7 +905,10 @@ class ServerTLS:
         context.use_privatekey_file(str(key))
         context.check_privatekey()
         context.set_verify(SSL.VERIFY_PEER, lambda conn, cert, errno, depth, ok: True)
-        context.set_session_id(b"aso-frontend")
+        # No session resumption: a resumed session keeps the client's certificate but not the
+        # proxy chain it sent, so a proxy's issuer would be missing (401) at every resumption.
+        context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
+        context.set_options(SSL.OP_NO_TICKET)
         self.context = context
 
     def getContext(self) -> SSL.Context:
@@ -841,7 +973,7 @@ def serve(config: Config) -> None:
 
     root, tls = build(config, reactor)
     host, _, port = config.frontend.listen.rpartition(":")
-    site = _Site(root, config.frontend.max_body)
+    site = _Site(root, config.frontend)
     site.displayTracebacks = False
     running = cast(_Reactor, reactor)
     running.suggestThreadPoolSize(16)

@@ -17,6 +17,7 @@ served to the caller's audience; 404 no such resource; 405 a method the resource
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
@@ -43,6 +44,7 @@ class Forward:
     poll_ms: int | None = None  # a long poll: the front end ends it by then
     since: str | None = None
     heartbeat_ms: int | None = None  # a long poll's blank lines: the front end's own
+    heavy: bool = False  # a read that carries documents: few at a time (frontend.HEAVY_READS)
 
 
 def _bad(reason: str) -> GateRefusal:
@@ -146,8 +148,10 @@ def check(
     body: bytes,
     audiences: frozenset[str],
     table: tuple[Route, ...],
+    content_type: bytes = b"application/json",
 ) -> GateRefusal | Forward:
-    """What to forward for this request, or why not. `target` is the request target as sent."""
+    """What to forward for this request, or why not. `target` is the request target as sent,
+    `content_type` its Content-Type header."""
     refused = check_target(target)
     if refused:
         return refused
@@ -182,7 +186,7 @@ def check(
         made = (
             variables
             if isinstance(variables, GateRefusal)
-            else _build(route, variables, method, pairs, body)
+            else _build(route, variables, method, pairs, body, content_type)
         )
         if isinstance(made, Forward):
             return made
@@ -197,6 +201,7 @@ def _build(
     method: bytes,
     pairs: list[tuple[str, str]],
     body: bytes,
+    content_type: bytes,
 ) -> GateRefusal | Forward:
     params: dict[str, Any] = {}
     for name, text in pairs:
@@ -209,7 +214,7 @@ def _build(
             params[name] = kind.from_text(text)
         except Invalid as exc:
             return _bad(f"query parameter {name[:100]} must be {exc}")
-    sent, options = _body(route, variables, body)
+    sent, options = _body(route, variables, body, content_type)
     if isinstance(sent, GateRefusal):
         return sent
     twice = sorted(set(params) & set(options))
@@ -218,6 +223,13 @@ def _build(
     refused = _rules(route, {**params, **options})
     if refused:
         return refused
+    heavy = bool({**params, **options}.get("include_docs")) and route.kind == "read"
+    if heavy and "keys" not in params and "keys" not in options:
+        limit = {**params, **options}.get("limit")
+        if limit is None:
+            params["limit"] = routes.MAX_DOC_ROWS  # a documented bound: page with limit
+        elif limit > routes.MAX_DOC_ROWS:
+            return _bad(f"a read with include_docs takes a limit of at most {routes.MAX_DOC_ROWS}")
     poll_ms, since = None, None
     heartbeat = params.pop("heartbeat", None)
     if route.kind == "poll" and params.get("feed") == "longpoll":
@@ -225,17 +237,36 @@ def _build(
         params["timeout"] = poll_ms
         since = str(params.get("since", "0"))
     target = _target(route, variables, params)
-    return Forward(route, method, target, sent, poll_ms, since, heartbeat if poll_ms else None)
+    beat = heartbeat if poll_ms else None
+    return Forward(route, method, target, sent, poll_ms, since, beat, heavy)
+
+
+def with_since(made: Forward, since: str) -> Forward:
+    """`made` asking from `since` instead of `now`: a long poll that ends quiet can then say
+    where the next one starts (its `last_seq`), as CouchDB's does."""
+    path, _, query = made.target.partition(b"?")
+    pairs = [
+        (name, since if name == "since" else value)
+        for name, value in (p.split("=", 1) for p in query.decode("ascii").split("&"))
+    ]
+    target = path + b"?" + "&".join(f"{n}={quote(v, safe='') if n == 'since' else v}"
+                                    for n, v in pairs).encode("ascii")  # fmt: skip
+    return dataclasses.replace(made, target=target, since=since)
 
 
 def _body(
-    route: Route, variables: dict[str, str], body: bytes
+    route: Route, variables: dict[str, str], body: bytes, content_type: bytes
 ) -> tuple[bytes | GateRefusal | None, dict[str, Any]]:
     """The body to send (None: none) and the options it carries."""
     if route.body is None:
         if body.strip():
             return _bad(f"{route.method} {route.template} takes no body"), {}
         return None, {}
+    if body.strip() and content_type.split(b";")[0].strip().lower() != b"application/json":
+        # A page of another site may send a form or text/plain without asking first; a JSON
+        # body needs the browser to ask (CORS), and the front end answers no one.
+        return GateRefusal(415, "unsupported_media_type", "a body is sent as application/json "
+                           f"(not {content_type.decode('latin-1')[:60]!r})"), {}  # fmt: skip
     if not body.strip():
         if isinstance(route.body, routes.Options):
             return None, {}

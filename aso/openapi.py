@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from aso import model, routes
+from aso import limits, model, routes
 from aso.config import Config
 from aso.routes import Route
 
@@ -470,7 +470,7 @@ def _body_words(route: Route) -> str:
     if body is None:
         return "none"
     if isinstance(body, routes.Bulk):
-        return f"up to {routes.MAX_DOCS} documents ({_doc_words(body.doc)}), each id once"
+        return f"up to {limits.MAX_DOCS} documents ({_doc_words(body.doc)}), each id once"
     if isinstance(body, routes.Document):
         return _doc_words(body)
     if isinstance(body, routes.Options):

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
-from aso.config import MAX_FEED_TIMEOUT, Config
+from aso.config import Config
+from aso.limits import MAX_DOCS, MAX_FEED_TIMEOUT, MAX_KEYS
 
 USER, AGENT, OPERATOR = "user", "agent", "operator"
 AUDIENCES = (USER, AGENT, OPERATOR)
@@ -33,12 +34,16 @@ SERVICES = frozenset({AGENT, OPERATOR})
 
 # Bounds of what one request may carry (docs/openapi.yaml's maxItems): the store's work per
 # request stays bounded, whoever sends it (100,000 view keys had stalled the embedded store).
-MAX_KEYS = 1000  # keys of a view or _all_docs, doc_ids of _changes
-MAX_DOCS = 1000  # documents of one _bulk_docs
 MAX_LIMIT = 10_000  # rows of one view or _all_docs page, changes of one _changes batch
 MAX_SKIP = 10_000
 MAX_KEY_CHARS = 4096  # one JSON key as sent
 MAX_DEPTH = 16  # nesting of any JSON value sent (a request's history entries are at depth 3)
+# Objects and lists of one body, counted before it is parsed: parsing is the front end's CPU,
+# and a 63 MiB body of `{}` had taken a minute (1000 requests of ASO take ~10,000).
+MAX_CONTAINERS = 200_000
+# Rows of one read that carries the documents (include_docs): each may be 256 KiB, and the
+# embedded store builds an answer whole in its one process (six of 475 MiB had ended it).
+MAX_DOC_ROWS = 1000
 # A long poll is ended by the front end at most this long after it began (plus a grace for the
 # store to answer first): the embedded store never ends one itself.
 MAX_POLL_MS = int(MAX_FEED_TIMEOUT * 1000)
@@ -166,6 +171,7 @@ class Key(Value):
     query, bounded in size and depth."""
 
     strings: bool = False
+    documents: bool = False  # a document id: `_all_docs` keys name documents, never `_local` ones
 
     def from_text(self, text: str) -> Any:
         try:
@@ -177,6 +183,9 @@ class Key(Value):
     def from_json(self, value: Any) -> Any:
         if self.strings and not isinstance(value, str):
             raise Invalid("a JSON string (a document id)")
+        if self.documents and value.startswith("_local"):
+            # CouchDB answers `_local` documents by key: they are nobody's but the store's.
+            raise Invalid("a document id, not a _local one")
         check_json(value, "the key")
         if len(dumps(value)) > MAX_KEY_CHARS:
             raise Invalid(f"a JSON value of at most {MAX_KEY_CHARS} characters")
@@ -187,7 +196,8 @@ class Key(Value):
 
     def schema(self) -> dict[str, Any]:
         if self.strings:
-            return {"type": "string", "maxLength": MAX_KEY_CHARS}
+            string = {"type": "string", "maxLength": MAX_KEY_CHARS}
+            return {**string, "not": {"pattern": "^_local"}} if self.documents else string
         return {"description": "a JSON value (in a query: as JSON text)"}
 
 
@@ -229,6 +239,7 @@ DOC_ID = Text(
 )
 ATTACHMENT = Text(ATTACHMENT_PATTERN, "a file of the monitoring pages")
 STRING_KEY = Key(strings=True)
+DOCUMENT_KEY = Key(strings=True, documents=True)
 
 
 # -- JSON -----------------------------------------------------------------------------------------
@@ -253,7 +264,11 @@ def _no_constant(name: str) -> Any:
 
 
 def parse_json(raw: bytes, what: str) -> Any:
-    """`raw` as JSON: UTF-8, no NaN/Infinity, no member twice, nested at most MAX_DEPTH deep."""
+    """`raw` as JSON: UTF-8, no NaN/Infinity, no member twice, nested at most MAX_DEPTH deep,
+    at most MAX_CONTAINERS objects and lists (counted on the bytes first: a bound, since a
+    brace inside a string counts too)."""
+    if raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS:
+        raise Invalid(f"{what} holds more than {MAX_CONTAINERS} objects and lists")
     try:
         text = raw.decode("utf-8")
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
@@ -482,8 +497,9 @@ def _view_params(reduces: bool) -> dict[str, Value]:
 
 
 ALL_DOCS_PARAMS: dict[str, Value] = {
-    **dict.fromkeys(("key", "startkey", "start_key", "endkey", "end_key"), STRING_KEY),
-    "keys": Listed(STRING_KEY),
+    "key": DOCUMENT_KEY,
+    **dict.fromkeys(("startkey", "start_key", "endkey", "end_key"), STRING_KEY),
+    "keys": Listed(DOCUMENT_KEY),
     **dict.fromkeys(("descending", "include_docs", "inclusive_end", "conflicts"), Flag()),
     "limit": Count(0, MAX_LIMIT),
     "skip": Count(0, MAX_SKIP),
@@ -798,7 +814,8 @@ def served_to(routes: Sequence[Route], audience: str) -> list[Route]:
 def describe(value: Value) -> str:
     """A parameter's type in words, for docs/security.md's tables."""
     named = {REV: "a revision", SEQ: "an update sequence", DOC_ID: "a document id (no leading _)",
-             REQUEST_ID: "a request id (64 hex)", STRING_KEY: "a JSON string"}  # fmt: skip
+             REQUEST_ID: "a request id (64 hex)", STRING_KEY: "a JSON string",
+             DOCUMENT_KEY: "a JSON string, not a _local document's id"}  # fmt: skip
     for known, words in named.items():
         if value is known:
             return words

@@ -197,6 +197,22 @@ EMBEDDED_REPLICATION_CRASH_AT_START  (found by a hostile user) a replication doc
                                  start: only the admin can write one now
                                  (EMBEDDED_OPEN_SYSTEM_DATABASES); `aso run` ends the crash loop
                                  of a store that dies again and again (aso/supervisor.py).
+EMBEDDED_NO_CSRF_CHECK           (found by the red team) a form post (`multipart/form-data` to a
+                                 design document: an attachment upload) from any site's page was
+                                 taken with the session cookie of whoever had the monitoring pages
+                                 open (the store's admin, often): another site wrote the pages.
+                                 CouchDB wants a Referer of its own host for such a post. The
+                                 guard refuses a write from another site (Sec-Fetch-Site,
+                                 Origin), and one in a type a page posts without asking (a form,
+                                 text/plain) without an Origin or Referer of this host, 403
+                                 (tests/test_store.py, both stores).
+EMBEDDED_CORS_OPEN               (found by the red team) CORS is on for every origin, with
+                                 credentials: another site's page could read and write with the
+                                 session. The guard turns pouchdb-server's CORS middleware off
+                                 and drops any Access-Control-* header (CouchDB: no CORS).
+EMBEDDED_SESSION_COOKIE_CROSS_SITE  (found by the red team) the session cookie has no SameSite
+                                 and no HttpOnly: the guard adds `SameSite=Strict; HttpOnly`, as
+                                 ASO's CouchDB settings give it (`[chttpd_auth] same_site`).
 EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
                                  one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts):
                                  one machine's load, and a crash
@@ -288,8 +304,8 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from aso import gridenv, metrics
+from aso.limits import MAX_DOCS, MAX_KEYS
 from aso.model import WITHDRAWN
-from aso.routes import MAX_DOCS, MAX_KEYS
 
 log = logging.getLogger("aso.store")
 

@@ -16,10 +16,13 @@ engine under test): a case that breaks them fails here. `make test` runs the "ci
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +33,7 @@ import requests as http
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from aso import model, routes
+from aso import limits, model, routes
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.local.pki import Pki
@@ -84,7 +87,7 @@ def boundary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boundary]:
         config.frontend = dataclasses.replace(
             config.frontend, host_cert=str(pki.host_cert), host_key=str(pki.host_key),
             capath=str(pki.capath), mapfile=str(pki.root / "grid-mapfile"),
-            secret="boundary-secret-" + CANARY[-8:], max_body=MAX_BODY,
+            secret="boundary-secret-" + CANARY[-8:], max_body=MAX_BODY, request_timeout=3.0,
         )  # fmt: skip
         certs = {who: cert_files(pki, who) for who in USERS}
         with running_frontend(config, base) as url:
@@ -210,7 +213,8 @@ QUERY_VALUES = st.sampled_from(
     ["true", "false", "0", "1", "-1", "now", "", "null", "[]", "{}", '["x"]', '"x"', "1-x",
      "1-" + "0" * 32, "all", "ok", "continuous", "longpoll", "eventsource", "normal", "_selector",
      "_design", "_view", "_doc_ids", "99999999999", "[" * 40 + "]" * 40, "x;feed=continuous",
-     "true;include_docs=true", '{"$gt":null}', json.dumps(list(range(2000)))]
+     "true;include_docs=true", '{"$gt":null}', json.dumps(list(range(2000))),
+     '["_local/aso-canary"]', '"_local/aso-canary"']
 ) | texts | json_values.map(json.dumps)  # fmt: skip
 
 
@@ -258,11 +262,11 @@ def bodies(draw: st.DrawFn, b: Boundary) -> bytes | None:
     if kind == "bulk":
         docs = draw(st.lists(st.sampled_from([doc, *_hostile_docs(b, doc)]), max_size=4))
         if draw(st.integers(0, 9)) == 0:
-            docs = [sample_request("alice") for _ in range(routes.MAX_DOCS + 1)]
+            docs = [sample_request("alice") for _ in range(limits.MAX_DOCS + 1)]
         return json.dumps({"docs": docs}).encode()
     if kind == "options":
         keys = draw(st.sampled_from([1, True, {}, "x", [], ["a"], list(range(3000)),
-                                     [[b.bob_ids[0]]], None]))  # fmt: skip
+                                     [[b.bob_ids[0]]], None, ["_local/aso-canary"]]))  # fmt: skip
         name = draw(st.sampled_from(["keys", "doc_ids", "selector", "start_key", "limit"]))
         return json.dumps({name: keys}).encode()
     if kind == "security":
@@ -428,7 +432,7 @@ def test_lists_are_bounded(boundary):
     view = f"/{b.files}/_design/asyncstageout/_view/by_task"
     refused(b.call("alice", "POST", view, json={"keys": [["t"]] * 100_000}), 400, "at most 1000")
     assert b.call("alice", "POST", view, json={"keys": [["t"]] * 1000}).status_code == 200
-    docs = [sample_request("alice") for _ in range(routes.MAX_DOCS + 1)]
+    docs = [sample_request("alice") for _ in range(limits.MAX_DOCS + 1)]
     before = snapshot(b)
     refused(b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": docs}), 400)
     assert snapshot(b) == before
@@ -471,3 +475,153 @@ def test_design_documents_and_attachments_are_nobody_s_through_the_front_end(bou
             answer = b.call(who, method, path, json=page)
             assert answer.status_code in (403, 405), (who, method, path, answer.text)
     assert snapshot(b) == before
+
+
+# -- the red team's round: each finding attempted --------------------------------------------------
+def test_a_page_of_another_site_cannot_write_through_the_front_end(boundary):
+    """A page of another site made a browser that holds a user's (or an operator's) certificate
+    write through the front end: any Content-Type was read as JSON, the Origin never looked at.
+    Now a body is application/json only (which a page cannot send elsewhere without asking, and
+    the front end answers no one's asking) and a write from another site is refused."""
+    b = boundary
+    before = snapshot(b)
+    doc = sample_request("alice")
+    bulk = json.dumps({"docs": [doc]})
+    url = f"/{b.files}/_bulk_docs"
+    for content_type in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                         "multipart/form-data; boundary=x", ""):  # fmt: skip
+        answer = b.call("alice", "POST", url, data=bulk, headers={"Content-Type": content_type})
+        refused(answer, 415, "application/json")
+    for headers in ({"Origin": "https://evil.example"}, {"Origin": "null"},
+                    {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):  # fmt: skip
+        answer = b.call("alice", "POST", url, json={"docs": [doc]}, headers=headers)
+        refused(answer, 403, "another site")
+    assert b.admin.db(b.files).get(doc["_id"]) is None
+    host = b.url.removeprefix("https://")
+    own = {"Origin": b.url, "Host": host, "Sec-Fetch-Site": "same-origin"}
+    same = b.call("alice", "POST", url, json={"docs": [doc]}, headers=own)
+    assert same.status_code == 201, same.text  # the pages' own origin writes (it does not)
+    assert snapshot(b) == before
+
+
+def test_local_documents_are_not_read_by_key(boundary):
+    """CouchDB answers `_all_docs?keys=["_local/x"]&include_docs=true` with the `_local`
+    document: refused on both stores, in the query and in the body."""
+    b = boundary
+    keys = json.dumps(["_local/aso-canary"])
+    for answer in (
+        b.call("alice", "GET", f"/{b.files}/_all_docs?include_docs=true&keys={quote(keys)}"),
+        b.call("alice", "GET", f"/{b.files}/_all_docs?key={quote(json.dumps('_local/x'))}"),
+        b.call("alice", "POST", f"/{b.files}/_all_docs?include_docs=true",
+               json={"keys": ["_local/aso-canary"]}),
+    ):  # fmt: skip
+        refused(answer, 400, "not a _local one")
+        nothing_private(b, answer)
+
+
+def test_a_body_of_many_small_values_is_refused_before_it_is_parsed(boundary):
+    """63 MiB of `{}` had held the front end's reactor for a minute (every other user waited).
+    A body of more objects and lists than a request can hold is refused before it is parsed;
+    a body is parsed off the reactor, and the front end answers others meanwhile."""
+    b = boundary
+    body = b'{"docs": [' + b",".join([b"{}"] * (routes.MAX_CONTAINERS + 1)) + b"]}"
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", data=body,
+                    headers={"Content-Type": "application/json"})  # fmt: skip
+    refused(answer, 400, "more than")
+    alive(b)
+
+
+def test_reads_that_carry_documents_are_bounded(boundary):
+    """Six `_all_docs?include_docs=true&limit=10000` of 240 KiB requests had ended the embedded
+    store (its answers are built whole): a read carrying documents takes a limit of at most
+    MAX_DOC_ROWS, one without a limit is given it, and few run at once."""
+    b = boundary
+    many = f"/{b.files}/_all_docs?include_docs=true&limit={routes.MAX_DOC_ROWS + 1}"
+    refused(b.call("alice", "GET", many), 400, "include_docs")
+    view = f"/{b.files}/_design/asyncstageout/_view/by_task"
+    refused(b.call("alice", "POST", view, json={"include_docs": True, "limit": 5000}), 400)
+    answer = b.call("alice", "GET", f"/{b.files}/_all_docs?include_docs=true")
+    assert answer.status_code == 200 and len(answer.json()["rows"]) <= routes.MAX_DOC_ROWS
+    alive(b)
+
+
+def test_a_quiet_long_poll_from_now_ends_with_a_sequence(boundary):
+    """A long poll `since=now` that ended quiet answered `last_seq: "now"` on the embedded
+    store: the next poll from it missed what was written between the two."""
+    b = boundary
+    answer = b.call("alice", "GET", f"/{b.files}/_changes?feed=longpoll&since=now&timeout=100")
+    assert answer.status_code == 200 and answer.json()["results"] == [], answer.text
+    last = answer.json()["last_seq"]
+    assert str(last) != "now"
+    doc = sample_request("alice")
+    assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+    since = quote(str(last), safe="")
+    after = b.call("alice", "GET", f"/{b.files}/_changes?feed=longpoll&since={since}&timeout=5000")
+    assert doc["_id"] in [r["id"] for r in after.json()["results"]]
+    b.last = None  # alice wrote
+
+
+def test_answers_do_not_tell_the_store_s_address(boundary):
+    """`Location` gave the store's loopback URL, `Server` its version."""
+    b = boundary
+    doc = sample_request("alice")
+    answer = b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc)
+    assert answer.status_code == 201
+    store = b.config.store.url
+    assert store not in json.dumps(dict(answer.headers)), answer.headers
+    assert "CouchDB" not in answer.headers.get("Server", "")
+    assert answer.headers.get("Location", f"/{b.files}/{doc['_id']}").startswith("/")
+    b.last = None
+
+
+def test_a_request_that_never_ends_loses_its_connection(boundary):
+    """A request head sent a byte every 40 s had held its connection for ever: a request must
+    arrive whole within `frontend.request_timeout` (3 s here), else 408 and the connection is
+    closed; the front end answers others meanwhile."""
+    b = boundary
+    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
+    context.load_cert_chain(*b.certs["alice"])
+    host, port = b.url.removeprefix("https://").split(":")
+    with (
+        socket.create_connection((host, int(port)), timeout=30) as plain,
+        context.wrap_socket(plain, server_hostname=host) as tls,
+    ):
+        tls.sendall(b"GET /_session HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        received = b""
+        for _ in range(20):
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):
+                tls.sendall(b"X")  # a byte now and then, never the end of the head
+            if time.monotonic() - started > 2:
+                tls.settimeout(10)
+                with contextlib.suppress(TimeoutError, ssl.SSLError, ConnectionError):
+                    received = tls.recv(65536)
+                break
+        assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+    alive(b)
+
+
+def test_a_resumed_tls_session_is_a_new_one(boundary):
+    """A client that resumed its TLS session got 401 for a proxy (the session keeps the
+    certificate, not the proxy chain): sessions are not resumed, so a proxy works every time."""
+    b = boundary
+    proxy = b.pki.proxy_file(b.pki.user("alice"), tag="-resume")
+    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
+    context.load_cert_chain(str(proxy))
+    context.maximum_version = ssl.TLSVersion.TLSv1_2  # sessions as Python resumes them
+    host, port = b.url.removeprefix("https://").split(":")
+    session = None
+    for attempt in range(2):
+        with (
+            socket.create_connection((host, int(port)), timeout=30) as plain,
+            context.wrap_socket(plain, server_hostname=host, session=session) as tls,
+        ):
+            tls.sendall(b"GET /_session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := tls.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 "), (attempt, answer[:300])
+            assert not tls.session_reused
+            session = tls.session

@@ -724,7 +724,7 @@ def frontend_in_process(reactor: Any, config: Config) -> Iterator[str]:
     from twisted.internet.threads import blockingCallFromThread
 
     root, tls = frontend_module.build(config, reactor)
-    site = frontend_module._Site(root, config.frontend.max_body)
+    site = frontend_module._Site(root, config.frontend)
     host, _, port = config.frontend.listen.rpartition(":")
     listening = blockingCallFromThread(
         reactor, reactor.listenSSL, int(port), site, tls, interface=host

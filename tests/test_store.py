@@ -708,3 +708,41 @@ def test_ports_for_local_servers_are_free_and_outside_the_ephemeral_range():
             sock.listen()
         # ... and one held by a listener is never handed out again meanwhile
         assert not {free_port() for _ in range(200)} & set(range(first, first + 3))
+
+
+def test_another_site_s_page_cannot_write_with_a_browser_s_session(store_config, admin):
+    """The monitoring pages are served by the store, and whoever opens them logs in there (an
+    operator, often as the store's admin): a page of another site must not write with that
+    session. On both stores the session cookie is SameSite=Strict and HttpOnly, no CORS header
+    is given to another origin, and a form post (a design document's attachment upload, as a
+    cross-site form can send it without asking) without a Referer of the store's own host is
+    refused: the pages' design document stays as it was. The embedded store took all three
+    (EMBEDDED_NO_CSRF_CHECK, EMBEDDED_CORS_OPEN, EMBEDDED_SESSION_COOKIE_CROSS_SITE)."""
+    import requests as http
+
+    store = store_config.store
+    session = http.Session()
+    account = {"name": store.admin_user, "password": store.admin_password}
+    login = session.post(f"{store.url}/_session", json=account, timeout=30)
+    assert login.status_code == 200, login.text
+    cookie = login.headers["Set-Cookie"]
+    assert "samesite=strict" in cookie.lower() and "httponly" in cookie.lower(), cookie
+    name = f"pages_{uuid.uuid4().hex[:8]}"  # a pages' database of its own
+    admin.create_db(name, designdocs.PAGES_SECURITY)
+    admin.db(name).push_design({"_id": designdocs.PAGES_DDOC, "views": {}})
+    pages = f"{store.url}/{name}/{designdocs.PAGES_DDOC}"
+    before = admin.db(name).get(designdocs.PAGES_DDOC)
+    assert before is not None
+    evil = "https://alice.example"
+    for headers in ({}, {"Origin": evil}, {"Referer": evil + "/x.html"},
+                    {"Origin": evil, "Sec-Fetch-Site": "cross-site"}):  # fmt: skip
+        answer = session.post(pages, data={"_rev": before["_rev"]}, headers=headers, timeout=30,
+                              files={"_attachments": ("x.html", b"<script>1</script>",
+                                                      "text/html")})  # fmt: skip
+        assert answer.status_code in (400, 403), (headers, answer.status_code, answer.text)
+    preflight = session.options(pages, timeout=30, headers={
+        "Origin": evil, "Access-Control-Request-Method": "PUT"})  # fmt: skip
+    read = session.get(f"{store.url}/_session", headers={"Origin": evil}, timeout=30)
+    for answer in (preflight, read):
+        assert not [h for h in answer.headers if h.lower().startswith("access-control-")]
+    assert admin.db(name).get(designdocs.PAGES_DDOC) == before

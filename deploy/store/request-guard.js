@@ -89,6 +89,11 @@ function describe(req) {
     bounded: !roles.includes('_admin') && !(AGENT_ROLE && roles.includes(AGENT_ROLE)),
     destination: req.headers.destination,
     multipart: /^multipart\//i.test(req.headers['content-type'] || ''),
+    contentType: (req.headers['content-type'] || '').split(';')[0].trim().toLowerCase(),
+    host: req.headers.host || '',
+    origin: req.headers.origin,
+    referer: req.headers.referer,
+    fetchSite: req.headers['sec-fetch-site'],
   };
   try {
     request.segments = raw.map(decodeURIComponent);
@@ -332,8 +337,45 @@ function logRule(request) {
   return null;
 }
 
+// EMBEDDED_NO_CSRF_CHECK: pouchdb-server took a form post from any page (`multipart/form-data`
+// to a design document: an attachment upload), with the session cookie of whoever had the
+// monitoring pages open, and answered any origin's CORS preflight with credentials allowed:
+// another site's page wrote the pages' design document with an operator's admin session.
+// CouchDB refuses a form post without a Referer of its own host. Here a write (any method but
+// GET and HEAD) from another site (Sec-Fetch-Site, Origin), or in a type a page may post
+// without asking (a form, text/plain) without an Origin or Referer of this host, is refused.
+const SIMPLE_TYPES = new Set(['multipart/form-data', 'application/x-www-form-urlencoded',
+  'text/plain']);
+
+function hostOf(url) {
+  try {
+    return new URL(url).host;
+  } catch (err) {
+    return null;
+  }
+}
+
+function crossSiteRule(request) {
+  if (request.method === 'GET' || request.method === 'HEAD') {
+    return null;
+  }
+  if (request.fetchSite === 'cross-site' || request.fetchSite === 'same-site') {
+    return forbidden('a write from another site\'s page is refused (Sec-Fetch-Site)');
+  }
+  if (request.origin !== undefined && hostOf(request.origin) !== request.host) {
+    return forbidden('a write from another origin is refused (Origin ' +
+      JSON.stringify(String(request.origin).slice(0, 100)) + ')');
+  }
+  const from = request.origin !== undefined ? request.origin : request.referer;
+  if (SIMPLE_TYPES.has(request.contentType) && (from === undefined || hostOf(from) !== request.host)) {
+    return forbidden('Referer header required: a ' + request.contentType + ' write must come ' +
+      'from this host\'s own page');
+  }
+  return null;
+}
+
 const REQUEST_RULES = [
-  databaseNameRule, serverAdminRule, systemDatabaseRule, reservedWriteRule, indexRule,
+  crossSiteRule, databaseNameRule, serverAdminRule, systemDatabaseRule, reservedWriteRule, indexRule,
   designFunctionRule, latestRule, queryTypesRule, changesRule, logRule,
 ];
 
@@ -588,8 +630,31 @@ function sendStats(request, res) {
     '\n');
 }
 
+// EMBEDDED_SESSION_COOKIE_CROSS_SITE: the session cookie came without SameSite (a browser sent
+// it with other sites' requests) and readable by scripts; CouchDB's is SameSite=Strict with
+// ASO's settings (aso/couchdb.py [chttpd_auth] same_site).
+const writeHead = http.ServerResponse.prototype.writeHead;
+http.ServerResponse.prototype.writeHead = function (...args) {
+  const cookies = this.getHeader('set-cookie');
+  if (cookies !== undefined) {
+    this.setHeader('Set-Cookie', [].concat(cookies).map((cookie) => (
+      /;\s*samesite=/i.test(cookie) ? cookie : cookie + '; SameSite=Strict; HttpOnly')));
+  }
+  for (const name of this.getHeaderNames()) {
+    if (name.startsWith('access-control-')) {
+      this.removeHeader(name); // EMBEDDED_CORS_OPEN: no CORS, as CouchDB's default
+    }
+  }
+  return writeHead.apply(this, args);
+};
+
+// EMBEDDED_CORS_OPEN: pouchdb-server enables CORS for every origin with credentials by default
+// (lib/cors.js): its middleware is replaced by one that does nothing.
+const noCors = () => () => (req, res, next) => next();
+
 // --- hooks ---------------------------------------------------------------------------------------
 const HOOKS = [
+  {target: /[\\/]pouchdb-server[\\/]lib[\\/]cors\.js$/, wrap: noCors},
   {
     target: /[\\/]express-pouchdb[\\/]lib[\\/]routes[\\/]root\.js$/,
     wrap: (register) => (app) => { app.use(guardRequests); return register(app); },
