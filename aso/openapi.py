@@ -221,7 +221,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["rows"],
         "properties": {
             "total_rows": {"type": "integer"},
-            "offset": {"type": "integer"},
+            "offset": {"type": ["integer", "null"]},
             "rows": {
                 "type": "array",
                 "items": {
@@ -237,7 +237,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["rows"],
         "properties": {
             "total_rows": {"type": "integer"},
-            "offset": {"type": "integer"},
+            "offset": {"type": ["integer", "null"]},
             "rows": {
                 "type": "array",
                 "items": {

@@ -1040,7 +1040,8 @@ def test_what_crashed_the_store_is_refused_by_the_front_end(
     """Found by the generated requests (aso/gate.py): each is now refused with its reason
     before it reaches the store, and the store answers afterwards."""
     dbs = frontend.store.admin.all_dbs()
-    answer = frontend.call("carol", method, path.format(db=frontend.store.db), data=body)
+    answer = frontend.call("carol", method, path.format(db=frontend.store.db), data=body,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
     expected = reason.format(db=frontend.store.db)
     assert answer.status_code == status and expected in answer.json()["reason"], answer.text
     assert frontend.store.answers() and frontend.store.admin.all_dbs() == dbs
