@@ -64,8 +64,9 @@ log = logging.getLogger("aso.frontend")
 KEPT_HEADERS = {b"accept", b"if-none-match", b"if-modified-since", b"user-agent"}
 KNOWN_ROLES = (model.USER_ROLE, model.AGENT_ROLE, "aso-admin")
 # A grid user's name: a CMS user name. No dot (a name `alice.x` would own alice's
-# /store/temp/user/alice.x/), not starting with `_` (the store's own names).
-USER_NAME_PATTERN = r"^[A-Za-z0-9-][A-Za-z0-9_-]{0,127}$"
+# /store/temp/user/alice.x/), no `_` (a name `alice_x` would own alice's tasks, and `_` starts
+# the store's own names).
+USER_NAME_PATTERN = r"^[A-Za-z0-9-]{1,128}$"
 # Hop-by-hop headers (RFC 9110 7.6.1): each side of the front end frames its own messages.
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
               b"transfer-encoding", b"upgrade", b"content-length", b"host"}  # fmt: skip
@@ -117,8 +118,9 @@ class GridMap:
                 raise MapfileError(f"{where}:{number}: unknown role {unknown[0]!r} ({known})")
             if not re.match(USER_NAME_PATTERN, words[1]):
                 raise MapfileError(
-                    f"{where}:{number}: {words[1]!r} is not a user name (letters, digits, _ and -; "
-                    "no dot: /store/temp/user/<name>.<hash>/ is the user's temporary area)"
+                    f"{where}:{number}: {words[1]!r} is not a user name (letters, digits and -; "
+                    "no dot: /store/temp/user/<name>.<hash>/ is the user's temporary area; no _: "
+                    "a task <time>:<name>_<...> is the user's)"
                 )
             out[words[0]] = Mapped(words[1], roles)
         _no_shared_datasets(out, where)

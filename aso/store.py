@@ -124,7 +124,8 @@ EMBEDDED_REQUEST_GUARD           the embedded store's node loads deploy/store/re
                                  A server where its hooks did not take refuses to listen.
 EMBEDDED_LATEST_CRASH            (found by a hostile user) `latest` with a revision the document
                                  lacks (`?latest=true&rev=1-x`, `open_revs`, `_bulk_get`) kills
-                                 the server: ASO never sends `latest`; the guard refuses it, 400.
+                                 the server: the guard serves it only as `open_revs=all&latest=
+                                 true` (Database.leaves: no revision named), 400 otherwise.
 EMBEDDED_CHANGES_DOC_IDS_CRASH    (found by a hostile user) a `_changes` body or query whose
                                  `doc_ids` is no list (`1`, `true`, `{}`) kills the server: the
                                  guard wants a list of strings, 400.

@@ -281,6 +281,8 @@ def test_what_asos_clients_send_passes(guarded):
     assert rows.rows is not None
     fresh = sample_request("alice")
     assert [r.ok for r in db.bulk_write([fresh])] == [True]
+    assert [d["_id"] for d in db.leaves(guarded.doc_id)] == [guarded.doc_id]  # latest, all
+    guarded.assert_alive()
 
 
 def test_a_store_that_is_not_guarded_does_not_start(tmp_path, monkeypatch):

@@ -691,6 +691,7 @@ def test_the_mapfile_grants_group_areas_and_refuses_names_that_would_share_an_ar
     for line, words in (
         ('"/DC=org/CN=a" alice.x', "'alice.x' is not a user name"),
         ('"/DC=org/CN=a" _admin', "'_admin' is not a user name"),
+        ('"/DC=org/CN=a" alice_x', "'alice_x' is not a user name"),
         ('"/DC=org/CN=a" alice aso-user,group:', "unknown role 'group:'"),
         ('"/DC=org/CN=a" alice group:../x', "unknown role 'group:../x'"),
     ):

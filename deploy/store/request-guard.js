@@ -256,12 +256,18 @@ function designFunctionRule(request) {
 // express-pouchdb has parsed each query value as JSON where it could.
 
 // EMBEDDED_LATEST_CRASH: `latest` with a revision the document does not have (rev, open_revs,
-// _bulk_get) throws outside any handler and kills the server. ASO never sends `latest`.
+// _bulk_get) throws outside any handler and kills the server. ASO sends it only as
+// `open_revs=all&latest=true` (aso/store.py Database.leaves: every live leaf), which names no
+// revision: that alone is served.
 function latestRule(request) {
-  if ('latest' in request.query && request.query.latest !== false) {
-    return badRequest('`latest` is not served by the embedded store');
+  const query = request.query;
+  if (!('latest' in query) || query.latest === false) {
+    return null;
   }
-  return null;
+  if (query.open_revs === 'all' && !('rev' in query) && request.method === 'GET') {
+    return null;
+  }
+  return badRequest('`latest` is served by the embedded store only with open_revs=all');
 }
 
 // EMBEDDED_VIEW_KEYS_UNCHECKED: `keys` that is no list (a 500), `open_revs` that is neither
