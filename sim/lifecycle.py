@@ -200,7 +200,7 @@ def measure_write_ceiling(admin: Server, config: Config, docs: int, writers: int
         [
             model.new_request(
                 user="ceiling",
-                task=f"ceiling:{token}",
+                task=model.task_name("ceiling", f"ceiling_{token}"),
                 job_id=str(i),
                 source="T2_SM_Site000",
                 destination="T2_SM_Site001",

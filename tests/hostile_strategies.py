@@ -105,10 +105,41 @@ _lfn_part = st.text(string.ascii_letters + string.digits + "_-", min_size=1, max
 _free = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)  # unicode, in limits
 
 
+# Seconds from the store's clock: stamps inside the window an owner's stamps must be in
+# (model.CLOCK_AHEAD, CLOCK_BEHIND) and outside it, each well away from its edges (the oracle
+# reads the clock a moment before the store does).
+INSIDE = (-86_000.0, -3600.0, -1.0, 0.0, 500.0)
+OUTSIDE = (-87_000.0, -1e7, 1500.0, 1e7)
+# What agents write, as they would write it (each valid for the schema): an owner forges it.
+FORGED_BOOKKEEPING = {
+    "attempts": [{"job_id": "j", "service": "gfal", "submitted": 1.0}],
+    "lease": {"owner": "submitter-x", "until": 9e9, "job_key": "k"},
+    "transfer": {"job_id": "bobs-job", "service": "gfal", "file_id": "f"},
+    "retry_after": 9e9,
+    "failure_reason": "",
+    "error_class": "permanent",
+    "cleanup_attempts": 1,
+    "cleanup_retry_after": 0,
+    "cleanup_error": "x",
+    "publication_block": "/P/bob-x/USER#b",
+    "publication_attempts": 2,
+    "publication_retry_after": 1.5,
+    "publication_error": "x",
+}
+
+
+def stamps() -> st.SearchStrategy[float]:
+    """A time an owner may stamp (mostly) or may not, from now; or far from any clock."""
+    inside = st.one_of(st.sampled_from(INSIDE), st.floats(INSIDE[0], INSIDE[-1]))
+    offsets = st.one_of(inside, inside, st.sampled_from(OUTSIDE))
+    return st.one_of(offsets.map(lambda o: model.now() + o), st.sampled_from([0.0, 9.9e12, 1.0]))
+
+
 @st.composite
 def requests(draw: st.DrawFn, user: Any = None) -> dict[str, Any]:
     """A valid new request as model.new_request makes it, with unicode where the schema allows
-    it (DN, group, role, lumi runs) and sizes, ids and times drawn over their whole range."""
+    it (DN, group, role, lumi runs), sizes and ids drawn over their whole range, and a time the
+    store's clock allows an owner, drawn over that window."""
     user = user or draw(st.sampled_from(USERS))
     token = draw(st.lists(_lfn_part, min_size=1, max_size=3).map("/".join))
     publish = draw(st.booleans())
@@ -139,9 +170,9 @@ def requests(draw: st.DrawFn, user: Any = None) -> dict[str, Any]:
         user_dn=draw(st.none() | _free),
         group=draw(st.none() | _free),
         role=draw(st.none() | _free),
-        priority=draw(st.none() | st.integers(-100, 100)),
+        priority=draw(st.none() | st.integers(-100, model.OWNER_MAX_PRIORITY)),
         already_at_destination=draw(st.booleans()),
-        at=draw(st.floats(0, 4e9)),
+        at=model.now() + draw(st.sampled_from(INSIDE) | st.floats(INSIDE[0], INSIDE[-1])),
     )
 
 
@@ -154,11 +185,13 @@ NESTED = (("checksum", "adler32"), ("publish_info", "dataset"), ("publish_info",
 @st.composite
 def mutated(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
     """`doc` with one to three hostile edits: a field set to any JSON value or to an edge value,
-    removed, a nested value replaced, an unknown member, or the document grown to around the
-    size limit."""
+    removed, a nested value replaced, an unknown member, the document grown to around the size
+    limit, or what only agents write forged by its owner (valid for the schema)."""
     doc = copy.deepcopy(doc)
     for _ in range(draw(st.integers(1, 3))):
-        edit = draw(st.sampled_from(["set", "edge", "drop", "nested", "unknown", "grow"]))
+        edit = draw(
+            st.sampled_from(["set", "edge", "drop", "nested", "unknown", "grow", "forge", "forge"])
+        )
         if edit == "set":
             doc[draw(st.sampled_from(FIELDS))] = draw(json_values)
         elif edit == "edge":
@@ -171,7 +204,38 @@ def mutated(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
             doc[draw(keys.filter(lambda k: not k.startswith("_")))] = draw(json_values)
         elif edit == "grow":
             grow_to(doc, model.MAX_DOC_CHARS + draw(st.integers(-3, 3)))
+        elif edit == "forge":
+            forge(draw, doc)
     return doc
+
+
+def forge(draw: st.DrawFn, doc: dict[str, Any]) -> None:
+    """What an owner may not write, in values the schema accepts: the agents' bookkeeping, a
+    priority above the owner's, stamps of another clock, a publication its intent does not
+    have, another user's task, a retry's cool-off in a history entry."""
+    what = draw(st.sampled_from(["bookkeeping", "priority", "stamp", "publication", "task",
+                                 "until"]))  # fmt: skip
+    history = doc.get("history")
+    entry = history[-1] if isinstance(history, list) and history else None
+    if what == "bookkeeping":
+        field = draw(st.sampled_from(sorted(FORGED_BOOKKEEPING)))
+        doc[field] = draw(st.sampled_from([FORGED_BOOKKEEPING[field], model.BOOKKEEPING[field]]))
+    elif what == "priority":
+        doc["priority"] = draw(st.integers(-100, 100))
+    elif what == "stamp":
+        at = draw(stamps())
+        for field in draw(st.sets(st.sampled_from(["created", "last_update", "at"]), min_size=1)):
+            if field != "at":
+                doc[field] = at
+            elif isinstance(entry, dict):
+                entry["at"] = at
+    elif what == "publication":
+        doc["publication"] = draw(st.sampled_from(["pending", "not_required"]))
+    elif what == "task":
+        owner = draw(st.sampled_from([*USERS, "nobody", "alice_x"]))
+        doc["task"] = draw(st.sampled_from([f"261121_120000:{owner}_crab_x", "ceiling:abc"]))
+    elif isinstance(entry, dict):
+        entry["until"] = draw(stamps())
 
 
 def _set_nested(doc: dict[str, Any], where: tuple[str, Any], value: Any) -> None:

@@ -297,7 +297,7 @@ def test_start_refuses_a_port_taken_by_another_server(store_config, tmp_path):
 def local_json(tmp_path) -> Path:
     path = tmp_path / "one.json"
     path.write_text(
-        '[{"task": "261121_1:alice_down", "job_id": "1", "source": "T2_CH_CERN", '
+        '[{"user": "alice", "task": "261121_1:alice_down", "job_id": "1", "source": "T2_CH_CERN", '
         '"destination": "T2_DE_DESY", "source_lfn": "/store/temp/user/alice/d.root", '
         '"destination_lfn": "/store/user/alice/d.root", "size": 5, "adler32": "0000000a"}]'
     )
@@ -374,6 +374,8 @@ def test_upload_errors(tmp_path, store_config, files_db):
     local.write_bytes(b"ASO" * 1000)
     ok = aso(
         "upload",
+        "--user",
+        "alice",
         "--task",
         "261121_1:alice_local",
         "--job-id",

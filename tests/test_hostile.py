@@ -57,7 +57,7 @@ from aso.store import CONFLICT_REFUSAL, Server, StoreError
 from aso.upload import IDENTITY, upload
 from tests import validation_oracle as oracle
 from tests.conftest import own_store, sample_request, write_config
-from tests.hostile_strategies import LONG, json_values, mutated, requests, texts
+from tests.hostile_strategies import LONG, forge, json_values, mutated, requests, texts
 from tests.test_frontend import ASO, cert_files
 
 PASSWORD = "hostile-pw"
@@ -242,11 +242,16 @@ def check_write(store: Store, session: http.Session, who: str, new: dict[str, An
 
 @given(doc=requests(user="alice"), data=st.data())
 def test_generated_creations_are_judged_as_the_model_judges_them(store, sessions, doc, data):
-    """New requests, valid or mutated (wrong types, unknown and missing fields, unicode,
-    oversized), created by their owner, another user or an agent."""
+    """New requests, valid, mutated (wrong types, unknown and missing fields, unicode,
+    oversized) or forged (what only agents write, stamps of another clock, another's task),
+    created by their owner, another user or an agent."""
     doc = fresh(doc)
-    if data.draw(st.booleans(), label="mutate"):
+    kind = data.draw(st.sampled_from(["valid", "mutated", "forged"]), label="kind")
+    if kind == "mutated":
         doc = data.draw(mutated(doc), label="mutated")
+    elif kind == "forged":
+        for _ in range(data.draw(st.integers(1, 2), label="forgeries")):
+            forge(data.draw, doc)
     who = data.draw(st.sampled_from(sorted(ACCOUNTS)), label="who")
     outcome = check_write(store, sessions[who], who, doc)
     event(f"{outcome} {_rule(store, doc, who, outcome)}")
@@ -295,8 +300,9 @@ def legal_moves(stored: dict[str, Any]) -> list[tuple[str, str, str]]:
 @st.composite
 def updates(draw: st.DrawFn, stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Who writes what over `stored`: a move the table allows, made by its role, or any move
-    of any axis by anyone; recorded in history or not, with extra edits or none, on the current
-    revision or a replayed older one, a made-up one or none; or a deletion."""
+    of any axis by anyone; recorded in history or not, with extra edits or none (what only
+    agents write, forged, among them), on the current revision or a replayed older one, a
+    made-up one or none; or a deletion."""
     old_rev = stored.pop("_old_rev")
     kind = draw(st.sampled_from(["legal", "legal", "any", "any", "delete"]))
     legal = legal_moves(stored)
@@ -310,7 +316,9 @@ def updates(draw: st.DrawFn, stored: dict[str, Any]) -> tuple[str, dict[str, Any
         to = draw(st.sampled_from(STATES[axis]))
     by = draw(st.sampled_from([who, "alice", "bob", "someone"]))
     new = model.transition(stored, [Change(axis, to, by)], model.ADMIN)
-    tweak = draw(st.sampled_from(["none", "none", "no history", "two entries", "edit", "mutate"]))
+    tweak = draw(
+        st.sampled_from(["none", "none", "no history", "two entries", "edit", "mutate", "forge"])
+    )
     if tweak == "no history":
         new["history"] = new["history"][:-1]
     elif tweak == "two entries":
@@ -319,6 +327,8 @@ def updates(draw: st.DrawFn, stored: dict[str, Any]) -> tuple[str, dict[str, Any
         new[draw(st.sampled_from(sorted(model.REQUEST_SCHEMA["fields"])))] = draw(json_values)
     elif tweak == "mutate":
         new = draw(mutated(new))
+    elif tweak == "forge":
+        forge(draw, new)
     revs = {"current": stored["_rev"], "replay": old_rev, "made up": "9-abc"}
     rev = draw(st.sampled_from(["current", "current", "current", "replay", "none", "made up"]))
     new.pop("_rev", None)

@@ -53,7 +53,7 @@ def test_moves_of_a_write_are_its_new_history_entries_with_the_time_spent_before
 def _request_fields() -> dict[str, Any]:
     return {
         "user": "alice",
-        "task": "task-1",
+        "task": "261121_120000:alice_task1",
         "job_id": 1,
         "source": "T2_CH_CERN",
         "destination": "T2_DE_DESY",

@@ -355,7 +355,7 @@ def cli_titles() -> list[str]:
 def request(**kw: Any) -> Request:
     doc = model.new_request(
         user="alice",
-        task="t",
+        task="261121_120000:alice_t",
         job_id=1,
         source=SOURCES[0],
         destination=DESTINATION,

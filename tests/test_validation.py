@@ -14,6 +14,7 @@ import itertools
 import re
 import string
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aso import designdocs, model, sites
+from aso import jsvalues as js
 from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.sites import simulated
@@ -345,6 +347,305 @@ def test_creation_rules(files_db, accounts, who, edit, status, reason):
         assert err.value.status == status
         assert err.value.reason.startswith(reason), err.value.reason
     assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
+
+
+# --- what an owner records -------------------------------------------------------------------
+def refused_alike(
+    db: Database, doc: dict[str, Any], old: dict[str, Any] | None, who: str, reason: str
+) -> None:
+    """The store refuses `doc` (a creation when `old` is None, else an update of `old`) with
+    `reason`, the oracle with the same, and the store keeps what it had."""
+    with pytest.raises(Forbidden) as refused:
+        db.create(doc) if old is None else db.put(doc)
+    assert refused.value.reason == reason
+    with pytest.raises(model.Refusal) as judged:
+        oracle.validate_doc_update(doc, old, {"name": who, "roles": [model.USER_ROLE]})
+    assert judged.value.reason == reason
+    kept = db.get(doc["_id"])
+    assert (kept is None) if old is None else (kept is not None and own(kept) == own(old))
+
+
+def born(state: str, **fields: Any) -> dict[str, Any]:
+    """A new request of alice's, created `state` (new, or done: already at its destination)."""
+    return sample_request("alice", already_at_destination=state == "done", **fields)
+
+
+# What the red team forged at creation: each field an agent writes, as an agent would.
+AGENTS_BOOKKEEPING = {
+    "lease": {"owner": "submitter-x", "until": 9e9, "job_key": "k"},
+    "transfer": {"job_id": "bobs-job", "service": "gfal", "file_id": "f"},
+    "attempts": [{"job_id": "bobs-job", "service": "gfal", "submitted": 1.0, "ended": 2.0,
+                  "outcome": "failed", "reason": "no", "error_class": "permanent"}],
+    "retry_after": 9e9,
+    "failure_reason": "failed for good",
+    "error_class": "permanent",
+    "cleanup_attempts": 3,
+    "cleanup_retry_after": 9e9,
+    "cleanup_error": "storage down",
+    "publication_block": "/P/bob-x-v1/USER#b",
+    "publication_attempts": 3,
+    "publication_retry_after": 9e9,
+    "publication_error": "catalog down",
+}  # fmt: skip
+
+
+PUBLISHED = {"publish": True, "publish_info": {"dataset": "/P/alice-a-v1/USER"}}
+
+
+def test_every_field_is_the_owner_s_record_or_the_agents_bookkeeping():
+    """A field added to the schema must be classified: what a job records at upload
+    (new_request's), or what agents write (absent, or its blank value, at creation)."""
+    fields = set(model.REQUEST_SCHEMA["fields"])
+    assert set(model.OWNER_RECORDED) | set(model.BOOKKEEPING) == fields
+    assert set(AGENTS_BOOKKEEPING) == set(model.BOOKKEEPING)
+    everything = sample_request("alice", user_dn="/CN=a", group="g", role="r", priority=-1,
+                                **PUBLISHED)  # fmt: skip
+    assert set(everything) - set(model.STORE_MEMBERS) == set(model.OWNER_RECORDED)
+    model.check_schema(dict(everything, **model.BOOKKEEPING))
+    model.check_schema(dict(everything, **AGENTS_BOOKKEEPING))
+
+
+@pytest.mark.parametrize("state", ["new", "done"])
+@pytest.mark.parametrize("field", sorted(AGENTS_BOOKKEEPING))
+def test_a_creation_carries_nothing_an_agent_acts_on(files_db, accounts, state, field):
+    """The red team created requests (new, and done) with a lease of a submitter, bob's job as
+    their transfer, past attempts, a cool-off, a failure, cleanup and publication bookkeeping:
+    what agents act on. The owner records what a job knows; each such field is refused."""
+    doc = dict(born(state), **{field: AGENTS_BOOKKEEPING[field]})
+    blank = js.stringify(model.BOOKKEEPING[field])
+    reason = f"[create] {field} is the agents' bookkeeping: a new request has none (or {blank})"
+    refused_alike(db_as(accounts, "alice", files_db), doc, None, "alice", reason)
+
+
+def test_a_creation_may_carry_the_agents_fields_blank(files_db, accounts):
+    """Absent, or at the value it has before any agent acted (null, [], 0): nothing forged."""
+    doc = dict(born("new"), **model.BOOKKEEPING)
+    oracle.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
+    db_as(accounts, "alice", files_db).create(doc)
+    assert db_as(accounts, "alice", files_db).get(doc["_id"])["lease"] is None
+
+
+PUBLICATIONS = [
+    ("a log file published without a dataset", {"publish": True, "file_type": "log"}, "pending",
+     "not_required"),
+    ("a file not to publish", {"publish": False}, "pending", "not_required"),
+    ("an output to publish, not published", PUBLISHED, "not_required", "pending"),
+    ("a log file with a dataset", dict(PUBLISHED, file_type="log"), "pending", "not_required"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("state", ["new", "done"])
+@pytest.mark.parametrize(("case", "fields", "publication", "intent"), PUBLICATIONS,
+                         ids=[p[0] for p in PUBLICATIONS])  # fmt: skip
+def test_a_creation_s_publication_is_what_it_publishes(
+    files_db, accounts, state, case, fields, publication, intent
+):
+    """A pending publication with no dataset (publish true on a log file, or publish false)
+    was accepted, and ended publication_failed: pending is only for an output file to publish,
+    with its dataset; anything else is not_required."""
+    doc = dict(born(state, **fields), publication=publication)
+    doc.pop("publish_info", None) if "publish_info" not in fields else None
+    reason = (f"[create] publication must be {intent}, not {publication} (pending only for an "
+              "output file with publish true and its dataset)")  # fmt: skip
+    refused_alike(db_as(accounts, "alice", files_db), doc, None, "alice", reason)
+    db_as(accounts, "alice", files_db).create(dict(doc, publication=intent))
+
+
+PRIORITY_RULE = (
+    "[create] priority must be <= 0: an owner may only lower their own files' priority (a "
+    "higher one is an operator's)"
+)
+
+
+def test_an_owner_may_only_lower_their_own_files_priority(files_db, accounts):
+    """Priority orders a user's own files (users take turns in the submitter), so an owner
+    needs only lower ones; above 0 is an operator's. The red team's 100 is refused by the
+    store, the oracle and new_request (so `aso upload` says it before sending)."""
+    alice = db_as(accounts, "alice", files_db)
+    for priority in (100, 1):
+        doc = dict(born("new"), priority=priority)
+        refused_alike(alice, doc, None, "alice", PRIORITY_RULE)
+        with pytest.raises(model.Refusal) as built:
+            sample_request("alice", priority=priority)
+        assert built.value.reason == PRIORITY_RULE
+    for priority in (0, -100):
+        alice.create(born("new", priority=priority))
+    urgent = dict(born("new"), priority=7)  # an operator may raise a file
+    db_as(accounts, "operator", files_db).create(urgent)
+    assert alice.get(urgent["_id"])["priority"] == 7
+
+
+def stamped(doc: dict[str, Any], created: float, last_update: float, at: float) -> dict[str, Any]:
+    return dict(doc, created=created, last_update=last_update,
+                history=[dict(doc["history"][0], at=at)])  # fmt: skip
+
+
+CLOCK = (
+    "must be the store's time: at most 900 seconds ahead of its clock and 86400 seconds behind it"
+)
+ONE_STAMP = (
+    "[time] a new request is stamped once: created, last_update and its history entry's at are "
+    "one time"
+)
+STAMPS = [
+    ("far in the future", (9.9e12, 9.9e12, 9.9e12), f"[time] created {CLOCK}"),
+    ("at the epoch", (0, 0, 0), f"[time] created {CLOCK}"),
+    ("an hour ahead", (3600, 3600, 3600), f"[time] created {CLOCK}"),
+    ("two days ago", (-172800, -172800, -172800), f"[time] created {CLOCK}"),
+    ("updated before it was created", (0, -60, 0), ONE_STAMP),
+    ("updated in the future", (0, 9.9e12, 0), ONE_STAMP),
+    ("a history entry of another time", (0, 0, 9.9e12), ONE_STAMP),
+]
+
+
+@pytest.mark.parametrize("state", ["new", "done"])
+@pytest.mark.parametrize(("case", "times", "reason"), STAMPS, ids=[s[0] for s in STAMPS])
+def test_a_creation_is_stamped_once_with_the_store_s_time(
+    files_db, accounts, state, case, times, reason
+):
+    """created and last_update were accepted anywhere in time (9.9e12, 0). A job stamps its
+    request once (created, last_update and the history entry's at: one time), and that time is
+    the store's, give or take a job's clock off by minutes or a resend through an outage
+    (model.CLOCK_AHEAD, CLOCK_BEHIND). Offsets below are from now; 0 and 9.9e12 are absolute."""
+    now = time.time()
+    absolute = case in ("far in the future", "at the epoch")
+    doc = stamped(born(state), *(t if absolute else now + t for t in times))
+    refused_alike(db_as(accounts, "alice", files_db), doc, None, "alice", reason)
+
+
+def test_a_job_s_clock_may_be_off_by_minutes(files_db, accounts):
+    alice = db_as(accounts, "alice", files_db)
+    for offset in (600.0, -3600.0, -80000.0):  # ahead, behind, a resend a day later
+        at = time.time() + offset
+        alice.create(stamped(born("new"), at, at, at))
+
+
+def killed(stored: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return model.transition(stored, [Change(STATE, "killed", "alice")], OWNER, **fields)
+
+
+def test_an_owner_s_change_sets_nothing_an_agent_writes(files_db, accounts, stored):
+    """A kill, a resubmission, a publication reset and a renewal change the state and its stamp
+    only: no agent's bookkeeping, no priority, no time of another clock."""
+    alice = db_as(accounts, "alice", files_db)
+    owners_only = "[owner] owners may only request a kill or a resubmission; "
+    far = 9.9e12
+    cases = [
+        (killed(stored, priority=100), f"{owners_only}priority cannot change"),
+        (killed(stored, lease=AGENTS_BOOKKEEPING["lease"]), f"{owners_only}lease cannot change"),
+        (killed(stored, transfer=AGENTS_BOOKKEEPING["transfer"]),
+         f"{owners_only}transfer cannot change"),
+        (killed(stored, created=far), "[immutable] created cannot change after creation"),
+        (model.transition(stored, [Change(STATE, "killed", "alice")], OWNER, at=far),
+         f"[time] last_update {CLOCK}"),
+        (model.transition(stored, [Change(STATE, "killed", "alice")], OWNER, at=0),
+         f"[time] last_update {CLOCK}"),
+        (dict(killed(stored), last_update=far),
+         "[time] an owner's change is stamped once: last_update and its history entries' at are "
+         "one time"),
+    ]  # fmt: skip
+    entry = killed(stored)
+    entry["history"][-1]["until"] = far
+    cases.append(
+        (entry, "[history] until is the retry manager's: an owner's history entry has none")
+    )
+    for doc, reason in cases:
+        refused_alike(alice, doc, stored, "alice", reason)
+    done = killed(stored)
+    done["_rev"] = alice.put(done)
+    back = model.transition(done, [Change(STATE, "new", "alice")], OWNER, at=far)
+    refused_alike(alice, back, done, "alice", f"[time] last_update {CLOCK}")
+    alice.put(model.transition(done, [Change(STATE, "new", "alice")], OWNER))
+
+
+def test_a_publication_reset_is_only_for_a_file_to_publish(files_db, accounts):
+    """A request whose publication was pending without a dataset (accepted before) ends
+    publication_failed; its owner's reset would only fail again: refused, with why."""
+    alice, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
+    doc = born("done", file_type="log", publish=True)
+    doc.update(publication="publication_failed")
+    doc["_rev"] = db_as(accounts, "admin", files_db).create(doc)
+    reset = model.transition(doc, [Change(PUBLICATION, "pending", "alice")], OWNER)
+    refused_alike(alice, reset, doc, "alice", "[transition] publication must be not_required, "
+                  "not pending (pending only for an output file with publish true and its "
+                  "dataset)")  # fmt: skip
+    mine = born("done", **PUBLISHED)
+    mine["_rev"] = alice.create(mine)
+    for to in ("publication_error", "publication_failed"):
+        mine = model.transition(mine, [Change(PUBLICATION, to, "publisher-1")], AGENT)
+        mine["_rev"] = agent.put(mine)
+    alice.put(model.transition(mine, [Change(PUBLICATION, "pending", "alice")], OWNER))
+
+
+def test_a_renewal_brings_a_new_file_not_the_agents_fields(files_db, accounts):
+    alice = db_as(accounts, "alice", files_db)
+    failed = never_copied(files_db, accounts, "killed")
+    retry = {"job_retry": 1, "size": failed["size"] + 1, "checksum": {"adler32": "0badf00d"}}
+    again = [Change(STATE, "new", "alice", "job retry 1")]
+    for fields, reason in (
+        ({"priority": 100}, "[owner] owners may only request a kill or a resubmission; priority "
+         "cannot change"),
+        ({"attempts": []}, "[owner] owners may only request a kill or a resubmission; attempts "
+         "cannot change"),
+    ):  # fmt: skip
+        doc = model.transition(failed, again, OWNER, **retry, **fields)
+        refused_alike(alice, doc, failed, "alice", reason)
+    doc = model.transition(failed, again, OWNER, at=9.9e12, **retry)
+    refused_alike(alice, doc, failed, "alice", f"[time] last_update {CLOCK}")
+
+
+# --- tasks -----------------------------------------------------------------------------------
+def in_task(doc: dict[str, Any], task: str) -> dict[str, Any]:
+    return dict(doc, task=task)
+
+
+def task_rule(name: str) -> str:
+    return (
+        f"[task] task must be <YYMMDD_HHMMSS>:{name}_<name>, as CRAB names them (a task "
+        'belongs to the user named after its first ":" up to the next "_")'
+    )
+
+
+NOBODY_S_TASKS = ["ceiling:abc", "alice_crab_test", "261121_120000:alicex_crab_test",
+                  "261121_120000:alice", "261121_120000:_alice_crab",
+                  "261121:120000:alice_x"]  # fmt: skip
+
+
+def test_a_task_belongs_to_the_user_it_names(files_db, accounts):
+    """Alice recorded a file in bob's task 261121_120000:bob_crab_test: bob's by_task listing,
+    his status, his kills by task and the publisher's "task over" then counted it. A task
+    belongs to the user named after its first ":" up to the next "_", as CRAB names them;
+    a user records files in their own tasks only."""
+    alice, bob = db_as(accounts, "alice", files_db), db_as(accounts, "bob", files_db)
+    task = f"261121_120000:bob_crab_{_token()}"
+    bobs = in_task(sample_request("bob"), task)
+    bob.create(bobs)
+    refused_alike(alice, in_task(born("new"), task), None, "alice", task_rule("alice"))
+    for other in NOBODY_S_TASKS:
+        refused_alike(alice, in_task(born("new"), other), None, "alice", task_rule("alice"))
+    rows = bob.view("asyncstageout", "by_task", start_key=[task], end_key=[task, {}]).rows
+    assert [row["id"] for row in rows] == [bobs["_id"]]
+    with pytest.raises(model.Refusal) as built:
+        sample_request("alice", task=task)
+    assert built.value.reason == task_rule("alice")
+    for mine in ("261121_120000:alice_crab_test", model.task_name("alice", "crab_x"), ":alice_x"):
+        alice.create(in_task(born("new"), mine))
+
+
+def test_a_user_whose_name_holds_an_underscore_owns_no_task(admin, files_db):
+    """alice_x's task 261121_120000:alice_x_crab_test would be alice's as well (her name ends
+    at the first "_"): it is alice's, and alice_x owns none, as the refusal says."""
+    admin.put_user("alice_x", PASSWORD, [model.USER_ROLE])
+    doc = born("new")
+    doc.update(user="alice_x", task="261121_120000:alice_x_crab_test",
+               source_lfn=doc["source_lfn"].replace("/alice.abc/", "/alice_x/"),
+               destination_lfn=doc["destination_lfn"].replace("/alice/", "/alice_x/"),
+               history=[dict(doc["history"][0], by="alice_x")])  # fmt: skip
+    doc["_id"] = model.request_id(doc["source_lfn"])
+    reason = task_rule("alice_x")[:-1] + ', so a user whose name holds a "_" owns none)'
+    refused_alike(Server(admin.url, "alice_x", PASSWORD).db(files_db), doc, None, "alice_x",
+                  reason)  # fmt: skip
+    assert model.task_owner(doc["task"]) == "alice"
 
 
 # --- malformed documents ---------------------------------------------------------------------

@@ -6,6 +6,7 @@ write)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,8 +26,14 @@ from aso.model import (
     IMMUTABLE,
     NAMESPACED,
     NEVER_COPIED,
+    ONE_CHANGE_STAMP,
+    ONE_CREATION_STAMP,
     OWNER,
+    OWNER_ENTRY_RULE,
+    OWNER_MAX_PRIORITY,
     OWNER_MUTABLE,
+    PRIORITY_RULE,
+    PUBLICATION,
     RENEWABLE,
     STATE,
     TEMP_USER_AREA,
@@ -35,11 +42,15 @@ from aso.model import (
     WITHDRAWN,
     Refusal,
     _check_object,
+    bookkeeping_refusal,
     check_schema,
     granted_groups,
     in_temp_area,
     is_final,
+    publication_refusal,
     role_of,
+    stamp_refusal,
+    task_refusal,
 )
 
 
@@ -149,12 +160,15 @@ def validate_doc_update(
     old: Mapping[str, Any] | None,
     user_ctx: Mapping[str, Any],
     sites: Sequence[str] | None = None,
+    now: float | None = None,
 ) -> None:
     """What validate_doc_update.js decides for writing `new` over `old` (None: a creation) as
     `user_ctx`: returns when the store lets the write through, raises Refusal with the store's
     reason otherwise. A line-by-line twin of the JavaScript, so that every writer (and the
     hostile-input tests) can know the store's verdict without asking it. `sites`: the design
-    document's `lib/sites` (None: the twin leaves sites unjudged)."""
+    document's `lib/sites` (None: the twin leaves sites unjudged); `now`: the store's clock
+    (None: this host's, which is the test stores' clock)."""
+    clock = time.time() if now is None else now
     roles = user_ctx.get("roles") or []
     is_admin = any(r in roles for r in ADMIN_ROLES)
     is_agent = AGENT_ROLE in roles
@@ -194,9 +208,9 @@ def validate_doc_update(
         )
     if old is None:
         # role_of makes only a user_ctx with a name an owner; _check_creation refuses other roles.
-        _check_creation(new, role, user_ctx, sites)
+        _check_creation(new, role, user_ctx, sites, clock)
     else:
-        _check_update(new, old, role, user_ctx)
+        _check_update(new, old, role, user_ctx, clock)
 
 
 def _check_deletion(
@@ -237,7 +251,8 @@ def _check_creation(
     new: Mapping[str, Any],
     role: str,
     user_ctx: Mapping[str, Any],
-    sites: Sequence[str] | None = None,
+    sites: Sequence[str] | None,
+    now: float,
 ) -> None:
     if role != OWNER:
         raise Refusal("create", "only the owner (or an admin) may create a request")
@@ -258,6 +273,9 @@ def _check_creation(
         raise Refusal("site", unknown)
     check_namespaces(new, None, role, user_ctx)
     name = user_ctx["name"]  # an owner has a name (role_of)
+    task = task_refusal(new["task"], name)
+    if task:
+        raise Refusal("task", task)
     if len(new["history"]) != 1:
         raise Refusal("history", "a new request has exactly one history entry")
     entry = new["history"][0]
@@ -265,6 +283,42 @@ def _check_creation(
         raise Refusal("history", "the first history entry must record the creation state")
     if entry["by"] != name:
         raise Refusal("history", f"history entries of an owner must be by {name}")
+    check_owner_entry(entry)
+    check_owner_creation(new, entry, now)
+
+
+def check_owner_entry(entry: Mapping[str, Any]) -> None:
+    """An owner's history entry carries no cool-off of the retry manager (`checkOwnerEntry`)."""
+    if "until" in entry:
+        raise Refusal("history", OWNER_ENTRY_RULE)
+
+
+def check_owner_creation(new: Mapping[str, Any], entry: Mapping[str, Any], now: float) -> None:
+    """What a job knows, and nothing an agent acts on (`checkOwnerCreation`)."""
+    publication = publication_refusal(new)
+    if publication:
+        raise Refusal("create", publication)
+    bookkeeping = bookkeeping_refusal(new)
+    if bookkeeping:
+        raise Refusal("create", bookkeeping)
+    if "priority" in new and new["priority"] > OWNER_MAX_PRIORITY:
+        raise Refusal("create", PRIORITY_RULE)
+    if new["last_update"] != new["created"] or entry["at"] != new["created"]:
+        raise Refusal("time", ONE_CREATION_STAMP)
+    late = stamp_refusal("created", new["created"], now)
+    if late:
+        raise Refusal("time", late)
+
+
+def check_owner_stamps(new: Mapping[str, Any], appended: Sequence[Any], now: float) -> None:
+    """An owner's change is stamped once, with the store's time (`checkOwnerStamps`)."""
+    for entry in appended:
+        check_owner_entry(entry)
+        if entry["at"] != new["last_update"]:
+            raise Refusal("time", ONE_CHANGE_STAMP)
+    late = stamp_refusal("last_update", new["last_update"], now)
+    if late:
+        raise Refusal("time", late)
 
 
 def renewal(new: Mapping[str, Any], old: Mapping[str, Any], role: str) -> bool:
@@ -281,7 +335,11 @@ def renewal(new: Mapping[str, Any], old: Mapping[str, Any], role: str) -> bool:
 
 
 def _check_update(
-    new: Mapping[str, Any], old: Mapping[str, Any], role: str, user_ctx: Mapping[str, Any]
+    new: Mapping[str, Any],
+    old: Mapping[str, Any],
+    role: str,
+    user_ctx: Mapping[str, Any],
+    now: float,
 ) -> None:
     name = user_ctx.get("name")
     renewing = renewal(new, old, role)
@@ -309,6 +367,13 @@ def _check_update(
         )
     if role == OWNER and changed == 0:
         raise Refusal("owner", "owners may only request a kill or a resubmission")
+    if role == OWNER:
+        # A publication reset asks for a publication, which only an output to publish has.
+        moved = not js.same(new.get(PUBLICATION, js.UNDEFINED), old.get(PUBLICATION, js.UNDEFINED))
+        publication = publication_refusal(new) if moved else None
+        if publication:
+            raise Refusal("transition", publication)
+        check_owner_stamps(new, appended, now)
 
 
 def _check_owner_fields(new: Mapping[str, Any], old: Mapping[str, Any], renewing: bool) -> None:

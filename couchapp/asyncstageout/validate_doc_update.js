@@ -230,6 +230,78 @@ function (newDoc, oldDoc, userCtx, secObj) {
     refuse('conflict', 'the write is based on revision ' + JSON.stringify(rev) + ', not on the current ' + parent._rev + ': read the document again');
   }
 
+  // A task belongs to the part of its name after the first ":" up to the next "_", as CRAB
+  // names them (aso/model.py task_owner): a user records files in their own tasks only.
+  function taskOwner(task) {
+    var colon = task.indexOf(':');
+    var rest = colon >= 0 ? task.slice(colon + 1) : '';
+    var cut = rest.indexOf('_');
+    return cut > 0 ? rest.slice(0, cut) : null;
+  }
+
+  function taskRefusal(task, name) {
+    if (taskOwner(task) === name) { return null; }
+    return 'task must be <YYMMDD_HHMMSS>:' + name + '_<name>, as CRAB names them (a task ' +
+      'belongs to the user named after its first ":" up to the next "_"' +
+      (name.indexOf('_') === -1 ? ')' : ', so a user whose name holds a "_" owns none)');
+  }
+
+  // What an owner writes is the store's time, give or take (aso/model.py CLOCK_AHEAD,
+  // CLOCK_BEHIND): a job's clock may be off by minutes, not years.
+  function stampRefusal(field, stamp) {
+    var now = Date.now() / 1000;
+    if (stamp <= now + model.clock_ahead && stamp >= now - model.clock_behind) { return null; }
+    return field + " must be the store's time: at most " + model.clock_ahead + ' seconds ahead ' +
+      'of its clock and ' + model.clock_behind + ' seconds behind it';
+  }
+
+  // The owner's history entries carry what the owner knows: no cool-off of the retry manager.
+  function checkOwnerEntry(entry) {
+    if (has(entry, 'until')) { refuse('history', "until is the retry manager's: an owner's history entry has none"); }
+  }
+
+  // Publication is pending only for an output file to publish (aso/model.py publication_refusal).
+  function publicationRefusal(doc) {
+    var intent = doc.publish === true && doc.file_type === 'output' ? 'pending' : 'not_required';
+    if (doc.publication === intent) { return null; }
+    return 'publication must be ' + intent + ', not ' + doc.publication + ' (pending only for ' +
+      'an output file with publish true and its dataset)';
+  }
+
+  // At creation the owner records what a job knows (aso/model.py BOOKKEEPING, OWNER_RECORDED):
+  // nothing an agent acts on, a priority of at most the owner's, one stamp of the store's time.
+  function checkOwnerCreation(doc, entry) {
+    var publication = publicationRefusal(doc), field;
+    if (publication) { refuse('create', publication); }
+    for (field in model.bookkeeping) {
+      if (has(model.bookkeeping, field) && has(doc, field) && !same(doc[field], model.bookkeeping[field])) {
+        refuse('create', field + " is the agents' bookkeeping: a new request has none (or " +
+          JSON.stringify(model.bookkeeping[field]) + ')');
+      }
+    }
+    if (has(doc, 'priority') && doc.priority > model.owner_max_priority) {
+      refuse('create', 'priority must be <= ' + model.owner_max_priority + ': an owner may only ' +
+        "lower their own files' priority (a higher one is an operator's)");
+    }
+    if (doc.last_update !== doc.created || entry.at !== doc.created) {
+      refuse('time', "a new request is stamped once: created, last_update and its history entry's at are one time");
+    }
+    var late = stampRefusal('created', doc.created);
+    if (late) { refuse('time', late); }
+  }
+
+  // An owner's change is stamped once, with the store's time, like a creation.
+  function checkOwnerStamps(doc, appended) {
+    for (var i = 0; i < appended.length; i++) {
+      checkOwnerEntry(appended[i]);
+      if (appended[i].at !== doc.last_update) {
+        refuse('time', "an owner's change is stamped once: last_update and its history entries' at are one time");
+      }
+    }
+    var late = stampRefusal('last_update', doc.last_update);
+    if (late) { refuse('time', late); }
+  }
+
   function isAgentDoc(doc) {
     return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
   }
@@ -345,12 +417,16 @@ function (newDoc, oldDoc, userCtx, secObj) {
       }
     }
     checkNamespaces(role);
+    var task = taskRefusal(newDoc.task, userCtx.name);
+    if (task) { refuse('task', task); }
     if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
     entry = newDoc.history[0];
     if (entry.axis !== 'state' || entry.from !== null || entry.to !== newDoc.state) {
       refuse('history', 'the first history entry must record the creation state');
     }
     if (entry.by !== userCtx.name) { refuse('history', 'history entries of an owner must be by ' + userCtx.name); }
+    checkOwnerEntry(entry);
+    checkOwnerCreation(newDoc, entry);
     return;
   }
 
@@ -423,5 +499,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
   if (role === 'owner' && changed === 0) {
     refuse('owner', 'owners may only request a kill or a resubmission');
+  }
+  if (role === 'owner') {
+    // A publication reset asks for a publication, which only an output to publish has.
+    var publication = newDoc.publication !== oldDoc.publication ? publicationRefusal(newDoc) : null;
+    if (publication) { refuse('transition', publication); }
+    checkOwnerStamps(newDoc, appended);
   }
 }
