@@ -37,13 +37,14 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import requests
 
+from aso import limits
 from aso.config import Config
 from aso.store import ChangesBatch, Database, Server, StoreError
 
 log = logging.getLogger("aso.feedrelay")
 
 RELAY_ENV = "ASO_FEED_RELAY"  # `aso run` tells its agents where the relay is
-FOLLOW_BATCH = 2000
+FOLLOW_BATCH = limits.MAX_DOCS
 FOLLOW_WAIT = 30.0  # seconds the relay's own long poll on the store waits
 RETRY_RELAY = 10.0  # seconds an agent follows the store itself after the relay failed it
 

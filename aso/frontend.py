@@ -35,6 +35,7 @@ import re
 import shlex
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -51,7 +52,7 @@ from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 
-from aso import gate, metrics, model, routes, upload
+from aso import gate, metrics, model, routes, sequences, upload
 from aso.config import Config, FrontendConfig
 from aso.store import Server
 from aso.x509auth import Identity, Refused, TrustStore, verify_chain
@@ -75,11 +76,19 @@ STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
 HEAVY_READS = 2  # reads carrying documents (include_docs) sent to the store at once
+# A user's reads carrying documents wait for each other: two of one user's had held both slots
+# and another's waited 90 s. One that waits longer than this for its slot gets a 503.
+HEAVY_WAIT = 30.0
+NODES_REFRESH = 10.0  # seconds between two readings of the store's node names (a `since`'s)
 REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
 
 
 class MapfileError(Exception):
     pass
+
+
+class Busy(Exception):
+    """The store's share for this kind of request is taken for longer than a client should wait."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +277,11 @@ class _Relay(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self.request.notifyFinish().addErrback(self._client_gone)
+        if not _client_gone(self.request):
+            # Back-pressure: the store's side is paused while the client's side is full, so that
+            # an answer a client does not read waits at the store, not in the front end's memory
+            # (one unread answer had held 1 GB).
+            self.request.registerProducer(self.transport, True)
 
     def _client_gone(self, _failure: Any) -> None:
         self.gone = True
@@ -279,6 +293,8 @@ class _Relay(protocol.Protocol):
             self.request.write(data)
 
     def connectionLost(self, reason: Any = None) -> None:
+        if self.request.producer is not None:
+            self.request.unregisterProducer()
         if self.gone or self.request.finished:
             return
         if reason is None or reason.check(client.ResponseDone, http.PotentialDataLoss):
@@ -487,6 +503,9 @@ class FrontEnd(resource.Resource):
         self.reactor = reactor
         self.routes = routes.table(config)
         self.heavy = defer.DeferredSemaphore(HEAVY_READS)
+        self.heavy_of: dict[str, defer.DeferredSemaphore] = {}  # a user's own queue, when in use
+        self.store_nodes: frozenset[str] = frozenset()  # the nodes the store's sequences name
+        self.nodes_read_at = -NODES_REFRESH
         url = urlsplit(config.store.url)
         if url.scheme != "http":
             raise ValueError("the front end forwards to a store on http:// (its loopback side)")
@@ -587,6 +606,12 @@ class FrontEnd(resource.Resource):
         if isinstance(verdict, gate.GateRefusal):
             self._refused(request, who, verdict)
             return
+        if verdict.body is not None and len(verdict.body) > self.config.frontend.max_body:
+            # Re-serialised (non-ASCII escaped, numbers as Python writes them), a body may grow:
+            # 60 MiB of 4-byte characters had become 180 MiB at the embedded store.
+            reason = f"the body as forwarded exceeds frontend.max_body ({len(verdict.body)} bytes)"
+            self._refused(request, who, gate.GateRefusal(413, "too_large", reason))
+            return
         headers = self.identity.ready(who)
         if headers is not None:
             self.forward(request, who, headers, verdict)
@@ -598,6 +623,10 @@ class FrontEnd(resource.Resource):
         done.addErrback(self._failed, request)
 
     def _failed(self, failure: Any, request: server.Request) -> None:
+        if failure.check(Busy):
+            request.setHeader(b"retry-after", b"5")
+            _answer(request, 503, "busy", str(failure.value))
+            return
         if failure.check(Refused):
             refused = failure.value
             _answer(request, refused.status, "forbidden", refused.reason)
@@ -622,13 +651,84 @@ class FrontEnd(resource.Resource):
         elif made.method in BODY:
             producer = cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
+        if made.nodes - self.store_nodes:
+            self._check_nodes(request, who, headers, made)
+            return
         if made.poll_ms is not None and made.since == "now":
             self._poll_from_now(request, who, headers, made)
             return
         if made.heavy:
-            self.heavy.acquire().addCallback(lambda _: self._send(request, headers, made, producer))
+            slot = self._heavy_slot(who)
+            slot.addCallback(
+                lambda release: self._send(request, who, headers, made, producer, release)
+            )
+            slot.addErrback(self._failed, request)
             return
-        self._send(request, headers, made, producer)
+        self._send(request, who, headers, made, producer)
+
+    def _heavy_slot(self, who: Mapped) -> defer.Deferred[Callable[[], None]]:
+        """A slot for a read that carries documents, after the user's earlier ones: fires with
+        the function that gives it back, or fails with Busy after HEAVY_WAIT."""
+        mine = self.heavy_of.setdefault(who.name, defer.DeferredSemaphore(1))
+        held: list[defer.DeferredSemaphore] = []
+
+        def take(semaphore: defer.DeferredSemaphore) -> Any:
+            held.append(semaphore)
+
+        def release() -> None:
+            while held:
+                held.pop().release()
+            if mine.tokens == mine.limit and not mine.waiting:
+                self.heavy_of.pop(who.name, None)
+
+        def timed_out(failure: Any) -> Any:
+            failure.trap(defer.TimeoutError)
+            release()  # the wait was cancelled where it was; what it held is given back
+            raise Busy(f"reads with documents are busy; try again in a while (a user's wait "
+                       f"one after the other, at most {HEAVY_WAIT:g} s)")  # fmt: skip
+
+        waited: defer.Deferred[Any] = mine.acquire()
+        waited.addCallback(lambda _: take(mine))
+        waited.addCallback(lambda _: self.heavy.acquire())
+        waited.addCallback(lambda _: take(self.heavy))
+        waited.addCallback(lambda _: release)
+        waited.addTimeout(HEAVY_WAIT, self.reactor)
+        waited.addErrback(timed_out)
+        return waited
+
+    def _check_nodes(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+    ) -> None:
+        """A `since` naming nodes the front end has not seen goes on only once the store's own
+        sequence names them (aso.sequences): CouchDB would make an atom of any name in it."""
+        if time.monotonic() - self.nodes_read_at < NODES_REFRESH:
+            self._unknown_nodes(request, made)
+            return
+        self.nodes_read_at = time.monotonic()
+        db = made.target.partition(b"?")[0].split(b"/")[1]
+        info = self.agent.request(b"GET", self.store_url + b"/" + db, Headers(headers))
+        info.addCallback(client.readBody)
+
+        def learned(body: bytes) -> None:
+            seq = json.loads(body).get("update_seq")
+            self.store_nodes |= sequences.check(str(seq))
+            if made.nodes - self.store_nodes:
+                self._unknown_nodes(request, made)
+                return
+            self.forward(request, who, {k: v[0] for k, v in headers.items()}, made)
+
+        info.addCallback(learned)
+        info.addErrback(self._upstream_failed, request)
+
+    def _unknown_nodes(self, request: server.Request, made: gate.Forward) -> None:
+        log.warning("refused since naming nodes %s", sorted(made.nodes - self.store_nodes)[:3])
+        metrics.FRONTEND_REFUSALS.labels("gate").inc()
+        _answer(request, 400, "bad_request", "since must be a sequence this store handed out "
+                "(it names a node the store does not have)")  # fmt: skip
 
     def _poll_from_now(
         self,
@@ -651,21 +751,23 @@ class FrontEnd(resource.Resource):
     def _send(
         self,
         request: server.Request,
+        who: Mapped,
         headers: dict[bytes, list[bytes]],
         made: gate.Forward,
         producer: IBodyProducer | None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         if _client_gone(request):
-            if made.heavy:
-                self.heavy.release()
+            if release is not None:
+                release()
             return
-        if made.heavy:  # the slot is given back when the answer has gone out, or the client
-            request.notifyFinish().addBoth(lambda _: self.heavy.release())
+        if release is not None:  # given back when the answer has gone out, or the client
+            request.notifyFinish().addBoth(lambda _: release())
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
         if made.route.kind in ("write", "create"):
-            sent.addCallback(self._written, request, headers, made)
+            sent.addCallback(self._written, request, who, headers, made)
         elif made.poll_ms is not None:
             self._poll(sent, request, made)
         else:
@@ -754,6 +856,7 @@ class FrontEnd(resource.Resource):
         self,
         response: Any,
         request: server.Request,
+        who: Mapped,
         headers: dict[bytes, list[bytes]],
         made: gate.Forward,
     ) -> Any:
@@ -769,17 +872,27 @@ class FrontEnd(resource.Resource):
             phrase = http.RESPONSES.get(code, phrase)
             conflicts = conflicts_of(made, body) if made.route.kind == "create" else {}
             if conflicts:
-                keys = json.dumps({"keys": sorted(conflicts)}).encode()
-                db = made.target.partition(b"?")[0].split(b"/")[1]
-                read = yield self.agent.request(
-                    b"POST",
-                    self.store_url + b"/" + db + b"/_all_docs?include_docs=true",
-                    Headers({**headers, b"content-type": [b"application/json"]}),
-                    cast(IBodyProducer, FileBodyProducer(BytesIO(keys))),
-                )
-                rows = json.loads((yield client.readBody(read)))["rows"]
-                stored = {r["key"]: r.get("doc") for r in rows if isinstance(r, dict)}
-                body = explain(body, conflicts, stored)
+                # A read that carries documents, as any other: in the user's turn, parsed off the
+                # reactor (batches of conflicts had slowed every other user's answers).
+                release = yield self._heavy_slot(who)
+                try:
+                    keys = json.dumps({"keys": sorted(conflicts)}).encode()
+                    db = made.target.partition(b"?")[0].split(b"/")[1]
+                    read = yield self.agent.request(
+                        b"POST",
+                        self.store_url + b"/" + db + b"/_all_docs?include_docs=true",
+                        Headers({**headers, b"content-type": [b"application/json"]}),
+                        cast(IBodyProducer, FileBodyProducer(BytesIO(keys))),
+                    )
+                    stored_body = yield client.readBody(read)
+                finally:
+                    release()
+                body = yield threads.deferToThreadPool(
+                    self.reactor, self.reactor.getThreadPool(), _explained, body, conflicts,
+                    stored_body,
+                )  # fmt: skip
+        except Busy:
+            pass  # the conflicts are told as the store told them
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("conflicts of %s not explained: %s", _path(request), exc)
         if _client_gone(request):
@@ -794,6 +907,12 @@ class FrontEnd(resource.Resource):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes) -> bytes:
+    rows = json.loads(stored_body)["rows"]
+    stored = {r["key"]: r.get("doc") for r in rows if isinstance(r, dict)}
+    return explain(body, conflicts, stored)
 
 
 def cross_site(request: server.Request) -> gate.GateRefusal | None:

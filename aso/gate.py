@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
-from aso import routes
+from aso import routes, sequences
 from aso.routes import Invalid, Route
 
 
@@ -45,6 +45,8 @@ class Forward:
     since: str | None = None
     heartbeat_ms: int | None = None  # a long poll's blank lines: the front end's own
     heavy: bool = False  # a read that carries documents: few at a time (frontend.HEAVY_READS)
+    # the store nodes `since` names: forwarded only once the store itself has named them
+    nodes: frozenset[str] = frozenset()
 
 
 def _bad(reason: str) -> GateRefusal:
@@ -223,13 +225,22 @@ def _build(
     refused = _rules(route, {**params, **options})
     if refused:
         return refused
-    heavy = bool({**params, **options}.get("include_docs")) and route.kind == "read"
-    if heavy and "keys" not in params and "keys" not in options:
-        limit = {**params, **options}.get("limit")
+    given = {**params, **options}
+    with_docs = bool(given.get("include_docs")) and route.kind in ("read", "poll")
+    if with_docs and "keys" not in given:
+        limit = given.get("limit")
         if limit is None:
             params["limit"] = routes.MAX_DOC_ROWS  # a documented bound: page with limit
         elif limit > routes.MAX_DOC_ROWS:
             return _bad(f"a read with include_docs takes a limit of at most {routes.MAX_DOC_ROWS}")
+    nodes: frozenset[str] = frozenset()
+    if "since" in given:
+        try:
+            nodes = sequences.check(str(given["since"]))
+        except sequences.Invalid as exc:
+            return _bad(f"since must be {exc}")
+    # A long poll's slot would be held for its whole wait: it is bounded by its limit alone.
+    heavy = with_docs and given.get("feed") != "longpoll"
     poll_ms, since = None, None
     heartbeat = params.pop("heartbeat", None)
     if route.kind == "poll" and params.get("feed") == "longpoll":
@@ -238,7 +249,7 @@ def _build(
         since = str(params.get("since", "0"))
     target = _target(route, variables, params)
     beat = heartbeat if poll_ms else None
-    return Forward(route, method, target, sent, poll_ms, since, beat, heavy)
+    return Forward(route, method, target, sent, poll_ms, since, beat, heavy, nodes)
 
 
 def with_since(made: Forward, since: str) -> Forward:
@@ -282,7 +293,7 @@ def _body(
 
 def _rules(route: Route, given: dict[str, Any]) -> GateRefusal | None:
     for name, other in route.rules:
-        if name not in given:
+        if given.get(name) in (None, False):  # a flag given as false is the flag not given
             continue
         if other.startswith("!") and other[1:] in given:
             return _bad(f"{name} is not taken together with {other[1:]}")

@@ -51,8 +51,9 @@ FEEDS = ("normal", "longpoll")
 
 # A store revision: CouchDB's and the embedded store's are both N-<32 hex digits>.
 REV_PATTERN = r"^[1-9][0-9]{0,9}-[0-9a-f]{32}$"
-# An update sequence as handed out: a number on the embedded store, an opaque string on CouchDB.
-SEQ_PATTERN = r"^(now|[0-9A-Za-z_-]{1,4096})$"
+# An update sequence as handed out: a number on the embedded store, N-<opaque> on CouchDB (whose
+# opaque part aso.sequences checks before the store decodes it).
+SEQ_PATTERN = r"^(now|0|[1-9][0-9]{0,15}|[0-9]{1,16}-g[A-Za-z0-9_-]{1,4093})$"
 # A document id of ASO's own documents other than requests (heartbeats, jobs, blocks, statistics):
 # never one of the store's names (`_local`, `_design`), no control characters.
 DOC_ID_PATTERN = r"^[A-Za-z0-9][^\x00-\x1f\x7f]{0,511}$"
@@ -222,13 +223,22 @@ class Listed(Value):
                 out.append(self.item.from_json(item))
             except Invalid as exc:
                 raise Invalid(f"a list whose items are each {exc} (item {index} is not)") from None
+        # A key named twice is read twice: 100 copies of a key matching 40 large requests had
+        # made the embedded store build an answer of 850 MB, and die.
+        seen: set[str] = set()
+        for index, item in enumerate(out):
+            text = dumps(item)
+            if text in seen:
+                raise Invalid(f"a JSON list of distinct items (item {index} repeats one)")
+            seen.add(text)
         return out
 
     def to_text(self, value: Any) -> str:
         return dumps(value)
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "array", "maxItems": self.most, "items": self.item.schema()}
+        return {"type": "array", "maxItems": self.most, "uniqueItems": True,
+                "items": self.item.schema()}  # fmt: skip
 
 
 REV = Text(REV_PATTERN, "a revision N-<32 hex digits> as the store handed it out")
@@ -526,6 +536,10 @@ DOC_READ_PARAMS: dict[str, Value] = {
 # Parameters that only mean something with another (`latest` with a `rev` killed the embedded
 # store), and pairs that exclude each other.
 DOC_READ_RULES = (("latest", "open_revs"), ("open_revs", "!rev"), ("open_revs", "!conflicts"))
+# A view's key may match any number of rows, so a read by keys carries no documents: the embedded
+# store fetches the documents of every row matched before it applies a limit. Documents by id:
+# `_all_docs` with keys.
+VIEW_RULES = (("include_docs", "!keys"),)
 CHANGES_RULES = (("filter", "doc_ids"), ("doc_ids", "filter"), ("heartbeat", "feed"))
 
 
@@ -729,6 +743,7 @@ def _db_routes(db: Db) -> list[Route]:
                     f"View {design.name}/{view}.",
                     params,
                     tag=tag,
+                    rules=VIEW_RULES,
                 ),
                 Route(
                     f"{tag}ViewPost_{design.name}_{view}",
@@ -739,6 +754,7 @@ def _db_routes(db: Db) -> list[Route]:
                     params,
                     Options(params=params),
                     tag=tag,
+                    rules=VIEW_RULES,
                 ),
             ]
     return routes

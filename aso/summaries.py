@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import metrics, model
+from aso import limits, metrics, model
 from aso.store import Conflict, Database
 
 log = logging.getLogger("aso.monitor")
@@ -420,7 +420,7 @@ class Aggregator:
         stats_db: Database,
         *,
         close_after: float = 300.0,
-        batch: int = 2000,
+        batch: int = limits.MAX_DOCS,
         clock: Callable[[], float] = time.time,
     ):
         self.files_db = files_db

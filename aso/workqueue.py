@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model
+from aso import limits, model
 from aso.feedrelay import Feed, FeedGap, StoreFeed
 from aso.store import Database
 
@@ -117,7 +117,7 @@ class ChangesWorkSet:
     db: Database
     kinds: tuple[str, ...]
     accept: Callable[[Mapping[str, Any]], bool] = lambda doc: True
-    batch: int = 2000
+    batch: int = limits.MAX_DOCS  # the front end's bound on a read that carries documents
     since: str = "0"
     docs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Sees every document of the feed, wanted or not (a policy learning from all outcomes).

@@ -883,7 +883,7 @@ class Simulation:
     def _all_docs(self, name: str) -> Iterable[dict[str, Any]]:
         """Every live document of one of the run's databases, from its `_changes` feed."""
         db = self.service.admin.db(name)
-        for batch in db.follow("0", batch=2000, include_docs=True):
+        for batch in db.follow("0", batch=1000, include_docs=True):
             for change in batch.results:
                 if change.get("doc") and not change.get("deleted"):
                     yield change["doc"]
