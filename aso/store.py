@@ -214,6 +214,12 @@ EMBEDDED_CORS_OPEN               (found by the red team) CORS is on for every or
 EMBEDDED_SESSION_COOKIE_CROSS_SITE  (found by the red team) the session cookie has no SameSite
                                  and no HttpOnly: the guard adds `SameSite=Strict; HttpOnly`, as
                                  ASO's CouchDB settings give it (`[chttpd_auth] same_site`).
+EMBEDDED_KEYS_READ_WHOLE         (found by the red team) a view read by `keys` reads every
+                                 row of every key (a key named twice, twice) and, with
+                                 include_docs, the documents of all of them, before it applies
+                                 `limit`: 100 copies of a key built 850 MB and ended the store.
+                                 The front end takes distinct keys only, and no include_docs
+                                 with a view's keys (aso/routes.py VIEW_RULES).
 EMBEDDED_SINGLE_PROCESS          one Node.js process serves every request and builds every view,
                                  one view per pass (../STORE-NOTES: ~5,100 docs/s bulk inserts):
                                  one machine's load, and a crash
@@ -260,6 +266,12 @@ COUCHDB_REQUEST_SIZE_LIMIT       (found by `make bench-pages` with 1M requests) 
                                  and stopped there. Nothing of a refused body is written:
                                  `Database.bulk_write` sends such a write again in halves,
                                  down to the store's own limit, whatever it is set to.
+COUCHDB_SEQ_MAKES_ATOMS          (found by the red team) `since` is decoded with an unchecked
+                                 `binary_to_term`: every atom it names is made and never
+                                 collected, and the node ends when its atom table is full (768
+                                 requests of ~1,400 made-up names). The front end forwards a
+                                 `since` only when its atoms are the store's own nodes
+                                 (aso/sequences.py, `FrontEnd._check_nodes`).
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).
