@@ -1,7 +1,9 @@
 """Publisher: puts finished output files into the catalog, block by block.
 
 Done files waiting for publication are grouped by (user, dataset). A block is closed when it
-holds `publisher.max_files_per_block` files, when its oldest file has waited
+holds `publisher.max_files_per_block` files or `publisher.max_block_bytes` of file entries (a
+block over the store's document size limit would be refused: issue 33), when its oldest file
+has waited
 `publisher.block_closure_timeout` seconds since its copy ended, or when the user's task is over
 (no request of it still on its way). Publishing a block is crash-safe and idempotent with one
 write per file, because the catalog is the record of what was published:
@@ -34,6 +36,7 @@ TASK` resets. Partition: by (user, dataset).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter, defaultdict
@@ -51,6 +54,7 @@ from aso.catalog.base import (
     CatalogFile,
     block_name,
 )
+from aso.catalog.embedded import file_entry
 from aso.config import Config
 from aso.core import request
 from aso.core.destination import DIFFERENT, UNANSWERED, Finding, not_published_reason, unchecked
@@ -68,6 +72,9 @@ FLUSH_FILES, FLUSH_SECONDS = 500, 5.0
 # by then (a large file's checksum reads the whole file; an XRootD checksum request stalled for
 # 120 s once in a benchmark) leaves its file waiting, unwritten, for a later cycle.
 LOOK_WAIT = 10.0
+
+# publisher.max_block_bytes's default (aso/config.py), for callers without a configuration.
+DEFAULT_BLOCK_BYTES = 2_000_000
 
 WAITING = "pending"
 LEGACY = "publishing"  # a block's name recorded first, by publishers before issue 22
@@ -130,24 +137,51 @@ def make_block(docs: Sequence[Mapping[str, Any]], name: str | None = None) -> Bl
     )
 
 
+def entry_chars(doc: Mapping[str, Any]) -> int:
+    """The file's entry in a catalog block, as JSON, in characters (what the store's document
+    size limit measures)."""
+    return len(json.dumps(file_entry(catalog_file(doc))))
+
+
+def fill_blocks(
+    ordered: list[dict[str, Any]], max_files: int, max_bytes: int
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Full blocks out of files in order (each of at most `max_files` files and `max_bytes`
+    of entries: a file that would make it larger starts the next one), and the files left."""
+    full: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    size = 0
+    for doc in ordered:
+        chars = entry_chars(doc)
+        if current and size + chars > max_bytes:
+            full.append(current)
+            current, size = [], 0
+        current.append(doc)
+        size += chars
+        if len(current) >= max_files:
+            full.append(current)
+            current, size = [], 0
+    return full, current
+
+
 def close_blocks(
     waiting: list[dict[str, Any]],
     now: float,
     max_files: int,
     timeout: float,
     task_over: Callable[[str], bool],
+    max_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> list[list[dict[str, Any]]]:
-    """The blocks to publish now out of one (user, dataset)'s waiting files, oldest first."""
+    """The blocks to publish now out of one (user, dataset)'s waiting files, oldest first: the
+    full ones (by files or by size, so that no block is larger than the store takes), then the
+    rest once its oldest file waited `timeout` or its tasks are over."""
     ordered = sorted(waiting, key=lambda d: (done_at(d), d["_id"]))
-    blocks = []
-    while len(ordered) >= max_files:
-        blocks.append(ordered[:max_files])
-        ordered = ordered[max_files:]
-    if ordered and (
-        now - done_at(ordered[0]) >= timeout
-        or all(task_over(task) for task in {d["task"] for d in ordered})
+    blocks, rest = fill_blocks(ordered, max_files, max_bytes)
+    if rest and (
+        now - done_at(rest[0]) >= timeout
+        or all(task_over(task) for task in {d["task"] for d in rest})
     ):
-        blocks.append(ordered)
+        blocks.append(rest)
     return blocks
 
 
@@ -227,6 +261,7 @@ class Publisher(Agent):
                 settings.max_files_per_block,
                 settings.block_closure_timeout,
                 self.task_over,
+                settings.max_block_bytes,
             )
         ]
         blocks = self.confirmed(blocks, ctx)
@@ -315,14 +350,23 @@ class Publisher(Agent):
         now, each with its block and why (their `published` is written for the whole cycle at
         once). A failure is written at once."""
         made = [make_block(docs) for docs in blocks]
-        try:
-            outcomes = self.catalog.publish_blocks(made)
-        except Exception as exc:  # the catalog's client failed the call as a whole
-            outcomes = [exc] * len(made)
+        outcomes = self.outcomes(made)
         published: list[tuple[dict[str, Any], str, str]] = []
         for docs, block, outcome in zip(blocks, made, outcomes, strict=True):
             published += self.settle(docs, block, outcome, ctx)
         return published
+
+    def outcomes(self, blocks: list[Block]) -> list[bool | Exception]:
+        """The catalog's answer for each block. A call that fails as a whole is made again block
+        by block, so that each block gets its own outcome: one block's failure is never
+        another's (issue 33: one user's oversized block failed every block of the call)."""
+        try:
+            return cast(list[bool | Exception], self.catalog.publish_blocks(blocks))
+        except Exception as exc:  # the catalog's client failed the call as a whole
+            if len(blocks) == 1:
+                return [exc]
+            log.warning("a catalog call of %d blocks failed (%s): block by block", len(blocks), exc)
+            return [self.outcomes([block])[0] for block in blocks]
 
     def settle(
         self, docs: list[dict[str, Any]], block: Block, outcome: bool | Exception, ctx: Cycle

@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from aso.limits import MAX_FEED_TIMEOUT
+from aso.limits import MAX_FEED_TIMEOUT, MAX_WRITTEN_DOC_CHARS, MIN_BLOCK_BYTES
 
 SEARCH_PATHS = (
     Path("aso.toml"),
@@ -341,6 +341,11 @@ class CleanerConfig:
 class PublisherConfig:
     catalog: str = _key("embedded", "Catalog: embedded (a database in the store) or dbs (DBS3).")
     max_files_per_block: int = _key(100, "Files in a block; a full block is published at once.")
+    max_block_bytes: int = _key(
+        2_000_000,
+        "Largest block, as JSON; a block this large is full, as at max_files_per_block (kept "
+        "below the store's document size limit).",
+    )
     blocks_per_call: int = _key(
         100, "Blocks of a cycle handed to the catalog at once (embedded: 4 requests; DBS: 1 each)."
     )
@@ -688,6 +693,11 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("publisher.catalog must be embedded or dbs")
     if not 1 <= config.publisher.blocks_per_call <= 1000:
         raise bad("publisher.blocks_per_call must be between 1 and 1000")
+    if not MIN_BLOCK_BYTES <= config.publisher.max_block_bytes <= MAX_WRITTEN_DOC_CHARS // 2:
+        raise bad(
+            f"publisher.max_block_bytes must be between {MIN_BLOCK_BYTES} and "
+            f"{MAX_WRITTEN_DOC_CHARS // 2}"
+        )
     if config.publisher.catalog == "dbs" and not config.dbs.url:
         raise bad("publisher.catalog is dbs but dbs.url is empty")
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:

@@ -8,3 +8,11 @@ MAX_DOCS = 1000  # documents of one `_bulk_docs`
 # The longest a `_changes` long poll waits, in seconds: the front end ends one by then, on both
 # stores (store.feed_timeout may not be longer).
 MAX_FEED_TIMEOUT = 60.0
+# The largest document ASO writes out of what users choose (a catalog block, a monitoring
+# summary), as JSON: half CouchDB's default max_document_size (8,000,000 bytes, measured on the
+# document's Erlang form, ~2x its JSON: aso/store_check.py). Over it, CouchDB refuses the write
+# (413) and every other document of its `_bulk_docs` with it (issue 33).
+MAX_WRITTEN_DOC_CHARS = 4_000_000
+# The smallest publisher.max_block_bytes: a block of one file always fits (a file's entry is at
+# most aso/model.py MAX_PUBLISH_INFO_CHARS of publish_info and its LFN and figures).
+MIN_BLOCK_BYTES = 100_000

@@ -274,7 +274,8 @@ def in_temp_area(name: str, lfn: str) -> bool:
 
 # --- schema ----------------------------------------------------------------------------------
 # A field spec: {"type": name or [names], plus limits}. Types: string, integer, number, boolean,
-# object (with "fields"/"required", or free with "values"), array (with "items"), null.
+# object (with "fields"/"required", or free with "values"; "max_chars" bounds it as JSON), array
+# (with "items"), null.
 # Patterns are written in the subset of regular expressions that JavaScript and Python share.
 MAX_DOC_CHARS = 262_144  # the whole document, as JSON
 MAX_STRING = 1024
@@ -344,21 +345,33 @@ ATTEMPT = {
     },
 }
 
+# What an owner may write for the catalog (issue 33: 100 files of ~230 KB of parents each made
+# a 23 MB block, which CouchDB refused for every block of the publisher's call). A CMS file has
+# a handful of parents (an LFN is at most 500 characters in DBS) and its lumis are a few runs of
+# lumi sections; each file's entry in a catalog block is bounded by MAX_PUBLISH_INFO_CHARS, so
+# a block's size is bounded by its file count (agents/publisher.py also closes it by size).
+MAX_PARENTS = 100
+MAX_PARENT_CHARS = 500
+MAX_LUMI_RUNS = 100
+MAX_LUMIS_PER_RUN = 10_000
+MAX_PUBLISH_INFO_CHARS = 65_536  # publish_info as JSON
+
 PUBLISH_INFO = {
     "type": "object",
     "required": ["dataset"],
+    "max_chars": MAX_PUBLISH_INFO_CHARS,
     "fields": {
         "dataset": {"type": "string", "pattern": DATASET_PATTERN},
         "events": _COUNT,
         "lumis": {
             "type": "object",
-            "max_keys": 1000,
-            "values": {"type": "array", "max_items": 10000, "items": _COUNT},
+            "max_keys": MAX_LUMI_RUNS,
+            "values": {"type": "array", "max_items": MAX_LUMIS_PER_RUN, "items": _COUNT},
         },
         "parents": {
             "type": "array",
-            "max_items": 1000,
-            "items": {"type": "string", "pattern": LFN_PATTERN, "max": MAX_STRING},
+            "max_items": MAX_PARENTS,
+            "items": {"type": "string", "pattern": LFN_PATTERN, "max": MAX_PARENT_CHARS},
         },
     },
 }
@@ -685,7 +698,15 @@ def _check_value(path: str, value: Any, spec: Mapping[str, Any]) -> None:
         for i, item in enumerate(value):
             _check_value(f"{path}[{i}]", item, spec["items"])
     elif kind == "object":
+        _check_size(path, value, spec)
         _check_object(path, value, spec)
+
+
+def _check_size(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
+    """An object bounded as a whole (`max_chars`, measured as JSON.stringify writes it)."""
+    limit = spec.get("max_chars")
+    if limit and js.length(js.stringify(value)) > limit:
+        raise SchemaError(f"{path} is larger than {limit} characters as JSON")
 
 
 def _joined(value: Any) -> str:

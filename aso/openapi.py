@@ -44,6 +44,8 @@ def json_schema(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["items"] = json_schema(spec["items"])
     if "object" in types:
         out.update(_object(spec))
+        if spec.get("max_chars"):  # no JSON Schema keyword bounds a value's serialised size
+            out["description"] = f"at most {spec['max_chars']} characters as JSON"
     return out
 
 

@@ -272,6 +272,15 @@ COUCHDB_SEQ_MAKES_ATOMS          (found by the red team) `since` is decoded with
                                  requests of ~1,400 made-up names). The front end forwards a
                                  `since` only when its atoms are the store's own nodes
                                  (aso/sequences.py, `FrontEnd._check_nodes`).
+COUCHDB_DOCUMENT_SIZE_LIMIT      (found by the red team, issue 33) a document over
+                                 `[couchdb] max_document_size` (8 MB in ASO's settings) makes
+                                 CouchDB refuse the whole `_bulk_docs` with 413
+                                 `document_too_large`, naming none of the others; the embedded
+                                 store takes documents up to its request size (4 GiB). The
+                                 halving above ends at that one document, whose result says
+                                 `document_too_large`; the others are written. What ASO writes
+                                 is bounded below that (catalog blocks: publisher.max_block_bytes;
+                                 summaries: aso/summaries.py TASKS_CAP).
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).
@@ -395,7 +404,19 @@ def refused_as_conflict(error: str | None, reason: str | None) -> bool:
 
 
 # A bulk write's per-document `error`, with the status a single write of that document answers.
-_BULK_ERROR_STATUS = {"unauthorized": 401, "forbidden": 403, "not_found": 404, "conflict": 409}
+_BULK_ERROR_STATUS = {
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "too_large": 413,
+    "document_too_large": 413,
+}
+
+
+def too_large(doc: Mapping[str, Any], exc: StoreError) -> dict[str, Any]:
+    """The `_bulk_docs` result of a document the store refused as too large (413)."""
+    return {"id": doc.get("_id"), "error": exc.error or "too_large", "reason": exc.reason}
 
 
 def _short(exc: BaseException) -> str:
@@ -953,7 +974,8 @@ class Database:
         """`_bulk_docs` of at most MAX_DOCS documents each (the front end's bound, whoever
         writes); a body over the store's request size (413, nothing written:
         COUCHDB_REQUEST_SIZE_LIMIT) is sent again in two halves. A document too large alone
-        is the store's error."""
+        (COUCHDB_DOCUMENT_SIZE_LIMIT) is that document's error only, as a refusal is: the
+        others of the write are written (issue 33)."""
         if len(docs) > MAX_DOCS:
             return [
                 answer
@@ -965,8 +987,10 @@ class Database:
                 self.client.post_bulk_docs, bulk_docs={"docs": [dict(d) for d in docs]}
             )
         except StoreError as exc:
-            if exc.status != 413 or len(docs) < 2:
+            if exc.status != 413:
                 raise
+            if len(docs) < 2:
+                return [too_large(docs[0], exc)]
             half = len(docs) // 2
             return self._bulk_docs(docs[:half]) + self._bulk_docs(docs[half:])
         return cast(list[dict[str, Any]], answer)

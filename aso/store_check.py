@@ -59,9 +59,11 @@ NOT_ADMIN = "not a server admin"  # Answers.config_error when the credentials ar
 # Sizes of what ASO writes, measured on this code (docs/design.md, "The document store"):
 # a request is at most model.MAX_DOC_CHARS of JSON (validate_doc_update refuses larger) and
 # ~1.7 KB when finished; a purge batch in the statistics database holds ~330 bytes of JSON per
-# request (analytics.batch of them); a catalog block ~2 KB per file with a few hundred lumis.
+# request (analytics.batch of them); a catalog block ~2 KB per file with a few hundred lumis,
+# at most publish_info's bound and the file's LFN and figures (and publisher.max_block_bytes in
+# all).
 PURGE_ENTRY_BYTES = 400
-BLOCK_FILE_BYTES = 4096
+BLOCK_FILE_BYTES = model.MAX_PUBLISH_INFO_CHARS + 2048
 # CouchDB measures max_document_size on the Erlang form of the document, larger than its JSON.
 ERLANG_OVERHEAD = 2
 DEFAULT_OS_PROCESS_TIMEOUT_MS = 5000  # CouchDB 3's default ([couchdb] os_process_timeout)
@@ -129,7 +131,10 @@ def largest_document(config: Config) -> int:
     return max(
         model.MAX_DOC_CHARS,
         config.analytics.batch * PURGE_ENTRY_BYTES,
-        config.publisher.max_files_per_block * BLOCK_FILE_BYTES,
+        min(
+            config.publisher.max_files_per_block * BLOCK_FILE_BYTES,
+            config.publisher.max_block_bytes,
+        ),
     )
 
 

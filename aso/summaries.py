@@ -18,7 +18,9 @@ its error class). Events are counted in the UTC hour they happened in:
 * `errors`  "SRC>DST" → error class → failed attempts
 * `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
             how (hour documents and the live document's open hours only); and
-            "user:NAME" → events, which tells whose task it is
+            "user:NAME" → events, which tells whose task it is. A document lists at most
+            TASKS_CAP tasks; the others are folded into `tasks_other`: user → {"tasks": how
+            many, "axis:to"/"created": files} (`fold_tasks`)
 * `link_hours` "SRC>DST" → [copies done, bytes done, failed attempts, transfer seconds]: each
             link's throughput and success rate over time (hour and day documents, open hours);
             the transfer seconds are the sum of the done copies' durations (their attempt's
@@ -103,6 +105,15 @@ TYPES = (
     "monitor_live",
 )
 RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 hours
+# Users name their tasks, as many as they like (issue 33: 30,000 tasks active in a day made
+# `monitor:live` too large for CouchDB, 413 every cycle, and the pages' live figures stale for
+# everyone): a summary document lists at most TASKS_CAP tasks in full (~300 B each), each
+# user's USER_TASKS latest first (their page), and folds the rest into counted totals per user
+# (OTHER_TASKS: user → {"tasks": tasks folded, "created"/"axis:to": files}).
+TASKS_CAP = 1000
+USER_TASKS = 20
+OTHER_TASKS = "tasks_other"
+USER_KEY = "user:"  # a task's "user:NAME" → events: whose task it is
 # The first run over an existing store holds every hour in memory until the whole feed is read;
 # thousands of tasks an hour over months would not fit: it records tasks of its last week only.
 FIRST_RUN_TASKS = 7 * 86400.0
@@ -360,6 +371,55 @@ class Tally:
         return tally
 
 
+TaskRows = dict[str, dict[str, int]]  # task (or user, folded) → "created"/"axis:to" → files
+
+
+def task_user(row: Mapping[str, int]) -> str:
+    """Whose task it is: the user with the most of its events ("" if none is recorded)."""
+    users = {k[len(USER_KEY) :]: n for k, n in row.items() if k.startswith(USER_KEY)}
+    return max(sorted(users), key=lambda u: users[u], default="")
+
+
+def task_size(row: Mapping[str, int]) -> int:
+    return sum(n for k, n in row.items() if not k.startswith(USER_KEY))
+
+
+def fold_tasks(
+    tasks: TaskRows, last_seen: Mapping[str, float] | None = None
+) -> tuple[TaskRows, TaskRows]:
+    """(the tasks listed in full, the rest folded by user): at most TASKS_CAP tasks, the latest
+    active first (`last_seen`: task → start of its last hour), then the largest; each user's
+    USER_TASKS first of theirs before anyone's others."""
+    seen = last_seen or {}
+    order = sorted(tasks, key=lambda t: (-seen.get(t, 0.0), -task_size(tasks[t]), t))
+    per_user: dict[str, int] = defaultdict(int)
+    first: list[str] = []
+    rest: list[str] = []
+    for task in order:
+        user = task_user(tasks[task])
+        per_user[user] += 1
+        (first if per_user[user] <= USER_TASKS else rest).append(task)
+    kept = set((first + rest)[:TASKS_CAP])
+    other: TaskRows = {}
+    for task in order:
+        if task not in kept:
+            fold_into(other, task_user(tasks[task]), {"tasks": 1, **tasks[task]})
+    return {t: tasks[t] for t in order if t in kept}, other
+
+
+def fold_into(other: TaskRows, user: str, row: Mapping[str, int]) -> None:
+    """Add a folded row (its "tasks" count and its files) to `user`'s totals of `other`."""
+    mine = other.setdefault(user, {})
+    for key, n in row.items():
+        if not key.startswith(USER_KEY):
+            mine[key] = mine.get(key, 0) + n
+
+
+def merge_other(into: TaskRows, other: Mapping[str, Mapping[str, int]]) -> None:
+    for user, row in other.items():
+        fold_into(into, user, row)
+
+
 def merge_failure(into: dict[str, list[Any]], pattern: str, entry: list[Any]) -> None:
     """Add `entry` ([failed attempts, first seen, last seen, request ids]) to `into`'s entry of
     `pattern`: counts add up, the first and last seen widen, up to SAMPLES ids are kept."""
@@ -438,7 +498,8 @@ class Aggregator:
         self.batch_starts: dict[int, str] = {}  # feed batch → the sequence it was read after
         self._batches = 0
         self.last_read_at: float | None = None  # when the last feed read reached the end
-        self.recent_tasks: dict[float, dict[str, dict[str, int]]] = {}  # closed hour → tasks
+        # closed hour → (its tasks, those folded: fold_tasks)
+        self.recent_tasks: dict[float, tuple[TaskRows, TaskRows]] = {}
         self._revs: dict[str, str] = {}
 
     # -- where it stands --------------------------------------------------------------------
@@ -454,7 +515,7 @@ class Aggregator:
             self._revs[STATE_ID] = state["_rev"]
             since = self.closed_end - RECENT
             self.recent_tasks = {
-                d["start"]: d["tasks"]
+                d["start"]: (d["tasks"], d.get(OTHER_TASKS, {}))
                 for d in self.stats_db.all_docs(
                     TASKS_PREFIX + hour_name(since), TASKS_PREFIX + "\ufff0"
                 )
@@ -632,17 +693,19 @@ class Aggregator:
                     "failures": tally.failures,
                 }
             )
+            tasks, other = fold_tasks(tally.tasks)
             docs.append(
                 {
                     "_id": TASKS_PREFIX + hour_name(start),
                     "type": "monitor_tasks",
                     "hour": hour_name(start),
                     "start": start,
-                    "tasks": tally.tasks,
+                    "tasks": tasks,
+                    OTHER_TASKS: other,
                 }
             )
             if start >= until - RECENT:
-                self.recent_tasks[start] = tally.tasks
+                self.recent_tasks[start] = (tasks, other)
             report.closed.append(hour_name(start))
         self.cumulative.add(dims, tasks=False)
         for start in [s for s in self.recent_tasks if s < until - RECENT]:
@@ -745,12 +808,7 @@ class Aggregator:
             now_tally.add(tally, tasks=False)
         as_of = self.last_read_at if self.last_read_at is not None else self.clock()
         totals = now_tally.totals()
-        recent = Tally()
-        for start, tasks in self.recent_tasks.items():
-            if start >= as_of - RECENT:
-                recent.add(Tally(tasks=tasks))
-        for tally in open_hours.values():
-            recent.add(Tally(tasks=tally.tasks))
+        tasks, other = self._recent_tasks(open_hours, as_of)
         live: dict[str, Any] = {
             "_id": LIVE_ID,
             "type": "monitor_live",
@@ -769,7 +827,8 @@ class Aggregator:
                 for start, t in sorted(open_hours.items())
             ],
             "tasks_since": as_of - RECENT,
-            "tasks": recent.tasks,
+            "tasks": tasks,
+            OTHER_TASKS: other,
         }
         links = {
             "_id": LIVE_LINKS_ID,
@@ -783,6 +842,24 @@ class Aggregator:
         metrics.export_summaries(totals, now_tally.links, now_tally.errors, live["backlog"])
         for doc in (live, links, users):
             self._put_live(doc)
+
+    def _recent_tasks(
+        self, open_hours: Mapping[float, Tally], as_of: float
+    ) -> tuple[TaskRows, TaskRows]:
+        """What each task did in the 24 hours before `as_of` (closed and open hours), folded as
+        fold_tasks does; a task an hour document folded is in that hour's folded totals."""
+        hours = [(s, t) for s, t in self.recent_tasks.items() if s >= as_of - RECENT]
+        hours += [(s, (t.tasks, {})) for s, t in open_hours.items()]
+        recent = Tally()
+        other: TaskRows = {}
+        last_seen: dict[str, float] = {}
+        for start, (tasks, folded) in sorted(hours, key=lambda h: h[0]):
+            recent.add(Tally(tasks=tasks))
+            merge_other(other, folded)
+            last_seen.update(dict.fromkeys(tasks, start))
+        tasks, folded = fold_tasks(recent.tasks, last_seen)
+        merge_other(other, folded)
+        return tasks, other
 
     def _put_live(self, doc: dict[str, Any]) -> None:
         if doc["_id"] not in self._revs:

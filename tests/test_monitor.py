@@ -5,6 +5,7 @@ documents and the state document, requests changing while they are read, and the
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import uuid
 from collections import Counter
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aso import model, purge, summaries
+from aso import limits, model, purge, summaries
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.model import Change
@@ -451,3 +452,90 @@ def test_the_first_run_records_tasks_of_its_last_week_only(dbs: tuple[Database, 
     assert hours[old_hour]["moves"]["state"][">new"][0] == 1  # the moves of every hour
     assert tasks[old_hour]["tasks"] == {}
     assert tasks[recent_hour]["tasks"]["261111_000000:alice_recent"]["created"] == 1
+
+
+def listed_and_folded(doc: dict[str, Any]) -> Counter:
+    """(user, "created" or "state:to") → files of a summary's tasks, listed and folded alike."""
+    out: Counter = Counter()
+    for row in doc["tasks"].values():
+        for key, n in row.items():
+            if key == "created" or key.startswith("state:"):
+                out[(summaries.task_user(row), key)] += n
+    for user, row in doc[summaries.OTHER_TASKS].items():
+        for key, n in row.items():
+            if key == "created" or key.startswith("state:"):
+                out[(user, key)] += n
+    return out
+
+
+def test_summaries_stay_bounded_whatever_the_number_of_tasks(
+    dbs: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Users name their tasks: 30,000 tasks active in a day made `monitor:live` too large for
+    CouchDB, which refused it every cycle (issue 33). Scaled down (a cap of 30 tasks, 4 of each
+    user's first): alice makes a task per upload, 50 an hour, bob 6 tasks, for 4 hours. Every
+    cycle writes the live document and closes its hour; no summary lists more than the cap; bob
+    keeps his tasks listed; listed and folded tasks add up to the documents, user by user."""
+    monkeypatch.setattr(summaries, "TASKS_CAP", 30)
+    monkeypatch.setattr(summaries, "USER_TASKS", 4)
+    files, stats_db = dbs
+    rng = random.Random(33)
+    clock = Clock(T0 + 10)
+    aggregator = summaries.Aggregator(files, stats_db, close_after=300, batch=100, clock=clock)
+    revs = set()
+    for n in range(4):
+        clock.now += HOUR
+        fresh = [lifecycle(clock.now - rng.uniform(600, HOUR), rng, user="alice",
+                           task=f"261121_120000:alice_t{n}x{i}") for i in range(50)]  # fmt: skip
+        fresh += [lifecycle(clock.now - rng.uniform(600, HOUR), rng, user="bob",
+                            task=f"261121_120000:bob_t{i}") for i in range(6)]  # fmt: skip
+        write(files, fresh)
+        aggregator.step()
+        live = stats_db.get(summaries.LIVE_ID)
+        revs.add(live["_rev"])
+        assert live["as_of"] == clock.now and len(revs) == n + 1  # written every cycle
+        assert aggregator.closed_end == summaries.hour_start(clock.now - 300)
+        assert len(live["tasks"]) == 30
+        bob = [t for t, row in live["tasks"].items() if summaries.task_user(row) == "bob"]
+        assert len(bob) >= 4
+        docs = requests(files)
+        recent: Counter = Counter()
+        for doc in docs:
+            for h in doc["history"]:
+                if h["axis"] == model.STATE and h["at"] >= live["tasks_since"]:
+                    kind = "created" if h["from"] is None else f"state:{h['to']}"
+                    recent[(doc["user"], kind)] += 1
+        assert listed_and_folded(live) == recent
+        active = {d["task"] for d in docs if d["user"] == "alice"}
+        alice = [t for t, row in live["tasks"].items() if summaries.task_user(row) == "alice"]
+        assert live[summaries.OTHER_TASKS]["alice"]["tasks"] >= len(active) - len(alice)
+    hours = stats_db.all_docs(summaries.TASKS_PREFIX, "monitor:tasks;")
+    assert len(hours) >= 3
+    everything: Counter = Counter()
+    for hour in hours:
+        assert len(hour["tasks"]) <= 30
+        everything.update(listed_and_folded(hour))
+    closed: Counter = Counter()
+    for doc in requests(files):
+        for h in doc["history"]:
+            if h["axis"] == model.STATE and h["at"] < aggregator.closed_end:
+                closed[(doc["user"], "created" if h["from"] is None else f"state:{h['to']}")] += 1
+    assert everything == closed
+
+
+def test_a_summary_of_thirty_thousand_tasks_is_well_below_the_store_s_limit() -> None:
+    """The red team's workload at the real cap: 30,000 tasks of 200-character names (60
+    users) fold into a document of under a megabyte, a quarter of what ASO writes at most."""
+    rng = random.Random(30)
+    tasks = {
+        f"261121_120000:u{i % 60}_" + "t" * 180 + f"{i:06d}": {
+            "created": 1, "state:done": rng.randint(0, 3), "state:failed_attempt": 1,
+            "cleanup:cleaned": 1, "publication:published": 1, f"user:u{i % 60}": 5,
+        }
+        for i in range(30_000)
+    }  # fmt: skip
+    listed, folded = summaries.fold_tasks(tasks)
+    assert len(listed) == summaries.TASKS_CAP
+    assert sum(row["tasks"] for row in folded.values()) == 30_000 - summaries.TASKS_CAP
+    size = len(json.dumps({"tasks": listed, summaries.OTHER_TASKS: folded}))
+    assert size < limits.MAX_WRITTEN_DOC_CHARS // 4, size

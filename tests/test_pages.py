@@ -1016,3 +1016,39 @@ def test_a_user_page_lists_every_task_and_failure_a_page_at_a_time(
     assert [i for p in failures_seen for i in p] == [d["_id"] for d in failing]
     # None of them was active in the last 24 hours: the page lists them all the same.
     assert page.locator("#user-active tbody tr").count() == 0
+
+
+def test_the_pages_say_when_tasks_were_folded(
+    sim_config, accounts, admin, browser_page, monkeypatch
+):
+    """More tasks active than a summary lists (issue 33: users name their tasks; the summaries
+    list TASKS_CAP of them, here 5, each user's 2 latest first): the overview lists the cap,
+    says how many more there were and shows their totals as "other tasks"; alice's page shows
+    her listed tasks and her own folded ones; the totals are the documents'."""
+    monkeypatch.setattr(summaries, "TASKS_CAP", 5)
+    monkeypatch.setattr(summaries, "USER_TASKS", 2)
+    sim_config = dataclasses.replace(
+        sim_config,
+        store=dataclasses.replace(sim_config.store, stats_db=f"{sim_config.store.files_db}_stats"),
+    )
+    init_databases(admin, sim_config)
+    now = time.time()
+    docs = [sample_request(user, task=f"261121_120000:{user}_fold{i}", at=now - 60 * i)
+            for user, n in (("alice", 12), ("bob", 3)) for i in range(n)]  # fmt: skip
+    assert all(r.ok for r in admin.db(sim_config.store.files_db).bulk_write(docs))
+    Runner(Analytics(sim_config, "an-f")).step(wait=False)
+    page, base = browser_page, pages_url(sim_config)
+    page.goto(base + "#overview")
+    page.wait_for_selector("#tasks")
+    assert page.locator("#tasks tbody tr[data-task]:not([data-task=''])").count() == 5
+    assert page.locator("#tasks-folded").get_attribute("data-tasks") == "10"
+    folded = page.locator("#tasks-folded-row td[data-column='created']")
+    assert folded.inner_text() == "10"  # each folded task created one file
+    page.screenshot(path=str(ARTEFACTS / "tasks-folded.png"), full_page=True)
+    page.goto("about:blank")
+    page.goto(base + "#user/alice")
+    page.wait_for_selector("#user-active")
+    listed = page.locator("#user-active tbody tr[data-task]:not([data-task=''])").count()
+    assert listed >= 2
+    mine = page.locator("#user-active #tasks-folded-row td[data-column='created']")
+    assert mine.inner_text() == str(12 - listed)

@@ -1429,6 +1429,63 @@ def test_an_lfn_names_a_file_and_a_dataset_has_real_names(files_db, accounts, ca
     assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
 
 
+def _parents(n: int, chars: int = 120) -> list[str]:
+    stem = "/store/mc/RunIII/Prim/AODSIM/"
+    return [stem + f"{i:04d}".rjust(chars - len(stem) - 5, "x") + ".root" for i in range(n)]
+
+
+# What an owner writes for the catalog is bounded (issue 33: ~230 KB of parents per file made a
+# 23 MB catalog block that CouchDB refused for every block of the publisher's call).
+PUBLISH_BOUNDS = [
+    ("too many parents",
+     lambda i: i.update(parents=_parents(model.MAX_PARENTS + 1)),
+     f"[schema] doc.publish_info.parents has more than {model.MAX_PARENTS} items"),
+    ("a parent LFN too long",
+     lambda i: i.update(parents=_parents(1, model.MAX_PARENT_CHARS + 1)),
+     f"[schema] doc.publish_info.parents[0] is longer than {model.MAX_PARENT_CHARS} characters"),
+    ("too many runs",
+     lambda i: i.update(lumis={str(r): [1] for r in range(model.MAX_LUMI_RUNS + 1)}),
+     f"[schema] doc.publish_info.lumis has more than {model.MAX_LUMI_RUNS} keys"),
+    ("too many lumis in a run",
+     lambda i: i.update(lumis={"1": list(range(model.MAX_LUMIS_PER_RUN + 1))}),
+     f"[schema] doc.publish_info.lumis.1 has more than {model.MAX_LUMIS_PER_RUN} items"),
+    ("publish_info too large as a whole",
+     lambda i: i.update(parents=_parents(model.MAX_PARENTS, 490),
+                        lumis={str(r): list(range(100_000, 101_500)) for r in range(3)}),
+     f"[schema] doc.publish_info is larger than {model.MAX_PUBLISH_INFO_CHARS} characters as "
+     "JSON"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "edit", "reason"), PUBLISH_BOUNDS,
+                         ids=[b[0] for b in PUBLISH_BOUNDS])  # fmt: skip
+def test_what_an_owner_writes_for_the_catalog_is_bounded(files_db, accounts, case, edit, reason):
+    """Parents (count, each an LFN of bounded length), lumis (runs, lumis per run) and
+    publish_info as a whole: refused by the store (admins too) and the model alike, with the
+    same reason; well under the document's own bound."""
+    doc = sample_request("alice", publish=True, publish_info={"dataset": "/P/alice-a-v1/USER"})
+    edit(doc["publish_info"])
+    assert model.doc_chars(doc) < model.MAX_DOC_CHARS
+    for who in ("alice", "operator"):
+        with pytest.raises(Forbidden) as refused:
+            db_as(accounts, who, files_db).create(doc)
+        assert refused.value.reason == reason, refused.value.reason
+    with pytest.raises(model.SchemaError) as judged:
+        model.check_schema(doc)
+    assert judged.value.reason == reason
+
+
+def test_a_real_cms_file_s_publish_info_fits(files_db, accounts):
+    """A file of a CRAB job: a few parents of /store/mc/... LFNs, events, a few runs of lumis
+    (a merged file: 2,000 lumi sections of 5-digit numbers over 5 runs)."""
+    info = {"dataset": "/P/alice-a-v1/USER", "events": 250_000, "parents": _parents(20, 180),
+            "lumis": {str(356_000 + r): list(range(10_000, 10_400)) for r in range(5)}}  # fmt: skip
+    doc = sample_request("alice", publish=True, publish_info=info)
+    model.check_schema(doc)
+    db_as(accounts, "alice", files_db).create(doc)
+    assert db_as(accounts, "admin", files_db).get(doc["_id"])["publish_info"] == info
+
+
 @pytest.fixture(scope="module")
 def separators(admin) -> dict[str, Database]:
     """Users whose names hold a namespace separator: "alice-bob" ("-" ends a dataset's owner)

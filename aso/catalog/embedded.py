@@ -25,6 +25,7 @@ once written. Members (aso-user, aso-agent, aso-admin) read.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +40,7 @@ from aso.catalog.base import (
     CatalogStoreDown,
     content_message,
 )
+from aso.limits import MAX_WRITTEN_DOC_CHARS
 from aso.store import Database, Forbidden, Server, StoreError, StoreUnavailable, Unauthorized
 
 log = logging.getLogger("aso.catalog.embedded")
@@ -48,6 +50,10 @@ DDOC = "catalog"
 BLOCK, DATASET = "block", "dataset"
 DATASET_PREFIX = "dataset:"
 SCHEMA_VERSION = 1
+# The largest block document written (the embedded store takes up to its request size, 4 GiB;
+# CouchDB 8 MB). The publisher closes blocks well below it (publisher.max_block_bytes); a
+# larger block is refused here, alone (issue 33).
+MAX_BLOCK_CHARS = MAX_WRITTEN_DOC_CHARS
 
 SECURITY = {
     "admins": {"names": [], "roles": []},
@@ -192,6 +198,23 @@ def check_block(block: Block) -> None:
         )
 
 
+def block_chars(block: Block) -> int:
+    """The block's document as JSON, in characters (what the store's size limit measures)."""
+    return len(json.dumps(block_document(block, 0.0)))
+
+
+def check_size(block: Block) -> None:
+    """A block the store would refuse as too large is refused before asking, alone (not
+    retryable: the same files make the same block)."""
+    chars = block_chars(block)
+    if chars > MAX_BLOCK_CHARS:
+        raise CatalogError(
+            f"block {block.name} is {chars} characters as JSON, over the embedded catalog's "
+            f"{MAX_BLOCK_CHARS} (fewer files per block: publisher.max_block_bytes)",
+            retryable=False,
+        )
+
+
 def _store_error(action: str, exc: StoreError) -> CatalogError:
     # A store that is down or overloaded may come back; a refusal (403) or a bad request will
     # not by itself.
@@ -226,6 +249,7 @@ class EmbeddedCatalog(Catalog):
         """The one-block case of the batch: the same checks and outcomes (True: published
         now, False: already there with these files; a CatalogError otherwise)."""
         check_block(block)
+        check_size(block)
         outcome = self._publish_together([block])[0]
         if isinstance(outcome, Exception):
             raise outcome
@@ -245,6 +269,7 @@ class EmbeddedCatalog(Catalog):
         for i, block in enumerate(blocks):
             try:
                 check_block(block)
+                check_size(block)
             except CatalogError as exc:
                 outcomes[i] = exc
                 continue
@@ -259,31 +284,42 @@ class EmbeddedCatalog(Catalog):
         return [o if o is not None else CatalogError("not published", True) for o in outcomes]
 
     def _publish_together(self, blocks: Sequence[Block]) -> list[bool | Exception]:
-        """Blocks without a file in common, checked beforehand (check_block)."""
+        """Blocks without a file in common, checked beforehand (check_block). A request of the
+        batch that fails as a whole (a block the store refuses as too large made CouchDB
+        refuse the write of every block, issue 33) is tried again block by block: each block
+        gets its own outcome, never another's. Only a store that cannot be reached fails them
+        all at once."""
+        try:
+            return self._publish_batch(blocks)
+        except StoreUnavailable as exc:
+            return [self._refused_or_down(f"publishing block {b.name}", exc) for b in blocks]
+        except StoreError as exc:
+            if len(blocks) == 1:
+                return [self._refused_or_down(f"publishing block {blocks[0].name}", exc)]
+            log.warning(
+                "a catalog write of %d blocks failed (%s): block by block", len(blocks), exc
+            )
+            return [self._publish_together([block])[0] for block in blocks]
+
+    def _publish_batch(self, blocks: Sequence[Block]) -> list[bool | Exception]:
+        """_publish_together's one attempt at the whole batch; a StoreError of a request of it
+        is raised (the whole batch's)."""
         outcomes: list[bool | Exception] = [CatalogError("not published", True)] * len(blocks)
         if not blocks:
             return outcomes
-        try:
-            before = self._elsewhere_of(blocks)
-        except StoreError as exc:
-            return [self._refused_or_down(f"publishing block {b.name}", exc) for b in blocks]
+        before = self._elsewhere_of(blocks)
         fresh = []
         for i, (block, elsewhere) in enumerate(zip(blocks, before, strict=True)):
             if elsewhere:
                 outcomes[i] = BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
             else:
                 fresh.append(i)
-        try:
-            refused = self._ensure_datasets([blocks[i] for i in fresh])
-            for i in [i for i in fresh if blocks[i].dataset in refused]:
-                outcomes[i] = refusal(blocks[i].name, refused[blocks[i].dataset])
-            fresh = [i for i in fresh if blocks[i].dataset not in refused]
-            now = self._clock()
-            results = self.db.bulk_write([block_document(blocks[i], now) for i in fresh])
-        except StoreError as exc:
-            for i in fresh:
-                outcomes[i] = self._refused_or_down(f"publishing block {blocks[i].name}", exc)
-            return outcomes
+        refused = self._ensure_datasets([blocks[i] for i in fresh])
+        for i in [i for i in fresh if blocks[i].dataset in refused]:
+            outcomes[i] = refusal(blocks[i].name, refused[blocks[i].dataset])
+        fresh = [i for i in fresh if blocks[i].dataset not in refused]
+        now = self._clock()
+        results = self.db.bulk_write([block_document(blocks[i], now) for i in fresh])
         written: list[tuple[int, str]] = []
         for i, result in zip(fresh, results, strict=True):
             name = blocks[i].name
@@ -293,29 +329,27 @@ class EmbeddedCatalog(Catalog):
                 outcomes[i] = self._existing_outcome(blocks[i])
             elif isinstance(error := result.as_error(), Forbidden | Unauthorized):
                 outcomes[i] = refusal(name, str(error))
+            elif error.status == 413:  # this block alone is too large: it will stay so
+                outcomes[i] = CatalogError(f"embedded catalog: block {name}: {error}", False)
             else:
                 reason = f"embedded catalog: publishing block {name}: {result.error}: "
                 outcomes[i] = CatalogError(reason + str(result.reason), retryable=True)
-        # Another block with one of these files may have been written at the same moment.
-        try:
-            after = self._elsewhere_of([blocks[i] for i, _ in written])
-            withdrawn = []
-            for (i, rev), elsewhere in zip(written, after, strict=True):
-                if not elsewhere:
-                    outcomes[i] = True
-                    continue
-                withdrawn.append({"_id": blocks[i].name, "_rev": rev, "_deleted": True})
-                outcomes[i] = CatalogError(
-                    elsewhere_message(blocks[i], elsewhere)
-                    + " (published at the same moment; this block was withdrawn)",
-                    retryable=True,
-                )
-            if withdrawn:
-                self.db.bulk_write(withdrawn)
-        except StoreError as exc:
-            # Written but not checked: retryable, and the next try finds the block there.
-            for i, _ in written:
-                outcomes[i] = self._refused_or_down(f"publishing block {blocks[i].name}", exc)
+        # Another block with one of these files may have been written at the same moment. A
+        # failed check is the batch's: block by block, a written block is found there.
+        after = self._elsewhere_of([blocks[i] for i, _ in written])
+        withdrawn = []
+        for (i, rev), elsewhere in zip(written, after, strict=True):
+            if not elsewhere:
+                outcomes[i] = True
+                continue
+            withdrawn.append({"_id": blocks[i].name, "_rev": rev, "_deleted": True})
+            outcomes[i] = CatalogError(
+                elsewhere_message(blocks[i], elsewhere)
+                + " (published at the same moment; this block was withdrawn)",
+                retryable=True,
+            )
+        if withdrawn:
+            self.db.bulk_write(withdrawn)
         for i, _ in written:
             if outcomes[i] is True:
                 log.debug("published block %s (%d files)", blocks[i].name, len(blocks[i].files))

@@ -79,6 +79,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
       if (v.length > maxItems) { refuse('schema', path + ' has more than ' + maxItems + ' items'); }
       for (var j = 0; j < v.length; j++) { checkValue(path + '[' + j + ']', v[j], spec.items); }
     } else if (kind === 'object') {
+      // Bounded as a whole (publish_info: what becomes a catalog block's file entry).
+      if (spec.max_chars && JSON.stringify(v).length > spec.max_chars) {
+        refuse('schema', path + ' is larger than ' + spec.max_chars + ' characters as JSON');
+      }
       checkObject(path, v, spec);
     }
   }

@@ -434,29 +434,44 @@ function choices(units) {
   return el('p', {'class': 'choices'}, parts);
 }
 
+function addCounts(into, row) {
+  Object.keys(row).forEach(function (k) { into[k] = (into[k] || 0) + row[k]; });
+}
+
 function windowTasks(got) {
-  // What each task did in a 24-hour window: {task: {"axis:to" or "created": files}}, from the
-  // live document when the window ends now, else from the window's hourly task documents;
-  // null for longer windows (thousands of tasks may be active in a day).
+  // What each task did in a 24-hour window: {tasks: {task: {"axis:to" or "created": files}},
+  // other: {user: {tasks: n, "axis:to": files}}} (the tasks a summary folded, beyond the
+  // most recent it lists in full), from the live document when the window ends now, else
+  // from the window's hourly task documents; null for longer windows (thousands of tasks may
+  // be active in a day).
   if (view.window !== '24h') { return Promise.resolve(null); }
-  if (!view.until) { return Promise.resolve(got.live.tasks || {}); }
+  if (!view.until) {
+    return Promise.resolve({tasks: got.live.tasks || {}, other: got.live.tasks_other || {}});
+  }
   var starts = got.span.starts;
   return summaries('monitor:tasks:', got.label(starts[0]),
     got.label(starts[starts.length - 1]) + '\ufff0').then(function (docs) {
-    var tasks = {};
+    var tasks = {}, other = {};
     docs.forEach(function (d) {
-      Object.keys(d.tasks).forEach(function (t) {
-        tasks[t] = tasks[t] || {};
-        Object.keys(d.tasks[t]).forEach(function (k) { tasks[t][k] = (tasks[t][k] || 0) + d.tasks[t][k]; });
-      });
+      Object.keys(d.tasks).forEach(function (t) { tasks[t] = tasks[t] || {}; addCounts(tasks[t], d.tasks[t]); });
+      Object.keys(d.tasks_other || {}).forEach(function (u) { other[u] = other[u] || {}; addCounts(other[u], d.tasks_other[u]); });
     });
-    return tasks;
+    return {tasks: tasks, other: other};
   });
 }
 
-function activeTasks(tasks) {
-  // Tasks with events in the window: files created, ended and published there.
-  if (tasks === null) { return [el('p', {id: 'tasks-note'}, ['Active tasks: choose a 24-hour window.'])]; }
+function foldedTotals(other) {
+  // The folded tasks of every user (or of one) as one row: {tasks: n, "axis:to": files}.
+  var all = {};
+  Object.keys(other || {}).forEach(function (u) { addCounts(all, other[u]); });
+  return all;
+}
+
+function activeTasks(active) {
+  // Tasks with events in the window: files created, ended and published there; the tasks the
+  // summaries folded (too many to list) as one row of their totals.
+  if (active === null) { return [el('p', {id: 'tasks-note'}, ['Active tasks: choose a 24-hour window.'])]; }
+  var tasks = active.tasks, folded = foldedTotals(active.other);
   var columns = ['created', 'state:done', 'state:failed_attempt', 'state:failed', 'state:killed',
     'publication:published'];
   var names = Object.keys(tasks).sort(function (a, b) {
@@ -469,10 +484,17 @@ function activeTasks(tasks) {
       return el('td', {'class': 'n', 'data-column': c}, [tasks[t][c] || 0]);
     })));
   });
-  var title = 'Active tasks (' + WINDOWS[view.window][0] + (names.length > 100 ? ', the 100 busiest of ' +
-    names.length : '') + ')';
-  return [el('h2', {}, [title]), table('tasks', ['task'].concat(columns.map(function (c) {
-    return c.replace('state:', '').replace('publication:', ''); })), rows)];
+  var out = [el('h2', {}, ['Active tasks (' + WINDOWS[view.window][0] + (names.length > 100 ?
+    ', the 100 busiest of ' + names.length + ' listed' : '') + ')'])];
+  if (folded.tasks) {
+    rows.push(el('tr', {'data-task': '', id: 'tasks-folded-row'}, [el('th', {}, ['other tasks (' + folded.tasks + ')'])]
+      .concat(columns.map(function (c) { return el('td', {'class': 'n', 'data-column': c}, [folded[c] || 0]); }))));
+    out.push(el('p', {'class': 'note', id: 'tasks-folded', 'data-tasks': folded.tasks}, [folded.tasks +
+      ' more tasks were active than the summaries list one by one: their files are counted together ' +
+      'in the last row, "other tasks" (a task folded in several hours counts once per hour).']));
+  }
+  return out.concat([table('tasks', ['task'].concat(columns.map(function (c) {
+    return c.replace('state:', '').replace('publication:', ''); })), rows)]);
 }
 
 function overview() {
@@ -952,10 +974,12 @@ function user(name) {
     userFailures(name)]).then(function (got) {
     var allTasks = got[2], failures = got[3];
     var mine = got[0] ? (got[0].users || {})[name] : null;
-    var tasks = {};
+    var tasks = {}, other = {};
     Object.keys((got[1] || {}).tasks || {}).forEach(function (t) {
       if (got[1].tasks[t]['user:' + name]) { tasks[t] = got[1].tasks[t]; }
     });
+    var folded = ((got[1] || {}).tasks_other || {})[name];
+    if (folded) { other[name] = folded; }
     if (!mine && !Object.keys(tasks).length && !allTasks.count && !failures.count) {
       throw new NotFound('No user called ' + name + ' has files here.');
     }
@@ -974,10 +998,10 @@ function user(name) {
     var failing = sumOf(mine, STATES.failing), inFlight = sumOf(mine, STATES.on_its_way);
     var saved = view;
     view = {window: '24h', unit: 'files', until: ''};
-    var active = activeTasks(tasks);
+    var active = activeTasks({tasks: tasks, other: other});
     view = saved;
     active[0].textContent = 'Tasks active in the last 24 hours';
-    active[1].setAttribute('id', 'user-active');
+    active[active.length - 1].setAttribute('id', 'user-active');
     return head.concat([
       el('p', {id: 'user-summary', 'data-bytes': copied}, [total + ' files: ' + (mine.done || 0) +
         ' done (' + bytes(copied) + ' copied), ' + inFlight + ' on their way, ' + failing +
@@ -994,10 +1018,10 @@ function publication() {
   }).then(function (both) {
     var got = both[0], active = both[1];
     if (!got) { return noSummaries(); }
-    var tasks = {};
-    Object.keys(active || {}).forEach(function (t) {
+    var tasks = {}, listed = active ? active.tasks : {};
+    Object.keys(listed).forEach(function (t) {
       ends.forEach(function (e) {
-        var n = active[t]['publication:' + e] || 0;
+        var n = listed[t]['publication:' + e] || 0;
         if (n) { tasks[t] = tasks[t] || {}; tasks[t][e] = n; }
       });
     });
@@ -1007,6 +1031,13 @@ function publication() {
         return el('td', {'class': 'n', 'data-state': e}, [tasks[t][e] || 0]);
       })));
     });
+    var folded = foldedTotals(active ? active.other : {});
+    if (ends.some(function (e) { return folded['publication:' + e]; })) {  // the summaries' folded tasks
+      taskRows.push(el('tr', {'data-task': '', id: 'publication-folded-row'}, [el('th', {}, ['other tasks (' +
+        folded.tasks + ')'])].concat(ends.map(function (e) {
+        return el('td', {'class': 'n', 'data-state': e}, [folded['publication:' + e] || 0]);
+      }))));
+    }
     var rows = got.buckets.filter(function (b) {
       var e = endsOf(b.moves, 'publication');
       return ends.some(function (end) { return e[end]; });
