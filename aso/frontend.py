@@ -79,6 +79,8 @@ HEAVY_READS = 2  # reads carrying documents (include_docs) sent to the store at 
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
 HEAVY_WAIT = 30.0
+# A long poll's answer is held whole before it goes out (aso.gate bounds its rows, not bytes).
+MAX_POLL_BYTES = 64 << 20
 NODES_REFRESH = 10.0  # seconds between two readings of the store's node names (a `since`'s)
 REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
 
@@ -308,10 +310,19 @@ class _Collect(protocol.Protocol):
     """Reads a store answer's body whole, then hands it on; `drop` ends the store's side before
     that (the connection is not put back in a pool)."""
 
-    def __init__(self, whole: Any):
+    def __init__(self, whole: Any, too_large: Any = None):
         self.whole, self.parts, self.dropped = whole, [b""], False
+        self.too_large, self.size = too_large, 0
 
     def dataReceived(self, data: bytes) -> None:
+        if self.dropped:
+            return
+        self.size += len(data)
+        if self.size > MAX_POLL_BYTES and self.too_large is not None:
+            self.drop()  # what a long poll carries is held here whole: bounded
+            self.parts = []
+            self.too_large()
+            return
         self.parts.append(data)
 
     def drop(self) -> None:
@@ -657,8 +668,10 @@ class FrontEnd(resource.Resource):
         if made.poll_ms is not None and made.since == "now":
             self._poll_from_now(request, who, headers, made)
             return
-        if made.heavy:
-            slot = self._heavy_slot(who)
+        if made.heavy or (made.with_docs and not _is_agent(who)):
+            # A long poll with documents waits in its user's queue, never for a shared slot (it
+            # may wait a minute); agents' polls are the service's own and run side by side.
+            slot = self._heavy_slot(who, shared=made.heavy)
             slot.addCallback(
                 lambda release: self._send(request, who, headers, made, producer, release)
             )
@@ -666,9 +679,10 @@ class FrontEnd(resource.Resource):
             return
         self._send(request, who, headers, made, producer)
 
-    def _heavy_slot(self, who: Mapped) -> defer.Deferred[Callable[[], None]]:
-        """A slot for a read that carries documents, after the user's earlier ones: fires with
-        the function that gives it back, or fails with Busy after HEAVY_WAIT."""
+    def _heavy_slot(self, who: Mapped, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
+        """A slot for a read that carries documents, after the user's earlier ones (and, when
+        `shared`, one of the HEAVY_READS): fires with the function that gives it back, or fails
+        with Busy after HEAVY_WAIT."""
         mine = self.heavy_of.setdefault(who.name, defer.DeferredSemaphore(1))
         held: list[defer.DeferredSemaphore] = []
 
@@ -689,8 +703,9 @@ class FrontEnd(resource.Resource):
 
         waited: defer.Deferred[Any] = mine.acquire()
         waited.addCallback(lambda _: take(mine))
-        waited.addCallback(lambda _: self.heavy.acquire())
-        waited.addCallback(lambda _: take(self.heavy))
+        if shared:
+            waited.addCallback(lambda _: self.heavy.acquire())
+            waited.addCallback(lambda _: take(self.heavy))
         waited.addCallback(lambda _: release)
         waited.addTimeout(HEAVY_WAIT, self.reactor)
         waited.addErrback(timed_out)
@@ -822,9 +837,15 @@ class FrontEnd(resource.Resource):
 
         collectors: list[_Collect] = []
 
+        def too_large() -> None:
+            reason = (f"the answer to this long poll is larger than {MAX_POLL_BYTES >> 20} MiB; "
+                      "ask with a smaller limit")  # fmt: skip
+            body = json.dumps({"error": "bad_gateway", "reason": reason}).encode() + b"\n"
+            end(502, b"Bad Gateway", Headers({b"content-type": [b"application/json"]}), body)
+
         def answered(response: Any) -> None:
             collector = _Collect(lambda body: end(response.code, response.phrase,
-                                                  response.headers, body))  # fmt: skip
+                                                  response.headers, body), too_large)  # fmt: skip
             collectors.append(collector)
             request.notifyFinish().addErrback(lambda _: collector.drop())
             response.deliverBody(collector)
@@ -907,6 +928,10 @@ class FrontEnd(resource.Resource):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _is_agent(who: Mapped) -> bool:
+    return model.AGENT_ROLE in who.roles
 
 
 def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes) -> bytes:

@@ -47,6 +47,7 @@ class Forward:
     heavy: bool = False  # a read that carries documents: few at a time (frontend.HEAVY_READS)
     # the store nodes `since` names: forwarded only once the store itself has named them
     nodes: frozenset[str] = frozenset()
+    with_docs: bool = False  # carries documents (include_docs), heavy or not
 
 
 def _bad(reason: str) -> GateRefusal:
@@ -249,7 +250,7 @@ def _build(
         since = str(params.get("since", "0"))
     target = _target(route, variables, params)
     beat = heartbeat if poll_ms else None
-    return Forward(route, method, target, sent, poll_ms, since, beat, heavy, nodes)
+    return Forward(route, method, target, sent, poll_ms, since, beat, heavy, nodes, with_docs)
 
 
 def with_since(made: Forward, since: str) -> Forward:

@@ -774,3 +774,23 @@ def test_an_answer_nobody_reads_waits_at_the_store_and_takes_one_slot(boundary):
         files.bulk_write([{"_id": i, "_rev": d["_rev"], "_deleted": True}
                           for i, d in stored.items() if d])  # fmt: skip
     alive(b)
+
+
+def test_a_long_poll_s_answer_is_bounded_in_bytes(boundary):
+    """A long poll's answer is held whole before it goes out (so that one the front end ends at
+    its timeout is a whole answer): 1000 rows of documents could be 256 MB. One larger than
+    MAX_POLL_BYTES is refused with the bound; a smaller limit gets its rows."""
+    b = boundary
+    docs = big_requests(b, 300)  # ~72 MB of documents in the feed
+    try:
+        feed = f"/{b.files}/_changes?feed=longpoll&include_docs=true&since=0&timeout=5000"
+        answer = b.call("alice", "GET", feed + "&limit=1000")
+        refused(answer, 502, "smaller limit")
+        answer = b.call("alice", "GET", feed + "&limit=10")
+        assert answer.status_code == 200 and len(answer.json()["results"]) == 10
+    finally:
+        files = b.admin.db(b.files)
+        stored = files.get_many(d["_id"] for d in docs)
+        files.bulk_write([{"_id": i, "_rev": d["_rev"], "_deleted": True}
+                          for i, d in stored.items() if d])  # fmt: skip
+    alive(b)
