@@ -6,7 +6,9 @@ unchanged. On a store of its own, so that a guard that fails stops this module o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -300,3 +302,20 @@ def test_a_store_that_is_not_guarded_does_not_start(tmp_path, monkeypatch):
         own_store(tmp_path / "store"),
     ):
         pass
+
+
+def test_a_long_poll_left_during_its_first_look_does_not_end_the_store(guarded):
+    """A long poll's client that left while the store read the changes it had (its first,
+    one-off read) had its read cancelled with the live feeds, which pouchdb answers with no
+    `results`: the route read them and the store died. Only live feeds are cancelled."""
+    docs = [{"_id": f"poll-{uuid.uuid4().hex}", "pad": "x" * 2000} for _ in range(3000)]
+    for start in range(0, len(docs), MAX_BATCH):
+        answer = guarded.send("admin", "POST", f"/{guarded.db}/_bulk_docs",
+                              {"docs": docs[start : start + MAX_BATCH]})  # fmt: skip
+        assert answer.status_code == 201, answer.text[:200]
+    target = f"/{guarded.db}/_changes?feed=longpoll&since=0&include_docs=true&limit=3000"
+    for wait in (0.02, 0.05, 0.1, 0.2, 0.4) * 2:
+        with contextlib.suppress(requests.RequestException):
+            requests.get(guarded.url + target, auth=guarded.admin, timeout=wait)
+    time.sleep(1)
+    guarded.assert_alive()

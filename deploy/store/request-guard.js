@@ -565,7 +565,14 @@ function releasingFeeds(handler) {
     const timers = [];
     const db = req.db;
     req.db = Object.create(db, {
-      changes: {value: (opts) => { const feed = db.changes(opts); feeds.push(feed); return feed; }},
+      // Only live feeds are cancelled: a one-off read (a long poll's first look) cancelled
+      // resolves with no `results`, which the route reads, and the store dies (the red team).
+      changes: {value: (opts) => {
+        const live = Boolean(opts && (opts.live || opts.continuous));
+        const feed = db.changes(opts);
+        if (live) { feeds.push(feed); }
+        return feed;
+      }},
     });
     res.once('close', () => {
       timers.forEach(clearInterval);
