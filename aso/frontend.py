@@ -79,6 +79,7 @@ HEAVY_READS = 2  # reads carrying documents (include_docs) sent to the store at 
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
 HEAVY_WAIT = 30.0
+HEAVY_HOLD = 60.0  # seconds a read with documents may take to go out before it is cut
 # A long poll's answer is held whole before it goes out (aso.gate bounds its rows, not bytes).
 MAX_POLL_BYTES = 64 << 20
 NODES_REFRESH = 10.0  # seconds between two readings of the store's node names (a `since`'s)
@@ -778,6 +779,10 @@ class FrontEnd(resource.Resource):
             return
         if release is not None:  # given back when the answer has gone out, or the client
             request.notifyFinish().addBoth(lambda _: release())
+            # A client that does not read holds its slot (the store's side waits for it):
+            # not for longer than HEAVY_HOLD.
+            hold = self.reactor.callLater(HEAVY_HOLD, _cut, request)
+            request.notifyFinish().addBoth(lambda _: hold.cancel() if hold.active() else None)
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
@@ -928,6 +933,12 @@ class FrontEnd(resource.Resource):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _cut(request: server.Request) -> None:
+    if not request.finished and not _client_gone(request):
+        log.warning("cut %s: not read within %g s", _path(request), HEAVY_HOLD)
+        _transport(request.channel).abortConnection()
 
 
 def _is_agent(who: Mapped) -> bool:

@@ -214,6 +214,10 @@ EMBEDDED_CORS_OPEN               (found by the red team) CORS is on for every or
 EMBEDDED_SESSION_COOKIE_CROSS_SITE  (found by the red team) the session cookie has no SameSite
                                  and no HttpOnly: the guard adds `SameSite=Strict; HttpOnly`, as
                                  ASO's CouchDB settings give it (`[chttpd_auth] same_site`).
+EMBEDDED_LONGPOLL_CANCELLED_READ (found by the red team) a long poll's first, one-off read
+                                 cancelled (its client left) resolves with no `results`, which
+                                 the changes route reads: the store dies. The request guard
+                                 cancels only live feeds when their client leaves.
 EMBEDDED_KEYS_READ_WHOLE         (found by the red team) a view read by `keys` reads every
                                  row of every key (a key named twice, twice) and, with
                                  include_docs, the documents of all of them, before it applies
