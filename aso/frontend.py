@@ -725,13 +725,10 @@ class FrontEnd(resource.Resource):
             self._unknown_nodes(request, made)
             return
         self.nodes_read_at = time.monotonic()
-        db = made.target.partition(b"?")[0].split(b"/")[1]
-        info = self.agent.request(b"GET", self.store_url + b"/" + db, Headers(headers))
-        info.addCallback(client.readBody)
+        info = self._update_seq(made, headers)
 
-        def learned(body: bytes) -> None:
-            seq = json.loads(body).get("update_seq")
-            self.store_nodes |= sequences.check(str(seq))
+        def learned(seq: str) -> None:
+            self.store_nodes |= sequences.check(seq)
             if made.nodes - self.store_nodes:
                 self._unknown_nodes(request, made)
                 return
@@ -746,6 +743,14 @@ class FrontEnd(resource.Resource):
         _answer(request, 400, "bad_request", "since must be a sequence this store handed out "
                 "(it names a node the store does not have)")  # fmt: skip
 
+    def _update_seq(
+        self, made: gate.Forward, headers: dict[bytes, list[bytes]]
+    ) -> defer.Deferred[str]:
+        """The current sequence of the database `made` asks, read as the same user."""
+        info = self.agent.request(b"GET", self.store_url + b"/" + _db_of(made), Headers(headers))
+        body = info.addCallback(client.readBody)
+        return body.addCallback(lambda text: str(json.loads(text)["update_seq"]))
+
     def _poll_from_now(
         self,
         request: server.Request,
@@ -756,13 +761,10 @@ class FrontEnd(resource.Resource):
         """A long poll `since=now` asks from the database's current sequence, so that a quiet
         one ends with a `last_seq` the next poll can start from (the embedded store would
         answer "now")."""
-        db = made.target.partition(b"?")[0].split(b"/")[1]
-        info = self.agent.request(b"GET", self.store_url + b"/" + db, Headers(headers))
-        info.addCallback(client.readBody)
-        info.addCallback(lambda body: gate.with_since(made, str(json.loads(body)["update_seq"])))
-        info.addCallback(lambda now: self.forward(request, who, {
-            k: v[0] for k, v in headers.items()}, now))  # fmt: skip
-        info.addErrback(self._upstream_failed, request)
+        now = self._update_seq(made, headers).addCallback(lambda seq: gate.with_since(made, seq))
+        now.addCallback(lambda from_now: self.forward(request, who, {
+            k: v[0] for k, v in headers.items()}, from_now))  # fmt: skip
+        now.addErrback(self._upstream_failed, request)
 
     def _send(
         self,
@@ -903,7 +905,7 @@ class FrontEnd(resource.Resource):
                 release = yield self._heavy_slot(who)
                 try:
                     keys = json.dumps({"keys": sorted(conflicts)}).encode()
-                    db = made.target.partition(b"?")[0].split(b"/")[1]
+                    db = _db_of(made)
                     read = yield self.agent.request(
                         b"POST",
                         self.store_url + b"/" + db + b"/_all_docs?include_docs=true",
@@ -939,6 +941,11 @@ def _cut(request: server.Request) -> None:
     if not request.finished and not _client_gone(request):
         log.warning("cut %s: not read within %g s", _path(request), HEAVY_HOLD)
         _transport(request.channel).abortConnection()
+
+
+def _db_of(made: gate.Forward) -> bytes:
+    """The database a forwarded request names (its first path segment, as sent)."""
+    return made.target.partition(b"?")[0].split(b"/")[1]
 
 
 def _is_agent(who: Mapped) -> bool:
