@@ -44,7 +44,7 @@ space := $(subst ,, )
 engines = $(if $(filter both,$(STORE)),pouchdb couchdb,$(if $(filter command line environment,$(origin STORE)),$(STORE),$(or $(1),$(STORE))))
 comma_list = $(subst $(space),$(,),$(strip $(1)))
 
-.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos soak bench bench-scale bench-long bench-uploads bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
+.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos chaos-cluster soak bench bench-scale bench-long bench-uploads bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
@@ -58,7 +58,8 @@ help:
 	@echo "              in the store, with that store's costs (~4 h; STORE=both for both stores)"
 	@echo "make bench-uploads - job uploads a store takes at 2, 8, 32 uploaders, and their CPU (~2 min)"
 	@echo "make fuzz   - the hostile-input suite with many more generated cases (~15 min)"
-	@echo "make chaos  - 4x design with agents, store and storage failing; then a host killed (~25 min)"
+	@echo "make chaos  - 4x design with agents, store and storage failing; a host killed; then"
+	@echo "              make chaos-cluster: CouchDB nodes killed under short leases (~50 min)"
 	@echo "make soak   - one simulated hour at 4x: memory and open files per process (~35 min)"
 	@echo "make clean  - remove the virtual environment and installed Node packages (keeps var/)"
 
@@ -201,12 +202,22 @@ bench-pages: setup couchdb
 # Chaos at 4x design (docs/testing.md: Chaos, soak and failures): agents killed every 5 s, the store
 # killed and restarted twice, a storage outage and a failing link; then two agent hosts, one
 # killed midway. Each prints the exact accounting and exits 1 if anything was lost.
-chaos: setup
-	rm -rf var/sim/chaos var/sim/hosts
+chaos: setup couchdb
+	rm -rf var/sim/chaos var/sim/hosts var/sim/cluster-*
 	$(VENV)/bin/aso sim --scale 4 --duration 5m --interval 10s --block-timeout 60 --chaos \
 	  --workdir var/sim/chaos
 	$(VENV)/bin/aso sim --scale 4 --duration 5m --interval 10s --block-timeout 60 --hosts 2 \
 	  --kill-host sim2 --workdir var/sim/hosts
+	$(MAKE) --no-print-directory chaos-cluster
+
+# The cluster cases of `make chaos` (no file copied twice at once, whatever the lease and whichever
+# node dies): node 2 killed with a 20 s and a 10 s lease, nodes 2 then 3 killed.
+CLUSTER_SIM = $(VENV)/bin/aso sim --scale 4 --duration 4m --interval 10s --engine couchdb --nodes 3 \
+	--hosts 3 --block-timeout 30 --retry-delay 10 --no-ceiling --seed 42 --users 300 --sites 90
+chaos-cluster: setup couchdb
+	$(CLUSTER_SIM) --kill-node 2 --lease 20s --workdir var/sim/cluster-lease20
+	$(CLUSTER_SIM) --kill-node 2 --lease 10s --workdir var/sim/cluster-lease10
+	$(CLUSTER_SIM) --kill-node 2 --kill-node 3 --lease 10s --workdir var/sim/cluster-two-nodes
 
 # One simulated hour at 4x design, twice as fast as real time (30 min): memory and open files
 # of every process at the start, middle and end (report.json: resources).

@@ -258,7 +258,7 @@ class GfalWorker(Agent):
     # -- one copy -----------------------------------------------------------------------------
     def run_copy(self, job_id: str, file_id: str) -> None:
         try:
-            current = self.jobs.db.get(job_id)
+            current = self.jobs.get(job_id)
             if current is None:
                 return
             entry = current["files"][file_id]
@@ -367,7 +367,7 @@ class GfalWorker(Agent):
     def _cancelled(self, job_id: str, file_id: str) -> bool:
         if self.stop_copies.is_set() or job_id in self.lost:
             return True
-        doc = self.jobs.db.get(job_id)
+        doc = self.jobs.get(job_id)
         return bool(doc and file_id in doc.get("cancel", {}))
 
     def record(

@@ -22,8 +22,15 @@ between them: each cycle it
   `submitted` (the intent is written before the job goes to the service); when the lease has
   ended and the service still knows no job of its key (its submitter died, or the service did
   not answer it), puts the file back to `new`;
-* settles expired leases of `acquired` files (written by submitters before issue 22): adopted if
-  their job reached the service (looked up by the job key in the lease), back to `new` if not.
+* settles expired leases of `acquired` files (written by older submitters): adopted if their
+  job reached the service (looked up by the job key in the lease), back to `new` if not.
+
+Nothing gets another attempt while its old job may still run: before a file whose job the
+service does not know is put back to `new`, failed as lost or killed, the job is *fenced*
+(TransferService.fence): known never to have been made and unable to be made from now on, or
+its files ended there, cancelled where they had not. A job the service cannot answer for keeps
+its files where they are. The lease only says when to look; the fence is what makes it safe
+(docs/design.md, "Leases and fences").
 
 Partition: by job (a job's files are followed by one instance), or by job key for leases.
 """
@@ -47,12 +54,23 @@ from aso.core.destination import (
     not_done,
     unchecked,
 )
+from aso.core.request import Doc
 from aso.files import Confirmer, Files, open_files
 from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle
 from aso.sites import SiteError
 from aso.transfer import errors, open_service
-from aso.transfer.base import CANCELED, DONE, FileStatus, JobStatus, TransferError
+from aso.transfer.base import (
+    ABSENT,
+    CANCELED,
+    DONE,
+    ENDED,
+    Fence,
+    FileStatus,
+    JobStatus,
+    TransferError,
+    job_id_for,
+)
 from aso.workqueue import ACTIVE, LEASE
 
 log = logging.getLogger("aso.agent.monitor")
@@ -67,22 +85,19 @@ LOOK_WAIT = 5.0
 def outcome(
     doc: Mapping[str, Any],
     status: FileStatus | None,
-    job_known: bool,
     by: str,
     now: float,
     finding: Finding | None = None,
 ) -> dict[str, Any] | None:
     """The document after its file's transfer ended, or None while it is still under way (or
-    reported done and not confirmed at the destination yet). `finding`: the monitor's look at
-    the destination, for a copy the service reported done without verifying it."""
+    reported done and not confirmed at the destination yet). `status`: the file's in its
+    job, None when the job the service knows has no such file (it cannot copy it).
+    `finding`: the monitor's look at the destination, for a copy the service reported done
+    without verifying it."""
     killing = doc[STATE] == "kill_requested"
-    if not job_known or status is None:
-        reason = (
-            f"the transfer service does not know job {doc['transfer']['job_id']}"
-            if not job_known
-            else f"job {doc['transfer']['job_id']} has no file {doc['_id']}"
-        )
-        return request.job_lost(doc, by, now, reason)
+    if status is None:
+        reason = f"job {doc['transfer']['job_id']} has no file {doc['_id']}"
+        return request.job_lost(doc, by, now, reason, ENDED)
     if not status.terminal:
         return None
     if status.state == DONE:
@@ -148,8 +163,8 @@ class Monitor(Agent):
 
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts(
-            "done", "failed", "killed", "adopted", "released", "looked", "unconfirmed",
-            "cleaned", "cleanup_errors", "conflicts",
+            "done", "failed", "killed", "adopted", "released", "fenced", "unfenced", "looked",
+            "unconfirmed", "cleaned", "cleanup_errors", "conflicts",
         )  # fmt: skip
         updates: list[dict[str, Any]] = []
         confirmed: set[str] = set()  # files whose destination the monitor confirmed
@@ -157,7 +172,7 @@ class Monitor(Agent):
         self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
         try:
             updates += self.poll(active, ctx, confirmed)
-            updates += self.settle_leases(ctx.work, ctx.now)
+            updates += self.settle_leases(ctx.work, ctx)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
         self.record(self.clean_at_done(updates, ctx.now, confirmed), ctx)
@@ -187,7 +202,7 @@ class Monitor(Agent):
             by_job[doc["transfer"]["job_id"]].append(doc)
         job_ids = sorted(by_job)
         updates = []
-        ended: list[tuple[dict[str, Any], FileStatus | None, bool]] = []
+        ended: list[tuple[dict[str, Any], FileStatus | None]] = []
         for start in range(0, len(job_ids), STATUS_BATCH):
             batch = job_ids[start : start + STATUS_BATCH]
             statuses: dict[str, JobStatus | None] = self.service.status(batch)
@@ -195,14 +210,16 @@ class Monitor(Agent):
             for job_id in batch:
                 job = statuses.get(job_id)
                 if job is None and any(doc.get("lease") for doc in by_job[job_id]):
-                    updates += self.not_at_the_service(by_job[job_id], ctx.now)
+                    updates += self.not_at_the_service(by_job[job_id], ctx)
                     continue
-                for doc in by_job[job_id]:
-                    ended.append((doc, job.files.get(doc["_id"]) if job else None, job is not None))
-        findings = self.look([doc for doc, status, _ in ended if needs_a_look(status)], ctx)
-        for doc, status, known in ended:
+                if job is None:
+                    updates += self.lost(by_job[job_id], ctx)
+                    continue
+                ended += [(doc, job.files.get(doc["_id"])) for doc in by_job[job_id]]
+        findings = self.look([doc for doc, status in ended if needs_a_look(status)], ctx)
+        for doc, status in ended:
             finding = findings.get(doc["_id"])
-            args = (status, known, self.instance, ctx.now, finding)
+            args = (status, self.instance, ctx.now, finding)
             updated = ctx.acted_on(outcome, doc, *args)
             if updated is not None:
                 updates.append(updated)
@@ -233,11 +250,36 @@ class Monitor(Agent):
             )
         return findings
 
-    def not_at_the_service(self, docs: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    def fenced(self, job_id: str, docs: list[dict[str, Any]], ctx: Cycle) -> Fence | None:
+        """The fence of `job_id` for the files of `docs` (TransferService.fence), counted; None
+        while it does not hold yet: the files wait."""
+        try:
+            fence = self.service.fence(job_id, [d["_id"] for d in docs])
+        except TransferError as exc:
+            log.info("job %s not fenced (%s): its %d files wait", job_id, exc, len(docs))
+            fence = None
+        ctx.count("fenced" if fence is not None else "unfenced", len(docs))
+        if fence is not None:
+            log.debug("job %s fenced: %s (%s)", job_id, fence.verdict, fence.detail)
+        return fence
+
+    def lost(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """Files of a job the service does not know although it got it (adopted, or recorded
+        under the service's own id): once the job is fenced absent, each attempt failed as
+        lost (a kill ends `killed`); a job that exists after all is followed on."""
+        job_id = docs[0]["transfer"]["job_id"]
+        fence = self.fenced(job_id, docs, ctx)
+        if fence is None or fence.verdict != ABSENT:
+            return []  # the job exists: its status comes with a later call
+        reason = f"the transfer service does not know job {job_id}"
+        return [request.job_lost(d, self.instance, ctx.now, reason, fence.verdict) for d in docs]
+
+    def not_at_the_service(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         """Files of a job the service does not know, whose submitter wrote them `submitted`
         before its call: wait while their lease lasts (the call may be under way); then ask
-        the service for the key (it may have named the job otherwise) and put them back to
-        `new` if it never got the job (a kill ends `killed`)."""
+        the service for the key (it may have named the job otherwise), and once the job is
+        fenced absent put them back to `new` (a kill ends `killed`)."""
+        now = ctx.now
         lease = docs[0].get("lease") or {}
         if lease.get("until", 0) >= now:
             return []
@@ -246,22 +288,29 @@ class Monitor(Agent):
             if found == docs[0]["transfer"]["job_id"]:
                 return []  # made since the status call: its status comes next cycle
             return [request.job_recorded(d, found, self.service.name, now) for d in docs]
-        return [
-            request.released(d, self.instance, now)
-            if d[STATE] == "submitted"
-            else request.attempt_ended(
-                d,
+        fence = self.fenced(docs[0]["transfer"]["job_id"], docs, ctx)
+        if fence is None or fence.verdict != ABSENT:
+            return []  # the job exists after all: followed from the next status call
+        return [self.never_began(d, fence.verdict, now, "reached the service") for d in docs]
+
+    def never_began(self, doc: dict[str, Any], fenced: str, now: float, where: str) -> Doc:
+        """A file whose job is fenced absent: back to `new`, or `killed` if its owner asked."""
+        if doc[STATE] == "kill_requested":
+            return request.attempt_ended(
+                doc,
                 "killed",
                 self.instance,
                 now,
                 outcome="canceled",
-                reason="killed before its job reached the service",
+                reason=f"killed before its job {where}",
+                fenced=fenced,
             )
-            for d in docs
-        ]
+        return request.released(doc, self.instance, now, fenced)
 
-    def settle_leases(self, mine: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-        """Expired leases, and kills of files that never got a job id in their document."""
+    def settle_leases(self, mine: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """Expired leases, and kills of files that never got a job id in their document: each
+        settled once the job of its key is found, or fenced absent."""
+        now = ctx.now
         updates = []
         jobs: dict[str, str | None] = {}  # job key → job id: one look-up per key
         for doc in mine:
@@ -274,30 +323,22 @@ class Monitor(Agent):
             if key and key not in jobs:
                 jobs[key] = self.service.lookup(key)
             job_id = jobs.get(key) if key else None
-            if orphan_kill:
-                if job_id:
-                    # Record the job (no transition): the cancel and its outcome then follow
-                    # the path of every other kill of an active file.
-                    updates.append(request.job_recorded(doc, job_id, self.service.name, now))
-                else:
-                    updates.append(
-                        request.attempt_ended(
-                            doc,
-                            "killed",
-                            self.instance,
-                            now,
-                            outcome="canceled",
-                            reason="killed before its job was submitted",
-                        )
-                    )
+            if job_id and orphan_kill:
+                # Record the job (no transition): the cancel and its outcome then follow the
+                # path of every other kill of an active file.
+                updates.append(request.job_recorded(doc, job_id, self.service.name, now))
             elif job_id:
                 updates.append(
                     request.attempt_started(
                         doc, job_id, self.service.name, self.instance, now, ADOPTED
                     )
                 )
-            else:
-                updates.append(request.released(doc, self.instance, now))
+            elif key:
+                fence = self.fenced(job_id_for(key), [doc], ctx)
+                if fence is not None and fence.verdict == ABSENT:
+                    updates.append(self.never_began(doc, fence.verdict, now, "was submitted"))
+            elif orphan_kill:  # no job key: no job was ever asked for
+                updates.append(self.never_began(doc, ABSENT, now, "was submitted"))
         return updates
 
     def clean_at_done(

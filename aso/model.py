@@ -342,6 +342,9 @@ ATTEMPT = {
         "outcome": {"type": ["string", "null"], "enum": ["done", "failed", "canceled", None]},
         "reason": {"type": ["string", "null"], "max": 4096},
         "error_class": {"type": ["string", "null"], "max": 64},
+        # The fence of a job the service did not know, before the file's next attempt
+        # (aso.transfer.base.Fence): no such job can run, or its files had ended there.
+        "fenced": {"type": ["string", "null"], "enum": ["absent", "ended", None]},
     },
 }
 

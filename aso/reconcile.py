@@ -909,8 +909,9 @@ class Fixer:
         if repair.action == KEEP_WINNER:
             return self._keep_winner(doc)
         if repair.action == JOB_LOST:
-            self._cancel(repair.cancel_job, doc)
-        elif repair.action == RECOPY:
+            fenced = self._fence(repair.cancel_job, doc)
+            return self._write(finding, repair, doc, fenced=fenced)
+        if repair.action == RECOPY:
             self._prepare_recopy(finding, repair, doc)
         elif repair.action != TRANSITION:
             raise Skip(f"unknown repair {repair.action}")
@@ -971,9 +972,11 @@ class Fixer:
         except FileError as exc:
             raise Skip(str(exc)) from None
 
-    def _cancel(self, job_id: str | None, doc: Mapping[str, Any]) -> None:
+    def _fence(self, job_id: str | None, doc: Mapping[str, Any]) -> str | None:
+        """The fence of the file's job (TransferService.fence): its verdict, once the job is
+        known absent or the file ended there (cancelled if it had not); Skip while not."""
         if not job_id:
-            return
+            return None
         from aso.transfer.base import TransferError
 
         try:
@@ -981,9 +984,12 @@ class Fixer:
                 if self.service is None:
                     raise Skip(f"job {job_id} must be cancelled first: no transfer service")
                 self._service = self.service()
-            self._service.cancel(job_id, [doc["_id"]])
+            fence = self._service.fence(job_id, [doc["_id"]])
         except TransferError as exc:
-            raise Skip(f"job {job_id} not cancelled ({exc}): the file is left as it is") from None
+            raise Skip(f"job {job_id} not fenced ({exc}): the file is left as it is") from None
+        if fence is None:
+            raise Skip(f"job {job_id}: cancel asked, not confirmed yet: the file is left as it is")
+        return str(fence.verdict)
 
     def _prepare_recopy(self, finding: Finding, repair: Repair, doc: Mapping[str, Any]) -> None:
         """The temporary copy must still be whole; a damaged destination copy goes first."""
@@ -1010,7 +1016,7 @@ class Fixer:
                 wrong,
             )
 
-    def _write(self, finding: Finding, repair: Repair, doc: dict[str, Any]) -> str:
+    def _write(self, finding: Finding, repair: Repair, doc: dict[str, Any], **extra: Any) -> str:
         role = repair.role or AGENT
         db = self.agent_db if role == AGENT and self.agent_db is not None else self.admin_db
         if db is None:
@@ -1022,7 +1028,8 @@ class Fixer:
         if repair.operation not in core.REPAIRS:
             raise Skip(f"unknown operation {repair.operation}")
         try:
-            new = core.REPAIRS[repair.operation](doc, self.by, model.now(), reason, **repair.args)
+            args = {**repair.args, **extra}
+            new = core.REPAIRS[repair.operation](doc, self.by, model.now(), reason, **args)
         except model.ModelError as exc:
             raise Skip(str(exc)) from None
         try:

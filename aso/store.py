@@ -848,10 +848,13 @@ class Database:
             return False
 
     # -- single documents -------------------------------------------------------------------
-    def get(self, doc_id: str) -> dict[str, Any] | None:
+    def get(self, doc_id: str, *, conflicts: bool = False) -> dict[str, Any] | None:
+        """One document (a cluster's quorum read), or None; `conflicts`: with the `_conflicts`
+        revisions of it (CLUSTER_CONFLICTING_BRANCHES)."""
+        params = {"conflicts": "true"} if conflicts else None
         try:
             path = f"/{quote(self.name, safe='')}/{_doc_path(doc_id)}"
-            return cast(dict[str, Any], self.server.raw("GET", path))
+            return cast(dict[str, Any], self.server.raw("GET", path, params=params))
         except NotFound:
             return None
 

@@ -8,9 +8,10 @@ While the injection runs, a `Chaos` thread:
   time down for `store_down` wall seconds (SIGKILL, then the same data directory and port);
 * optionally kills one whole agent host (`kill_host`, with `--hosts 2`): its supervisor and
   every agent of it, for good, so that the other host must take its work over;
-* optionally kills one node of a local CouchDB cluster (`kill_node`, with `--nodes 3`) with
-  SIGKILL and starts it again `store_down` wall seconds later: the agents of the hosts that
-  talk to it meet a store that is gone, the others a cluster with one node missing.
+* optionally kills nodes of a local CouchDB cluster (`kill_nodes`, with `--nodes 3`), one
+  after the other, each with SIGKILL and started again `store_down` wall seconds later: the
+  agents of the hosts that talk to it meet a store that is gone, the others a cluster with one
+  node missing.
 
 Two faults are simulated-time windows of the plan, so the transfer service itself plays them
 (aso/transfer/sim.py): the storage of the busiest destination site stops for a while (files in
@@ -54,8 +55,9 @@ class ChaosPlan:
     outages: bool = True  # the storage outage and the failing link
     kill_host: str | None = None  # a host id to kill for good, at kill_host_at
     kill_host_at: float = 0.4  # fraction of the injection
-    kill_node: int | None = None  # a node of a local cluster to kill and start again
-    kill_node_at: float = 0.5  # fraction of the injection
+    # Nodes of a local cluster to kill and start again, one after the other, evenly spread
+    # over the injection (one node: midway).
+    kill_nodes: tuple[int, ...] = ()
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -154,8 +156,9 @@ class Chaos(threading.Thread):
             times = [(self._before_tick(at), what) for at, what in times]
         if self.chaos.kill_host:
             times.append((self.start_at + span * self.chaos.kill_host_at, "host"))
-        if self.chaos.kill_node:
-            times.append((self.start_at + span * self.chaos.kill_node_at, "node"))
+        count = len(self.chaos.kill_nodes)
+        for k, index in enumerate(self.chaos.kill_nodes):
+            times.append((self.start_at + span * (k + 1) / (count + 1), f"node {index}"))
         return sorted(times)
 
     def _before_tick(self, at: float) -> float:
@@ -171,9 +174,10 @@ class Chaos(threading.Thread):
             now = time.time()
             if scheduled and now >= scheduled[0][0]:
                 _, action = scheduled.pop(0)
-                {"store": self.restart_store, "host": self.kill_host, "node": self.restart_node}[
-                    action
-                ]()
+                if action.startswith("node "):
+                    self.restart_node(int(action.split()[1]))
+                else:
+                    {"store": self.restart_store, "host": self.kill_host}[action]()
                 continue
             if every and now >= next_kill:
                 self.kill_agent()
@@ -203,9 +207,8 @@ class Chaos(threading.Thread):
         self._halt.wait(self.chaos.store_down)
         self.log.add("store_up", "store", self.store.start())
 
-    def restart_node(self) -> None:
+    def restart_node(self, index: int) -> None:
         """SIGKILL one node of the local cluster, then start it again on its data."""
-        index = self.chaos.kill_node or 0
         node = getattr(self.store, "node", None)
         if node is None:
             self.log.add("skipped", f"node {index}", "the store is not a local cluster")

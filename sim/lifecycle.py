@@ -889,13 +889,21 @@ class Simulation:
                     yield change["doc"]
 
     def _copies(self) -> Iterable[tuple[str, float, float]]:
-        """(file id, start, end) of every copy the sim service made, from its job table."""
+        """(file id, start, end) of every copy the sim service made, from its job table: each
+        job as the service sees it, over all its branches (a job stored below a cluster's
+        quorum that came back beside its fence: aso.transfer.jobstore.merged)."""
         jobs_db = self.service.admin.db(self.config.store.transfers_db)
         service = SimService(jobs_db, self.config.sim)
-        for doc in self._all_docs(self.config.store.transfers_db):
-            if doc.get("type") == JOB_TYPE:
-                for file_id, (start, end) in service.copies(doc).items():
-                    yield file_id, start, end
+        ids = [
+            doc["_id"]
+            for doc in self._all_docs(self.config.store.transfers_db)
+            if doc.get("type") == JOB_TYPE
+        ]
+        for start in range(0, len(ids), 1000):
+            for job in service.jobs.get_many(ids[start : start + 1000]).values():
+                if job is not None:
+                    for file_id, (begun, end) in service.copies(job).items():
+                        yield file_id, begun, end
 
     def _catalog_lfns(self) -> Iterable[str]:
         for doc in self._all_docs(self.config.store.catalog_db):

@@ -28,6 +28,7 @@ from typing import Any
 from aso import model
 from aso.model import PUBLICATION, STATE
 from aso.summaries import BACKLOG
+from aso.transfer import errors
 from sim.workload import Plan
 
 HOUR = 3600.0
@@ -63,6 +64,10 @@ class Accounting:
     # From the transfer service's records (the job table): files with two copies at once.
     copied_twice_at_once: list[str] = field(default_factory=list)
     copies_checked: int = 0  # copies (one file in one job) looked at
+    # Attempts whose job the service did not know (released, lost): by the verdict of the
+    # fence that came first ("absent", "ended"); `unfenced`: files with one that had none.
+    fences: dict[str, int] = field(default_factory=dict)
+    unfenced: list[str] = field(default_factory=list)
     # From the catalog: published files it lacks, holds twice, or holds unpublished.
     catalog_missing: list[str] = field(default_factory=list)
     catalog_twice: list[str] = field(default_factory=list)
@@ -75,6 +80,7 @@ class Accounting:
         "twice",
         "unfinished",
         "copied_twice_at_once",
+        "unfenced",
         "catalog_missing",
         "catalog_twice",
         "catalog_unexpected",
@@ -110,6 +116,8 @@ class Accounting:
             "unfinished": self.unfinished[:100],
             "copied_twice_at_once": self.copied_twice_at_once[:100],
             "copies_checked": self.copies_checked,
+            "fences": self.fences,
+            "unfenced": self.unfenced[:100],
             "catalog_missing": self.catalog_missing[:100],
             "catalog_twice": self.catalog_twice[:100],
             "catalog_unexpected": self.catalog_unexpected[:100],
@@ -130,7 +138,15 @@ class Accounting:
             f"{len(self.unfinished)} not final · "
             f"{len(self.unexpected)} unexpected · {len(self.twice)} completed twice · "
             f"{len(self.copied_twice_at_once)} copied twice at once "
-            f"({self.copies_checked} copies checked) · {catalog}"
+            f"({self.copies_checked} copies checked) · {self.fences_line()} · {catalog}"
+        )
+
+    def fences_line(self) -> str:
+        """The attempts whose job the service did not know, and how each job was fenced."""
+        verdicts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(self.fences.items()))
+        return (
+            f"{sum(self.fences.values())} jobs not found fenced first ({verdicts or 'none'}), "
+            f"{len(self.unfenced)} not"
         )
 
 
@@ -139,6 +155,7 @@ def account(injected: Iterable[str], docs: Iterable[Mapping[str, Any]]) -> Accou
     wanted = set(injected)
     seen: set[str] = set()
     outcomes: Counter[str] = Counter()
+    fences: Counter[str] = Counter()
     result = Accounting(len(wanted), {})
     for doc in docs:
         doc_id = doc["_id"]
@@ -152,6 +169,11 @@ def account(injected: Iterable[str], docs: Iterable[Mapping[str, Any]]) -> Accou
         )
         if done > 1 or published > 1:
             result.twice.append(doc_id)
+        for attempt in doc.get("attempts") or []:
+            if attempt.get("fenced") is not None:
+                fences[attempt["fenced"]] += 1
+            elif not_found(attempt) and doc_id not in result.unfenced:
+                result.unfenced.append(doc_id)
         kind = outcome(doc)
         if kind == "unfinished":
             result.unfinished.append(doc_id)
@@ -159,7 +181,19 @@ def account(injected: Iterable[str], docs: Iterable[Mapping[str, Any]]) -> Accou
             outcomes[kind] += 1
     result.missing = sorted(wanted - seen)
     result.outcomes = {k: outcomes.get(k, 0) for k in OUTCOMES}
+    result.fences = dict(fences)
     return result
+
+
+def not_found(attempt: Mapping[str, Any]) -> bool:
+    """An attempt ended because the service did not know its job: released after its lease,
+    lost, or killed before its job was made (aso.core.request)."""
+    reason = attempt.get("reason") or ""
+    return (
+        attempt.get("error_class") == errors.LOST
+        or reason == "lease expired, no job"
+        or reason.startswith("killed before its job")
+    )
 
 
 def check_copies(result: Accounting, copies: Iterable[tuple[str, float, float]]) -> None:

@@ -12,7 +12,7 @@ from aso.config import Config
 from aso.model import STATE
 from aso.runtime import Runner
 from aso.store import Database, Server
-from aso.transfer.jobstore import JOB_TYPE
+from aso.transfer.jobstore import JOB_TYPE, is_fence
 from tests.conftest import sample_request
 
 LINKS = [
@@ -85,11 +85,17 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def jobs_of(admin: Server, config: Config) -> list[dict[str, Any]]:
+def job_table(admin: Server, config: Config) -> list[dict[str, Any]]:
+    """Every document of the job table: the jobs and the fences of jobs never made."""
     rows = admin.db(config.store.transfers_db).server.call(
         admin.client.post_all_docs, db=config.store.transfers_db, include_docs=True
     )["rows"]
     return [r["doc"] for r in rows if r["doc"].get("type") == JOB_TYPE]
+
+
+def jobs_of(admin: Server, config: Config) -> list[dict[str, Any]]:
+    """The jobs of the job table (not the fences of jobs never made)."""
+    return [doc for doc in job_table(admin, config) if not is_fence(doc)]
 
 
 def assert_each_file_in_one_job(admin: Server, config: Config, ids: list[str]) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from aso.localstore import free_ports
 from aso.managed import local_store
 from aso.model import AGENT, STATE, Change
 from aso.store import Contested, Server, Settings
+from aso.transfer.base import ABSENT, CANCELED, FileTransfer, JobRequest, job_id_for
+from aso.transfer.sim import SimService
 from tests.conftest import db_as, make_config, only_on, sample_request, write_config
 from tests.test_store import conflicted
 
@@ -167,30 +170,101 @@ def test_the_reconciler_keeps_the_winner_of_a_quiet_conflict(
     assert agent.get(doc["_id"])["history"][-1]["by"] == "sub-1"
 
 
+def test_a_job_stored_below_the_quorum_is_fenced_and_cancelled_when_it_comes_back(cluster):
+    """The case of issue 34: a job written while two nodes were down reaches one node only;
+    that node dies. The other two know no such job, so the monitor's fence stands at the
+    job's id, written at the quorum (a release may follow: nothing can run the old job from
+    then on). When the node comes back with the job, the job is a branch beside the fence,
+    and every reader sees every file of it cancelled from the fence's time: its copies end
+    there, before any new attempt."""
+    config, path = cluster
+    store = local_store(config)
+    assert isinstance(store, CouchDBCluster)
+    sim = dataclasses.replace(config.sim, mean_duration=600.0, distribution="fixed")
+    key = f"sub-1:{uuid.uuid4()}"
+    job = JobRequest(
+        key=key,
+        files=tuple(
+            FileTransfer(f"f{n}", "sim://a/x", "sim://b/x", 1, "00000001") for n in range(3)
+        ),
+        user="alice",
+        task="240101_120000:alice_t",
+        source_site="T2_XX_A",
+        destination_site="T2_XX_B",
+    )
+    services = {
+        i: SimService(node_admin(config, i).db(config.store.transfers_db), sim) for i in (1, 2)
+    }
+    for index in (2, 3):
+        assert store.node(index).kill()
+    try:
+        services[1].submit(job)  # stored by node 1 alone (202: reported as "exists")
+        assert store.node(1).kill()
+    finally:
+        for index in (2, 3):
+            store.node(index).start()
+    job_id = job_id_for(key)
+    try:
+        assert services[2].lookup(key) is None and services[2].status([job_id]) == {job_id: None}
+        fence = services[2].fence(job_id, ["f0", "f1", "f2"])
+        assert fence is not None and fence.verdict == ABSENT, fence
+        fenced_at = services[2].jobs.db.get(job_id)["fenced"]
+    finally:
+        store.node(1).start()
+    db = node_admin(config, 2).db(config.store.transfers_db)
+    deadline = time.time() + 120
+    while len(db.leaves(job_id)) < 2 and time.time() < deadline:
+        time.sleep(1)  # internal replication brings node 1's job back
+    assert len(db.leaves(job_id)) == 2
+    merged = services[2].jobs.get(job_id)
+    assert merged is not None and set(merged["files"]) == {"f0", "f1", "f2"}
+    assert merged["cancel"] == dict.fromkeys(merged["files"], fenced_at)
+    runs = services[2].copies(merged)
+    assert all(end <= fenced_at for _, end in runs.values()), runs
+    status = services[2].status([job_id])[job_id]
+    assert status is not None and {f.state for f in status.files.values()} == {CANCELED}
+    # Followed through node 1 too: the same job, the same cancels.
+    assert services[1].jobs.get(job_id)["cancel"] == merged["cancel"]
+    assert aso("store", "status", config=path).returncode == 0
+
+
 @pytest.mark.timeout(900)  # a subprocess bounded by its own timeout and --drain-timeout
-def test_a_lifecycle_run_with_a_node_killed_accounts_for_every_file(tmp_path):
+@pytest.mark.parametrize(
+    ("lease", "nodes_killed", "seed"),
+    [("20s", ("2",), "1"), ("10s", ("2", "3"), "42")],
+    ids=["node-2-lease-20s", "nodes-2-then-3-lease-10s"],
+)
+def test_a_lifecycle_run_with_nodes_killed_accounts_for_every_file(
+    tmp_path, lease, nodes_killed, seed
+):
     """`aso sim` on a cluster of its own: agents on three hosts, each talking to its own node,
-    while files are injected; node 2 is killed with SIGKILL midway and started again. Every
-    file ends exactly once, none is copied twice at once, no lease is left hanging (every file
-    is final; an acquisition the restarted node stored below the quorum is settled when its
-    20 s lease ends), and every published file is in the catalog exactly once (exit 0 only
-    then)."""
+    while files are injected; nodes are killed with SIGKILL (one after the other) and started
+    again. Every file ends exactly once, none is copied twice at once, no lease is left hanging
+    (every file is final; an acquisition the restarted node stored below the quorum is settled
+    when its lease ends), every job not found was fenced before its files went on (issue 34:
+    the lease is when to look, the fence what makes it safe), and every published file is in
+    the catalog exactly once (exit 0 only then)."""
     workdir = tmp_path / "sim"
+    kills = [arg for index in nodes_killed for arg in ("--kill-node", index)]
     run = subprocess.run(
         [ASO, "sim", "--scale", "2", "--users", "10", "--sites", "4", "--interval", "2s",
          "--duration", "40s", "--mean-duration", "2", "--failure-rate", "0.1",
          "--retry-delay", "1", "--block-timeout", "3", "--engine", "couchdb", "--nodes", "3",
-         "--hosts", "3", "--kill-node", "2", "--no-ceiling", "--no-progress", "--json",
-         "--lease", "20s", "--drain-timeout", "240", "--workdir", str(workdir)],
+         "--hosts", "3", *kills, "--no-ceiling", "--no-progress", "--json", "--seed", seed,
+         "--lease", lease, "--drain-timeout", "240", "--workdir", str(workdir)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(run.stdout)
     accounting = report["accounting"]
     assert accounting["exact"] and accounting["copied_twice_at_once"] == [], accounting
+    assert accounting["unfenced"] == [], accounting
     assert accounting["injected"] == sum(accounting["outcomes"].values()) > 50
-    assert report["chaos"]["nodes_restarted"] == 1
-    assert [e["what"] for e in report["chaos"]["events"]] == ["node_down", "node_up"]
+    assert report["chaos"]["nodes_restarted"] == len(nodes_killed)
+    events = [(e["what"], e["target"]) for e in report["chaos"]["events"]]
+    assert events == [
+        (what, f"node{index}") for index in nodes_killed for what in ("node_down", "node_up")
+    ], events
     first = store_url(workdir / "aso.toml")
     for index, host in enumerate(("sim", "sim2", "sim3"), start=1):
         assert store_url(workdir / f"aso-{host}.toml") == node_url(first, index)

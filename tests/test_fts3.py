@@ -20,9 +20,11 @@ from aso.config import Config, ConfigError
 from aso.local.pki import Pki
 from aso.transfer import errors
 from aso.transfer.base import (
+    ABSENT,
     ACTIVE,
     CANCELED,
     DONE,
+    ENDED,
     FAILED,
     JOB_NAMESPACE,
     PENDING,
@@ -377,6 +379,46 @@ def test_cancel_of_unknown_job_is_no_error(
         service.cancel(unknown, ["req00"])
     assert [r.status for r in fts.requests if r.path.startswith("/jobs")] == [404, 404]
     assert caplog.text.count("nothing to cancel") == 2
+
+
+def test_fence_cancels_what_runs_and_confirms_it(
+    service: Fts3Service, fts: Fts3Double, proxies: dict[str, Path]
+) -> None:
+    """TransferService.fence on FTS3: a file still at work is cancelled by the job's
+    deterministic id and the fence holds only once FTS reports it ended; a file already
+    ended is left as it is; a job FTS answers 404 for is absent."""
+    job_id = service.submit(job_request(proxies, files=3))
+    fts.set_file_state(job_id, 0, "ACTIVE")
+    fts.set_file_state(job_id, 1, "FINISHED")
+
+    fence = service.fence(job_id, ["req00", "req01"])
+
+    assert fence is not None and fence.verdict == ENDED, fence
+    fts_id0 = fts.file(job_id, 0)["file_id"]
+    assert [r.path for r in fts.requests_to("DELETE")] == [f"/jobs/{job_id}/files/{fts_id0}"]
+    files = service.status([job_id])[job_id].files
+    assert [files[f].state for f in ("req00", "req01", "req02")] == [CANCELED, DONE, PENDING]
+    unknown = fts_id("atlas", "submitter-1:never-submitted")
+    absent = service.fence(unknown, ["req00"])
+    assert absent is not None and absent.verdict == ABSENT
+
+
+def test_fence_waits_while_fts_does_not_answer(
+    service: Fts3Service, fts: Fts3Double, proxies: dict[str, Path]
+) -> None:
+    """An FTS that cannot say whether the job runs, or cannot cancel it: TransferError (the
+    file waits), never a guess; later the fence holds."""
+    job_id = service.submit(job_request(proxies, files=1))
+    fts.set_file_state(job_id, 0, "ACTIVE")
+    fts.fail_next(503, method="GET", path="/jobs/.*")
+    with pytest.raises(TransferError, match="503"):
+        service.fence(job_id, ["req00"])
+    fts.fail_next(503, method="DELETE")
+    with pytest.raises(TransferError):
+        service.fence(job_id, ["req00"])
+    fence = service.fence(job_id, ["req00"])
+    assert fence is not None and fence.verdict == ENDED
+    assert service.status([job_id])[job_id].files["req00"].state == CANCELED
 
 
 # -- delegation -------------------------------------------------------------------------------

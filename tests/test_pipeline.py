@@ -14,15 +14,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agents.monitor import Monitor
 from agents.submitter import Caps, Submitter, plan_jobs
 from aso import model
 from aso.model import OWNER, STATE, Change
 from aso.runtime import Runner
+from aso.store import Conflict
+from aso.transfer.base import FileTransfer, JobRequest
+from aso.transfer.jobstore import is_fence, new_job_document
 from tests.conftest import write_config
 from tests.pipeline_helpers import (
     LINKS,
     assert_each_file_in_one_job,
+    job_table,
     jobs_of,
     owner_db,
     run_until,
@@ -193,6 +199,7 @@ def test_submitter_killed_between_intent_and_submission(sim_config, accounts, ad
     db = admin.db(sim_config.store.files_db)
     assert states(db, ids) == Counter(submitted=5)
     assert jobs_of(admin, sim_config) == []  # the job was never created
+    intent = db.get(ids[0])
     monitor = Runner(Monitor(sim_config, "m1"))
     run_until(lambda: True, [monitor])  # a poll within the lease: nothing to do yet
     assert states(db, ids) == Counter(submitted=5)
@@ -206,7 +213,26 @@ def test_submitter_killed_between_intent_and_submission(sim_config, accounts, ad
         assert doc["history"][2]["reason"] == "lease expired, no job"
         first, last = doc["attempts"]
         assert first["outcome"] == "canceled" and last["outcome"] == "done"
+        assert first["fenced"] == "absent" and first["job_id"] == intent["transfer"]["job_id"]
     assert_each_file_in_one_job(admin, sim_config, ids)
+    # The dead submitter's call, had it only been late, finds the fence: no job is made.
+    jobs = admin.db(sim_config.store.transfers_db)
+    late = new_job_document(
+        JobRequest(
+            key=intent["lease"]["job_key"],
+            files=(FileTransfer(ids[0], "root://a/x", "root://b/x", 1, "00000001"),),
+            user="alice",
+            task=intent["task"],
+            source_site=intent["source"],
+            destination_site=intent["destination"],
+        ),
+        "sim",
+        time.time(),
+    )
+    assert late["_id"] == intent["transfer"]["job_id"]
+    with pytest.raises(Conflict):
+        jobs.create(late)
+    assert is_fence(jobs.get(late["_id"]))
 
 
 def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, accounts, admin):
@@ -329,9 +355,14 @@ def test_kill_of_a_file_whose_submitter_died_before_submitting(sim_config, accou
         [Runner(Monitor(sim_config, "m1"))],
         timeout=20,
     )
+    job_ids = set()
     for doc in db.get_many(ids).values():
         assert doc["history"][-1]["reason"] == "killed before its job reached the service"
-    assert jobs_of(admin, sim_config) == []  # and no job was ever made for them
+        assert doc["attempts"][-1]["fenced"] == "absent"
+        job_ids.add(doc["transfer"]["job_id"])
+    # No job was ever made for them, and none can be now: a fence stands at the job's id.
+    assert jobs_of(admin, sim_config) == []
+    assert {d["_id"] for d in job_table(admin, sim_config) if is_fence(d)} == job_ids
 
     # Killed after its job was made: cancelled there.
     slow = dataclasses.replace(

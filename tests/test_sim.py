@@ -107,6 +107,27 @@ def test_accounting_is_exact_only_when_every_file_ends_once():
     assert not twice.exact and twice.twice == [docs[0]["_id"]]
 
 
+def test_an_attempt_whose_job_was_not_found_must_have_been_fenced():
+    """The accounting counts the fences of jobs the service did not know (released after the
+    lease, lost) by verdict, and is not exact when such an attempt went on unfenced."""
+    docs = [walk(request(i), *FINISHED) for i in range(3)]
+    ids = [d["_id"] for d in docs]
+    job = {"service": "sim", "submitted": 1.0, "ended": 2.0}
+    released = {**job, "job_id": "j1", "outcome": "canceled", "reason": "lease expired, no job"}
+    lost = {**job, "job_id": "j2", "outcome": "failed", "error_class": "job_lost",
+            "reason": "the transfer service does not know job j2"}  # fmt: skip
+    done = {**job, "job_id": "j3", "outcome": "done"}
+    docs[0]["attempts"] = [{**released, "fenced": "absent"}, done]
+    docs[1]["attempts"] = [{**lost, "fenced": "ended"}, done]
+    fenced = account(ids, docs)
+    assert fenced.exact and fenced.fences == {"absent": 1, "ended": 1} and fenced.unfenced == []
+    assert "2 jobs not found fenced first (1 absent, 1 ended), 0 not" in fenced.counts_line()
+    docs[2]["attempts"] = [released, done]
+    unfenced = account(ids, docs)
+    assert not unfenced.exact and unfenced.unfenced == [ids[2]]
+    assert any(line.startswith("1 unfenced") for line in unfenced.problems())
+
+
 def test_backlog_and_latencies_rebuilt_from_history():
     analysis = Analysis(t0=1000.0, compression=2.0, bucket=60.0)
     doc = walk(request(0), *FINISHED, at=1010.0)  # created at 1000, done at 1012

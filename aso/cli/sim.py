@@ -121,10 +121,11 @@ def sim_cmd(
         ),
     ] = 1,
     kill_node: Annotated[
-        int | None,
+        list[int] | None,
         typer.Option(
             help="With --nodes 2 or more: SIGKILL this node (1..N) midway, start it again 3 s "
-            "later."
+            "later; given twice or more, the nodes one after the other, spread evenly over "
+            "the injection."
         ),
     ] = None,
     bucket: Annotated[
@@ -207,7 +208,8 @@ def sim_cmd(
         raise typer.BadParameter("--engine must be pouchdb or couchdb")
     if nodes > 1 and (engine != "couchdb" or store_url):
         raise typer.BadParameter("--nodes needs --engine couchdb (and no --store-url)")
-    if kill_node is not None and not 1 <= kill_node <= nodes:
+    kill_nodes = tuple(kill_node or ())
+    if kill_nodes and (nodes < 2 or any(not 1 <= index <= nodes for index in kill_nodes)):
         raise typer.BadParameter(f"--kill-node must be a node 1..{nodes} (--nodes 2 or more)")
     if kill_host is not None and kill_host not in host_ids(hosts)[1:]:
         raise typer.BadParameter(
@@ -218,16 +220,16 @@ def sim_cmd(
         chaos_plan = None
         if chaos:
             chaos_plan = ChaosPlan(kill_every=chaos_every, kill_host=kill_host)
-        elif kill_host or kill_node:  # only the host's or the node's death
+        elif kill_host or kill_nodes:  # only the host's or the nodes' deaths
             chaos_plan = ChaosPlan(
                 kill_every=None,
                 store_restarts=0,
                 outages=False,
                 kill_host=kill_host,
-                kill_node=kill_node,
+                kill_nodes=kill_nodes,
             )
         if chaos_plan is not None and chaos:
-            chaos_plan.kill_node = kill_node
+            chaos_plan.kill_nodes = kill_nodes
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     lease_seconds = parse_duration(lease) if lease else None

@@ -136,9 +136,11 @@ def attempt_ended(
     reason: str | None = None,
     error_class: str | None = None,
     ended: float | None = None,
+    fenced: str | None = None,
 ) -> Doc:
     """The file's transfer ended: `done`, `failed_attempt` or `killed`; its last attempt
-    records the outcome, and a failure its reason and class."""
+    records the outcome, and a failure its reason and class (and `fenced`, the verdict of
+    the fence of a job the service did not know: TransferService.fence)."""
     attempts = [dict(a) for a in doc.get("attempts", [])]
     if attempts:
         attempts[-1].update(
@@ -147,6 +149,8 @@ def attempt_ended(
             reason=reason[:MAX_REASON] if reason else None,
             error_class=error_class,
         )
+        if fenced is not None:
+            attempts[-1]["fenced"] = fenced
     # The submitter's lease ends with the attempt (it only covered the job's creation).
     fields: dict[str, Any] = {"attempts": attempts, "lease": None}
     if state != "done":
@@ -154,9 +158,12 @@ def attempt_ended(
     return _moved(doc, STATE, state, by, now, reason, **fields)
 
 
-def job_lost(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+def job_lost(
+    doc: Mapping[str, Any], by: str, now: float, reason: str, fenced: str | None = None
+) -> Doc:
     """The transfer service does not know the file's job (or the job not the file): the
-    attempt failed with class job_lost, or the file is killed if its owner asked for that."""
+    attempt failed with class job_lost, or the file is killed if its owner asked for that.
+    `fenced`: the verdict of the job's fence, which came first (TransferService.fence)."""
     return attempt_ended(
         doc,
         "killed" if doc[STATE] == "kill_requested" else "failed_attempt",
@@ -165,16 +172,18 @@ def job_lost(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
         reason=reason,
         error_class=errors.LOST,
         outcome="failed",
+        fenced=fenced,
     )
 
 
-def released(doc: Mapping[str, Any], by: str, now: float) -> Doc:
-    """A file whose job never reached the service (its lease is over and the service knows no
-    job of its key): back to the queue, its attempt ended as never begun."""
+def released(doc: Mapping[str, Any], by: str, now: float, fenced: str) -> Doc:
+    """A file whose job never reached the service (its lease is over, the service knows no
+    job of its key, and the job is fenced: `fenced`, the fence's verdict): back to the
+    queue, its attempt ended as never begun."""
     reason = "lease expired, no job"
     attempts = [dict(a) for a in doc.get("attempts", [])]
     if doc[STATE] == "submitted" and attempts:
-        attempts[-1].update(ended=now, outcome="canceled", reason=reason)
+        attempts[-1].update(ended=now, outcome="canceled", reason=reason, fenced=fenced)
     return _moved(doc, STATE, "new", by, now, reason, lease=None, transfer=None, attempts=attempts)
 
 

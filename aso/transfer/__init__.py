@@ -10,7 +10,7 @@ from typing import Any
 from aso.config import Config
 from aso.metrics import SERVICE_ERRORS, Timed
 from aso.store import Server
-from aso.transfer.base import JobRequest, JobStatus, TransferError, TransferService
+from aso.transfer.base import Fence, JobRequest, JobStatus, TransferError, TransferService
 
 
 def open_service(config: Config, server: Server | None = None) -> TransferService:
@@ -71,6 +71,10 @@ class Measured(TransferService):
     def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
         with Timed(self.name, "cancel"):
             self.service.cancel(job_id, file_ids)
+
+    def fence(self, job_id: str, file_ids: Sequence[str]) -> Fence | None:
+        with Timed(self.name, "fence"):
+            return self.service.fence(job_id, file_ids)
 
     def close(self) -> None:
         self.service.close()

@@ -7,7 +7,10 @@ embedded gfal2 service or from the simulator, and nothing more.
 * `submit_many(jobs)`  several jobs in one go where the service allows it (else one by one);
 * `lookup(key)`   the job id of a key, or None if the service never got the job;
 * `status(ids)`   the state of many jobs and of their files in one call;
-* `cancel(id, files)`  a whole job or some of its files.
+* `cancel(id, files)`  a whole job or some of its files;
+* `fence(id, files)`   before those files get another attempt: the job known never to have been
+                  made (and unable to be made from now on), or the files ended there, cancelled
+                  where they had not; None while a cancel is not confirmed yet.
 
 File states are ASO's five (`pending`, `active`, `done`, `failed`, `canceled`); the service's
 own word is kept in `FileStatus.service_state`, the reason text in `reason` and ASO's error
@@ -103,6 +106,18 @@ class JobStatus:
         return all(f.terminal for f in self.files.values())
 
 
+# A fence's verdicts (the attempt's `fenced` in the request): no such job can run, or the
+# job's files named have ended at the service (done, failed, or cancelled by the fence).
+ABSENT, ENDED = "absent", "ended"
+
+
+@dataclass(frozen=True)
+class Fence:
+    job_id: str
+    verdict: str  # ABSENT or ENDED
+    detail: str
+
+
 class TransferError(Exception):
     """The service cannot be used now (unreachable, overloaded, credentials): retry later."""
 
@@ -151,6 +166,35 @@ class TransferService(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
         """Cancel the whole job, or only these files of it."""
+
+    def fence(self, job_id: str, file_ids: Sequence[str]) -> Fence | None:
+        """Before files of `job_id` get another attempt: make sure that job copies none of
+        them from now on. ABSENT: the service never made the job and cannot make it any more
+        (`make_absent`); ENDED: the job exists and each of the files has ended there, after a
+        cancel where it had not. None: a cancel is asked and not confirmed yet (ask again).
+        TransferError: the service cannot tell now; the files wait."""
+        job = self.status([job_id]).get(job_id)
+        if job is None:
+            if self.make_absent(job_id):
+                return Fence(job_id, ABSENT, f"job {job_id}: no such job at {self.name}")
+            job = self.status([job_id]).get(job_id)
+            if job is None:
+                raise TransferError(f"job {job_id} exists at {self.name} and cannot be read yet")
+        running = [f for f in file_ids if f in job.files and not job.files[f].terminal]
+        if running:
+            self.cancel(job_id, running)
+            job = self.status([job_id]).get(job_id)
+            if job is None or any(not job.files[f].terminal for f in running):
+                return None
+        ends = ", ".join(f"{f} {job.files[f].state}" for f in file_ids if f in job.files)
+        return Fence(job_id, ENDED, f"job {job_id} at {self.name}: {ends or 'none of the files'}")
+
+    def make_absent(self, job_id: str) -> bool:
+        """The service does not know `job_id`: make sure it never will (True), or find that it
+        does after all (False). A service whose answer is authoritative and whose jobs are
+        only made by submissions that ended (the submitter's call window is inside the lease)
+        has nothing to do."""
+        return True
 
     def close(self) -> None:  # noqa: B027 - optional for back ends without resources
         """Release connections and threads."""

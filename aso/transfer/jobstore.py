@@ -5,6 +5,12 @@ that any process (submitter, monitor, gfal worker, on any host) sees the same jo
 restart forgets nothing. One document per job, its id made from the client's key
 (`base.job_id_for`), which makes `create` idempotent: a second submission of a key finds the
 first job. Per-file progress lives in the job document; cancel requests are recorded in it too.
+
+A job whose document nobody can find is *fenced* before its files get another attempt
+(`JobStore.fence`): a document written at its id, at the quorum, that says no file of this job
+may run after that time. A job written below a cluster's quorum may still be on one node and
+come back as a conflicting branch of the fence (CLUSTER_CONFLICTING_BRANCHES); every reader
+therefore sees a job through `merged`, which applies a fence found on any branch.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from aso.store import Conflict, Database
+from aso.store import Conflict, Contested, Database, StoreError, rev_order
 from aso.transfer.base import (
     CANCELED,
     DONE,
@@ -93,6 +99,57 @@ def new_job_document(job: JobRequest, service: str, now: float) -> dict[str, Any
     }
 
 
+def fence_document(job_id: str, service: str, now: float) -> dict[str, Any]:
+    """What stands at a job's id once the job is known never to have been made: no file, no
+    work (`finished`), and the time from which no file of the job may run (`fenced`)."""
+    return {
+        "_id": job_id,
+        "type": JOB_TYPE,
+        "service": service,
+        "key": None,
+        "state": FINISHED,
+        "created": now,
+        "fenced": now,
+        "files": {},
+        "cancel": {},
+        "lease": None,
+    }
+
+
+def is_fence(doc: Mapping[str, Any]) -> bool:
+    """A fence alone: no job was found where it stands."""
+    return doc.get("fenced") is not None and not doc.get("files")
+
+
+def merged(leaves: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One job from the live branches of its document (one, unless a cluster stored a job and
+    its fence on different nodes: CLUSTER_CONFLICTING_BRANCHES). The job is the winner, or the
+    earliest job branch when a fence won; every cancel of any branch holds, and a fence on any
+    branch cancels every file from its time: a file not started is canceled there and then,
+    one under way is stopped by its worker. The `_rev` is the winner's, to write on."""
+    if not leaves:
+        return None
+    winner = max(leaves, key=lambda leaf: rev_order(leaf["_rev"]))
+    jobs = [leaf for leaf in leaves if not is_fence(leaf)]
+    base = winner if not is_fence(winner) or not jobs else min(jobs, key=lambda j: j["created"])
+    job = {k: v for k, v in base.items() if k != "_conflicts"}
+    job["_rev"] = winner["_rev"]
+    job["files"] = {fid: dict(entry) for fid, entry in base.get("files", {}).items()}
+    cancel: dict[str, float] = {}
+    for leaf in leaves:
+        for file_id, at in (leaf.get("cancel") or {}).items():
+            cancel[file_id] = min(at, cancel.get(file_id, at))
+    fences = [leaf["fenced"] for leaf in leaves if leaf.get("fenced") is not None]
+    if fences:
+        fenced = job["fenced"] = min(fences)
+        for file_id, entry in job["files"].items():
+            cancel[file_id] = min(fenced, cancel.get(file_id, fenced))
+            if entry["state"] == PENDING:
+                finish_file(entry, CANCELED, fenced, reason="job fenced", error_class="canceled")
+    job["cancel"] = cancel
+    return job
+
+
 def file_status(file_id: str, entry: Mapping[str, Any], verified: bool = False) -> FileStatus:
     return FileStatus(
         file_id=file_id,
@@ -143,10 +200,51 @@ class JobStore:
 
     def exists(self, key: str) -> str | None:
         job_id = job_id_for(key)
-        return job_id if self.db.get(job_id) is not None else None
+        doc = self.get(job_id)
+        return job_id if doc is not None and not is_fence(doc) else None
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        """The job (`merged` over its branches), or None."""
+        doc = self.db.get(job_id, conflicts=True)
+        if doc is None:
+            return None
+        return merged(self.db.leaves(job_id) if doc.get("_conflicts") else [doc])
 
     def get_many(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
-        return self.db.get_many(job_ids)
+        """Each job (`merged` over its branches) or None; a fence alone is None: no job."""
+        found = self.db.get_many(job_ids, conflicts=True)
+        jobs: dict[str, dict[str, Any] | None] = {}
+        for job_id, doc in found.items():
+            job = None
+            if doc is not None:
+                job = merged(self.db.leaves(job_id) if doc.get("_conflicts") else [doc])
+            jobs[job_id] = job if job is not None and not is_fence(job) else None
+        return jobs
+
+    def fence(self, job_id: str, now: float, tries: int = 3) -> bool:
+        """Make sure the job `job_id` never runs a file if no job of that id exists: True when a
+        fence stands at its id, written at the quorum (a write of the job below the quorum
+        that comes back later is a branch the fence cancels: `merged`); False when the job
+        exists (its files are followed, or cancelled, as the job's). TransferError: the
+        store did not take the fence at the quorum, or kept changing it; ask again later."""
+        for _ in range(tries):
+            try:
+                doc = self.get(job_id)
+                if doc is not None and not is_fence(doc):
+                    return False
+                if doc is None:
+                    self.db.create(fence_document(job_id, self.service, now))
+                else:  # a fence of an earlier look, maybe below the quorum: at the quorum now
+                    self.db.put({**doc, "confirmed": now})
+                log.info("job %s: no such job; fenced", job_id)
+                return True
+            except Contested as exc:
+                raise TransferError(f"fence of job {job_id} stored below the quorum") from exc
+            except Conflict:
+                continue  # written meanwhile: look again
+            except StoreError as exc:
+                raise TransferError(f"job {job_id} not fenced: {exc}") from exc
+        raise TransferError(f"job {job_id} kept changing while it was fenced")
 
     def update(
         self, job_id: str, mutate: Callable[[dict[str, Any]], bool], attempts: int = 20
@@ -154,7 +252,7 @@ class JobStore:
         """Read-modify-write of one job; `mutate` returns False when there is nothing to write.
         Conflicts (the worker and a cancel racing) are resolved by reading again."""
         for _ in range(attempts):
-            doc = self.db.get(job_id)
+            doc = self.get(job_id)
             if doc is None:
                 return None
             if not mutate(doc):
@@ -247,3 +345,6 @@ class JobTableService(TransferService):
 
     def cancel(self, job_id: str, file_ids: Sequence[str] | None = None) -> None:
         self.jobs.request_cancel(job_id, file_ids, self.clock())
+
+    def make_absent(self, job_id: str) -> bool:
+        return self.jobs.fence(job_id, self.clock())
