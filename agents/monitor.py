@@ -37,10 +37,11 @@ Partition: by job (a job's files are followed by one instance), or by job key fo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Collection, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal, cast
 
 from agents.cleaner import Deleter, cleanable_at_done, cleanup_recorded, destination_look
 from aso import faults
@@ -59,6 +60,7 @@ from aso.files import Confirmer, Files, open_files
 from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle
 from aso.sites import SiteError
+from aso.store import StoreError
 from aso.transfer import errors, open_service
 from aso.transfer.base import (
     ABSENT,
@@ -272,7 +274,9 @@ class Monitor(Agent):
         if fence is None or fence.verdict != ABSENT:
             return []  # the job exists: its status comes with a later call
         reason = f"the transfer service does not know job {job_id}"
-        return [request.job_lost(d, self.instance, ctx.now, reason, fence.verdict) for d in docs]
+        return self.unless_a_branch_ran(
+            docs, ctx, lambda d: request.job_lost(d, self.instance, ctx.now, reason, ABSENT)
+        )
 
     def not_at_the_service(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         """Files of a job the service does not know, whose submitter wrote them `submitted`
@@ -291,7 +295,64 @@ class Monitor(Agent):
         fence = self.fenced(docs[0]["transfer"]["job_id"], docs, ctx)
         if fence is None or fence.verdict != ABSENT:
             return []  # the job exists after all: followed from the next status call
-        return [self.never_began(d, fence.verdict, now, "reached the service") for d in docs]
+        return self.unless_a_branch_ran(
+            docs, ctx, lambda d: self.never_began(d, fence.verdict, now, "reached the service")
+        )
+
+    def unless_a_branch_ran(
+        self, docs: list[dict[str, Any]], ctx: Cycle, go_on: Callable[[dict[str, Any]], Doc]
+    ) -> list[dict[str, Any]]:
+        """`go_on(doc)` for each file whose job is fenced absent, unless another branch of the
+        document named a job the service has (then that job is followed), or may have."""
+        updates = []
+        for doc in docs:
+            branch = self.settle_branches(doc, ctx)
+            if branch is None:
+                updates.append(go_on(doc))
+            elif branch:
+                updates.append(branch)
+        return updates
+
+    def settle_branches(self, doc: dict[str, Any], ctx: Cycle) -> Doc | Literal[False] | None:
+        """CLUSTER_CONFLICTING_BRANCHES: two submitters stored an intent for the file on
+        different nodes; the branch the cluster shows may name a job never made while the
+        other's job runs. Before the file goes on, each other branch's job is followed
+        (the document records it: `job_recorded`) if the service has it, or fenced and the
+        branch withdrawn if not. None: no other job (go on); False: wait."""
+        try:
+            current = self.db.get(doc["_id"], conflicts=True)
+            if current is None or current["_rev"] != doc["_rev"] or not current.get("_conflicts"):
+                return None
+            leaves = self.db.leaves(doc["_id"])
+        except StoreError as exc:
+            log.info("file %s: branches not read (%s): it waits", doc["_id"], exc)
+            return False
+        for leaf in leaves:
+            job_id = (leaf.get("transfer") or {}).get("job_id")
+            if leaf["_rev"] == doc["_rev"] or not job_id or job_id == doc["transfer"]["job_id"]:
+                continue
+            try:
+                if self.service.status([job_id]).get(job_id) is not None:
+                    log.info(
+                        "file %s: its branch %s has job %s: followed",
+                        doc["_id"],
+                        leaf["_rev"],
+                        job_id,
+                    )
+                    return request.job_recorded(doc, job_id, self.service.name, ctx.now)
+            except TransferError:
+                return False
+            fence = self.fenced(job_id, [doc], ctx)
+            if fence is None:
+                return False
+            if fence.verdict != ABSENT:
+                return request.job_recorded(doc, job_id, self.service.name, ctx.now)
+            with contextlib.suppress(StoreError):  # else withdrawn at the next look
+                self.db.withdraw({doc["_id"]: [leaf["_rev"]]})
+            log.info(
+                "file %s: branch %s withdrawn, its job %s fenced", doc["_id"], leaf["_rev"], job_id
+            )
+        return None
 
     def never_began(self, doc: dict[str, Any], fenced: str, now: float, where: str) -> Doc:
         """A file whose job is fenced absent: back to `new`, or `killed` if its owner asked."""

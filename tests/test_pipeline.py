@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,14 @@ import pytest
 from agents.monitor import Monitor
 from agents.submitter import Caps, Submitter, plan_jobs
 from aso import model
+from aso.core import request as core_request
 from aso.model import OWNER, STATE, Change
 from aso.runtime import Runner
 from aso.store import Conflict
-from aso.transfer.base import FileTransfer, JobRequest
+from aso.transfer.base import FileTransfer, JobRequest, job_id_for
 from aso.transfer.jobstore import is_fence, new_job_document
-from tests.conftest import write_config
+from aso.transfer.sim import SimService
+from tests.conftest import only_on, write_config
 from tests.pipeline_helpers import (
     LINKS,
     assert_each_file_in_one_job,
@@ -35,6 +38,7 @@ from tests.pipeline_helpers import (
     states,
     upload,
 )
+from tests.test_store import branch
 
 ASO = str(Path(sys.executable).parent / "aso")
 
@@ -383,3 +387,50 @@ def test_kill_of_a_file_whose_submitter_died_before_submitting(sim_config, accou
     for doc in db.get_many(more).values():
         assert doc["transfer"]["job_id"] == job["_id"]
         assert doc["attempts"][-1]["outcome"] == "canceled"
+
+
+@only_on("couchdb", "conflicting branches are a cluster's (made with new_edits=false, which "
+         "pouchdb-server answers with [] and does not apply)")  # fmt: skip
+def test_a_file_is_not_released_while_another_branch_s_job_may_run(sim_config, accounts, admin):
+    """CLUSTER_CONFLICTING_BRANCHES, as a 3-node run found it: two submitters stored their
+    intents for one file on different nodes; the cluster shows the branch whose job was never
+    made (its writer was told it may not have won and dropped the file) while the other
+    writer's job runs. When the lease ends, the monitor follows the job that runs instead of
+    releasing the file; a branch whose job was never made is fenced and withdrawn, and only
+    then does the file go back to `new`."""
+    slow = dataclasses.replace(
+        sim_config, sim=dataclasses.replace(sim_config.sim, mean_duration=60.0)
+    )
+    running, idle = upload(accounts, slow, 2, users=("alice",), links=LINKS[:1])
+    db = admin.db(slow.store.files_db)
+    service = SimService(admin.db(slow.store.transfers_db), slow.sim)
+    other_jobs = {}
+    for doc_id in (running, idle):
+        doc, now = db.get(doc_id), time.time()
+        shown_key, other_key = f"s2:{uuid.uuid4()}", f"s3:{uuid.uuid4()}"
+        for key, digest in ((shown_key, "f" * 32), (other_key, "0" * 32)):
+            lease = {"owner": key[:2], "until": now - 1, "job_key": key}
+            intent = core_request.submitted(doc, job_id_for(key), "sim", key[:2], now, lease)
+            branch(db, intent, doc["_rev"], digest)
+        other_jobs[doc_id] = job_id_for(other_key)
+        assert len(db.leaves(doc_id)) == 2 and db.get(doc_id)["lease"]["job_key"] == shown_key
+        if doc_id == running:
+            files = (FileTransfer(doc_id, "sim://a/x", "sim://b/x", doc["size"], "00000001"),)
+            service.submit(
+                JobRequest(
+                    other_key, files, "alice", doc["task"], doc["source"], doc["destination"]
+                )
+            )
+    run_until(
+        lambda: (
+            states(db, [idle]) == Counter(new=1)
+            and db.get(running)["transfer"]["job_id"] == other_jobs[running]
+        ),
+        [Runner(Monitor(slow, "m1"))],
+        timeout=30,
+    )
+    followed = db.get(running)
+    assert followed[STATE] == "submitted" and followed["lease"] is None
+    assert len(db.leaves(idle)) == 1  # the other branch withdrawn once its job was fenced
+    assert is_fence(admin.db(slow.store.transfers_db).get(other_jobs[idle]))
+    assert db.get(idle)["attempts"][-1]["fenced"] == "absent"
