@@ -86,20 +86,15 @@ LOOK_WAIT = 5.0
 
 def outcome(
     doc: Mapping[str, Any],
-    status: FileStatus | None,
+    status: FileStatus,
     by: str,
     now: float,
     finding: Finding | None = None,
 ) -> dict[str, Any] | None:
     """The document after its file's transfer ended, or None while it is still under way (or
-    reported done and not confirmed at the destination yet). `status`: the file's in its
-    job, None when the job the service knows has no such file (it cannot copy it).
-    `finding`: the monitor's look at the destination, for a copy the service reported done
-    without verifying it."""
+    reported done and not confirmed at the destination yet). `finding`: the monitor's look at
+    the destination, for a copy the service reported done without verifying it."""
     killing = doc[STATE] == "kill_requested"
-    if status is None:
-        reason = f"job {doc['transfer']['job_id']} has no file {doc['_id']}"
-        return request.job_lost(doc, by, now, reason, ENDED)
     if not status.terminal:
         return None
     if status.state == DONE:
@@ -204,7 +199,7 @@ class Monitor(Agent):
             by_job[doc["transfer"]["job_id"]].append(doc)
         job_ids = sorted(by_job)
         updates = []
-        ended: list[tuple[dict[str, Any], FileStatus | None]] = []
+        ended: list[tuple[dict[str, Any], FileStatus]] = []
         for start in range(0, len(job_ids), STATUS_BATCH):
             batch = job_ids[start : start + STATUS_BATCH]
             statuses: dict[str, JobStatus | None] = self.service.status(batch)
@@ -217,7 +212,10 @@ class Monitor(Agent):
                 if job is None:
                     updates += self.lost(by_job[job_id], ctx)
                     continue
-                ended += [(doc, job.files.get(doc["_id"])) for doc in by_job[job_id]]
+                ended += [(d, job.files[d["_id"]]) for d in by_job[job_id] if d["_id"] in job.files]
+                updates += self.not_in_its_job(
+                    [d for d in by_job[job_id] if d["_id"] not in job.files], ctx
+                )
         findings = self.look([doc for doc, status in ended if needs_a_look(status)], ctx)
         for doc, status in ended:
             finding = findings.get(doc["_id"])
@@ -264,6 +262,18 @@ class Monitor(Agent):
         if fence is not None:
             log.debug("job %s fenced: %s (%s)", job_id, fence.verdict, fence.detail)
         return fence
+
+    def not_in_its_job(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """Files the job their document names does not hold (that job cannot copy them): each
+        attempt failed as lost, unless another branch of the document names the job that has
+        the file (its writer's intent lost CouchDB's order to one whose writer dropped the
+        file from its job: CLUSTER_CONFLICTING_BRANCHES)."""
+
+        def lost(doc: dict[str, Any]) -> Doc:
+            reason = f"job {doc['transfer']['job_id']} has no file {doc['_id']}"
+            return request.job_lost(doc, self.instance, ctx.now, reason, ENDED)
+
+        return self.unless_a_branch_ran(docs, ctx, lost)
 
     def lost(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         """Files of a job the service does not know although it got it (adopted, or recorded
@@ -329,7 +339,8 @@ class Monitor(Agent):
             return False
         for leaf in leaves:
             job_id = (leaf.get("transfer") or {}).get("job_id")
-            if leaf["_rev"] == doc["_rev"] or not job_id or job_id == doc["transfer"]["job_id"]:
+            mine = (doc.get("transfer") or {}).get("job_id")
+            if leaf["_rev"] == doc["_rev"] or not job_id or job_id == mine:
                 continue
             try:
                 if self.service.status([job_id]).get(job_id) is not None:
@@ -397,7 +408,9 @@ class Monitor(Agent):
             elif key:
                 fence = self.fenced(job_id_for(key), [doc], ctx)
                 if fence is not None and fence.verdict == ABSENT:
-                    updates.append(self.never_began(doc, fence.verdict, now, "was submitted"))
+                    updates += self.unless_a_branch_ran(
+                        [doc], ctx, lambda d: self.never_began(d, ABSENT, now, "was submitted")
+                    )
             elif orphan_kill:  # no job key: no job was ever asked for
                 updates.append(self.never_began(doc, ABSENT, now, "was submitted"))
         return updates

@@ -305,7 +305,18 @@ CLUSTER_CONFLICTING_BRANCHES     such writes leave a document with conflicting b
                                  aso/purge.py); the reconciler reports a conflict left quiet for
                                  twice the lease and `--fix` keeps the winner (`keep_leaf`). An
                                  agent may delete an unfinished request's revision only as such
-                                 a withdrawal (`withdrawn`, validate_doc_update.js).
+                                 a withdrawal (`withdrawn`, validate_doc_update.js). The monitor
+                                 settles a request's other branches before its file goes on (a
+                                 branch's job is followed, or fenced and the branch withdrawn),
+                                 and a job and its fence on two branches read as one
+                                 (aso/transfer/jobstore.merged).
+CLUSTER_READ_MAY_MISS            a read of many documents (`_all_docs` by keys) may answer "not
+                                 found" for a document a cluster holds (written below the quorum,
+                                 or on a shard copy a restarted node has not caught up): absence
+                                 is never acted on from such a read. A job not found is fenced
+                                 first (aso/transfer/jobstore.py: a write at the quorum, which
+                                 conflicts if the job is there), and a request's other branches
+                                 are settled before its file goes on (agents/monitor.py).
 CLUSTER_SHARD_INTERLEAVED_FEEDS  `_changes` of a q>1 database comes shard by shard, and after a
                                  node restart a feed may replay changes from an older point:
                                  every feed reader treats `seq` as opaque, reads documents as

@@ -401,11 +401,11 @@ def test_a_file_is_not_released_while_another_branch_s_job_may_run(sim_config, a
     slow = dataclasses.replace(
         sim_config, sim=dataclasses.replace(sim_config.sim, mean_duration=60.0)
     )
-    running, idle = upload(accounts, slow, 2, users=("alice",), links=LINKS[:1])
+    running, idle, dropped = upload(accounts, slow, 3, users=("alice",), links=LINKS[:1])
     db = admin.db(slow.store.files_db)
     service = SimService(admin.db(slow.store.transfers_db), slow.sim)
     other_jobs = {}
-    for doc_id in (running, idle):
+    for doc_id in (running, idle, dropped):
         doc, now = db.get(doc_id), time.time()
         shown_key, other_key = f"s2:{uuid.uuid4()}", f"s3:{uuid.uuid4()}"
         for key, digest in ((shown_key, "f" * 32), (other_key, "0" * 32)):
@@ -414,23 +414,24 @@ def test_a_file_is_not_released_while_another_branch_s_job_may_run(sim_config, a
             branch(db, intent, doc["_rev"], digest)
         other_jobs[doc_id] = job_id_for(other_key)
         assert len(db.leaves(doc_id)) == 2 and db.get(doc_id)["lease"]["job_key"] == shown_key
-        if doc_id == running:
+        sites = (doc["source"], doc["destination"])
+        if doc_id != idle:
             files = (FileTransfer(doc_id, "sim://a/x", "sim://b/x", doc["size"], "00000001"),)
-            service.submit(
-                JobRequest(
-                    other_key, files, "alice", doc["task"], doc["source"], doc["destination"]
-                )
-            )
+            service.submit(JobRequest(other_key, files, "alice", doc["task"], *sites))
+        if doc_id == dropped:  # the shown branch's job was made, without this file
+            files = (FileTransfer("another", "sim://a/y", "sim://b/y", 1, "00000001"),)
+            service.submit(JobRequest(shown_key, files, "alice", doc["task"], *sites))
     run_until(
         lambda: (
             states(db, [idle]) == Counter(new=1)
-            and db.get(running)["transfer"]["job_id"] == other_jobs[running]
+            and all(db.get(i)["transfer"]["job_id"] == other_jobs[i] for i in (running, dropped))
         ),
         [Runner(Monitor(slow, "m1"))],
         timeout=30,
     )
-    followed = db.get(running)
-    assert followed[STATE] == "submitted" and followed["lease"] is None
+    for doc_id in (running, dropped):
+        followed = db.get(doc_id)
+        assert followed[STATE] == "submitted" and followed["lease"] is None
     assert len(db.leaves(idle)) == 1  # the other branch withdrawn once its job was fenced
     assert is_fence(admin.db(slow.store.transfers_db).get(other_jobs[idle]))
     assert db.get(idle)["attempts"][-1]["fenced"] == "absent"
