@@ -730,11 +730,12 @@ def test_a_body_that_grows_when_it_is_re_serialised_is_refused(boundary):
     """60 MiB of 4-byte characters became 180 MiB at the embedded store (non-ASCII escaped):
     the body as forwarded is bounded by `frontend.max_body` too (MAX_BODY here)."""
     b = boundary
-    doc = sample_request("alice")
-    doc["publish_info"] = {"dataset": "/P/alice-x/USER", "note": "\U0001f600" * (MAX_BODY // 5)}
-    body = json.dumps(doc, ensure_ascii=False).encode()
+    # (each document within its bound: 120,000 of them are 240,000 UTF-16 units)
+    info = {"dataset": "/P/alice-x/USER", "note": "\U0001f600" * 120_000}
+    docs = [{**sample_request("alice"), "publish_info": info} for _ in range(7)]
+    body = json.dumps({"docs": docs}, ensure_ascii=False).encode()
     assert len(body) < MAX_BODY
-    answer = b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", data=body,
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", data=body,
                     headers={"Content-Type": "application/json"})  # fmt: skip
     refused(answer, 413, "as forwarded")
     alive(b)
@@ -800,7 +801,8 @@ def test_a_long_poll_s_answer_is_bounded_in_bytes(boundary):
         answer = b.call("alice", "GET", feed + "&limit=1000")
         refused(answer, 502, "smaller limit")
         answer = b.call("alice", "GET", feed + "&limit=10")
-        assert answer.status_code == 200 and len(answer.json()["results"]) == 10
+        # (the design documents' rows are not a user's: fewer than 10 may come)
+        assert answer.status_code == 200 and 0 < len(answer.json()["results"]) <= 10
     finally:
         files = b.admin.db(b.files)
         stored = files.get_many(d["_id"] for d in docs)
