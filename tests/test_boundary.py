@@ -954,6 +954,7 @@ def test_design_documents_are_read_through_no_route(boundary):
     "field, value",
     [("size", 10**4200), ("size", 2**53), ("job_retry", -(2**60)), ("priority", -(10**20)),
      ("publish_info", {"dataset": "/P/alice-x/USER", "events": 2**64}), ("size", -0.0)],
+    ids=["10**4200", "2**53", "-2**60", "-10**20", "nested 2**64", "-0.0"],
 )  # fmt: skip
 def test_a_number_the_stores_cannot_hold_is_refused(boundary, field, value):
     """CouchDB answered a size of 10**4200 with a 500 (badarith: its JavaScript takes doubles),
