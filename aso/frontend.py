@@ -27,6 +27,9 @@ made anew from the typed form of the client's (path, query, body), never the cli
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
+import ctypes.util
 import hashlib
 import hmac
 import json
@@ -75,11 +78,16 @@ BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
-HEAVY_READS = 2  # reads carrying documents (include_docs) sent to the store at once
+HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
 HEAVY_WAIT = 30.0
 HEAVY_HOLD = 60.0  # seconds a read with documents may take to go out before it is cut
+# A body over BIG_BODY is parsed (and, for a write, sent and answered) while it holds one of
+# BIG_BODIES slots, in its user's turn: 14 bodies of 58 MiB parsed at once had grown the front
+# end by 5 GB. Smaller ones never wait.
+BIG_BODY = 1 << 20
+BIG_BODIES = 2
 # A long poll's answer is held whole before it goes out (aso.gate bounds its rows, not bytes).
 MAX_POLL_BYTES = 64 << 20
 NODES_REFRESH = 10.0  # seconds between two readings of the store's node names (a `since`'s)
@@ -92,6 +100,57 @@ class MapfileError(Exception):
 
 class Busy(Exception):
     """The store's share for this kind of request is taken for longer than a client should wait."""
+
+
+class Slots:
+    """Few of one kind of costly work at a time: a user's wait for each other (a queue of one
+    per user: two of one user's had held both slots and another's waited 90 s), then, when
+    `shared`, for one of `size` slots. A wait longer than HEAVY_WAIT fails with Busy."""
+
+    def __init__(self, reactor: Any, size: int, what: str):
+        self.reactor, self.what = reactor, what
+        self.shared = defer.DeferredSemaphore(size)
+        self.of: dict[str, defer.DeferredSemaphore] = {}  # a user's own queue, while in use
+
+    def take(self, name: str, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
+        """Fires with the function that gives the slot back, or fails with Busy."""
+        mine = self.of.setdefault(name, defer.DeferredSemaphore(1))
+        held: list[defer.DeferredSemaphore] = []
+
+        def take(semaphore: defer.DeferredSemaphore) -> Any:
+            held.append(semaphore)
+
+        def release() -> None:
+            while held:
+                held.pop().release()
+            if mine.tokens == mine.limit and not mine.waiting:
+                self.of.pop(name, None)
+
+        def timed_out(failure: Any) -> Any:
+            failure.trap(defer.TimeoutError)
+            release()  # the wait was cancelled where it was; what it held is given back
+            raise Busy(f"{self.what} are busy; try again in a while (a user's wait one after "
+                       f"the other, at most {HEAVY_WAIT:g} s)")  # fmt: skip
+
+        waited: defer.Deferred[Any] = mine.acquire()
+        waited.addCallback(lambda _: take(mine))
+        if shared:
+            waited.addCallback(lambda _: self.shared.acquire())
+            waited.addCallback(lambda _: take(self.shared))
+        waited.addCallback(lambda _: release)
+        waited.addTimeout(HEAVY_WAIT, self.reactor)
+        waited.addErrback(timed_out)
+        return waited
+
+
+_LIBC = ctypes.util.find_library("c")
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free pages to the system (glibc keeps them in each thread's arena:
+    a parsed 58 MiB body had left the front end 800 MB larger for good)."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim
+        ctypes.CDLL(_LIBC).malloc_trim(0)
 
 
 @dataclass(frozen=True)
@@ -514,8 +573,8 @@ class FrontEnd(resource.Resource):
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
         self.reactor = reactor
         self.routes = routes.table(config)
-        self.heavy = defer.DeferredSemaphore(HEAVY_READS)
-        self.heavy_of: dict[str, defer.DeferredSemaphore] = {}  # a user's own queue, when in use
+        self.heavy = Slots(reactor, HEAVY_READS, "heavy reads (documents, a reduce, no limit)")
+        self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
         self.store_nodes: frozenset[str] = frozenset()  # the nodes the store's sequences name
         self.nodes_read_at = -NODES_REFRESH
         url = urlsplit(config.store.url)
@@ -592,17 +651,41 @@ class FrontEnd(resource.Resource):
         if refused is not None:
             self._refused(request, who, refused)
             return
-        content = cast(BinaryIO, request.content)  # the body, read whole before render
-        content.seek(0)
-        # Parsing a body is the front end's CPU: in a thread, so that one client's large body
-        # never holds up the others' requests on the reactor.
+        content = cast(BinaryIO, request.content)  # the body, received whole before render
+        if content.seek(0, 2) <= BIG_BODY:
+            self._check(request, who, None)
+            return
+        slot = self.bodies.take(who.name)
+        slot.addCallback(lambda release: self._check(request, who, release))
+        slot.addErrback(self._failed, request)
+
+    def _check(
+        self, request: server.Request, who: Mapped, release: Callable[[], None] | None
+    ) -> None:
+        """The gate's verdict on the request, made in a thread: parsing a body is the front
+        end's CPU, and one client's large body never holds up the others' requests on the
+        reactor. A large body's slot (`release`) is held until the gate has made the store's
+        request, and for a write until its answer."""
+        if _client_gone(request):
+            self._body_done(release)
+            return
         checked = threads.deferToThreadPool(
-            self.reactor, self.reactor.getThreadPool(), gate.check, request.method, request.uri,
-            content.read(), routes.audiences_of(who.roles), self.routes,
-            cast(_BoundedRequest, request).aso_content_type,
+            self.reactor, self.reactor.getThreadPool(), _gate_check, request, who, self.routes
         )  # fmt: skip
-        checked.addCallback(self._checked, request, who)
-        checked.addErrback(self._failed, request)
+        checked.addCallback(self._checked, request, who, release)
+        checked.addErrback(self._not_checked, request, release)
+
+    def _not_checked(
+        self, failure: Any, request: server.Request, release: Callable[[], None] | None
+    ) -> None:
+        self._body_done(release)
+        self._failed(failure, request)
+
+    def _body_done(self, release: Callable[[], None] | None) -> None:
+        if release is None:
+            return
+        release()
+        threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), give_back_memory)
 
     def _refused(self, request: server.Request, who: Mapped, verdict: gate.GateRefusal) -> None:
         log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
@@ -611,8 +694,17 @@ class FrontEnd(resource.Resource):
         _answer(request, verdict.status, verdict.error, verdict.reason)
 
     def _checked(
-        self, verdict: gate.GateRefusal | gate.Forward, request: server.Request, who: Mapped
+        self,
+        verdict: gate.GateRefusal | gate.Forward,
+        request: server.Request,
+        who: Mapped,
+        release: Callable[[], None] | None = None,
     ) -> None:
+        writes = isinstance(verdict, gate.Forward) and verdict.route.kind in ("write", "create")
+        if _client_gone(request) or not writes:
+            self._body_done(release)
+        elif release is not None:  # the store parses it too: one at a time per user, few at all
+            request.notifyFinish().addBoth(lambda _: self._body_done(release))
         if _client_gone(request):
             return
         if isinstance(verdict, gate.GateRefusal):
@@ -681,36 +773,9 @@ class FrontEnd(resource.Resource):
         self._send(request, who, headers, made, producer)
 
     def _heavy_slot(self, who: Mapped, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
-        """A slot for a read that carries documents, after the user's earlier ones (and, when
-        `shared`, one of the HEAVY_READS): fires with the function that gives it back, or fails
-        with Busy after HEAVY_WAIT."""
-        mine = self.heavy_of.setdefault(who.name, defer.DeferredSemaphore(1))
-        held: list[defer.DeferredSemaphore] = []
-
-        def take(semaphore: defer.DeferredSemaphore) -> Any:
-            held.append(semaphore)
-
-        def release() -> None:
-            while held:
-                held.pop().release()
-            if mine.tokens == mine.limit and not mine.waiting:
-                self.heavy_of.pop(who.name, None)
-
-        def timed_out(failure: Any) -> Any:
-            failure.trap(defer.TimeoutError)
-            release()  # the wait was cancelled where it was; what it held is given back
-            raise Busy(f"reads with documents are busy; try again in a while (a user's wait "
-                       f"one after the other, at most {HEAVY_WAIT:g} s)")  # fmt: skip
-
-        waited: defer.Deferred[Any] = mine.acquire()
-        waited.addCallback(lambda _: take(mine))
-        if shared:
-            waited.addCallback(lambda _: self.heavy.acquire())
-            waited.addCallback(lambda _: take(self.heavy))
-        waited.addCallback(lambda _: release)
-        waited.addTimeout(HEAVY_WAIT, self.reactor)
-        waited.addErrback(timed_out)
-        return waited
+        """A slot for a heavy read (aso/gate.py Forward.heavy), after the user's earlier ones
+        (and, when `shared`, one of the HEAVY_READS)."""
+        return self.heavy.take(who.name, shared)
 
     def _check_nodes(
         self,
@@ -791,12 +856,43 @@ class FrontEnd(resource.Resource):
         if made.route.kind in ("write", "create"):
             sent.addCallback(self._written, request, who, headers, made)
         elif made.poll_ms is not None:
-            self._poll(sent, request, made)
+            self._poll(sent, request, made, _user_only(who))
+        elif made.route.kind == "poll" and _user_only(who):
+            self._whole(sent, request)
         else:
             sent.addCallback(self._relay, request)
         sent.addErrback(self._upstream_failed, request)
 
-    def _poll(self, sent: defer.Deferred[Any], request: server.Request, made: gate.Forward) -> None:
+    def _whole(self, sent: defer.Deferred[Any], request: server.Request) -> None:
+        """A user's `_changes` batch, read whole (at most MAX_POLL_BYTES, as a long poll's) and
+        sent without the store's own rows (without_store_rows)."""
+
+        def answered(response: Any) -> None:
+            def whole(body: bytes) -> None:
+                kept = self._without_store_rows(True, body)
+                kept.addCallback(lambda rows: _send_whole(request, response, rows))
+                kept.addErrback(self._upstream_failed, request)
+
+            collector = _Collect(whole, lambda: _poll_too_large(request))
+            request.notifyFinish().addErrback(lambda _: collector.drop())
+            response.deliverBody(collector)
+
+        sent.addCallback(answered)
+
+    def _without_store_rows(self, filtered: bool, body: bytes) -> defer.Deferred[bytes]:
+        if not filtered:
+            return defer.succeed(body)
+        return threads.deferToThreadPool(
+            self.reactor, self.reactor.getThreadPool(), without_store_rows, body
+        )
+
+    def _poll(
+        self,
+        sent: defer.Deferred[Any],
+        request: server.Request,
+        made: gate.Forward,
+        filtered: bool = False,
+    ) -> None:
         """A long poll, bounded: its answer is read whole and sent once it is complete; at its
         timeout it ends as CouchDB ends one (COUCHDB_FEED_ENDS_AT_TIMEOUT), with no results
         and the sequence it was asked from, on both stores: the embedded store never ends a
@@ -850,9 +946,14 @@ class FrontEnd(resource.Resource):
             body = json.dumps({"error": "bad_gateway", "reason": reason}).encode() + b"\n"
             end(502, b"Bad Gateway", Headers({b"content-type": [b"application/json"]}), body)
 
+        def whole(response: Any, body: bytes) -> None:
+            kept = self._without_store_rows(filtered, body)
+            kept.addCallback(lambda rows: end(response.code, response.phrase, response.headers,
+                                              rows))  # fmt: skip
+            kept.addErrback(self._upstream_failed, request)
+
         def answered(response: Any) -> None:
-            collector = _Collect(lambda body: end(response.code, response.phrase,
-                                                  response.headers, body), too_large)  # fmt: skip
+            collector = _Collect(lambda body: whole(response, body), too_large)
             collectors.append(collector)
             request.notifyFinish().addErrback(lambda _: collector.drop())
             response.deliverBody(collector)
@@ -935,6 +1036,83 @@ class FrontEnd(resource.Resource):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _user_only(who: Mapped) -> bool:
+    """A grid user and nothing more: not an agent or an operator."""
+    return not routes.audiences_of(who.roles) & routes.SERVICES
+
+
+# A row of an id starting with `_` as both stores write `_changes` (compact JSON).
+_STORE_ROW = re.compile(rb'"id"\s*:\s*"_')
+
+
+def without_store_rows(body: bytes) -> bytes:
+    """(In a thread.) A `_changes` answer without its rows of ids starting with `_`: design
+    documents (the validation, the agents' views) are not a user's to read. Parsed only when
+    such a row may be there (design documents change at `aso db init` only)."""
+    if not _STORE_ROW.search(body):
+        return body
+    try:
+        got = json.loads(body)
+        results = got["results"]
+    except (ValueError, KeyError, TypeError):
+        return body  # an error the store answered
+    got["results"] = [r for r in results if not _store_row(r)]
+    return json.dumps(got, separators=(",", ":")).encode() + b"\n"
+
+
+def _store_row(row: Any) -> bool:
+    return isinstance(row, dict) and str(row.get("id", "")).startswith("_")
+
+
+class _PacedBody:
+    """A body written a piece at a time, each when the client has taken the last (a pull
+    producer), then the request finished."""
+
+    PIECE = 1 << 16
+
+    def __init__(self, request: server.Request, body: bytes):
+        self.request, self.body, self.at = request, memoryview(body), 0
+
+    def resumeProducing(self) -> None:
+        if self.at >= len(self.body):
+            self.request.unregisterProducer()
+            self.request.finish()
+            return
+        self.request.write(bytes(self.body[self.at : self.at + self.PIECE]))
+        self.at += self.PIECE
+
+    def stopProducing(self) -> None:
+        self.at = len(self.body)
+
+
+def _send_whole(request: server.Request, response: Any, body: bytes) -> None:
+    """The store's answer `response` to the client, with `body` for its body."""
+    if _client_gone(request):
+        return
+    request.setResponseCode(response.code, response.phrase)
+    _copy_headers(response, request, skip=(b"content-length",))
+    request.setHeader(b"content-length", b"%d" % len(body))
+    # As fast as the client reads it: the request (and a heavy read's slot) ends only then.
+    request.registerProducer(_PacedBody(request, body), False)
+
+
+def _poll_too_large(request: server.Request) -> None:
+    reason = (f"the answer is larger than {MAX_POLL_BYTES >> 20} MiB; "
+              "ask with a smaller limit")  # fmt: skip
+    _answer(request, 502, "bad_gateway", reason)
+
+
+def _gate_check(
+    request: server.Request, who: Mapped, table: tuple[routes.Route, ...]
+) -> gate.GateRefusal | gate.Forward:
+    """(In a thread.) The gate's verdict on the request as received, its body read here."""
+    content = cast(BinaryIO, request.content)
+    content.seek(0)
+    return gate.check(request.method, request.uri, content.read(),
+                      routes.audiences_of(who.roles), table,
+                      cast(_BoundedRequest, request).aso_content_type)  # fmt: skip
 
 
 def _cut(request: server.Request) -> None:

@@ -13,6 +13,10 @@ MAX_FEED_TIMEOUT = 60.0
 # document's Erlang form, ~2x its JSON: aso/store_check.py). Over it, CouchDB refuses the write
 # (413) and every other document of its `_bulk_docs` with it (issue 33).
 MAX_WRITTEN_DOC_CHARS = 4_000_000
+# A document written through the front end is bounded as JSON (its own fields, as
+# aso/model.py doc_chars measures them) before the store parses it: a request by what the model
+# takes (model.MAX_DOC_CHARS, the sum of its fields' bounds with room to spare), any other
+# document by MAX_WRITTEN_DOC_CHARS (aso/routes.py Document.max_chars; over it: 413).
 # The smallest publisher.max_block_bytes: a block of one file always fits (a file's entry is at
 # most aso/model.py MAX_PUBLISH_INFO_CHARS of publish_info and its LFN and figures).
 MIN_BLOCK_BYTES = 100_000

@@ -482,7 +482,8 @@ def _body_words(route: Route) -> str:
 
 def _doc_words(doc: routes.Document) -> str:
     ids = "request id" if doc.ids is routes.REQUEST_ID else "document id"
-    return f"a {ids}; of the store's members " + ", ".join(f"`{m}`" for m in doc.members)
+    members = ", ".join(f"`{m}`" for m in doc.members)
+    return f"a {ids}; of the store's members {members}; at most {doc.max_chars} characters"
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from typing import Any
 
 from aso import model
 from aso.config import Config
-from aso.limits import MAX_DOCS, MAX_FEED_TIMEOUT, MAX_KEYS
+from aso.jsvalues import MAX_SAFE_INTEGER
+from aso.limits import MAX_DOCS, MAX_FEED_TIMEOUT, MAX_KEYS, MAX_WRITTEN_DOC_CHARS
 
 USER, AGENT, OPERATOR = "user", "agent", "operator"
 AUDIENCES = (USER, AGENT, OPERATOR)
@@ -41,6 +42,11 @@ MAX_DEPTH = 16  # nesting of any JSON value sent (a request's history entries ar
 # Objects and lists of one body, counted before it is parsed: parsing is the front end's CPU,
 # and a 63 MiB body of `{}` had taken a minute (1000 requests of ASO take ~10,000).
 MAX_CONTAINERS = 200_000
+# Values of one body, scalars too, counted before it is parsed: each costs the front end and the
+# store memory and CPU (58 MiB of 30M zeros had grown the front end by GBs and held the store
+# for minutes). A request as large as the model allows (MAX_DOC_CHARS) holds at most ~262,000; a
+# body over the bound gets 413, which ASO's clients answer by sending it again in halves.
+MAX_VALUES = 1_000_000
 # Rows of one read that carries the documents (include_docs): each may be 256 KiB, and the
 # embedded store builds an answer whole in its one process (six of 475 MiB had ended it).
 MAX_DOC_ROWS = 1000
@@ -73,6 +79,11 @@ def audiences_of(roles: Iterable[str]) -> frozenset[str]:
 
 class Invalid(ValueError):
     """A value that is not what its parameter takes; the message says what it must be."""
+
+
+class TooLarge(Invalid):
+    """A body or a document over a bound of size or values (answered 413: a client may send
+    its documents again in smaller batches)."""
 
 
 # -- values ---------------------------------------------------------------------------------------
@@ -184,9 +195,9 @@ class Key(Value):
     def from_json(self, value: Any) -> Any:
         if self.strings and not isinstance(value, str):
             raise Invalid("a JSON string (a document id)")
-        if self.documents and value.startswith("_local"):
-            # CouchDB answers `_local` documents by key: they are nobody's but the store's.
-            raise Invalid("a document id, not a _local one")
+        if self.documents and value.startswith("_"):
+            # Both stores answer `_local` and `_design` documents by key: they are the store's.
+            raise Invalid("a document id of ASO's, not a _local one or another starting with _")
         check_json(value, "the key")
         if len(dumps(value)) > MAX_KEY_CHARS:
             raise Invalid(f"a JSON value of at most {MAX_KEY_CHARS} characters")
@@ -198,7 +209,7 @@ class Key(Value):
     def schema(self) -> dict[str, Any]:
         if self.strings:
             string = {"type": "string", "maxLength": MAX_KEY_CHARS}
-            return {**string, "not": {"pattern": "^_local"}} if self.documents else string
+            return {**string, "not": {"pattern": "^_"}} if self.documents else string
         return {"description": "a JSON value (in a query: as JSON text)"}
 
 
@@ -275,10 +286,15 @@ def _no_constant(name: str) -> Any:
 
 def parse_json(raw: bytes, what: str) -> Any:
     """`raw` as JSON: UTF-8, no NaN/Infinity, no member twice, nested at most MAX_DEPTH deep,
-    at most MAX_CONTAINERS objects and lists (counted on the bytes first: a bound, since a
-    brace inside a string counts too)."""
-    if raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS:
-        raise Invalid(f"{what} holds more than {MAX_CONTAINERS} objects and lists")
+    at most MAX_CONTAINERS objects and lists and MAX_VALUES values (counted on the bytes first:
+    a bound, since a brace or a comma inside a string counts too)."""
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > MAX_CONTAINERS:
+        raise TooLarge(f"{what} holds more than {MAX_CONTAINERS} objects and lists")
+    # Every value but a container's first item follows a comma.
+    if containers + raw.count(b",") + 1 > MAX_VALUES:
+        raise TooLarge(f"{what} holds more than {MAX_VALUES} values (objects, lists, strings, "
+                       "numbers, literals)")  # fmt: skip
     try:
         text = raw.decode("utf-8")
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
@@ -291,7 +307,8 @@ def parse_json(raw: bytes, what: str) -> Any:
 
 
 def check_json(value: Any, what: str) -> None:
-    """Nesting at most MAX_DEPTH, strings valid Unicode (no lone surrogate), finite numbers."""
+    """Nesting at most MAX_DEPTH, strings valid Unicode (no lone surrogate), finite numbers,
+    integers a double holds (CouchDB's JavaScript had answered 10**4200 with a 500), no -0.0."""
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
@@ -307,6 +324,12 @@ def check_json(value: Any, what: str) -> None:
             _check_string(item, what)
         elif isinstance(item, float) and not math.isfinite(item):
             raise Invalid(f"{what} holds a number that is not finite")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_SAFE_INTEGER:
+            raise Invalid(f"{what} holds an integer beyond JavaScript's safe range "
+                          f"(at most {MAX_SAFE_INTEGER} either way)")  # fmt: skip
+        elif isinstance(item, float) and item == 0 and math.copysign(1.0, item) < 0:
+            # JavaScript writes it 0 and takes it >= 0: a size of -0.0 was recorded.
+            raise Invalid(f"{what} holds -0.0 (write 0)")
 
 
 def _check_string(text: str, what: str) -> None:
@@ -340,6 +363,8 @@ class Document(Body):
     ids: Text = DOC_ID
     members: tuple[str, ...] = ("_id", "_rev")
     schema_ref: str = ""
+    # its own fields as JSON, in characters (aso/limits.py: the bound of a written document)
+    max_chars: int = MAX_WRITTEN_DOC_CHARS
 
     def read(self, data: Any, url_id: str | None, what: str = "the document") -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -364,6 +389,9 @@ class Document(Body):
                     kind.from_json(value)
                 except Invalid as exc:
                     raise Invalid(f"{what}: {member} must be {exc}") from None
+        if _larger_than(data, self.max_chars):
+            raise TooLarge(f"{what} is larger than {self.max_chars} characters as JSON (its "
+                           "fields but the store's _ members)")  # fmt: skip
         return {"_id": doc_id, **{k: v for k, v in data.items() if k != "_id"}}
 
     def schema(self) -> dict[str, Any]:
@@ -443,6 +471,15 @@ class Options(Body):
             "additionalProperties": False,
             "properties": {n: v.schema() for n, v in self.params.items()},
         }
+
+
+def _larger_than(doc: dict[str, Any], bound: int) -> bool:
+    """Whether a document is larger than `bound` as model.doc_chars measures it (JSON.stringify
+    of its own fields, in UTF-16 units). Python's JSON gives that length but for floats, which
+    Python writes longer (5.0, 1e-07): the exact, slower measure is taken only past the bound."""
+    own = {k: v for k, v in doc.items() if not k.startswith("_")}
+    quick = len(json.dumps(own, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
+    return quick > bound and model.doc_chars(doc) > bound
 
 
 def _all_keys(value: Any) -> Iterable[str]:
@@ -694,7 +731,8 @@ def _db_routes(db: Db) -> list[Route]:
             ),
         ]
     if files:
-        request = Document(ids=REQUEST_ID, schema_ref="#/components/schemas/TransferRequest")
+        request = Document(ids=REQUEST_ID, schema_ref="#/components/schemas/TransferRequest",
+                           max_chars=model.MAX_DOC_CHARS)  # fmt: skip
         users = frozenset({USER})
         routes += [
             Route(
@@ -805,7 +843,6 @@ def _server_routes() -> list[Route]:
             "Who the front end says the client is: the user its certificate maps to.",
             tag="server",
         ),
-        Route("up", "GET", ("_up",), EVERYONE, "Whether the store is up.", tag="server"),
     ]
 
 
@@ -831,7 +868,7 @@ def describe(value: Value) -> str:
     """A parameter's type in words, for docs/security.md's tables."""
     named = {REV: "a revision", SEQ: "an update sequence", DOC_ID: "a document id (no leading _)",
              REQUEST_ID: "a request id (64 hex)", STRING_KEY: "a JSON string",
-             DOCUMENT_KEY: "a JSON string, not a _local document's id"}  # fmt: skip
+             DOCUMENT_KEY: "a JSON string not starting with _"}  # fmt: skip
     for known, words in named.items():
         if value is known:
             return words
