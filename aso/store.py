@@ -288,6 +288,11 @@ COUCHDB_DOCUMENT_SIZE_LIMIT      (found by the red team, issue 33) a document ov
 COUCHDB_FEED_ENDS_AT_TIMEOUT     a quiet long poll ends at `timeout` with no results and a
                                  `last_seq` of its own: it is a timed-out batch, as when our read
                                  timeout ends a poll on the embedded store (`Database.changes`).
+COUCHDB_POST_IGNORES_REV         `POST /db` of a document without `_id` makes a new document and
+                                 drops the `_rev` it carries (the embedded store keeps it, and its
+                                 validation refuses it as a conflict): ASO's writes name their
+                                 ids; tests/test_hostile.py judges such a write as each store
+                                 sees it.
 CLUSTER_ACCEPTED_IS_NOT_WON      a cluster answers a write that fewer copies than the quorum
                                  stored with 202 (`accepted: true` per document of a
                                  `_bulk_docs`): two agents writing the same revision through two
