@@ -203,7 +203,7 @@ bench-pages: setup couchdb
 # killed and restarted twice, a storage outage and a failing link; then two agent hosts, one
 # killed midway. Each prints the exact accounting and exits 1 if anything was lost.
 chaos: setup couchdb
-	rm -rf var/sim/chaos var/sim/hosts var/sim/cluster-*
+	rm -rf var/sim/chaos var/sim/hosts
 	$(VENV)/bin/aso sim --scale 4 --duration 5m --interval 10s --block-timeout 60 --chaos \
 	  --workdir var/sim/chaos
 	$(VENV)/bin/aso sim --scale 4 --duration 5m --interval 10s --block-timeout 60 --hosts 2 \
@@ -215,6 +215,7 @@ chaos: setup couchdb
 CLUSTER_SIM = $(VENV)/bin/aso sim --scale 4 --duration 4m --interval 10s --engine couchdb --nodes 3 \
 	--hosts 3 --block-timeout 30 --retry-delay 10 --no-ceiling --seed 42 --users 300 --sites 90
 chaos-cluster: setup couchdb
+	rm -rf var/sim/cluster-*
 	$(CLUSTER_SIM) --kill-node 2 --lease 20s --workdir var/sim/cluster-lease20
 	$(CLUSTER_SIM) --kill-node 2 --lease 10s --workdir var/sim/cluster-lease10
 	$(CLUSTER_SIM) --kill-node 2 --kill-node 3 --lease 10s --workdir var/sim/cluster-two-nodes
