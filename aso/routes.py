@@ -36,6 +36,8 @@ SERVICES = frozenset({AGENT, OPERATOR})
 # Bounds of what one request may carry (docs/openapi.yaml's maxItems): the store's work per
 # request stays bounded, whoever sends it (100,000 view keys had stalled the embedded store).
 MAX_LIMIT = 10_000  # rows of one view or _all_docs page, changes of one _changes batch
+# Two spellings of one parameter that the stores both take: a request gives one of them.
+ALIASES = (("startkey", "start_key"), ("endkey", "end_key"))
 MAX_SKIP = 10_000
 MAX_KEY_CHARS = 4096  # one JSON key as sent
 MAX_DEPTH = 16  # nesting of any JSON value sent (a request's history entries are at depth 3)
