@@ -286,6 +286,16 @@ def _no_constant(name: str) -> Any:
     raise Invalid(f"{name} is not a JSON value")
 
 
+def _no_underflow(text: str) -> float:
+    """A number literal as a double, unless a non-zero one would become 0 (`1e-400`): the
+    value checked would not be the value written."""
+    value = float(text)
+    mantissa = text.lower().partition("e")[0]
+    if value == 0 and any(digit in mantissa for digit in "123456789"):
+        raise Invalid(f"{text[:40]} is too small for a double (it would be 0)")
+    return value
+
+
 def parse_json(raw: bytes, what: str) -> Any:
     """`raw` as JSON: UTF-8, no NaN/Infinity, no member twice, nested at most MAX_DEPTH deep,
     at most MAX_CONTAINERS objects and lists and MAX_VALUES values (counted on the bytes first:
@@ -299,10 +309,17 @@ def parse_json(raw: bytes, what: str) -> Any:
                        "numbers, literals)")  # fmt: skip
     try:
         text = raw.decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_float=_no_underflow,
+        )
     except Invalid as exc:
         raise Invalid(f"{what} is not JSON the front end takes: {exc}") from None
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:  # the parser's own bound, far beyond ours
+        raise Invalid(f"{what} is nested deeper than {MAX_DEPTH}") from None
+    except ValueError as exc:
         raise Invalid(f"{what} is not JSON: {str(exc)[:200]}") from None
     check_json(value, what)
     return value
@@ -314,7 +331,8 @@ def check_json(value: Any, what: str) -> None:
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
-        if depth > MAX_DEPTH:
+        # `depth` containers hold `item`: a container at MAX_DEPTH would be one more.
+        if depth > MAX_DEPTH or (depth == MAX_DEPTH and isinstance(item, (dict, list))):
             raise Invalid(f"{what} is nested deeper than {MAX_DEPTH}")
         if isinstance(item, dict):
             for key, inner in item.items():
