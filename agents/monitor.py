@@ -337,9 +337,9 @@ class Monitor(Agent):
         except StoreError as exc:
             log.info("file %s: branches not read (%s): it waits", doc["_id"], exc)
             return False
+        mine = (doc.get("transfer") or {}).get("job_id")
         for leaf in leaves:
             job_id = (leaf.get("transfer") or {}).get("job_id")
-            mine = (doc.get("transfer") or {}).get("job_id")
             if leaf["_rev"] == doc["_rev"] or not job_id or job_id == mine:
                 continue
             try:
@@ -374,7 +374,7 @@ class Monitor(Agent):
                 self.instance,
                 now,
                 outcome="canceled",
-                reason=f"killed before its job {where}",
+                reason=f"{request.KILLED_BEFORE_ITS_JOB} {where}",
                 fenced=fenced,
             )
         return request.released(doc, self.instance, now, fenced)

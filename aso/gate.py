@@ -224,14 +224,13 @@ def _build(
     twice = sorted(set(params) & set(options))
     if twice:
         return _bad(f"{twice[0]!r} is given in the query and in the body")
+    given = {**params, **options}
     for one, other in routes.ALIASES:  # the stores take either spelling: the gate checks one
-        if one in {**params, **options} and other in {**params, **options}:
+        if one in given and other in given:
             return _bad(f"{one} and {other} name one parameter: give one of them")
-    refused = _rules(route, {**params, **options}) or _store_rows(route, {**params, **options},
-                                                                  audiences)  # fmt: skip
+    refused = _rules(route, given) or _store_rows(route, given, audiences)
     if refused:
         return refused
-    given = {**params, **options}
     with_docs = bool(given.get("include_docs")) and route.kind in ("read", "poll")
     if with_docs and "keys" not in given:
         limit = given.get("limit")

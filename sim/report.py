@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from aso import model
+from aso.core import request
 from aso.model import PUBLICATION, STATE
 from aso.summaries import BACKLOG
 from aso.transfer import errors
@@ -191,8 +192,8 @@ def not_found(attempt: Mapping[str, Any]) -> bool:
     reason = attempt.get("reason") or ""
     return (
         attempt.get("error_class") == errors.LOST
-        or reason == "lease expired, no job"
-        or reason.startswith("killed before its job")
+        or reason == request.RELEASED
+        or reason.startswith(request.KILLED_BEFORE_ITS_JOB)
     )
 
 

@@ -176,11 +176,17 @@ def job_lost(
     )
 
 
+# The reasons of attempts that ended because the service knew no job of them (with job_lost's
+# class): the simulator's accounting checks that each was fenced first.
+RELEASED = "lease expired, no job"
+KILLED_BEFORE_ITS_JOB = "killed before its job"
+
+
 def released(doc: Mapping[str, Any], by: str, now: float, fenced: str) -> Doc:
     """A file whose job never reached the service (its lease is over, the service knows no
     job of its key, and the job is fenced: `fenced`, the fence's verdict): back to the
     queue, its attempt ended as never begun."""
-    reason = "lease expired, no job"
+    reason = RELEASED
     attempts = [dict(a) for a in doc.get("attempts", [])]
     if doc[STATE] == "submitted" and attempts:
         attempts[-1].update(ended=now, outcome="canceled", reason=reason, fenced=fenced)

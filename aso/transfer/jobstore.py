@@ -205,21 +205,21 @@ class JobStore:
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         """The job (`merged` over its branches), or None."""
-        doc = self.db.get(job_id, conflicts=True)
-        if doc is None:
-            return None
-        return merged(self.db.leaves(job_id) if doc.get("_conflicts") else [doc])
+        return self._merged(self.db.get(job_id, conflicts=True))
 
     def get_many(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
         """Each job (`merged` over its branches) or None; a fence alone is None: no job."""
         found = self.db.get_many(job_ids, conflicts=True)
-        jobs: dict[str, dict[str, Any] | None] = {}
-        for job_id, doc in found.items():
-            job = None
-            if doc is not None:
-                job = merged(self.db.leaves(job_id) if doc.get("_conflicts") else [doc])
-            jobs[job_id] = job if job is not None and not is_fence(job) else None
-        return jobs
+        jobs = {job_id: self._merged(doc) for job_id, doc in found.items()}
+        return {
+            job_id: None if job is None or is_fence(job) else job for job_id, job in jobs.items()
+        }
+
+    def _merged(self, doc: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A job document read with its `_conflicts`, as `merged` over all its branches."""
+        if doc is None:
+            return None
+        return merged(self.db.leaves(doc["_id"]) if doc.get("_conflicts") else [doc])
 
     def fence(self, job_id: str, now: float, tries: int = 3) -> bool:
         """Make sure the job `job_id` never runs a file if no job of that id exists: True when a
