@@ -143,6 +143,12 @@ class Slots:
         return waited
 
 
+def _store_busy(_cancelled: Any, timeout: float) -> Any:
+    """addTimeout's `onTimeoutCancel` (called only once the time is out, with however the
+    cancelled call failed): a store answer that did not come in time is Busy."""
+    raise Busy(f"the document store did not answer within {timeout:g} s; try again later")
+
+
 _LIBC = ctypes.util.find_library("c")
 
 
@@ -790,7 +796,7 @@ class FrontEnd(resource.Resource):
             self._unknown_nodes(request, made)
             return
         self.nodes_read_at = time.monotonic()
-        info = self._update_seq(made, headers)
+        info = self._within_poll(self._update_seq(made, headers), made)
 
         def learned(seq: str) -> None:
             self.store_nodes |= sequences.check(seq)
@@ -800,7 +806,7 @@ class FrontEnd(resource.Resource):
             self.forward(request, who, {k: v[0] for k, v in headers.items()}, made)
 
         info.addCallback(learned)
-        info.addErrback(self._upstream_failed, request)
+        info.addErrback(self._failed, request)
 
     def _unknown_nodes(self, request: server.Request, made: gate.Forward) -> None:
         log.warning("refused since naming nodes %s", sorted(made.nodes - self.store_nodes)[:3])
@@ -816,6 +822,13 @@ class FrontEnd(resource.Resource):
         body = info.addCallback(client.readBody)
         return body.addCallback(lambda text: str(json.loads(text)["update_seq"]))
 
+    def _within_poll(self, asked: defer.Deferred[str], made: gate.Forward) -> defer.Deferred[str]:
+        """What a long poll asks the store before it begins, bounded by the poll's own time: a
+        store too busy to answer by then is busy (503), not unreachable."""
+        if made.poll_ms is not None:
+            asked.addTimeout(made.poll_ms / 1000 + POLL_GRACE, self.reactor, _store_busy)
+        return asked
+
     def _poll_from_now(
         self,
         request: server.Request,
@@ -826,10 +839,11 @@ class FrontEnd(resource.Resource):
         """A long poll `since=now` asks from the database's current sequence, so that a quiet
         one ends with a `last_seq` the next poll can start from (the embedded store would
         answer "now")."""
-        now = self._update_seq(made, headers).addCallback(lambda seq: gate.with_since(made, seq))
+        seq = self._within_poll(self._update_seq(made, headers), made)
+        now = seq.addCallback(lambda seq: gate.with_since(made, seq))
         now.addCallback(lambda from_now: self.forward(request, who, {
             k: v[0] for k, v in headers.items()}, from_now))  # fmt: skip
-        now.addErrback(self._upstream_failed, request)
+        now.addErrback(self._failed, request)
 
     def _send(
         self,
@@ -959,12 +973,14 @@ class FrontEnd(resource.Resource):
             response.deliverBody(collector)
 
         def expire() -> None:
+            # Answered first: the store's side, cut after, fails a request already finished
+            # (a cancelled send fails with ResponseNeverReceived, not CancelledError).
+            quiet = json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
+            end(200, b"OK", Headers({b"content-type": [b"application/json"]}), quiet)
             if collectors:
                 collectors[0].drop()
             else:
                 sent.cancel()
-            quiet = json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
-            end(200, b"OK", Headers({b"content-type": [b"application/json"]}), quiet)
 
         sent.addCallback(answered)
         timers.append(self.reactor.callLater(made.poll_ms / 1000 + POLL_GRACE, expire))

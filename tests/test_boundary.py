@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import socket
 import ssl
 import time
@@ -37,7 +38,7 @@ import requests as http
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from aso import gate, limits, model, routes
+from aso import gate, limits, model, procs, routes
 from aso.config import Config
 from aso.designdocs import init_databases
 from aso.local.pki import Pki
@@ -66,6 +67,7 @@ class Boundary:
     alice_ids: list[str]
     bob_ids: list[str]
     last: dict[str, Any] | None = None  # the snapshot after the last generated request
+    store: Any = None  # the store's process (LocalStore)
 
     @property
     def files(self) -> str:
@@ -80,7 +82,7 @@ class Boundary:
 @pytest.fixture(scope="module")
 def boundary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boundary]:
     base = tmp_path_factory.mktemp("boundary")
-    with own_store(base) as (config, _):
+    with own_store(base) as (config, store):
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         pki = Pki.create(base / "pki")
@@ -95,7 +97,7 @@ def boundary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boundary]:
         )  # fmt: skip
         certs = {who: cert_files(pki, who) for who in USERS}
         with running_frontend(config, base) as url:
-            found = Boundary(config, admin, url, pki, certs, [], [], [])
+            found = Boundary(config, admin, url, pki, certs, [], [], [], store=store)
             seed(found)
             yield found
 
@@ -969,13 +971,24 @@ def test_design_documents_are_read_through_no_route(boundary):
         refused(b.call("alice", "GET", path), 400, "_")
     refused(b.call("alice", "POST", all_docs, json={"keys": ["_design/queue"],
                                                     "include_docs": True}), 400, "_")  # fmt: skip
+    # Below "_" and from "`", a user reads every id but the store's own (ids sort by code point).
+    read = []
     for path in (
         f"{all_docs}?startkey={q('`')}",
         f"{all_docs}?endkey={q('_')}&inclusive_end=false",
     ):
         answer = b.call("alice", "GET", path)
-        assert answer.status_code == 200 and answer.json()["rows"], answer.text[:300]
-        assert not [i for i in _ids(answer.json()["rows"]) if i.startswith("_")]
+        assert answer.status_code == 200, answer.text[:300]
+        read += _ids(answer.json()["rows"])
+    store = b.config.store
+    stored = _ids(
+        http.get(
+            f"{store.url}/{b.files}/_all_docs",
+            timeout=30,
+            auth=(store.admin_user, store.admin_password),
+        ).json()["rows"]
+    )
+    assert sorted(read) == sorted(i for i in stored if not i.startswith("_")) and read
     changes = f"/{b.files}/_changes?since=0&include_docs=true"
     for path in (changes, changes + "&feed=longpoll&timeout=1000", changes + "&limit=3"):
         answer = b.call("alice", "GET", path)
@@ -1008,4 +1021,39 @@ def test_a_number_the_stores_cannot_hold_is_refused(boundary, field, value):
     refused(answer, 400, "-0.0" if value == 0 else "safe range")
     largest = {**sample_request("alice"), "size": 2**53 - 1}
     assert b.call("alice", "PUT", f"/{b.files}/{largest['_id']}", json=largest).status_code == 201
+    alive(b)
+
+
+# -- the red team's fifth round: the store busy, not gone -----------------------------------------
+@contextlib.contextmanager
+def store_stopped(b: Boundary) -> Iterator[None]:
+    """The store's processes stopped (SIGSTOP): connections are taken by the kernel and nothing
+    is answered, as from a store busy with other users' reads."""
+    pid = b.store.our_pid()
+    assert pid is not None
+    procs.signal_group(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        procs.signal_group(pid, signal.SIGCONT)
+
+
+def test_a_long_poll_on_a_busy_store_ends_at_its_timeout(boundary):
+    """With heavy reads under way, long polls got 502 "the document store is unreachable" at
+    their timeout: the cut of the store's side, not yet answered, failed the request before its
+    quiet answer went out. A long poll ends at its timeout with no results and the sequence it
+    was asked from; one `since=now` whose sequence the store cannot tell in that time is 503
+    (busy, Retry-After), never 502."""
+    b = boundary
+    since = str(b.admin.db(b.files).info()["update_seq"])
+    feed = f"/{b.files}/_changes?feed=longpoll&timeout=1000"
+    # (the nodes a CouchDB sequence names are learned once, while the store answers)
+    assert b.call("alice", "GET", f"{feed}&since={quote(since)}").status_code == 200
+    with store_stopped(b):
+        quiet = b.call("alice", "GET", f"{feed}&since={quote(since)}", timeout=20)
+        busy = b.call("alice", "GET", f"{feed}&since=now", timeout=20)
+    assert quiet.status_code == 200, quiet.text[:300]
+    assert quiet.json() == {"results": [], "last_seq": since}
+    refused(busy, 503, "did not answer within")
+    assert busy.headers.get("Retry-After")
     alive(b)
