@@ -16,7 +16,7 @@ between them: each cycle it
   cannot be asked stays `submitted` until a look answers;
 * deletes the temporary copies of the files it finds `done` that need no publication and
   records each deletion in the same write as the `done` (the cleaner's functions and rules,
-  agents/cleaner.py: one write fewer per such file, issue 22); a deletion that has not ended
+  aso/deleter.py: one write fewer per such file); a deletion that has not ended
   within `cleaner.at_done_wait` seconds is left to the cleaner;
 * waits, while its lease lasts, for the job of a file the submitter has just recorded
   `submitted` (the intent is written before the job goes to the service); when the lease has
@@ -43,10 +43,10 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, cast
 
-from agents.cleaner import Deleter, cleanable_at_done, cleanup_recorded, destination_look
 from aso import faults
 from aso.config import Config
 from aso.core import request
+from aso.core.cleanup import cleanable_at_done, cleanup_recorded
 from aso.core.destination import (
     NOT_DONE_CLASS,
     Finding,
@@ -56,6 +56,7 @@ from aso.core.destination import (
     unchecked,
 )
 from aso.core.request import Doc
+from aso.deleter import Deleter, destination_look
 from aso.files import Confirmer, Files, open_files
 from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle

@@ -2,7 +2,7 @@
 
 Done files waiting for publication are grouped by (user, dataset). A block is closed when it
 holds `publisher.max_files_per_block` files or `publisher.max_block_bytes` of file entries (a
-block over the store's document size limit would be refused: issue 33), when its oldest file
+block over the store's document size limit would be refused), when its oldest file
 has waited
 `publisher.block_closure_timeout` seconds since its copy ended, or when the user's task is over
 (no request of it still on its way). Publishing a block is crash-safe and idempotent with one
@@ -20,14 +20,14 @@ write per file, because the catalog is the record of what was published:
 2. the files become `published` with the block's name, in one bulk write per cycle; the same
    write records their temporary copies deleted (`cleaned`, or `cleanup_error` for the cleaner
    to try again), which the publisher does just before with the cleaner's own functions
-   (agents/cleaner.py; the destination was confirmed in step 0, and is not looked at twice).
+   (aso/deleter.py; the destination was confirmed in step 0, and is not looked at twice).
    The cleaner takes a file only once its publication is over, so a published file costs one
-   write for both axes (issue 22).
+   write for both axes.
 
 A crash between the two leaves the files waiting: the next cycle makes the same block (the
 catalog answers "already there") or one with more files, which the catalog refuses for the
 files it holds in another block of the dataset: those are `published` there and the rest wait
-for the next block. (Publishers before issue 22 recorded a block's name first, `publishing`:
+for the next block. (Earlier publishers recorded a block's name first, `publishing`:
 such files are finished like waiting ones.) A failed publication is retried up to
 `publisher.max_attempts` times with backoff (`publication_error`, waiting again once the backoff
 is over), then the files end `publication_failed` with the reason, which `aso publish --retry
@@ -43,8 +43,6 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from agents.cleaner import Deleter, cleanup_recorded, destination_look
-from agents.cleaner import due as cleanup_due
 from aso import model
 from aso.catalog import open_catalog
 from aso.catalog.base import (
@@ -57,7 +55,10 @@ from aso.catalog.base import (
 from aso.catalog.embedded import file_entry
 from aso.config import Config
 from aso.core import request
+from aso.core.cleanup import cleanup_recorded
+from aso.core.cleanup import due as cleanup_due
 from aso.core.destination import DIFFERENT, UNANSWERED, Finding, not_published_reason, unchecked
+from aso.deleter import Deleter, destination_look
 from aso.files import MISSING, Confirmer, Files, open_files
 from aso.model import CLEANUP, ON_ITS_WAY, PUBLICATION, STATE
 from aso.runtime import Agent, Cycle, set_aside_reason
@@ -77,7 +78,7 @@ LOOK_WAIT = 10.0
 DEFAULT_BLOCK_BYTES = 2_000_000
 
 WAITING = "pending"
-LEGACY = "publishing"  # a block's name recorded first, by publishers before issue 22
+LEGACY = "publishing"  # a block's name recorded first, by publishers of earlier versions
 ERROR = "publication_error"
 
 
@@ -359,7 +360,7 @@ class Publisher(Agent):
     def outcomes(self, blocks: list[Block]) -> list[bool | Exception]:
         """The catalog's answer for each block. A call that fails as a whole is made again block
         by block, so that each block gets its own outcome: one block's failure is never
-        another's (issue 33: one user's oversized block failed every block of the call)."""
+        another's (one user's oversized block had failed every block of the call)."""
         try:
             return cast(list[bool | Exception], self.catalog.publish_blocks(blocks))
         except Exception as exc:  # the catalog's client failed the call as a whole

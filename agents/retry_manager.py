@@ -2,8 +2,8 @@
 
 `failed_attempt` → `retry` (with `retry_after`, the end of its cool-off) or → `failed` for good,
 as the retry policy decides (aso/retry.py; a plug-in chosen by `retry.policy`). The submitter
-takes a `retry` once its cool-off is over (until issue 22 this agent wrote it back to `new`
-first: one more write per failed attempt).
+takes a `retry` once its cool-off is over (earlier versions of this agent wrote it back to
+`new` first: one more write per failed attempt).
 
 A user's kill always wins: an owner may kill a file in `failed_attempt` or `retry` at any moment;
 if the kill lands first, the retry manager's write conflicts (409) and the file stays killed.

@@ -2,7 +2,7 @@
 
 Core logic (plain functions over documents):
 * `ready_to_submit`: `new` files, and `retry` files whose `retry_after` has passed (the retry
-  manager wrote them back to `new` before issue 22: one write per failed attempt saved).
+  manager once wrote them back to `new`: one write per failed attempt more).
 * `plan_jobs`: which new files go now, and in which jobs. Files are grouped by
   (user, group, role, source, destination); per-link and per-site caps on files in flight are
   honoured (protecting storage is why ASO exists); inside a link, users take turns (fair
@@ -16,7 +16,7 @@ Core logic (plain functions over documents):
   unless the service refuses the job (`failed_attempt`) or names it otherwise than expected.
 A cycle does this for a batch of jobs at once (FILES_PER_BATCH files): one bulk write of
 intents, then the jobs to the service (`submit_many`: one bulk write of the job table for the
-gfal and sim services). Until issue 22 the intent (`acquired`) and `submitted` were two writes.
+gfal and sim services). (Earlier versions wrote the intent, `acquired`, and `submitted` apart.)
 
 Crash safety: a submitter killed after the intent leaves `submitted` documents whose job may
 not exist; the monitor finds no job for them and waits while their lease lasts, then asks the
@@ -365,7 +365,7 @@ class Submitter(Agent):
         stays `new` for the next cycle, `agents.set_aside_after` - 1 times in a row; then it
         goes on with its job to be acquired and set aside at once (its reason instead of its
         copy): an unknown site once crash-looped the submitter and held up the files of the
-        same cycle for minutes (issue 18)."""
+        same cycle for minutes."""
         made: dict[str, FileTransfer | str] = {}
         screened = []
         for docs in plans:

@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from aso.config import Config
 from aso.localstore import LocalCluster, LocalStore, LocalStoreError, Status
-from aso.store import Server, Settings, StoreError
+from aso.store import Server, StoreError
 
 DEFAULT_HOME = Path("/opt/couchdb")
 PBKDF2_ITERATIONS = 600000  # CouchDB 3.4's own default for admins and _users
@@ -437,14 +437,3 @@ def join_cluster(admin: Server, others: Sequence[str], timeout: float = 60.0) ->
 
 def _exists(admin: Server, name: str) -> bool:
     return admin.db(name).exists()
-
-
-def node_server(config: Config, index: int, retries: int = 2) -> Server:
-    """The admin of node `index` of the local cluster (tests and the simulator)."""
-    store = config.store
-    return Server(
-        node_url(store.url, index),
-        store.admin_user,
-        store.admin_password,
-        Settings(retries=retries),
-    )

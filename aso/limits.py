@@ -11,7 +11,7 @@ MAX_FEED_TIMEOUT = 60.0
 # The largest document ASO writes out of what users choose (a catalog block, a monitoring
 # summary), as JSON: half CouchDB's default max_document_size (8,000,000 bytes, measured on the
 # document's Erlang form, ~2x its JSON: aso/store_check.py). Over it, CouchDB refuses the write
-# (413) and every other document of its `_bulk_docs` with it (issue 33).
+# (413) and every other document of its `_bulk_docs` with it.
 MAX_WRITTEN_DOC_CHARS = 4_000_000
 # A document written through the front end is bounded as JSON (its own fields, as
 # aso/model.py doc_chars measures them) before the store parses it: a request by what the model

@@ -50,7 +50,7 @@ AXES = (STATE, CLEANUP, PUBLICATION)
 STATES: dict[str, tuple[str, ...]] = {
     STATE: (
         "new",  # waiting for the submitter
-        "acquired",  # an intent without its job (submitters before issue 22 only)
+        "acquired",  # an intent without its job (submitters of earlier versions only)
         "submitted",  # with the transfer service, under the job the document names (the
         # submitter writes it just before its call, with a lease: the monitor releases the
         # file if the service never got the job)
@@ -70,7 +70,7 @@ STATES: dict[str, tuple[str, ...]] = {
     PUBLICATION: (
         "not_required",  # publish is false, or a log file
         "pending",  # waits for a block
-        "publishing",  # a block's name recorded first (publishers before issue 22 only)
+        "publishing",  # a block's name recorded first (publishers of earlier versions only)
         "published",  # in the catalog
         "publication_error",  # the last publication failed; retried up to a limit
         "publication_failed",  # given up; the user may reset it to pending
@@ -124,13 +124,13 @@ RAN_TO_AN_END = ("done", "failed")  # outcomes of an attempt whose copy ran (not
 # names holds one of its values. Finished requests are nobody's work.
 WORK: dict[str, dict[str, tuple[str, ...]]] = {
     # The submitter: a `retry` once its cool-off is over (`retry_after`), submitted from there
-    # (before issue 22 the retry manager wrote it back to `new` first: a write per failure).
+    # (earlier retry managers wrote it back to `new` first: a write per failure).
     "submit": {STATE: TO_SUBMIT},
     "lease": {STATE: ("acquired",)},  # the monitor, once the lease has ended
     "active": {STATE: AT_THE_SERVICE},  # the monitor
     "decide": {STATE: ("failed_attempt",)},  # the retry manager
     # The cleaner, once the file's publication is over: the publisher cleans the files it
-    # publishes in the same write (one write for both axes instead of two, issue 22).
+    # publishes in the same write (one write for both axes instead of two).
     "clean": {STATE: ("done",), CLEANUP: CLEANUP_DUE, PUBLICATION: FINAL[PUBLICATION]},
     "publish": {STATE: ("done",), PUBLICATION: PUBLICATION_DUE},  # the publisher
 }
@@ -152,7 +152,7 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("submitted", "new"): _A,  # lease over and the service never got the job
         ("submitted", "done"): _A,  # monitor: copied and verified
         ("submitted", "failed_attempt"): _A,  # the attempt failed, the job was refused or lost
-        # Submitters before issue 22 wrote their intent (`acquired`) and `submitted` apart;
+        # Earlier submitters wrote their intent (`acquired`) and `submitted` apart;
         # their files are finished from there (the monitor adopts or releases them).
         ("new", "acquired"): _A,
         ("acquired", "submitted"): _A,
@@ -160,7 +160,7 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("acquired", "failed_attempt"): _A,
         ("failed_attempt", "retry"): _A,  # retry manager: try again after a cool-off
         ("failed_attempt", "failed"): _A,  # retry manager: permanent error / out of attempts
-        ("retry", "new"): _A,  # retry managers before issue 22: cool-off over
+        ("retry", "new"): _A,  # earlier retry managers: cool-off over
         ("kill_requested", "killed"): _A,  # monitor: cancelled at the service
         ("kill_requested", "done"): _A,  # the copy finished before the cancel took effect
         ("new", "killed"): _O,  # nothing in flight: the user's kill is immediate
@@ -182,7 +182,7 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("publication_error", "pending"): _A,  # the backoff is over: waits for a block again
         ("publication_error", "publication_failed"): _A,
         ("publication_failed", "pending"): _O,  # `aso publish --retry`: the user resets it
-        # Publishers before issue 22 recorded a block's name before the catalog call; their
+        # Earlier publishers recorded a block's name before the catalog call; their
         # files are finished from there (published, failed, or waiting again).
         ("publishing", "published"): _A,
         ("publishing", "publication_error"): _A,
@@ -195,7 +195,7 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
 # with its temporary copy `pending`; a file the job wrote at its destination already is `done`
 # with nothing to clean. Either starts its publication `pending` (or `not_required`): a request
 # is never born cleaned, published or on its way to the catalog (a user had created requests
-# `done`/`cleaned` and `done`/`not_needed`/`published`, issue 18).
+# `done`/`cleaned` and `done`/`not_needed`/`published`).
 CREATION: dict[str, dict[str, tuple[str, ...]]] = {
     "new": {CLEANUP: ("pending",), PUBLICATION: ("pending", "not_required")},
     "done": {CLEANUP: ("not_needed",), PUBLICATION: ("pending", "not_required")},
@@ -235,7 +235,7 @@ IMMUTABLE = (
 )
 
 # --- namespaces ------------------------------------------------------------------------------
-# CMS's conventions, which the store enforces when a user creates a request (issue 18: alice had
+# CMS's conventions, which the store enforces when a user creates a request (alice had
 # written into bob's area, copied and had the cleaner delete bob's temporary output, and put her
 # file in bob's dataset). A user <name> stages out from /store/temp/user/<name>/ or
 # /store/temp/user/<name>.<hash>/, writes under /store/user/<name>/, and publishes into
@@ -348,7 +348,7 @@ ATTEMPT = {
     },
 }
 
-# What an owner may write for the catalog (issue 33: 100 files of ~230 KB of parents each made
+# What an owner may write for the catalog (100 files of ~230 KB of parents each made
 # a 23 MB block, which CouchDB refused for every block of the publisher's call). A CMS file has
 # a handful of parents (an LFN is at most 500 characters in DBS) and its lumis are a few runs of
 # lumi sections; each file's entry in a catalog block is bounded by MAX_PUBLISH_INFO_CHARS, so
@@ -802,10 +802,6 @@ def may_transition(axis: str, old: str, new: str, role: str) -> bool:
     if role == ADMIN:
         return new in STATES[axis]
     return role in TRANSITIONS[axis].get((old, new), frozenset())
-
-
-def legal_pairs(axis: str) -> Iterable[tuple[str, str]]:
-    return TRANSITIONS[axis].keys()
 
 
 def is_final(doc: Mapping[str, Any]) -> bool:

@@ -276,7 +276,7 @@ COUCHDB_SEQ_MAKES_ATOMS          (found by the red team) `since` is decoded with
                                  requests of ~1,400 made-up names). The front end forwards a
                                  `since` only when its atoms are the store's own nodes
                                  (aso/sequences.py, `FrontEnd._check_nodes`).
-COUCHDB_DOCUMENT_SIZE_LIMIT      (found by the red team, issue 33) a document over
+COUCHDB_DOCUMENT_SIZE_LIMIT      (found by the red team) a document over
                                  `[couchdb] max_document_size` (8 MB in ASO's settings) makes
                                  CouchDB refuse the whole `_bulk_docs` with 413
                                  `document_too_large`, naming none of the others; the embedded
@@ -998,7 +998,7 @@ class Database:
         writes); a body over the store's request size (413, nothing written:
         COUCHDB_REQUEST_SIZE_LIMIT) is sent again in two halves. A document too large alone
         (COUCHDB_DOCUMENT_SIZE_LIMIT) is that document's error only, as a refusal is: the
-        others of the write are written (issue 33)."""
+        others of the write are written."""
         if len(docs) > MAX_DOCS:
             return [
                 answer

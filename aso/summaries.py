@@ -59,7 +59,7 @@ the requests that still have open events (each pending request remembers the fee
 last read in), or from where the last read ended when none has: any other request with an
 event after the closed hours was written after that read. The position is exact, whatever the
 clocks: a store of a million finished requests resumes near the end of its feed, not from its
-start (issue 22: a resume taken by time stayed at "0" until the hour after the first run). The
+start (a resume taken by time stayed at "0" until the hour after the first run). The
 very first run (no `monitor:state`) reads the whole feed once and counts every event of
 the closed hours from the first copy of each request it sees (what tasks did: its last week
 only, FIRST_RUN_TASKS). The purge deletes only requests
@@ -105,7 +105,7 @@ TYPES = (
     "monitor_live",
 )
 RECENT = 24 * 3600.0  # the live document lists the tasks active in the last 24 hours
-# Users name their tasks, as many as they like (issue 33: 30,000 tasks active in a day made
+# Users name their tasks, as many as they like (30,000 tasks active in a day made
 # `monitor:live` too large for CouchDB, 413 every cycle, and the pages' live figures stale for
 # everyone): a summary document lists at most TASKS_CAP tasks in full (~300 B each), each
 # user's USER_TASKS latest first (their page), and folds the rest into counted totals per user
@@ -338,9 +338,6 @@ class Tally:
             out[axis] = {s: n for s, n in sorted(states.items()) if n}
         return out
 
-    def is_empty(self) -> bool:
-        return not (self.moves or self.errors)
-
     def to_json(self, *, tasks: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
             "moves": self.moves,
@@ -439,19 +436,6 @@ def merge_failure(into: dict[str, list[Any]], pattern: str, entry: list[Any]) ->
 
 def backlog(totals: Mapping[str, Mapping[str, int]]) -> int:
     return sum(totals.get(model.STATE, {}).get(s, 0) for s in BACKLOG)
-
-
-def tally_of(
-    docs: Iterable[Mapping[str, Any]], start: float = 0.0, end: float = float("inf")
-) -> Tally:
-    """The tally of every event from `start` to `end` of these requests (tests, checks)."""
-    tally = Tally()
-    for doc in docs:
-        meta = Meta.of(doc)
-        for event in events_of(doc):
-            if start <= event[0] < end:
-                tally.count(event, meta)
-    return tally
 
 
 @dataclass

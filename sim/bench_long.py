@@ -2,8 +2,8 @@
 that already holds a million finished requests, on each store engine.
 
 For each engine (`--engines pouchdb,couchdb`), at its goal scale (`--scale-pouchdb 20`,
-`--scale-couchdb 30`: issue 22) with a workload of its own (`--users 300 --sites 90 --seed 42`,
-cool-offs, block closure and transfer timeout short so that the drain stays short):
+`--scale-couchdb 30`: docs/performance.md) with a workload of its own (`--users 300 --sites 90
+--seed 42`, cool-offs, block closure and transfer timeout short so that the drain stays short):
 
 1. **fresh**: the lifecycle simulator (sim/lifecycle.py) on a new local store, `--duration`
    (30 min) of injection every `--interval`, then the drain;
@@ -41,7 +41,7 @@ from sim.report import Report, cpu_shares, writes_text
 from sim.workload import Plan, parse_duration
 
 console = Console()
-GOAL_SCALE = {"pouchdb": 20.0, "couchdb": 30.0}  # issue 22's goals on this 2-core machine
+GOAL_SCALE = {"pouchdb": 20.0, "couchdb": 30.0}  # the goals on this 2-core machine
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=Path("var/bench-long"))
     parser.add_argument(
         "--blocks-per-call", type=int, default=None, help="publisher.blocks_per_call of the "
-        "runs (default: the configuration's; 1: a catalog call per block, as before issue 22)."
+        "runs (default: the configuration's; 1: a catalog call per block, as earlier versions did)."
     )  # fmt: skip
     parser.add_argument(
         "--profile-store", action="store_true", help="Profile the store over each run's "

@@ -99,8 +99,8 @@ def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, 
             break
         job = {"job_id": f"{i:08x}-{n}", "service": "https://fts3.example:8446", "submitted": t}
         attempts.append(job)
-        # The last try ends the request: copied (97 %) or given up (stores filled before
-        # issue 22's fix of this left 3 % of the requests `new` after a failed only try).
+        # The last try ends the request: copied (97 %) or given up (stores filled by earlier
+        # versions left 3 % of the requests `new` after a failed only try).
         last = n == tries - 1
         if last and rng.random() < 0.97:
             job.update(ended=t + 20 + rng.expovariate(1 / 40), outcome="done")

@@ -34,7 +34,7 @@ from sim.workload import Plan
 
 HOUR = 3600.0
 OUTCOMES = ("done", "publication_failed", "failed", "killed")
-# What "holds" means (issue 7): completed/expected, a bounded backlog, and the p95 of the
+# What "holds" means: completed/expected, a bounded backlog, and the p95 of the
 # time ASO itself adds to a file (injection → done without the simulated transfers).
 MIN_RATIO = 0.99
 MAX_P95_OVERHEAD = 300.0
@@ -333,7 +333,7 @@ def time_cooling_off(doc: Mapping[str, Any]) -> float:
     """Wall seconds of the retry policy's cool-offs: from each `retry` entry to the end of its
     cool-off (the entry's `until`), or to the next move if that came first (a kill). A file
     still waiting for the submitter after its cool-off is queued, not cooling off (entries
-    without `until`, from before issue 22, end at the retry manager's move back to `new`)."""
+    without `until`, from earlier versions, end at the retry manager's move back to `new`)."""
     total, since, until = 0.0, None, None
     for entry in doc.get("history", []):
         if entry["axis"] != STATE:
@@ -359,7 +359,7 @@ STAGES = ("queued", "submitting", "at_service", "reporting")
 def stages(doc: Mapping[str, Any], done_at: float) -> dict[str, float]:
     """Where the last attempt of a done file spent its time: waiting for the submitter (in
     `new`, or in `retry` after its cool-off), being submitted (from the intent to `submitted`:
-    0 since issue 22, which writes both at once; the job's creation is then part of the time at
+    0 now that the submitter writes both at once; the job's creation is then part of the time at
     the service), at the transfer service, and waiting for the monitor to see that it ended
     (→ done). What the tuning looks at."""
     marks: dict[str, float] = {}

@@ -293,3 +293,16 @@ def test_the_independent_status_client_imports_nothing_of_aso():
         elif isinstance(node, ast.ImportFrom):
             modules.add((node.module or "").split(".")[0])
     assert modules and not modules & {"aso", "agents", "sim", "tests"}, modules
+
+
+def test_agents_do_not_import_each_other():
+    """An agent is a thin loop over aso's functions: what two agents share (the deleter, the
+    cleanup decisions) lives in aso/, so that no agent depends on another."""
+    graph = import_graph()
+    agent_modules = [name for name in graph if name.startswith("agents.")]
+    assert len(agent_modules) >= 8
+    assert "aso.deleter" in graph["agents.monitor"]  # the walk sees what the agents import
+    found = {
+        name: sorted(m for m in graph[name] if m.startswith("agents")) for name in agent_modules
+    }
+    assert {name: hits for name, hits in found.items() if hits} == {}

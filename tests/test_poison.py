@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-import agents.cleaner
 import agents.monitor
 import agents.retry_manager
+import aso.deleter
 from agents.cleaner import Cleaner
 from agents.monitor import Monitor
 from agents.publisher import Publisher
@@ -162,8 +162,8 @@ def test_a_cleaner_failing_on_one_file_parks_it_with_the_reason(
             doc.update(model.transition(doc, [Change(STATE, to, "t")], AGENT))
             doc["_rev"] = agent_db.put(doc)
     poison = docs[0]["_id"]
-    monkeypatch.setattr(agents.cleaner, "clean_one", lambda config, files, doc, *_: (
-        failing_on(poison, lambda d: agents.cleaner.Outcome(True, "deleted"))(doc)))  # fmt: skip
+    monkeypatch.setattr(aso.deleter, "clean_one", lambda config, files, doc, *_: (
+        failing_on(poison, lambda d: aso.deleter.Outcome(True, "deleted"))(doc)))  # fmt: skip
     cleaner = Cleaner(sim_config, "c1")
     runner = Runner(cleaner)
     ids = [d["_id"] for d in docs]

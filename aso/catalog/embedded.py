@@ -52,7 +52,7 @@ DATASET_PREFIX = "dataset:"
 SCHEMA_VERSION = 1
 # The largest block document written (the embedded store takes up to its request size, 4 GiB;
 # CouchDB 8 MB). The publisher closes blocks well below it (publisher.max_block_bytes); a
-# larger block is refused here, alone (issue 33).
+# larger block is refused here, alone.
 MAX_BLOCK_CHARS = MAX_WRITTEN_DOC_CHARS
 
 SECURITY = {
@@ -260,7 +260,7 @@ class EmbeddedCatalog(Catalog):
         with publish_block's outcomes and checks: one `files` view read before, one bulk
         create of their new datasets and one of the blocks, one read after (one block at a
         time took three requests each: 300 blocks a cycle at 20x design made cycles of a
-        minute, issue 22). A block sharing a file with an earlier one of the batch is
+        minute). A block sharing a file with an earlier one of the batch is
         published after them, on its own, so that the checks decide between the two."""
         outcomes: list[bool | Exception | None] = [None] * len(blocks)
         together: list[int] = []
@@ -286,7 +286,7 @@ class EmbeddedCatalog(Catalog):
     def _publish_together(self, blocks: Sequence[Block]) -> list[bool | Exception]:
         """Blocks without a file in common, checked beforehand (check_block). A request of the
         batch that fails as a whole (a block the store refuses as too large made CouchDB
-        refuse the write of every block, issue 33) is tried again block by block: each block
+        refuse the write of every block) is tried again block by block: each block
         gets its own outcome, never another's. Only a store that cannot be reached fails them
         all at once."""
         try:

@@ -7,8 +7,8 @@ the caller writes the result back with the revision it read, and a conflict mean
 acted first.
 
 Two writers of the same change call the same function, so that they cannot drift apart: the
-reconciler's own "cool-off over" once left `transfer` set where the retry manager's cleared it
-(issue 19), and the monitor reads `transfer` to pick its partition and to decide whether a kill
+reconciler's own "cool-off over" once left `transfer` set where the retry manager's cleared it,
+and the monitor reads `transfer` to pick its partition and to decide whether a kill
 has a job to cancel.
 """
 
@@ -289,7 +289,7 @@ def publication_retried(doc: Mapping[str, Any], by: str, now: float) -> Doc:
 
 
 def block_abandoned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
-    """A file recorded `publishing` in a block (by a publisher before issue 22) that the
+    """A file recorded `publishing` in a block (by a publisher of an earlier version) that the
     catalog does not hold: waiting for a block again (the reconciler's repair)."""
     return _moved(doc, PUBLICATION, "pending", by, now, reason, publication_block=None)
 

@@ -21,7 +21,7 @@ SERVICE = "service"  # the transfer service itself failed or refused
 LOST = "job_lost"  # the service does not know the job any more
 UNKNOWN = "unknown"
 # An agent could not act on the request at all (a site its configuration lacks, an agent's own
-# error): set aside so that it cannot stop the agent again; the reason says why (issue 18).
+# error): set aside so that it cannot stop the agent again; the reason says why.
 UNPROCESSABLE = "unprocessable"
 
 CLASSES = (
