@@ -38,6 +38,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from aso.config import Config
 from aso.localstore import LocalCluster, LocalStore, LocalStoreError, Status
 from aso.store import Server, StoreError
+from aso.store import admin as store_admin
 
 DEFAULT_HOME = Path("/opt/couchdb")
 PBKDF2_ITERATIONS = 600000  # CouchDB 3.4's own default for admins and _users
@@ -406,7 +407,7 @@ def join_cluster(admin: Server, others: Sequence[str], timeout: float = 60.0) ->
     admin, uuid and secret to every node). Idempotent: what is done already is skipped.
     Returns what it did, one line each."""
     lines = []
-    membership = admin.membership()
+    membership = store_admin.membership(admin)
     for name in others:
         if name not in membership.get("cluster_nodes", []):
             try:
@@ -418,7 +419,7 @@ def join_cluster(admin: Server, others: Sequence[str], timeout: float = 60.0) ->
     wanted = {admin.raw("GET", "/_node/_local").get("name"), *others}
     deadline = time.monotonic() + timeout
     while True:
-        membership = admin.membership()
+        membership = store_admin.membership(admin)
         connected = set(membership.get("all_nodes", []))
         if wanted <= connected and wanted <= set(membership.get("cluster_nodes", [])):
             break

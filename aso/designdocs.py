@@ -20,11 +20,11 @@ from typing import Any
 
 from couchapp import localdoc
 
-from aso import model
-from aso.catalog.embedded import init_catalog_db
+from aso import model, statistics
+from aso.catalog import embedded as catalog
 from aso.config import Config
-from aso.statistics import init_stats_db
 from aso.store import Forbidden, NotFound, Server
+from aso.store import admin as store_admin
 from aso.transfer.jobstore import JOBS_DDOC
 from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
@@ -182,13 +182,31 @@ def close_system_databases(admin: Server) -> list[str]:
     for name in SYSTEM_DATABASES:
         db = admin.db(name)
         try:
-            current = db.security()
+            current = store_admin.security(db)
         except NotFound:
             continue  # this store has none: nothing to close
         if not same_security(current, SYSTEM_SECURITY):
-            db.set_security(SYSTEM_SECURITY)
+            store_admin.set_security(db, SYSTEM_SECURITY)
             changed.append(name)
     return changed
+
+
+def init_catalog_db(admin: Server, name: str = catalog.DEFAULT_DB) -> bool:
+    """Create the catalog database (True if created now), set its `_security` and push its
+    design document. Idempotent."""
+    created = store_admin.create_db(admin, name, catalog.SECURITY)
+    store_admin.push_design(admin.db(name), catalog.DESIGN)
+    return created
+
+
+def init_stats_db(admin: Server, name: str, files_db: str) -> bool:
+    """Create the statistics database (True if created now) with its `_security` and design
+    document, and push the live statistics design document into the files database.
+    Idempotent."""
+    created = store_admin.create_db(admin, name, statistics.SECURITY)
+    store_admin.push_design(admin.db(name), statistics.DESIGN)
+    store_admin.push_design(admin.db(files_db), statistics.LIVE_DESIGN)
+    return created
 
 
 def init_databases(admin: Server, config: Config) -> InitReport:
@@ -197,29 +215,29 @@ def init_databases(admin: Server, config: Config) -> InitReport:
     already in place is left as it is."""
     report = InitReport()
     files_db = config.store.files_db
-    if admin.create_db(files_db, FILES_SECURITY, q=config.store.files_q):
+    if store_admin.create_db(admin, files_db, FILES_SECURITY, q=config.store.files_q):
         report.created_dbs.append(files_db)
     db = admin.db(files_db)
     for ddoc in design_documents(config):
-        written = db.push_design(ddoc)
+        written = store_admin.push_design(db, ddoc)
         (report.design_written if written else report.design_unchanged).append(ddoc["_id"])
-    if admin.create_db(config.store.transfers_db, JOBS_SECURITY):
+    if store_admin.create_db(admin, config.store.transfers_db, JOBS_SECURITY):
         report.created_dbs.append(config.store.transfers_db)
-    if admin.db(config.store.transfers_db).push_design(JOBS_DDOC):
+    if store_admin.push_design(admin.db(config.store.transfers_db), JOBS_DDOC):
         report.design_written.append(f"{config.store.transfers_db}/{JOBS_DDOC['_id']}")
     if init_catalog_db(admin, config.store.catalog_db):
         report.created_dbs.append(config.store.catalog_db)
     if init_stats_db(admin, config.store.stats_db, files_db):
         report.created_dbs.append(config.store.stats_db)
     pages_db = config.store.pages_db
-    if admin.create_db(pages_db, PAGES_SECURITY):
+    if store_admin.create_db(admin, pages_db, PAGES_SECURITY):
         report.created_dbs.append(pages_db)
-    if admin.db(pages_db).push_design(pages_design(config)):
+    if store_admin.push_design(admin.db(pages_db), pages_design(config)):
         report.design_written.append(f"{pages_db}/{PAGES_DDOC}")
     else:
         report.design_unchanged.append(f"{pages_db}/{PAGES_DDOC}")
     try:
-        if admin.create_db("_users", USERS_SECURITY):
+        if store_admin.create_db(admin, "_users", USERS_SECURITY):
             report.created_dbs.append("_users")
     except Forbidden as exc:  # CouchDB without users_db_security_editable
         raise Forbidden(
@@ -232,7 +250,9 @@ def init_databases(admin: Server, config: Config) -> InitReport:
     if config.store.agent_user:
         if not config.store.agent_password:
             raise ValueError("store.agent_password is empty; run `aso config init`")
-        if admin.put_user(config.store.agent_user, config.store.agent_password, [model.AGENT_ROLE]):
+        if store_admin.put_user(
+            admin, config.store.agent_user, config.store.agent_password, [model.AGENT_ROLE]
+        ):
             report.users_changed.append(config.store.agent_user)
     for line in report.lines():
         log.debug("db init: %s", line)

@@ -1,5 +1,5 @@
 """Bounds of one request to the store, the same whoever sends it: the front end refuses more
-(aso/routes.py), ASO's own clients send no more (aso/store.py cuts its batches to them), and
+(aso/routes.py), ASO's own clients send no more (aso/store/ cuts its batches to them), and
 the embedded store's request guard holds its users to them (deploy/store/request-guard.js
 MAX_BATCH)."""
 

@@ -61,7 +61,8 @@ class Status:
 def answers_http(url: str, timeout: float = 5.0) -> bool:
     """Whether an HTTP server answers at `url`. Any answer counts, a 401 too: a CouchDB with
     `require_valid_user = true` refuses anonymous `GET /` and `GET /_up` alike, and a liveness
-    probe must not need credentials (a store that answers with a 401 is up)."""
+    probe must not need credentials (a store that answers with a 401 is up:
+    COUCHDB_REQUIRE_VALID_USER)."""
     try:
         requests.get(f"{url.rstrip('/')}/_up", timeout=(1.0, timeout), allow_redirects=False)
         return True

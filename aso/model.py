@@ -680,7 +680,7 @@ def _check_value(path: str, value: Any, spec: Mapping[str, Any]) -> None:
         shown = ", ".join(_joined(v) for v in spec["enum"])
         raise SchemaError(f"{path} must be one of {shown}, not {js.stringify(value)}")
     if kind == "string":
-        if js.lone_surrogate(value):
+        if js.lone_surrogate(value):  # COUCHDB_REFUSES_MALFORMED_FIRST: refused on both
             raise SchemaError(f"{path} is not valid Unicode (a lone surrogate)")
         limit = spec.get("max") or MAX_STRING
         if js.length(value) > limit:
@@ -937,7 +937,7 @@ def check_owner_record(doc: Mapping[str, Any]) -> None:
 
 # What an agent's deletion of a request revision that is no finished request says: the revision
 # is one branch of a conflict between writers on a CouchDB cluster, withdrawn so that another
-# stays the document (aso/store.py CLUSTER_ACCEPTED_IS_NOT_WON, CLUSTER_CONFLICTING_BRANCHES).
+# stays the document (CLUSTER_ACCEPTED_IS_NOT_WON, CLUSTER_CONFLICTING_BRANCHES).
 WITHDRAWN = "a conflicting branch"
 
 

@@ -17,7 +17,7 @@ Operators of the original lost files and left garbage exactly in these gaps:
 ``catalog_extra``         a catalog block holding an LFN whose request is not published (nor being
                           published in that block);
 ``conflict``              a request with conflicting revisions: two writers of a CouchDB cluster
-                          both stored an edit of one revision, neither withdrew (aso/store.py
+                          both stored an edit of one revision, neither withdrew (see
                           CLUSTER_CONFLICTING_BRANCHES), and nothing moved it for twice
                           `transfer.lease`. Repaired by keeping the winner CouchDB shows (its
                           longest branch: the one the agents went on with) and withdrawing the
@@ -640,24 +640,16 @@ def scan_requests(db: Database, page: int = PAGE) -> Iterator[Request]:
     page starts the next one and is dropped)."""
     start: str | None = None
     while True:
-        kwargs: dict[str, Any] = {
-            "db": db.name,
-            "include_docs": True,
-            "conflicts": True,  # CLUSTER_CONFLICTING_BRANCHES
-            "limit": page,
-        }
-        if start is not None:
-            kwargs.update(start_key=start, limit=page + 1)
-        rows = db.server.call(db.client.post_all_docs, **kwargs)["rows"]
-        if start is not None and rows and rows[0]["id"] == start:
-            rows = rows[1:]
-        for row in rows:
-            doc = row.get("doc")
-            if doc and doc.get("type") == model.REQUEST_TYPE:
+        # CLUSTER_CONFLICTING_BRANCHES: with each request's conflicting revisions
+        docs = db.all_docs(start, limit=page if start is None else page + 1, conflicts=True)
+        if start is not None and docs and docs[0]["_id"] == start:
+            docs = docs[1:]
+        for doc in docs:
+            if doc.get("type") == model.REQUEST_TYPE:
                 yield Request.from_doc(doc)
-        if len(rows) < page:
+        if len(docs) < page:
             return
-        start = rows[-1]["id"]
+        start = docs[-1]["_id"]
 
 
 def temp_area_lfn(config: Config, site: str) -> str:

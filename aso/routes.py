@@ -583,7 +583,7 @@ CHANGES_PARAMS: dict[str, Value] = {
     "filter": Choice(("_doc_ids",)),
     "doc_ids": Listed(DOC_ID),
 }
-# open_revs=all&latest=true: a cluster's conflicting branches (aso/store.py Database.leaves).
+# open_revs=all&latest=true: a cluster's conflicting branches (Database.leaves).
 DOC_READ_PARAMS: dict[str, Value] = {
     "rev": REV,
     "conflicts": Flag(),
@@ -595,7 +595,7 @@ DOC_READ_PARAMS: dict[str, Value] = {
 DOC_READ_RULES = (("latest", "open_revs"), ("open_revs", "!rev"), ("open_revs", "!conflicts"))
 # A view's key may match any number of rows, so a read by keys carries no documents: the embedded
 # store fetches the documents of every row matched before it applies a limit. Documents by id:
-# `_all_docs` with keys.
+# `_all_docs` with keys (EMBEDDED_KEYS_READ_WHOLE).
 VIEW_RULES = (("include_docs", "!keys"),)
 CHANGES_RULES = (("filter", "doc_ids"), ("doc_ids", "filter"), ("heartbeat", "feed"))
 

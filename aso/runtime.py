@@ -182,20 +182,12 @@ class Heartbeat:
 
     def live_instances(self, expiry: float) -> list[str]:
         prefix = f"heartbeat:{self.agent}:"
-        rows = self.db.server.call(
-            self.db.client.post_all_docs,
-            db=self.db.name,
-            start_key=prefix,
-            end_key=prefix + "\ufff0",
-            include_docs=True,
-        )["rows"]
+        beats = self.db.all_docs(prefix, prefix + "\ufff0")
         now = time.time()
         live = {
-            row["doc"]["instance"]
-            for row in rows
-            if row.get("doc")
-            and not row["doc"].get("stopped")
-            and now - row["doc"]["last_seen"] < expiry
+            doc["instance"]
+            for doc in beats
+            if not doc.get("stopped") and now - doc["last_seen"] < expiry
         }
         live.add(self.instance)
         return sorted(live)

@@ -2,7 +2,7 @@
 
 The embedded store's are numbers. CouchDB's are `N-<opaque>`, the opaque part an Erlang term
 (a list of `{node, [begin, end], {seq, uuid, node}}`, one per shard copy) that CouchDB decodes
-with `binary_to_term` unchecked (COUCHDB_SEQ_MAKES_ATOMS in aso/store.py): every atom it names is
+with `binary_to_term` unchecked (COUCHDB_SEQ_MAKES_ATOMS): every atom it names is
 made and never collected, and ~1,400 made-up atoms a request had ended the node in 768 requests.
 So the front end decodes the term itself, refuses any other shape, and forwards a sequence only
 when its atoms are nodes the store itself named (`check` of a sequence the store handed out).

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model, summaries
-from aso.store import Database, Server
+from aso.store import Database
 
 SCHEMA_VERSION = 1
 DDOC = "stats"
@@ -354,7 +354,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
   function has(role) { return roles.indexOf(role) !== -1; }
   function refuse(rule, why) { throw({forbidden: '[' + rule + '] ' + why}); }
   if (has('_admin') || has('aso-admin')) { return; }
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT (aso/store.py): a write based on another revision than
+  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: a write based on another revision than
   // the current one is a conflict, refused here as one (the embedded store asks before it looks).
   var live = oldDoc && !oldDoc._deleted, rev = newDoc._rev;
   if (!(oldDoc ? rev === oldDoc._rev || (!live && rev === undefined) : rev === undefined)) {
@@ -413,16 +413,6 @@ DESIGN: dict[str, Any] = {
         },
     },
 }
-
-
-def init_stats_db(admin: Server, name: str, files_db: str) -> bool:
-    """Create the statistics database (True if created now) with its `_security` and design
-    document, and push the live statistics design document into the files database.
-    Idempotent."""
-    created = admin.create_db(name, SECURITY)
-    admin.db(name).push_design(DESIGN)
-    admin.db(files_db).push_design(LIVE_DESIGN)
-    return created
 
 
 # --- reading the statistics --------------------------------------------------------------------

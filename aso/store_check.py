@@ -17,7 +17,7 @@ connected, q/n defaults and each ASO database's q/n), each ASO database (exists,
 closed and holding ASO's roles, design documents up to date), each system database the store has
 (`_users`, `_replicator`, `_global_changes`: kept to the server admins, or an error whose fix is
 `aso db init`) and the agent account. Against the embedded store its known differences
-(aso/store.py's EMBEDDED_* that an operator must know) are warnings.
+(docs/store-quirks.md's EMBEDDED_* that an operator must know) are warnings.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from aso.store import (
     NotFound,
     Server,
     StoreError,
-    design_signature,
     kind_of,
 )
+from aso.store import admin as store_admin
 from aso.transfer import jobstore
 
 OK, WARN, ERROR = "ok", "warn", "error"
@@ -83,7 +83,7 @@ PROXY_HEADERS = {
 ERLANG_HASH = {"sha1": "sha", "sha224": "sha224", "sha256": "sha256", "sha384": "sha384",
                "sha512": "sha512"}  # fmt: skip
 
-# The embedded store's differences an operator must know (aso/store.py names each).
+# The embedded store's differences an operator must know (docs/store-quirks.md names each).
 EMBEDDED_WARNINGS = (
     ("EMBEDDED_IGNORES_PROXY_AUTH", "proxy-authentication headers are ignored: the front end "
      "must use frontend.auth = \"session\" (per-user accounts)"),
@@ -200,12 +200,12 @@ def gather(server: Server, expected: Expected, agent_password: str = "") -> Answ
     if "_admin" not in (answers.session.get("roles") or []):
         answers.config_error = NOT_ADMIN
         return answers
-    answers.membership = _optional(server.membership)
+    answers.membership = _optional(store_admin.membership, server)
     answers.configs, answers.config_error = _node_configs(server, answers)
     for name, spec in expected.databases.items():
         answers.databases[name] = _database_answers(server, name, spec)
     for name in SYSTEM_DATABASES:
-        answers.system_databases[name] = _optional(server.db(name).security)
+        answers.system_databases[name] = _optional(store_admin.security, server.db(name))
     if expected.agent_user:
         answers.agent_account = server.db("_users").get(f"org.couchdb.user:{expected.agent_user}")
         if agent_password and answers.agent_account is not None:
@@ -214,9 +214,9 @@ def gather(server: Server, expected: Expected, agent_password: str = "") -> Answ
     return answers
 
 
-def _optional(ask: Any) -> Any:
+def _optional(ask: Any, *args: Any) -> Any:
     try:
-        return ask()
+        return ask(*args)
     except StoreError:
         return None
 
@@ -232,7 +232,7 @@ def _node_configs(server: Server, answers: Answers) -> tuple[dict[str, Any], str
     configs = {}
     try:
         for node in nodes:
-            configs[node] = server.node_config(node)
+            configs[node] = store_admin.node_config(server, node)
     except StoreError as exc:
         return configs, str(exc)
     return configs, ""
@@ -245,7 +245,7 @@ def _database_answers(server: Server, name: str, spec: DatabaseSpec) -> Database
     except NotFound:
         return DatabaseAnswers(info=None)
     design = {ddoc["_id"]: db.get(ddoc["_id"]) for ddoc in spec.design}
-    return DatabaseAnswers(info=info, security=db.security(), design=design)
+    return DatabaseAnswers(info=info, security=store_admin.security(db), design=design)
 
 
 # --- the analysis ---------------------------------------------------------------------------------
@@ -798,7 +798,7 @@ def check_design(
         current = stored.get(doc_id)
         if current is None:
             findings.append(Finding(ERROR, item, "missing: run `aso db init`"))
-        elif current.get("aso_signature") != design_signature(ddoc):
+        elif current.get("aso_signature") != store_admin.design_signature(ddoc):
             findings.append(Finding(ERROR, item, "not this ASO version's: run `aso db init`"))
         else:
             findings.append(Finding(OK, item, "up to date"))

@@ -266,8 +266,9 @@ class Supervisor:
             log.error("could not start the %s store again: %s", self.store.engine, exc)
 
     def store_crash_loop(self, dead: list[Any]) -> LocalStoreError:
-        """Why the store is not started again: its log's last lines in the run's log, and the
-        error `aso run` ends with."""
+        """Why the store is not started again (EMBEDDED_REPLICATION_CRASH_AT_START: a store that
+        dies at every start): its log's last lines in the run's log, and the error `aso run`
+        ends with."""
         for node in dead:
             for line in node.log_lines(STORE_LOG_LINES):
                 log.error("%s: %s", node.log_file.name, line)

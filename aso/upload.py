@@ -140,6 +140,7 @@ def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadRep
             log.debug(
                 "recorded request %s for %s (task %s)", result.id, doc["source_lfn"], doc["task"]
             )
+        # COUCHDB_BULK_NOT_ATOMIC: a batch sent again finds its own earlier documents
         elif result.conflict and (found := existing.get(result.id)) and _same_file(found, doc):
             report.already.append(result.id)
             log.debug("request %s for %s was already recorded", result.id, doc["source_lfn"])

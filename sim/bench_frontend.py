@@ -41,6 +41,7 @@ from aso.local import pki
 from aso.local.embedded import EmbeddedStore
 from aso.localstore import free_port
 from aso.store import Server
+from aso.store import admin as store_admin
 
 console = Console()
 USERS = 20  # distinct users (store accounts the front end makes) among the clients
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         config, admin, authority = stack.config, stack.admin, stack.authority
         direct_users = {f"direct{i}": f"pw-direct{i}" for i in range(USERS)}
         for user, password in direct_users.items():
-            admin.put_user(user, password, [model.USER_ROLE])
+            store_admin.put_user(admin, user, password, [model.USER_ROLE])
         proxies = {u: str(authority.proxy_file(authority.user(u))) for u in users}
         files_db, ca = config.store.files_db, str(authority.ca_file)
         via = Target("front end (TLS, X.509)", stack.url, files_db, proxies, ca, x509=True)

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from aso import metrics
 from aso.store import Database, Server
+from aso.store import admin as store_admin
 from sim.benchstore import bench_store
 
 console = Console()
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         server = Server.from_config(config, account="admin")
         kind = server.kind
         name = f"bench_metrics_{uuid.uuid4().hex[:8]}"
-        server.create_db(name, {"admins": {"names": [], "roles": ["_admin"]}})
+        store_admin.create_db(server, name, {"admins": {"names": [], "roles": ["_admin"]}})
         db = server.db(name)
         db.put({"_id": "bench-doc", "payload": "x" * 2000})
         samples: dict[tuple[str, str], list[float]] = {}
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                     samples.setdefault((call, mode), []).extend(times)
         finally:
             set_metrics(server, True)
-            server.delete_db(name)
+            store_admin.delete_db(server, name)
         alone = hook_alone(20000)
 
     table = Table(title=f"store calls with and without metrics ({kind})")

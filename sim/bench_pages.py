@@ -45,6 +45,7 @@ from aso.localstore import free_port
 from aso.managed import local_store
 from aso.statistics import LIVE_DESIGN as STATISTICS_DESIGN
 from aso.store import Server, Settings, StoreError
+from aso.store import admin as store_admin
 
 console = Console()
 USERS, SITES, JOBS_PER_TASK = 200, 60, 1000
@@ -360,7 +361,7 @@ def filled_store(
     try:
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
-        admin.put_user("benchuser", "bench-user", [model.USER_ROLE])
+        store_admin.put_user(admin, "benchuser", "bench-user", [model.USER_ROLE])
         figures: dict[str, Any] = {"engine": engine, "requests": requests, "days": days}
         if marker.exists():
             figures.update(json.loads(marker.read_text()))
@@ -369,7 +370,7 @@ def filled_store(
             figures["fill_per_s"] = fill(admin, config, requests, days, time.time())
             marker.write_text(json.dumps(figures))  # kept: a later step's failure refills nothing
         if summaries_again or "summaries_first_run_s" not in figures:
-            admin.delete_db(config.store.stats_db)
+            store_admin.delete_db(admin, config.store.stats_db)
             init_databases(admin, config)
             figures.update(first_summaries(admin, config))
         marker.write_text(json.dumps(figures))

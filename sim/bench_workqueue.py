@@ -42,6 +42,7 @@ from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
+from aso.store import admin as store_admin
 from aso.workqueue import ACTIVE, CLEAN, PUBLISH, SUBMIT, ChangesWorkSet, QueueView
 from sim.benchstore import bench_store
 
@@ -189,7 +190,7 @@ def run(
     time.sleep(2)  # let the last lazy index update finish
     for strategy, pipeline in pipelines.items():
         tallies[strategy].startup = startup_times(pipeline.agent)
-        server.delete_db(pipeline.agent.name)
+        store_admin.delete_db(server, pipeline.agent.name)
     return tallies
 
 
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         config.store.agent_password = "bench-agent"
         config.sites = simulated([*(f"T2_XX_Site{i}" for i in range(7)), "T2_YY_Dest"])
         server = Server.from_config(config, account="admin")
-        server.put_user(USER, "bench-user", [model.USER_ROLE])
+        store_admin.put_user(server, USER, "bench-user", [model.USER_ROLE])
         init_databases(server, config)  # creates the agent account
         agent = Server.from_config(config, account="agent")
         owner = Server(config.store.url, USER, "bench-user", Settings())

@@ -55,6 +55,7 @@ from aso.designdocs import FILES_SECURITY, design_documents, init_databases
 from aso.localstore import LocalCluster, LocalStore, free_ports
 from aso.managed import local_store
 from aso.store import Server, StoreError
+from aso.store import admin as store_admin
 from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService
 from aso.upload import upload
@@ -191,10 +192,10 @@ def measure_write_ceiling(admin: Server, config: Config, docs: int, writers: int
     with ASO's design documents (the same validation as the files database), from `writers`
     concurrent clients: what the store can take at most in this run."""
     name = f"{config.store.files_db}_ceiling"
-    admin.create_db(name, FILES_SECURITY)
+    store_admin.create_db(admin, name, FILES_SECURITY)
     db = admin.db(name)
     for ddoc in design_documents(config):
-        db.push_design(ddoc)
+        store_admin.push_design(db, ddoc)
     token = uuid.uuid4().hex[:8]
     batches = [
         [
@@ -219,7 +220,7 @@ def measure_write_ceiling(admin: Server, config: Config, docs: int, writers: int
     with ThreadPoolExecutor(writers) as pool:
         written = sum(pool.map(lambda b: sum(r.ok for r in db.bulk_write(b)), batches))
     rate = written / (time.monotonic() - started)
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
     return rate
 
 
@@ -360,7 +361,7 @@ class Service:
         if self.local is None and self.options.drop_databases:
             for name in DATABASES:
                 with contextlib.suppress(StoreError):
-                    self.admin.delete_db(getattr(self.config.store, name))
+                    store_admin.delete_db(self.admin, getattr(self.config.store, name))
 
 
 # -- sampling while the run goes -----------------------------------------------------------------

@@ -26,14 +26,14 @@ import pytest
 import typer
 
 from aso import model
-from aso.catalog.embedded import init_catalog_db
 from aso.config import Config
-from aso.designdocs import init_databases
+from aso.designdocs import init_catalog_db, init_databases
 from aso.local.xrootd import EmbeddedStorage
 from aso.localstore import LocalCluster, LocalStore, distinct_free_ports, free_port
 from aso.managed import local_store
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
+from aso.store import admin as store_admin
 from tests.storage_helpers import Watchdog, reachable_tmp_dir, storage_config
 
 ARTEFACTS = Path(__file__).parent / "artefacts"
@@ -125,7 +125,7 @@ def accounts(admin: Server) -> dict[str, Server]:
     stranger (no ASO role), hugo (aso-user with the group area of higgs), anonymous."""
     servers = {}
     for name, role_list in ACCOUNT_ROLES.items():
-        admin.put_user(name, PASSWORD, role_list)
+        store_admin.put_user(admin, name, PASSWORD, role_list)
         servers[name] = Server(admin.url, name, PASSWORD, Settings(retries=1, backoff=0.1))
     servers["anonymous"] = Server(admin.url, settings=Settings(retries=1, backoff=0.1))
     servers["admin"] = admin
@@ -141,7 +141,7 @@ def files_db(admin: Server, store_config: Config) -> Iterator[str]:
     )
     init_databases(admin, config)
     yield name
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 def db_as(accounts: dict[str, Server], who: str, name: str) -> Database:
@@ -200,9 +200,9 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
     )
     init_databases(admin, config)
     yield config
-    admin.delete_db(config.store.files_db)
-    admin.delete_db(config.store.transfers_db)
-    admin.delete_db(config.store.pages_db)
+    store_admin.delete_db(admin, config.store.files_db)
+    store_admin.delete_db(admin, config.store.transfers_db)
+    store_admin.delete_db(admin, config.store.pages_db)
 
 
 @pytest.fixture()
@@ -218,7 +218,7 @@ def pub_config(sim_config: Config, admin: Server) -> Iterator[Config]:
         ),
     )
     yield config
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 # The sites of the storage tests: two sources and a destination.
@@ -276,8 +276,8 @@ def gfal_config(
     )
     init_databases(admin, config)
     yield config
-    admin.delete_db(config.store.files_db)
-    admin.delete_db(config.store.transfers_db)
+    store_admin.delete_db(admin, config.store.files_db)
+    store_admin.delete_db(admin, config.store.transfers_db)
 
 
 def preloaded_cli(

@@ -22,13 +22,14 @@ from agents.cleaner import Cleaner
 from agents.monitor import Monitor
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model, purge, statistics, summaries
+from aso import designdocs, model, purge, statistics, summaries
 from aso.actions import kill, resubmit
 from aso.cli.stats import stats_cmd
 from aso.config import Config
 from aso.model import STATE
 from aso.runtime import Runner
 from aso.store import Database, Server
+from aso.store import admin as store_admin
 from tests.conftest import preloaded_cli, sample_request
 from tests.pipeline_helpers import LINKS, owner_db, run_until, upload
 
@@ -48,9 +49,9 @@ def config(sim_config: Config, admin: Server) -> Config:
         ),
         analytics=dataclasses.replace(sim_config.analytics, batch=7),
     )
-    statistics.init_stats_db(admin, config.store.stats_db, config.store.files_db)
+    designdocs.init_stats_db(admin, config.store.stats_db, config.store.files_db)
     yield config
-    admin.delete_db(config.store.stats_db)
+    store_admin.delete_db(admin, config.store.stats_db)
 
 
 def every_request(db: Database) -> list[dict[str, Any]]:

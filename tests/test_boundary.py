@@ -43,6 +43,7 @@ from aso.config import Config
 from aso.designdocs import init_databases
 from aso.local.pki import Pki
 from aso.store import Server, StoreError
+from aso.store import admin as store_admin
 from tests.conftest import own_store, sample_request
 from tests.hostile_strategies import LONG, json_values, texts
 from tests.test_frontend import cert_files
@@ -113,7 +114,7 @@ def seed(b: Boundary) -> None:
         b.bob_ids.append(doc["_id"])
     files = b.admin.db(b.files)
     b.admin.raw("PUT", f"/{b.files}/_local/aso-canary", body={"secret": CANARY})
-    b.admin.put_user("canary-user", CANARY + "-pw", [model.USER_ROLE])
+    store_admin.put_user(b.admin, "canary-user", CANARY + "-pw", [model.USER_ROLE])
     account = b.admin.db("_users").get("org.couchdb.user:canary-user") or {}
     b.private += [CANARY, b.config.store.admin_password, b.config.frontend.secret]
     b.private += [account[k] for k in ("derived_key", "salt", "password_sha") if k in account]
@@ -126,7 +127,7 @@ def snapshot(b: Boundary) -> dict[str, Any]:
     """What alice may not change: every database's documents (but alice's requests), design
     documents, `_security` and the `_local` documents of LOCAL_NAMES, by revision or content."""
     out: dict[str, Any] = {}
-    for name in b.admin.all_dbs():
+    for name in store_admin.all_dbs(b.admin):
         path = "/" + quote(name, safe="")
         rows = b.admin.raw("GET", f"{path}/_all_docs", params={"include_docs": "true"})["rows"]
         mine = {

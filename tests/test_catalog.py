@@ -24,12 +24,14 @@ from typer.testing import CliRunner
 
 from aso.catalog.base import Block, BlockConflict, Catalog, CatalogError, CatalogFile, block_name
 from aso.catalog.dbs import DbsCatalog, DbsSettings
-from aso.catalog.embedded import DESIGN, EmbeddedCatalog, init_catalog_db
+from aso.catalog.embedded import DESIGN, EmbeddedCatalog
 from aso.cli.catalog import catalog_app
 from aso.config import Config
+from aso.designdocs import init_catalog_db
 from aso.local.pki import Pki
 from aso.localstore import free_port
 from aso.store import Server, Settings
+from aso.store import admin as store_admin
 from tests.conftest import preloaded_cli
 from tests.dbs_double import DbsDouble
 
@@ -91,7 +93,7 @@ def catalog_db(admin: Server) -> Iterator[str]:
     name = f"aso_catalog_{uuid.uuid4().hex[:8]}"
     assert init_catalog_db(admin, name) is True
     yield name
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 @dataclasses.dataclass

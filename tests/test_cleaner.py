@@ -18,11 +18,13 @@ from agents.cleaner import Cleaner
 from agents.monitor import Monitor
 from agents.publisher import Publisher
 from aso import model
-from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
+from aso.catalog.embedded import EmbeddedCatalog
+from aso.designdocs import init_catalog_db
 from aso.files import SimFiles, open_files
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, STATE, Change
 from aso.runtime import Runner
+from aso.store import admin as store_admin
 from tests.conftest import DESTINATION, SOURCES, sample_request
 
 
@@ -181,7 +183,7 @@ def cat_config(gfal_config, admin):
         store=dataclasses.replace(gfal_config.store, catalog_db=name),
         publisher=dataclasses.replace(gfal_config.publisher, block_closure_timeout=0),
     )
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 def publish_info(i: int) -> dict[str, Any]:

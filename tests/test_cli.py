@@ -483,7 +483,7 @@ def test_an_agent_stuck_past_hang_timeout_writes_its_stacks_and_exits(tmp_path):
     output = agents[3.0].stdout.read()
     assert code == 1, output
     assert "Timeout (0:00:03)!" in output
-    assert "aso/store.py" in output and "aso/runtime.py" in output  # where it waited
+    assert "aso/store/couchapi.py" in output and "aso/runtime.py" in output  # where it waited
     assert unwatched_still_waiting, agents[0.0].stdout.read()  # no watchdog: still waiting
 
 

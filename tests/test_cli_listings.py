@@ -33,6 +33,7 @@ from aso.designdocs import init_databases
 from aso.runtime import Runner
 from aso.sites import simulated
 from aso.store import Server
+from aso.store import admin as store_admin
 from tests.conftest import PASSWORD, SIM_SITES, sample_request, write_config
 from tests.pipeline_helpers import run_until
 from tests.test_cli import ASO
@@ -121,7 +122,7 @@ def world(
     assert len(blocks) == 2
     yield World(config, path, ids, [str(d["source_lfn"]) for d in docs], blocks)
     for name in ("files_db", "transfers_db", "pages_db", "catalog_db", "stats_db"):
-        admin.delete_db(getattr(config.store, name))
+        store_admin.delete_db(admin, getattr(config.store, name))
 
 
 def piped(*args: str, config: Path) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
 """A real three-node Apache CouchDB cluster on loopback, as `aso store start --nodes 3` runs it,
-and what changes for ASO on a cluster (aso/store.py, the CLUSTER_ workarounds).
+and what changes for ASO on a cluster (aso/store/, the CLUSTER_ quirks).
 
 CouchDB only: a cluster is CouchDB's (pouchdb-server is one process); `make test` runs this
 module in its CouchDB leg.

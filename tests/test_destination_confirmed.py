@@ -31,7 +31,7 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.submitter import Submitter
 from aso import model, sites
-from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
+from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import Config
 from aso.core import request
 from aso.core.destination import (
@@ -44,11 +44,13 @@ from aso.core.destination import (
     not_done,
     unchecked,
 )
+from aso.designdocs import init_catalog_db
 from aso.files import MISSING, Confirmer, Look, open_files
 from aso.local.pki import Pki
 from aso.local.xrootd import adler32_hex, export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.runtime import Runner
+from aso.store import admin as store_admin
 from aso.transfer import errors
 from aso.transfer.base import DONE, FAILED, FileStatus, FileTransfer, JobRequest
 from aso.transfer.fts3 import Fts3Service
@@ -94,7 +96,7 @@ def cat_config(gfal_config: Config, admin: Any) -> Any:
             max_delay=0.5,
         ),
     )
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 def at_destination(

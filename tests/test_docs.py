@@ -155,3 +155,28 @@ def test_the_security_page_s_route_table_is_the_front_end_s():
         "run: python -m aso.openapi --routes (docs/security.md)"
     )
     assert "| DELETE | `/asynctransfer/{doc_id}` | agent, operator |" in written
+
+
+QUIRK = re.compile(r"\b(?:EMBEDDED|COUCHDB|CLUSTER)_[A-Z0-9_]{3,}\b")
+# Names of that shape that are the code's own constants or environment variables, not quirks.
+NOT_QUIRKS = {"COUCHDB_HOME", "COUCHDB_ARGS_FILE", "COUCHDB_INI_FILES", "CLUSTER_FETCH_NODES",
+              "EMBEDDED_WARNINGS"}  # fmt: skip
+
+
+def test_every_store_quirk_is_listed_and_named_where_it_is_handled():
+    """docs/store-quirks.md lists each quirk once; the code names it where it handles it, and
+    names no quirk the list lacks."""
+    listed = re.findall(r"^- \*\*`([A-Z0-9_]+)`\*\*", (ROOT / "docs/store-quirks.md").read_text(),
+                        re.M)  # fmt: skip
+    assert len(listed) > 60 and len(set(listed)) == len(listed)
+    code = [
+        path.read_text()
+        for folder in ("aso", "agents", "deploy", "couchapp")
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".js", ".sh")
+        and path.is_file()
+        and "node_modules" not in path.parts
+    ]
+    named = {name for text in code for name in QUIRK.findall(text)}
+    assert sorted(set(listed) - named) == []  # listed, handled nowhere
+    assert sorted(named - set(listed) - NOT_QUIRKS) == []  # handled, not listed

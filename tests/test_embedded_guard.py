@@ -24,6 +24,7 @@ from aso.designdocs import init_databases
 from aso.local import embedded
 from aso.localstore import LocalStore, LocalStoreError
 from aso.store import Server, Settings
+from aso.store import admin as store_admin
 from tests.conftest import PASSWORD, only_on, own_store, sample_request
 
 pytestmark = only_on(
@@ -78,7 +79,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
         admin = Server.from_config(config, account="admin")
         init_databases(admin, config)
         for name, roles in (("alice", [model.USER_ROLE]), ("agent", [model.AGENT_ROLE])):
-            admin.put_user(name, PASSWORD, roles)
+            store_admin.put_user(admin, name, PASSWORD, roles)
         alice = Server(config.store.url, "alice", PASSWORD, Settings(retries=0))
         doc = sample_request("alice")
         alice.db(config.store.files_db).put(doc)

@@ -39,6 +39,7 @@ from aso.local.pki import CertificateAuthority, Pki, make_proxy, write_pkcs12
 from aso.localstore import distinct_free_ports
 from aso.model import AGENT, STATE, Change
 from aso.store import Server
+from aso.store import admin as store_admin
 from aso.x509auth import Refused, TrustStore, verify_chain
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser
 from tests.conftest import only_on, sample_request, write_config
@@ -595,7 +596,7 @@ def test_proxy_mode_on_a_real_couchdb_acts_as_the_mapped_user(
     """`frontend.auth = "proxy"` against a running CouchDB 3: no store account is made, CouchDB
     takes the signed X-Auth-CouchDB headers, and every write is judged as the mapped user's:
     carol records her request, dave cannot record one in carol's name."""
-    secret = admin.node_config()["chttpd_auth"]["secret"]
+    secret = store_admin.node_config(admin)["chttpd_auth"]["secret"]
     config = frontend_config(store_config, pki, files_db, tmp_path)
     config = dataclasses.replace(
         config, frontend=dataclasses.replace(config.frontend, auth="proxy", secret=secret)

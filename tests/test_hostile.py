@@ -54,6 +54,7 @@ from aso.local.pki import Pki
 from aso.localstore import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
 from aso.store import CONFLICT_REFUSAL, Server, StoreError
+from aso.store import admin as store_admin
 from aso.upload import IDENTITY, upload
 from tests import validation_oracle as oracle
 from tests.conftest import ENGINE, own_store, sample_request, write_config
@@ -100,7 +101,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         init_databases(admin, config)
         assert known_sites(config) == SITES  # what python_verdict judges by
         for name, roles in ACCOUNTS.items():
-            admin.put_user(name, PASSWORD, roles)
+            store_admin.put_user(admin, name, PASSWORD, roles)
         yield Store(config, admin, config.store.files_db)
 
 
@@ -678,14 +679,14 @@ def test_generated_http_requests_get_an_answer_below_500_with_a_reason(
     below 500 that says why when it refuses; the store and the front end answer afterwards, and
     no database was created or removed."""
     path = data.draw(paths(frontend.store.db), label="path")
-    dbs = frontend.store.admin.all_dbs()
+    dbs = store_admin.all_dbs(frontend.store.admin)
     answer = frontend.call(who, method, path, data=body, headers=headers)
     assert answer.status_code < 500, (answer.status_code, answer.text[:300])
     if answer.status_code >= 400 and method != "HEAD":
         assert answer.json()["reason"], answer.text[:300]
     assert frontend.store.answers(), "the store stopped answering"
     assert frontend.answers()
-    assert frontend.store.admin.all_dbs() == dbs
+    assert store_admin.all_dbs(frontend.store.admin) == dbs
     event(f"{answer.status_code}")
 
 
@@ -1065,12 +1066,12 @@ def test_what_crashed_the_store_is_refused_by_the_front_end(
 ):
     """Found by the generated requests (aso/gate.py): each is now refused with its reason
     before it reaches the store, and the store answers afterwards."""
-    dbs = frontend.store.admin.all_dbs()
+    dbs = store_admin.all_dbs(frontend.store.admin)
     answer = frontend.call("carol", method, path.format(db=frontend.store.db), data=body,
                            headers={"Content-Type": "application/json"})  # fmt: skip
     expected = reason.format(db=frontend.store.db)
     assert answer.status_code == status and expected in answer.json()["reason"], answer.text
-    assert frontend.store.answers() and frontend.store.admin.all_dbs() == dbs
+    assert frontend.store.answers() and store_admin.all_dbs(frontend.store.admin) == dbs
 
 
 @pytest.mark.parametrize("who", ["anonymous", "alice"])
@@ -1086,6 +1087,6 @@ def test_nobody_but_the_admin_makes_store_accounts(store, sessions, who):
     assert answer.status_code in (401, 403), answer.text
     assert store.admin.db("_users").get("org.couchdb.user:eve") is None
     name = f"eve-{who}-{uuid.uuid4().hex[:8]}"  # the admin still makes accounts, which log in
-    assert store.admin.put_user(name, PASSWORD, [model.USER_ROLE])
+    assert store_admin.put_user(store.admin, name, PASSWORD, [model.USER_ROLE])
     assert store.session(name).get(f"{store.url}/_session", timeout=60).json()["userCtx"] == {
         "name": name, "roles": [model.USER_ROLE]}  # fmt: skip

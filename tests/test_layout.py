@@ -306,3 +306,43 @@ def test_agents_do_not_import_each_other():
         name: sorted(m for m in graph[name] if m.startswith("agents")) for name in agent_modules
     }
     assert {name: hits for name, hits in found.items() if hits} == {}
+
+
+def imports_of(packages: tuple[str, ...]) -> dict[str, list[str]]:
+    """module → every full name it imports (aso/, agents/, sim/, tests/ as asked)."""
+    found = {}
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[module] = imported_names(path.read_text(), module)
+    return found
+
+
+def test_only_the_store_package_speaks_to_the_store():
+    """The CouchDB client is aso/store/'s alone: everything else goes through its narrow
+    interface (aso.store), so that a store quirk is handled in one place."""
+    found = imports_of(("aso", "agents", "sim", "tests"))
+    client = ("ibmcloudant", "ibm_cloud_sdk_core")
+    speaking = {
+        module
+        for module, names in found.items()
+        if any(name.split(".")[0] in client for name in names)
+    }
+    assert "aso.store.couchapi" in speaking  # the walk sees the client where it is used
+    assert {m for m in speaking if not m.startswith("aso.store.")} == set()
+
+
+# Who administers the store (databases, security, accounts, design documents): set-up and checks.
+ADMINISTERS = ("aso.designdocs", "aso.store_check", "aso.localstore", "aso.couchdb", "aso.local.",
+               "aso.cli", "aso.store.")  # fmt: skip
+
+
+def test_only_set_up_and_checks_administer_the_store():
+    found = imports_of(("aso", "agents"))
+    admin = {
+        module
+        for module, names in found.items()
+        if any(name == "aso.store.admin" or name.startswith("aso.store.admin.") for name in names)
+    }
+    assert "aso.designdocs" in admin
+    assert {m for m in admin if not m.startswith(ADMINISTERS)} == set()

@@ -27,10 +27,12 @@ from agents.publisher import Publisher
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
-from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
+from aso.catalog.embedded import EmbeddedCatalog
+from aso.designdocs import init_catalog_db
 from aso.local.xrootd import export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.runtime import Runner
+from aso.store import admin as store_admin
 from tests.conftest import DESTINATION, SOURCES
 from tests.pipeline_helpers import run_until
 
@@ -51,7 +53,7 @@ def life_config(gfal_config, admin):
         gfal=dataclasses.replace(gfal_config.gfal, retries=1, retry_delay=0.3),
     )
     yield config
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 def dataset(user: str, token: str) -> str:

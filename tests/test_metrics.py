@@ -24,6 +24,7 @@ from aso.designdocs import init_databases
 from aso.localstore import free_port
 from aso.sites import simulated
 from aso.store import Server
+from aso.store import admin as store_admin
 from tests.conftest import SIM_SITES, sample_request, write_config
 from tests.pipeline_helpers import wait_for
 
@@ -127,7 +128,7 @@ def metrics_config(store_config: Config, admin: Server, tmp_path: Path) -> Itera
     write_config(config)
     yield config
     for name in (config.store.files_db, config.store.transfers_db, config.store.stats_db):
-        admin.delete_db(name)
+        store_admin.delete_db(admin, name)
 
 
 def scrape(address: str) -> dict[str, list[Any]]:

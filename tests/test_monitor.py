@@ -19,6 +19,7 @@ from aso.config import Config
 from aso.designdocs import init_databases
 from aso.model import Change
 from aso.store import Database, Server, StoreError
+from aso.store import admin as store_admin
 from tests.conftest import sample_request
 
 HOUR = 3600.0
@@ -42,8 +43,8 @@ def dbs(admin: Server, store_config: Config) -> Iterator[tuple[Database, Databas
     )
     init_databases(admin, dataclasses.replace(store_config, store=store))
     yield admin.db(store.files_db), admin.db(store.stats_db)
-    admin.delete_db(store.files_db)
-    admin.delete_db(store.stats_db)
+    store_admin.delete_db(admin, store.files_db)
+    store_admin.delete_db(admin, store.stats_db)
 
 
 def lifecycle(start: float, rng: random.Random, **overrides: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from aso.config import SiteConfig
 from aso.designdocs import design_documents
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.runtime import Agent, Cycle, Runner
+from aso.store import admin as store_admin
 from aso.transfer import errors
 from tests.conftest import sample_request
 from tests.pipeline_helpers import owner_db, run_until, states
@@ -82,7 +83,7 @@ def test_a_site_the_submitter_does_not_know_sets_the_file_aside(sim_config, acco
     )
     db = admin.db(here.store.files_db)
     for ddoc in design_documents(elsewhere):  # the store knows T2_XX_Nowhere, this host not
-        db.push_design(ddoc)
+        store_admin.push_design(db, ddoc)
     innocent = uploaded(here, accounts, 3)
     [poison] = uploaded(here, accounts, 1, destination="T2_XX_Nowhere")
     before = set_aside("submitter")

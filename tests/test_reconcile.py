@@ -27,9 +27,10 @@ from agents.publisher import Publisher, make_block
 from agents.reconciler import Reconciler
 from agents.submitter import Submitter
 from aso import model, reconcile
-from aso.catalog.embedded import EmbeddedCatalog, init_catalog_db
+from aso.catalog.embedded import EmbeddedCatalog
 from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config
+from aso.designdocs import init_catalog_db
 from aso.files import GfalFiles
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
@@ -46,6 +47,7 @@ from aso.reconcile import (
 )
 from aso.runtime import Runner
 from aso.store import Server
+from aso.store import admin as store_admin
 from tests.conftest import DESTINATION, SOURCES, preloaded_cli, sample_request
 from tests.pipeline_helpers import run_until
 
@@ -65,7 +67,7 @@ def rec_config(gfal_config: Config, admin: Server):
             gfal_config.reconciler, stuck_after=HOUR, orphan_grace=600.0
         ),
     )
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 class Plant:

@@ -118,7 +118,7 @@ def condensed_stacks(text: str) -> tuple[list[str], list[str]]:
             if current is not None:
                 path, number, function = frame.groups()
                 # The store client's plumbing says less than who called it.
-                ours = any(part in path for part in OURS) and not path.endswith("aso/store.py")
+                ours = any(part in path for part in OURS) and "aso/store/" not in path
                 current.append(f"{'' if ours else '~'}{function}@{Path(path).name}:{number}")
         elif in_dump and not line.strip():
             current = None  # the blank line between two threads

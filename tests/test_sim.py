@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from aso import model
+from aso.store import admin as store_admin
 from sim.chaos import ChaosPlan
 from sim.lifecycle import RunOptions, run_simulation
 from sim.report import (
@@ -226,7 +227,7 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     if ENGINE == "couchdb":
         assert data["cpu_cores"].get("store-js", 0) > 0, data["cpu_cores"]
     # The run had databases (and an agent account) of its own, dropped at its end.
-    assert not [name for name in admin.all_dbs() if "_sim" in name]
+    assert not [name for name in store_admin.all_dbs(admin) if "_sim" in name]
 
 
 def test_the_store_is_profiled_over_the_injection(tmp_path):

@@ -31,6 +31,7 @@ from aso.store import (
     StoreError,
     StoreUnavailable,
 )
+from aso.store import admin as store_admin
 from tests.conftest import ENGINE, JS_ENGINE, db_as, free_port, only_on, sample_request
 from tests.pipeline_helpers import wait_for
 
@@ -101,7 +102,7 @@ def test_a_bulk_write_larger_than_a_request_may_be_is_cut_into_requests(admin):
     taken whole by the embedded store. The write is sent again in halves where the store
     refuses it: every document is written, the results in input order."""
     name = f"bulk_{uuid.uuid4().hex[:8]}"
-    admin.create_db(name, FILES_SECURITY)
+    store_admin.create_db(admin, name, FILES_SECURITY)
     try:
         db = admin.db(name)
         docs = [{"_id": f"big{i:02d}", "blob": "x" * 1_000_000} for i in range(70)]
@@ -110,7 +111,7 @@ def test_a_bulk_write_larger_than_a_request_may_be_is_cut_into_requests(admin):
         assert all(r.ok for r in results)
         assert admin.raw("GET", f"/{name}")["doc_count"] == 70
     finally:
-        admin.delete_db(name)
+        store_admin.delete_db(admin, name)
 
 
 def test_bulk_write_refuses_duplicate_ids_before_sending(files_db, accounts):
@@ -365,20 +366,22 @@ def test_follow_reads_everything_then_stops(files_db, accounts):
 def test_new_databases_are_closed_to_strangers(admin, accounts):
     """EMBEDDED_OPEN_SECURITY: create_db always sets _security."""
     name = "closed_" + str(free_port())
-    assert admin.create_db(name, {"members": {"roles": ["aso-user"]}})
-    assert not admin.create_db(name, {"members": {"roles": ["aso-user"]}})  # idempotent
+    assert store_admin.create_db(admin, name, {"members": {"roles": ["aso-user"]}})
+    assert not store_admin.create_db(
+        admin, name, {"members": {"roles": ["aso-user"]}}
+    )  # idempotent
     with pytest.raises(StoreError) as err:
         accounts["anonymous"].db(name).put({"_id": "x", "a": 1})
     assert err.value.status in (401, 403)
     accounts["alice"].db(name).put({"_id": "x", "a": 1})
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 def test_non_admins_cannot_create_databases_and_the_store_survives(admin, accounts):
     """EMBEDDED_CRASH_ON_NON_ADMIN_DB_CREATE: the request is never sent."""
     with pytest.raises(Forbidden):
-        accounts["alice"].create_db("should_not_exist", {})
-    assert "should_not_exist" not in admin.all_dbs()
+        store_admin.create_db(accounts["alice"], "should_not_exist", {})
+    assert "should_not_exist" not in store_admin.all_dbs(admin)
     assert admin.info()  # still up
 
 
@@ -491,7 +494,7 @@ def test_push_design_is_idempotent(files_db, admin, store_config):
     db = admin.db(files_db)
     ddocs = design_documents(store_config)
     revs_before = {d["_id"]: db.get(d["_id"])["_rev"] for d in ddocs}
-    assert [db.push_design(d) for d in ddocs] == [False] * len(revs_before)
+    assert [store_admin.push_design(db, d) for d in ddocs] == [False] * len(revs_before)
     assert {d["_id"]: db.get(d["_id"])["_rev"] for d in ddocs} == revs_before
 
 
@@ -513,16 +516,16 @@ def test_the_store_runs_the_configured_javascript_engine(admin, store_config):
     """The suite's store-side tests run on the engine they name (ASO_TEST_JS_ENGINE): asked
     of the JavaScript itself, not of the config."""
     name = f"engine_{time.monotonic_ns()}"
-    admin.create_db(name, FILES_SECURITY)
+    store_admin.create_db(admin, name, FILES_SECURITY)
     try:
         db = admin.db(name)
         map_fn = "function (doc) { try { null.x; } catch (e) { emit(null, e.message); } }"
-        db.push_design({"_id": "_design/probe", "views": {"engine": {"map": map_fn}}})
+        store_admin.push_design(db, {"_id": "_design/probe", "views": {"engine": {"map": map_fn}}})
         db.server.raw("PUT", f"/{name}/one", body={"n": 1})
         rows = db.view("probe", "engine").rows
         assert [row["value"] for row in rows] == [ENGINE_FINGERPRINT[JS_ENGINE]]
     finally:
-        admin.delete_db(name)
+        store_admin.delete_db(admin, name)
 
 
 def test_every_view_of_every_design_document_builds_and_answers(files_db, accounts, store_config):
@@ -571,7 +574,7 @@ def test_view_functions_run_sandboxed_for_each_document(admin):
     breaks the map function is left out of the view, not the rest; a reduce function of one's own
     (with the `sum` helper) adds up."""
     name = f"aso_test_sandbox_{uuid.uuid4().hex[:8]}"
-    admin.create_db(name, FILES_SECURITY)
+    store_admin.create_db(admin, name, FILES_SECURITY)
     try:
         db = admin.db(name)
         db.create(
@@ -601,7 +604,7 @@ def test_view_functions_run_sandboxed_for_each_document(admin):
             {"key": "b", "value": 16}
         ]
     finally:
-        admin.delete_db(name)
+        store_admin.delete_db(admin, name)
 
 
 @only_on("pouchdb", "the embedded store's node loads deploy/store/view-functions.js")
@@ -728,8 +731,8 @@ def test_another_site_s_page_cannot_write_with_a_browser_s_session(store_config,
     cookie = login.headers["Set-Cookie"]
     assert "samesite=strict" in cookie.lower() and "httponly" in cookie.lower(), cookie
     name = f"pages_{uuid.uuid4().hex[:8]}"  # a pages' database of its own
-    admin.create_db(name, designdocs.PAGES_SECURITY)
-    admin.db(name).push_design({"_id": designdocs.PAGES_DDOC, "views": {}})
+    store_admin.create_db(admin, name, designdocs.PAGES_SECURITY)
+    store_admin.push_design(admin.db(name), {"_id": designdocs.PAGES_DDOC, "views": {}})
     pages = f"{store.url}/{name}/{designdocs.PAGES_DDOC}"
     before = admin.db(name).get(designdocs.PAGES_DDOC)
     assert before is not None

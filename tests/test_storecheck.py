@@ -22,7 +22,8 @@ from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
 from aso.designdocs import SYSTEM_SECURITY, init_databases
 from aso.localstore import free_port
-from aso.store import Server, design_signature
+from aso.store import Server
+from aso.store import admin as store_admin
 from aso.store_check import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
 from tests.conftest import make_config, only_on, write_config
 from tests.test_cli import aso, one_line_error
@@ -51,7 +52,7 @@ def checked_config(store_config: Config, admin: Server, tmp_path_factory) -> Ite
     yield write_config(config)
     for name in (config.store.files_db, config.store.transfers_db, config.store.catalog_db,
                  config.store.stats_db):  # fmt: skip
-        admin.delete_db(name)
+        store_admin.delete_db(admin, name)
 
 
 @only_on("pouchdb", "the embedded store's differences are its own")
@@ -91,12 +92,12 @@ def test_an_open_database_is_an_error(checked_config, admin):
 
     name = load(str(checked_config)).store.stats_db
     db = admin.db(name)
-    kept = db.security()
-    db.set_security({"admins": {}, "members": {}})
+    kept = store_admin.security(db)
+    store_admin.set_security(db, {"admins": {}, "members": {}})
     try:
         result = aso("store", "check", config=checked_config)
     finally:
-        db.set_security(kept)
+        store_admin.set_security(db, kept)
     assert result.returncode == 1
     assert f"database {name} _security" in result.stdout and "open: no members" in result.stdout
     assert aso("store", "check", config=checked_config).returncode == 0
@@ -107,14 +108,14 @@ def test_an_open_system_database_is_reported_and_db_init_closes_it(checked_confi
     both stores have) open to store users is an error that says its fix; `aso db init` keeps it
     to the admin, and the check passes again. Through the commands, as an operator runs them."""
     replicator = admin.db("_replicator")
-    system = {name for name in admin.all_dbs() if name.startswith("_")}
-    replicator.set_security({"admins": {}, "members": {"roles": ["aso-user"]}})
+    system = {name for name in store_admin.all_dbs(admin) if name.startswith("_")}
+    store_admin.set_security(replicator, {"admins": {}, "members": {"roles": ["aso-user"]}})
     result = aso("store", "check", config=checked_config)
     assert result.returncode == 1, result.stdout + result.stderr
     [line] = [ln for ln in result.stdout.splitlines() if "database _replicator _security" in ln]
     assert "error" in line and "open to members role aso-user" in line
     assert "run `aso db init`" in line
-    replicator.set_security({})  # as the embedded store makes it: open to anyone
+    store_admin.set_security(replicator, {})  # as the embedded store makes it: open to anyone
     result = aso("store", "check", config=checked_config)
     assert result.returncode == 1 and "open to anyone (no members)" in result.stdout
 
@@ -125,11 +126,11 @@ def test_an_open_system_database_is_reported_and_db_init_closes_it(checked_confi
     assert result.returncode == 0, result.stdout + result.stderr
     [line] = [ln for ln in result.stdout.splitlines() if "database _replicator _security" in ln]
     assert line.startswith("ok") and "kept to the server admins" in line
-    assert replicator.security()["members"] == {"names": [], "roles": ["_admin"]}
+    assert store_admin.security(replicator)["members"] == {"names": [], "roles": ["_admin"]}
     # Nothing left to close: db init says nothing of it; it made no system database.
     again = aso("db", "init", config=checked_config)
     assert "kept to the admin" not in again.stdout + again.stderr
-    assert {name for name in admin.all_dbs() if name.startswith("_")} == system
+    assert {name for name in store_admin.all_dbs(admin) if name.startswith("_")} == system
 
 
 def test_a_non_admin_account_cannot_check_everything(checked_config, store_config):
@@ -210,7 +211,7 @@ def couchdb_answers(config: Config, *, n: int = 3, version: str = "3.4.3") -> An
                 "sizes": {"active": 1048576, "external": 2097152, "file": 4194304},
                 "props": {}, "instance_start_time": "0", "disk_format_version": 8,
                 "compact_running": False, "cluster": {"q": 8, "n": n, "w": 2, "r": 2}}  # fmt: skip
-        design = {d["_id"]: dict(d, _rev="1-abc", aso_signature=design_signature(d))
+        design = {d["_id"]: dict(d, _rev="1-abc", aso_signature=store_admin.design_signature(d))
                   for d in spec.design}  # fmt: skip
         databases[name] = DatabaseAnswers(info, copy.deepcopy(dict(spec.security)), design)
     return Answers(
@@ -500,11 +501,14 @@ def test_the_checked_databases_are_those_db_init_makes(checked_config, admin):
 
     config = load(str(checked_config))
     expected = store_check.expected_databases(config)
-    assert set(expected) <= set(admin.all_dbs())
+    assert set(expected) <= set(store_admin.all_dbs(admin))
     for name, spec in expected.items():
         for ddoc in spec.design:
             stored: Any = admin.db(name).get(ddoc["_id"])
-            assert stored["aso_signature"] == design_signature(ddoc), (name, ddoc["_id"])
+            assert stored["aso_signature"] == store_admin.design_signature(ddoc), (
+                name,
+                ddoc["_id"],
+            )
 
 
 # --- deploy/couchdb ---------------------------------------------------------------------------

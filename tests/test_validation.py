@@ -36,6 +36,7 @@ from aso.store import (
     Unauthorized,
     refused_as_conflict,
 )
+from aso.store import admin as store_admin
 from aso.upload import upload
 from tests import validation_oracle as oracle
 from tests.conftest import ACCOUNT_ROLES, PASSWORD, db_as, sample_request
@@ -278,7 +279,7 @@ def test_the_simulator_s_sites_are_the_sites_its_store_knows(admin, store_config
         with pytest.raises(Forbidden, match=r'\[site\] destination "T2_DE_DESY" is not a site'):
             alice.create(sample_request("alice", source="T2_SM_Site000"))
     finally:
-        admin.delete_db(name)
+        store_admin.delete_db(admin, name)
 
 
 BORN_FINISHED = [
@@ -635,7 +636,7 @@ def test_a_task_belongs_to_the_user_it_names(files_db, accounts):
 def test_a_user_whose_name_holds_an_underscore_owns_no_task(admin, files_db):
     """alice_x's task 261121_120000:alice_x_crab_test would be alice's as well (her name ends
     at the first "_"): it is alice's, and alice_x owns none, as the refusal says."""
-    admin.put_user("alice_x", PASSWORD, [model.USER_ROLE])
+    store_admin.put_user(admin, "alice_x", PASSWORD, [model.USER_ROLE])
     doc = born("new")
     doc.update(user="alice_x", task="261121_120000:alice_x_crab_test",
                source_lfn=doc["source_lfn"].replace("/alice.abc/", "/alice_x/"),
@@ -885,16 +886,16 @@ def test_only_admins_touch_design_documents_and_security(files_db, accounts):
     ddoc = {"_id": "_design/evil", "views": {"all": {"map": "function(d){emit(d._id,null)}"}}}
     for who in ("alice", "agent"):
         with pytest.raises((Forbidden, Unauthorized)):
-            db_as(accounts, who, files_db).push_design(ddoc)
+            store_admin.push_design(db_as(accounts, who, files_db), ddoc)
         with pytest.raises((Forbidden, Unauthorized)):
-            db_as(accounts, who, files_db).set_security({"members": {"names": [who]}})
+            store_admin.set_security(db_as(accounts, who, files_db), {"members": {"names": [who]}})
     # Operators (aso-admin) repair requests, but design documents are code the store runs:
     # the store admin's alone (`aso db init`), on both stores.
     for who in ("alice", "agent", "operator"):
         with pytest.raises((Forbidden, Unauthorized)):
-            db_as(accounts, who, files_db).push_design(ddoc)
+            store_admin.push_design(db_as(accounts, who, files_db), ddoc)
     assert db_as(accounts, "admin", files_db).get("_design/evil") is None
-    assert db_as(accounts, "admin", files_db).push_design(ddoc)
+    assert store_admin.push_design(db_as(accounts, "admin", files_db), ddoc)
     db_as(accounts, "admin", files_db).delete(
         "_design/evil", db_as(accounts, "admin", files_db).get("_design/evil")["_rev"]
     )
@@ -989,7 +990,7 @@ def test_store_side_javascript_never_tests_arrays_with_instanceof(admin, store_c
                     assert not CROSS_CONTEXT.search(source), (name, ddoc["_id"], source[:200])
     finally:
         for name in names.values():
-            admin.delete_db(name)
+            store_admin.delete_db(admin, name)
     assert checked > 20  # every view, validation and library of the six design documents
 
 
@@ -1030,11 +1031,11 @@ def twin_db(admin, store_config) -> Any:
     learn the revision it gets: both stores' revisions are a hash of what is written
     (EMBEDDED_PREDICTABLE_REVS), so the same write in the files database gets the same one."""
     name = f"twin_{uuid.uuid4().hex[:8]}"
-    admin.create_db(name, designdocs.FILES_SECURITY)
+    store_admin.create_db(admin, name, designdocs.FILES_SECURITY)
     for ddoc in designdocs.design_documents(store_config):
-        admin.db(name).push_design(ddoc)
+        store_admin.push_design(admin.db(name), ddoc)
     yield name
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 def is_conflict(item: dict[str, Any]) -> bool:
@@ -1288,16 +1289,16 @@ def hashing_db(admin) -> Any:
     """A database whose validation answers every write with lib/sha256.js's hash of its
     `text`: the store's own JavaScript engine hashes what the test sends."""
     name = f"sha256_{uuid.uuid4().hex[:8]}"
-    admin.create_db(name, designdocs.FILES_SECURITY)
+    store_admin.create_db(admin, name, designdocs.FILES_SECURITY)
     library = (designdocs.COUCHAPP_DIR / "asyncstageout" / "lib" / "sha256.js").read_text()
-    admin.db(name).push_design({
+    store_admin.push_design(admin.db(name), {
         "_id": "_design/hash",
         "lib": {"sha256": library},
         "validate_doc_update": "function (newDoc) { if (newDoc._deleted) { return; } "
         "throw({forbidden: require('lib/sha256').hex(newDoc.text)}); }",
     })  # fmt: skip
     yield name
-    admin.delete_db(name)
+    store_admin.delete_db(admin, name)
 
 
 # Every plane of Unicode but lone surrogates (no UTF-8 has them: the schema refuses them first).
@@ -1492,7 +1493,7 @@ def separators(admin) -> dict[str, Database]:
     and "alice.x" ("." ends a temporary area's owner)."""
     names = ("alice-bob", "alice.x")
     for name in names:
-        admin.put_user(name, PASSWORD, [model.USER_ROLE])
+        store_admin.put_user(admin, name, PASSWORD, [model.USER_ROLE])
     return {name: Server(admin.url, name, PASSWORD) for name in names}
 
 

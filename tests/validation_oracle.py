@@ -221,7 +221,7 @@ def _check_deletion(
     if is_agent and old is not None and (old.get("type") == HEARTBEAT_TYPE or is_final(old)):
         return
     if is_agent and js.same(new.get("withdrawn", js.UNDEFINED), WITHDRAWN):
-        return  # a branch of a cluster's conflict, withdrawn (aso/store.py)
+        return  # a branch of a cluster's conflict, withdrawn (aso/store/)
     if is_agent:
         raise Refusal("delete", "agents may only delete finished requests")
     raise Refusal("delete", "only agents (finished requests) and admins may delete documents")

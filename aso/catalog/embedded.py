@@ -65,7 +65,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
   function has(role) { return roles.indexOf(role) !== -1; }
   function refuse(rule, why) { throw({forbidden: '[' + rule + '] ' + why}); }
   var admin = has('_admin') || has('aso-admin');
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT (aso/store.py): a write based on another revision than
+  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: a write based on another revision than
   // the current one is a conflict, refused here as one (the embedded store asks before it looks).
   var live = oldDoc && !oldDoc._deleted, rev = newDoc._rev;
   var current = oldDoc ? rev === oldDoc._rev || (!live && rev === undefined) : rev === undefined;
@@ -139,14 +139,6 @@ DESIGN = {
         },
     },
 }
-
-
-def init_catalog_db(admin: Server, name: str = DEFAULT_DB) -> bool:
-    """Create the catalog database (True if created now), set its `_security` and push its
-    design document. Idempotent."""
-    created = admin.create_db(name, SECURITY)
-    admin.db(name).push_design(DESIGN)
-    return created
 
 
 def block_document(block: Block, now: float) -> dict[str, Any]:

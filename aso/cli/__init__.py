@@ -63,6 +63,7 @@ from aso.localstore import LocalCluster, LocalStoreError
 from aso.managed import local_store
 from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
+from aso.store import admin as store_admin
 from aso.supervisor import Supervisor, pages_addresses
 from aso.upload import adler32_of, requests_from_json, upload
 
@@ -291,7 +292,7 @@ def store_setup_cluster(
     admin = _server(ctx, "admin")
     for line in join_cluster(admin, names, timeout=timeout):
         console.print(line)
-    membership = admin.membership()
+    membership = store_admin.membership(admin)
     console.print(f"cluster nodes: {', '.join(membership.get('cluster_nodes', []))}")
 
 
@@ -326,7 +327,7 @@ def db_add_user(
     allowed = {model.USER_ROLE, model.AGENT_ROLE, "aso-admin"}
     if not set(roles) <= allowed:
         raise UsageError(f"unknown role(s) {sorted(set(roles) - allowed)}; use {sorted(allowed)}")
-    changed = _server(ctx, "admin").put_user(name, password, roles)
+    changed = store_admin.put_user(_server(ctx, "admin"), name, password, roles)
     console.print(f"account {name} {'written' if changed else 'unchanged'} with roles {roles}")
 
 

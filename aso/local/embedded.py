@@ -23,6 +23,7 @@ from aso.config import Config
 from aso.couchdb import ATTACHMENTS_CSP
 from aso.localstore import LocalStore, LocalStoreError
 from aso.store import Server, Settings, StoreError
+from aso.store import admin as store_admin
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the checkout
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
@@ -112,7 +113,7 @@ class EmbeddedStore(LocalStore):
         anonymous = Server(self.url, settings=Settings(retries=2))
         if "_admin" in (anonymous.session().get("roles") or []):
             # A new store has no admin (anyone is admin): create the configured one.
-            anonymous.set_server_admin(store.admin_user, store.admin_password)
+            store_admin.set_server_admin(anonymous, store.admin_user, store.admin_password)
             config_json = self.data_dir / "config.json"
             if config_json.exists():
                 config_json.chmod(0o600)

@@ -226,7 +226,8 @@ class JobStore:
         fence stands at its id, written at the quorum (a write of the job below the quorum
         that comes back later is a branch the fence cancels: `merged`); False when the job
         exists (its files are followed, or cancelled, as the job's). TransferError: the
-        store did not take the fence at the quorum, or kept changing it; ask again later."""
+        store did not take the fence at the quorum, or kept changing it; ask again later.
+        (CLUSTER_READ_MAY_MISS: a job a read did not find is fenced, never taken as absent.)"""
         for _ in range(tries):
             try:
                 doc = self.get(job_id)

@@ -3,7 +3,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // The tables (schema, states, transitions, roles) are aso/model.py's, pushed by `aso db init`
   // into this design document as lib/model. ES5 only: CouchDB's JavaScript engine and the
   // embedded store's must both run it. userCtx.db and secObj are not read: the embedded store
-  // does not fill them (see aso/store.py, EMBEDDED_USERCTX_HAS_NO_DB).
+  // does not fill them (docs/store-quirks.md, EMBEDDED_USERCTX_HAS_NO_DB).
   var model = require('lib/model');
   // The sites of this ASO's catalogue (aso/designdocs.py sites_module).
   var sites = require('lib/sites').names;
@@ -30,7 +30,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   function typeOf(v) {
     if (v === null) { return 'null'; }
-    if (Array.isArray(v)) { return 'array'; }
+    if (Array.isArray(v)) { return 'array'; }  // COUCHDB_FOREIGN_ARRAYS: never instanceof
     if (typeof v === 'number') {
       if (!isFinite(v)) { return 'non-finite number'; }
       // Past 2^53 two JSON numbers read as one double: what is stored is not what was sent.
@@ -220,7 +220,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // (new_edits=false) is asked about with an older revision or none, on either store
   // (EMBEDDED_VALIDATES_BEFORE_CONFLICT). Refused here, such a write is never stored unjudged;
   // CouchDB answers a plain stale write 409 first, and "[conflict] " makes this refusal that
-  // 409 for every client (aso/store.py).
+  // 409 for every client (aso/store/).
   function checkCurrent(parent) {
     var rev = newDoc._rev;
     var live = parent && !parent._deleted;
@@ -350,7 +350,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   // Deletion: admins, or agents purging a finished request or an agent document, or
-  // withdrawing one branch of a conflict (aso/store.py CLUSTER_CONFLICTING_BRANCHES).
+  // withdrawing one branch of a conflict (docs/store-quirks.md CLUSTER_CONFLICTING_BRANCHES).
   if (newDoc._deleted === true) {
     if (isAdmin) { return; }
     if (isAgent && oldDoc && (isAgentDoc(oldDoc) || isFinal(oldDoc))) { return; }

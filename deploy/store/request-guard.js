@@ -5,7 +5,7 @@
 // member make themselves an admin, and keeps a closed feed's listener for ever. Its port is on
 // loopback, but anything on the host reaches it, and so does any bug of the front end. What it
 // gets wrong is refused here before a route handles it, with CouchDB's answer shape
-// {"error", "reason"}, whoever sends it. aso/store.py's docstring names each case (EMBEDDED_*);
+// {"error", "reason"}, whoever sends it. docs/store-quirks.md names each case (EMBEDDED_*);
 // tests/test_embedded_guard.py sends each killing request straight to the store's port.
 //
 // Four hooks, each on a module of express-pouchdb or pouchdb as node loads it (no file is
@@ -257,7 +257,7 @@ function designFunctionRule(request) {
 
 // EMBEDDED_LATEST_CRASH: `latest` with a revision the document does not have (rev, open_revs,
 // _bulk_get) throws outside any handler and kills the server. ASO sends it only as
-// `open_revs=all&latest=true` (aso/store.py Database.leaves: every live leaf), which names no
+// `open_revs=all&latest=true` (aso/store/couchapi.py Database.leaves: every live leaf), which names no
 // revision: that alone is served.
 function latestRule(request) {
   const query = request.query;
@@ -566,7 +566,8 @@ function releasingFeeds(handler) {
     const db = req.db;
     req.db = Object.create(db, {
       // Only live feeds are cancelled: a one-off read (a long poll's first look) cancelled
-      // resolves with no `results`, which the route reads, and the store dies (the red team).
+      // resolves with no `results`, which the route reads, and the store dies (the red team:
+      // EMBEDDED_LONGPOLL_CANCELLED_READ).
       changes: {value: (opts) => {
         const live = Boolean(opts && (opts.live || opts.continuous));
         const feed = db.changes(opts);

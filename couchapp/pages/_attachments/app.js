@@ -941,7 +941,7 @@ function userFailures(name) {
     descending: true, limit: USER_FAILURES + 1}).then(function (res) {
     var shown = res.rows.slice(0, USER_FAILURES);
     // The next page starts at its first row's [time, id], the time from the row's value: the
-    // key's is inexact on the embedded store (aso/store.py EMBEDDED_VIEW_KEYS_INEXACT).
+    // key's is inexact on the embedded store (docs/store-quirks.md EMBEDDED_VIEW_KEYS_INEXACT).
     var first = res.rows[USER_FAILURES];
     var next = first ? JSON.stringify([first.value.at, first.id]) : '';
     var rows = shown.map(function (r) {

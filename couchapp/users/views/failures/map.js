@@ -4,7 +4,7 @@ function (doc) {
   // (descending, with a limit). Only files whose state is a current failure (aso/model.py
   // FAILING): once a file is copied again, or resubmitted, its failure is history. `at` is the
   // key's time again, exact: the page starts its next page there (the embedded store's row
-  // keys may be a unit in the last place off, aso/store.py EMBEDDED_VIEW_KEYS_INEXACT).
+  // keys may be a unit in the last place off, docs/store-quirks.md EMBEDDED_VIEW_KEYS_INEXACT).
   if (doc.type !== 'transfer_request') { return; }
   var failing = /* aso/model.py FAILING */ null;
   if (failing.indexOf(doc.state) === -1) { return; }

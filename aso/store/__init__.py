@@ -1,0 +1,61 @@
+"""ASO's access to its CouchDB-API document store. Every module uses the data plane exported
+here (`Server`, `Database`: the `Documents` of aso.store.api, their results and errors); the
+admin plane (aso.store.admin) is set-up's and checks' alone. Only this package speaks to the
+store's HTTP API; docs/store-quirks.md lists what each store does differently."""
+
+from aso.store.api import (
+    ACCEPTED_REASON,
+    CONFLICT_REFUSAL,
+    COUCHDB,
+    EMBEDDED,
+    ChangesBatch,
+    Conflict,
+    Contested,
+    Decided,
+    Documents,
+    Forbidden,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+    Unauthorized,
+    ViewResult,
+    WriteResult,
+    content_signature,
+    kind_of,
+    redact,
+    refused_as_conflict,
+    rev_order,
+    too_large,
+    withdrawal,
+)
+from aso.store.couchapi import FEED_MARGIN, Database, Server, Settings
+
+__all__ = [
+    "ACCEPTED_REASON",
+    "CONFLICT_REFUSAL",
+    "COUCHDB",
+    "EMBEDDED",
+    "FEED_MARGIN",
+    "ChangesBatch",
+    "Conflict",
+    "Contested",
+    "Database",
+    "Decided",
+    "Documents",
+    "Forbidden",
+    "NotFound",
+    "Server",
+    "Settings",
+    "StoreError",
+    "StoreUnavailable",
+    "Unauthorized",
+    "ViewResult",
+    "WriteResult",
+    "content_signature",
+    "kind_of",
+    "redact",
+    "refused_as_conflict",
+    "rev_order",
+    "too_large",
+    "withdrawal",
+]
