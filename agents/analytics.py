@@ -1,14 +1,16 @@
 """Analytics agent: keeps the monitoring summaries up to date and the files database small.
 
-Every `analytics.summary_interval` seconds it brings the monitoring summaries (aso.summaries: the
-hour, day and live documents the pages read) up to date from the `_changes` feed. Every
-`analytics.interval` seconds it counts the finished requests older than `analytics.purge_after`
-into the statistics database and deletes them (aso.purge: each counted exactly once, crash or
-not); only requests whose every event is already in the closed hours' summaries.
+Every `analytics.summary_interval` seconds it brings the monitoring summaries
+(aso.monitoring.summaries: the hour, day and live documents the pages read) up to date from the
+`_changes` feed. Every `analytics.interval` seconds it counts the finished requests older than
+`analytics.purge_after` into the statistics database and deletes them (aso.monitoring.purge: each
+counted exactly once, crash or not); only requests whose every event is already in the closed
+hours' summaries.
 
 The statistics of requests still in the files database come from its own views
-(aso.statistics.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge: `aso stats` and
-the monitoring add both. With `purge_after = 0` the agent does nothing but its heartbeat.
+(aso.monitoring.statistics.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge:
+`aso stats` and the monitoring add both. With `purge_after = 0` the agent does nothing but its
+heartbeat.
 
 The agent has no work kinds. It wakes every min(`analytics.interval`,
 `analytics.summary_interval`, `agents.heartbeat_interval`) seconds so that its heartbeat stays
@@ -23,8 +25,8 @@ import logging
 import time
 from typing import Any
 
-from aso import purge, summaries
 from aso.config import Config
+from aso.monitoring import purge, summaries
 from aso.runtime import Cycle, PeriodicAgent
 
 log = logging.getLogger("aso.agent.analytics")

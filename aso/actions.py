@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model, status
+from aso import model
 from aso.model import STATE, Change
+from aso.monitoring import status
 from aso.store import Database
 
 KILL = {

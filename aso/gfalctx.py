@@ -27,8 +27,8 @@ import os
 from types import ModuleType
 from typing import Any, cast
 
-from aso.certs import tls_files
 from aso.config import Config
+from aso.grid.certs import tls_files
 
 XRD_ENVIRONMENT = {
     "XRD_CONNECTIONWINDOW": "5",  # seconds to wait for a TCP connection

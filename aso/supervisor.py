@@ -37,10 +37,10 @@ from typing import Any
 from cryptography import x509
 
 from aso.config import Config
-from aso.designdocs import init_databases, pages_url
 from aso.feedrelay import RELAY_ENV, start_relay
-from aso.localstore import LocalStoreError
-from aso.managed import local_store
+from aso.local.managed import local_store
+from aso.local.stores import LocalStoreError
+from aso.provision.designdocs import init_databases, pages_url
 from aso.runtime import StopFlag
 from aso.store import Server
 

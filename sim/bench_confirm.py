@@ -27,8 +27,8 @@ from rich.table import Table
 from aso import sites
 from aso.config import Config, SiteConfig
 from aso.files import Confirmer, Look, open_files
+from aso.local.stores import distinct_free_ports
 from aso.local.xrootd import EmbeddedStorage, write_file
-from aso.localstore import distinct_free_ports
 
 console = Console()
 

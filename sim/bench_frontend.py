@@ -36,10 +36,10 @@ from rich.table import Table
 
 from aso import model
 from aso.config import Config, render
-from aso.designdocs import init_databases
 from aso.local import pki
 from aso.local.embedded import EmbeddedStore
-from aso.localstore import free_port
+from aso.local.stores import free_port
+from aso.provision.designdocs import init_databases
 from aso.store import Server
 from aso.store import admin as store_admin
 

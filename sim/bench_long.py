@@ -32,8 +32,8 @@ from typing import Any
 
 from rich.console import Console
 
-from aso import purge, summaries
 from aso.config import Config
+from aso.monitoring import purge, summaries
 from aso.store import Server
 from sim import bench_pages
 from sim.lifecycle import RunOptions, run_simulation
@@ -260,7 +260,7 @@ def prepared_store(args: argparse.Namespace, engine: str) -> tuple[Path, dict[st
 def store_costs(options: RunOptions, config: Config, args: argparse.Namespace) -> dict[str, Any]:
     """After a prefilled run (the store started again from its workspace): compaction and
     purge, measured on the run's copy."""
-    from aso.managed import local_store
+    from aso.local.managed import local_store
 
     store = local_store(config)
     console.print(store.start())

@@ -4,11 +4,11 @@ Fills a store (`--engines`: the embedded pouchdb-server, a local CouchDB node, o
 with synthetic requests whose histories spread over `--days` days (200
 users, 60 sites, tasks of 1000 jobs; most done and cleaned, some failed after failed attempts,
 half published, the last hour's still on their way), runs the monitoring summaries' first run
-(aso.summaries, as the analytics agent does), builds the view indexes the per-task, per-link and
-publication pages read (unless --skip-views), then loads every page `--loads` times in headless
-Chromium (Debian's, through Playwright) and prints, per page, the median and 95th percentile of
-the time from navigation to the page's content on screen, the bytes it read and the most
-requests one load made.
+(aso.monitoring.summaries, as the analytics agent does), builds the view indexes the per-task,
+per-link and publication pages read (unless --skip-views), then loads every page `--loads` times in
+headless Chromium (Debian's, through Playwright) and prints, per page, the median and 95th
+percentile of the time from navigation to the page's content on screen, the bytes it read and the
+most requests one load made.
 
 The filled store is kept in `--data-dir` (default var/bench-pages) and used again by the next run
 with the same `--requests`: filling 1M requests and building the view indexes take long on the
@@ -38,12 +38,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from aso import model, summaries
+from aso import model
 from aso.config import Config, render
-from aso.designdocs import design_documents, init_databases, pages_url
-from aso.localstore import free_port
-from aso.managed import local_store
-from aso.statistics import LIVE_DESIGN as STATISTICS_DESIGN
+from aso.local.managed import local_store
+from aso.local.stores import free_port
+from aso.monitoring import summaries
+from aso.monitoring.statistics import LIVE_DESIGN as STATISTICS_DESIGN
+from aso.provision.designdocs import design_documents, init_databases, pages_url
 from aso.store import Server, Settings, StoreError
 from aso.store import admin as store_admin
 

@@ -24,8 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aso.designdocs import init_databases
 from aso.local import embedded
+from aso.provision.designdocs import init_databases
 from aso.store import Server
 from sim.bench_pages import all_views, build_views, fill
 from sim.bench_workqueue import cpu_seconds

@@ -38,8 +38,8 @@ from rich.table import Table
 
 from aso import model
 from aso.config import Config
-from aso.designdocs import init_databases
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.provision.designdocs import init_databases
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
 from aso.store import admin as store_admin

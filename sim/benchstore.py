@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from aso.config import Config
 from aso.local.embedded import EmbeddedStore
-from aso.localstore import free_port
+from aso.local.stores import free_port
 
 
 @contextmanager

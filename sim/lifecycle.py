@@ -48,12 +48,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from aso import model, sites, summaries
+from aso import model, sites
 from aso.config import Config, render
-from aso.couchdb import node_url
-from aso.designdocs import FILES_SECURITY, design_documents, init_databases
-from aso.localstore import LocalCluster, LocalStore, free_ports
-from aso.managed import local_store
+from aso.local.couchdb import node_url
+from aso.local.managed import local_store
+from aso.local.stores import LocalCluster, LocalStore, free_ports
+from aso.monitoring import summaries
+from aso.provision.designdocs import FILES_SECURITY, design_documents, init_databases
 from aso.store import Server, StoreError
 from aso.store import admin as store_admin
 from aso.transfer.jobstore import JOB_TYPE

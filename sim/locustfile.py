@@ -5,8 +5,8 @@ CRAB-style clients polling their tasks' status, each simulated user with a proxy
 job's output and log in one `_bulk_docs` POST (what `aso upload` sends). `CrabClient` polls one
 of its user's tasks as docs/status-api.md says: the counts per state (`task_states`,
 group_level=3) and what changed since its last poll (by the store's sequence: `_changes` with
-the task's ids), and now and then every file of the task (`by_task`), through aso/status.py's
-own functions. Both ask
+the task's ids), and now and then every file of the task (`by_task`), through
+aso/monitoring/status.py's own functions. Both ask
 the front end who they are (`/_session`) first: the user their proxy maps to is the one whose
 requests they record and whose tasks they poll.
 
@@ -43,7 +43,8 @@ from locust import HttpUser, between, events, stats, task
 from locust.env import Environment
 from locust.exception import StopUser
 
-from aso import model, status
+from aso import model
+from aso.monitoring import status
 from aso.store import ChangesBatch, Database, ViewResult
 
 # Stats names: locust's table gets one row per kind of request, not per URL.
@@ -195,8 +196,9 @@ class CrabClient(FrontEndUser):
 
 
 class _Views:
-    """Stands in for aso.store.Database in aso/status.py's functions, which call nothing but
-    `view`: the same view requests, sent in docs/frontend.md's GET form through locust's client so
+    """Stands in for aso.store.Database in aso/monitoring/status.py's functions, which call nothing
+    but `view`: the same view requests, sent in docs/frontend.md's GET form through locust's client
+    so
     that each is timed and counted under its kind."""
 
     def __init__(self, client: Any, db: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from aso import model
 from aso.core import request
 from aso.model import PUBLICATION, STATE
-from aso.summaries import BACKLOG
+from aso.monitoring.summaries import BACKLOG
 from aso.transfer import errors
 from sim.workload import Plan
 

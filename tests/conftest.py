@@ -1,5 +1,5 @@
 """Fixtures: a real document store on a free loopback port, started once per test session
-through ASO's own local-store manager (aso/localstore.py) and stopped afterwards, and fresh
+through ASO's own local-store manager (aso/local/stores.py) and stopped afterwards, and fresh
 databases and accounts on it for each test module.
 
 The store is the engine `ASO_TEST_STORE` names: `pouchdb` (the embedded pouchdb-server, the
@@ -27,10 +27,10 @@ import typer
 
 from aso import model
 from aso.config import Config
-from aso.designdocs import init_catalog_db, init_databases
+from aso.local.managed import local_store
+from aso.local.stores import LocalCluster, LocalStore, distinct_free_ports, free_port
 from aso.local.xrootd import EmbeddedStorage
-from aso.localstore import LocalCluster, LocalStore, distinct_free_ports, free_port
-from aso.managed import local_store
+from aso.provision.designdocs import init_catalog_db, init_databases
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
 from aso.store import admin as store_admin

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from aso.config import Config, SiteConfig
+from aso.local.stores import distinct_free_ports
 from aso.local.xrootd import EmbeddedStorage
-from aso.localstore import distinct_free_ports
 
 
 @contextmanager

@@ -22,11 +22,13 @@ from agents.cleaner import Cleaner
 from agents.monitor import Monitor
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import designdocs, model, purge, statistics, summaries
+from aso import model
 from aso.actions import kill, resubmit
 from aso.cli.stats import stats_cmd
 from aso.config import Config
 from aso.model import STATE
+from aso.monitoring import purge, statistics, summaries
+from aso.provision import designdocs
 from aso.runtime import Runner
 from aso.store import Database, Server
 from aso.store import admin as store_admin
@@ -60,7 +62,8 @@ def every_request(db: Database) -> list[dict[str, Any]]:
 
 
 def direct_count(docs: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], Counter[str]]:
-    """The statistics counted by hand over the documents, independently of aso.statistics."""
+    """The statistics counted by hand over the documents, independently of
+    aso.monitoring.statistics."""
     out: dict[tuple[str, str, str], Counter[str]] = {}
     for doc in docs:
         if doc[STATE] not in ("done", "failed", "killed"):
@@ -90,7 +93,7 @@ def direct_count(docs: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], C
 
 
 def as_read(config: Config, admin: Server) -> dict[tuple[str, str, str], Counter[str]]:
-    """What aso.statistics.read says, in the shape of direct_count."""
+    """What aso.monitoring.statistics.read says, in the shape of direct_count."""
     sources = [admin.db(config.store.files_db), admin.db(config.store.stats_db)]
     out = {}
     for by in statistics.DIMENSIONS:

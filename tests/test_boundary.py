@@ -38,10 +38,11 @@ import requests as http
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from aso import gate, limits, model, procs, routes
+from aso import limits, model, procs
 from aso.config import Config
-from aso.designdocs import init_databases
+from aso.frontend import gate, routes
 from aso.local.pki import Pki
+from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
 from aso.store import admin as store_admin
 from tests.conftest import own_store, sample_request
@@ -697,7 +698,7 @@ def test_a_feed_that_carries_documents_is_bounded(boundary):
 
 
 def sequences_for_test(nodes: list[str], shape: str = "shard") -> str:
-    """A sequence as CouchDB packs one (aso.sequences), naming `nodes`."""
+    """A sequence as CouchDB packs one (aso.frontend.sequences), naming `nodes`."""
     atoms = [erlang.OtpErlangAtom(n.encode()) for n in nodes]
     if shape == "shard":
         term = [(a, [0, 4294967295], (1, erlang.OtpErlangBinary(b"uuid"), a)) for a in atoms]
@@ -865,7 +866,7 @@ def test_one_user_s_large_bodies_and_heavy_reads_wait_for_each_other():
     at all, and a wait past HEAVY_WAIT gets Busy (503); another user's goes on meanwhile."""
     from twisted.internet.task import Clock
 
-    from aso import frontend
+    from aso.frontend import server as frontend
 
     clock = Clock()
     slots = frontend.Slots(clock, 2, "large bodies")

@@ -27,9 +27,9 @@ from aso.catalog.dbs import DbsCatalog, DbsSettings
 from aso.catalog.embedded import DESIGN, EmbeddedCatalog
 from aso.cli.catalog import catalog_app
 from aso.config import Config
-from aso.designdocs import init_catalog_db
 from aso.local.pki import Pki
-from aso.localstore import free_port
+from aso.local.stores import free_port
+from aso.provision.designdocs import init_catalog_db
 from aso.store import Server, Settings
 from aso.store import admin as store_admin
 from tests.conftest import preloaded_cli

@@ -19,10 +19,10 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from aso import model
 from aso.catalog.embedded import EmbeddedCatalog
-from aso.designdocs import init_catalog_db
 from aso.files import SimFiles, open_files
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, STATE, Change
+from aso.provision.designdocs import init_catalog_db
 from aso.runtime import Runner
 from aso.store import admin as store_admin
 from tests.conftest import DESTINATION, SOURCES, sample_request

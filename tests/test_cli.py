@@ -19,9 +19,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from aso.config import Config, render
-from aso.designdocs import known_sites
-from aso.localstore import free_port
-from aso.managed import local_store
+from aso.local.managed import local_store
+from aso.local.stores import free_port
+from aso.provision.designdocs import known_sites
 from tests.conftest import ENGINE, PASSWORD, make_config, write_config
 from tests.pipeline_helpers import wait_for
 

@@ -29,7 +29,7 @@ from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
 from aso.config import Config, load, render
-from aso.designdocs import init_databases
+from aso.provision.designdocs import init_databases
 from aso.runtime import Runner
 from aso.sites import simulated
 from aso.store import Server

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from aso import model, purge, reconcile
+from aso import model, reconcile
 from aso.config import Config
-from aso.couchdb import CouchDBCluster, node_url
-from aso.localstore import free_ports
-from aso.managed import local_store
+from aso.local.couchdb import CouchDBCluster, node_url
+from aso.local.managed import local_store
+from aso.local.stores import free_ports
 from aso.model import AGENT, STATE, Change
+from aso.monitoring import purge
 from aso.store import Contested, Server, Settings
 from aso.transfer.base import ABSENT, CANCELED, FileTransfer, JobRequest, job_id_for
 from aso.transfer.sim import SimService

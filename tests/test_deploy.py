@@ -42,8 +42,8 @@ import yaml
 from agents import AGENTS
 from aso import config as aso_config
 from aso.local.embedded import EmbeddedStore
-from aso.localstore import free_port, notify_systemd
-from aso.managed import local_store
+from aso.local.managed import local_store
+from aso.local.stores import free_port, notify_systemd
 from aso.store import Server, Settings
 from aso.supervisor import GRACE
 from tests.conftest import ENGINE, make_config, only_on, write_config

@@ -44,11 +44,11 @@ from aso.core.destination import (
     not_done,
     unchecked,
 )
-from aso.designdocs import init_catalog_db
 from aso.files import MISSING, Confirmer, Look, open_files
 from aso.local.pki import Pki
 from aso.local.xrootd import adler32_hex, export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE
+from aso.provision.designdocs import init_catalog_db
 from aso.runtime import Runner
 from aso.store import admin as store_admin
 from aso.transfer import errors

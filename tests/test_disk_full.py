@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from aso import model
-from aso.designdocs import init_databases
+from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
 from aso.upload import upload
 from tests.conftest import ENGINE, own_store

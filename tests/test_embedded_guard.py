@@ -20,9 +20,9 @@ import requests
 
 from aso import model
 from aso.config import Config
-from aso.designdocs import init_databases
 from aso.local import embedded
-from aso.localstore import LocalStore, LocalStoreError
+from aso.local.stores import LocalStore, LocalStoreError
+from aso.provision.designdocs import init_databases
 from aso.store import Server, Settings
 from aso.store import admin as store_admin
 from tests.conftest import PASSWORD, only_on, own_store, sample_request

@@ -30,17 +30,18 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from playwright.sync_api import expect
 from prometheus_client.parser import text_string_to_metric_families
 
-from aso import frontend as frontend_module
-from aso import model, proxycert, upload
+from aso import model, upload
 from aso.config import Config
-from aso.designdocs import known_sites, pages_url
-from aso.frontend import GridMap, MapfileError, Mapped, ProxyAuth
+from aso.frontend import server as frontend_module
+from aso.frontend.server import GridMap, MapfileError, Mapped, ProxyAuth
+from aso.grid import proxycert
+from aso.grid.x509auth import Refused, TrustStore, verify_chain
 from aso.local.pki import CertificateAuthority, Pki, make_proxy, write_pkcs12
-from aso.localstore import distinct_free_ports
+from aso.local.stores import distinct_free_ports
 from aso.model import AGENT, STATE, Change
+from aso.provision.designdocs import known_sites, pages_url
 from aso.store import Server
 from aso.store import admin as store_admin
-from aso.x509auth import Refused, TrustStore, verify_chain
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser
 from tests.conftest import only_on, sample_request, write_config
 
@@ -188,7 +189,7 @@ CASES = [
     ("revoked cert", 401, "is revoked"),
     ("untrusted CA", 401, "is not signed by the CA"),
     ("proxy signed by the wrong key", 401, "not signed by its issuer's key"),
-    # RFC 3820 and ASO's proxy policy (aso/proxycert.py)
+    # RFC 3820 and ASO's proxy policy (aso/grid/proxycert.py)
     ("proxy of a proxy of path length 1", 201, None),
     ("proxy of a proxy of path length 0", 401, "allows 0 proxies after it, the chain has 1"),
     ("limited proxy", 201, None),

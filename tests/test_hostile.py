@@ -45,14 +45,16 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from aso import gate, model, openapi, routes, sequences, status
 from aso import jsvalues as js
+from aso import model
 from aso import upload as upload_module
 from aso.config import Config
-from aso.designdocs import init_databases, known_sites
+from aso.frontend import gate, openapi, routes, sequences
 from aso.local.pki import Pki
-from aso.localstore import free_port
+from aso.local.stores import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
+from aso.monitoring import status
+from aso.provision.designdocs import init_databases, known_sites
 from aso.store import CONFLICT_REFUSAL, Server, StoreError
 from aso.store import admin as store_admin
 from aso.upload import IDENTITY, upload
@@ -751,8 +753,8 @@ def test_malformed_http_gets_no_server_error(frontend, data):
 
 # --- the raw-socket layer: query parameters on every path the route table serves ----------------
 def served_paths(db: str) -> list[str]:
-    """A path of every route template (aso/routes.py), variables filled in, and paths next to
-    them that no route has."""
+    """A path of every route template (aso/frontend/routes.py), variables filled in, and paths
+    next to them that no route has."""
     table = routes.table(dataclasses.replace(Config(), store=dataclasses.replace(
         Config().store, files_db=db)))  # fmt: skip
     fill = {"doc_id": DOC_ID, "file": "index.html"}
@@ -894,9 +896,11 @@ OPENAPI = Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
 
 
 def test_the_openapi_description_is_the_route_table():
-    """docs/openapi.yaml is what `python -m aso.openapi` makes of aso/routes.py and the model's
-    schema: the documented API and the front end's gate are one table."""
-    assert OPENAPI.read_text() == openapi.render(), "run: python -m aso.openapi > docs/openapi.yaml"
+    """docs/openapi.yaml is what `python -m aso.frontend.openapi` makes of aso/frontend/routes.py
+    and the model's schema: the documented API and the front end's gate are one table."""
+    assert OPENAPI.read_text() == openapi.render(), (
+        "run: python -m aso.frontend.openapi > docs/openapi.yaml"
+    )
     described = yaml.safe_load(OPENAPI.read_text())
     assert described["components"]["schemas"]["TransferRequest"] == openapi.transfer_request()
     served = {(r.method.lower(), r.template) for r in routes.served_to(routes.table(Config()),
@@ -914,7 +918,7 @@ USER = frozenset({routes.USER})
 @pytest.mark.parametrize(
     ("since", "shaped", "taken"),
     [("0", True, True), ("now", True, True), ("1234", True, True), (COUCHDB_SEQ, True, True),
-     # shaped as CouchDB's, but not an Erlang term CouchDB hands out (aso.sequences)
+     # shaped as CouchDB's, but not an Erlang term CouchDB hands out (aso.frontend.sequences)
      ("7-" + "g1A" * 1300, True, False), ("1-g2EB", True, False),
      ("", False, False), ("1-abc=", False, False), ("a b", False, False), ("-1.5", False, False),
      ("x" * 5000, False, False), ("abc", False, False), ("1e5", False, False)],
@@ -934,7 +938,7 @@ def test_the_openapi_since_is_the_sequence_the_front_end_takes(since, shaped, ta
 
 
 def test_the_openapi_status_rows_and_conflicts_are_the_ones_served():
-    """The status row of docs/openapi.yaml is the by_task view's value (aso/status.py's
+    """The status row of docs/openapi.yaml is the by_task view's value (aso/monitoring/status.py's
     FileStatus, less the key's parts), the POST of by_task with keys that docs/status-api.md
     tells clients to send passes the gate, and the 409 examples are the front end's reasons."""
     spec = yaml.safe_load(OPENAPI.read_text())
@@ -1064,7 +1068,7 @@ KILLERS = [  # each of these, sent by a user, killed the embedded store or made 
 def test_what_crashed_the_store_is_refused_by_the_front_end(
     frontend, method, path, body, status, reason
 ):
-    """Found by the generated requests (aso/gate.py): each is now refused with its reason
+    """Found by the generated requests (aso/frontend/gate.py): each is now refused with its reason
     before it reaches the store, and the store answers afterwards."""
     dbs = store_admin.all_dbs(frontend.store.admin)
     answer = frontend.call("carol", method, path.format(db=frontend.store.db), data=body,

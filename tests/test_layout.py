@@ -8,8 +8,9 @@ import ast
 import re
 from pathlib import Path
 
-from aso import designdocs, model
+from aso import model
 from aso.config import Config
+from aso.provision import designdocs
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_NAMES = {name for values in model.STATES.values() for name in values}
@@ -145,7 +146,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert "aso.managed" in graph["aso.supervisor"]  # the walk sees imports at all
+    assert "aso.local.managed" in graph["aso.supervisor"]  # the walk sees imports at all
     assert cycles(graph) == []
 
 
@@ -224,7 +225,7 @@ def test_the_cli_check_sees_an_import_of_the_cli():
 
 
 # The entry layer: the only modules outside aso/local/ that may start what it holds.
-STARTS_LOCAL_PARTS = ("aso.cli", "aso.supervisor", "aso.managed", "aso.__main__")
+STARTS_LOCAL_PARTS = ("aso.cli", "aso.supervisor", "aso.__main__")
 
 
 def local(module: str) -> bool:
@@ -233,7 +234,7 @@ def local(module: str) -> bool:
 
 def test_no_library_module_or_agent_imports_the_development_parts():
     graph = import_graph()
-    assert any(target.startswith("aso.local.") for target in graph["aso.managed"])  # it looks
+    assert any(target.startswith("aso.local.") for target in graph["aso.supervisor"])  # it looks
     found = {
         (name, target)
         for name, targets in graph.items()
@@ -333,7 +334,7 @@ def test_only_the_store_package_speaks_to_the_store():
 
 
 # Who administers the store (databases, security, accounts, design documents): set-up and checks.
-ADMINISTERS = ("aso.designdocs", "aso.store_check", "aso.localstore", "aso.couchdb", "aso.local.",
+ADMINISTERS = ("aso.provision.", "aso.local.",
                "aso.cli", "aso.store.")  # fmt: skip
 
 
@@ -344,5 +345,36 @@ def test_only_set_up_and_checks_administer_the_store():
         for module, names in found.items()
         if any(name == "aso.store.admin" or name.startswith("aso.store.admin.") for name in names)
     }
-    assert "aso.designdocs" in admin
+    assert "aso.provision.designdocs" in admin
     assert {m for m in admin if not m.startswith(ADMINISTERS)} == set()
+
+
+def package_of(module: str) -> str:
+    """A module's part of the service: its package under aso/ (aso.frontend, aso.store, ...),
+    the agents, or the module itself when it sits in aso/ alone."""
+    parts = module.split(".")
+    if parts[0] == "agents":
+        return "agents"
+    if len(parts) > 2 or (len(parts) == 2 and (ROOT / "aso" / parts[1]).is_dir()):
+        return ".".join(parts[:2])
+    return module
+
+
+def test_the_packages_are_layered():
+    """The service's parts (aso/frontend, aso/store, aso/monitoring, aso/provision, aso/local,
+    aso/grid, aso/transfer, aso/catalog, aso/core, the agents, the CLI) depend on each other
+    one way: no two packages import each other, directly or round a circle."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        mine = package_of(module)
+        graph.setdefault(mine, set()).update(
+            package_of(t) for t in targets if package_of(t) != mine
+        )
+    for targets in list(graph.values()):
+        for target in targets:
+            graph.setdefault(target, set())
+    assert {"aso.frontend", "aso.store", "aso.monitoring", "aso.provision", "aso.grid"} <= set(
+        graph
+    )
+    assert "aso.store" in graph["aso.monitoring"]  # the walk sees packages' imports
+    assert cycles(graph) == []

@@ -28,9 +28,9 @@ from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
 from aso.catalog.embedded import EmbeddedCatalog
-from aso.designdocs import init_catalog_db
 from aso.local.xrootd import export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE
+from aso.provision.designdocs import init_catalog_db
 from aso.runtime import Runner
 from aso.store import admin as store_admin
 from tests.conftest import DESTINATION, SOURCES

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aso import metrics, model
 from aso.config import Config
-from aso.designdocs import init_databases
-from aso.localstore import free_port
+from aso.local.stores import free_port
+from aso.provision.designdocs import init_databases
 from aso.sites import simulated
 from aso.store import Server
 from aso.store import admin as store_admin

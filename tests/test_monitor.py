@@ -1,5 +1,5 @@
-"""Monitoring summaries (aso.summaries): hour, day and live documents agree with counts made
-directly over the requests' documents, across hours closing, restarts, a crash between the hour
+"""Monitoring summaries (aso.monitoring.summaries): hour, day and live documents agree with counts
+made directly over the requests' documents, across hours closing, restarts, a crash between the hour
 documents and the state document, requests changing while they are read, and the purge."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from aso import limits, model, purge, summaries
+from aso import limits, model
 from aso.config import Config
-from aso.designdocs import init_databases
 from aso.model import Change
+from aso.monitoring import purge, summaries
+from aso.provision.designdocs import init_databases
 from aso.store import Database, Server, StoreError
 from aso.store import admin as store_admin
 from tests.conftest import sample_request

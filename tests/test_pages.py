@@ -26,10 +26,11 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model, summaries
-from aso.couchdb import ATTACHMENTS_CSP
-from aso.designdocs import init_databases, pages_url
+from aso import model
+from aso.local.couchdb import ATTACHMENTS_CSP
 from aso.model import Change
+from aso.monitoring import summaries
+from aso.provision.designdocs import init_databases, pages_url
 from aso.runtime import Runner
 from aso.transfer.sim import SimService
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in

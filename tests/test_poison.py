@@ -31,8 +31,8 @@ from agents.submitter import Submitter
 from aso import model
 from aso.catalog.base import Catalog
 from aso.config import SiteConfig
-from aso.designdocs import design_documents
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.provision.designdocs import design_documents
 from aso.runtime import Agent, Cycle, Runner
 from aso.store import admin as store_admin
 from aso.transfer import errors

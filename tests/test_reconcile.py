@@ -30,10 +30,10 @@ from aso import model, reconcile
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config
-from aso.designdocs import init_catalog_db
 from aso.files import GfalFiles
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.provision.designdocs import init_catalog_db
 from aso.reconcile import (
     CATALOG_EXTRA,
     CATALOG_MISSING,

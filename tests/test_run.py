@@ -25,11 +25,11 @@ import pytest
 
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import Config, load, render
-from aso.designdocs import pages_url
 from aso.local import pki
+from aso.local.managed import local_store
+from aso.local.stores import free_port
 from aso.local.xrootd import export_path
-from aso.localstore import free_port
-from aso.managed import local_store
+from aso.provision.designdocs import pages_url
 from aso.store import Server, Settings, StoreUnavailable
 from aso.supervisor import STORE_CHECK, STORE_RESTARTS, hang_of
 from tests.browser_helpers import see_the_overview

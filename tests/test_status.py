@@ -1,5 +1,5 @@
-"""Status queries (aso.status, `aso status`) against the real store: a task of 1000 jobs whose
-files are in every state, counted directly from the documents; the polling form; the estimated
+"""Status queries (aso.monitoring.status, `aso status`) against the real store: a task of 1000 jobs
+whose files are in every state, counted directly from the documents; the polling form; the estimated
 completion from the links' recent throughput; a file's timeline; a task that does not exist."""
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model, status
+from aso import model
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.monitoring import status
 from aso.runtime import Runner
 from tests.conftest import db_as, sample_request, write_config
 from tests.pipeline_helpers import run_until, upload

@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 from aso import gfalctx, procs, sites
 from aso.cli.storage import storage_app
 from aso.config import Config, SiteConfig, render
+from aso.local.stores import free_port
 from aso.local.xrootd import (
     EmbeddedStorage,
     StorageError,
@@ -37,7 +38,6 @@ from aso.local.xrootd import (
     subject_hash,
     write_file,
 )
-from aso.localstore import free_port
 from tests.storage_helpers import reachable_tmp_dir, storage_config
 
 SOURCE, DESTINATION, THIRD = "T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from aso import designdocs, model
-from aso.designdocs import FILES_SECURITY
+from aso import model
 from aso.local.embedded import VIEW_FUNCTIONS_MODULE
-from aso.localstore import distinct_free_ports, free_ports
+from aso.local.stores import distinct_free_ports, free_ports
 from aso.model import AGENT, STATE, Change
+from aso.provision import designdocs
+from aso.provision.designdocs import FILES_SECURITY
 from aso.store import (
     Conflict,
     Forbidden,
@@ -489,7 +490,7 @@ def test_5xx_beyond_the_retries_is_reported(admin, files_db):
 
 
 def test_push_design_is_idempotent(files_db, admin, store_config):
-    from aso.designdocs import design_documents
+    from aso.provision.designdocs import design_documents
 
     db = admin.db(files_db)
     ddocs = design_documents(store_config)

@@ -16,15 +16,16 @@ from typing import Any
 
 import pytest
 
-from aso import couchdb, store_check
 from aso.cli.storecheck import split_credentials
 from aso.config import Config
-from aso.couchdb import ATTACHMENTS_CSP
-from aso.designdocs import SYSTEM_SECURITY, init_databases
-from aso.localstore import free_port
+from aso.local import couchdb
+from aso.local.couchdb import ATTACHMENTS_CSP
+from aso.local.stores import free_port
+from aso.provision import store_check
+from aso.provision.designdocs import SYSTEM_SECURITY, init_databases
+from aso.provision.store_check import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
 from aso.store import Server
 from aso.store import admin as store_admin
-from aso.store_check import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
 from tests.conftest import make_config, only_on, write_config
 from tests.test_cli import aso, one_line_error
 
@@ -73,7 +74,7 @@ def test_embedded_store_is_fit_and_its_differences_are_warnings(checked_config):
 
 @only_on("couchdb", "the settings checked are CouchDB's")
 def test_the_local_couchdb_is_fit_with_nothing_to_fix(checked_config):
-    """The local CouchDB that `aso store start` runs (aso/couchdb.py, the settings of
+    """The local CouchDB that `aso store start` runs (aso/local/couchdb.py, the settings of
     deploy/couchdb/local.ini): every setting ASO depends on is ok, the attachments' CSP too."""
     report = json.loads(aso("store", "check", "--json", config=checked_config).stdout)
     assert report["kind"] == "couchdb" and report["ok"] is True

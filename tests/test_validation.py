@@ -22,10 +22,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aso import designdocs, model, sites
 from aso import jsvalues as js
-from aso.designdocs import init_databases
+from aso import model, sites
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
+from aso.provision import designdocs
+from aso.provision.designdocs import init_databases
 from aso.sites import simulated
 from aso.store import (
     Conflict,

@@ -58,7 +58,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aso import gridenv
 from aso.catalog.base import (
     Block,
     BlockConflict,
@@ -68,6 +67,7 @@ from aso.catalog.base import (
     content_message,
 )
 from aso.catalog.embedded import check_block, elsewhere_message
+from aso.grid import gridenv
 
 log = logging.getLogger("aso.catalog.dbs")
 

@@ -29,7 +29,6 @@ from typer._click.exceptions import ClickException
 from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
-from aso import status as task_status
 from aso.cli.catalog import catalog_app
 from aso.cli.common import (
     BUILT_IN_DEFAULTS,
@@ -55,12 +54,13 @@ from aso.cli.status import status_cmd
 from aso.cli.storage import storage_app
 from aso.cli.storecheck import store_check_cmd
 from aso.config import ConfigError
-from aso.couchdb import join_cluster
-from aso.designdocs import init_databases
-from aso.gridenv import CredentialError
+from aso.grid.gridenv import CredentialError
+from aso.local.couchdb import join_cluster
+from aso.local.managed import local_store
+from aso.local.stores import LocalCluster, LocalStoreError
 from aso.local.xrootd import StorageError
-from aso.localstore import LocalCluster, LocalStoreError
-from aso.managed import local_store
+from aso.monitoring import status as task_status
+from aso.provision.designdocs import init_databases
 from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
 from aso.store import admin as store_admin

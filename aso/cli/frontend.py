@@ -16,8 +16,8 @@ certs_app = typer.Typer(help="Certificates for demos and tests.", no_args_is_hel
 
 def frontend_cmd(ctx: typer.Context) -> None:
     """Run the X.509 front end (HTTPS, client certificates and proxies) in the foreground."""
-    from aso import frontend  # Twisted only where it is used
-    from aso.frontend import MapfileError
+    from aso.frontend import server as frontend  # Twisted only where it is used
+    from aso.frontend.server import MapfileError
 
     config = _config(ctx)
     try:

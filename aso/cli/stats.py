@@ -1,5 +1,6 @@
 """`aso stats`: the daily statistics of finished transfers per link, user, destination or hour,
-from the files database's live views and the statistics database's purged batches (aso.statistics).
+from the files database's live views and the statistics database's purged batches
+(aso.monitoring.statistics).
 
 aso/cli/__init__.py registers `stats_cmd` as `aso stats`.
 """
@@ -13,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 
-from aso import statistics
 from aso.cli.common import (
     AllOpt,
     LimitOpt,
@@ -24,6 +24,7 @@ from aso.cli.common import (
     row_limit,
 )
 from aso.cli.common import config_of as _config
+from aso.monitoring import statistics
 from aso.store import Server
 
 console = line_console()

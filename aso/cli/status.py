@@ -1,5 +1,6 @@
 """`aso status`: a task's files (per job, with counts and an estimated completion), what changed
-since a time, or one file's whole story (aso.status). aso/cli/__init__.py registers `status_cmd`."""
+since a time, or one file's whole story (aso.monitoring.status). aso/cli/__init__.py registers
+`status_cmd`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from aso import model, status
+from aso import model
 from aso.cli.common import (
     AllOpt,
     LimitOpt,
@@ -22,6 +23,7 @@ from aso.cli.common import (
     utc_time,
 )
 from aso.cli.common import config_of as _config
+from aso.monitoring import status
 from aso.store import Database, Server
 
 console = line_console()

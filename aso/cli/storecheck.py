@@ -1,4 +1,5 @@
-"""`aso store check [URL]`: report whether a CouchDB-API store is fit for ASO (aso/store_check.py).
+"""`aso store check [URL]`: report whether a CouchDB-API store is fit for ASO
+(aso/provision/store_check.py).
 
 Exit code 0: fit (warnings allowed); 1: problems found. A store that cannot be reached or
 refuses the credentials is one `aso: error:` line (aso.cli.main), nothing else.
@@ -15,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from aso import store_check
 from aso.cli.common import config_of, line_console, print_table
+from aso.provision import store_check
 from aso.store import Server, Settings, Unauthorized, redact
 
 console = line_console()

@@ -1,5 +1,5 @@
 """The embedded document store: a pouchdb-server process on loopback, started and stopped by ASO
-(`store.engine = "pouchdb"`, the default; aso/localstore.py has what it shares with a local
+(`store.engine = "pouchdb"`, the default; aso/local/stores.py has what it shares with a local
 CouchDB).
 
 It is only a process manager. Everything else talks to the store through aso.store and the
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from aso import model
 from aso.config import Config
-from aso.couchdb import ATTACHMENTS_CSP
-from aso.localstore import LocalStore, LocalStoreError
+from aso.local.stores import LocalStore, LocalStoreError
+from aso.provision.store_check import ATTACHMENTS_CSP
 from aso.store import Server, Settings, StoreError
 from aso.store import admin as store_admin
 

@@ -29,9 +29,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
-from aso import proxycert
-from aso.certs import slash_dn, subject_hash
-from aso.proxycert import PROXY_CERT_INFO
+from aso.grid import proxycert
+from aso.grid.certs import slash_dn, subject_hash
+from aso.grid.proxycert import PROXY_CERT_INFO
 
 BASE_NAME = (("DC", "org"), ("DC", "aso-test"))
 _OIDS = {

@@ -51,8 +51,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aso import procs, sites
-from aso.certs import TlsFiles, subject_hash, tls_files
 from aso.config import Config
+from aso.grid.certs import TlsFiles, subject_hash, tls_files
 
 log = logging.getLogger("aso.storage")
 XROOTD_USER = "xrootd"  # created by Debian's xrootd-server; xrootd will not run as root

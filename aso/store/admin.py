@@ -1,5 +1,6 @@
 """The store's admin plane: databases, their `_security`, accounts, node configuration and
-design documents. Used by set-up and checks only (aso.designdocs, aso.store_check, the local
+design documents. Used by set-up and checks only (aso.provision.designdocs,
+aso.provision.store_check, the local
 stores, the CLI); agents and the front end use the data plane (aso.store)."""
 
 from __future__ import annotations

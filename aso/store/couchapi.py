@@ -20,7 +20,8 @@ from ibmcloudant.cloudant_v1 import CloudantV1
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from aso import gridenv, metrics
+from aso import metrics
+from aso.grid import gridenv
 from aso.limits import MAX_DOCS, MAX_KEYS
 from aso.store.api import (
     ACCEPTED_REASON,

@@ -42,8 +42,8 @@ from fts3.rest.client.exceptions import (
 )
 from fts3.rest.client.submitter import Submitter
 
-from aso import gridenv
 from aso.config import Config, ConfigError
+from aso.grid import gridenv
 from aso.transfer import errors
 from aso.transfer.base import (
     ACTIVE,

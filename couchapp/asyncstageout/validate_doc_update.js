@@ -5,7 +5,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // embedded store's must both run it. userCtx.db and secObj are not read: the embedded store
   // does not fill them (docs/store-quirks.md, EMBEDDED_USERCTX_HAS_NO_DB).
   var model = require('lib/model');
-  // The sites of this ASO's catalogue (aso/designdocs.py sites_module).
+  // The sites of this ASO's catalogue (aso/provision/designdocs.py sites_module).
   var sites = require('lib/sites').names;
   // The request id of a source LFN (aso/model.py request_id; lib/sha256.js beside this file).
   var sha256 = require('lib/sha256').hex;

@@ -1,6 +1,6 @@
 // Loaded into pouchdb-server with `node --require` (aso/local/embedded.py, server_env):
 // EMBEDDED_NO_ATTACHMENTS_CSP. CouchDB 3 sends a Content-Security-Policy with every attachment
-// ([csp] attachments_header_value: ASO's policy, aso/couchdb.py ATTACHMENTS_CSP); pouchdb-server
+// ([csp] attachments_header_value: ASO's policy, aso/provision/store_check.py ATTACHMENTS_CSP); pouchdb-server
 // sends none. The monitoring pages are design-document attachments: with the same header on
 // both stores, what they may run (no inline script, no eval, nothing from elsewhere) is the same,
 // and a page that breaks the policy breaks on the embedded store too, not only in production.

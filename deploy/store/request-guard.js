@@ -646,7 +646,7 @@ function sendStats(request, res) {
 
 // EMBEDDED_SESSION_COOKIE_CROSS_SITE: the session cookie came without SameSite (a browser sent
 // it with other sites' requests) and readable by scripts; CouchDB's is SameSite=Strict with
-// ASO's settings (aso/couchdb.py [chttpd_auth] same_site).
+// ASO's settings (aso/local/couchdb.py [chttpd_auth] same_site).
 const writeHead = http.ServerResponse.prototype.writeHead;
 http.ServerResponse.prototype.writeHead = function (...args) {
   const cookies = this.getHeader('set-cookie');

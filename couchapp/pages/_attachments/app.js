@@ -4,7 +4,7 @@
 // store's _session), or a certificate through the front end. Plain JS, no build step.
 //
 // Figures over all requests come from the monitoring summaries the analytics agent keeps in the
-// statistics database (aso/summaries.py): a few small documents per page whatever the number of
+// statistics database (aso/monitoring/summaries.py): a few small documents per page whatever the number of
 // requests, and history that outlives the purge. Pages about one task, link or file read the
 // files database (a key range of a view, or one document).
 //
@@ -24,7 +24,7 @@ var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown a
 var REFRESH = 30000;
 var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states
 var HOUR = 3600, DAY = 86400;
-var BYTES_DONE = 'bytes_done'; // in a user's live summary, beside the states (aso/summaries.py)
+var BYTES_DONE = 'bytes_done'; // in a user's live summary, beside the states (aso/monitoring/summaries.py)
 // The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
 var STATES = {on_its_way: [], in_flight: [], failing: [], file_ends: [], attempt_failures: [],
   current_failures: [], publication_ends: [], publication_failures: []};
@@ -194,7 +194,7 @@ function emptyBucket(start) {
 }
 
 function addDetail(bucket, doc) {
-  // A summary document's per-link figures and failures into a bucket (aso/summaries.py).
+  // A summary document's per-link figures and failures into a bucket (aso/monitoring/summaries.py).
   Object.keys(doc.link_hours || {}).forEach(function (link) {
     var mine = bucket.links[link] = bucket.links[link] || [0, 0, 0, 0];
     doc.link_hours[link].forEach(function (n, i) { mine[i] += n; });

@@ -5,7 +5,7 @@ function (doc) {
   // Kept alone in its own design document so that CouchDB builds it apart from the monitoring
   // views (the embedded store builds every view in its own pass anyway).
   // Which requests are work of which kind is aso/model.py's WORK table, which `aso db init`
-  // writes in below (aso/designdocs.py); the rest of each kind's key is aso/workqueue.py's
+  // writes in below (aso/provision/designdocs.py); the rest of each kind's key is aso/workqueue.py's
   // work_key, line by line.
   var work = /* aso/model.py WORK */ null;
   if (doc.type !== 'transfer_request') { return; }

@@ -1,6 +1,6 @@
-"""The X.509 front end's gate: a request is matched against the route table (aso/routes.py) and
-the store request is built from what the match parsed, or the request is refused with a 4xx and
-the reason. Deny by default: what the table does not hold goes nowhere.
+"""The X.509 front end's gate: a request is matched against the route table
+(aso/frontend/routes.py) and the store request is built from what the match parsed, or the request
+is refused with a 4xx and the reason. Deny by default: what the table does not hold goes nowhere.
 
 What is forwarded is made anew from the typed form, never the bytes the client sent: the path
 from the route's literal segments and the decoded, checked variables (percent-encoded again),
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
-from aso import routes, sequences
-from aso.routes import Invalid, Route
+from aso.frontend import routes, sequences
+from aso.frontend.routes import Invalid, Route
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """The store a host manages (`aso store start`, `aso run`): the engine `store.engine` names.
 
-Apart from aso/localstore.py, which holds what every engine shares (the base classes the
+Apart from aso/local/stores.py, which holds what every engine shares (the base classes the
 engines import), so that the choice of an engine imports the engines and nothing imports back.
 """
 
 from __future__ import annotations
 
 from aso.config import Config
-from aso.couchdb import local_couchdb
+from aso.local.couchdb import local_couchdb
 from aso.local.embedded import EmbeddedStore
-from aso.localstore import LocalCluster, LocalStore, LocalStoreError
+from aso.local.stores import LocalCluster, LocalStore, LocalStoreError
 
 
 def local_store(config: Config, *, nodes: int | None = None) -> LocalStore | LocalCluster:

@@ -20,9 +20,10 @@ from typing import Any
 
 from couchapp import localdoc
 
-from aso import model, statistics
+from aso import model
 from aso.catalog import embedded as catalog
 from aso.config import Config
+from aso.monitoring import statistics
 from aso.store import Forbidden, NotFound, Server
 from aso.store import admin as store_admin
 from aso.transfer.jobstore import JOBS_DDOC
@@ -30,7 +31,7 @@ from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
 log = logging.getLogger("aso.db")
 
-COUCHAPP_DIR = Path(__file__).resolve().parent.parent / "couchapp"
+COUCHAPP_DIR = Path(__file__).resolve().parents[2] / "couchapp"
 # couchapp/pages is the monitoring pages' design document, in a database of its own
 # (store.pages_db); every other folder is a design document of the files database.
 PAGES_FOLDER = "pages"

@@ -5,8 +5,8 @@ route table).
 A route is a method, a path of literal and typed segments, the query parameters it takes (each
 typed and bounded), the body it takes (a schema with bounded sizes and item counts) and the
 audiences it serves: `user` (roles aso-user, group:<group>), `agent` (aso-agent), `operator`
-(aso-admin). aso/gate.py matches a request against this table and builds the store request from
-what it parsed; anything the table does not hold is refused. Nothing of the store's own names
+(aso-admin). aso/frontend/gate.py matches a request against this table and builds the store request
+from what it parsed; anything the table does not hold is refused. Nothing of the store's own names
 (`_local`, `_design` writes, `_users`, `_replicator`, `_config`, ...) is in it, for anyone: the
 store is administered on its loopback port with its admin account (`aso db init`).
 
@@ -60,7 +60,7 @@ FEEDS = ("normal", "longpoll")
 # A store revision: CouchDB's and the embedded store's are both N-<32 hex digits>.
 REV_PATTERN = r"^[1-9][0-9]{0,9}-[0-9a-f]{32}$"
 # An update sequence as handed out: a number on the embedded store, N-<opaque> on CouchDB (whose
-# opaque part aso.sequences checks before the store decodes it).
+# opaque part aso.frontend.sequences checks before the store decodes it).
 SEQ_PATTERN = r"^(now|0|[1-9][0-9]{0,15}|[0-9]{1,16}-g[A-Za-z0-9_-]{1,4093})$"
 # A document id of ASO's own documents other than requests (heartbeats, jobs, blocks, statistics):
 # never one of the store's names (`_local`, `_design`), no control characters.
@@ -621,7 +621,9 @@ class Db:
 def databases(config: Config) -> tuple[Db, ...]:
     """ASO's databases as the front end serves them: who reads and writes each, and which
     design documents' views."""
-    from aso.store_check import expected_databases  # the design documents `aso db init` pushes
+    from aso.provision.store_check import (
+        expected_databases,  # the design documents `aso db init` pushes
+    )
 
     store = config.store
     specs = expected_databases(config)
@@ -819,7 +821,7 @@ def _db_routes(db: Db) -> list[Route]:
 
 
 def _pages_routes(config: Config) -> list[Route]:
-    from aso.designdocs import PAGES_DDOC, pages_design
+    from aso.provision.designdocs import PAGES_DDOC, pages_design
 
     pages = config.store.pages_db
     name = PAGES_DDOC.removeprefix("_design/")

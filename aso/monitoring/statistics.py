@@ -22,7 +22,7 @@ Where the statistics live:
   finished request still there to its contribution. A failed request its owner resubmits leaves
   the view and comes back with its new ending: the view always says what the documents say.
 * **purged**: before the analytics agent deletes old finished requests it writes what they
-  count for into *batch documents* of `store.stats_db` (aso.purge has the exactly-once
+  count for into *batch documents* of `store.stats_db` (aso.monitoring.purge has the exactly-once
   protocol). The design document `_design/stats` there (DESIGN) adds up the rows of completed
   batches, with the same keys as the live views.
 
@@ -39,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model, summaries
+from aso import model
+from aso.monitoring import summaries
 from aso.store import Database
 
 SCHEMA_VERSION = 1
@@ -370,7 +371,7 @@ VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
     return;
   }
   if (newDoc._id.indexOf('monitor:') === 0) {
-    // The monitoring summaries (aso/summaries.py): recomputed, so rewritten as they come.
+    // The monitoring summaries (aso/monitoring/summaries.py): recomputed, rewritten as they come.
     if ($monitor_types.indexOf(newDoc.type) < 0) {
       refuse('schema', 'monitor: documents have one of the types ' + $monitor_types.join(', '));
     }

@@ -36,22 +36,13 @@ from typing import Any, NoReturn, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from aso.config import Config
-from aso.localstore import LocalCluster, LocalStore, LocalStoreError, Status
+from aso.local.stores import LocalCluster, LocalStore, LocalStoreError, Status
+from aso.provision.store_check import ATTACHMENTS_CSP
 from aso.store import Server, StoreError
 from aso.store import admin as store_admin
 
 DEFAULT_HOME = Path("/opt/couchdb")
 PBKDF2_ITERATIONS = 600000  # CouchDB 3.4's own default for admins and _users
-
-# The attachments' Content-Security-Policy. CouchDB's default, `sandbox`, stops every script of
-# a design document's attachments: the monitoring pages stay blank. This policy lets the pages'
-# own files run (app.js, style.css: no inline script or style, nothing from another origin) and
-# nothing else; users cannot write attachments (validate_doc_update refuses `_attachments`).
-ATTACHMENTS_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
-    "form-action 'self'"
-)
 
 # ASO's CouchDB settings: deploy/couchdb/local.ini explains each (tests/test_deploy.py checks
 # that this and local.ini agree). Per node and per config, `node_ini` adds the admin, paths,
@@ -127,7 +118,7 @@ def hash_password(password: str, iterations: int = PBKDF2_ITERATIONS) -> str:
 
 
 def render_ini(sections: Mapping[str, Mapping[str, str]]) -> str:
-    lines = ["; Written by ASO at every start of this node (aso/couchdb.py); edits are lost."]
+    lines = ["; Written by ASO at every start of this node (aso/local/couchdb.py); edits are lost."]
     for section, values in sections.items():
         lines.append(f"\n[{section}]")
         for key, value in values.items():
@@ -253,7 +244,7 @@ class CouchDBNode(LocalStore):
     def vm_args(self) -> str:
         return "\n".join(
             [
-                "# Written by ASO at every start of this node (aso/couchdb.py).",
+                "# Written by ASO at every start of this node (aso/local/couchdb.py).",
                 f"-name {self.node_name}",
                 "-kernel inet_dist_use_interface {127,0,0,1}",
                 "-kernel error_logger silent",

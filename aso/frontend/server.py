@@ -1,7 +1,7 @@
 """`aso frontend`: the X.509 front end, the only public entrance to the document store.
 
 A Twisted HTTPS server. Every request must come with a client certificate or proxy
-(aso.x509auth checks the chain against the grid CA directory, CRLs included); the end-entity DN
+(aso.grid.x509auth checks the chain against the grid CA directory, CRLs included); the end-entity DN
 is mapped to a store user and roles by a grid-mapfile (`GridMap`); the request then goes to the
 store carrying that identity and no other:
 
@@ -19,9 +19,10 @@ back. Responses are streamed as they come (the `_changes` feed).
 
 Refusals are JSON answers in CouchDB's shape: 401 for a missing or bad certificate, 403 for a DN
 no one mapped, 413 for a body over `frontend.max_body` however it is framed (`_BoundedRequest`),
-400/403/404/405 for what the route table does not hold (aso/routes.py, matched by aso/gate.py),
-502 when the store is unreachable. What is forwarded is the gate's `Forward`: a store request
-made anew from the typed form of the client's (path, query, body), never the client's bytes.
+400/403/404/405 for what the route table does not hold (aso/frontend/routes.py, matched by
+aso/frontend/gate.py), 502 when the store is unreachable. What is forwarded is the gate's
+`Forward`: a store request made anew from the typed form of the client's (path, query, body), never
+the client's bytes.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 
-from aso import gate, metrics, model, routes, sequences, upload
+from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
+from aso.frontend import gate, routes, sequences
+from aso.grid.x509auth import Identity, Refused, TrustStore, verify_chain
 from aso.store import Server
-from aso.x509auth import Identity, Refused, TrustStore, verify_chain
 
 log = logging.getLogger("aso.frontend")
 
@@ -78,7 +80,7 @@ BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
-HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/gate.py) sent at once
+HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
 HEAVY_WAIT = 30.0
@@ -88,7 +90,8 @@ HEAVY_HOLD = 60.0  # seconds a read with documents may take to go out before it 
 # end by 5 GB. Smaller ones never wait.
 BIG_BODY = 1 << 20
 BIG_BODIES = 2
-# A long poll's answer is held whole before it goes out (aso.gate bounds its rows, not bytes).
+# A long poll's answer is held whole before it goes out (aso.frontend.gate bounds its rows, not
+# bytes).
 MAX_POLL_BYTES = 64 << 20
 NODES_REFRESH = 10.0  # seconds between two readings of the store's node names (a `since`'s)
 REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
@@ -747,8 +750,9 @@ class FrontEnd(resource.Resource):
     def forward(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
     ) -> None:
-        """Send the store request the gate made (aso.gate.Forward) as `who`. Of the client's
-        headers only those that ask for a representation go on (KEPT_HEADERS); the identity is
+        """Send the store request the gate made (aso.frontend.gate.Forward) as `who`. Of the
+        client's headers only those that ask for a representation go on (KEPT_HEADERS); the
+        identity is
         the front end's."""
         headers = {
             key: [value] for key, value in request.getAllHeaders().items() if key in KEPT_HEADERS
@@ -779,7 +783,8 @@ class FrontEnd(resource.Resource):
         self._send(request, who, headers, made, producer)
 
     def _heavy_slot(self, who: Mapped, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
-        """A slot for a heavy read (aso/gate.py Forward.heavy), after the user's earlier ones
+        """A slot for a heavy read (aso/frontend/gate.py Forward.heavy), after the user's earlier
+        ones
         (and, when `shared`, one of the HEAVY_READS)."""
         return self.heavy.take(who.name, shared)
 
@@ -791,7 +796,8 @@ class FrontEnd(resource.Resource):
         made: gate.Forward,
     ) -> None:
         """A `since` naming nodes the front end has not seen goes on only once the store's own
-        sequence names them (aso.sequences): CouchDB would make an atom of any name in it."""
+        sequence names them (aso.frontend.sequences): CouchDB would make an atom of any name in
+        it."""
         if time.monotonic() - self.nodes_read_at < NODES_REFRESH:
             self._unknown_nodes(request, made)
             return
@@ -1254,7 +1260,7 @@ def _path(request: server.Request) -> str:
 
 class ServerTLS:
     """The TLS context: the host certificate; a client certificate is asked for and accepted
-    here whatever it is, then judged by aso.x509auth, whose refusals are HTTP answers."""
+    here whatever it is, then judged by aso.grid.x509auth, whose refusals are HTTP answers."""
 
     def __init__(self, cert: Path, key: Path):
         context = SSL.Context(SSL.TLS_SERVER_METHOD)

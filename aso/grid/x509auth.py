@@ -8,7 +8,7 @@ that every refusal is an HTTP answer with a reason (a TLS alert tells a user not
   CN is `proxy` / `limited proxy`): each must be signed by the certificate it names as issuer,
   which the client sent, its subject must be that issuer's plus one CN, and the issuer must not
   be a CA; proxies of proxies go on up the same way. Each proxy's policy must be one ASO
-  accepts (aso.proxycert: inherit-all or limited, never independent or unknown), a proxy of a
+  accepts (aso.grid.proxycert: inherit-all or limited, never independent or unknown), a proxy of a
   limited proxy must be limited, and no proxy may have more proxies after it than its path
   length allows;
 * then the end-entity certificate (the identity: its DN) and any intermediate CAs up to a
@@ -31,9 +31,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPublicKeyTypes
 from cryptography.x509.oid import NameOID
 
-from aso import proxycert
-from aso.certs import slash_dn
-from aso.proxycert import PROXY_CERT_INFO
+from aso.grid import proxycert
+from aso.grid.certs import slash_dn
+from aso.grid.proxycert import PROXY_CERT_INFO
 
 LEGACY_PROXY_CNS = {"proxy": proxycert.INHERIT_ALL, "limited proxy": proxycert.LIMITED}
 MAX_DEPTH = 12
@@ -128,7 +128,7 @@ class TrustStore:
 class Identity:
     dn: str  # the end-entity certificate's subject, /DC=.../CN=...
     proxies: int  # how many proxy certificates stood in front of it
-    limited: bool = False  # the proxy is a limited one (aso.proxycert)
+    limited: bool = False  # the proxy is a limited one (aso.grid.proxycert)
 
 
 def _proxy_policy(cert: x509.Certificate) -> tuple[str, int | None]:

@@ -1,6 +1,6 @@
 """The document store ASO runs itself on loopback (`aso store start|stop|status`, `aso run`):
-the embedded pouchdb-server (aso/local/embedded.py) or a local Apache CouchDB 3 (aso/couchdb.py),
-chosen by `store.engine`.
+the embedded pouchdb-server (aso/local/embedded.py) or a local Apache CouchDB 3
+(aso/local/couchdb.py), chosen by `store.engine`.
 
 Both are only process managers: everything else talks to the store through aso.store and the
 CouchDB 3 API. What they share lives here: a daemon started detached with a pid file (or exec'd

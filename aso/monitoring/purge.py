@@ -1,8 +1,8 @@
 """Purging finished requests, each counted in the statistics exactly once.
 
 The files database must stay small at any load, and the statistics must not change when a
-request leaves it. A request is counted in the statistics database (aso.statistics) if and only if
-the purge deleted it, and then once, by this protocol:
+request leaves it. A request is counted in the statistics database (aso.monitoring.statistics) if
+and only if the purge deleted it, and then once, by this protocol:
 
 1. **select** finished requests (`_design/stats/_view/purgeable`: nothing more will happen to
    them, model.is_final) whose last change is older than `analytics.purge_after`;
@@ -33,10 +33,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import model, statistics
+from aso import model
+from aso.monitoring import statistics
 from aso.store import Conflict, Database
 
-log = logging.getLogger("aso.purge")
+log = logging.getLogger("aso.monitoring.purge")
 
 LEASE_ID = "lease:purge"
 LEASE = "analytics_lease"

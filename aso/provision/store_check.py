@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from aso import model, statistics
+from aso import model
 from aso.catalog import embedded as catalog
 from aso.config import Config
-from aso.couchdb import ATTACHMENTS_CSP
-from aso.designdocs import (
+from aso.monitoring import statistics
+from aso.provision.designdocs import (
     FILES_SECURITY,
     PAGES_SECURITY,
     SYSTEM_DATABASES,
@@ -53,6 +53,16 @@ from aso.store import admin as store_admin
 from aso.transfer import jobstore
 
 OK, WARN, ERROR = "ok", "warn", "error"
+# The attachments' Content-Security-Policy. CouchDB's default, `sandbox`, stops every script of
+# a design document's attachments: the monitoring pages stay blank. This policy lets the pages'
+# own files run (app.js, style.css: no inline script or style, nothing from another origin) and
+# nothing else; users cannot write attachments (validate_doc_update refuses `_attachments`).
+ATTACHMENTS_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
+
 LEVELS = (OK, WARN, ERROR)
 NOT_ADMIN = "not a server admin"  # Answers.config_error when the credentials are not an admin's
 
@@ -72,7 +82,7 @@ PROXY_HANDLER = "{chttpd_auth, proxy_authentication_handler}"
 DEFAULT_HANDLERS = (
     "{chttpd_auth, cookie_authentication_handler}, {chttpd_auth, default_authentication_handler}"
 )
-# The header names aso/frontend.py sends: CouchDB's defaults ([chttpd_auth] x_auth_*).
+# The header names aso/frontend/server.py sends: CouchDB's defaults ([chttpd_auth] x_auth_*).
 PROXY_HEADERS = {
     "x_auth_username": "X-Auth-CouchDB-UserName",
     "x_auth_roles": "X-Auth-CouchDB-Roles",
@@ -140,7 +150,8 @@ def largest_document(config: Config) -> int:
 
 def expected_databases(config: Config) -> dict[str, DatabaseSpec]:
     """Each ASO database with the `_security` and design documents `aso db init` gives it
-    (aso/designdocs.py init_databases; tests/test_storecheck.py holds the two together)."""
+    (aso/provision/designdocs.py init_databases; tests/test_storecheck.py holds the two
+    together)."""
     store = config.store
     return {
         store.files_db: DatabaseSpec(
