@@ -3,6 +3,7 @@
 #   make run    set up, then run the service on its embedded defaults (foreground)
 #   make demo   while `make run` runs: 200 real files through the pipeline
 #   make test   set up, then run the linter and the test suite on both stores (what CI runs)
+#   make test-fast  the tests that need no store (aso/core's decisions, layout, docs; ~20 s)
 #   make stop   stop what `make run` started
 #   make bench  the scalability benchmark: the simulator at 2x, 4x, 8x design load (~13 min;
 #               STORE=couchdb or STORE=both for CouchDB)
@@ -44,13 +45,14 @@ space := $(subst ,, )
 engines = $(if $(filter both,$(STORE)),pouchdb couchdb,$(if $(filter command line environment,$(origin STORE)),$(STORE),$(or $(1),$(STORE))))
 comma_list = $(subst $(space),$(,),$(strip $(1)))
 
-.PHONY: help setup couchdb run demo stop test test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos chaos-cluster soak bench bench-scale bench-long bench-uploads bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
+.PHONY: help setup couchdb run demo stop test test-fast test-couchdb test-pouchdb test-spidermonkey lint fuzz chaos chaos-cluster soak bench bench-scale bench-long bench-uploads bench-workqueue bench-frontend bench-locust bench-pages bench-metrics bench-views clean
 
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
 	@echo "make demo   - while 'make run' runs: write 200 files at two sites and follow their transfers"
 	@echo "make test   - set up and run the linter and the test suite on CouchDB and pouchdb-server at once"
 	@echo "make test-couchdb / test-pouchdb - the suite on one store only"
+	@echo "make test-fast - the tests that need no store: the agents' decisions, layout, docs (~20 s)"
 	@echo "make stop   - stop what 'make run' started"
 	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min);"
 	@echo "              STORE=couchdb on a local CouchDB, STORE=both side by side"
@@ -127,6 +129,13 @@ test: setup lint couchdb
 	echo "== screenshots of the monitoring pages, a folder per store: $(ASO_TEST_ARTEFACTS)/"; \
 	echo "== make test: $$( [ $$failed = 0 ] && echo passed || echo FAILED ) in $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s ($$legs)"; \
 	exit $$failed
+
+# The tests that need no store, storage or service: the decisions of aso/core/, the layout,
+# the model and configuration, the docs (a minute at most; `make test` runs them on each leg).
+FAST_TESTS := tests/test_core.py tests/test_layout.py tests/test_model_config.py tests/test_docs.py
+test-fast: setup
+	@start=$$(date +%s); $(VENV)/bin/pytest $(FAST_TESTS) && \
+	  echo "== the fast tier passed in $$(( $$(date +%s) - start )) s"
 
 test-couchdb test-pouchdb: test-%: setup
 	@echo "== the test suite on $* ($$(date +%T))"

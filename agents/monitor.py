@@ -48,13 +48,11 @@ from aso.config import Config
 from aso.core import request
 from aso.core.cleanup import cleanable_at_done, cleanup_recorded
 from aso.core.destination import (
-    NOT_DONE_CLASS,
     Finding,
-    awaits_a_look,
     needs_a_look,
-    not_done,
     unchecked,
 )
+from aso.core.outcome import outcome
 from aso.core.request import Doc
 from aso.deleter import Deleter, destination_look
 from aso.files import Confirmer, Files, open_files
@@ -62,11 +60,9 @@ from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle
 from aso.sites import SiteError
 from aso.store import StoreError
-from aso.transfer import errors, open_service
+from aso.transfer import open_service
 from aso.transfer.base import (
     ABSENT,
-    CANCELED,
-    DONE,
     ENDED,
     Fence,
     FileStatus,
@@ -83,50 +79,6 @@ ADOPTED = "adopted after lease expiry"
 # Seconds the monitor waits for its looks at destinations (copies the service did not verify);
 # a file whose look has not ended stays `submitted` until the next cycle takes the finding.
 LOOK_WAIT = 5.0
-
-
-def outcome(
-    doc: Mapping[str, Any],
-    status: FileStatus,
-    by: str,
-    now: float,
-    finding: Finding | None = None,
-) -> dict[str, Any] | None:
-    """The document after its file's transfer ended, or None while it is still under way (or
-    reported done and not confirmed at the destination yet). `finding`: the monitor's look at
-    the destination, for a copy the service reported done without verifying it."""
-    killing = doc[STATE] == "kill_requested"
-    if not status.terminal:
-        return None
-    if status.state == DONE:
-        if awaits_a_look(status, finding):
-            return None
-        problem = not_done(doc, status, finding)
-        if problem is not None:
-            return request.attempt_ended(
-                doc,
-                "killed" if killing else "failed_attempt",
-                by,
-                now,
-                reason=problem,
-                error_class=NOT_DONE_CLASS,
-                outcome="failed",
-                ended=status.ended,
-            )
-        return request.attempt_ended(doc, "done", by, now, outcome="done", ended=status.ended)
-    error_class = status.error_class or errors.classify(message=status.reason)
-    target = "killed" if killing else "failed_attempt"
-    result = "canceled" if status.state == CANCELED else "failed"
-    return request.attempt_ended(
-        doc,
-        target,
-        by,
-        now,
-        reason=status.reason or status.service_state,
-        error_class=error_class,
-        outcome=result,
-        ended=status.ended,
-    )
 
 
 class Monitor(Agent):

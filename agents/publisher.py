@@ -2,11 +2,11 @@
 
 Done files waiting for publication are grouped by (user, dataset). A block is closed when it
 holds `publisher.max_files_per_block` files or `publisher.max_block_bytes` of file entries (a
-block over the store's document size limit would be refused), when its oldest file
-has waited
+block over the store's document size limit would be refused), when its oldest file has waited
 `publisher.block_closure_timeout` seconds since its copy ended, or when the user's task is over
-(no request of it still on its way). Publishing a block is crash-safe and idempotent with one
-write per file, because the catalog is the record of what was published:
+(no request of it still on its way): aso/core/publication.py decides. Publishing a block is
+crash-safe and idempotent with one write per file, because the catalog is the record of what
+was published:
 
 0. every file of a closed block is confirmed at its destination first (aso.core.destination,
    aso.files.Confirmer: there, with the request's size and adler32; one look per file, all
@@ -36,11 +36,10 @@ TASK` resets. Partition: by (user, dataset).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from aso import model
@@ -49,15 +48,21 @@ from aso.catalog.base import (
     Block,
     BlockConflict,
     CatalogError,
-    CatalogFile,
-    block_name,
 )
-from aso.catalog.embedded import file_entry
 from aso.config import Config
 from aso.core import request
 from aso.core.cleanup import cleanup_recorded
 from aso.core.cleanup import due as cleanup_due
 from aso.core.destination import DIFFERENT, UNANSWERED, Finding, not_published_reason, unchecked
+from aso.core.publication import (
+    ERROR,
+    LEGACY,
+    WAITING,
+    close_blocks,
+    dataset_of,
+    failures_since_reset,
+    make_block,
+)
 from aso.deleter import Deleter, destination_look
 from aso.files import MISSING, Confirmer, Files, open_files
 from aso.model import CLEANUP, ON_ITS_WAY, PUBLICATION, STATE
@@ -74,45 +79,6 @@ FLUSH_FILES, FLUSH_SECONDS = 500, 5.0
 # 120 s once in a benchmark) leaves its file waiting, unwritten, for a later cycle.
 LOOK_WAIT = 10.0
 
-# publisher.max_block_bytes's default (aso/config.py), for callers without a configuration.
-DEFAULT_BLOCK_BYTES = 2_000_000
-
-WAITING = "pending"
-LEGACY = "publishing"  # a block's name recorded first, by publishers of earlier versions
-ERROR = "publication_error"
-
-
-def dataset_of(doc: Mapping[str, Any]) -> str:
-    return cast(str, (doc.get("publish_info") or {}).get("dataset", ""))
-
-
-def done_at(doc: Mapping[str, Any]) -> float:
-    """When the file's copy ended (its `done` transition)."""
-    ended: float = max(
-        (h["at"] for h in doc.get("history", []) if h["axis"] == STATE and h["to"] == "done"),
-        default=doc["last_update"],
-    )
-    return ended
-
-
-def failures_since_reset(doc: Mapping[str, Any]) -> int:
-    """Failed publications since the owner last reset the file (`aso publish --retry`)."""
-    pub = [h for h in doc.get("history", []) if h["axis"] == PUBLICATION]
-    reset = max((h["at"] for h in pub if h["from"] == "publication_failed"), default=0.0)
-    return sum(1 for h in pub if h["to"] == ERROR and h["at"] >= reset)
-
-
-def catalog_file(doc: Mapping[str, Any]) -> CatalogFile:
-    info = doc.get("publish_info") or {}
-    return CatalogFile(
-        lfn=doc["destination_lfn"],
-        size=doc["size"],
-        adler32=doc["checksum"]["adler32"],
-        events=info.get("events", 0),
-        lumis=info.get("lumis", {}),
-        parents=tuple(info.get("parents", [])),
-    )
-
 
 def what_was_found(findings: Mapping[str, Finding], docs: list[dict[str, Any]]) -> Counter[str]:
     """How many of `docs` were missing, different or could not be checked (for the log)."""
@@ -124,66 +90,6 @@ def what_was_found(findings: Mapping[str, Finding], docs: list[dict[str, Any]]) 
         else:
             counts["not checked"] += 1
     return counts
-
-
-def make_block(docs: Sequence[Mapping[str, Any]], name: str | None = None) -> Block:
-    first = docs[0]
-    dataset = dataset_of(first)
-    return Block(
-        name=name or block_name(dataset, [d["destination_lfn"] for d in docs]),
-        dataset=dataset,
-        user=first["user"],
-        origin_site=first["destination"],
-        files=tuple(catalog_file(d) for d in docs),
-    )
-
-
-def entry_chars(doc: Mapping[str, Any]) -> int:
-    """The file's entry in a catalog block, as JSON, in characters (what the store's document
-    size limit measures)."""
-    return len(json.dumps(file_entry(catalog_file(doc))))
-
-
-def fill_blocks(
-    ordered: list[dict[str, Any]], max_files: int, max_bytes: int
-) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Full blocks out of files in order (each of at most `max_files` files and `max_bytes`
-    of entries: a file that would make it larger starts the next one), and the files left."""
-    full: list[list[dict[str, Any]]] = []
-    current: list[dict[str, Any]] = []
-    size = 0
-    for doc in ordered:
-        chars = entry_chars(doc)
-        if current and size + chars > max_bytes:
-            full.append(current)
-            current, size = [], 0
-        current.append(doc)
-        size += chars
-        if len(current) >= max_files:
-            full.append(current)
-            current, size = [], 0
-    return full, current
-
-
-def close_blocks(
-    waiting: list[dict[str, Any]],
-    now: float,
-    max_files: int,
-    timeout: float,
-    task_over: Callable[[str], bool],
-    max_bytes: int = DEFAULT_BLOCK_BYTES,
-) -> list[list[dict[str, Any]]]:
-    """The blocks to publish now out of one (user, dataset)'s waiting files, oldest first: the
-    full ones (by files or by size, so that no block is larger than the store takes), then the
-    rest once its oldest file waited `timeout` or its tasks are over."""
-    ordered = sorted(waiting, key=lambda d: (done_at(d), d["_id"]))
-    blocks, rest = fill_blocks(ordered, max_files, max_bytes)
-    if rest and (
-        now - done_at(rest[0]) >= timeout
-        or all(task_over(task) for task in {d["task"] for d in rest})
-    ):
-        blocks.append(rest)
-    return blocks
 
 
 class Publisher(Agent):

@@ -13,12 +13,11 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agents.monitor import Monitor
-from agents.submitter import Caps, Submitter, plan_jobs
+from agents.submitter import Submitter
 from aso import model
 from aso.core import request as core_request
 from aso.model import OWNER, STATE, Change
@@ -86,35 +85,6 @@ def test_link_cap_holds_while_files_flow(sim_config, accounts, admin):
 
     run_until(finished, [submitter, monitor])
     assert 0 < peak <= 4
-
-
-def test_plan_jobs_fair_share_priority_and_site_caps():
-    def doc(user: str, n: int, priority: int = 0, link=("T2_A_a", "T2_B_b")) -> dict[str, Any]:
-        return {
-            "_id": f"{user}{n}",
-            "user": user,
-            "source": link[0],
-            "destination": link[1],
-            "created": float(n),
-            "priority": priority,
-        }
-
-    heavy = [doc("alice", i) for i in range(100)]
-    light = [doc("bob", i) for i in range(5)]
-    urgent = [doc("alice", 1000, priority=10)]
-    caps = Caps(per_link=10, per_site={}, default_site=100)
-    jobs = plan_jobs(heavy + light + urgent, [], caps, max_files=100)
-    chosen = [d for job in jobs for d in job]
-    assert len(chosen) == 10
-    assert Counter(d["user"] for d in chosen) == {"alice": 5, "bob": 5}  # turns, not arrival
-    assert urgent[0] in chosen  # alice's urgent file goes first among hers
-    # A site cap shared by two links, and files already in flight, count too.
-    other_link = [doc("carol", i, link=("T2_C_c", "T2_B_b")) for i in range(10)]
-    in_flight = [dict(doc("dave", i), state="submitted") for i in range(3)]
-    caps = Caps(per_link=100, per_site={"T2_B_b": 8}, default_site=100)
-    chosen = [d for job in plan_jobs(heavy + other_link, in_flight, caps, 4) for d in job]
-    assert len(chosen) == 5  # 8 at T2_B_b minus the 3 in flight
-    assert all(len(job) <= 4 for job in plan_jobs(heavy, [], caps, 4))
 
 
 def test_failed_attempts_carry_reason_and_class(sim_config, accounts, admin):

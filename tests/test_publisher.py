@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from agents.publisher import Publisher, close_blocks, done_at, make_block
+from agents.publisher import Publisher
 from aso import model
 from aso.actions import republish
 from aso.catalog.base import Catalog, CatalogError
 from aso.catalog.embedded import EmbeddedCatalog
+from aso.core.publication import close_blocks, done_at, make_block
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.runtime import Runner
 from aso.store import Database

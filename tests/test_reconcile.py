@@ -23,13 +23,14 @@ from typer.testing import CliRunner
 from agents.cleaner import Cleaner
 from agents.gfal_worker import GfalWorker
 from agents.monitor import Monitor
-from agents.publisher import Publisher, make_block
+from agents.publisher import Publisher
 from agents.reconciler import Reconciler
 from agents.submitter import Submitter
 from aso import model, reconcile
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config
+from aso.core.publication import make_block
 from aso.files import GfalFiles
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change

@@ -1,0 +1,173 @@
+"""What the agents decide, tested as the plain functions of aso/core/ it is: no store, no
+storage, no service (`make test-fast`). The pipeline tests (tests/test_pipeline.py and the
+agents' own) run the same decisions end to end on both real stores."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from aso import model
+from aso.config import CleanerConfig
+from aso.core import cleanup, destination, publication, request, submission
+from aso.core.outcome import outcome
+from aso.model import CLEANUP, PUBLICATION, STATE
+from aso.transfer import errors
+from aso.transfer.base import DONE, FAILED, FileStatus
+from tests.conftest import sample_request
+
+NOW = 1_800_000_000.0
+
+
+def submitted(**overrides: Any) -> dict[str, Any]:
+    """A request whose first attempt is at the transfer service."""
+    doc = sample_request(**overrides)
+    lease = {"owner": "s1", "until": NOW + 600, "key": "k1"}
+    return {**doc, **request.submitted(doc, "job-1", "gfal", "s1", NOW, lease)}
+
+
+def done(doc: dict[str, Any], at: float = NOW) -> dict[str, Any]:
+    return {**doc, **outcome(doc, FileStatus(doc["_id"], DONE, "FINISHED", verified=True), "m", at)}
+
+
+# --- the submitter ------------------------------------------------------------------------------
+def test_plan_jobs_fair_share_priority_and_site_caps():
+    def doc(user: str, n: int, priority: int = 0, link=("T2_A_a", "T2_B_b")) -> dict[str, Any]:
+        return {
+            "_id": f"{user}{n}",
+            "user": user,
+            "source": link[0],
+            "destination": link[1],
+            "created": float(n),
+            "priority": priority,
+        }
+
+    heavy = [doc("alice", i) for i in range(100)]
+    light = [doc("bob", i) for i in range(5)]
+    urgent = [doc("alice", 1000, priority=10)]
+    caps = submission.Caps(per_link=10, per_site={}, default_site=100)
+    jobs = submission.plan_jobs(heavy + light + urgent, [], caps, max_files=100)
+    chosen = [d for job in jobs for d in job]
+    assert len(chosen) == 10
+    assert Counter(d["user"] for d in chosen) == {"alice": 5, "bob": 5}  # turns, not arrival
+    assert urgent[0] in chosen  # alice's urgent file goes first among hers
+    # A site cap shared by two links, and files already in flight, count too.
+    other_link = [doc("carol", i, link=("T2_C_c", "T2_B_b")) for i in range(10)]
+    in_flight = [dict(doc("dave", i), state="submitted") for i in range(3)]
+    caps = submission.Caps(per_link=100, per_site={"T2_B_b": 8}, default_site=100)
+    chosen = [
+        d for job in submission.plan_jobs(heavy + other_link, in_flight, caps, 4) for d in job
+    ]
+    assert len(chosen) == 5  # 8 at T2_B_b minus the 3 in flight
+    assert all(len(job) <= 4 for job in submission.plan_jobs(heavy, [], caps, 4))
+
+
+def test_a_job_holds_one_user_s_files_of_one_link():
+    """Files of two users, or of two groups of one user, never share a job (a job runs with
+    one credential)."""
+    docs = [sample_request("alice") for _ in range(3)] + [sample_request("bob") for _ in range(2)]
+    docs.append(sample_request("alice", group="higgs"))
+    caps = submission.Caps(per_link=100, per_site={}, default_site=100)
+    jobs = submission.plan_jobs(docs, [], caps, max_files=100)
+    assert sorted(len(job) for job in jobs) == [1, 2, 3]
+    assert all(len({submission.group_of(d) for d in job}) == 1 for job in jobs)
+
+
+def test_a_retry_waits_for_its_cool_off():
+    doc = sample_request()
+    assert submission.ready_to_submit(doc, NOW)
+    retry = {**doc, STATE: "retry", "retry_after": NOW + 60}
+    assert not submission.ready_to_submit(retry, NOW)
+    assert submission.ready_to_submit(retry, NOW + 60)
+    assert not submission.ready_to_submit({**doc, STATE: "submitted"}, NOW + 600)
+
+
+def test_batches_never_split_a_job():
+    plans = [[{"_id": f"{j}-{i}"} for i in range(n)] for j, n in enumerate((400, 700, 10, 5))]
+    batches = list(submission.batches_of(plans, 1000))
+    assert [sum(map(len, b)) for b in batches] == [1100, 15]
+    assert [p for b in batches for p in b] == plans
+
+
+# --- the monitor --------------------------------------------------------------------------------
+def test_a_verified_copy_is_done_and_a_running_one_is_nothing_yet():
+    doc = submitted()
+    assert outcome(doc, FileStatus(doc["_id"], "active", "ACTIVE"), "m", NOW) is None
+    ended = done(doc)
+    assert ended[STATE] == "done" and ended["attempts"][-1]["outcome"] == "done"
+
+
+def test_an_unverified_copy_waits_for_its_look_and_a_wrong_one_fails():
+    doc = submitted()
+    status = FileStatus(doc["_id"], DONE, "FINISHED", verified=False)
+    assert outcome(doc, status, "m", NOW) is None  # no look yet
+    assert outcome(doc, status, "m", NOW, destination.unchecked("storage down")) is None
+    there = outcome(doc, status, "m", NOW, destination.found(None))
+    assert there is not None and there[STATE] == "done"
+    wrong = outcome(doc, status, "m", NOW, destination.found("size 12, expected 1000"))
+    assert wrong is not None and wrong[STATE] == "failed_attempt"
+    assert wrong["attempts"][-1]["error_class"] == destination.NOT_DONE_CLASS
+    mismatch = FileStatus(doc["_id"], DONE, "FINISHED", checksum="ffffffff", verified=True)
+    failed = outcome(doc, mismatch, "m", NOW)
+    assert failed is not None and "checksum mismatch" in failed["attempts"][-1]["reason"]
+
+
+@pytest.mark.parametrize("killing", [False, True])
+def test_a_failure_is_classified_and_a_kill_ends_killed(killing):
+    doc = submitted()
+    if killing:
+        doc = {**doc, STATE: "kill_requested"}
+    status = FileStatus(doc["_id"], FAILED, "FAILED", reason="No space left on device")
+    ended = outcome(doc, status, "m", NOW)
+    assert ended is not None
+    assert ended[STATE] == ("killed" if killing else "failed_attempt")
+    last = ended["attempts"][-1]
+    assert last["outcome"] == "failed" and last["reason"] == "No space left on device"
+    assert last["error_class"] == errors.classify(message="No space left on device")
+
+
+# --- the cleanup ------------------------------------------------------------------------------
+def test_a_cleanup_is_due_once_the_copy_is_done_and_its_backoff_over():
+    copied = done(submitted())
+    assert copied[CLEANUP] in model.CLEANUP_DUE and cleanup.due(copied, NOW)
+    waiting = {**copied, "cleanup_retry_after": NOW + 30}
+    assert not cleanup.due(waiting, NOW) and cleanup.due(waiting, NOW + 30)
+    # A file waiting for its block is the publisher's to clean; one that needs none, at once.
+    assert cleanup.cleanable_at_done(copied, NOW) is (
+        copied[PUBLICATION] in model.FINAL[PUBLICATION]
+    )
+    settings = CleanerConfig()
+    failed = cleanup.cleanup_recorded(
+        copied, cleanup.Outcome(False, "gfal: timeout"), "c", NOW, settings
+    )
+    assert failed[CLEANUP] == "cleanup_error" and failed["cleanup_retry_after"] > NOW
+    cleaned = cleanup.cleanup_recorded(copied, cleanup.Outcome(True, "deleted"), "c", NOW, settings)
+    assert cleaned[CLEANUP] == "cleaned"
+
+
+# --- the publisher ----------------------------------------------------------------------------
+def test_blocks_close_when_full_by_files_or_bytes_and_the_rest_waits():
+    files = [
+        done(submitted(publish_info={"dataset": "/P/alice-x-v1/USER"}), NOW - i) for i in range(7)
+    ]
+    blocks = publication.close_blocks(files, NOW, 3, 3600, lambda task: False)
+    assert [len(b) for b in blocks] == [3, 3]  # full ones; the 7th waits
+    oldest_first = sorted(files, key=lambda d: (publication.done_at(d), d["_id"]))
+    assert [d["_id"] for b in blocks for d in b] == [d["_id"] for d in oldest_first[:6]]
+    one_entry = publication.entry_chars(files[0])
+    by_bytes = publication.close_blocks(files, NOW, 100, 3600, lambda task: False, 2 * one_entry)
+    assert [len(b) for b in by_bytes] == [2, 2, 2]
+    over = publication.close_blocks(files, NOW, 3, 3600, lambda task: True)
+    assert [len(b) for b in over] == [3, 3, 1]  # the task is over: the rest goes too
+    aged = publication.close_blocks(files, NOW + 7200, 3, 3600, lambda task: False)
+    assert [len(b) for b in aged] == [3, 3, 1]
+
+
+def test_a_block_names_its_files_and_its_dataset():
+    files = [done(submitted(publish_info={"dataset": "/P/alice-x-v1/USER"})) for _ in range(2)]
+    block = publication.make_block(files)
+    assert block.dataset == "/P/alice-x-v1/USER" and block.user == "alice"
+    assert [f.lfn for f in block.files] == [d["destination_lfn"] for d in files]
+    assert publication.make_block(files).name == block.name  # the same files, the same block
