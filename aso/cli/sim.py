@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -200,38 +200,9 @@ def sim_cmd(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if distribution not in ("exponential", "lognormal", "fixed"):
-        raise typer.BadParameter("--distribution must be exponential, lognormal or fixed")
-    if hosts < 1:
-        raise typer.BadParameter("--hosts must be at least 1")
-    if engine not in ("pouchdb", "couchdb"):
-        raise typer.BadParameter("--engine must be pouchdb or couchdb")
-    if nodes > 1 and (engine != "couchdb" or store_url):
-        raise typer.BadParameter("--nodes needs --engine couchdb (and no --store-url)")
     kill_nodes = tuple(kill_node or ())
-    if kill_nodes and (nodes < 2 or any(not 1 <= index <= nodes for index in kill_nodes)):
-        raise typer.BadParameter(f"--kill-node must be a node 1..{nodes} (--nodes 2 or more)")
-    if kill_host is not None and kill_host not in host_ids(hosts)[1:]:
-        raise typer.BadParameter(
-            f"--kill-host {kill_host!r}: expected one of {', '.join(host_ids(hosts)[1:]) or '—'} "
-            "(the first host stays; --hosts 2 or more)"
-        )
-    try:
-        chaos_plan = None
-        if chaos:
-            chaos_plan = ChaosPlan(kill_every=chaos_every, kill_host=kill_host)
-        elif kill_host or kill_nodes:  # only the host's or the nodes' deaths
-            chaos_plan = ChaosPlan(
-                kill_every=None,
-                store_restarts=0,
-                outages=False,
-                kill_host=kill_host,
-                kill_nodes=kill_nodes,
-            )
-        if chaos_plan is not None and chaos:
-            chaos_plan.kill_nodes = kill_nodes
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    _check_run(distribution, hosts, engine, nodes, store_url, kill_nodes, kill_host, host_ids)
+    chaos_plan = _chaos_plan(ChaosPlan, chaos, chaos_every, kill_host, kill_nodes)
     lease_seconds = parse_duration(lease) if lease else None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     options = RunOptions(
@@ -256,16 +227,71 @@ def sim_cmd(
         f"{plan.users} users, {plan.sites} sites; workspace {options.workdir}"
     )
     report = run_simulation(plan, options, err_console)
-    data = report.to_dict()
-    if json_out:
-        console.print_json(json.dumps(data))
-    else:
-        console.print(report.summary_line(), markup=False, highlight=False)
-        for line in report.extra_lines():
-            console.print(line, markup=False, highlight=False)
-        out = options.workdir / "report"
-        console.print(f"report: {out} (report.json, completed.png, backlog.png)")
+    _show(report, options.workdir, json_out)
     if not report.accounting.exact:
         for line in report.accounting.problems():
             err_console.print(f"aso sim: accounting: {line}", markup=False)
         raise typer.Exit(1)
+
+
+def _check_run(
+    distribution: str,
+    hosts: int,
+    engine: str,
+    nodes: int,
+    store_url: str | None,
+    kill_nodes: tuple[int, ...],
+    kill_host: str | None,
+    host_ids: Any,
+) -> None:
+    """The options that depend on each other, checked before anything starts."""
+    if distribution not in ("exponential", "lognormal", "fixed"):
+        raise typer.BadParameter("--distribution must be exponential, lognormal or fixed")
+    if hosts < 1:
+        raise typer.BadParameter("--hosts must be at least 1")
+    if engine not in ("pouchdb", "couchdb"):
+        raise typer.BadParameter("--engine must be pouchdb or couchdb")
+    if nodes > 1 and (engine != "couchdb" or store_url):
+        raise typer.BadParameter("--nodes needs --engine couchdb (and no --store-url)")
+    if kill_nodes and (nodes < 2 or any(not 1 <= index <= nodes for index in kill_nodes)):
+        raise typer.BadParameter(f"--kill-node must be a node 1..{nodes} (--nodes 2 or more)")
+    if kill_host is not None and kill_host not in host_ids(hosts)[1:]:
+        raise typer.BadParameter(
+            f"--kill-host {kill_host!r}: expected one of {', '.join(host_ids(hosts)[1:]) or '—'} "
+            "(the first host stays; --hosts 2 or more)"
+        )
+
+
+def _chaos_plan(
+    plan_class: Any,
+    chaos: bool,
+    chaos_every: float,
+    kill_host: str | None,
+    kill_nodes: tuple[int, ...],
+) -> Any:
+    """The faults of the run: every kind with --chaos, else only the host's or the nodes'
+    deaths asked for, else none."""
+    try:
+        if chaos:
+            return plan_class(kill_every=chaos_every, kill_host=kill_host, kill_nodes=kill_nodes)
+        if kill_host or kill_nodes:
+            return plan_class(
+                kill_every=None,
+                store_restarts=0,
+                outages=False,
+                kill_host=kill_host,
+                kill_nodes=kill_nodes,
+            )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return None
+
+
+def _show(report: Any, workdir: Path, json_out: bool) -> None:
+    if json_out:
+        console.print_json(json.dumps(report.to_dict()))
+        return
+    console.print(report.summary_line(), markup=False, highlight=False)
+    for line in report.extra_lines():
+        console.print(line, markup=False, highlight=False)
+    console.print(f"report: {workdir / 'report'} (report.json, completed.png, backlog.png)")
