@@ -15,6 +15,7 @@ import difflib
 import os
 import secrets
 import tomllib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -626,41 +627,90 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> Config:
     return config
 
 
+# The keys that take one of a few words (one source: the CLI's options take the same tuples).
+ENGINES = ("pouchdb", "couchdb")
+DISTRIBUTIONS = ("exponential", "lognormal", "fixed")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "store.engine": ENGINES,
+    "store.auth": ("password", "x509"),
+    "couchdb.log_level": ("debug", "info", "notice", "warning", "error"),
+    "couchdb.js_engine": ("quickjs", "spidermonkey"),
+    "frontend.auth": ("proxy", "session"),
+    "frontend.proxy_hash": ("sha1", "sha256", "sha512"),
+    "transfer.backend": ("gfal", "fts3", "sim"),
+    "sim.distribution": DISTRIBUTIONS,
+    "publisher.catalog": ("embedded", "dbs"),
+}
+# The whole numbers with bounds, inclusive.
+RANGES: dict[str, tuple[int, int]] = {
+    "store.files_q": (1, 64),
+    "couchdb.nodes": (1, 9),
+    "transfer.max_files_per_job": (1, 1000),
+    "transfer.priority": (1, 5),
+    "publisher.blocks_per_call": (1, 1000),
+    "publisher.max_block_bytes": (MIN_BLOCK_BYTES, MAX_WRITTEN_DOC_CHARS // 2),
+}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SITE_PROTOCOLS = ("root", "http", "https", "sim")
+
+
+def one_of(words: Sequence[str]) -> str:
+    """The words as a sentence says them: "a, b or c"."""
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else words[0]
+
+
+def _at(config: Config, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name)
+
+
 def _check_values(config: Config, label: str) -> None:
     def bad(message: str) -> ConfigError:
         return ConfigError(f"{label}: {message}")
 
+    _check_store_and_front_end(config, bad)
+    for key, words in CHOICES.items():
+        if _at(config, key) not in words:
+            raise bad(f"{key} must be {one_of(words)}")
+    for key, (low, high) in RANGES.items():
+        if not low <= _at(config, key) <= high:
+            raise bad(f"{key} must be between {low} and {high}")
+    if config.log.level.upper() not in LOG_LEVELS:
+        raise bad(f"log.level must be {one_of(LOG_LEVELS)}")
+    for name, site in config.sites.items():
+        if site.protocol not in SITE_PROTOCOLS:
+            raise bad(f"sites.{name}.protocol must be {one_of(SITE_PROTOCOLS)}")
+        if site.protocol == "sim":
+            continue  # a simulated site has no endpoint
+        url = site.root_url if site.protocol == "root" else site.http_url
+        if not url:
+            raise bad(f"sites.{name} uses protocol {site.protocol} but has no URL for it")
+    rates = [config.sim.failure_rate, *config.sim.link_failure_rates.values()]
+    if any(not isinstance(r, int | float) or not 0 <= r <= 1 for r in rates):
+        raise bad("sim failure rates must be numbers between 0 and 1")
+    if config.publisher.catalog == "dbs" and not config.dbs.url:
+        raise bad("publisher.catalog is dbs but dbs.url is empty")
+    if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
+        raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
+    for agent, count in config.agents.instances.items():
+        if not isinstance(count, int) or count < 0:
+            raise bad(f"agents.instances.{agent} must be a whole number >= 0")
+
+
+def _check_store_and_front_end(config: Config, bad: Callable[[str], ConfigError]) -> None:
     if not config.store.url.startswith(("http://", "https://")):
         raise bad("store.url must be an http:// or https:// URL")
-    if config.log.level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise bad("log.level must be DEBUG, INFO, WARNING or ERROR")
     for name in ("retries", "pool_size"):
         if getattr(config.store, name) < (0 if name == "retries" else 1):
             raise bad(f"store.{name} is out of range")
-    if config.store.engine not in ("pouchdb", "couchdb"):
-        raise bad("store.engine must be pouchdb or couchdb")
     if not 0 < config.store.feed_timeout <= MAX_FEED_TIMEOUT:
         raise bad(f"store.feed_timeout must be above 0 and at most {MAX_FEED_TIMEOUT:g} seconds")
-    if not 1 <= config.couchdb.nodes <= 9:
-        raise bad("couchdb.nodes must be 1 to 9")
-    if not 1 <= config.store.files_q <= 64:
-        raise bad("store.files_q must be 1 to 64")
-    if config.couchdb.log_level not in ("debug", "info", "notice", "warning", "error"):
-        raise bad("couchdb.log_level must be debug, info, notice, warning or error")
     if config.agents.feed_relay_changes < 100:
         raise bad("agents.feed_relay_changes must be at least 100")
     if config.agents.feed_interval < 0:
         raise bad("agents.feed_interval must be 0 or more seconds")
-    if config.couchdb.js_engine not in ("quickjs", "spidermonkey"):
-        raise bad("couchdb.js_engine must be quickjs or spidermonkey")
-    if config.store.auth not in ("password", "x509"):
-        raise bad("store.auth must be password or x509")
     if config.store.auth == "x509" and not config.store.url.startswith("https://"):
         raise bad("store.auth = x509 needs an https:// store.url (the front end)")
-    if config.frontend.auth not in ("proxy", "session"):
-        raise bad("frontend.auth must be proxy or session")
-    if config.frontend.proxy_hash not in ("sha1", "sha256", "sha512"):
-        raise bad("frontend.proxy_hash must be sha1, sha256 or sha512")
     for key in ("request_timeout", "idle_timeout"):
         if not getattr(config.frontend, key) > 0:
             raise bad(f"frontend.{key} must be above 0 seconds")
@@ -670,41 +720,6 @@ def _check_values(config: Config, label: str) -> None:
     for name, span in (("port", METRICS_PORT_SPAN), ("frontend_port", 1)):
         if not 0 <= getattr(config.metrics, name) <= 65536 - span:
             raise bad(f"metrics.{name} must be a port number (0: no metrics)")
-    if config.transfer.backend not in ("gfal", "fts3", "sim"):
-        raise bad("transfer.backend must be gfal, fts3 or sim")
-    if not 1 <= config.transfer.max_files_per_job <= 1000:
-        raise bad("transfer.max_files_per_job must be between 1 and 1000")
-    if not 1 <= config.transfer.priority <= 5:
-        raise bad("transfer.priority must be between 1 and 5")
-    for name, site in config.sites.items():
-        if site.protocol not in ("root", "http", "https", "sim"):
-            raise bad(f"sites.{name}.protocol must be root, http, https or sim")
-        if site.protocol == "sim":
-            continue  # a simulated site has no endpoint
-        url = site.root_url if site.protocol == "root" else site.http_url
-        if not url:
-            raise bad(f"sites.{name} uses protocol {site.protocol} but has no URL for it")
-    if config.sim.distribution not in ("exponential", "lognormal", "fixed"):
-        raise bad("sim.distribution must be exponential, lognormal or fixed")
-    rates = [config.sim.failure_rate, *config.sim.link_failure_rates.values()]
-    if any(not isinstance(r, int | float) or not 0 <= r <= 1 for r in rates):
-        raise bad("sim failure rates must be numbers between 0 and 1")
-    if config.publisher.catalog not in ("embedded", "dbs"):
-        raise bad("publisher.catalog must be embedded or dbs")
-    if not 1 <= config.publisher.blocks_per_call <= 1000:
-        raise bad("publisher.blocks_per_call must be between 1 and 1000")
-    if not MIN_BLOCK_BYTES <= config.publisher.max_block_bytes <= MAX_WRITTEN_DOC_CHARS // 2:
-        raise bad(
-            f"publisher.max_block_bytes must be between {MIN_BLOCK_BYTES} and "
-            f"{MAX_WRITTEN_DOC_CHARS // 2}"
-        )
-    if config.publisher.catalog == "dbs" and not config.dbs.url:
-        raise bad("publisher.catalog is dbs but dbs.url is empty")
-    if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
-        raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
-    for agent, count in config.agents.instances.items():
-        if not isinstance(count, int) or count < 0:
-            raise bad(f"agents.instances.{agent} must be a whole number >= 0")
 
 
 def find_config_file(explicit: str | None = None) -> Path | None:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from aso.cli.common import line_console
+from aso.config import DISTRIBUTIONS, ENGINES, one_of
 
 console = line_console()
 err_console = line_console(stderr=True)
@@ -245,12 +246,12 @@ def _check_run(
     host_ids: Any,
 ) -> None:
     """The options that depend on each other, checked before anything starts."""
-    if distribution not in ("exponential", "lognormal", "fixed"):
-        raise typer.BadParameter("--distribution must be exponential, lognormal or fixed")
+    if distribution not in DISTRIBUTIONS:
+        raise typer.BadParameter(f"--distribution must be {one_of(DISTRIBUTIONS)}")
     if hosts < 1:
         raise typer.BadParameter("--hosts must be at least 1")
-    if engine not in ("pouchdb", "couchdb"):
-        raise typer.BadParameter("--engine must be pouchdb or couchdb")
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"--engine must be {one_of(ENGINES)}")
     if nodes > 1 and (engine != "couchdb" or store_url):
         raise typer.BadParameter("--nodes needs --engine couchdb (and no --store-url)")
     if kill_nodes and (nodes < 2 or any(not 1 <= index <= nodes for index in kill_nodes)):

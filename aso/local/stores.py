@@ -36,7 +36,6 @@ from aso.config import Config
 from aso.store import Server, Settings, StoreError, redact
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-ENGINES = ("pouchdb", "couchdb")
 ERROR_LINE = re.compile(r"^\s*\w*Error\b|\[(error|critical|alert|emergency)\]")
 LOG_SCAN_LINES = 400  # the end of a server's log searched for its last error
 
