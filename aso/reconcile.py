@@ -780,52 +780,15 @@ def reconcile(
     settings = config.reconciler
     report.checked["requests"] = len(requests)
 
-    state: CatalogState | None = None
-    catalog_wanted = catalog is not None and (
-        any(k in wanted for k in CATALOG_KINDS)
-        or (STUCK in wanted and any(r.publication == "publishing" for r in requests))
-    )
-    if catalog_wanted:
-        assert catalog is not None
-        try:
-            state = read_catalog(catalog, requests)
-            report.checked["blocks"] = len(state.blocks)
-        except CatalogError as exc:
-            report.errors.append(f"catalog not read: {exc}")
-    elif any(k in wanted for k in CATALOG_KINDS):
-        report.errors.append("no catalog given: catalog checks skipped")
-
+    state = _catalog_state(catalog, requests, wanted, report)
     if CONFLICT in wanted:
         report.findings += find_conflicts(requests, now, 2 * config.transfer.lease)
     if STUCK in wanted:
         report.findings += find_stuck(requests, now, settings.stuck_after, state)
-
     if files is not None and any(k in wanted for k in STORAGE_KINDS):
-        assert files is not None
-        named = by_temp_copy(requests)
-        temp_files: list[TempFile] = []
-        if ORPHAN_TEMP in wanted or LEFTOVER_TEMP in wanted:
-            temp_files, errors = _list_sites(config, storage_sites(config))
-            report.errors += errors
-            report.checked["temp_files"] = len(temp_files)
-        candidates = leftover_candidates(temp_files, named) if LEFTOVER_TEMP in wanted else []
-        to_check = {r.id: r for _, r in candidates}
-        if DESTINATION_MISSING in wanted or DESTINATION_MISMATCH in wanted:
-            to_check.update((r.id, r) for r in requests if r.state == "done")
-        destinations, errors = check_destinations(config, files, list(to_check.values()))
-        report.errors += errors
-        report.checked["destinations"] = len(destinations)
-        if ORPHAN_TEMP in wanted:
-            report.findings += find_orphan_temp(
-                temp_files, named, now, settings.orphan_grace, config
-            )
-        if LEFTOVER_TEMP in wanted:
-            report.findings += find_leftover_temp(candidates, destinations)
-        bad = find_bad_destinations(requests, destinations)
-        report.findings += [f for f in bad if f.kind in wanted]
+        _check_storage(config, files, requests, wanted, now, report)
     elif any(k in wanted for k in STORAGE_KINDS):
         report.errors.append("no storage access given: storage checks skipped")
-
     if state is not None:
         if CATALOG_MISSING in wanted:
             report.findings += find_catalog_missing(requests, state)
@@ -835,6 +798,61 @@ def reconcile(
 
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _catalog_state(
+    catalog: Catalog | None, requests: list[Request], wanted: tuple[str, ...], report: Report
+) -> CatalogState | None:
+    """The catalog's blocks, read when a check of `wanted` needs them (a stuck file's
+    publication is one); None otherwise or when it cannot be read (an error of the report)."""
+    catalog_wanted = catalog is not None and (
+        any(k in wanted for k in CATALOG_KINDS)
+        or (STUCK in wanted and any(r.publication == "publishing" for r in requests))
+    )
+    if not catalog_wanted:
+        if any(k in wanted for k in CATALOG_KINDS):
+            report.errors.append("no catalog given: catalog checks skipped")
+        return None
+    assert catalog is not None
+    try:
+        state = read_catalog(catalog, requests)
+    except CatalogError as exc:
+        report.errors.append(f"catalog not read: {exc}")
+        return None
+    report.checked["blocks"] = len(state.blocks)
+    return state
+
+
+def _check_storage(
+    config: Config,
+    files: Files,
+    requests: list[Request],
+    wanted: tuple[str, ...],
+    now: float,
+    report: Report,
+) -> None:
+    """The storage's checks of `wanted`: temporary copies nobody names or left behind, and
+    destinations missing or not the requested file."""
+    named = by_temp_copy(requests)
+    temp_files: list[TempFile] = []
+    if ORPHAN_TEMP in wanted or LEFTOVER_TEMP in wanted:
+        temp_files, errors = _list_sites(config, storage_sites(config))
+        report.errors += errors
+        report.checked["temp_files"] = len(temp_files)
+    candidates = leftover_candidates(temp_files, named) if LEFTOVER_TEMP in wanted else []
+    to_check = {r.id: r for _, r in candidates}
+    if DESTINATION_MISSING in wanted or DESTINATION_MISMATCH in wanted:
+        to_check.update((r.id, r) for r in requests if r.state == "done")
+    destinations, errors = check_destinations(config, files, list(to_check.values()))
+    report.errors += errors
+    report.checked["destinations"] = len(destinations)
+    if ORPHAN_TEMP in wanted:
+        settings = config.reconciler
+        report.findings += find_orphan_temp(temp_files, named, now, settings.orphan_grace, config)
+    if LEFTOVER_TEMP in wanted:
+        report.findings += find_leftover_temp(candidates, destinations)
+    bad = find_bad_destinations(requests, destinations)
+    report.findings += [f for f in bad if f.kind in wanted]
 
 
 # --- repairs -------------------------------------------------------------------------------
