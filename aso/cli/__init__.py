@@ -65,7 +65,7 @@ from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
 from aso.store import admin as store_admin
 from aso.supervisor import Supervisor, pages_addresses
-from aso.upload import adler32_of, requests_from_json, upload
+from aso.upload import UploadReport, adler32_of, requests_from_json, upload
 
 console = line_console()
 err_console = line_console(stderr=True)
@@ -366,10 +366,6 @@ def upload_cmd(
         except model.ModelError as exc:
             raise UsageError(str(exc)) from None  # the file is bad usage: exit 2
     else:
-        if local_file is not None:
-            if not local_file.is_file():
-                raise UsageError(f"--local-file {local_file}: no such file")
-            size, adler32 = adler32_of(local_file)
         values: dict[str, Any] = {
             "task": task,
             "job_id": job_id,
@@ -380,11 +376,28 @@ def upload_cmd(
             "size": size,
             "adler32": adler32,
         }
-        missing = [f"--{k.replace('_', '-')}" for k, v in values.items() if v is None]
-        if missing:
-            raise UsageError(f"give --file or all of: {', '.join(missing)}")
-        docs = [model.new_request(user=owner, file_type=file_type, **values)]
+        docs = [_request_of_options(owner, file_type, local_file, values)]
     report = upload(_files_db(ctx), docs)
+    _print_upload(report, json_out)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _request_of_options(
+    owner: str, file_type: str, local_file: Path | None, values: dict[str, Any]
+) -> dict[str, Any]:
+    """The request the options describe; size and adler32 read from `local_file` if given."""
+    if local_file is not None:
+        if not local_file.is_file():
+            raise UsageError(f"--local-file {local_file}: no such file")
+        values["size"], values["adler32"] = adler32_of(local_file)
+    missing = [f"--{k.replace('_', '-')}" for k, v in values.items() if v is None]
+    if missing:
+        raise UsageError(f"give --file or all of: {', '.join(missing)}")
+    return model.new_request(user=owner, file_type=file_type, **values)
+
+
+def _print_upload(report: UploadReport, json_out: bool) -> None:
     if json_out:
         console.print_json(
             data={
@@ -394,16 +407,14 @@ def upload_cmd(
                 "refused": report.refused,
             }
         )
-    else:
-        renewed = f", {len(report.renewed)} renewed by a job retry" if report.renewed else ""
-        console.print(
-            f"{len(report.recorded)} recorded, {len(report.already)} already recorded{renewed},"
-            f" {len(report.refused)} refused"
-        )
-        for doc_id, reason in report.refused.items():
-            err_console.print(f"refused {doc_id}: {reason}", markup=False)
-    if not report.ok:
-        raise typer.Exit(1)
+        return
+    renewed = f", {len(report.renewed)} renewed by a job retry" if report.renewed else ""
+    console.print(
+        f"{len(report.recorded)} recorded, {len(report.already)} already recorded{renewed},"
+        f" {len(report.refused)} refused"
+    )
+    for doc_id, reason in report.refused.items():
+        err_console.print(f"refused {doc_id}: {reason}", markup=False)
 
 
 @request_app.command("show")
