@@ -79,7 +79,7 @@ class Cleaner(Agent):
                 doc["source"],
                 outcomes[doc["_id"]].reason,
             )
-        ctx.wrote(outcome.written)
+        ctx.note_written(outcome.written)
 
     def close(self) -> None:
         self.deleter.close()

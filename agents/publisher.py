@@ -363,7 +363,7 @@ class Publisher(Agent):
         for doc in outcome.written:
             if doc["_id"] in recorded:
                 ctx.count("cleaned" if recorded[doc["_id"]] else "cleanup_errors", 1)
-        ctx.wrote(outcome.written)
+        ctx.note_written(outcome.written)
 
     def failed(self, docs: list[dict[str, Any]], name: str, exc: CatalogError, ctx: Cycle) -> None:
         """A block the catalog refused or failed: its files' publication errors."""
@@ -445,5 +445,5 @@ class Publisher(Agent):
             return [], []
         outcome = self.db.write_decided(docs, decide)
         ctx.count("conflicts", len(outcome.not_written))
-        ctx.wrote(outcome.written)
+        ctx.note_written(outcome.written)
         return outcome.written, outcome.not_written

@@ -49,7 +49,7 @@ def task_requests(db: Database, task: str, job: str | None = None) -> list[dict[
     ).docs()
 
 
-def _act(
+def _transition_all(
     db: Database,
     docs: list[dict[str, Any]],
     targets: Mapping[str, str],
@@ -77,16 +77,18 @@ def _act(
 
 
 def kill(db: Database, task: str, job: str | None, by: str) -> ActionReport:
-    return _act(db, task_requests(db, task, job), KILL, by, "killed by the user")
+    return _transition_all(db, task_requests(db, task, job), KILL, by, "killed by the user")
 
 
 def resubmit(db: Database, task: str, job: str | None, by: str) -> ActionReport:
-    return _act(db, task_requests(db, task, job), RESUBMIT, by, "resubmitted by the user")
+    return _transition_all(
+        db, task_requests(db, task, job), RESUBMIT, by, "resubmitted by the user"
+    )
 
 
 def republish(db: Database, task: str, job: str | None, by: str) -> ActionReport:
     """`aso publish --retry`: files whose publication failed go back to the publisher."""
-    return _act(
+    return _transition_all(
         db,
         task_requests(db, task, job),
         REPUBLISH,

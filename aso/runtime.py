@@ -61,10 +61,10 @@ def set_aside_reason(agent: str, doc: Mapping[str, Any], exc: BaseException) -> 
         exc,
         exc_info=(type(exc), exc, exc.__traceback__),
     )
-    return why(agent, exc)
+    return error_reason(agent, exc)
 
 
-def why(agent: str, exc: BaseException) -> str:
+def error_reason(agent: str, exc: BaseException) -> str:
     """What went wrong, for people: the agent, the error, and where in the code."""
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     at = f" at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}" if where else ""
@@ -217,7 +217,7 @@ class DocumentErrors:
                 doc_id,
                 errors,
                 self.set_aside_after,
-                why(self.agent, exc),
+                error_reason(self.agent, exc),
                 exc_info=(type(exc), exc, exc.__traceback__),
             )
             return None
@@ -283,10 +283,10 @@ class Cycle:
                 result.error,
                 result.reason,
             )
-        self.wrote(written)
+        self.note_written(written)
         return written
 
-    def wrote(self, docs: list[dict[str, Any]]) -> None:
+    def note_written(self, docs: list[dict[str, Any]]) -> None:
         """Documents written by another call than `write` (Database.write_decided)."""
         self.on_written(docs)
 

@@ -26,7 +26,7 @@ MAX_ATTEMPTS_KEPT = 200  # a request's `attempts`: the latest ones
 MAX_REASON = 4096
 
 
-def _moved(
+def _transitioned(
     doc: Mapping[str, Any],
     axis: str,
     to: str,
@@ -56,7 +56,7 @@ def submitted(
     fields["lease"] = dict(lease)
     # From `retry` too, once its cool-off is over (model.TO_SUBMIT): the cool-off's end stays
     # in the history entry that began it (retry_scheduled).
-    return _moved(doc, STATE, "submitted", by, now, retry_after=None, **fields)
+    return _transitioned(doc, STATE, "submitted", by, now, retry_after=None, **fields)
 
 
 def lease_shortened(doc: Mapping[str, Any], until: float) -> Doc:
@@ -93,7 +93,9 @@ def attempt_started(
 ) -> Doc:
     """The transfer service has the file's job: `submitted` (by the submitter, or by the
     monitor adopting the job of a submitter that died after submitting)."""
-    return _moved(doc, STATE, "submitted", by, now, reason, **job_fields(doc, job_id, service, now))
+    return _transitioned(
+        doc, STATE, "submitted", by, now, reason, **job_fields(doc, job_id, service, now)
+    )
 
 
 def job_recorded(doc: Mapping[str, Any], job_id: str, service: str, now: float) -> Doc:
@@ -112,7 +114,7 @@ def attempt_refused(
         return attempt_ended(
             doc, "failed_attempt", by, now, outcome="failed", reason=reason, error_class=error_class
         )
-    return _moved(
+    return _transitioned(
         doc,
         STATE,
         "failed_attempt",
@@ -155,7 +157,7 @@ def attempt_ended(
     fields: dict[str, Any] = {"attempts": attempts, "lease": None}
     if state != "done":
         fields.update(failure_reason=(reason or "")[:MAX_REASON] or None, error_class=error_class)
-    return _moved(doc, STATE, state, by, now, reason, **fields)
+    return _transitioned(doc, STATE, state, by, now, reason, **fields)
 
 
 def job_lost(
@@ -190,7 +192,9 @@ def released(doc: Mapping[str, Any], by: str, now: float, fenced: str) -> Doc:
     attempts = [dict(a) for a in doc.get("attempts", [])]
     if doc[STATE] == "submitted" and attempts:
         attempts[-1].update(ended=now, outcome="canceled", reason=reason, fenced=fenced)
-    return _moved(doc, STATE, "new", by, now, reason, lease=None, transfer=None, attempts=attempts)
+    return _transitioned(
+        doc, STATE, "new", by, now, reason, lease=None, transfer=None, attempts=attempts
+    )
 
 
 def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str) -> Doc:
@@ -198,14 +202,14 @@ def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, r
     takes it from `retry` once `retry_after` has passed. The history entry keeps the cool-off's
     end (`until`) for the file's story, since `retry_after` goes with the next attempt."""
     until = round(now + delay, 3)
-    moved = _moved(doc, STATE, "retry", by, now, reason, retry_after=until)
+    moved = _transitioned(doc, STATE, "retry", by, now, reason, retry_after=until)
     moved["history"][-1]["until"] = until
     return moved
 
 
 def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     """A failed attempt that ends the request: `failed` for good, with the reason."""
-    return _moved(
+    return _transitioned(
         doc,
         STATE,
         "failed",
@@ -257,7 +261,7 @@ def recopy(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
 
 # --- the temporary copy (`cleanup`) -----------------------------------------------------------
 def cleaned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
-    return _moved(
+    return _transitioned(
         doc, CLEANUP, "cleaned", by, now, reason, cleanup_error=None, cleanup_retry_after=None
     )
 
@@ -285,18 +289,18 @@ def cleanup_failed(
 # --- publication ------------------------------------------------------------------------------
 def publication_retried(doc: Mapping[str, Any], by: str, now: float) -> Doc:
     """A failed publication whose backoff is over: waiting for a block again."""
-    return _moved(doc, PUBLICATION, "pending", by, now, publication_retry_after=None)
+    return _transitioned(doc, PUBLICATION, "pending", by, now, publication_retry_after=None)
 
 
 def block_abandoned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     """A file recorded `publishing` in a block (by a publisher of an earlier version) that the
     catalog does not hold: waiting for a block again (the reconciler's repair)."""
-    return _moved(doc, PUBLICATION, "pending", by, now, reason, publication_block=None)
+    return _transitioned(doc, PUBLICATION, "pending", by, now, reason, publication_block=None)
 
 
 def published(doc: Mapping[str, Any], by: str, now: float, block: str, reason: str) -> Doc:
     """The catalog holds the file in `block`."""
-    return _moved(
+    return _transitioned(
         doc,
         PUBLICATION,
         "published",
@@ -320,7 +324,7 @@ def publication_failed_attempt(
 ) -> Doc:
     """A publication of `block` the catalog refused or failed, or of a file not confirmed at
     its destination (no block): `publication_error`, tried again after `retry_after`."""
-    return _moved(
+    return _transitioned(
         doc,
         PUBLICATION,
         "publication_error",
@@ -335,7 +339,7 @@ def publication_failed_attempt(
 
 
 def publication_given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
-    return _moved(
+    return _transitioned(
         doc, PUBLICATION, "publication_failed", by, now, reason, publication_retry_after=None
     )
 
@@ -349,7 +353,7 @@ def block_corrected(doc: Mapping[str, Any], by: str, now: float, block: str) -> 
 def republished(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     """A published file the catalog does not hold: published again (an operator's repair;
     only an admin may move a publication back from published)."""
-    return _moved(
+    return _transitioned(
         doc,
         PUBLICATION,
         "pending",
