@@ -94,9 +94,9 @@ def test_a_kill_racing_the_submitter_still_lands(files_db, accounts):
         lease={"owner": "s1", "until": 1e10, "job_key": "k"},
     )
     agent.put(moved)
-    from aso.actions import KILL, _act
+    from aso.actions import KILL, _transition_all
 
-    report = _act(owner, [seen], KILL, "alice", "killed by the user")
+    report = _transition_all(owner, [seen], KILL, "alice", "killed by the user")
     assert report.changed == {doc_id: "kill_requested"}
 
 
