@@ -43,7 +43,6 @@ from aso.config import Config, render
 from aso.local.managed import local_store
 from aso.local.stores import free_port
 from aso.monitoring import summaries
-from aso.monitoring.statistics import LIVE_DESIGN as STATISTICS_DESIGN
 from aso.provision.designdocs import design_documents, init_databases, pages_url
 from aso.store import Server, Settings, StoreError
 from aso.store import admin as store_admin
@@ -173,7 +172,7 @@ def first_summaries(admin: Server, config: Config) -> dict[str, Any]:
 
 def view_design_documents(config: Config) -> list[dict[str, Any]]:
     """The files database's design documents with views, the statistics' included."""
-    return [d for d in [*design_documents(config), STATISTICS_DESIGN] if d.get("views")]
+    return [d for d in design_documents(config) if d.get("views")]
 
 
 def all_views(config: Config) -> list[tuple[str, str]]:

@@ -24,12 +24,12 @@ from typer.testing import CliRunner
 
 from aso.catalog.base import Block, BlockConflict, Catalog, CatalogError, CatalogFile, block_name
 from aso.catalog.dbs import DbsCatalog, DbsSettings
-from aso.catalog.embedded import DESIGN, EmbeddedCatalog
+from aso.catalog.embedded import EmbeddedCatalog
 from aso.cli.catalog import catalog_app
 from aso.config import Config
 from aso.local.pki import Pki
 from aso.local.stores import free_port
-from aso.provision.designdocs import init_catalog_db
+from aso.provision.designdocs import database_design, init_catalog_db
 from aso.store import Server, Settings
 from aso.store import admin as store_admin
 from tests.conftest import preloaded_cli
@@ -637,8 +637,8 @@ def test_embedded_rights(accounts: dict[str, Server], catalog_db: str, admin: Se
     # init is idempotent: the database and its design document stay as they are.
     assert init_catalog_db(admin, catalog_db) is False
     assert (
-        admin.db(catalog_db).get(DESIGN["_id"])["validate_doc_update"]
-        == DESIGN["validate_doc_update"]
+        admin.db(catalog_db).get(database_design("catalog")["_id"])["validate_doc_update"]
+        == database_design("catalog")["validate_doc_update"]
     )
 
 

@@ -7,7 +7,8 @@ A request counts once its copy is over (`state` done, failed or killed), dated b
 
     link "SRC>DST" · user · destination · hour "HH" (all links: the hourly histogram)
 
-What it counts for (the COLUMNS; `counts` in Python, CONTRIBUTION_JS in the views):
+What it counts for (the COLUMNS; `counts` in Python, couchapp/shared/statistics/contribution.js
+in the views):
 
 * its outcome: files_done and bytes_done, files_failed (and its error_class under `errors`,
   first of the pair) or files_killed;
@@ -18,13 +19,13 @@ What it counts for (the COLUMNS; `counts` in Python, CONTRIBUTION_JS in the view
 
 Where the statistics live:
 
-* **live**: the files database's design document `_design/stats` (LIVE_DESIGN) maps every
+* **live**: the files database's design document `_design/stats` (couchapp/stats-live) maps every
   finished request still there to its contribution. A failed request its owner resubmits leaves
   the view and comes back with its new ending: the view always says what the documents say.
 * **purged**: before the analytics agent deletes old finished requests it writes what they
-  count for into *batch documents* of `store.stats_db` (aso.monitoring.purge has the exactly-once
-  protocol). The design document `_design/stats` there (DESIGN) adds up the rows of completed
-  batches, with the same keys as the live views.
+  count for into *batch documents* of `store.stats_db` (aso.monitoring.purge has the
+  exactly-once protocol). The design document `_design/stats` there (couchapp/stats) adds up the
+  rows of completed batches, with the same keys as the live views.
 
 `read` adds the two: the statistics are the same before and after a purge. Both use built-in
 reduces only (`_sum`, `_stats`), which CouchDB 3 runs natively and the embedded store has too.
@@ -33,14 +34,11 @@ reduces only (`_sum`, `_stats`), which CouchDB 3 runs natively and the embedded 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
-from aso.monitoring import summaries
 from aso.store import Database
 
 SCHEMA_VERSION = 1
@@ -70,7 +68,7 @@ _COL = {name: i for i, name in enumerate(COLUMNS)}
 UNKNOWN_CLASS = "unknown"
 
 # Who may use the statistics database: every ASO role reads; agents and admins write
-# (validate_doc_update of DESIGN).
+# (couchapp/stats/validate_doc_update.js).
 SECURITY = {
     "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": [model.USER_ROLE, model.AGENT_ROLE, "aso-admin"]},
@@ -164,8 +162,9 @@ class Contribution:
 
 
 def counts(doc: Mapping[str, Any]) -> Contribution | None:
-    """What a request counts for; None while its copy is not over. CONTRIBUTION_JS is the same
-    function for the views (tests/test_analytics.py holds them to it)."""
+    """What a request counts for; None while its copy is not over. The views' contribution()
+    (couchapp/shared/statistics/contribution.js) is the same function (tests/test_analytics.py
+    holds them to it)."""
     if doc.get("type") != model.REQUEST_TYPE or doc.get(model.STATE) not in ENDED_STATES:
         return None
     row = Row()
@@ -231,189 +230,6 @@ def _number(x: float | None) -> Any:
         return None
     x = round(float(x), 3)
     return int(x) if x.is_integer() else x
-
-
-# --- the views ---------------------------------------------------------------------------------
-def _js(template: str, **values: Any) -> str:
-    """JavaScript from a template whose $names become the JSON of `values`."""
-    return string.Template(template).substitute({k: json.dumps(v) for k, v in values.items()})
-
-
-CONTRIBUTION_JS = _js(
-    """
-function contribution(doc) {
-  var ENDED = $ended, COL = $columns, BUCKETS = $buckets, NAMES = $bucket_names;
-  if (doc.type !== $request_type || ENDED.indexOf(doc.state) === -1) { return null; }
-  var v = [], errors = {}, tmin = null, tmax = null, i;
-  for (i = 0; i < COL.length; i++) { v.push(0); }
-  function col(name) { return COL.indexOf(name); }
-  function error(cls, which) {
-    cls = cls || $unknown;
-    if (!errors.hasOwnProperty(cls)) { errors[cls] = [0, 0]; }
-    errors[cls][which] += 1;
-  }
-  if (doc.state === 'done') { v[col('files_done')] += 1; v[col('bytes_done')] += doc.size; }
-  else if (doc.state === 'failed') { v[col('files_failed')] += 1; error(doc.error_class, 0); }
-  else { v[col('files_killed')] += 1; }
-  var attempts = doc.attempts || [];
-  for (i = 0; i < attempts.length; i++) {
-    var a = attempts[i];
-    v[col('attempts')] += 1;
-    if (a.outcome === 'done') {
-      v[col('attempts_done')] += 1;
-      if (a.ended !== null && a.ended !== undefined) {
-        var s = Math.max(0, a.ended - a.submitted), b = 0;
-        while (b < BUCKETS.length && s >= BUCKETS[b]) { b++; }
-        v[col('time_count')] += 1;
-        v[col('time_sum')] += s;
-        v[col('time_' + NAMES[b])] += 1;
-        tmin = tmin === null ? s : Math.min(tmin, s);
-        tmax = tmax === null ? s : Math.max(tmax, s);
-      }
-    } else if (a.outcome === 'failed') {
-      v[col('attempts_failed')] += 1;
-      error(a.error_class, 1);
-    }
-  }
-  var ended = doc.last_update, h = doc.history || [];
-  for (i = h.length - 1; i >= 0; i--) { if (h[i].axis === 'state') { ended = h[i].at; break; } }
-  var iso = new Date(ended * 1000).toISOString();
-  return {day: iso.slice(0, 10), values: v, errors: errors, time_min: tmin, time_max: tmax,
-          names: {link: doc.source + '>' + doc.destination, user: doc.user,
-                  destination: doc.destination, hour: iso.slice(11, 13)}};
-}
-""",
-    ended=list(ENDED_STATES),
-    columns=list(COLUMNS),
-    buckets=list(BUCKETS),
-    bucket_names=list(BUCKET_NAMES),
-    request_type=model.REQUEST_TYPE,
-    unknown=UNKNOWN_CLASS,
-)
-
-# The three statistics views, as emit statements over a row `r` with r.by, r.day, r.name.
-_EMITS = {
-    "daily": "emit([r.by, r.day, r.name], r.values);",
-    "errors": "for (var cls in r.errors) { if (r.errors.hasOwnProperty(cls)) { "
-    "emit([r.by, r.day, cls, r.name], r.errors[cls]); } }",
-    "transfer_time": "if (r.time_min !== null) { emit([r.by, r.day, r.name], r.time_min); "
-    "emit([r.by, r.day, r.name], r.time_max); }",
-}
-_REDUCES = {"daily": "_sum", "errors": "_sum", "transfer_time": "_stats"}
-
-
-def _live_map(emit: str) -> str:
-    return (
-        "function (doc) {"
-        + CONTRIBUTION_JS
-        + "var got = contribution(doc); if (got === null) { return; } "
-        "for (var by in got.names) { if (got.names.hasOwnProperty(by)) { "
-        "var r = {by: by, day: got.day, name: got.names[by], values: got.values, "
-        "errors: got.errors, time_min: got.time_min, time_max: got.time_max}; " + emit + " } } }"
-    )
-
-
-def _batch_map(emit: str) -> str:
-    return (
-        _js(
-            "function (doc) { if (doc.type !== $batch || doc.status !== $complete) { return; } "
-            "for (var i = 0; i < doc.rows.length; i++) { var r = doc.rows[i]; ",
-            batch=BATCH,
-            complete=COMPLETE,
-        )
-        + emit
-        + " } }"
-    )
-
-
-# Finished requests (nothing more will happen to them: model.is_final) by last change: what the
-# analytics agent may purge.
-PURGEABLE_MAP = _js(
-    "function (doc) { var FINAL = $final; if (doc.type !== $request_type) { return; } "
-    "if (doc.state === 'failed' || doc.state === 'killed' || "
-    "(FINAL.state.indexOf(doc.state) !== -1 && FINAL.cleanup.indexOf(doc.cleanup) !== -1 && "
-    "FINAL.publication.indexOf(doc.publication) !== -1)) { emit(doc.last_update, null); } }",
-    final={axis: list(values) for axis, values in model.FINAL.items()},
-    request_type=model.REQUEST_TYPE,
-)
-
-# `_design/stats` of the files database: the live statistics and the purge candidates.
-LIVE_DESIGN: dict[str, Any] = {
-    "_id": f"_design/{DDOC}",
-    "language": "javascript",
-    "views": {
-        **{
-            name: {"map": _live_map(emit), "reduce": _REDUCES[name]}
-            for name, emit in _EMITS.items()
-        },
-        "purgeable": {"map": PURGEABLE_MAP},
-    },
-}
-
-VALIDATE = r"""function (newDoc, oldDoc, userCtx, secObj) {
-  var roles = userCtx.roles || [];
-  function has(role) { return roles.indexOf(role) !== -1; }
-  function refuse(rule, why) { throw({forbidden: '[' + rule + '] ' + why}); }
-  if (has('_admin') || has('aso-admin')) { return; }
-  // EMBEDDED_VALIDATES_BEFORE_CONFLICT: a write based on another revision than
-  // the current one is a conflict, refused here as one (the embedded store asks before it looks).
-  var live = oldDoc && !oldDoc._deleted, rev = newDoc._rev;
-  if (!(oldDoc ? rev === oldDoc._rev || (!live && rev === undefined) : rev === undefined)) {
-    refuse('conflict', 'the write is based on another revision than the current one');
-  }
-  if (!has('aso-agent')) { refuse('stats', 'only agents and admins write statistics'); }
-  if (newDoc._deleted) { refuse('stats', 'agents never delete statistics'); }
-  if (newDoc._id === 'lease:purge') {
-    if (newDoc.type !== 'analytics_lease' || typeof newDoc.holder !== 'string' ||
-        typeof newDoc.until !== 'number') {
-      refuse('schema', 'the purge lease has type analytics_lease, holder and until');
-    }
-    return;
-  }
-  if (newDoc._id.indexOf('monitor:') === 0) {
-    // The monitoring summaries (aso/monitoring/summaries.py): recomputed, rewritten as they come.
-    if ($monitor_types.indexOf(newDoc.type) < 0) {
-      refuse('schema', 'monitor: documents have one of the types ' + $monitor_types.join(', '));
-    }
-    return;
-  }
-  if (newDoc.type !== 'analytics_batch' || newDoc._id.indexOf('batch:') !== 0) {
-    refuse('schema', 'statistics documents are analytics_batch documents with ids batch:...');
-  }
-  if (newDoc.status !== 'pending' && newDoc.status !== 'complete') {
-    refuse('schema', 'a batch is pending or complete');
-  }
-  if (!Array.isArray(newDoc.rows) || typeof newDoc.requests !== 'object') {
-    refuse('schema', 'a batch document needs rows and requests');
-  }
-  if (oldDoc && oldDoc.status === 'complete') {
-    refuse('immutable', 'a complete batch never changes: its requests are counted');
-  }
-  if (!oldDoc && newDoc.status !== 'pending') {
-    refuse('schema', 'a batch is written pending first, before its requests are deleted');
-  }
-}"""
-
-# `_design/stats` of the statistics database.
-DESIGN: dict[str, Any] = {
-    "_id": f"_design/{DDOC}",
-    "language": "javascript",
-    "validate_doc_update": VALIDATE.replace("$monitor_types", json.dumps(list(summaries.TYPES))),
-    "views": {
-        **{
-            name: {"map": _batch_map(emit), "reduce": _REDUCES[name]}
-            for name, emit in _EMITS.items()
-        },
-        "pending": {
-            "map": _js(
-                "function (doc) { if (doc.type === $batch && doc.status === $pending) "
-                "{ emit(doc.written, null); } }",
-                batch=BATCH,
-                pending=PENDING,
-            )
-        },
-    },
-}
 
 
 # --- reading the statistics --------------------------------------------------------------------

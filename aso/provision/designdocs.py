@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,9 @@ from couchapp import localdoc
 from aso import model
 from aso.catalog import embedded as catalog
 from aso.config import Config
-from aso.monitoring import statistics
+from aso.monitoring import statistics, summaries
 from aso.store import Forbidden, NotFound, Server
 from aso.store import admin as store_admin
-from aso.transfer.jobstore import JOBS_DDOC
 from aso.transfer.jobstore import SECURITY as JOBS_SECURITY
 
 log = logging.getLogger("aso.db")
@@ -88,39 +88,76 @@ def sites_module(config: Config) -> str:
     return "module.exports = " + json.dumps({"names": known_sites(config)}) + ";\n"
 
 
-# Where a view's map function takes a table of aso/model.py (CouchDB's views cannot `require`
-# a module of the design document outside views/lib, nor can the embedded store's): the marker
-# is replaced by the table as JSON when the design document is assembled.
-MODEL_TABLES = {
+# Where the store's JavaScript takes a table of ASO's Python (CouchDB's views cannot `require` a
+# module of the design document outside views/lib, nor can the embedded store's): the marker is
+# replaced by the table as JSON when the design document is assembled.
+TABLES: dict[str, Any] = {
     "/* aso/model.py WORK */ null": model.WORK,
     "/* aso/model.py PUBLICATION_FAILURES */ null": model.PUBLICATION_FAILURES,
     "/* aso/model.py FAILING */ null": model.FAILING,
+    "/* aso/model.py FINAL */ null": {axis: list(v) for axis, v in model.FINAL.items()},
+    "/* aso/model.py REQUEST_TYPE */ null": model.REQUEST_TYPE,
+    "/* aso/monitoring/statistics.py ENDED_STATES */ null": list(statistics.ENDED_STATES),
+    "/* aso/monitoring/statistics.py COLUMNS */ null": list(statistics.COLUMNS),
+    "/* aso/monitoring/statistics.py BUCKETS */ null": list(statistics.BUCKETS),
+    "/* aso/monitoring/statistics.py BUCKET_NAMES */ null": list(statistics.BUCKET_NAMES),
+    "/* aso/monitoring/statistics.py UNKNOWN_CLASS */ null": statistics.UNKNOWN_CLASS,
+    "/* aso/monitoring/statistics.py BATCH */ null": statistics.BATCH,
+    "/* aso/monitoring/statistics.py COMPLETE */ null": statistics.COMPLETE,
+    "/* aso/monitoring/statistics.py PENDING */ null": statistics.PENDING,
+    "/* aso/monitoring/summaries.py TYPES */ null": list(summaries.TYPES),
 }
+# A function several design documents share, kept once under couchapp/shared/: the line
+# `// aso include: shared/<file>.js` is replaced by the file.
+INCLUDE = re.compile(r"^[ \t]*// aso include: (shared/[\w/.-]+\.js)[ \t]*$", re.M)
 
 
-def with_model_tables(source: str) -> str:
-    for marker, table in MODEL_TABLES.items():
+def with_tables(source: str, root: Path = COUCHAPP_DIR) -> str:
+    """`source` with its markers replaced: the tables of ASO's Python and the shared files."""
+    source = INCLUDE.sub(lambda m: (root / m.group(1)).read_text().rstrip("\n"), source)
+    for marker, table in TABLES.items():
         source = source.replace(marker, json.dumps(table))
     return source
 
 
-def load_design_document(path: Path, config: Config) -> dict[str, Any]:
+def load_design_document(
+    path: Path, config: Config | None = None, root: Path = COUCHAPP_DIR
+) -> dict[str, Any]:
     doc: dict[str, Any] = localdoc.document(str(path), is_ddoc=True).doc()
     # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
     # not used by the store and would make identical folders look different.
     doc.pop("couchapp", None)
     if "require('lib/" in doc.get("validate_doc_update", ""):
-        doc.setdefault("lib", {}).update(model=model_module(), sites=sites_module(config))
+        doc.setdefault("lib", {}).update(
+            model=model_module(), sites=sites_module(config or Config())
+        )
+    if "validate_doc_update" in doc:
+        doc["validate_doc_update"] = with_tables(doc["validate_doc_update"], root)
     for view in doc.get("views", {}).values():
-        view["map"] = with_model_tables(view["map"])
+        view["map"] = with_tables(view["map"], root)
     return doc
+
+
+# The folders of couchapp/ that are design documents of another database than the files one
+# (the [store] key naming it); couchapp/pages is the pages' own, couchapp/shared no document.
+OTHER_DATABASES = {"catalog": "catalog_db", "jobs": "transfers_db", "stats": "stats_db"}
 
 
 def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict[str, Any]]:
     """The files database's design documents of `root` for `config` (the validation knows its
     sites)."""
-    folders = sorted(p for p in root.iterdir() if (p / "_id").is_file() and p.name != PAGES_FOLDER)
-    return [load_design_document(folder, config) for folder in folders]
+    folders = sorted(
+        p
+        for p in root.iterdir()
+        if (p / "_id").is_file() and p.name != PAGES_FOLDER and p.name not in OTHER_DATABASES
+    )
+    return [load_design_document(folder, config, root) for folder in folders]
+
+
+def database_design(folder: str, root: Path = COUCHAPP_DIR) -> dict[str, Any]:
+    """The design document of another database (OTHER_DATABASES): the catalog's, the job
+    table's, the statistics'."""
+    return load_design_document(root / folder, None, root)
 
 
 def pages_design(config: Config, root: Path = COUCHAPP_DIR) -> dict[str, Any]:
@@ -196,7 +233,7 @@ def init_catalog_db(admin: Server, name: str = catalog.DEFAULT_DB) -> bool:
     """Create the catalog database (True if created now), set its `_security` and push its
     design document. Idempotent."""
     created = store_admin.create_db(admin, name, catalog.SECURITY)
-    store_admin.push_design(admin.db(name), catalog.DESIGN)
+    store_admin.push_design(admin.db(name), database_design("catalog"))
     return created
 
 
@@ -205,8 +242,8 @@ def init_stats_db(admin: Server, name: str, files_db: str) -> bool:
     document, and push the live statistics design document into the files database.
     Idempotent."""
     created = store_admin.create_db(admin, name, statistics.SECURITY)
-    store_admin.push_design(admin.db(name), statistics.DESIGN)
-    store_admin.push_design(admin.db(files_db), statistics.LIVE_DESIGN)
+    store_admin.push_design(admin.db(name), database_design("stats"))
+    store_admin.push_design(admin.db(files_db), load_design_document(COUCHAPP_DIR / "stats-live"))
     return created
 
 
@@ -224,8 +261,9 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         (report.design_written if written else report.design_unchanged).append(ddoc["_id"])
     if store_admin.create_db(admin, config.store.transfers_db, JOBS_SECURITY):
         report.created_dbs.append(config.store.transfers_db)
-    if store_admin.push_design(admin.db(config.store.transfers_db), JOBS_DDOC):
-        report.design_written.append(f"{config.store.transfers_db}/{JOBS_DDOC['_id']}")
+    jobs = database_design("jobs")
+    if store_admin.push_design(admin.db(config.store.transfers_db), jobs):
+        report.design_written.append(f"{config.store.transfers_db}/{jobs['_id']}")
     if init_catalog_db(admin, config.store.catalog_db):
         report.created_dbs.append(config.store.catalog_db)
     if init_stats_db(admin, config.store.stats_db, files_db):

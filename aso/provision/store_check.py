@@ -38,6 +38,7 @@ from aso.provision.designdocs import (
     PAGES_SECURITY,
     SYSTEM_DATABASES,
     USERS_SECURITY,
+    database_design,
     design_documents,
     pages_design,
 )
@@ -154,12 +155,10 @@ def expected_databases(config: Config) -> dict[str, DatabaseSpec]:
     together)."""
     store = config.store
     return {
-        store.files_db: DatabaseSpec(
-            FILES_SECURITY, (*design_documents(config), statistics.LIVE_DESIGN)
-        ),
-        store.transfers_db: DatabaseSpec(jobstore.SECURITY, (jobstore.JOBS_DDOC,)),
-        store.catalog_db: DatabaseSpec(catalog.SECURITY, (catalog.DESIGN,)),
-        store.stats_db: DatabaseSpec(statistics.SECURITY, (statistics.DESIGN,)),
+        store.files_db: DatabaseSpec(FILES_SECURITY, tuple(design_documents(config))),
+        store.transfers_db: DatabaseSpec(jobstore.SECURITY, (database_design("jobs"),)),
+        store.catalog_db: DatabaseSpec(catalog.SECURITY, (database_design("catalog"),)),
+        store.stats_db: DatabaseSpec(statistics.SECURITY, (database_design("stats"),)),
         store.pages_db: DatabaseSpec(PAGES_SECURITY, (pages_design(config),)),
         "_users": DatabaseSpec(USERS_SECURITY, ()),
     }

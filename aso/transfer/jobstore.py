@@ -43,16 +43,6 @@ SECURITY = {
     "admins": {"names": [], "roles": []},
     "members": {"names": [], "roles": ["aso-agent", "aso-admin"]},
 }
-JOBS_DDOC = {
-    "_id": "_design/jobs",
-    "views": {
-        "unfinished": {
-            # Jobs a worker may have to run: [service, state, created].
-            "map": "function (doc) { if (doc.type === 'transfer_job' && doc.state !== "
-            "'finished') { emit([doc.service, doc.state, doc.created], null); } }",
-        }
-    },
-}
 
 
 def new_job_document(job: JobRequest, service: str, now: float) -> dict[str, Any]:
