@@ -8,7 +8,7 @@ counted exactly once, crash or not); only requests whose every event is already 
 hours' summaries.
 
 The statistics of requests still in the files database come from its own views
-(aso.monitoring.statistics.LIVE_DESIGN), so there is nothing to aggregate ahead of the purge:
+(couchapp/stats-live), so there is nothing to aggregate ahead of the purge:
 `aso stats` and the monitoring add both. With `purge_after = 0` the agent does nothing but its
 heartbeat.
 
