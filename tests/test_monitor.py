@@ -10,8 +10,10 @@ import random
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 import pytest
 
 from aso import limits, model
@@ -25,6 +27,24 @@ from tests.conftest import sample_request
 
 HOUR = 3600.0
 T0 = 1_790_000_000.0 - (1_790_000_000.0 % 86400) + 5 * HOUR  # a UTC day, 05:00
+
+
+SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "summaries.schema.json"
+
+
+def summaries_schema() -> jsonschema_rs.Draft202012Validator:
+    """docs/summaries.schema.json: the documents the analytics agent writes and the pages read."""
+    return jsonschema_rs.Draft202012Validator(json.loads(SCHEMA.read_text()))
+
+
+def check_summaries(stats_db: Database) -> list[dict[str, Any]]:
+    """Every summary document of `stats_db` (ids monitor:*), each checked against the schema."""
+    docs = stats_db.all_docs("monitor:", "monitor:\ufff0")
+    schema = summaries_schema()
+    for doc in docs:
+        errors = [e.message for e in schema.iter_errors(doc)][:3]
+        assert not errors, (doc["_id"], errors)
+    return docs
 
 
 class Clock:
@@ -259,6 +279,26 @@ def test_the_first_run_counts_every_hour_and_now(dbs: tuple[Database, Database])
             **Counter(d["state"] for d in mine),
             summaries.USER_BYTES_DONE: sum(d["size"] for d in mine if d["state"] == "done"),
         }
+    # Every document written is the shape docs/summaries.schema.json gives the pages.
+    kinds = Counter(d["type"] for d in check_summaries(stats_db))
+    assert set(kinds) == set(summaries.TYPES), kinds
+
+
+def test_the_summaries_schema_refuses_what_the_pages_could_not_read():
+    """The schema is not a formality: a wrong shape, a missing figure, a stray member fail."""
+    schema = summaries_schema()
+    hour = {"_id": "monitor:hour:2026-11-28T05", "type": "monitor_hour", "hour": "2026-11-28T05",
+            "start": T0, "moves": {"state": {">new": [3, 3000]}}, "totals": {"state": {"new": 3}},
+            "backlog": 3}  # fmt: skip
+    assert schema.is_valid(hour)
+    for broken in (
+        {**hour, "moves": {"state": {">new": [3]}}},  # [files, bytes]
+        {**hour, "hour": "2026-11-28 05"},
+        {k: v for k, v in hour.items() if k != "backlog"},
+        {**hour, "extra": 1},
+        {**hour, "type": "monitor_day"},
+    ):
+        assert not schema.is_valid(broken), broken
 
 
 def test_hours_close_as_time_goes_by_exactly_once_across_restarts_and_crashes(

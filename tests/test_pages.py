@@ -36,6 +36,7 @@ from aso.transfer.sim import SimService
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in
 from tests.conftest import ENGINE, PASSWORD, sample_request
 from tests.pipeline_helpers import LINKS, owner_db, run_until, states, upload
+from tests.test_monitor import check_summaries
 from tests.test_publisher import BrokenCatalog
 
 OUTAGE = "T2_US_MIT"  # a source site out for the whole run (LINKS[2]'s)
@@ -204,6 +205,8 @@ def test_pages_show_what_the_documents_say(sim_config, accounts, admin, browser_
                    links=LINKS[2:3])  # fmt: skip
     analytics = Analytics(sim_config, "an-p")
     Runner(analytics).step(wait=False)  # the monitoring summaries, up to now
+    # What the pages read is the shape docs/summaries.schema.json gives it.
+    check_summaries(admin.db(sim_config.store.stats_db))
     docs = [d for d in db.get_many(ids + later).values() if d]
     truth = Counter(d["state"] for d in docs)
     page = browser_page
@@ -1038,6 +1041,8 @@ def test_the_pages_say_when_tasks_were_folded(
             for user, n in (("alice", 12), ("bob", 3)) for i in range(n)]  # fmt: skip
     assert all(r.ok for r in admin.db(sim_config.store.files_db).bulk_write(docs))
     Runner(Analytics(sim_config, "an-f")).step(wait=False)
+    folded_live = check_summaries(admin.db(sim_config.store.stats_db))
+    assert any(d.get(summaries.OTHER_TASKS) for d in folded_live)  # the schema saw folded tasks
     page, base = browser_page, pages_url(sim_config)
     page.goto(base + "#overview")
     page.wait_for_selector("#tasks")
