@@ -1,54 +1,13 @@
 """The reconciler: compares ASO's three truths (the request documents, the storage and the
-catalog) and reports, and on request repairs, where they disagree.
+catalog) and reports, and on request repairs, where they disagree: requests stuck in a state,
+temporary files no request names or that the cleaner left, destinations missing or not the
+requested file, catalog entries missing or extra, and a cluster's conflicting revisions
+(docs/design.md, "Reconciler", says what each is and how it is repaired).
 
-Operators of the original lost files and left garbage exactly in these gaps:
-
-``stuck``                 a request in a non-final value of an axis (state, cleanup or
-                          publication) whose last transition on that axis (its history) is older
-                          than `reconciler.stuck_after`;
-``orphan_temp``           a file in a site's temp area that no request names (at that site) and
-                          older than `reconciler.orphan_grace`;
-``leftover_temp``         a temp file whose request is done and cleaned (or not_needed), and whose
-                          destination copy is confirmed: garbage the cleaner left;
-``destination_missing``   a done request whose destination file is not there;
-``destination_mismatch``  a done request whose destination file has another size or adler32;
-``catalog_missing``       a published request whose block is not in the catalog or does not hold
-                          its LFN;
-``catalog_extra``         a catalog block holding an LFN whose request is not published (nor being
-                          published in that block);
-``conflict``              a request with conflicting revisions: two writers of a CouchDB cluster
-                          both stored an edit of one revision, neither withdrew (see
-                          CLUSTER_CONFLICTING_BRANCHES), and nothing moved it for twice
-                          `transfer.lease`. Repaired by keeping the winner CouchDB shows (its
-                          longest branch: the one the agents went on with) and withdrawing the
-                          others, as an agent may.
-
-Each check is a plain function over data (`find_*`): the requests as read from the store, the
-temp files as listed at the sites, the destination checks, the catalog's blocks. `reconcile`
-gathers that data and runs the checks; `apply_repairs` makes the repairs the findings propose,
-each through the model's transitions with the least role that may make it (the agents' role for
-what an agent would do, the admin role only where no agent transition exists), after checking
-again that the document has not changed since (the revision read) and that the storage still
-shows what was found. The repairs:
-
-* stuck `submitted` / `kill_requested`: the job is cancelled at the transfer service, then the
-  file goes to `failed_attempt` (error class job_lost, the retry manager decides) / `killed`;
-  stuck `publishing`: `published` if the catalog holds the block with the file (a publisher died
-  after the catalog call), else `pending` (block abandoned). The other stuck values are the
-  business of a running agent (submitter, monitor, retry manager, cleaner, publisher): reported
-  with the agent to look at (a `retry` past its cool-off is the submitter's, as a `new` is).
-* orphan and leftover temp files: deleted, only inside the temp area (`sites.temp_pfn`).
-* bad destinations: copied again through the normal path (admin: state done → new, cleanup →
-  pending) if the temporary copy is still at the source with the request's size and adler32; a
-  damaged destination copy is deleted first (a copy may not overwrite it), and only then. If the
-  temporary copy is gone too, the file is lost: reported as such, nothing is touched.
-* catalog_missing: the file goes back to the publisher (admin: publication published → pending),
-  or, when another block of the dataset holds the file, the document records that block.
-  catalog_extra: reported only (catalog entries are never rewritten by ASO).
-
-Documents are read with `_all_docs` in pages of `PAGE` (the primary index: no view to build or
-keep up to date; every check needs nearly every request, the orphan check every source LFN of
-every state).
+Each check is a plain function over data (`find_*`); `reconcile` gathers the data and runs the
+checks; `apply_repairs` makes the repairs the findings propose, through the model's transitions
+with the least role that may make them, after checking again that the document and the storage
+still show what was found.
 """
 
 from __future__ import annotations

@@ -1,70 +1,12 @@
-"""Monitoring summaries: what happened to the requests, hour by hour, kept in the statistics
-database, so that the monitoring pages read a handful of small documents whatever the size of
-the files database, and keep their history after the analytics agent purges old requests.
+"""Monitoring summaries: what happened to the requests, hour by hour, in a few small documents
+of the statistics database (`monitor:*`), so that the monitoring pages load in constant time
+whatever the files database holds and keep their history after the purge.
 
-Why not views: a grouped read of a view reduces every row in its key range on the embedded
-store (about 11,000 rows/s measured on this machine; it keeps no reductions in its b-tree), so
-"files per state" over 1M requests would take minutes there. CouchDB keeps the reductions, but
-the summaries cost it nothing either.
-
-What is counted are *events*, each dated by its own epoch timestamp (`events_of`): every
-history entry (an axis going from one state to another; a request's creation also sets its
-initial cleanup and publication states) and every failed transfer attempt (by its end, under
-its error class). Events are counted in the UTC hour they happened in:
-
-* `moves`   axis → "from>to" → [files, bytes]  (from is "" at creation)
-* `links`   "SRC>DST" → state → net files on the `state` axis (+1 into, -1 out of)
-* `users`   user → state → net files on the `state` axis; and "bytes_done" → their bytes done
-* `errors`  "SRC>DST" → error class → failed attempts
-* `tasks`   task → "axis:to" (or "created") → files: which tasks were active in an hour, and
-            how (hour documents and the live document's open hours only); and
-            "user:NAME" → events, which tells whose task it is. A document lists at most
-            TASKS_CAP tasks; the others are folded into `tasks_other`: user → {"tasks": how
-            many, "axis:to"/"created": files} (`fold_tasks`)
-* `link_hours` "SRC>DST" → [copies done, bytes done, failed attempts, transfer seconds]: each
-            link's throughput and success rate over time (hour and day documents, open hours);
-            the transfer seconds are the sum of the done copies' durations (their attempt's
-            `submitted` to `ended`), so bytes / transfer seconds is the rate of the copies
-            themselves, beside bytes / 3600, the hour's average
-* `failures` "SRC>DST" → error class → message pattern (`error_pattern`) → [failed attempts,
-            first seen, last seen, up to SAMPLES request ids]: the errors page (idem)
-
-Added up from the first event on, the moves give the files per state of every axis, exactly
-what the documents say (`totals`), and the backlog (new + retry + acquired + submitted).
-
-Documents written into the statistics database by the aggregator (one instance at a time: the
-analytics agent that holds the turn):
-
-* `monitor:hour:YYYY-MM-DDTHH`  an hour once it is over (closed `close_after` seconds after
-  its end, when no write can still carry an event of it): moves, totals and backlog at its
-  end; `monitor:tasks:YYYY-MM-DDTHH` what each task did in it (kept apart: thousands of tasks
-  can be active in an hour). Written once; the same content if written again.
-* `monitor:day:YYYY-MM-DD`      a day once its last hour is closed: the sum of its hours' moves,
-  totals and backlog at its end, the day's highest hourly backlog. Long windows read these.
-* `monitor:linkhour:YYYY-MM-DDTHH`, `monitor:linkday:YYYY-MM-DD`  an hour's (a day's) links and
-  failures, apart from the moves: only the links and errors pages read them.
-* `monitor:state`               where the aggregator stands: the end of the last closed hour,
-  the cumulative tally up to it, and a `_changes` sequence to resume from. Written after the
-  hour and day documents it accounts for: a crash in between writes the same hours again.
-* `monitor:live`, `monitor:live:links`, `monitor:live:users`  the same figures up to now
-  (closed hours + the events of the open hours, and what each task did in the last 24 hours),
-  rewritten every cycle: what the pages show as "now", at most one cycle old.
-
-Exactly once, without remembering every request: the aggregator follows the files database's
-`_changes` feed and keeps, per request, only its events of the open hours (`pending`, replaced
-whole each time the request shows up again: its history only grows). An hour is closed once
-a feed read that ended `close_after` seconds after the hour's end has been taken in. To resume
-after a restart it reads the feed again from just before the batch of the earliest change among
-the requests that still have open events (each pending request remembers the feed batch it was
-last read in), or from where the last read ended when none has: any other request with an
-event after the closed hours was written after that read. The position is exact, whatever the
-clocks: a store of a million finished requests resumes near the end of its feed, not from its
-start (a resume taken by time stayed at "0" until the hour after the first run). The
-very first run (no `monitor:state`) reads the whole feed once and counts every event of
-the closed hours from the first copy of each request it sees (what tasks did: its last week
-only, FIRST_RUN_TASKS). The purge deletes only requests
-whose last change is before the end of the last closed hour (`purge_bound`), so every purged
-request is already in the hour documents.
+Events (a request's history entries, its creation, its failed attempts) are counted in the
+UTC hour they happened in (`Tally`); the `Aggregator` (the analytics agent's, one at a time)
+follows the files database's `_changes` feed, closes each hour once no write can still carry
+an event of it, and counts every event exactly once across restarts and crashes. What each
+document holds: docs/monitoring.md ("Monitoring summaries") and docs/summaries.schema.json.
 """
 
 from __future__ import annotations
