@@ -27,17 +27,17 @@ from agents.publisher import Publisher
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
-from aso.local.couchdb import ATTACHMENTS_CSP
 from aso.model import Change
 from aso.monitoring import summaries
 from aso.provision.designdocs import init_databases, pages_url
+from aso.provision.store_check import ATTACHMENTS_CSP
 from aso.runtime import Runner
 from aso.transfer.sim import SimService
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser, log_in
 from tests.conftest import ENGINE, PASSWORD, sample_request
 from tests.pipeline_helpers import LINKS, owner_db, run_until, states, upload
-from tests.test_monitor import check_summaries
 from tests.test_publisher import BrokenCatalog
+from tests.test_summaries import check_summaries
 
 OUTAGE = "T2_US_MIT"  # a source site out for the whole run (LINKS[2]'s)
 PARTIAL = LINKS[3]  # a link on which half the copies fail: a success rate of 50 %

@@ -19,11 +19,18 @@ import pytest
 from aso.cli.storecheck import split_credentials
 from aso.config import Config
 from aso.local import couchdb
-from aso.local.couchdb import ATTACHMENTS_CSP
 from aso.local.stores import free_port
 from aso.provision import store_check
 from aso.provision.designdocs import SYSTEM_SECURITY, init_databases
-from aso.provision.store_check import ERROR, OK, WARN, Answers, DatabaseAnswers, Finding
+from aso.provision.store_check import (
+    ATTACHMENTS_CSP,
+    ERROR,
+    OK,
+    WARN,
+    Answers,
+    DatabaseAnswers,
+    Finding,
+)
 from aso.store import Server
 from aso.store import admin as store_admin
 from tests.conftest import make_config, only_on, write_config
