@@ -16,7 +16,7 @@ from typing import Any
 
 from aso import model
 from aso.model import STATE, Change
-from aso.monitoring import status
+from aso.monitoring import queries
 from aso.store import Database
 
 KILL = {
@@ -43,7 +43,7 @@ class ActionReport:
 
 
 def task_requests(db: Database, task: str, job: str | None = None) -> list[dict[str, Any]]:
-    start, end = status.task_range(task, job)
+    start, end = queries.task_range(task, job)
     return db.view(
         "asyncstageout", "by_task", start_key=start, end_key=end, include_docs=True
     ).docs()

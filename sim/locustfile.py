@@ -6,7 +6,7 @@ job's output and log in one `_bulk_docs` POST (what `aso upload` sends). `CrabCl
 of its user's tasks as docs/status-api.md says: the counts per state (`task_states`,
 group_level=3) and what changed since its last poll (by the store's sequence: `_changes` with
 the task's ids), and now and then every file of the task (`by_task`), through
-aso/monitoring/status.py's own functions. Both ask
+aso/monitoring/queries.py's own functions. Both ask
 the front end who they are (`/_session`) first: the user their proxy maps to is the one whose
 requests they record and whose tasks they poll.
 
@@ -44,7 +44,7 @@ from locust.env import Environment
 from locust.exception import StopUser
 
 from aso import model
-from aso.monitoring import status
+from aso.monitoring import queries
 from aso.store import ChangesBatch, Database, ViewResult
 
 # Stats names: locust's table gets one row per kind of request, not per URL.
@@ -170,7 +170,7 @@ def _upload_problem(answer: Any, docs: list[dict[str, Any]]) -> str | None:
 class CrabClient(FrontEndUser):
     wait_time = between(*_seconds("ASO_LOCUST_POLL_WAIT", "1,3"))
     views: _Views
-    pollers: dict[str, status.Poller]
+    pollers: dict[str, queries.Poller]
 
     def on_start(self) -> None:
         super().on_start()
@@ -182,21 +182,21 @@ class CrabClient(FrontEndUser):
         """Counts, then the files changed since the last poll, followed through the store's
         sequence (docs/status-api.md, "Following a task")."""
         name = random.choice(self.tasks_of_user)
-        status.task_counts(self.views.db, name)
+        queries.task_counts(self.views.db, name)
         poller = self.pollers.get(name)
         if poller is None:
-            poller = self.pollers[name] = status.Poller(self.views.db, name)
+            poller = self.pollers[name] = queries.Poller(self.views.db, name)
             poller.start()
         else:
             poller.poll()
 
     @task(1)
     def files(self) -> None:
-        status.task_files(self.views.db, random.choice(self.tasks_of_user))
+        queries.task_files(self.views.db, random.choice(self.tasks_of_user))
 
 
 class _Views:
-    """Stands in for aso.store.Database in aso/monitoring/status.py's functions, which call nothing
+    """Stands in for aso.store.Database in aso/monitoring/queries.py's functions, which call nothing
     but `view`: the same view requests, sent in docs/frontend.md's GET form through locust's client
     so
     that each is timed and counted under its kind."""

@@ -53,7 +53,7 @@ from aso.frontend import gate, openapi, routes, sequences
 from aso.local.pki import Pki
 from aso.local.stores import free_port
 from aso.model import AGENT, AXES, OWNER, STATE, STATES, Change
-from aso.monitoring import status
+from aso.monitoring import queries
 from aso.provision.designdocs import init_databases, known_sites
 from aso.store import CONFLICT_REFUSAL, Server, StoreError
 from aso.store import admin as store_admin
@@ -938,12 +938,12 @@ def test_the_openapi_since_is_the_sequence_the_front_end_takes(since, shaped, ta
 
 
 def test_the_openapi_status_rows_and_conflicts_are_the_ones_served():
-    """The status row of docs/openapi.yaml is the by_task view's value (aso/monitoring/status.py's
+    """The status row of docs/openapi.yaml is the by_task view's value (aso/monitoring/queries.py's
     FileStatus, less the key's parts), the POST of by_task with keys that docs/status-api.md
     tells clients to send passes the gate, and the 409 examples are the front end's reasons."""
     spec = yaml.safe_load(OPENAPI.read_text())
     row = spec["components"]["schemas"]["StatusRow"]
-    served = set(status.FileStatus.__dataclass_fields__) - {"id", "file_type"}
+    served = set(queries.FileStatus.__dataclass_fields__) - {"id", "file_type"}
     assert set(row["properties"]) == set(row["required"]) == served
     body = json.dumps({"keys": [["T", 1, "output", "a" * 64], ["T", "x", "log", "b" * 64]]})
     view = b"/asynctransfer/_design/asyncstageout/_view/by_task"

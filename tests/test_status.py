@@ -1,4 +1,4 @@
-"""Status queries (aso.monitoring.status, `aso status`) against the real store: a task of 1000 jobs
+"""Status queries (aso.monitoring.queries, `aso status`) against the real store: a task of 1000 jobs
 whose files are in every state, counted directly from the documents; the polling form; the estimated
 completion from the links' recent throughput; a file's timeline; a task that does not exist."""
 
@@ -22,7 +22,7 @@ from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
-from aso.monitoring import status
+from aso.monitoring import queries
 from aso.runtime import Runner
 from tests.conftest import db_as, sample_request, write_config
 from tests.pipeline_helpers import run_until, upload
@@ -87,13 +87,13 @@ def test_a_task_of_a_thousand_jobs_agrees_with_its_documents(config, files_db, a
     truth = [d for d in admin.db(files_db).get_many(d["_id"] for d in docs).values() if d]
     assert len(truth) == 1000
 
-    answer = status.task_status(db_as(accounts, "bob", files_db), task)  # any member may ask
+    answer = queries.task_status(db_as(accounts, "bob", files_db), task)  # any member may ask
     for axis in model.AXES:
         assert answer.counts[axis] == dict(Counter(d[axis] for d in truth))
     assert {f.id: (f.job_id, f.state, f.cleanup, f.publication) for f in answer.files} == {
         d["_id"]: (d["job_id"], d["state"], d["cleanup"], d["publication"]) for d in truth
     }
-    on_their_way = sum(d["state"] in status.ON_ITS_WAY for d in truth)
+    on_their_way = sum(d["state"] in model.ON_ITS_WAY for d in truth)
     assert answer.on_its_way == on_their_way > 0
     # Jobs in numeric order (1, 2, ... 10, not 1, 10, 100), each row whole and without a stale
     # failure; pages of any size give every file once, in the same order.
@@ -103,7 +103,7 @@ def test_a_task_of_a_thousand_jobs_agrees_with_its_documents(config, files_db, a
         truth[0]["source_lfn"], truth[0]["destination_lfn"], truth[0]["size"], truth[0]["_rev"]
     )  # fmt: skip
     for size in (7, 250, 1000):
-        pages = list(status.task_pages(db_as(accounts, "bob", files_db), task, page=size))
+        pages = list(queries.task_pages(db_as(accounts, "bob", files_db), task, page=size))
         assert [f.id for page in pages for f in page] == [f.id for f in answer.files]
         assert all(len(page) <= size for page in pages)
 
@@ -160,14 +160,14 @@ def test_paging_a_task_of_several_files_per_job_gives_each_file_once(config, fil
     expected = [d["_id"] for d in sorted(docs, key=by_task_order)]
     reader = db_as(accounts, "bob", files_db)
     for size in (2, 4):
-        pages = list(status.task_pages(reader, task, page=size))
+        pages = list(queries.task_pages(reader, task, page=size))
         assert [f.id for page in pages for f in page] == expected
         assert all(len(page) <= size for page in pages) and len(pages) == -(-len(docs) // size)
         raw = raw_pages(accounts["bob"], files_db, task, size)
         assert [row["id"] for page in raw for row in page] == expected
         assert len(raw) == len(docs) // size + 1  # the last page short (or empty): the end
     # One job of the three files, by its id as written: "007" and "7" are both job 7.
-    assert {f.id for f in status.task_files(reader, task, "7")} == {
+    assert {f.id for f in queries.task_files(reader, task, "7")} == {
         d["_id"] for d in docs if d["job_id"] in ("007", "7")
     }
     printed = json.loads(aso("status", task, "--json", config=config.source).stdout)
@@ -192,7 +192,7 @@ def test_polling_from_a_sequence_returns_what_changed(config, files_db, accounts
     docs = [sample_request("alice", task=task, job_id=str(j)) for j in range(6)]
     for doc in docs:
         doc["_rev"] = owner.create(doc)
-    everything, seq = status.changed_since(reader, task, "0")
+    everything, seq = queries.changed_since(reader, task, "0")
     assert sorted(f.id for f in everything) == sorted(d["_id"] for d in docs)
     for doc in docs[:2]:
         # An agent whose clock is an hour behind: a cursor of times would never see this.
@@ -200,10 +200,10 @@ def test_polling_from_a_sequence_returns_what_changed(config, files_db, accounts
                                    at=doc["last_update"] - 3600))  # fmt: skip
     late = sample_request("alice", task=task, job_id="7")  # a file recorded after the cursor
     owner.create(late)
-    changed, seq2 = status.changed_since(reader, task, seq)
+    changed, seq2 = queries.changed_since(reader, task, seq)
     assert sorted(f.id for f in changed) == sorted([d["_id"] for d in docs[:2]] + [late["_id"]])
     assert {f.id: f.state for f in changed}[docs[0]["_id"]] == "acquired"
-    assert status.changed_since(reader, task, seq2)[0] == []  # nothing since
+    assert queries.changed_since(reader, task, seq2)[0] == []  # nothing since
     cli = json.loads(aso("status", task, "--since", seq, "--json", config=config.source).stdout)
     assert sorted(f["id"] for f in cli["files"]) == sorted(f.id for f in changed)
     assert cli["seq"] and all("rev" in f and "source_lfn" in f for f in cli["files"])
@@ -233,7 +233,7 @@ def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, ad
     for link, n in ((fast, 10), (slow, 3)):  # the task's files still to go
         for _ in range(n):
             owner.create(sample_request("alice", task=task, **link))
-    answer = status.task_status(db_as(accounts, "bob", files_db), task, now=now)
+    answer = queries.task_status(db_as(accounts, "bob", files_db), task, now=now)
     assert answer.rates == pytest.approx(
         {"T2_FR_GRIF>T2_ES_PIC": 30 / 600, "T2_UK_London>T2_ES_PIC": 9 / 300}
     )
@@ -241,7 +241,7 @@ def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, ad
     assert answer.eta == pytest.approx(200)
     # A link that copied nothing lately: no estimate rather than a made-up one, and why.
     owner.create(sample_request("alice", task=task, source="T2_FR_GRIF", destination="T2_UK_ICL"))
-    unknown = status.task_status(db_as(accounts, "bob", files_db), task, now=now)
+    unknown = queries.task_status(db_as(accounts, "bob", files_db), task, now=now)
     assert unknown.eta is None
     assert "T2_FR_GRIF → T2_UK_ICL has copied 0 files" in unknown.eta_note
 
@@ -265,15 +265,15 @@ def test_a_task_that_ends_in_25_seconds_is_never_estimated_beyond_a_minute(
         advance(agent, doc, 3, ends[doc["_id"]] - 2)
     estimates = {}
     for s in range(0, 26):
-        answer = status.task_status(reader, task, now=t0 + s)
+        answer = queries.task_status(reader, task, now=t0 + s)
         # What the store would have said then: the files not done by t0 + s are on their way.
         to_go = sum(1 for at in ends.values() if at > t0 + s)
         answer.files = [
             dataclasses.replace(f, state="submitted" if ends[f.id] > t0 + s else "done")
             for f in answer.files
         ]
-        eta, note = status.estimate(
-            answer.files, {(link["source"], link["destination"]): status.link_pace(
+        eta, note = queries.estimate(
+            answer.files, {(link["source"], link["destination"]): queries.link_pace(
                 reader, (link["source"], link["destination"]), t0 + s)}, t0 + s
         )  # fmt: skip
         estimates[s] = (to_go, eta, note)
@@ -298,7 +298,7 @@ def test_a_file_timeline_tells_its_whole_story(config, files_db, accounts):
     failed = Change(STATE, "failed_attempt", "mon-1", "no space")
     doc = model.transition(doc, [failed], AGENT, at=t + 3)
     doc["_rev"] = agent.put(doc)
-    events = status.timeline(agent.get(doc["_id"]))
+    events = queries.timeline(agent.get(doc["_id"]))
     whats = [e.what for e in events]
     assert whats[0].startswith("recorded as new by alice")
     assert "attempt 1 submitted to fts3 as job fts-job-1" in whats
@@ -306,7 +306,7 @@ def test_a_file_timeline_tells_its_whole_story(config, files_db, accounts):
     assert ended.detail == "[destination_full] no space left"
     assert [e.at for e in events] == sorted(e.at for e in events)
     # With the FTS web monitor's link template, each attempt's job links there.
-    linked = status.timeline(agent.get(doc["_id"]), "https://fts.example/ftsmon/#/job/{job_id}")
+    linked = queries.timeline(agent.get(doc["_id"]), "https://fts.example/ftsmon/#/job/{job_id}")
     submitted = next(e for e in linked if e.what.startswith("attempt 1 submitted"))
     assert submitted.detail == "https://fts.example/ftsmon/#/job/fts-job-1"
     cli = json.loads(aso("status", "--file", doc["_id"], "--json", config=config.source).stdout)
@@ -323,8 +323,8 @@ def test_a_client_following_a_task_sees_every_final_state_once(pub_config, accou
     publish = {"publish": True, "publish_info": {"dataset": "/Prim/alice-follow-v1/USER"}}
     ids = upload(accounts, pub_config, 40, users=("alice",), task=task, **publish)
     reader = db_as(accounts, "bob", pub_config.store.files_db)
-    poller = status.Poller(reader, task)
-    seen: list[status.FileStatus] = list(poller.start())
+    poller = queries.Poller(reader, task)
+    seen: list[queries.FileStatus] = list(poller.start())
     stop = threading.Event()
 
     def follow() -> None:
@@ -348,7 +348,7 @@ def test_a_client_following_a_task_sees_every_final_state_once(pub_config, accou
     seen.extend(poller.poll())  # what changed after the client's last poll
     final = db.get_many(ids)
     assert len(final) == 40 and {d[PUBLICATION] for d in final.values()} == {"published"}
-    by_id: dict[str, list[status.FileStatus]] = {}
+    by_id: dict[str, list[queries.FileStatus]] = {}
     for row in seen:
         by_id.setdefault(row.id, []).append(row)
     assert set(by_id) == set(ids)

@@ -59,7 +59,7 @@ from aso.local.couchdb import join_cluster
 from aso.local.managed import local_store
 from aso.local.stores import LocalCluster, LocalStoreError
 from aso.local.xrootd import StorageError
-from aso.monitoring import status as task_status
+from aso.monitoring import queries
 from aso.provision.designdocs import init_databases
 from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
@@ -448,7 +448,7 @@ def request_list(
     db = _files_db(ctx)
     wanted = row_limit(limit, show_all, json_out)
     if task:
-        files = [f for f in task_status.task_files(db, task) if not state or f.state == state]
+        files = [f for f in queries.task_files(db, task) if not state or f.state == state]
         total = len(files)
         rows = [
             dict(id=f.id, task=task, job=f.job_id, type=f.file_type, state=f.state,

@@ -1,5 +1,5 @@
 """`aso status`: a task's files (per job, with counts and an estimated completion), what changed
-since a time, or one file's whole story (aso.monitoring.status). aso/cli/__init__.py registers
+since a time, or one file's whole story (aso.monitoring.queries). aso/cli/__init__.py registers
 `status_cmd`."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from aso.cli.common import (
     utc_time,
 )
 from aso.cli.common import config_of as _config
-from aso.monitoring import status
+from aso.monitoring import queries
 from aso.store import Database, Server
 
 console = line_console()
@@ -45,7 +45,7 @@ FILE_COLUMNS = (
 )  # fmt: skip
 
 
-def _file_row(f: status.FileStatus) -> list[Any]:
+def _file_row(f: queries.FileStatus) -> list[Any]:
     error = f.reason or f.cleanup_error or f.publication_error or ""
     if f.error_class and f.reason:
         error = f"[{f.error_class}] {f.reason}"
@@ -97,7 +97,7 @@ def status_cmd(
     if since is not None:
         _changes(db, task, since, json_out, wanted)
         return
-    answer = status.task_status(db, task, job)
+    answer = queries.task_status(db, task, job)
     files = first_rows(answer.files, wanted)
     if json_out:
         data = answer.to_json()
@@ -106,7 +106,7 @@ def status_cmd(
         print_more(len(answer.files), len(files), json_out=True)
         return
     if not answer.exists:
-        console.print(status.no_requests(task, job))
+        console.print(queries.no_requests(task, job))
         return
     title = f"task {task}" + (f" job {job}" if job else "")
     rows = [
@@ -131,7 +131,7 @@ def status_cmd(
 def _changes(db: Database, task: str, since: str, json_out: bool, wanted: int | None) -> None:
     """The files changed after `since`. A listing cut by --limit still gives the `seq` of the
     whole answer: the rows left out are seen with a larger --limit from the same `since`."""
-    changed, seq = status.changed_since(db, task, since)
+    changed, seq = queries.changed_since(db, task, since)
     shown = first_rows(changed, wanted)
     if json_out:
         files = [dataclasses.asdict(f) for f in shown]
@@ -155,7 +155,7 @@ def _file_story(
         else:
             console.print(f"no request {doc_id}")
         raise typer.Exit(1)
-    events = status.timeline(doc, job_url)
+    events = queries.timeline(doc, job_url)
     shown = first_rows(events, wanted)
     if json_out:
         console.print_json(

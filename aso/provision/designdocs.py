@@ -96,6 +96,7 @@ TABLES: dict[str, Any] = {
     "/* aso/model.py PUBLICATION_FAILURES */ null": model.PUBLICATION_FAILURES,
     "/* aso/model.py FAILING */ null": model.FAILING,
     "/* aso/model.py FINAL */ null": {axis: list(v) for axis, v in model.FINAL.items()},
+    "/* aso/model.py NEVER_COPIED */ null": list(model.NEVER_COPIED),
     "/* aso/model.py REQUEST_TYPE */ null": model.REQUEST_TYPE,
     "/* aso/monitoring/statistics.py ENDED_STATES */ null": list(statistics.ENDED_STATES),
     "/* aso/monitoring/statistics.py COLUMNS */ null": list(statistics.COLUMNS),
