@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 import agents.publisher as publisher_module
-from agents.publisher import Publisher, close_blocks, entry_chars, make_block
+from agents.publisher import Publisher
 from aso import model
 from aso.catalog.base import CatalogError
 from aso.catalog.embedded import MAX_BLOCK_CHARS, EmbeddedCatalog, block_chars
+from aso.core.publication import close_blocks, entry_chars, make_block
 from aso.model import PUBLICATION
 from aso.runtime import Runner
 from aso.store import Database, Forbidden, StoreError
