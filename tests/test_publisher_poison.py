@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-import agents.publisher as publisher_module
 from agents.publisher import Publisher
 from aso import model
 from aso.catalog.base import CatalogError
 from aso.catalog.embedded import MAX_BLOCK_CHARS, EmbeddedCatalog, block_chars
+from aso.core import publication
 from aso.core.publication import close_blocks, entry_chars, make_block
 from aso.model import PUBLICATION
 from aso.runtime import Runner
@@ -129,7 +129,7 @@ def test_an_owner_s_oversized_publication_cannot_fail_or_delay_another_s(
     unsplit = make_block(alice)
     assert STORE_LIMIT < block_chars(unsplit) < MAX_BLOCK_CHARS  # the store, not ASO, refuses
     if not split:
-        monkeypatch.setattr(publisher_module, "entry_chars", lambda doc: 0)
+        monkeypatch.setattr(publication, "entry_chars", lambda doc: 0)
     one_cycle(config, small_catalog(config, accounts))
     assert publications(config, accounts, bob) == {"published": len(bob)}
     catalog = EmbeddedCatalog(admin.db(config.store.catalog_db))

@@ -18,6 +18,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from aso import model
+from aso.core import request
+from aso.core.outcome import outcome
 from aso.local.embedded import VIEW_FUNCTIONS_MODULE
 from aso.local.stores import distinct_free_ports, free_ports
 from aso.model import AGENT, STATE, Change
@@ -33,6 +35,7 @@ from aso.store import (
     StoreUnavailable,
 )
 from aso.store import admin as store_admin
+from aso.transfer.base import DONE, FileStatus
 from tests.conftest import ENGINE, JS_ENGINE, db_as, free_port, only_on, sample_request
 from tests.pipeline_helpers import wait_for
 
@@ -538,6 +541,12 @@ def test_every_view_of_every_design_document_builds_and_answers(files_db, accoun
         doc = sample_request("alice", publish=True, publish_info={"dataset": "/p/alice-v/USER"})
         doc[STATE] = state
         docs.append(doc)
+    # A copy done in 20 s, as the monitor records it: the statistics' transfer times have a row.
+    copied = sample_request("alice", publish=True, publish_info={"dataset": "/p/alice-v/USER"})
+    lease = {"owner": "s1", "until": time.time() + 600, "key": "k1"}
+    copied = {**copied, **request.submitted(copied, "job-1", "gfal", "s1", time.time() - 20, lease)}
+    status = FileStatus(copied["_id"], DONE, "FINISHED", verified=True)
+    docs.append({**copied, **(outcome(copied, status, "m", time.time()) or {})})
     assert all(r.ok for r in db.bulk_write(docs))
     views = [
         (ddoc["_id"].split("/", 1)[1], name, "reduce" in view)
