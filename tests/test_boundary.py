@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 
 from aso import limits, model, procs
 from aso.config import Config
-from aso.frontend import gate, routes
+from aso.frontend import gate, routes, sequences
 from aso.local.pki import Pki
 from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
@@ -1058,4 +1058,27 @@ def test_a_long_poll_on_a_busy_store_ends_at_its_timeout(boundary):
     assert quiet.json() == {"results": [], "last_seq": since}
     refused(busy, 503, "did not answer within")
     assert busy.headers.get("Retry-After")
+    alive(b)
+
+
+# -- the red team's sixth round -------------------------------------------------------------------
+def reversed_range_since(node: str) -> str:
+    """A sequence naming `node` whose shard range ends before it begins."""
+    atom = erlang.OtpErlangAtom(node.encode())
+    term = [(atom, [5, 3], (5, erlang.OtpErlangBinary(b"uuid"), atom))]
+    opaque = base64.urlsafe_b64encode(erlang.term_to_binary(term, compressed=True))
+    return "1-" + opaque.decode().rstrip("=")
+
+
+def test_a_sequence_with_a_reversed_shard_range_is_refused(boundary):
+    """A `since` naming the store's own node with a shard range [5, 3] was forwarded, and
+    CouchDB answered 500 (function_clause). The front end refuses it (400, with its reason)."""
+    with pytest.raises(sequences.Invalid, match="reversed"):
+        sequences.check(reversed_range_since("couchdb@127.0.0.1"))
+    b = boundary
+    seq = str(b.admin.db(b.files).info()["update_seq"])
+    nodes = sorted(sequences.check(seq)) if "-" in seq else ["aso@127.0.0.1"]
+    feed = f"/{b.files}/_changes?since={quote(reversed_range_since(nodes[0]))}"
+    for query in ("&limit=1", "&feed=longpoll&timeout=1000"):
+        refused(b.call("alice", "GET", feed + query), 400, "since")
     alive(b)

@@ -146,6 +146,8 @@ def _shard_nodes(shard: object) -> set[str]:
     node, span, seq = shard
     if not (isinstance(span, list) and len(span) == 2 and all(_integer(b) for b in span)):
         raise wrong
+    if span[0] > span[1]:  # CouchDB fails on a range that ends before it begins (500)
+        raise Invalid("an opaque sequence as the store handed it out (a shard range reversed)")
     if not isinstance(node, Atom):
         raise wrong
     nodes = {str(node)}
