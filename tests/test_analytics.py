@@ -51,7 +51,7 @@ def config(sim_config: Config, admin: Server) -> Config:
         ),
         analytics=dataclasses.replace(sim_config.analytics, batch=7),
     )
-    designdocs.init_stats_db(admin, config.store.stats_db, config.store.files_db)
+    designdocs.init_stats_db(admin, config.store.stats_db)
     yield config
     store_admin.delete_db(admin, config.store.stats_db)
 

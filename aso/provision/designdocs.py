@@ -238,13 +238,12 @@ def init_catalog_db(admin: Server, name: str = catalog.DEFAULT_DB) -> bool:
     return created
 
 
-def init_stats_db(admin: Server, name: str, files_db: str) -> bool:
+def init_stats_db(admin: Server, name: str) -> bool:
     """Create the statistics database (True if created now) with its `_security` and design
-    document, and push the live statistics design document into the files database.
+    document (the live statistics' design document comes with the files database's).
     Idempotent."""
     created = store_admin.create_db(admin, name, statistics.SECURITY)
     store_admin.push_design(admin.db(name), database_design("stats"))
-    store_admin.push_design(admin.db(files_db), load_design_document(COUCHAPP_DIR / "stats-live"))
     return created
 
 
@@ -267,7 +266,7 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.design_written.append(f"{config.store.transfers_db}/{jobs['_id']}")
     if init_catalog_db(admin, config.store.catalog_db):
         report.created_dbs.append(config.store.catalog_db)
-    if init_stats_db(admin, config.store.stats_db, files_db):
+    if init_stats_db(admin, config.store.stats_db):
         report.created_dbs.append(config.store.stats_db)
     pages_db = config.store.pages_db
     if store_admin.create_db(admin, pages_db, PAGES_SECURITY):
