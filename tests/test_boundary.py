@@ -1082,3 +1082,107 @@ def test_a_sequence_with_a_reversed_shard_range_is_refused(boundary):
     for query in ("&limit=1", "&feed=longpoll&timeout=1000"):
         refused(b.call("alice", "GET", feed + query), 400, "since")
     alive(b)
+
+
+# -- the red team's sixth round: malformed framing ------------------------------------------------
+def raw_exchange(b: Boundary, data: bytes, who: str = "alice") -> bytes:
+    """Send `data` as is over alice's TLS connection; what the front end answers until it
+    closes (or is quiet for 10 s)."""
+    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
+    context.load_cert_chain(*b.certs[who])
+    host, port = b.url.removeprefix("https://").split(":")
+    answer = b""
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as plain,
+        context.wrap_socket(plain, server_hostname=host) as tls,
+    ):
+        with contextlib.suppress(OSError):
+            tls.sendall(data)
+        with contextlib.suppress(OSError):
+            while chunk := tls.recv(65536):
+                answer += chunk
+    return answer
+
+
+def answered_with_reason(answer: bytes) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of the first answer: Twisted's own answers to malformed
+    framing had been a bare status line, no reason."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.split(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 "), answer[:300]
+    headers = dict(line.lower().split(b": ", 1) for line in header_lines)
+    assert headers.get(b"content-type") == b"application/json", answer[:300]
+    if headers.get(b"transfer-encoding") == b"chunked":
+        size, _, body = body.partition(b"\r\n")
+        body = body[: int(size, 16)]
+    parsed = json.loads(body[: int(headers.get(b"content-length", len(body)))])
+    assert parsed["error"] and parsed["reason"], parsed
+    return int(status_line.split()[1]), parsed
+
+
+GET = b"GET /_session HTTP/1.1\r\nHost: x\r\n"
+POST = b"POST /asynctransfer/_bulk_docs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+MALFORMED_FRAMING = {
+    "content-length and chunked": (
+        POST + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "once"),
+    "two content-lengths": (POST + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", "once"),
+    "a content-length list": (POST + b"Content-Length: 2, 2\r\n\r\n{}", "decimal"),
+    "a signed content-length": (POST + b"Content-Length: +2\r\n\r\n{}", "decimal"),
+    "xchunked": (POST + b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n", "chunked"),
+    "gzip, chunked": (POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "chunked"),
+    "a negative chunk size": (POST + b"Transfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n",
+                              "chunked body"),
+    "a tab in the request line": (b"GET\t/_session HTTP/1.1\r\nHost: x\r\n\r\n", "request line"),
+    "two spaces in the request line": (b"GET  /_session HTTP/1.1\r\n\r\n", "request line"),
+    "NUL in a header value": (GET + b"X-A: a\x00b\r\n\r\n", "NUL"),
+    "a header without a colon": (GET + b"X-A a\r\n\r\n", "colon"),
+    "a space before the colon": (GET + b"X-A : a\r\n\r\n", "token"),
+    "20,000 headers": (GET + b"X-A: a\r\n" * 20_000 + b"\r\n", "head"),
+    "600 headers": (GET + b"X: a\r\n" * 600 + b"\r\n", "header lines"),
+    "HTTP/0.9": (b"GET /_session\r\n\r\n", "request line"),
+    "the HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MALFORMED_FRAMING)
+def test_malformed_framing_is_refused_with_its_reason(boundary, case):
+    """Round 6, F2: each of these got Twisted's bare `400 Bad Request`; now a 400 that says what
+    was wrong, the connection closed, nothing written, the front end alive."""
+    b = boundary
+    data, reason = MALFORMED_FRAMING[case]
+    before = snapshot(b)
+    status, body = answered_with_reason(raw_exchange(b, data))
+    assert (status, body["error"]) == (400, "bad_request"), body
+    assert reason in body["reason"], body
+    assert snapshot(b) == before
+    alive(b)
+
+
+@pytest.mark.parametrize("method", [b"OPTIONS", b"GET", b"PUT"])
+def test_an_asterisk_target_is_refused_as_no_path(boundary, method):
+    """`OPTIONS *` got Twisted's empty 200 (and `GET *` its 405): `*` is no path."""
+    data = method + b" * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    status, body = answered_with_reason(raw_exchange(boundary, data))
+    assert status == 400 and "must be a path" in body["reason"], body
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_whatever_framing_alice_sends_every_answer_says_why(boundary, data):
+    """The class behind F2: a request head mangled anywhere (a byte replaced, inserted or
+    removed) is either served or refused with a JSON reason, never a bare status line."""
+    head = bytearray(POST + b"Content-Length: 2\r\nX-A: a\r\n\r\n{}")
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(head) - 1))
+        byte = data.draw(st.sampled_from(b" \t\r\n\x00:,;-+0129aA\x7f\xff"))
+        edit = data.draw(st.sampled_from(["replace", "insert", "remove"]))
+        if edit == "replace":
+            head[at] = byte
+        elif edit == "insert":
+            head.insert(at, byte)
+        else:
+            del head[at]
+    answer = raw_exchange(boundary, bytes(head) + b"\r\n\r\n")
+    if answer:  # a head left unfinished waits for the request timeout, then gets its 408
+        status, _ = answered_with_reason(answer)
+        event(f"status {status}")

@@ -18,6 +18,7 @@ served to the caller's audience; 404 no such resource; 405 a method the resource
 from __future__ import annotations
 
 import dataclasses
+import string
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
@@ -52,6 +53,44 @@ class Forward:
 
 def _bad(reason: str) -> GateRefusal:
     return GateRefusal(400, "bad_request", reason)
+
+
+# -- the framing ----------------------------------------------------------------------------------
+# What the HTTP parser (Twisted's) refuses before any route is matched, said in words: Twisted
+# itself answers a bare "400 Bad Request" and a client cannot tell which of its bytes was wrong.
+TOKEN_CHARS = frozenset((string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~").encode())
+LENGTH_HEADERS = (b"content-length", b"transfer-encoding")
+
+
+def request_line_fault(line: bytes) -> str:
+    if line.startswith(b"PRI * HTTP/2"):
+        return "HTTP/2 is not spoken here: send HTTP/1.1"
+    return ("the request line must be a method, a path and HTTP/1.1 (or 1.0), separated by "
+            "single spaces")  # fmt: skip
+
+
+def header_fault(line: bytes, length_given: bool, headers: int, max_headers: int) -> str:
+    """Why a header line the parser refused is wrong; `length_given`: an earlier header gave
+    the body's length already, `headers`: the header lines accepted before it."""
+    name, colon, value = line.partition(b":")
+    value = value.strip(b" \t")
+    if not colon:
+        return "a header line must be a name, a colon and a value"
+    if not name or not set(name) <= TOKEN_CHARS:
+        return "a header name must be a token, with no space before its colon"
+    if any(c in value for c in b"\0\r\n"):
+        return "a header value may not hold NUL, CR or LF"
+    lowered = name.lower()
+    if lowered == b"content-length" and not value.isdigit():
+        return "Content-Length must be a single decimal number"
+    if lowered == b"transfer-encoding" and value.lower() not in (b"chunked", b"identity"):
+        return "Transfer-Encoding may only be chunked"
+    if lowered in LENGTH_HEADERS and length_given:
+        return ("a request gives its body's length once: one Content-Length or "
+                "Transfer-Encoding: chunked, not both, not twice")  # fmt: skip
+    if headers >= max_headers:
+        return f"a request may carry at most {max_headers} header lines"
+    return "a header line is malformed"
 
 
 # -- the request target ---------------------------------------------------------------------------

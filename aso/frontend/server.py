@@ -443,22 +443,65 @@ def peer_chain(request: server.Request) -> list[x509.Certificate]:
     return chain
 
 
+def _refusal(status: bytes, error: str, reason: str) -> bytes:
+    """A whole answer, written straight to the connection, for what is refused before any
+    resource sees the request."""
+    body = json.dumps({"error": error, "reason": reason}).encode()
+    return (
+        b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (status, len(body), body)
+    )
+
+
+def _close_with(channel: http.HTTPChannel, status: bytes, error: str, reason: str) -> None:
+    """Answer and close: Twisted would write a bare status line or drop the connection
+    without a word."""
+    _transport(channel).write(_refusal(status, error, reason))
+    channel.loseConnection()
+
+
 class _Channel(http.HTTPChannel):
-    """Twisted's channel, but a line over MAX_LENGTH (16 KiB) gets an answer: Twisted drops such
-    a connection without a word, which a client cannot tell from a crash; and a request must
-    come whole within `frontend.request_timeout` of its first line (a head sent a byte every
-    40 s had held its connection for ever)."""
+    """Twisted's channel, but every refusal of the framing says why (Twisted answers a bare 400,
+    or drops a line over MAX_LENGTH, 16 KiB, without a word); and a request must come whole
+    within `frontend.request_timeout` of its first line (a head sent a byte every 40 s had held
+    its connection for ever)."""
 
     site: _Site  # set by the site that built the channel (Site.buildProtocol)
     _aso_identity: tuple[Identity, float]  # FrontEnd.client_identity's verdict, and when
     _aso_deadline: Any = None
+    _aso_fault: Callable[[], str] = staticmethod(lambda: "the request is not well-formed HTTP/1.1")
 
     def lineReceived(self, line: bytes) -> None:
-        if self._aso_deadline is None and getattr(self, "_HTTPChannel__first_line", True):
+        first = getattr(self, "_HTTPChannel__first_line", True)
+        if self._aso_deadline is None and first:
             self._aso_deadline = self.callLater(  # type: ignore[no-untyped-call]  # Twisted's
                 self.site.request_timeout, self._too_slow
             )
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            limit = self.totalHeadersSize
+            self._aso_fault = lambda: f"a request's head is limited to {limit} bytes"
+        elif first:
+            self._aso_fault = lambda: gate.request_line_fault(line)
         super().lineReceived(line)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def headerReceived(self, line: bytes) -> bool:
+        length_given, count = self._transferDecoder is not None, self._receivedHeaderCount
+        self._aso_fault = lambda: gate.header_fault(line, length_given, count, self.maxHeaders)
+        return bool(super().headerReceived(line))  # type: ignore[no-untyped-call]  # Twisted's
+
+    def rawDataReceived(self, data: bytes) -> None:
+        self._aso_fault = lambda: "the chunked body is malformed (RFC 9112 7.1)"
+        super().rawDataReceived(data)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        reason = self._aso_fault()
+        metrics.FRONTEND_REFUSALS.labels("framing").inc()
+        log.warning("refused a request's framing: %s", reason)
+        self._no_deadline()
+        if len(self.requests) > 1:  # an answer of an earlier request may be under way
+            _transport(self).abortConnection()
+            return
+        _close_with(self, b"400 Bad Request", "bad_request", reason)
 
     def allContentReceived(self) -> None:
         self._no_deadline()
@@ -475,27 +518,15 @@ class _Channel(http.HTTPChannel):
 
     def _too_slow(self) -> None:
         self._aso_deadline = None
-        body = json.dumps({"error": "request_timeout", "reason": "a request must arrive whole "
-                           f"within {self.site.request_timeout:g} s"}).encode()  # fmt: skip
-        _transport(self).write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-        )
-        self.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+        reason = f"a request must arrive whole within {self.site.request_timeout:g} s"
+        _close_with(self, b"408 Request Timeout", "request_timeout", reason)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         first = getattr(self, "_HTTPChannel__first_line", 1)  # still reading the request line
         status = b"414 URI Too Long" if first else b"431 Request Header Fields Too Large"
         what = "request line" if first else "header line"
-        body = json.dumps(
-            {"error": "too_large", "reason": f"a {what} is limited to {self.MAX_LENGTH} bytes"}
-        ).encode()
-        head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
-            status,
-            len(body),
-        )
-        _transport(self).write(head + b"Connection: close\r\n\r\n" + body)
-        self.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+        reason = f"a {what} is limited to {self.MAX_LENGTH} bytes"
+        _close_with(self, status, "too_large", reason)
 
 
 class _BoundedRequest(server.Request):
@@ -536,11 +567,13 @@ class _BoundedRequest(server.Request):
         if self.channel.requests != [self]:  # an answer of an earlier request may be under way
             _transport(self.channel).abortConnection()
             return
-        body = json.dumps({"error": "too_large", "reason": f"bodies are limited to {limit} bytes"})
-        _transport(self.channel).write(
-            b"HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body.encode())
-        )
+        reason = f"bodies are limited to {limit} bytes"
+        _transport(self.channel).write(_refusal(b"413 Content Too Large", "too_large", reason))
+
+    def _handleStar(self) -> None:
+        """Twisted answers `OPTIONS *` itself (an empty 200): here `*` goes to the front end
+        like any other target, and the gate refuses it."""
+        self.render(self.channel.site.getResourceFor(self))  # type: ignore[no-untyped-call]
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if getattr(self, "too_large", False):  # answered already
