@@ -483,6 +483,14 @@ class FrontendConfig:
     idle_timeout: float = _key(
         60.0, "Seconds a client connection may stay silent between requests before it is closed."
     )
+    polls_per_user: int = _key(
+        4,
+        "Long polls of one user held at the store at once; more wait their turn, within their "
+        "own timeout (a poll that waited it all ends with no change, as a quiet one does).",
+    )
+    polls: int = _key(
+        64, "Long polls of all users held at the store at once (agents' not counted)."
+    )
     demo_certs: str = _key(
         "certs",
         "`aso certs demo` directory whose users' certificates `aso demo` goes through the front "
@@ -649,6 +657,8 @@ RANGES: dict[str, tuple[int, int]] = {
     "transfer.priority": (1, 5),
     "publisher.blocks_per_call": (1, 1000),
     "publisher.max_block_bytes": (MIN_BLOCK_BYTES, MAX_WRITTEN_DOC_CHARS // 2),
+    "frontend.polls_per_user": (1, 1000),
+    "frontend.polls": (1, 10000),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SITE_PROTOCOLS = ("root", "http", "https", "sim")

@@ -28,11 +28,13 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import erlang
+import psutil
 import pytest
 import requests as http
 from hypothesis import event, given, settings
@@ -47,6 +49,7 @@ from aso.store import Server, StoreError
 from aso.store import admin as store_admin
 from tests.conftest import own_store, sample_request
 from tests.hostile_strategies import LONG, json_values, texts
+from tests.pipeline_helpers import wait_for
 from tests.test_frontend import cert_files
 from tests.test_hostile import running_frontend
 
@@ -1186,3 +1189,47 @@ def test_whatever_framing_alice_sends_every_answer_says_why(boundary, data):
     if answer:  # a head left unfinished waits for the request timeout, then gets its 408
         status, _ = answered_with_reason(answer)
         event(f"status {status}")
+
+
+def store_connections(b: Boundary) -> int:
+    """The TCP connections open to the store's port, whoever holds them (here: the front end)."""
+    port = urlsplit(b.config.store.url).port
+    return sum(
+        1
+        for c in psutil.net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    )
+
+
+def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
+    """Round 6, F3: 400 long polls of alice's, all held at the store, slowed bob's reads to
+    17 s (every write wakes every poll). A user's polls beyond `frontend.polls_per_user` wait
+    their turn in the front end: never more at the store; each still sees the change written
+    after its `since`, and one that waited its whole time ends quiet, as a quiet poll does."""
+    b = boundary
+    cap = b.config.frontend.polls_per_user
+    since = str(b.admin.db(b.files).info()["update_seq"])
+    feed = f"/{b.files}/_changes?feed=longpoll&since={quote(since)}"
+    before = store_connections(b)
+    with ThreadPoolExecutor(3 * cap) as pool:
+        polls = [pool.submit(b.call, "alice", "GET", f"{feed}&timeout=20000")
+                 for _ in range(3 * cap)]  # fmt: skip
+        wait_for(lambda: store_connections(b) >= before + cap, 15, "the first polls at the store")
+        held = [store_connections(b) - before for _ in range(20) if not time.sleep(0.1)]
+        assert max(held) <= cap, held
+        assert b.call("bob", "GET", f"/{b.files}/{b.bob_ids[0]}").status_code == 200
+        doc = sample_request("alice")
+        assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+        for poll in polls:
+            answer = poll.result(timeout=60)
+            assert answer.status_code == 200, answer.text[:300]
+            assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
+    since = str(b.admin.db(b.files).info()["update_seq"])
+    feed = f"/{b.files}/_changes?feed=longpoll&since={quote(since)}&timeout=1500"
+    with ThreadPoolExecutor(2 * cap) as pool:
+        quiet = list(pool.map(lambda _: b.call("alice", "GET", feed), range(2 * cap)))
+    for answer in quiet:
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.json() == {"results": [], "last_seq": since}
+    b.last = None  # alice wrote
+    alive(b)

@@ -31,6 +31,7 @@ import base64
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -106,18 +107,21 @@ class Busy(Exception):
 
 
 class Slots:
-    """Few of one kind of costly work at a time: a user's wait for each other (a queue of one
-    per user: two of one user's had held both slots and another's waited 90 s), then, when
-    `shared`, for one of `size` slots. A wait longer than HEAVY_WAIT fails with Busy."""
+    """Few of one kind of costly work at a time: a user's wait for each other (a queue of
+    `each` per user: two of one user's had held both slots and another's waited 90 s), then,
+    when `shared`, for one of `size` slots. A wait longer than `wait` (HEAVY_WAIT) fails with
+    Busy."""
 
-    def __init__(self, reactor: Any, size: int, what: str):
-        self.reactor, self.what = reactor, what
+    def __init__(self, reactor: Any, size: int, what: str, each: int = 1):
+        self.reactor, self.what, self.each = reactor, what, each
         self.shared = defer.DeferredSemaphore(size)
         self.of: dict[str, defer.DeferredSemaphore] = {}  # a user's own queue, while in use
 
-    def take(self, name: str, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
+    def take(
+        self, name: str, shared: bool = True, wait: float = HEAVY_WAIT
+    ) -> defer.Deferred[Callable[[], None]]:
         """Fires with the function that gives the slot back, or fails with Busy."""
-        mine = self.of.setdefault(name, defer.DeferredSemaphore(1))
+        mine = self.of.setdefault(name, defer.DeferredSemaphore(self.each))
         held: list[defer.DeferredSemaphore] = []
 
         def take(semaphore: defer.DeferredSemaphore) -> Any:
@@ -132,8 +136,8 @@ class Slots:
         def timed_out(failure: Any) -> Any:
             failure.trap(defer.TimeoutError)
             release()  # the wait was cancelled where it was; what it held is given back
-            raise Busy(f"{self.what} are busy; try again in a while (a user's wait one after "
-                       f"the other, at most {HEAVY_WAIT:g} s)")  # fmt: skip
+            raise Busy(f"{self.what} are busy; try again in a while (a user's wait their "
+                       f"turn, at most {wait:g} s)")  # fmt: skip
 
         waited: defer.Deferred[Any] = mine.acquire()
         waited.addCallback(lambda _: take(mine))
@@ -141,7 +145,7 @@ class Slots:
             waited.addCallback(lambda _: self.shared.acquire())
             waited.addCallback(lambda _: take(self.shared))
         waited.addCallback(lambda _: release)
-        waited.addTimeout(HEAVY_WAIT, self.reactor)
+        waited.addTimeout(wait, self.reactor)
         waited.addErrback(timed_out)
         return waited
 
@@ -617,6 +621,8 @@ class FrontEnd(resource.Resource):
         self.routes = routes.table(config)
         self.heavy = Slots(reactor, HEAVY_READS, "heavy reads (documents, a reduce, no limit)")
         self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
+        self.polls = Slots(reactor, config.frontend.polls, "long polls",
+                           each=config.frontend.polls_per_user)  # fmt: skip
         self.store_nodes: frozenset[str] = frozenset()  # the nodes the store's sequences name
         self.nodes_read_at = -NODES_REFRESH
         url = urlsplit(config.store.url)
@@ -798,6 +804,9 @@ class FrontEnd(resource.Resource):
         elif made.method in BODY:
             producer = cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
+        if made.poll_ms is not None and _user_only(who) and not _holds_poll_slot(request):
+            self._poll_slot(request, who, identity, made)
+            return
         if made.nodes - self.store_nodes:
             self._check_nodes(request, who, headers, made)
             return
@@ -814,6 +823,37 @@ class FrontEnd(resource.Resource):
             slot.addErrback(self._failed, request)
             return
         self._send(request, who, headers, made, producer)
+
+    def _poll_slot(
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
+    ) -> None:
+        """A user's long poll waits for one of its user's `frontend.polls_per_user` and of all
+        users' `frontend.polls` at the store: every write wakes every poll the store holds (400
+        of one user's had slowed the others' reads to 17 s). It waits within its own time, and
+        one that waited it all ends as a quiet poll ends."""
+        assert made.poll_ms is not None
+        asked_at = time.monotonic()
+        slot = self.polls.take(who.name, wait=made.poll_ms / 1000)
+
+        def taken(release: Callable[[], None]) -> None:
+            if _client_gone(request):  # notifyFinish would never fire
+                release()
+                return
+            request.notifyFinish().addBoth(lambda _: release())
+            request.aso_poll_slot = True  # type: ignore[attr-defined]  # ASO's own mark
+            assert made.poll_ms is not None
+            left = made.poll_ms - int((time.monotonic() - asked_at) * 1000)
+            self.forward(request, who, identity, dataclasses.replace(made, poll_ms=max(left, 0)))
+
+        def waited_out(failure: Any) -> None:
+            failure.trap(Busy)
+            if made.since == "now":  # no sequence to end with: the client asks again
+                self._failed(failure, request)
+            else:
+                _quiet(request, made)
+
+        slot.addCallbacks(taken, waited_out)
+        slot.addErrback(self._failed, request)
 
     def _heavy_slot(self, who: Mapped, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
         """A slot for a heavy read (aso/frontend/gate.py Forward.heavy), after the user's earlier
@@ -1014,8 +1054,7 @@ class FrontEnd(resource.Resource):
         def expire() -> None:
             # Answered first: the store's side, cut after, fails a request already finished
             # (a cancelled send fails with ResponseNeverReceived, not CancelledError).
-            quiet = json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
-            end(200, b"OK", Headers({b"content-type": [b"application/json"]}), quiet)
+            end(200, b"OK", Headers({b"content-type": [b"application/json"]}), _quiet_body(made))
             if collectors:
                 collectors[0].drop()
             else:
@@ -1091,6 +1130,24 @@ class FrontEnd(resource.Resource):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _quiet_body(made: gate.Forward) -> bytes:
+    """A long poll's answer when nothing changed: CouchDB's, on both stores."""
+    return json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
+
+
+def _quiet(request: server.Request, made: gate.Forward) -> None:
+    if _client_gone(request):
+        return
+    request.setResponseCode(200)
+    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+    request.write(_quiet_body(made))
+    request.finish()
+
+
+def _holds_poll_slot(request: server.Request) -> bool:
+    return bool(getattr(request, "aso_poll_slot", False))
 
 
 def _user_only(who: Mapped) -> bool:
