@@ -192,7 +192,7 @@ def test_a_storage_server_stopped_mid_run_is_a_connection_failure(
 
     try:
         with watchdog.paused():
-            run_until(stop_after_first_copies, runners, timeout=180)
+            run_until(stop_after_first_copies, runners, 150, lambda: states(db, ids))
     finally:
         runners[2].agent.close()
         embedded.start()
