@@ -1224,12 +1224,22 @@ def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
             answer = poll.result(timeout=60)
             assert answer.status_code == 200, answer.text[:300]
             assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
+    # With the user's turns all taken (polls of 20 s), a poll of 1.5 s waits its whole time.
     since = str(b.admin.db(b.files).info()["update_seq"])
-    feed = f"/{b.files}/_changes?feed=longpoll&since={quote(since)}&timeout=1500"
+    feed = f"/{b.files}/_changes?feed=longpoll&since={quote(since)}"
+    before = store_connections(b)
     with ThreadPoolExecutor(2 * cap) as pool:
-        quiet = list(pool.map(lambda _: b.call("alice", "GET", feed), range(2 * cap)))
-    for answer in quiet:
-        assert answer.status_code == 200, answer.text[:300]
-        assert answer.json() == {"results": [], "last_seq": since}
+        holding = [pool.submit(b.call, "alice", "GET", f"{feed}&timeout=20000")
+                   for _ in range(cap)]  # fmt: skip
+        wait_for(lambda: store_connections(b) >= before + cap, 15, "the polls at the store")
+        waiting = [pool.submit(b.call, "alice", "GET", f"{feed}&timeout=1500")
+                   for _ in range(cap)]  # fmt: skip
+        for answer in (poll.result(timeout=60) for poll in waiting):
+            assert answer.status_code == 200, answer.text[:300]
+            assert answer.json() == {"results": [], "last_seq": since}
+        doc = sample_request("alice")
+        assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+        for answer in (poll.result(timeout=60) for poll in holding):
+            assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
     b.last = None  # alice wrote
     alive(b)

@@ -45,3 +45,17 @@ function contribution(doc) {
           names: {link: doc.source + '>' + doc.destination, user: doc.user,
                   destination: doc.destination, hour: iso.slice(11, 13)}};
 }
+
+// The request's contribution under each of its names: a row per name (empty while its copy is
+// not over), what each live view emits from.
+function contributionRows(doc) {
+  var got = contribution(doc), rows = [];
+  if (got === null) { return rows; }
+  for (var by in got.names) {
+    if (got.names.hasOwnProperty(by)) {
+      rows.push({by: by, day: got.day, name: got.names[by], values: got.values,
+                 errors: got.errors, time_min: got.time_min, time_max: got.time_max});
+    }
+  }
+  return rows;
+}
