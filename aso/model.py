@@ -206,7 +206,7 @@ CREATION: dict[str, dict[str, tuple[str, ...]]] = {
 OWNER_MUTABLE = (*AXES, "history", "last_update")
 # What a job retry brings anew under the same LFN: its owner renews a request that was never
 # copied (failed or killed) with the new file's, as it resubmits it (docs/status-api.md, "Job
-# retries"); the validation and tests/validation_oracle.py allow exactly this.
+# retries"); the validation allows exactly this.
 RENEWABLE = ("job_retry", "size", "checksum", "publish_info")
 # The fields whose values must lie in their owner's namespace (below): only a creation or a
 # renewal (RENEWABLE) sets them, and whoever does is judged by the owner's namespace.

@@ -106,8 +106,8 @@ _free = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)  # unico
 
 
 # Seconds from the store's clock: stamps inside the window an owner's stamps must be in
-# (model.CLOCK_AHEAD, CLOCK_BEHIND) and outside it, each well away from its edges (the oracle
-# reads the clock a moment before the store does).
+# (model.CLOCK_AHEAD, CLOCK_BEHIND) and outside it, each well away from its edges (the test's
+# run of the validation reads the clock a moment before the store does).
 INSIDE = (-86_000.0, -3600.0, -1.0, 0.0, 500.0)
 OUTSIDE = (-87_000.0, -1e7, 1500.0, 1e7)
 # What agents write, as they would write it (each valid for the schema): an owner forges it.

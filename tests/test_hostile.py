@@ -7,9 +7,10 @@ here, not every test after it.
 
 What holds for every generated case:
 * validate_doc_update, written as a user or an agent (never the admin): the store's verdict is
-  tests/validation_oracle.py's, reason for reason; a refusal is a 403 `forbidden`, an
-  acceptance stores exactly what was sent and a valid request; never a 500, and the store
-  still answers afterwards; a refused write leaves the stored document as it was.
+  the same JavaScript's run in QuickJS (tests/storejs.py), reason for reason; a refusal is a
+  403 `forbidden`, an acceptance stores exactly what was sent and a valid request; never a
+  500, and the store still answers afterwards; a refused write leaves the stored document as
+  it was.
 * upload(): each document ends in exactly one of recorded/already/refused (with a reason);
   the store then holds the recorded ones as sent and the others as they were; a second call
   records nothing new.
@@ -58,7 +59,7 @@ from aso.provision.designdocs import init_databases, known_sites
 from aso.store import CONFLICT_REFUSAL, Server, StoreError
 from aso.store import admin as store_admin
 from aso.upload import IDENTITY, upload
-from tests import validation_oracle as oracle
+from tests import storejs
 from tests.conftest import ENGINE, own_store, sample_request, write_config
 from tests.hostile_strategies import LONG, forge, json_values, mutated, requests, texts
 from tests.test_frontend import ASO, cert_files
@@ -144,7 +145,7 @@ def as_validated(doc: dict[str, Any]) -> dict[str, Any]:
 
 def python_verdict(new: dict[str, Any], old: dict[str, Any] | None, who: str) -> str | None:
     try:
-        oracle.validate_doc_update(as_validated(new), old, user_ctx(who), SITES)
+        storejs.validate_doc_update(as_validated(new), old, user_ctx(who), SITES)
     except model.Refusal as refusal:
         return refusal.reason
     return None

@@ -39,7 +39,7 @@ from aso.store import (
 )
 from aso.store import admin as store_admin
 from aso.upload import upload
-from tests import validation_oracle as oracle
+from tests import storejs
 from tests.conftest import ACCOUNT_ROLES, PASSWORD, db_as, sample_request
 
 ROLE_ACCOUNT = {OWNER: "alice", AGENT: "agent", "other user": "bob"}
@@ -217,7 +217,7 @@ def test_a_user_stays_in_their_own_namespace(files_db, accounts, who, case, edit
         owner.create(doc)
     assert f"[namespace] {reason}" in str(refused.value), refused.value
     with pytest.raises(model.Refusal, match=re.escape(reason)):
-        oracle.validate_doc_update(doc, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
+        storejs.validate_doc_update(doc, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
     assert owner.get(doc["_id"]) is None
 
 
@@ -253,7 +253,7 @@ def test_a_request_naming_an_unknown_site_is_refused_at_upload(
     assert f"[site] {reason}" in str(refused.value), refused.value
     user = {"name": "alice", "roles": [model.USER_ROLE]}
     with pytest.raises(model.Refusal, match=re.escape(reason)):
-        oracle.validate_doc_update(doc, None, user, designdocs.known_sites(store_config))
+        storejs.validate_doc_update(doc, None, user, designdocs.known_sites(store_config))
     assert owner.get(doc["_id"]) is None
     owner.create(sample_request("alice"))  # the catalogue's sites are accepted
 
@@ -306,7 +306,7 @@ def test_a_request_cannot_be_born_finished(files_db, accounts, state, cleanup, p
         owner.create(doc)
     assert reason in str(refused.value), refused.value
     with pytest.raises(model.Refusal, match=reason):
-        oracle.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
+        storejs.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
     assert owner.get(doc["_id"]) is None
 
 
@@ -356,12 +356,13 @@ def refused_alike(
     db: Database, doc: dict[str, Any], old: dict[str, Any] | None, who: str, reason: str
 ) -> None:
     """The store refuses `doc` (a creation when `old` is None, else an update of `old`) with
-    `reason`, the oracle with the same, and the store keeps what it had."""
+    `reason`, the same JavaScript run in QuickJS (tests/storejs.py) with the same, and the
+    store keeps what it had."""
     with pytest.raises(Forbidden) as refused:
         db.create(doc) if old is None else db.put(doc)
     assert refused.value.reason == reason
     with pytest.raises(model.Refusal) as judged:
-        oracle.validate_doc_update(doc, old, {"name": who, "roles": [model.USER_ROLE]})
+        storejs.validate_doc_update(doc, old, {"name": who, "roles": [model.USER_ROLE]})
     assert judged.value.reason == reason
     kept = db.get(doc["_id"])
     assert (kept is None) if old is None else (kept is not None and own(kept) == own(old))
@@ -422,7 +423,7 @@ def test_a_creation_carries_nothing_an_agent_acts_on(files_db, accounts, state, 
 def test_a_creation_may_carry_the_agents_fields_blank(files_db, accounts):
     """Absent, or at the value it has before any agent acted (null, [], 0): nothing forged."""
     doc = dict(born("new"), **model.BOOKKEEPING)
-    oracle.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
+    storejs.validate_doc_update(doc, None, {"name": "alice", "roles": [model.USER_ROLE]})
     db_as(accounts, "alice", files_db).create(doc)
     assert db_as(accounts, "alice", files_db).get(doc["_id"])["lease"] is None
 
@@ -462,7 +463,7 @@ PRIORITY_RULE = (
 def test_an_owner_may_only_lower_their_own_files_priority(files_db, accounts):
     """Priority orders a user's own files (users take turns in the submitter), so an owner
     needs only lower ones; above 0 is an operator's. The red team's 100 is refused by the
-    store, the oracle and new_request (so `aso upload` says it before sending)."""
+    store, its JavaScript in QuickJS and new_request (so `aso upload` says it before sending)."""
     alice = db_as(accounts, "alice", files_db)
     for priority in (100, 1):
         doc = dict(born("new"), priority=priority)
@@ -770,7 +771,7 @@ def test_a_job_retry_renews_only_a_request_never_copied(files_db, accounts, stor
     """docs/status-api.md, "Job retries": the owner may replace a failed or killed request's
     file (size, checksum, job_retry, publication details) with a job retry's, queued again;
     nobody may while it is on its way or copied, nor without a higher job_retry, nor change
-    anything else with it. The store and the oracle agree on each case."""
+    anything else with it. The store and its JavaScript in QuickJS agree on each case."""
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
     retry = {"job_retry": 1, "size": stored["size"] + 7, "checksum": {"adler32": "0badf00d"}}
     # On its way (new): a job retry may not replace it.
@@ -793,14 +794,14 @@ def test_a_job_retry_renews_only_a_request_never_copied(files_db, accounts, stor
          "priority cannot change"),
     ):  # fmt: skip
         with pytest.raises(model.Refusal) as judged:
-            oracle.validate_doc_update(bad, failed, {"name": "alice", "roles": ["aso-user"]})
+            storejs.validate_doc_update(bad, failed, {"name": "alice", "roles": ["aso-user"]})
         with pytest.raises(Forbidden) as err:
             owner.put(bad)
         assert err.value.reason == reason == judged.value.reason
     with pytest.raises(Forbidden):  # an agent may not renew
         agent.put(dict(renewal, history=[*renewal["history"][:-1],
                                          dict(renewal["history"][-1], by="agent-x")]))  # fmt: skip
-    oracle.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
+    storejs.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
     owner.put(renewal)
     now = owner.get(stored["_id"])
     assert (now[STATE], now["size"], now["job_retry"]) == ("new", stored["size"] + 7, 1)
@@ -1093,7 +1094,7 @@ def test_a_write_based_on_the_revision_a_kill_of_the_same_batch_will_get_is_refu
     stored = db_as(accounts, "admin", files_db).get(doc["_id"])
     assert stored["_rev"] == predicted and own(stored) == own(kill)
     with pytest.raises(model.Refusal) as judged:
-        oracle.validate_doc_update(forged, doc, {"name": "alice", "roles": ["aso-user"]})
+        storejs.validate_doc_update(forged, doc, {"name": "alice", "roles": ["aso-user"]})
     assert judged.value.reason.startswith("[conflict] the write is based on revision")
 
 
@@ -1184,7 +1185,7 @@ def test_every_write_based_on_another_revision_is_a_conflict_to_every_client(
     """Whatever it would change, a write by a user or an agent that is not based on the current
     revision is a conflict: CouchDB's 409 before it validates, the validation's "[conflict]"
     refusal on the embedded store, and a Conflict (409 `conflict`) from aso.store either way,
-    single or in bulk. Nothing is stored; the oracle says the same."""
+    single or in bulk. Nothing is stored; the JavaScript in QuickJS says the same."""
     doc = sample_request("alice")
     doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
     stale = _stale(copy.deepcopy(doc), accounts, files_db)
@@ -1192,7 +1193,7 @@ def test_every_write_based_on_another_revision_is_a_conflict_to_every_client(
     write = make(current, stale)
     before = db_as(accounts, "admin", files_db).get(write["_id"])
     with pytest.raises(model.Refusal) as judged:
-        oracle.validate_doc_update(write, before, {"name": who, "roles": ACCOUNT_ROLES[who]})
+        storejs.validate_doc_update(write, before, {"name": who, "roles": ACCOUNT_ROLES[who]})
     assert judged.value.rule == "conflict", judged.value.reason
     db = db_as(accounts, who, files_db)
     with pytest.raises(Conflict) as single:
@@ -1250,7 +1251,7 @@ def test_nobody_takes_the_id_of_another_user_s_next_upload(files_db, accounts):
             db_as(accounts, who, files_db).create(squat)
         assert refused.value.reason == reason
         with pytest.raises(model.Refusal) as judged:
-            oracle.validate_doc_update(squat, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
+            storejs.validate_doc_update(squat, None, {"name": who, "roles": ACCOUNT_ROLES[who]})
         assert judged.value.reason == reason
     assert upload(db_as(accounts, "bob", files_db), [bobs]).recorded == [bobs["_id"]]
 
@@ -1269,7 +1270,7 @@ LFN_PARTS = st.text(string.ascii_letters + string.digits + "_.+=:@,-", min_size=
 def test_a_creation_s_id_is_the_hash_of_its_source_on_the_store(files_db, accounts, parts, at):
     """validate_doc_update's SHA-256 (lib/sha256.js) against hashlib, through the real
     validation: a creation whose id is its source's hash is stored, one with one bit off is
-    refused with the id it must have, by the store and the oracle alike."""
+    refused with the id it must have, by the store and its JavaScript in QuickJS alike."""
     alice = db_as(accounts, "alice", files_db)
     lfn = f"/store/temp/user/alice/{_token()}/" + "/".join(parts)
     doc = sample_request("alice", source_lfn=lfn)
@@ -1281,7 +1282,7 @@ def test_a_creation_s_id_is_the_hash_of_its_source_on_the_store(files_db, accoun
     assert (refused.error, refused.reason) == ("forbidden", reason), refused
     assert stored.ok, stored
     with pytest.raises(model.Refusal) as judged:
-        oracle.validate_doc_update(off, None, {"name": "alice", "roles": ["aso-user"]})
+        storejs.validate_doc_update(off, None, {"name": "alice", "roles": ["aso-user"]})
     assert judged.value.reason == reason
 
 
@@ -1370,7 +1371,7 @@ def test_a_job_retry_s_renewal_stays_in_the_owner_s_namespace(
         owner.put(renewal)
     assert refused.value.reason == reason
     with pytest.raises(model.Refusal) as judged:
-        oracle.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
+        storejs.validate_doc_update(renewal, failed, {"name": "alice", "roles": ["aso-user"]})
     assert judged.value.reason == reason
     assert owner.get(failed["_id"]) == failed
     # The same job retry through upload(): refused with the same reason, nothing renewed.
@@ -1528,7 +1529,7 @@ def test_a_dataset_and_a_temporary_area_have_one_owner(
         db.create(doc)
     assert refused.value.reason == reason
     with pytest.raises(model.Refusal) as judged:
-        oracle.validate_doc_update(doc, None, {"name": who, "roles": [model.USER_ROLE]})
+        storejs.validate_doc_update(doc, None, {"name": who, "roles": [model.USER_ROLE]})
     assert judged.value.reason == reason
     assert db_as(accounts, "admin", files_db).get(doc["_id"]) is None
     mine = sample_request("alice", **fields)  # the same dataset or temporary area: alice's

@@ -134,7 +134,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
   // property key).
-  // CMS's namespaces of user `name` (tests/validation_oracle.py follows it line by line).
+  // CMS's namespaces of user `name`.
   function startsWith(text, prefix) {
     return text.slice(0, prefix.length) === prefix;
   }
@@ -413,7 +413,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         refuse('create', 'a request created ' + newDoc.state + ' has ' + axis + ' ' + born[axis].join(' or ') + ', not ' + newDoc[axis]);
       }
     }
-    // The sites of the catalogue (tests/validation_oracle.py site_refusal).
+    // The sites of the catalogue.
     var ends = ['source', 'destination'];
     for (k = 0; k < ends.length; k++) {
       if (sites.indexOf(newDoc[ends[k]]) === -1) {
@@ -436,7 +436,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // A job retry's new file under the same LFN: the owner renews a request that was never
   // copied (failed or killed) as it resubmits it, with a higher job_retry (aso/model.py
-  // RENEWABLE, tests/validation_oracle.py renewal).
+  // RENEWABLE).
   var renewal = role === 'owner' && model.never_copied.indexOf(oldDoc.state) !== -1 &&
     newDoc.state === 'new' && typeof newDoc.job_retry === 'number' &&
     typeof oldDoc.job_retry === 'number' && newDoc.job_retry > oldDoc.job_retry;

@@ -1,0 +1,198 @@
+"""The store's own JavaScript, run in QuickJS as the stores run it: the design documents `aso db
+init` pushes (aso/provision/designdocs.py assembles them from couchapp/), in the environment a
+CouchDB query server gives their functions: `require` of the design document's CommonJS
+modules, `emit`, `sum`, `log`, `isArray`, `toJSON`, and validate_doc_update's four arguments.
+
+So a test knows the store's verdict on a write, or a view's rows for a document, without a store
+and from the one source of the rules (couchapp/), not from a copy of them: the fast tier judges
+writes with it, and the suites on the real stores check that the stores and it agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import quickjs
+
+from aso.config import Config, SiteConfig
+from aso.model import Refusal
+from aso.provision import designdocs
+
+FILES_DDOC = "_design/asyncstageout"
+# What a CouchDB query server gives a design document's functions (couchjs's main.js, util.js).
+ENVIRONMENT = r"""
+var __emitted = [];
+function emit(key, value) { __emitted.push([key, value === undefined ? null : value]); }
+function log(message) {}
+function isArray(value) { return Array.isArray(value); }
+function toJSON(value) { return JSON.stringify(value); }
+function sum(values) {
+  var s = 0;
+  for (var i = 0; i < values.length; i++) { s += values[i]; }
+  return s;
+}
+
+function __requireIn(ddoc) {
+  var cache = {};
+  return function require(path) {
+    if (cache.hasOwnProperty(path)) { return cache[path].exports; }
+    var source = ddoc, parts = path.split('/');
+    for (var i = 0; i < parts.length && source !== undefined; i++) { source = source[parts[i]]; }
+    if (typeof source !== 'string') { throw new Error('require: no module ' + path); }
+    var module = {id: path, exports: {}};
+    cache[path] = module;
+    (new Function('module', 'exports', 'require', source))(module, module.exports, require);
+    return module.exports;
+  };
+}
+
+function __compile(ddoc, source) {
+  var compile = new Function('require', 'emit', 'log', 'isArray', 'toJSON', 'sum',
+                             'return (' + source + ');');
+  return compile(__requireIn(ddoc), emit, log, isArray, toJSON, sum);
+}
+
+var __ddoc = null, __validate = null, __maps = {}, __reduces = {};
+
+function __load(ddocJson) {
+  __ddoc = JSON.parse(ddocJson);
+  __validate = __ddoc.validate_doc_update ? __compile(__ddoc, __ddoc.validate_doc_update) : null;
+  var views = __ddoc.views || {};
+  for (var name in views) {
+    if (!views.hasOwnProperty(name)) { continue; }
+    __maps[name] = __compile(__ddoc, views[name].map);
+    var reduce = views[name].reduce;
+    if (reduce && reduce.charAt(0) !== '_') { __reduces[name] = __compile(__ddoc, reduce); }
+  }
+}
+
+// A verdict as JSON: {"ok": true} or {"thrown": what the function threw}.
+function __validateJson(newJson, oldJson, userCtxJson, secObjJson, nowMs) {
+  if (nowMs !== null) { Date.now = function () { return nowMs; }; }
+  try {
+    __validate(JSON.parse(newJson), JSON.parse(oldJson), JSON.parse(userCtxJson),
+               JSON.parse(secObjJson));
+    return JSON.stringify({ok: true});
+  } catch (thrown) {
+    return JSON.stringify({thrown: thrown instanceof Error ? {error: String(thrown)} : thrown});
+  }
+}
+
+function __mapJson(name, docJson) {
+  __emitted = [];
+  __maps[name](JSON.parse(docJson));
+  return JSON.stringify(__emitted);
+}
+
+function __reduceJson(name, keysJson, valuesJson, rereduce) {
+  return JSON.stringify(__reduces[name](JSON.parse(keysJson), JSON.parse(valuesJson), rereduce));
+}
+"""
+RULE = re.compile(r"^\[([\w-]+)\] (.*)$", re.S)
+TIME_LIMIT = 10  # seconds a call may run (a loop in a function must not hang the tests)
+MEMORY_LIMIT = 512 << 20
+
+
+class DesignDocument:
+    """One design document's functions in a QuickJS context of their own."""
+
+    def __init__(self, ddoc: Mapping[str, Any]):
+        self.ddoc = ddoc
+        self.context = quickjs.Context()
+        self.context.set_time_limit(TIME_LIMIT)
+        self.context.set_memory_limit(MEMORY_LIMIT)
+        self.context.eval(ENVIRONMENT)
+        self.context.eval("__load")(json.dumps(ddoc))
+
+    def validate(
+        self,
+        new: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        user_ctx: Mapping[str, Any],
+        sec_obj: Mapping[str, Any] | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Returns when validate_doc_update lets the write through; raises Refusal with the
+        store's reason ("[rule] message" split in two) otherwise."""
+        verdict = json.loads(
+            self.context.eval("__validateJson")(
+                json.dumps(new),
+                json.dumps(old),
+                json.dumps(user_ctx),
+                json.dumps(sec_obj or {}),
+                None if now is None else now * 1000,
+            )
+        )
+        if verdict.get("ok"):
+            return
+        thrown = verdict["thrown"]
+        text = (
+            thrown.get("forbidden") or thrown.get("unauthorized")
+            if isinstance(thrown, dict)
+            else None
+        )
+        if not isinstance(text, str):
+            raise AssertionError(f"validate_doc_update threw no refusal: {thrown!r}")
+        rule = RULE.match(text)
+        raise Refusal(*rule.groups()) if rule else Refusal("unauthorized", text)
+
+    def map(self, view: str, doc: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+        """The (key, value) rows the view's map function emits for `doc`."""
+        rows = json.loads(self.context.eval("__mapJson")(view, json.dumps(doc)))
+        return [(key, value) for key, value in rows]
+
+    def reduce(
+        self, view: str, keys: Sequence[Any] | None, values: Sequence[Any], rereduce: bool
+    ) -> Any:
+        """The view's reduce function (a JavaScript one, or CouchDB's _count, _sum, _stats)."""
+        builtin = self.ddoc["views"][view].get("reduce", "")
+        if builtin == "_count":
+            return sum(values) if rereduce else len(values)
+        if builtin == "_sum":
+            return sum(values)
+        if builtin == "_stats":
+            return _stats(values, rereduce)
+        return json.loads(
+            self.context.eval("__reduceJson")(view, json.dumps(keys), json.dumps(values), rereduce)
+        )
+
+
+def _stats(values: Sequence[Any], rereduce: bool) -> dict[str, float]:
+    if not rereduce:
+        values = [{"sum": v, "count": 1, "min": v, "max": v, "sumsqr": v * v} for v in values]
+    return {
+        "sum": sum(v["sum"] for v in values),
+        "count": sum(v["count"] for v in values),
+        "min": min(v["min"] for v in values),
+        "max": max(v["max"] for v in values),
+        "sumsqr": sum(v["sumsqr"] for v in values),
+    }
+
+
+@functools.cache
+def files_design(sites: tuple[str, ...] | None = None) -> DesignDocument:
+    """The files database's design document as `aso db init` pushes it for a catalogue of
+    `sites` (None: the default configuration's)."""
+    config = Config()
+    if sites is not None:
+        config.sites = {name: SiteConfig(protocol="sim") for name in sites}
+    [ddoc] = [d for d in designdocs.design_documents(config) if d["_id"] == FILES_DDOC]
+    return DesignDocument(ddoc)
+
+
+def validate_doc_update(
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user_ctx: Mapping[str, Any],
+    sites: Sequence[str] | None = None,
+    now: float | None = None,
+) -> None:
+    """What the files database's validate_doc_update decides for writing `new` over `old` (None:
+    a creation) as `user_ctx`, for a catalogue of `sites` (None: the default configuration's),
+    at the store's clock `now` (None: this host's, the test stores' clock)."""
+    design = files_design(None if sites is None else tuple(sorted(sites)))
+    design.validate(new, old, user_ctx, now=now)
