@@ -171,3 +171,22 @@ def test_a_block_names_its_files_and_its_dataset():
     assert block.dataset == "/P/alice-x-v1/USER" and block.user == "alice"
     assert [f.lfn for f in block.files] == [d["destination_lfn"] for d in files]
     assert publication.make_block(files).name == block.name  # the same files, the same block
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "error_class"),
+    [
+        # gfal2's HTTP plugin, a destination that accepts connections and never answers
+        (13, "DESTINATION OVERWRITE   Result (Neon): SSL handshake failed: Connection timed out "
+         "during SSL handshake after 1 attempts", errors.TIMEOUT),
+        (13, "Result (Neon): Could not connect to server: Connection refused", errors.CONNECTION),
+        (13, "HTTP 403 : Permission refused", errors.PERMISSION),
+        (13, "SSL handshake failed: tlsv1 alert unknown ca", errors.PERMISSION),
+        (110, "[FATAL] Socket timeout:  (destination)", errors.TIMEOUT),
+        (2, "No such file or directory", errors.SOURCE_MISSING),
+    ],
+)  # fmt: skip
+def test_a_server_that_does_not_answer_is_no_permission_error(code, message, error_class):
+    """A timeout gfal2 reports under EACCES failed the file for good (permission is permanent):
+    the text's timeout or refused connection wins over that code."""
+    assert errors.classify(code, message) == error_class

@@ -89,8 +89,18 @@ _BY_TEXT = [
 ]
 
 
+# A server that stopped answering, as gfal2's HTTP plugin reports it from the step before a
+# copy: "[13] DESTINATION OVERWRITE ... SSL handshake failed: Connection timed out during SSL
+# handshake". The code says permission (permanent); the text says the server did not answer.
+_TRANSPORT_UNDER_PERMISSION = (TIMEOUT, CONNECTION)
+
+
 def classify(code: int | None = None, message: str | None = None) -> str:
     """The error class of a failure, from an error code (gfal2.GError.code) and/or a text."""
+    if code in (errno.EACCES, errno.EPERM) and message:
+        for pattern, error_class in _BY_TEXT:
+            if error_class in _TRANSPORT_UNDER_PERMISSION and pattern.search(message):
+                return error_class
     if code is not None and code in _BY_ERRNO:
         # gfal2 reports a missing source of a checksum-verified copy as EIO with a text, and a
         # refused connection over HTTP as EHOSTDOWN: the code first, the text when it is vague.
