@@ -63,11 +63,18 @@ ALREADY_RECORDED = "already recorded: the same file (nothing to do)"
 DIFFERENT_FILE = "a different file"  # how every other such reason begins
 
 
-def conflict_reason(stored: Mapping[str, Any] | None, doc: Any) -> str:
-    """The reason of a creation that found `stored` under its id: the same request, or a
-    different file (and whether a job retry may renew it)."""
+ANOTHER_USERS = "a request with this id exists and is another user's"
+
+
+def conflict_reason(stored: Mapping[str, Any] | None, doc: Any, caller: str) -> str:
+    """The reason `caller`'s creation gets when it found `stored` under its id: the same
+    request, or a different file (and whether a job retry may renew it). Another user's request
+    is never "already recorded" for the caller, even with the same fields: the caller's upload
+    recorded nothing."""
     if stored is None or not isinstance(doc, Mapping):
         return "a request with this id exists"
+    if stored.get("user") != caller:
+        return ANOTHER_USERS
     if _same_file(stored, doc):
         return ALREADY_RECORDED
     why = request.renewable(stored, doc)  # "a different file for LFN is recorded (...): ..."

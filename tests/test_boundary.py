@@ -40,7 +40,7 @@ import requests as http
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from aso import limits, model, procs
+from aso import limits, model, procs, upload
 from aso.config import Config
 from aso.frontend import gate, routes, sequences
 from aso.local.pki import Pki
@@ -1243,3 +1243,37 @@ def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
             assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
     b.last = None  # alice wrote
     alive(b)
+
+
+def test_a_copy_of_another_user_s_request_is_not_already_recorded(boundary):
+    """Round 6: bob PUT an exact copy of alice's request and was told "already recorded: the
+    same file", which an upload client takes for success. It is another user's request."""
+    b = boundary
+    stored = b.admin.db(b.files).get(b.alice_ids[0])
+    assert stored is not None
+    copy_of = {k: v for k, v in stored.items() if k != "_rev"}
+    answer = b.call("bob", "PUT", f"/{b.files}/{copy_of['_id']}", json=copy_of)
+    refused(answer, 409, upload.ANOTHER_USERS)
+    batch = b.call("bob", "POST", f"/{b.files}/_bulk_docs", json={"docs": [copy_of]})
+    assert batch.status_code == 201, batch.text[:300]
+    assert batch.json()[0]["reason"] == upload.ANOTHER_USERS, batch.text[:300]
+    mine = b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": [copy_of]})
+    assert mine.json()[0]["reason"] == upload.ALREADY_RECORDED, mine.text[:300]
+    assert b.admin.db(b.files).get(copy_of["_id"]) == stored
+
+
+def test_polls_sent_at_once_to_a_fresh_front_end_all_go_through(boundary, tmp_path):
+    """A front end learns the store's node names (that a CouchDB `since` names) from the store
+    itself, one reading at a time: polls sent at once to a front end just started had all but
+    the first refused (400, "names a node the store does not have") while it read them."""
+    b = boundary
+    since = quote(str(b.admin.db(b.files).info()["update_seq"]))
+    config = copy.deepcopy(b.config)
+    config.source = tmp_path / "aso.toml"
+    with running_frontend(config, tmp_path) as url:
+        fresh = dataclasses.replace(b, url=url)
+        feed = f"/{b.files}/_changes?feed=longpoll&since={since}&timeout=1000"
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: fresh.call("alice", "GET", feed), range(8)))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text[:300]

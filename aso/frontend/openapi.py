@@ -284,8 +284,10 @@ CONFLICT = {
         'no second request is needed (docs/status-api.md, "Recording a request"): `already '
         "recorded: the same file (nothing to do)` (the same LFNs, sites, size and checksum: a job "
         "that ran its stage-out twice), or a reason that begins `a different file` (a job retry's "
-        "new file, or a wrong upload), saying whether a job retry may renew it. An update based "
-        "on a stale `_rev` gets `Document update conflict.`: read the request again."
+        "new file, or a wrong upload), saying whether a job retry may renew it, or `a request "
+        "with this id exists and is another user's` (never `already recorded` for a request "
+        "that is not the caller's). An update based on a stale `_rev` gets `Document update "
+        "conflict.`: read the request again."
     ),
     "content": {
         "application/json": {

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -52,6 +52,7 @@ from OpenSSL import SSL
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, protocol, threads
 from twisted.internet.error import CannotListenError
+from twisted.python.failure import Failure
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
@@ -64,6 +65,7 @@ from aso.grid.x509auth import Identity, Refused, TrustStore, verify_chain
 from aso.store import Server
 
 log = logging.getLogger("aso.frontend")
+T = TypeVar("T")
 
 # The client's headers that go on to the store: those that ask for a representation. Every
 # other is dropped (Authorization, Cookie, X-Auth-CouchDB-*, X-Forwarded-* would claim an
@@ -625,6 +627,7 @@ class FrontEnd(resource.Resource):
                            each=config.frontend.polls_per_user)  # fmt: skip
         self.store_nodes: frozenset[str] = frozenset()  # the nodes the store's sequences name
         self.nodes_read_at = -NODES_REFRESH
+        self.nodes_waiting: list[defer.Deferred[None]] | None = None  # while a reading is out
         url = urlsplit(config.store.url)
         if url.scheme != "http":
             raise ValueError("the front end forwards to a store on http:// (its loopback side)")
@@ -871,21 +874,43 @@ class FrontEnd(resource.Resource):
         """A `since` naming nodes the front end has not seen goes on only once the store's own
         sequence names them (aso.frontend.sequences): CouchDB would make an atom of any name in
         it."""
-        if time.monotonic() - self.nodes_read_at < NODES_REFRESH:
-            self._unknown_nodes(request, made)
-            return
-        self.nodes_read_at = time.monotonic()
-        info = self._within_poll(self._update_seq(made, headers), made)
+        if self.nodes_waiting is None:
+            if time.monotonic() - self.nodes_read_at < NODES_REFRESH:
+                self._unknown_nodes(request, made)
+                return
+            self._read_nodes(made, headers)
+        assert self.nodes_waiting is not None
+        waited: defer.Deferred[None] = defer.Deferred()
+        self.nodes_waiting.append(waited)
 
-        def learned(seq: str) -> None:
-            self.store_nodes |= sequences.check(seq)
+        def learned(_: None) -> None:
             if made.nodes - self.store_nodes:
                 self._unknown_nodes(request, made)
                 return
             self.forward(request, who, {k: v[0] for k, v in headers.items()}, made)
 
-        info.addCallback(learned)
-        info.addErrback(self._failed, request)
+        self._within_poll(waited, made).addCallback(learned).addErrback(self._failed, request)
+
+    def _read_nodes(self, made: gate.Forward, headers: dict[bytes, list[bytes]]) -> None:
+        """Read the store's sequence once for every request that comes while it is read (a
+        client's polls sent at once had all but the first refused)."""
+        self.nodes_read_at = time.monotonic()
+        self.nodes_waiting = []
+
+        def learned(seq: str) -> None:
+            self.store_nodes |= sequences.check(seq)
+
+        def tell(result: Any) -> None:
+            waiting, self.nodes_waiting = self.nodes_waiting or [], None
+            for waited in waiting:
+                if waited.called:  # its poll's time ran out meanwhile
+                    continue
+                if isinstance(result, Failure):
+                    waited.errback(result)
+                else:
+                    waited.callback(None)
+
+        self._update_seq(made, headers).addCallback(learned).addBoth(tell)
 
     def _unknown_nodes(self, request: server.Request, made: gate.Forward) -> None:
         log.warning("refused since naming nodes %s", sorted(made.nodes - self.store_nodes)[:3])
@@ -901,7 +926,7 @@ class FrontEnd(resource.Resource):
         body = info.addCallback(client.readBody)
         return body.addCallback(lambda text: str(json.loads(text)["update_seq"]))
 
-    def _within_poll(self, asked: defer.Deferred[str], made: gate.Forward) -> defer.Deferred[str]:
+    def _within_poll(self, asked: defer.Deferred[T], made: gate.Forward) -> defer.Deferred[T]:
         """What a long poll asks the store before it begins, bounded by the poll's own time: a
         store too busy to answer by then is busy (503), not unreachable."""
         if made.poll_ms is not None:
@@ -1112,7 +1137,7 @@ class FrontEnd(resource.Resource):
                     release()
                 body = yield threads.deferToThreadPool(
                     self.reactor, self.reactor.getThreadPool(), _explained, body, conflicts,
-                    stored_body,
+                    stored_body, who.name,
                 )  # fmt: skip
         except Busy:
             pass  # the conflicts are told as the store told them
@@ -1242,10 +1267,10 @@ def _is_agent(who: Mapped) -> bool:
     return model.AGENT_ROLE in who.roles
 
 
-def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes) -> bytes:
+def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes, caller: str) -> bytes:
     rows = json.loads(stored_body)["rows"]
     stored = {r["key"]: r.get("doc") for r in rows if isinstance(r, dict)}
-    return explain(body, conflicts, stored)
+    return explain(body, conflicts, stored, caller)
 
 
 def cross_site(request: server.Request) -> gate.GateRefusal | None:
@@ -1330,13 +1355,13 @@ def conflicts_of(made: gate.Forward, answer: bytes) -> dict[str, Any]:
     return {sent["_id"]: sent} if is_conflict and new else {}
 
 
-def explain(answer: bytes, conflicts: dict[str, Any], stored: dict[str, Any]) -> bytes:
+def explain(answer: bytes, conflicts: dict[str, Any], stored: dict[str, Any], caller: str) -> bytes:
     """The store's answer with each conflict's reason from upload.conflict_reason."""
     got = json.loads(answer)
     for entry in got if isinstance(got, list) else [got]:
         doc_id = entry.get("id") if isinstance(got, list) else next(iter(conflicts))
         if doc_id in conflicts and entry.get("error") == "conflict":
-            entry["reason"] = upload.conflict_reason(stored.get(doc_id), conflicts[doc_id])
+            entry["reason"] = upload.conflict_reason(stored.get(doc_id), conflicts[doc_id], caller)
     return json.dumps(got).encode()
 
 
