@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -117,7 +118,10 @@ class DesignDocument:
         now: float | None = None,
     ) -> None:
         """Returns when validate_doc_update lets the write through; raises Refusal with the
-        store's reason ("[rule] message" split in two) otherwise."""
+        store's reason ("[rule] message" split in two) otherwise. A document without an `_id`
+        is given one first, as both stores do for a POST before they validate it."""
+        if "_id" not in new:
+            new = {**new, "_id": uuid.uuid4().hex}
         verdict = json.loads(
             self.context.eval("__validateJson")(
                 json.dumps(new),

@@ -61,6 +61,18 @@ def test_an_owner_creates_their_own_request_and_no_one_else_s():
     assert refused.value.reason == '[owner] user "bob" may not write requests of user "alice"'
 
 
+def test_a_document_without_an_id_is_judged_as_the_stores_judge_a_post():
+    """The stores give a POSTed document an id before they validate it (the JavaScript reads
+    `_id` as a string): a request without one is refused for its id, not a TypeError (found by
+    `make fuzz`)."""
+    doc = sample_request("alice")
+    expected = doc.pop("_id")
+    for who in USER_CTX.values():
+        with pytest.raises(model.Refusal) as refused:
+            storejs.validate_doc_update(doc, None, who)
+        assert refused.value.rule == "schema" and expected in refused.value.message
+
+
 def test_a_request_naming_a_site_the_catalogue_does_not_have_is_refused():
     doc = sample_request("alice")
     with pytest.raises(model.Refusal) as refused:
