@@ -1277,3 +1277,26 @@ def test_polls_sent_at_once_to_a_fresh_front_end_all_go_through(boundary, tmp_pa
             answers = list(pool.map(lambda _: fresh.call("alice", "GET", feed), range(8)))
     for answer in answers:
         assert answer.status_code == 200, answer.text[:300]
+
+
+def test_a_poll_since_now_that_waits_its_turn_sees_what_is_written_meanwhile(boundary):
+    """Round 7: a `since=now` poll that waited for its user's turn read "now" only when its
+    turn came, and never reported what was written while it waited. `now` is read first."""
+    b = boundary
+    cap = b.config.frontend.polls_per_user
+    quiet = quote(json.dumps(["no-such-request"]))
+    feed = f"/{b.files}/_changes?feed=longpoll&since=now"
+    hold = f"{feed}&timeout=6000&filter=_doc_ids&doc_ids={quiet}"
+    before = store_connections(b)
+    with ThreadPoolExecutor(cap + 1) as pool:
+        holding = [pool.submit(b.call, "alice", "GET", hold) for _ in range(cap)]
+        wait_for(lambda: store_connections(b) >= before + cap, 15, "the polls at the store")
+        waiting = pool.submit(b.call, "alice", "GET", f"{feed}&timeout=30000")
+        time.sleep(2)  # its `now` read; the user's turns still held
+        doc = sample_request("alice")
+        assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+        assert all(poll.result(timeout=60).status_code == 200 for poll in holding)
+        answer = waiting.result(timeout=60)
+    assert answer.status_code == 200, answer.text[:300]
+    assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
+    b.last = None  # alice wrote

@@ -807,14 +807,15 @@ class FrontEnd(resource.Resource):
         elif made.method in BODY:
             producer = cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
-        if made.poll_ms is not None and _user_only(who) and not _holds_poll_slot(request):
-            self._poll_slot(request, who, identity, made)
-            return
         if made.nodes - self.store_nodes:
             self._check_nodes(request, who, headers, made)
             return
         if made.poll_ms is not None and made.since == "now":
             self._poll_from_now(request, who, headers, made)
+            return
+        # After `now` is read: a poll that waits its turn must not lose what is written meanwhile.
+        if made.poll_ms is not None and _user_only(who) and not _holds_poll_slot(request):
+            self._poll_slot(request, who, identity, made)
             return
         if made.heavy or (made.with_docs and not _is_agent(who)):
             # A long poll with documents waits in its user's queue, never for a shared slot (it
@@ -844,16 +845,11 @@ class FrontEnd(resource.Resource):
                 return
             request.notifyFinish().addBoth(lambda _: release())
             request.aso_poll_slot = True  # type: ignore[attr-defined]  # ASO's own mark
-            assert made.poll_ms is not None
-            left = made.poll_ms - int((time.monotonic() - asked_at) * 1000)
-            self.forward(request, who, identity, dataclasses.replace(made, poll_ms=max(left, 0)))
+            self.forward(request, who, identity, _less_time(made, asked_at))
 
         def waited_out(failure: Any) -> None:
             failure.trap(Busy)
-            if made.since == "now":  # no sequence to end with: the client asks again
-                self._failed(failure, request)
-            else:
-                _quiet(request, made)
+            _quiet(request, made)  # its `since` is a sequence: `now` was read before it waited
 
         slot.addCallbacks(taken, waited_out)
         slot.addErrback(self._failed, request)
@@ -943,8 +939,9 @@ class FrontEnd(resource.Resource):
         """A long poll `since=now` asks from the database's current sequence, so that a quiet
         one ends with a `last_seq` the next poll can start from (the embedded store would
         answer "now")."""
+        asked_at = time.monotonic()
         seq = self._within_poll(self._update_seq(made, headers), made)
-        now = seq.addCallback(lambda seq: gate.with_since(made, seq))
+        now = seq.addCallback(lambda seq: _less_time(gate.with_since(made, seq), asked_at))
         now.addCallback(lambda from_now: self.forward(request, who, {
             k: v[0] for k, v in headers.items()}, from_now))  # fmt: skip
         now.addErrback(self._failed, request)
@@ -1155,6 +1152,13 @@ class FrontEnd(resource.Resource):
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")
+
+
+def _less_time(made: gate.Forward, since: float) -> gate.Forward:
+    """`made` with the time spent since `since` (monotonic) taken off its poll's time."""
+    assert made.poll_ms is not None
+    spent = int((time.monotonic() - since) * 1000)
+    return dataclasses.replace(made, poll_ms=max(made.poll_ms - spent, 0))
 
 
 def _quiet_body(made: gate.Forward) -> bytes:
