@@ -57,7 +57,7 @@ function __compile(ddoc, source) {
   return compile(__requireIn(ddoc), emit, log, isArray, toJSON, sum);
 }
 
-var __ddoc = null, __validate = null, __maps = {}, __reduces = {};
+var __ddoc = null, __validate = null, __maps = {}, __hostNow = Date.now;
 
 function __load(ddocJson) {
   __ddoc = JSON.parse(ddocJson);
@@ -66,14 +66,12 @@ function __load(ddocJson) {
   for (var name in views) {
     if (!views.hasOwnProperty(name)) { continue; }
     __maps[name] = __compile(__ddoc, views[name].map);
-    var reduce = views[name].reduce;
-    if (reduce && reduce.charAt(0) !== '_') { __reduces[name] = __compile(__ddoc, reduce); }
   }
 }
 
 // A verdict as JSON: {"ok": true} or {"thrown": what the function threw}.
 function __validateJson(newJson, oldJson, userCtxJson, secObjJson, nowMs) {
-  if (nowMs !== null) { Date.now = function () { return nowMs; }; }
+  Date.now = nowMs === null ? __hostNow : function () { return nowMs; };
   try {
     __validate(JSON.parse(newJson), JSON.parse(oldJson), JSON.parse(userCtxJson),
                JSON.parse(secObjJson));
@@ -87,10 +85,6 @@ function __mapJson(name, docJson) {
   __emitted = [];
   __maps[name](JSON.parse(docJson));
   return JSON.stringify(__emitted);
-}
-
-function __reduceJson(name, keysJson, valuesJson, rereduce) {
-  return JSON.stringify(__reduces[name](JSON.parse(keysJson), JSON.parse(valuesJson), rereduce));
 }
 """
 RULE = re.compile(r"^\[([\w-]+)\] (.*)$", re.S)
@@ -148,33 +142,6 @@ class DesignDocument:
         """The (key, value) rows the view's map function emits for `doc`."""
         rows = json.loads(self.context.eval("__mapJson")(view, json.dumps(doc)))
         return [(key, value) for key, value in rows]
-
-    def reduce(
-        self, view: str, keys: Sequence[Any] | None, values: Sequence[Any], rereduce: bool
-    ) -> Any:
-        """The view's reduce function (a JavaScript one, or CouchDB's _count, _sum, _stats)."""
-        builtin = self.ddoc["views"][view].get("reduce", "")
-        if builtin == "_count":
-            return sum(values) if rereduce else len(values)
-        if builtin == "_sum":
-            return sum(values)
-        if builtin == "_stats":
-            return _stats(values, rereduce)
-        return json.loads(
-            self.context.eval("__reduceJson")(view, json.dumps(keys), json.dumps(values), rereduce)
-        )
-
-
-def _stats(values: Sequence[Any], rereduce: bool) -> dict[str, float]:
-    if not rereduce:
-        values = [{"sum": v, "count": 1, "min": v, "max": v, "sumsqr": v * v} for v in values]
-    return {
-        "sum": sum(v["sum"] for v in values),
-        "count": sum(v["count"] for v in values),
-        "min": min(v["min"] for v in values),
-        "max": max(v["max"] for v in values),
-        "sumsqr": sum(v["sumsqr"] for v in values),
-    }
 
 
 @functools.cache
