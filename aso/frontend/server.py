@@ -429,11 +429,15 @@ def _client_gone(request: server.Request) -> bool:
 
 
 def _answer(request: server.Request, status: int, error: str, reason: str) -> None:
+    _answer_json(request, status, json.dumps({"error": error, "reason": reason}).encode() + b"\n")
+
+
+def _answer_json(request: server.Request, status: int, body: bytes) -> None:
     if _client_gone(request):
         return  # nobody to tell (the client left while its certificate was checked)
     request.setResponseCode(status)
     request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
-    request.write(json.dumps({"error": error, "reason": reason}).encode() + b"\n")
+    request.write(body)
     request.finish()
 
 
@@ -849,7 +853,8 @@ class FrontEnd(resource.Resource):
 
         def waited_out(failure: Any) -> None:
             failure.trap(Busy)
-            _quiet(request, made)  # its `since` is a sequence: `now` was read before it waited
+            # Its `since` is a sequence: `now` was read before it waited.
+            _answer_json(request, 200, _quiet_body(made))
 
         slot.addCallbacks(taken, waited_out)
         slot.addErrback(self._failed, request)
@@ -1164,15 +1169,6 @@ def _less_time(made: gate.Forward, since: float) -> gate.Forward:
 def _quiet_body(made: gate.Forward) -> bytes:
     """A long poll's answer when nothing changed: CouchDB's, on both stores."""
     return json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
-
-
-def _quiet(request: server.Request, made: gate.Forward) -> None:
-    if _client_gone(request):
-        return
-    request.setResponseCode(200)
-    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
-    request.write(_quiet_body(made))
-    request.finish()
 
 
 def _holds_poll_slot(request: server.Request) -> bool:
