@@ -113,8 +113,10 @@ lint: $(ASO)
 
 # The whole suite on each store, both legs at once (the tests mostly wait on stores, agents and
 # storage servers, so two legs share the 2 cores well: ~25 min where one after the other took
-# ~40), each line prefixed with its store; the run fails if either leg fails. Under CI (CI=true)
-# a missing CouchDB fails the run; elsewhere it is said loudly and only the embedded leg runs.
+# ~40), each line prefixed with its store and kept whole in var/test-<store>.log; the run fails
+# if either leg fails, and ends by repeating each leg's failures (a CI log may keep only its
+# tail). Under CI (CI=true) a missing CouchDB fails the run; elsewhere it is said loudly and
+# only the embedded leg runs.
 test: setup lint couchdb
 	@legs=pouchdb; \
 	if [ -x "$(COUCHDB_HOME)/bin/couchdb" ]; then legs="couchdb pouchdb"; \
@@ -123,9 +125,11 @@ test: setup lint couchdb
 	else \
 	  echo "make test: WARNING: no Apache CouchDB at $(COUCHDB_HOME); the CouchDB leg is NOT run (set COUCHDB_HOME)" >&2; fi; \
 	start=$$(date +%s); pids=(); \
-	for leg in $$legs; do \
-	  ( $(MAKE) --no-print-directory test-$$leg 2>&1 | sed -u "s/^/[$$leg] /" ) & pids+=($$!); done; \
+	mkdir -p var; for leg in $$legs; do \
+	  ( $(MAKE) --no-print-directory test-$$leg 2>&1 | tee var/test-$$leg.log | sed -u "s/^/[$$leg] /" ) & pids+=($$!); done; \
 	failed=0; for pid in "$${pids[@]}"; do wait $$pid || failed=1; done; \
+	for leg in $$legs; do grep -E '^(FAILED|ERROR) |^(make|==).*(FAILED|Error)' var/test-$$leg.log \
+	  | sed "s/^/== failed on $$leg: /" || true; done; \
 	echo "== screenshots of the monitoring pages, a folder per store: $(ASO_TEST_ARTEFACTS)/"; \
 	echo "== make test: $$( [ $$failed = 0 ] && echo passed || echo FAILED ) in $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s ($$legs)"; \
 	exit $$failed
