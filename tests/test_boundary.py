@@ -39,10 +39,11 @@ import pytest
 import requests as http
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from twisted.internet import defer
 
 from aso import limits, model, procs, upload
 from aso.config import Config
-from aso.frontend import gate, routes, sequences
+from aso.frontend import gate, routes, sequences, server
 from aso.local.pki import Pki
 from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
@@ -889,6 +890,49 @@ def test_one_user_s_large_bodies_and_heavy_reads_wait_for_each_other():
     frontend.give_back_memory()  # glibc or not, it returns
 
 
+def test_a_wait_for_a_slot_ends_when_its_client_leaves_and_the_shared_cap_holds():
+    """Round 7 left these untried. A request waiting for a slot whose client left kept its place
+    in its user's queue until its time was out: its wait now ends when the client leaves, and
+    gives back what it held. With every shared slot taken (by as many users), the next user's
+    waits, and goes as soon as one is given back."""
+    from twisted.internet.task import Clock
+    from twisted.python.failure import Failure
+    from twisted.web.test.requesthelper import DummyRequest
+
+    from aso.frontend import server as frontend
+
+    clock = Clock()
+    slots = frontend.Slots(clock, 3, "long polls", each=1)
+    first = slots.take("alice")
+    leaving = [DummyRequest([b""]) for _ in range(5)]
+    ghosts = [slots.take_for(r, "alice", wait=60) for r in leaving]
+    assert not any(g.called for g in ghosts) and len(slots.of["alice"].waiting) == 5
+    for request, ghost in zip(leaving, ghosts, strict=True):
+        ghost.addErrback(lambda f: f.trap(defer.CancelledError))
+        request.processingFailed(Failure(ConnectionError("the client left")))
+    assert not slots.of["alice"].waiting  # none left waiting until its time is out
+    release_first: list[Any] = []
+    first.addCallback(release_first.append)
+    release_first[0]()
+    assert "alice" not in slots.of  # nothing held for her any more
+    # the shared cap: three users hold the three slots, a fourth waits for one of them
+    held: list[Any] = []
+    for user in ("u1", "u2", "u3"):
+        slots.take(user).addCallback(held.append)
+    fourth: list[Any] = []
+    slots.take_for(DummyRequest([b""]), "u4", wait=10).addCallback(fourth.append)
+    assert len(held) == 3 and not fourth
+    clock.advance(5)
+    held[0]()
+    assert fourth and callable(fourth[0])
+    late: list[Any] = []
+    slots.take("u5", wait=10).addBoth(late.append)
+    assert not late
+    clock.advance(11)
+    assert late[0].check(frontend.Busy)  # given Busy at its time
+    assert not slots.shared.waiting
+
+
 @pytest.mark.parametrize(
     "query, heavy",
     [("group=true", True), ("", True), ("reduce=true&limit=5", True), ("group_level=1", True),
@@ -1050,7 +1094,8 @@ def test_a_long_poll_on_a_busy_store_ends_at_its_timeout(boundary):
     was asked from; one `since=now` whose sequence the store cannot tell in that time is 503
     (busy, Retry-After), never 502."""
     b = boundary
-    since = str(b.admin.db(b.files).info()["update_seq"])
+    seq = b.admin.db(b.files).info()["update_seq"]  # a number on the embedded store
+    since = str(seq)
     feed = f"/{b.files}/_changes?feed=longpoll&timeout=1000"
     # (the nodes a CouchDB sequence names are learned once, while the store answers)
     assert b.call("alice", "GET", f"{feed}&since={quote(since)}").status_code == 200
@@ -1058,7 +1103,7 @@ def test_a_long_poll_on_a_busy_store_ends_at_its_timeout(boundary):
         quiet = b.call("alice", "GET", f"{feed}&since={quote(since)}", timeout=20)
         busy = b.call("alice", "GET", f"{feed}&since=now", timeout=20)
     assert quiet.status_code == 200, quiet.text[:300]
-    assert quiet.json() == {"results": [], "last_seq": since}
+    assert quiet.json() == {"results": [], "last_seq": seq}  # as the store writes it
     refused(busy, 503, "did not answer within")
     assert busy.headers.get("Retry-After")
     alive(b)
@@ -1144,6 +1189,21 @@ MALFORMED_FRAMING = {
     "600 headers": (GET + b"X: a\r\n" * 600 + b"\r\n", "header lines"),
     "HTTP/0.9": (b"GET /_session\r\n\r\n", "request line"),
     "the HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2"),
+    # round 7: each of these was taken, or waited for the request timeout
+    "lines ending with LF": (b"GET /_session HTTP/1.1\nHost: x\n\n", "CR LF"),
+    "a line ending with LF": (GET + b"X-A: a\nX-B: b\r\n\r\n", "CR LF"),
+    "lines ending with CR": (b"GET /_session HTTP/1.1\rHost: x\r\r", "CR LF"),
+    "a bare CR in a header": (GET + b"X-A: a\rb\r\n\r\n", "CR LF"),
+    "a folded header": (GET + b"X-A: a\r\n b\r\n\r\n", "folded"),
+    "a folded header by a tab": (GET + b"X-A: a\r\n\tb\r\n\r\n", "folded"),
+    "no Host": (b"GET /_session HTTP/1.1\r\n\r\n", "one Host"),
+    "two Hosts": (GET + b"Host: y\r\n\r\n", "one Host"),
+    "a Host with a path": (b"GET /_session HTTP/1.1\r\nHost: x/y\r\n\r\n", "host name"),
+    "a Host with a user": (b"GET /_session HTTP/1.1\r\nHost: u@x\r\n\r\n", "host name"),
+    "a trailer field": (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-A: a\r\n\r\n", "trailer"),
+    "a trailer line without a colon": (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx\r\n\r\n", "trailer"),
 }  # fmt: skip
 
 
@@ -1159,6 +1219,78 @@ def test_malformed_framing_is_refused_with_its_reason(boundary, case):
     assert reason in body["reason"], body
     assert snapshot(b) == before
     alive(b)
+
+
+def test_a_request_of_http_1_0_needs_no_host(boundary):
+    answer = raw_exchange(boundary, b"GET /nowhere HTTP/1.0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 404 "), answer
+    assert b'"no such resource' in answer or b"no such resource" in answer, answer
+
+
+def timed_exchange(b: Boundary, data: bytes) -> tuple[bytes, float]:
+    started = time.monotonic()
+    answer = raw_exchange(b, data)
+    return answer, time.monotonic() - started
+
+
+def test_a_body_too_large_is_refused_at_once_and_the_connection_closed(boundary):
+    """Round 7: a chunk declared larger than `frontend.max_body` got no answer until the request
+    timeout (Twisted waited for its bytes), and a 413 for a Content-Length left the connection
+    open (then a 408 followed it). One 413, at once, with the reason; the connection closed a
+    moment later (frontend.LINGER), even when the client sends nothing more; no `100 Continue`
+    for a body refused already."""
+    b = boundary
+    timeout = b.config.frontend.request_timeout
+    over = MAX_BODY + 1
+    for data in (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % over,
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n%x\r\n" % (over - 2),
+        POST + b"Content-Length: %d\r\n\r\n" % over,
+        POST + b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % over,
+    ):
+        answer, took = timed_exchange(b, data)
+        status, body = answered_with_reason(answer)
+        assert (status, body["error"]) == (413, "too_large"), body
+        assert answer.count(b"HTTP/1.1 ") == 1, answer  # neither 100 Continue nor a 408 after it
+        assert took < timeout + 5, took  # closed: raw_exchange waits 10 s for a quiet peer
+    alive(b)
+
+
+def test_a_body_shorter_than_its_length_ends_at_the_request_timeout(boundary):
+    """Round 7: a body shorter than its Content-Length had no 408 at the request timeout."""
+    b = boundary
+    answer, took = timed_exchange(b, POST + b"Content-Length: 10\r\n\r\n{}")
+    status, body = answered_with_reason(answer)
+    assert (status, body["error"]) == (408, "request_timeout"), body
+    assert took < b.config.frontend.request_timeout + 5, took
+    alive(b)
+
+
+def test_answers_carry_none_of_the_store_s_own_headers(boundary):
+    """Round 7: answers relayed from the embedded store carried `X-Powered-By: Express` (and
+    CouchDB's `X-Couch-Request-ID`, `X-CouchDB-Body-Time`), and a store's JSON came as
+    `text/plain` (a store's answer to `Accept: */*`). Of a store's answer headers only those
+    that describe the answer go on (server.STORE_ANSWER_HEADERS), JSON is `application/json`,
+    and no answer names the software that made it."""
+    b = boundary
+    doc = sample_request("alice")
+    own = {"content-type", "content-length", "transfer-encoding", "date", "connection"}
+    answers = [
+        b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc),
+        b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc),  # a conflict
+        b.call("alice", "GET", f"/{b.files}/{doc['_id']}"),
+        b.call("alice", "GET", f"/{b.files}/_changes?limit=1"),
+        b.call("alice", "GET", f"/{b.files}/_changes?feed=longpoll&since=now&timeout=100"),
+        b.call("alice", "GET", f"/{b.files}/_all_docs?limit=1"),
+        b.call("alice", "GET", "/_session"),
+    ]
+    assert [a.status_code for a in answers[:3]] == [201, 409, 200], [a.text for a in answers]
+    allowed = own | {n.decode() for n in server.STORE_ANSWER_HEADERS}
+    for answer in answers:
+        assert {n.lower() for n in answer.headers} <= allowed, answer.headers
+        assert "Server" not in answer.headers, answer.headers
+        assert answer.headers["Content-Type"].startswith("application/json"), answer.headers
+    b.last = None  # alice wrote
 
 
 @pytest.mark.parametrize("method", [b"OPTIONS", b"GET", b"PUT"])
@@ -1225,7 +1357,8 @@ def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
             assert answer.status_code == 200, answer.text[:300]
             assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
     # With the user's turns all taken (polls of 20 s), a poll of 1.5 s waits its whole time.
-    since = str(b.admin.db(b.files).info()["update_seq"])
+    seq = b.admin.db(b.files).info()["update_seq"]
+    since = str(seq)
     feed = f"/{b.files}/_changes?feed=longpoll&since={quote(since)}"
     before = store_connections(b)
     with ThreadPoolExecutor(2 * cap) as pool:
@@ -1236,7 +1369,7 @@ def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
                    for _ in range(cap)]  # fmt: skip
         for answer in (poll.result(timeout=60) for poll in waiting):
             assert answer.status_code == 200, answer.text[:300]
-            assert answer.json() == {"results": [], "last_seq": since}
+            assert answer.json() == {"results": [], "last_seq": seq}
         doc = sample_request("alice")
         assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
         for answer in (poll.result(timeout=60) for poll in holding):

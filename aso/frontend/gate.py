@@ -18,6 +18,7 @@ served to the caller's audience; 404 no such resource; 405 a method the resource
 from __future__ import annotations
 
 import dataclasses
+import re
 import string
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +92,37 @@ def header_fault(line: bytes, length_given: bool, headers: int, max_headers: int
     if headers >= max_headers:
         return f"a request may carry at most {max_headers} header lines"
     return "a header line is malformed"
+
+
+LINE_ENDING_FAULT = (
+    "lines of a request's head end with CR LF: a bare CR or LF is refused (RFC 9112 2.2)"
+)
+FOLDED_FAULT = ("a header line may not start with a space or a tab: folded header lines are "
+                "refused (RFC 9112 5.2)")  # fmt: skip
+TRAILER_FAULT = "a chunked body may not carry trailer fields here"
+# A Host value: a name, an IPv4 or a bracketed IPv6 address, and an optional port (RFC 9110 7.2).
+HOST_VALUE = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(:[0-9]{0,5})?")
+
+
+def line_fault(line: bytes, first: bool) -> str | None:
+    """Why a line of a request's head (without its CR LF) is refused before it is parsed."""
+    if b"\r" in line or b"\n" in line:
+        return LINE_ENDING_FAULT
+    if not first and line[:1] in (b" ", b"\t"):
+        return FOLDED_FAULT
+    return None
+
+
+def host_fault(version: bytes, hosts: list[bytes] | None) -> str | None:
+    """An HTTP/1.1 request carries exactly one Host line with a valid value (RFC 9112 3.2: a
+    server MUST answer 400 otherwise); HTTP/1.0 may leave it out."""
+    if not hosts and version != b"HTTP/1.1":
+        return None
+    if not hosts or len(hosts) > 1:
+        return "an HTTP/1.1 request carries exactly one Host header line (RFC 9112 3.2)"
+    if not HOST_VALUE.fullmatch(hosts[0]):
+        return "the Host header must be a host name or address and an optional port"
+    return None
 
 
 # -- the request target ---------------------------------------------------------------------------

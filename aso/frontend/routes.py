@@ -540,6 +540,8 @@ class Route:
     tag: str = ""
     # (a, b): parameter a only with parameter b; (a, "!b"): a never with b
     rules: tuple[tuple[str, str], ...] = ()
+    # the store's answer is JSON, asked for as such (with `Accept: */*` a store says text/plain)
+    json: bool = True
 
     @property
     def template(self) -> str:
@@ -843,6 +845,7 @@ def _pages_routes(config: Config) -> list[Route]:
             EVERYONE,
             "A file of the monitoring pages (served with the store's Content-Security-Policy).",
             tag="pages",
+            json=False,
         ),
     ]
 

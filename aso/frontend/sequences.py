@@ -34,12 +34,22 @@ class Atom(str):
 def check(text: str) -> frozenset[str]:
     """The store nodes a sequence names (none for a number, `0` or `now`); Invalid when it is
     not a sequence a store hands out."""
-    if text == "now" or text.isdigit():
+    if text == "now" or _number(text):
         return frozenset()
     _, dash, opaque = text.partition("-")
     if not dash:
         raise Invalid("a number, now, or an opaque sequence as the store handed it out")
     return nodes_of(opaque)
+
+
+def as_written(since: str) -> int | str:
+    """A sequence as a store writes it in JSON: a number as a number (the embedded store's),
+    CouchDB's opaque ones as strings."""
+    return int(since) if _number(since) else since
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone takes "²"
 
 
 def nodes_of(opaque: str) -> frozenset[str]:

@@ -76,12 +76,14 @@ KNOWN_ROLES = (model.USER_ROLE, model.AGENT_ROLE, "aso-admin")
 # /store/temp/user/alice.x/), no `_` (a name `alice_x` would own alice's tasks, and `_` starts
 # the store's own names).
 USER_NAME_PATTERN = r"^[A-Za-z0-9-]{1,128}$"
-# Hop-by-hop headers (RFC 9110 7.6.1): each side of the front end frames its own messages.
-HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
-              b"transfer-encoding", b"upgrade", b"content-length", b"host"}  # fmt: skip
+# The store's answer headers a client is given: its framing is each hop's own (RFC 9110
+# 7.6.1), and what names the store's software, its cookies and request ids are the store's.
+STORE_ANSWER_HEADERS = {b"content-type", b"etag", b"cache-control", b"last-modified",
+                        b"location", b"content-security-policy"}  # fmt: skip
 BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
+LINGER = 2.0  # seconds a connection is read (and dropped) after a 413 sent mid-body
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
 HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
@@ -135,11 +137,12 @@ class Slots:
             if mine.tokens == mine.limit and not mine.waiting:
                 self.of.pop(name, None)
 
-        def timed_out(failure: Any) -> Any:
-            failure.trap(defer.TimeoutError)
+        def given_up(failure: Any) -> Any:
             release()  # the wait was cancelled where it was; what it held is given back
-            raise Busy(f"{self.what} are busy; try again in a while (a user's wait their "
-                       f"turn, at most {wait:g} s)")  # fmt: skip
+            if failure.check(defer.TimeoutError):
+                raise Busy(f"{self.what} are busy; try again in a while (a user's wait their "
+                           f"turn, at most {wait:g} s)")  # fmt: skip
+            return failure
 
         waited: defer.Deferred[Any] = mine.acquire()
         waited.addCallback(lambda _: take(mine))
@@ -148,8 +151,17 @@ class Slots:
             waited.addCallback(lambda _: take(self.shared))
         waited.addCallback(lambda _: release)
         waited.addTimeout(wait, self.reactor)
-        waited.addErrback(timed_out)
+        waited.addErrback(given_up)
         return waited
+
+    def take_for(
+        self, request: server.Request, name: str, shared: bool = True, wait: float = HEAVY_WAIT
+    ) -> defer.Deferred[Callable[[], None]]:
+        """`take`, for a request: its wait ends when its client leaves (it had kept its place
+        in the queue, ahead of its user's next requests, until its time was out)."""
+        slot = self.take(name, shared, wait)
+        request.notifyFinish().addErrback(lambda _: slot.cancel())
+        return slot
 
 
 def _store_busy(_cancelled: Any, timeout: float) -> Any:
@@ -313,6 +325,8 @@ class Sessions:
 # cannot call: these protocols are the typed face of what the front end calls on them.
 class _ServerTransport(Protocol):
     """A client's TLS connection (Twisted's TLS transport over TCP)."""
+
+    disconnecting: bool  # closing: loseConnection was called
 
     def write(self, data: bytes) -> None: ...
 
@@ -481,12 +495,25 @@ class _Channel(http.HTTPChannel):
     _aso_deadline: Any = None
     _aso_fault: Callable[[], str] = staticmethod(lambda: "the request is not well-formed HTTP/1.1")
 
+    def dataReceived(self, data: bytes) -> None:
+        super().dataReceived(data)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+        # What is left in line mode is a head line not ended yet: Twisted would wait for a CR LF
+        # that a client ending lines with a bare LF never sends.
+        if self.line_mode and not self._handlingRequest and not _transport(self).disconnecting:
+            unended = self._buffer[:-1] if self._buffer.endswith(b"\r") else self._buffer
+            if b"\r" in unended or b"\n" in unended:
+                self._refuse_head(gate.LINE_ENDING_FAULT)
+
     def lineReceived(self, line: bytes) -> None:
         first = getattr(self, "_HTTPChannel__first_line", True)
         if self._aso_deadline is None and first:
             self._aso_deadline = self.callLater(  # type: ignore[no-untyped-call]  # Twisted's
                 self.site.request_timeout, self._too_slow
             )
+        fault = gate.line_fault(line, bool(first))
+        if fault:  # Twisted would fold the line into the header before it, or keep its CR
+            self._refuse_head(fault)
+            return
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
             limit = self.totalHeadersSize
             self._aso_fault = lambda: f"a request's head is limited to {limit} bytes"
@@ -499,9 +526,35 @@ class _Channel(http.HTTPChannel):
         self._aso_fault = lambda: gate.header_fault(line, length_given, count, self.maxHeaders)
         return bool(super().headerReceived(line))  # type: ignore[no-untyped-call]  # Twisted's
 
+    def allHeadersReceived(self) -> None:
+        fault = gate.host_fault(
+            self._version, self.requests[-1].requestHeaders.getRawHeaders(b"host")
+        )
+        if fault:
+            self._refuse_head(fault)
+            return
+        super().allHeadersReceived()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def _send100Continue(self) -> None:
+        if not self.requests[-1].too_large:  # its 413 is the answer
+            super()._send100Continue()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+        chosen = bool(super()._maybeChooseTransferDecoder(header, data))  # type: ignore[no-untyped-call]
+        if type(self._transferDecoder) is http._ChunkedTransferDecoder:
+            request = self.requests[-1]
+            self._transferDecoder = _BoundedChunks(
+                self, request.handleContentChunk, self._finishRequestBody
+            )
+        return chosen
+
     def rawDataReceived(self, data: bytes) -> None:
         self._aso_fault = lambda: "the chunked body is malformed (RFC 9112 7.1)"
         super().rawDataReceived(data)
+
+    def _refuse_head(self, fault: str) -> None:
+        self._aso_fault = lambda: fault
+        self._respondToBadRequestAndDisconnect()
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         reason = self._aso_fault()
@@ -515,6 +568,8 @@ class _Channel(http.HTTPChannel):
 
     def allContentReceived(self) -> None:
         self._no_deadline()
+        if _transport(self).disconnecting:  # refused already (Twisted goes on after a header)
+            return
         super().allContentReceived()  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def connectionLost(self, reason: Any = None) -> None:
@@ -525,6 +580,13 @@ class _Channel(http.HTTPChannel):
         if self._aso_deadline is not None and self._aso_deadline.active():
             self._aso_deadline.cancel()
         self._aso_deadline = None
+
+    def linger(self) -> None:
+        """After a refusal sent while the body still comes: what follows is read and dropped
+        for LINGER s, so that a client still sending reads the answer (closing at once can reset
+        the connection under it), then the connection is closed."""
+        self._no_deadline()
+        self._aso_deadline = self.callLater(LINGER, self.loseConnection)  # type: ignore[no-untyped-call]
 
     def _too_slow(self) -> None:
         self._aso_deadline = None
@@ -539,6 +601,37 @@ class _Channel(http.HTTPChannel):
         _close_with(self, status, "too_large", reason)
 
 
+class _BoundedChunks(http._ChunkedTransferDecoder):
+    """Twisted's chunked decoder, but a chunk declared larger than the request may still send
+    is refused at its size line (Twisted waited for its bytes, up to the request timeout), no
+    trailer field is taken, and a malformed body says how it is malformed."""
+
+    def __init__(
+        self, channel: _Channel, data: Callable[[bytes], None], finish: Callable[[bytes], None]
+    ):
+        super().__init__(data, finish)
+        self.channel = channel
+
+    def _dataReceived_CHUNK_LENGTH(self) -> bool:
+        read = super()._dataReceived_CHUNK_LENGTH()
+        if read and self.state == "BODY":
+            self.channel.requests[-1].declared(self.length)
+        return read
+
+    def _dataReceived_TRAILER(self) -> bool:
+        if bytes(self._buffer[:2]) not in (b"\r\n", b"\r"):
+            raise http._MalformedChunkedDataError(gate.TRAILER_FAULT)
+        return super()._dataReceived_TRAILER()
+
+    def dataReceived(self, data: bytes) -> None:
+        try:
+            super().dataReceived(data)
+        except http._MalformedChunkedDataError as exc:
+            reason = f"the chunked body is malformed (RFC 9112 7.1): {exc}"
+            self.channel._aso_fault = lambda: reason
+            raise
+
+
 class _BoundedRequest(server.Request):
     """A request whose body is counted as it arrives, however it is framed. Twisted sizes
     nothing but a Content-Length and buffers a chunked body whole (a 70 MiB chunked `_bulk_docs`
@@ -547,6 +640,7 @@ class _BoundedRequest(server.Request):
     DISCARD_LIMIT times the limit)."""
 
     DISCARD_LIMIT = 4
+    received, too_large = 0, False  # bytes of the body so far; refused with 413
     channel: _Channel  # requests come from _Site, whose channels are _Channel
     aso_content_type = b""  # the Content-Type sent (Twisted is not shown it: requestReceived)
 
@@ -570,6 +664,12 @@ class _BoundedRequest(server.Request):
             return
         super().handleContentChunk(data)  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
+    def declared(self, size: int) -> None:
+        """A chunk of `size` bytes is on its way."""
+        limit = self.channel.site.max_body
+        if not self.too_large and self.received + size > limit:
+            self._refuse(limit)
+
     def _refuse(self, limit: int) -> None:
         self.too_large = True
         metrics.FRONTEND_REFUSALS.labels("too_large").inc()
@@ -579,6 +679,7 @@ class _BoundedRequest(server.Request):
             return
         reason = f"bodies are limited to {limit} bytes"
         _transport(self.channel).write(_refusal(b"413 Content Too Large", "too_large", reason))
+        self.channel.linger()
 
     def _handleStar(self) -> None:
         """Twisted answers `OPTIONS *` itself (an empty 200): here `*` goes to the front end
@@ -586,7 +687,7 @@ class _BoundedRequest(server.Request):
         self.render(self.channel.site.getResourceFor(self))  # type: ignore[no-untyped-call]
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        if getattr(self, "too_large", False):  # answered already
+        if self.too_large:  # answered already
             self.channel.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
             return
         # Twisted would read a form body itself (and answer a malformed one with a bare 400):
@@ -651,6 +752,7 @@ class FrontEnd(resource.Resource):
         )  # fmt: skip
 
     def render(self, request: server.Request) -> Any:
+        request.responseHeaders.removeHeader(b"server")  # Twisted's name and version
         _measure(request)
         _watch_client(request)
         channel = cast(_Channel, request.channel)  # every request comes through _Site
@@ -710,7 +812,7 @@ class FrontEnd(resource.Resource):
         if content.seek(0, 2) <= BIG_BODY:
             self._check(request, who, None)
             return
-        slot = self.bodies.take(who.name)
+        slot = self.bodies.take_for(request, who.name)
         slot.addCallback(lambda release: self._check(request, who, release))
         slot.addErrback(self._failed, request)
 
@@ -782,6 +884,8 @@ class FrontEnd(resource.Resource):
         done.addErrback(self._failed, request)
 
     def _failed(self, failure: Any, request: server.Request) -> None:
+        if failure.check(defer.CancelledError) and _client_gone(request):
+            return  # its wait ended when its client left
         if failure.check(Busy):
             request.setHeader(b"retry-after", b"5")
             _answer(request, 503, "busy", str(failure.value))
@@ -797,12 +901,13 @@ class FrontEnd(resource.Resource):
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
     ) -> None:
         """Send the store request the gate made (aso.frontend.gate.Forward) as `who`. Of the
-        client's headers only those that ask for a representation go on (KEPT_HEADERS); the
-        identity is
-        the front end's."""
+        client's headers only those that ask for a representation go on (KEPT_HEADERS), and
+        a JSON route asks for JSON; the identity is the front end's."""
         headers = {
             key: [value] for key, value in request.getAllHeaders().items() if key in KEPT_HEADERS
         }
+        if made.route.json:
+            headers[b"accept"] = [b"application/json"]
         headers.update({key: [value] for key, value in identity.items()})
         producer = None
         if made.body is not None:
@@ -824,7 +929,7 @@ class FrontEnd(resource.Resource):
         if made.heavy or (made.with_docs and not _is_agent(who)):
             # A long poll with documents waits in its user's queue, never for a shared slot (it
             # may wait a minute); agents' polls are the service's own and run side by side.
-            slot = self._heavy_slot(who, shared=made.heavy)
+            slot = self.heavy.take_for(request, who.name, shared=made.heavy)
             slot.addCallback(
                 lambda release: self._send(request, who, headers, made, producer, release)
             )
@@ -841,7 +946,7 @@ class FrontEnd(resource.Resource):
         one that waited it all ends as a quiet poll ends."""
         assert made.poll_ms is not None
         asked_at = time.monotonic()
-        slot = self.polls.take(who.name, wait=made.poll_ms / 1000)
+        slot = self.polls.take_for(request, who.name, wait=made.poll_ms / 1000)
 
         def taken(release: Callable[[], None]) -> None:
             if _client_gone(request):  # notifyFinish would never fire
@@ -858,12 +963,6 @@ class FrontEnd(resource.Resource):
 
         slot.addCallbacks(taken, waited_out)
         slot.addErrback(self._failed, request)
-
-    def _heavy_slot(self, who: Mapped, shared: bool = True) -> defer.Deferred[Callable[[], None]]:
-        """A slot for a heavy read (aso/frontend/gate.py Forward.heavy), after the user's earlier
-        ones
-        (and, when `shared`, one of the HEAVY_READS)."""
-        return self.heavy.take(who.name, shared)
 
     def _check_nodes(
         self,
@@ -1043,7 +1142,7 @@ class FrontEnd(resource.Resource):
             if not begun:
                 request.setResponseCode(code, phrase)
                 if headers is not None:
-                    _copy_headers_of(headers, request, skip=(b"content-length",))
+                    _copy_headers_of(headers, request)
             elif code != 200:
                 log.warning(
                     "a long poll's answer %d came after its heartbeats: %s", code, body[:200]
@@ -1124,7 +1223,7 @@ class FrontEnd(resource.Resource):
             if conflicts:
                 # A read that carries documents, as any other: in the user's turn, parsed off the
                 # reactor (batches of conflicts had slowed every other user's answers).
-                release = yield self._heavy_slot(who)
+                release = yield self.heavy.take_for(request, who.name)
                 try:
                     keys = json.dumps({"keys": sorted(conflicts)}).encode()
                     db = _db_of(made)
@@ -1148,7 +1247,7 @@ class FrontEnd(resource.Resource):
         if _client_gone(request):
             return
         request.setResponseCode(code, phrase)
-        _copy_headers(response, request, skip=(b"content-length",))
+        _copy_headers(response, request)
         request.write(body)
         request.finish()
 
@@ -1168,7 +1267,10 @@ def _less_time(made: gate.Forward, since: float) -> gate.Forward:
 
 def _quiet_body(made: gate.Forward) -> bytes:
     """A long poll's answer when nothing changed: CouchDB's, on both stores."""
-    return json.dumps({"results": [], "last_seq": made.since}).encode() + b"\n"
+    assert made.since is not None
+    return (
+        json.dumps({"results": [], "last_seq": sequences.as_written(made.since)}).encode() + b"\n"
+    )
 
 
 def _holds_poll_slot(request: server.Request) -> bool:
@@ -1229,7 +1331,7 @@ def _send_whole(request: server.Request, response: Any, body: bytes) -> None:
     if _client_gone(request):
         return
     request.setResponseCode(response.code, response.phrase)
-    _copy_headers(response, request, skip=(b"content-length",))
+    _copy_headers(response, request)
     request.setHeader(b"content-length", b"%d" % len(body))
     # As fast as the client reads it: the request (and a heavy read's slot) ends only then.
     request.registerProducer(_PacedBody(request, body), False)
@@ -1289,16 +1391,17 @@ def cross_site(request: server.Request) -> gate.GateRefusal | None:
     return None
 
 
-def _copy_headers(response: Any, request: server.Request, skip: tuple[bytes, ...] = ()) -> None:
-    _copy_headers_of(response.headers, request, skip)
+def _copy_headers(response: Any, request: server.Request) -> None:
+    _copy_headers_of(response.headers, request)
 
 
-def _copy_headers_of(headers: Any, request: server.Request, skip: tuple[bytes, ...] = ()) -> None:
-    """The store's answer headers but framing (each hop's own) and cookies (a store session
-    would bypass the front end)."""
+def _copy_headers_of(headers: Any, request: server.Request) -> None:
+    """Of the store's answer headers, those that describe the answer (STORE_ANSWER_HEADERS):
+    not its framing (each hop's own), cookies (a store session would bypass the front end) or
+    what names the store's software."""
     for name, values in headers.getAllRawHeaders():
         lowered = name.lower()
-        if lowered in HOP_BY_HOP or lowered in (b"set-cookie", b"server") or lowered in skip:
+        if lowered not in STORE_ANSWER_HEADERS:
             continue
         if lowered == b"location":  # the store's own address is not the client's business
             values = [urlsplit(v.decode("latin-1")).path.encode("latin-1") for v in values]
