@@ -177,8 +177,15 @@ SIM_SITES = ("T1_DE_KIT", "T1_US_FNAL", "T2_CH_CERN", "T2_DE_DESY", "T2_ES_PIC",
 
 
 @pytest.fixture()
-def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Config:
+def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Iterator[Config]:
     """A fresh files and jobs database with the sim back end (fast, fixed transfer times)."""
+    with fresh_sim_config(store_config, admin, tmp_path) as config:
+        yield config
+
+
+@contextlib.contextmanager
+def fresh_sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Iterator[Config]:
+    """sim_config's databases and settings, for a fixture of a wider scope."""
     suffix = uuid.uuid4().hex[:8]
     config = dataclasses.replace(
         store_config,
