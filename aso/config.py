@@ -491,6 +491,16 @@ class FrontendConfig:
     polls: int = _key(
         64, "Long polls of all users held at the store at once (agents' not counted)."
     )
+    connections: int = _key(
+        8192,
+        "Client connections open at once; past it a new one is closed at once, before its TLS "
+        "handshake (keep it under the process's open-file limit).",
+    )
+    connections_per_address: int = _key(
+        512,
+        "Client connections open at once from one IP address (one client cannot take them "
+        "all); raise it for a site whose jobs reach ASO through one NAT address.",
+    )
     demo_certs: str = _key(
         "certs",
         "`aso certs demo` directory whose users' certificates `aso demo` goes through the front "
@@ -659,6 +669,8 @@ RANGES: dict[str, tuple[int, int]] = {
     "publisher.max_block_bytes": (MIN_BLOCK_BYTES, MAX_WRITTEN_DOC_CHARS // 2),
     "frontend.polls_per_user": (1, 1000),
     "frontend.polls": (1, 10000),
+    "frontend.connections": (1, 1_000_000),
+    "frontend.connections_per_address": (1, 1_000_000),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SITE_PROTOCOLS = ("root", "http", "https", "sim")

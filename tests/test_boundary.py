@@ -1133,15 +1133,15 @@ def test_a_sequence_with_a_reversed_shard_range_is_refused(boundary):
 
 
 # -- the red team's sixth round: malformed framing ------------------------------------------------
-def raw_exchange(b: Boundary, data: bytes, who: str = "alice") -> bytes:
-    """Send `data` as is over alice's TLS connection; what the front end answers until it
-    closes (or is quiet for 10 s)."""
+def raw_exchange(b: Boundary, data: bytes, who: str = "alice", source: str = "") -> bytes:
+    """Send `data` as is over alice's TLS connection (from `source`, a loopback address);
+    what the front end answers until it closes (or is quiet for 10 s)."""
     context = ssl.create_default_context(cafile=str(b.pki.ca_file))
     context.load_cert_chain(*b.certs[who])
     host, port = b.url.removeprefix("https://").split(":")
     answer = b""
     with (
-        socket.create_connection((host, int(port)), timeout=10) as plain,
+        socket.create_connection((host, int(port)), 10, (source, 0) if source else None) as plain,
         context.wrap_socket(plain, server_hostname=host) as tls,
     ):
         with contextlib.suppress(OSError):
@@ -1254,6 +1254,48 @@ def test_a_body_too_large_is_refused_at_once_and_the_connection_closed(boundary)
         assert answer.count(b"HTTP/1.1 ") == 1, answer  # neither 100 Continue nor a 408 after it
         assert took < timeout + 5, took  # closed: raw_exchange waits 10 s for a quiet peer
     alive(b)
+
+
+def test_one_address_cannot_take_every_connection(boundary, tmp_path):
+    """Connections that never send a byte each held a file descriptor until the idle timeout,
+    as many as a client opened. Past `frontend.connections_per_address` from one address, or
+    `frontend.connections` in all, a new connection is closed at once, before its handshake;
+    other addresses are served meanwhile, and an address that let its connections go is
+    served again."""
+    b = boundary
+    config = copy.deepcopy(b.config)
+    config.source = tmp_path / "aso.toml"
+    config.frontend = dataclasses.replace(config.frontend, connections=6,
+                                          connections_per_address=4)  # fmt: skip
+    request = b"GET /_session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with running_frontend(config, tmp_path) as url:
+        fresh = dataclasses.replace(b, url=url)
+        host, port = url.removeprefix("https://").split(":")
+
+        def hold(source: str) -> socket.socket:
+            return socket.create_connection((host, int(port)), 10, (source, 0))
+
+        def closed_at_once(source: str) -> bool:
+            with hold(source) as extra:
+                extra.settimeout(5)
+                try:
+                    return extra.recv(1) == b""
+                except ConnectionResetError:
+                    return True
+
+        def served(source: str) -> bool:
+            return raw_exchange(fresh, request, source=source).startswith(b"HTTP/1.1 200 ")
+
+        alices = [hold("127.0.0.1") for _ in range(4)]
+        assert closed_at_once("127.0.0.1")
+        assert served("127.0.0.2")  # another address goes on
+        others = [hold("127.0.0.3") for _ in range(2)]  # six open: the front end's whole
+        time.sleep(0.5)
+        assert closed_at_once("127.0.0.2")
+        for held in alices + others:
+            held.close()
+        wait_for(lambda: served("127.0.0.1"), 15, "alice's address served again")
+        assert served("127.0.0.2")
 
 
 def test_a_body_shorter_than_its_length_ends_at_the_request_timeout(boundary):

@@ -28,6 +28,7 @@ the client's bytes.
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -52,6 +53,7 @@ from OpenSSL import SSL
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, protocol, threads
 from twisted.internet.error import CannotListenError
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
@@ -84,6 +86,7 @@ BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 LINGER = 2.0  # seconds a connection is read (and dropped) after a 413 sent mid-body
+REFUSALS_TOLD_EVERY = 10.0  # seconds between log lines of connections refused
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
 HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
@@ -342,11 +345,7 @@ class _Producer(Protocol):
 
 
 class _Reactor(Protocol):
-    def listenTCP(self, port: int, factory: server.Site, interface: str = ...) -> object: ...
-
-    def listenSSL(
-        self, port: int, factory: server.Site, contextFactory: ServerTLS, interface: str = ...
-    ) -> object: ...
+    def listenTCP(self, port: int, factory: Any, interface: str = ...) -> object: ...
 
     def suggestThreadPoolSize(self, size: int) -> None: ...
 
@@ -701,6 +700,49 @@ class _BoundedRequest(server.Request):
         finally:
             if content_type is not None:
                 self.requestHeaders.setRawHeaders(b"content-type", content_type)
+
+
+class _Admission(TLSMemoryBIOFactory):
+    """The front end's TLS connections, few enough that no one client takes them all: past
+    `frontend.connections` open, or `frontend.connections_per_address` from one address, a new
+    one is closed at once, before its handshake (each would hold a file descriptor until its
+    idle timeout)."""
+
+    def __init__(self, tls: Any, site: _Site, settings: FrontendConfig, reactor: Any):
+        super().__init__(tls, False, cast(Any, site))  # a Site is an IProtocolFactory
+        self.total, self.per_address = settings.connections, settings.connections_per_address
+        self.open = 0
+        self.by_address: collections.Counter[str] = collections.Counter()
+        self.reactor = reactor
+        self.refused, self.told_at = 0, -REFUSALS_TOLD_EVERY  # refusals not yet in the log
+
+    def buildProtocol(self, addr: Any) -> Any:
+        host = str(getattr(addr, "host", ""))
+        if self.open >= self.total or self.by_address[host] >= self.per_address:
+            self._refused(host)
+            return None  # the port closes the socket
+        self.open += 1
+        self.by_address[host] += 1
+        connection = super().buildProtocol(addr)
+        connection.aso_address = host  # type: ignore[attr-defined]  # ASO's own mark
+        return connection
+
+    def unregisterProtocol(self, p: Any) -> None:
+        super().unregisterProtocol(p)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+        host = p.aso_address
+        self.open -= 1
+        self.by_address[host] -= 1
+        if not self.by_address[host]:
+            del self.by_address[host]
+
+    def _refused(self, host: str) -> None:
+        metrics.FRONTEND_REFUSALS.labels("connections").inc()
+        self.refused += 1
+        now = self.reactor.seconds()
+        if now - self.told_at >= REFUSALS_TOLD_EVERY:  # a flood is one line, not one per try
+            log.warning("refused %d connection(s) (the last from %s): %d open, %d from it",
+                        self.refused, host, self.open, self.by_address[host])  # fmt: skip
+            self.refused, self.told_at = 0, now
 
 
 class _Site(server.Site):
@@ -1559,7 +1601,7 @@ def serve(config: Config) -> None:
     site.displayTracebacks = False
     running = cast(_Reactor, reactor)
     running.suggestThreadPoolSize(16)
-    running.listenSSL(int(port), site, tls, interface=host)
+    running.listenTCP(int(port), _Admission(tls, site, config.frontend, reactor), interface=host)
     serve_metrics(config, reactor)
     log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
              config.store.url, config.frontend.auth)  # fmt: skip
