@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -1296,6 +1297,31 @@ def test_one_address_cannot_take_every_connection(boundary, tmp_path):
             held.close()
         wait_for(lambda: served("127.0.0.1"), 15, "alice's address served again")
         assert served("127.0.0.2")
+
+
+def test_a_client_cannot_renegotiate_tls(boundary):
+    """A TLS 1.2 client may ask for a new handshake on its connection as often as it likes,
+    each costing the front end a key exchange (and presenting, perhaps, another certificate):
+    renegotiation is refused; the connection's first handshake is the only one."""
+    from OpenSSL import SSL
+
+    b = boundary
+    context = SSL.Context(SSL.TLS_CLIENT_METHOD)
+    context.set_max_proto_version(SSL.TLS1_2_VERSION)
+    context.use_certificate_chain_file(b.certs["alice"][0])
+    context.use_privatekey_file(b.certs["alice"][1])
+    context.load_verify_locations(str(b.pki.ca_file))
+    host, port = b.url.removeprefix("https://").split(":")
+    with socket.create_connection((host, int(port))) as plain:  # blocking, as pyOpenSSL wants
+        plain.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 10, 0))
+        tls = SSL.Connection(context, plain)
+        tls.set_connect_state()
+        tls.do_handshake()
+        assert tls.renegotiate()
+        with pytest.raises(SSL.Error) as refusal:
+            tls.do_handshake()
+        assert "no renegotiation" in str(refusal.value)
+    alive(b)
 
 
 def test_a_body_shorter_than_its_length_ends_at_the_request_timeout(boundary):

@@ -1533,6 +1533,8 @@ class ServerTLS:
         # proxy chain it sent, so a proxy's issuer would be missing (401) at every resumption.
         context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
         context.set_options(SSL.OP_NO_TICKET)
+        # One handshake per connection: a client's renegotiations would each cost a key exchange.
+        context.set_options(SSL.OP_NO_RENEGOTIATION)
         self.context = context
 
     def getContext(self) -> SSL.Context:
