@@ -1179,6 +1179,7 @@ MALFORMED_FRAMING = {
     "a signed content-length": (POST + b"Content-Length: +2\r\n\r\n{}", "decimal"),
     "xchunked": (POST + b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n", "chunked"),
     "gzip, chunked": (POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "chunked"),
+    "identity": (POST + b"Transfer-Encoding: identity\r\n\r\n{}", "chunked"),
     "a negative chunk size": (POST + b"Transfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n",
                               "chunked body"),
     "a tab in the request line": (b"GET\t/_session HTTP/1.1\r\nHost: x\r\n\r\n", "request line"),

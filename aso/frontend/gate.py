@@ -84,7 +84,7 @@ def header_fault(line: bytes, length_given: bool, headers: int, max_headers: int
     lowered = name.lower()
     if lowered == b"content-length" and not value.isdigit():
         return "Content-Length must be a single decimal number"
-    if lowered == b"transfer-encoding" and value.lower() not in (b"chunked", b"identity"):
+    if lowered == b"transfer-encoding" and value.lower() != b"chunked":
         return "Transfer-Encoding may only be chunked"
     if lowered in LENGTH_HEADERS and length_given:
         return ("a request gives its body's length once: one Content-Length or "

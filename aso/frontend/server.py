@@ -539,6 +539,9 @@ class _Channel(http.HTTPChannel):
             super()._send100Continue()  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+        # Twisted also takes `identity`, which RFC 9112 no longer has: only chunked is.
+        if header == b"Transfer-Encoding" and data.lower() != b"chunked":
+            return self._failChooseTransferDecoder()
         chosen = bool(super()._maybeChooseTransferDecoder(header, data))  # type: ignore[no-untyped-call]
         if type(self._transferDecoder) is http._ChunkedTransferDecoder:
             request = self.requests[-1]
