@@ -1202,6 +1202,14 @@ MALFORMED_FRAMING = {
     "two Hosts": (GET + b"Host: y\r\n\r\n", "one Host"),
     "a Host with a path": (b"GET /_session HTTP/1.1\r\nHost: x/y\r\n\r\n", "host name"),
     "a Host with a user": (b"GET /_session HTTP/1.1\r\nHost: u@x\r\n\r\n", "host name"),
+    "a chunk size ending with LF": (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\n{}\r\n0\r\n\r\n", "CR LF"),
+    "the last chunk ending with LF": (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\n\r\n", "CR LF"),
+    "the chunked body ending with LF": (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\n", "CR LF"),
+    "a chunk's data ending with LF": (
+        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\n0\r\n\r\n", "CRLF"),
     "a trailer field": (
         POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-A: a\r\n\r\n", "trailer"),
     "a trailer line without a colon": (

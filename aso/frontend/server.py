@@ -615,14 +615,21 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
         self.channel = channel
 
     def _dataReceived_CHUNK_LENGTH(self) -> bool:
+        line_end = self._buffer.find(b"\n")  # Twisted looks for CR LF only, and waits for it
+        if line_end != -1 and self._buffer[line_end - 1 : line_end] != b"\r":
+            raise http._MalformedChunkedDataError("a chunk's size line must end with CR LF")
         read = super()._dataReceived_CHUNK_LENGTH()
         if read and self.state == "BODY":
             self.channel.requests[-1].declared(self.length)
         return read
 
     def _dataReceived_TRAILER(self) -> bool:
-        if bytes(self._buffer[:2]) not in (b"\r\n", b"\r"):
-            raise http._MalformedChunkedDataError(gate.TRAILER_FAULT)
+        ending = bytes(self._buffer[:2])
+        if ending not in (b"\r\n", b"\r"):
+            bare = ending[:1] in (b"\r", b"\n")
+            raise http._MalformedChunkedDataError(
+                "a chunked body must end with CR LF" if bare else gate.TRAILER_FAULT
+            )
         return super()._dataReceived_TRAILER()
 
     def dataReceived(self, data: bytes) -> None:
