@@ -120,8 +120,10 @@ def host_fault(version: bytes, hosts: list[bytes] | None) -> str | None:
         return None
     if not hosts or len(hosts) > 1:
         return "an HTTP/1.1 request carries exactly one Host header line (RFC 9112 3.2)"
-    if not HOST_VALUE.fullmatch(hosts[0]):
-        return "the Host header must be a host name or address and an optional port"
+    host = HOST_VALUE.fullmatch(hosts[0])
+    port = host.group(2)[1:] if host and host.group(2) else b""
+    if not host or (port and not 0 < int(port) < 65536):
+        return "the Host header must be a host name or address and an optional port (1-65535)"
     return None
 
 

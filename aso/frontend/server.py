@@ -49,6 +49,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 from cryptography import x509
+from cryptography.x509.oid import NameOID
 from OpenSSL import SSL
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, protocol, threads
@@ -87,6 +88,10 @@ STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 LINGER = 2.0  # seconds a connection is read (and dropped) after a 413 sent mid-body
 REFUSALS_TOLD_EVERY = 10.0  # seconds between log lines of connections refused
+# A request's reads (TLS records) and a body's chunks: past the first FINE_PIECES_ALLOWED,
+# they must average FINEST_PIECES bytes (_too_fine).
+FINE_PIECES_ALLOWED = 1024
+FINEST_PIECES = 64
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
 HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
@@ -466,6 +471,13 @@ def peer_chain(request: server.Request) -> list[x509.Certificate]:
     return chain
 
 
+def _too_fine(pieces: int, size: int) -> bool:
+    """A request that comes in too many tiny pieces (reads, chunks): each costs the front end
+    far more than its bytes (1-byte chunks from 8 connections had slowed another user's reads
+    from 0.01 to 2.6 s)."""
+    return pieces > FINE_PIECES_ALLOWED and size < pieces * FINEST_PIECES
+
+
 def _refusal(status: bytes, error: str, reason: str) -> bytes:
     """A whole answer, written straight to the connection, for what is refused before any
     resource sees the request."""
@@ -493,8 +505,22 @@ class _Channel(http.HTTPChannel):
     _aso_identity: tuple[Identity, float]  # FrontEnd.client_identity's verdict, and when
     _aso_deadline: Any = None
     _aso_fault: Callable[[], str] = staticmethod(lambda: "the request is not well-formed HTTP/1.1")
+    aso_pieces, aso_piece_bytes = 0, 0  # the reads of the request under way, and their bytes
 
     def dataReceived(self, data: bytes) -> None:
+        if self._aso_deadline is None and not self._handlingRequest and data:
+            # A request's first bytes: it must come whole within request_timeout.
+            self._aso_deadline = self.callLater(  # type: ignore[no-untyped-call]  # Twisted's
+                self.site.request_timeout, self._too_slow
+            )
+            self.aso_pieces, self.aso_piece_bytes = 0, 0
+        self.aso_pieces += 1
+        self.aso_piece_bytes += len(data)
+        answered = bool(self.requests) and self.requests[-1].too_large  # its rest is dropped
+        if _too_fine(self.aso_pieces, self.aso_piece_bytes) and not answered:
+            self._refuse_head(f"a request must come in pieces of {FINEST_PIECES} bytes or more "
+                              "on average (a TLS record each)")  # fmt: skip
+            return
         super().dataReceived(data)  # type: ignore[no-untyped-call]  # unannotated in Twisted
         # What is left in line mode is a head line not ended yet: Twisted would wait for a CR LF
         # that a client ending lines with a bare LF never sends.
@@ -505,10 +531,6 @@ class _Channel(http.HTTPChannel):
 
     def lineReceived(self, line: bytes) -> None:
         first = getattr(self, "_HTTPChannel__first_line", True)
-        if self._aso_deadline is None and first:
-            self._aso_deadline = self.callLater(  # type: ignore[no-untyped-call]  # Twisted's
-                self.site.request_timeout, self._too_slow
-            )
         fault = gate.line_fault(line, bool(first))
         if fault:  # Twisted would fold the line into the header before it, or keep its CR
             self._refuse_head(fault)
@@ -590,6 +612,13 @@ class _Channel(http.HTTPChannel):
         self._no_deadline()
         self._aso_deadline = self.callLater(LINGER, self.loseConnection)  # type: ignore[no-untyped-call]
 
+    def timeoutConnection(self) -> None:
+        if self._aso_deadline is not None:  # a request under way: its 408, not a silent close
+            self._aso_deadline.cancel()
+            self._too_slow()
+            return
+        super().timeoutConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
     def _too_slow(self) -> None:
         self._aso_deadline = None
         reason = f"a request must arrive whole within {self.site.request_timeout:g} s"
@@ -613,6 +642,7 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
     ):
         super().__init__(data, finish)
         self.channel = channel
+        self.chunks, self.body = 0, 0
 
     def _dataReceived_CHUNK_LENGTH(self) -> bool:
         line_end = self._buffer.find(b"\n")  # Twisted looks for CR LF only, and waits for it
@@ -620,6 +650,11 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
             raise http._MalformedChunkedDataError("a chunk's size line must end with CR LF")
         read = super()._dataReceived_CHUNK_LENGTH()
         if read and self.state == "BODY":
+            self.chunks, self.body = self.chunks + 1, self.body + self.length
+            if _too_fine(self.chunks, self.body):
+                raise http._MalformedChunkedDataError(
+                    f"chunks must hold {FINEST_PIECES} bytes or more on average"
+                )
             self.channel.requests[-1].declared(self.length)
         return read
 
@@ -776,6 +811,7 @@ class FrontEnd(resource.Resource):
         super().__init__()  # type: ignore[no-untyped-call]  # unannotated in Twisted
         self.config = config
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
+        self.origins = own_origins(config)
         self.reactor = reactor
         self.routes = routes.table(config)
         self.heavy = Slots(reactor, HEAVY_READS, "heavy reads (documents, a reduce, no limit)")
@@ -832,10 +868,15 @@ class FrontEnd(resource.Resource):
         """A connection's chain is verified once and the verdict kept for REVERIFY seconds, so
         that keep-alive clients do not pay for it on every request, while an expired proxy or
         a new CRL still takes effect within that time."""
+        if _client_gone(request):  # left while its certificate was checked
+            return
         cast(_Channel, request.channel)._aso_identity = (identity, time.monotonic())
         self.authorised(request, identity)
 
     def _not_verified(self, failure: Any, request: server.Request) -> None:
+        if _client_gone(request):
+            log.debug("the client of %s left: %s", _path(request), failure.getErrorMessage())
+            return
         if failure.check(Refused):
             refused = failure.value
             log.warning("refused %s %s: %s", _method(request), _path(request), refused.reason)
@@ -856,7 +897,7 @@ class FrontEnd(resource.Resource):
             metrics.FRONTEND_REFUSALS.labels("unmapped").inc()
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return
-        refused = cross_site(request)
+        refused = cross_site(request, self.origins)
         if refused is not None:
             self._refused(request, who, refused)
             return
@@ -936,8 +977,9 @@ class FrontEnd(resource.Resource):
         done.addErrback(self._failed, request)
 
     def _failed(self, failure: Any, request: server.Request) -> None:
-        if failure.check(defer.CancelledError) and _client_gone(request):
-            return  # its wait ended when its client left
+        if _client_gone(request):  # nobody to tell: what failed is the work of a client gone
+            log.debug("the client of %s left: %s", _path(request), failure.getErrorMessage())
+            return
         if failure.check(Busy):
             request.setHeader(b"retry-after", b"5")
             _answer(request, 503, "busy", str(failure.value))
@@ -1194,7 +1236,7 @@ class FrontEnd(resource.Resource):
             if not begun:
                 request.setResponseCode(code, phrase)
                 if headers is not None:
-                    _copy_headers_of(headers, request)
+                    _copy_headers_of(headers, request, feed=True)
             elif code != 200:
                 log.warning(
                     "a long poll's answer %d came after its heartbeats: %s", code, body[:200]
@@ -1383,8 +1425,9 @@ def _send_whole(request: server.Request, response: Any, body: bytes) -> None:
     if _client_gone(request):
         return
     request.setResponseCode(response.code, response.phrase)
-    _copy_headers(response, request)
-    request.setHeader(b"content-length", b"%d" % len(body))
+    _copy_headers(response, request, feed=True)
+    if request.method != b"HEAD":  # a HEAD's store answer has no body: its length is not told
+        request.setHeader(b"content-length", b"%d" % len(body))
     # As fast as the client reads it: the request (and a heavy read's slot) ends only then.
     request.registerProducer(_PacedBody(request, body), False)
 
@@ -1427,33 +1470,49 @@ def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes, calle
     return explain(body, conflicts, stored, caller)
 
 
-def cross_site(request: server.Request) -> gate.GateRefusal | None:
+def cross_site(request: server.Request, origins: frozenset[bytes]) -> gate.GateRefusal | None:
     """A write that a page of another site makes a browser send, with the certificate the
     browser holds (a user's, an operator's): refused. Browsers say where a request comes from
-    (Sec-Fetch-Site, Origin); a client that is no browser sends neither."""
+    (Sec-Fetch-Site, Origin); a client that is no browser sends neither. An Origin must be one
+    of the front end's own (`origins`), not whatever Host the request names."""
     if request.method in (b"GET", b"HEAD"):
         return None
     site = request.getHeader(b"sec-fetch-site")
     origin = request.getHeader(b"origin")
-    host = request.getHeader(b"host") or b""
-    if site in (b"cross-site", b"same-site") or (
-        origin is not None and urlsplit(origin.decode("latin-1")).netloc.encode() != host
-    ):
+    if site in (b"cross-site", b"same-site") or (origin is not None and origin not in origins):
         return gate.GateRefusal(403, "forbidden", "a write from another site's page is refused")
     return None
 
 
-def _copy_headers(response: Any, request: server.Request) -> None:
-    _copy_headers_of(response.headers, request)
+def own_origins(config: Config) -> frozenset[bytes]:
+    """The front end's origins: https, each name and address of its host certificate, the port
+    it listens on (a browser reaches it by no other name without a certificate error)."""
+    fe = config.frontend
+    cert = x509.load_pem_x509_certificate(config.path(fe.host_cert).read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        hosts = [str(h) for h in names.get_values_for_type(x509.DNSName)]
+        hosts += [f"[{a}]" if a.version == 6 else str(a)
+                  for a in names.get_values_for_type(x509.IPAddress)]  # fmt: skip
+    except x509.ExtensionNotFound:
+        hosts = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    port = int(fe.listen.rpartition(":")[2])
+    suffixes = [f":{port}", ""] if port == 443 else [f":{port}"]
+    return frozenset(f"https://{h.lower()}{p}".encode() for h in hosts for p in suffixes)
 
 
-def _copy_headers_of(headers: Any, request: server.Request) -> None:
+def _copy_headers(response: Any, request: server.Request, feed: bool = False) -> None:
+    _copy_headers_of(response.headers, request, feed)
+
+
+def _copy_headers_of(headers: Any, request: server.Request, feed: bool = False) -> None:
     """Of the store's answer headers, those that describe the answer (STORE_ANSWER_HEADERS):
     not its framing (each hop's own), cookies (a store session would bypass the front end) or
-    what names the store's software."""
+    what names the store's software. A user's feed (`feed`) has no ETag: the store's names its
+    answer before the front end took the store's own rows out."""
     for name, values in headers.getAllRawHeaders():
         lowered = name.lower()
-        if lowered not in STORE_ANSWER_HEADERS:
+        if lowered not in STORE_ANSWER_HEADERS or (feed and lowered == b"etag"):
             continue
         if lowered == b"location":  # the store's own address is not the client's business
             values = [urlsplit(v.decode("latin-1")).path.encode("latin-1") for v in values]
