@@ -38,6 +38,7 @@ import erlang
 import psutil
 import pytest
 import requests as http
+from cryptography import x509
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer
@@ -1198,6 +1199,7 @@ MALFORMED_FRAMING = {
     "a space before the colon": (GET + b"X-A : a\r\n\r\n", "token"),
     "20,000 headers": (GET + b"X-A: a\r\n" * 20_000 + b"\r\n", "head"),
     "600 headers": (GET + b"X: a\r\n" * 600 + b"\r\n", "header lines"),
+    "120 headers": (GET + b"X: a\r\n" * 120 + b"\r\n", "at most 100 header lines"),
     "HTTP/0.9": (b"GET /_session\r\n\r\n", "request line"),
     "the HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2"),
     # round 7: each of these was taken, or waited for the request timeout
@@ -1366,6 +1368,90 @@ def test_a_request_in_tiny_pieces_is_refused(boundary):
     pieces = [padded[i : i + 64] for i in range(0, len(padded), 64)]
     answer = raw_exchange(b, head, pieces=pieces)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    alive(b)
+
+
+def test_tiny_pieces_spread_over_keep_alive_requests_are_refused(boundary):
+    """Round 9: the 64-byte average was per request, so 1-byte chunks spread over pipelined
+    keep-alive requests (under 1,024 each) cost the same and were never refused. Chunks and
+    reads are counted over the connection."""
+    body = b'{"keys": []}'.ljust(600)
+    one = (b"POST /asynctransfer/_all_docs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+           b"\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(b"1\r\n%c\r\n" % c for c in body)
+           + b"0\r\n\r\n")  # fmt: skip
+    answer = raw_exchange(boundary, one * 4)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]  # the first ones go through
+    assert b"chunks must hold 64 bytes or more" in answer, answer[-600:]
+    alive(boundary)
+
+
+def big_exponent_key(bits: int = 2048, exponent_bits: int = 600) -> Any:
+    """An RSA key whose public exponent has `exponent_bits` bits (OpenSSL signs with d alone;
+    whoever checks a signature pays for e)."""
+    import math
+    import secrets
+
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    numbers = rsa.generate_private_key(65537, bits).private_numbers()
+    p, q = numbers.p, numbers.q
+    lam = math.lcm(p - 1, q - 1)
+    e = 65537
+    while e == 65537 or math.gcd(e, lam) != 1:
+        e = secrets.randbits(exponent_bits) | (1 << (exponent_bits - 1)) | 1
+    d = pow(e, -1, lam)
+    public = rsa.RSAPublicNumbers(e, p * q)
+    return rsa.RSAPrivateNumbers(
+        p, q, d, d % (p - 1), d % (q - 1), pow(q, -1, p), public
+    ).private_key()
+
+
+def test_a_proxy_key_that_costs_each_handshake_is_refused(boundary, tmp_path):
+    """Round 9: a forged proxy chain of alice's whose keys had 3,070-bit public exponents cost
+    the front end ~200 ms of CPU per handshake (bob's reads: 0.010 s → 1.1 s). A key with an
+    exponent above 65537 (or over 8192 bits) fails the handshake, before any signature is
+    checked with it; x509auth refuses it too."""
+    import datetime as dt
+
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    from aso.grid import proxycert, x509auth
+
+    b = boundary
+    alice = b.pki.user("alice")
+    key = big_exponent_key()
+    now = dt.datetime.now(dt.UTC)
+    cn = x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "4242")
+    info = x509.UnrecognizedExtension(proxycert.PROXY_CERT_INFO, proxycert.encode())
+    proxy = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([*alice.cert.subject.rdns, x509.RelativeDistinguishedName([cn])]))
+        .issuer_name(alice.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(4242)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(info, critical=True)
+        .sign(alice.key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    path = tmp_path / "x509up_big_e"
+    path.write_bytes(proxy.public_bytes(pem) + key.private_bytes(
+        pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+        + alice.cert.public_bytes(pem))  # fmt: skip
+    assert "exponent" in (x509auth.key_fault(proxy.public_key()) or "")
+    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
+    context.load_cert_chain(str(path))
+    host, port = b.url.removeprefix("https://").split(":")
+    answer = b""
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as plain,
+        contextlib.suppress(OSError),
+        context.wrap_socket(plain, server_hostname=host) as tls,
+    ):
+        tls.sendall(GET + b"Connection: close\r\n\r\n")
+        answer = tls.recv(65536)
+    assert not answer.startswith(b"HTTP/"), answer[:300]  # no handshake, no answer
     alive(b)
 
 

@@ -64,7 +64,7 @@ from twisted.web.iweb import IBodyProducer
 from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
-from aso.grid.x509auth import Identity, Refused, TrustStore, verify_chain
+from aso.grid.x509auth import Identity, Refused, TrustStore, key_fault, verify_chain
 from aso.store import Server
 
 log = logging.getLogger("aso.frontend")
@@ -505,7 +505,10 @@ class _Channel(http.HTTPChannel):
     _aso_identity: tuple[Identity, float]  # FrontEnd.client_identity's verdict, and when
     _aso_deadline: Any = None
     _aso_fault: Callable[[], str] = staticmethod(lambda: "the request is not well-formed HTTP/1.1")
-    aso_pieces, aso_piece_bytes = 0, 0  # the reads of the request under way, and their bytes
+    # The connection's reads and their bytes, its chunks and theirs (_too_fine): counted over
+    # the connection, as pieces spread over keep-alive requests cost the same.
+    aso_pieces, aso_piece_bytes, aso_chunks, aso_chunk_bytes = 0, 0, 0, 0
+    maxHeaders = 100  # Twisted's 500: each line costs its parsing (490 tiny ones, 5 ms a request)
 
     def dataReceived(self, data: bytes) -> None:
         if self._aso_deadline is None and not self._handlingRequest and data:
@@ -513,7 +516,6 @@ class _Channel(http.HTTPChannel):
             self._aso_deadline = self.callLater(  # type: ignore[no-untyped-call]  # Twisted's
                 self.site.request_timeout, self._too_slow
             )
-            self.aso_pieces, self.aso_piece_bytes = 0, 0
         self.aso_pieces += 1
         self.aso_piece_bytes += len(data)
         answered = bool(self.requests) and self.requests[-1].too_large  # its rest is dropped
@@ -642,7 +644,6 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
     ):
         super().__init__(data, finish)
         self.channel = channel
-        self.chunks, self.body = 0, 0
 
     def _dataReceived_CHUNK_LENGTH(self) -> bool:
         line_end = self._buffer.find(b"\n")  # Twisted looks for CR LF only, and waits for it
@@ -650,8 +651,10 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
             raise http._MalformedChunkedDataError("a chunk's size line must end with CR LF")
         read = super()._dataReceived_CHUNK_LENGTH()
         if read and self.state == "BODY":
-            self.chunks, self.body = self.chunks + 1, self.body + self.length
-            if _too_fine(self.chunks, self.body):
+            channel = self.channel
+            channel.aso_chunks, channel.aso_chunk_bytes = (
+                channel.aso_chunks + 1, channel.aso_chunk_bytes + self.length)  # fmt: skip
+            if _too_fine(channel.aso_chunks, channel.aso_chunk_bytes):
                 raise http._MalformedChunkedDataError(
                     f"chunks must hold {FINEST_PIECES} bytes or more on average"
                 )
@@ -1587,6 +1590,17 @@ def _path(request: server.Request) -> str:
     return request.uri.decode("latin-1").split("?", 1)[0]
 
 
+def _key_in_policy(_conn: Any, cert: Any, _errno: int, _depth: int, _ok: int) -> bool:
+    """OpenSSL's verify callback, during the handshake: a client certificate is taken whatever
+    it is (aso.grid.x509auth judges it, and its refusals are HTTP answers), but for a key whose
+    mere use costs the front end (x509auth.key_fault): the handshake fails before the client
+    proves it holds it."""
+    fault = key_fault(cert.to_cryptography().public_key())
+    if fault:
+        log.warning("refused a TLS handshake: %s", fault)
+    return fault is None
+
+
 class ServerTLS:
     """The TLS context: the host certificate; a client certificate is asked for and accepted
     here whatever it is, then judged by aso.grid.x509auth, whose refusals are HTTP answers."""
@@ -1597,7 +1611,7 @@ class ServerTLS:
         context.use_certificate_chain_file(str(cert))
         context.use_privatekey_file(str(key))
         context.check_privatekey()
-        context.set_verify(SSL.VERIFY_PEER, lambda conn, cert, errno, depth, ok: True)
+        context.set_verify(SSL.VERIFY_PEER, _key_in_policy)
         # No session resumption: a resumed session keeps the client's certificate but not the
         # proxy chain it sent, so a proxy's issuer would be missing (401) at every resumption.
         context.set_session_cache_mode(SSL.SESS_CACHE_OFF)

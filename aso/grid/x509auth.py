@@ -28,6 +28,7 @@ from typing import cast
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPublicKeyTypes
 from cryptography.x509.oid import NameOID
 
@@ -202,6 +203,23 @@ def _check_revocation(
             raise unauthorized(f"certificate {slash_dn(cert.subject)} is revoked")
 
 
+# The RSA keys a client's chain may hold: a public exponent of 65537 or less and a modulus of
+# 8192 bits or less. A forged proxy chain with 3,070-bit exponents had cost the front end
+# ~200 ms of CPU per handshake (each signature check is an exponentiation by e).
+MAX_RSA_EXPONENT = 65537
+MAX_RSA_BITS = 8192
+
+
+def key_fault(key: object) -> str | None:
+    """Why a certificate's public key is refused (a public key of `cryptography`), or None."""
+    if isinstance(key, rsa.RSAPublicKey):
+        if key.key_size > MAX_RSA_BITS:
+            return f"an RSA key of {key.key_size} bits (at most {MAX_RSA_BITS})"
+        if key.public_numbers().e > MAX_RSA_EXPONENT:
+            return f"an RSA public exponent above {MAX_RSA_EXPONENT}"
+    return None
+
+
 def verify_chain(
     chain: list[x509.Certificate],
     trust: TrustStore,
@@ -214,6 +232,10 @@ def verify_chain(
     if not chain:
         raise unauthorized("a client certificate (or proxy) is required")
     now = now or dt.datetime.now(dt.UTC)
+    for sent_cert in chain:  # before any signature is checked with these keys
+        fault = key_fault(sent_cert.public_key())
+        if fault:
+            raise unauthorized(f"{slash_dn(sent_cert.subject)}: {fault}")
     trust.refresh()
     sent = chain[1:]
     cert, proxies = chain[0], 0
