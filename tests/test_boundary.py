@@ -1181,6 +1181,7 @@ def answered_with_reason(answer: bytes) -> tuple[int, dict[str, Any]]:
 
 GET = b"GET /_session HTTP/1.1\r\nHost: x\r\n"
 POST = b"POST /asynctransfer/_bulk_docs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+CHUNKED = POST + b"Transfer-Encoding: chunked\r\n\r\n"  # the head of a chunked body
 MALFORMED_FRAMING = {
     "content-length and chunked": (
         POST + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "once"),
@@ -1190,7 +1191,7 @@ MALFORMED_FRAMING = {
     "xchunked": (POST + b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n", "chunked"),
     "gzip, chunked": (POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "chunked"),
     "identity": (POST + b"Transfer-Encoding: identity\r\n\r\n{}", "chunked"),
-    "a negative chunk size": (POST + b"Transfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n",
+    "a negative chunk size": (CHUNKED + b"-2\r\n{}\r\n0\r\n\r\n",
                               "chunked body"),
     "a tab in the request line": (b"GET\t/_session HTTP/1.1\r\nHost: x\r\n\r\n", "request line"),
     "two spaces in the request line": (b"GET  /_session HTTP/1.1\r\n\r\n", "request line"),
@@ -1215,19 +1216,19 @@ MALFORMED_FRAMING = {
     "a Host with a user": (b"GET /_session HTTP/1.1\r\nHost: u@x\r\n\r\n", "host name"),
     "a Host with port 0": (b"GET /_session HTTP/1.1\r\nHost: x:0\r\n\r\n", "host name"),
     "a Host with port 99999": (b"GET /_session HTTP/1.1\r\nHost: x:99999\r\n\r\n", "1-65535"),
-    "a chunked body all LF": (POST + b"Transfer-Encoding: chunked\r\n\r\n2\n{}\n0\n\n", "CR LF"),
+    "a chunked body all LF": (CHUNKED + b"2\n{}\n0\n\n", "CR LF"),
     "a chunk size ending with LF": (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\n{}\r\n0\r\n\r\n", "CR LF"),
+        CHUNKED + b"2\n{}\r\n0\r\n\r\n", "CR LF"),
     "the last chunk ending with LF": (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\n\r\n", "CR LF"),
+        CHUNKED + b"2\r\n{}\r\n0\n\r\n", "CR LF"),
     "the chunked body ending with LF": (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\n", "CR LF"),
+        CHUNKED + b"2\r\n{}\r\n0\r\n\n", "CR LF"),
     "a chunk's data ending with LF": (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\n0\r\n\r\n", "CRLF"),
+        CHUNKED + b"2\r\n{}\n0\r\n\r\n", "CRLF"),
     "a trailer field": (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-A: a\r\n\r\n", "trailer"),
+        CHUNKED + b"2\r\n{}\r\n0\r\nX-A: a\r\n\r\n", "trailer"),
     "a trailer line without a colon": (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx\r\n\r\n", "trailer"),
+        CHUNKED + b"2\r\n{}\r\n0\r\nx\r\n\r\n", "trailer"),
 }  # fmt: skip
 
 
@@ -1267,8 +1268,8 @@ def test_a_body_too_large_is_refused_at_once_and_the_connection_closed(boundary)
     timeout = b.config.frontend.request_timeout
     over = MAX_BODY + 1
     for data in (
-        POST + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % over,
-        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n%x\r\n" % (over - 2),
+        CHUNKED + b"%x\r\n" % over,
+        CHUNKED + b"2\r\n{}\r\n%x\r\n" % (over - 2),
         POST + b"Content-Length: %d\r\n\r\n" % over,
         POST + b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % over,
     ):
@@ -1356,7 +1357,7 @@ def test_a_request_in_tiny_pieces_is_refused(boundary):
     chunks (or reads) they must average 64 bytes: 400 with the reason, at once."""
     b = boundary
     many = 2 * server.FINE_PIECES_ALLOWED
-    chunked = POST + b"Transfer-Encoding: chunked\r\n\r\n" + b"1\r\n \r\n" * many + b"0\r\n\r\n"
+    chunked = CHUNKED + b"1\r\n \r\n" * many + b"0\r\n\r\n"
     status, body = answered_with_reason(raw_exchange(b, chunked))
     assert status == 400 and "64 bytes or more" in body["reason"], body
     padded = b'{"keys": []}'.ljust(many)
@@ -1465,7 +1466,7 @@ def test_a_stalled_request_gets_its_408_when_the_idle_timeout_is_the_same(bounda
     with running_frontend(config, tmp_path) as url:
         fresh = dataclasses.replace(b, url=url)
         for stalled in (b"GET /_sess", GET, POST + b"Content-Length: 10\r\n\r\n{}",
-                        POST + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{"):  # fmt: skip
+                        CHUNKED + b"2\r\n{"):  # fmt: skip
             status, body = answered_with_reason(raw_exchange(fresh, stalled))
             assert (status, body["error"]) == (408, "request_timeout"), (stalled, body)
 
