@@ -501,6 +501,30 @@ class FrontendConfig:
         "Client connections open at once from one IP address (one client cannot take them "
         "all); raise it for a site whose jobs reach ASO through one NAT address.",
     )
+    unidentified_connections: int = _key(
+        1024,
+        "Connections whose client has not yet shown a certificate chain that verifies, in all; "
+        "past it a newcomer takes the oldest of the address holding the most, if that address "
+        "holds more than the newcomer's would, and is closed otherwise.",
+    )
+    unidentified_per_address: int = _key(
+        32, "Connections not yet identified from one address (an IPv6 /64); more are closed."
+    )
+    identify_timeout: float = _key(
+        10.0,
+        "Seconds a new connection has to finish its TLS handshake with a certificate chain "
+        "that verifies (later: closed).",
+    )
+    body_bytes: int = _key(
+        268435456,
+        "Request body bytes held at once (arriving, checked or forwarded), all clients; a body "
+        "that would pass it gets 503 with Retry-After.",
+    )
+    body_bytes_per_address: int = _key(
+        134217728,
+        "Request body bytes held at once for one address (an IPv6 /64); a body that would "
+        "pass it gets 503 with Retry-After.",
+    )
     demo_certs: str = _key(
         "certs",
         "`aso certs demo` directory whose users' certificates `aso demo` goes through the front "
@@ -671,6 +695,10 @@ RANGES: dict[str, tuple[int, int]] = {
     "frontend.polls": (1, 10000),
     "frontend.connections": (1, 1_000_000),
     "frontend.connections_per_address": (1, 1_000_000),
+    "frontend.unidentified_connections": (1, 1_000_000),
+    "frontend.unidentified_per_address": (1, 1_000_000),
+    "frontend.body_bytes": (1, 1 << 40),
+    "frontend.body_bytes_per_address": (1, 1 << 40),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SITE_PROTOCOLS = ("root", "http", "https", "sim")
@@ -733,7 +761,11 @@ def _check_store_and_front_end(config: Config, bad: Callable[[str], ConfigError]
         raise bad("agents.feed_interval must be 0 or more seconds")
     if config.store.auth == "x509" and not config.store.url.startswith("https://"):
         raise bad("store.auth = x509 needs an https:// store.url (the front end)")
-    for key in ("request_timeout", "idle_timeout"):
+    fe = config.frontend
+    if not fe.body_bytes >= fe.body_bytes_per_address >= fe.max_body:
+        raise bad("frontend.body_bytes >= frontend.body_bytes_per_address >= frontend.max_body "
+                  "must hold (a body the front end takes must fit)")  # fmt: skip
+    for key in ("request_timeout", "idle_timeout", "identify_timeout"):
         if not getattr(config.frontend, key) > 0:
             raise bad(f"frontend.{key} must be above 0 seconds")
     host, _, port = config.frontend.listen.rpartition(":")

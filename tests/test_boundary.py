@@ -519,6 +519,12 @@ def test_a_page_of_another_site_cannot_write_through_the_front_end(boundary):
     own = {"Origin": b.url, "Host": host, "Sec-Fetch-Site": "same-origin"}
     same = b.call("alice", "POST", url, json={"docs": [doc]}, headers=own)
     assert same.status_code == 201, same.text  # the pages' own origin writes (it does not)
+    # Scheme and host are case-insensitive: the same origin in capitals is the same origin.
+    port = host.rpartition(":")[2]
+    capitals = {"Origin": f"HTTPS://LOCALHOST:{port}", "Host": host}
+    other = sample_request("alice")
+    same = b.call("alice", "POST", url, json={"docs": [other]}, headers=capitals)
+    assert same.status_code == 201, same.text
     assert snapshot(b) == before
 
 
@@ -1079,6 +1085,19 @@ def test_a_number_the_stores_cannot_hold_is_refused(boundary, field, value):
     alive(b)
 
 
+def test_an_integer_of_thousands_of_digits_is_refused_by_the_rule(boundary):
+    """5,000 digits had been refused with Python's own message, naming one of its settings
+    (`sys.set_int_max_str_digits`): now with the rule every such integer breaks."""
+    b = boundary
+    doc = sample_request("alice")
+    body = json.dumps({**doc, "size": 7}).replace('"size": 7', '"size": ' + "9" * 5000)
+    answer = b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", data=body.encode(),
+                    headers={"Content-Type": "application/json"})  # fmt: skip
+    refused(answer, 400, "safe range")
+    assert "set_int_max_str_digits" not in answer.text
+    alive(b)
+
+
 # -- the red team's fifth round: the store busy, not gone -----------------------------------------
 @contextlib.contextmanager
 def store_stopped(b: Boundary) -> Iterator[None]:
@@ -1281,49 +1300,172 @@ def test_a_body_too_large_is_refused_at_once_and_the_connection_closed(boundary)
     alive(b)
 
 
+def tls_connection(b: Boundary, source: str, who: str | None = "alice") -> ssl.SSLSocket:
+    """A TLS connection from `source` with `who`'s certificate (None: none), its handshake done."""
+    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
+    if who is not None:
+        context.load_cert_chain(*b.certs[who])
+    host, port = b.url.removeprefix("https://").split(":")
+    plain = socket.create_connection((host, int(port)), 10, (source, 0))
+    return context.wrap_socket(plain, server_hostname=host)
+
+
+def silent_connection(b: Boundary, source: str) -> socket.socket:
+    host, port = b.url.removeprefix("https://").split(":")
+    return socket.create_connection((host, int(port)), 10, (source, 0))
+
+
+def closed_within(held: socket.socket, seconds: float) -> bool:
+    """Whether the front end closes `held` within `seconds` (what it still sends is read)."""
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            held.settimeout(left)
+            if held.recv(65536) == b"":
+                return True
+    except (ConnectionResetError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        pass
+    return False
+
+
+def served_from(b: Boundary, source: str) -> bool:
+    request = b"GET /_session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        return raw_exchange(b, request, source=source).startswith(b"HTTP/1.1 200 ")
+    except OSError:  # closed at accept: the handshake fails (ssl.SSLError is an OSError)
+        return False
+
+
 def test_one_address_cannot_take_every_connection(boundary, tmp_path):
-    """Connections that never send a byte each held a file descriptor until the idle timeout,
-    as many as a client opened. Past `frontend.connections_per_address` from one address, or
-    `frontend.connections` in all, a new connection is closed at once, before its handshake;
-    other addresses are served meanwhile, and an address that let its connections go is
-    served again."""
+    """Connections each held a file descriptor until the idle timeout, as many as a client
+    opened. Past `frontend.connections_per_address` from one address, or `frontend.connections`
+    in all, a new connection is closed at once, before its handshake; other addresses are served
+    meanwhile, and an address that let its connections go is served again."""
     b = boundary
     config = copy.deepcopy(b.config)
     config.source = tmp_path / "aso.toml"
     config.frontend = dataclasses.replace(config.frontend, connections=6,
                                           connections_per_address=4)  # fmt: skip
-    request = b"GET /_session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     with running_frontend(config, tmp_path) as url:
         fresh = dataclasses.replace(b, url=url)
-        host, port = url.removeprefix("https://").split(":")
-
-        def hold(source: str) -> socket.socket:
-            return socket.create_connection((host, int(port)), 10, (source, 0))
-
-        def closed_at_once(source: str) -> bool:
-            with hold(source) as extra:
-                extra.settimeout(5)
-                try:
-                    return extra.recv(1) == b""
-                except ConnectionResetError:
-                    return True
-
-        def served(source: str) -> bool:
-            try:
-                return raw_exchange(fresh, request, source=source).startswith(b"HTTP/1.1 200 ")
-            except OSError:  # closed at accept: the handshake fails (ssl.SSLError is an OSError)
-                return False
-
-        alices = [hold("127.0.0.1") for _ in range(4)]
-        assert closed_at_once("127.0.0.1")
-        assert served("127.0.0.2")  # another address goes on
-        others = [hold("127.0.0.3") for _ in range(2)]  # six open: the front end's whole
+        alices = [tls_connection(fresh, "127.0.0.1") for _ in range(4)]
+        assert closed_within(silent_connection(fresh, "127.0.0.1"), 5)
+        assert served_from(fresh, "127.0.0.2")  # another address goes on
+        others = [tls_connection(fresh, "127.0.0.3") for _ in range(2)]  # six open: all
         time.sleep(0.5)
-        assert closed_at_once("127.0.0.2")
+        assert closed_within(silent_connection(fresh, "127.0.0.2"), 5)
+        assert not any(closed_within(held, 0.1) for held in alices + others)
         for held in alices + others:
             held.close()
-        wait_for(lambda: served("127.0.0.1"), 15, "alice's address served again")
-        assert served("127.0.0.2")
+        wait_for(lambda: served_from(fresh, "127.0.0.1"), 15, "alice's address served again")
+        assert served_from(fresh, "127.0.0.2")
+
+
+def test_connections_that_never_identify_cannot_keep_others_out(boundary, tmp_path):
+    """Silent TCP connections from 16 addresses had taken every connection the front end
+    allows, without a credential, until the idle timeout. A connection whose client has not
+    shown a chain that verifies is cut after `frontend.identify_timeout`; such connections are
+    `frontend.unidentified_per_address` at most from one address, and when all
+    `frontend.unidentified_connections` are taken, a newcomer takes the oldest of the address
+    holding the most. A TLS connection without a client certificate, or with one from a CA
+    nobody trusts, identifies nobody: cut too (after its request's 401)."""
+    b = boundary
+    config = copy.deepcopy(b.config)
+    config.source = tmp_path / "aso.toml"
+    config.frontend = dataclasses.replace(config.frontend, unidentified_connections=6,
+                                          unidentified_per_address=4,
+                                          identify_timeout=3.0)  # fmt: skip
+    with running_frontend(config, tmp_path) as url:
+        fresh = dataclasses.replace(b, url=url)
+        squatters = [silent_connection(fresh, "127.0.0.1") for _ in range(4)]
+        assert closed_within(silent_connection(fresh, "127.0.0.1"), 2)  # a fifth from it
+        more = [silent_connection(fresh, "127.0.0.3") for _ in range(2)]  # all six taken
+        time.sleep(0.3)
+        assert served_from(fresh, "127.0.0.2")  # in place of 127.0.0.1's oldest
+        assert closed_within(squatters[0], 2)
+        assert not closed_within(more[0], 0.1)  # 127.0.0.3 held fewer: kept
+        identified = tls_connection(fresh, "127.0.0.4")
+        anonymous = tls_connection(fresh, "127.0.0.5", who=None)
+        assert all(closed_within(held, 5) for held in squatters[1:] + more)
+        assert closed_within(anonymous, 3)
+        assert not closed_within(identified, 0.5)  # identified: the idle timeout is its own
+        with tls_connection(fresh, "127.0.0.6", who=None) as stranger:
+            stranger.sendall(b"GET /_session HTTP/1.1\r\nHost: x\r\n\r\n")
+            stranger.settimeout(5)
+            assert stranger.recv(65536).startswith(b"HTTP/1.1 401 ")
+            assert closed_within(stranger, 5)
+        log = (tmp_path / "frontend.log").read_text()
+        assert "not identified within 3 s" in log and "cut for a newcomer" in log
+
+
+def test_addresses_are_counted_by_ipv6_prefix():
+    """One host is given a whole IPv6 /64: each of its addresses is the same client."""
+    assert server.address_key("2001:db8:1:2::1") == server.address_key("2001:db8:1:2:ffff::9")
+    assert server.address_key("2001:db8:1:2::1") == "2001:db8:1:2::/64"
+    assert server.address_key("2001:db8:1:3::1") != server.address_key("2001:db8:1:2::1")
+    assert server.address_key("::ffff:192.0.2.7") == "192.0.2.7"
+    assert server.address_key("192.0.2.7") == "192.0.2.7"
+
+
+def held_body(b: Boundary, source: str, length: int, sent: int) -> ssl.SSLSocket:
+    """A write declaring `length` body bytes, `sent` of them sent, the rest held back."""
+    held = tls_connection(b, source)
+    head = (f"POST /{b.config.store.files_db}/_bulk_docs HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
+    held.sendall(head.encode() + b" " * sent)
+    return held
+
+
+def test_request_bodies_held_at_once_are_bounded(boundary, tmp_path):
+    """Twisted spools each body over 100 kB to a temporary file until its request ends: eight
+    60 MB bodies had held 480 MiB of /tmp, nothing bounding their sum. What has arrived of the
+    bodies under way is bounded per address (`frontend.body_bytes_per_address`) and in all
+    (`frontend.body_bytes`): past either, a body gets 503 with Retry-After, at its
+    Content-Length or as its chunks come; others are served, and the room comes back when the
+    bodies held end."""
+    b = boundary
+    config = copy.deepcopy(b.config)
+    config.source = tmp_path / "aso.toml"
+    mib = 1 << 20
+    config.frontend = dataclasses.replace(config.frontend, max_body=mib,
+                                          body_bytes_per_address=mib + mib // 2,
+                                          body_bytes=2 * mib)  # fmt: skip
+    files = b.config.store.files_db
+
+    def post(source: str, length: int) -> bytes:
+        head = (f"POST /{files}/_bulk_docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
+        return raw_exchange(fresh, head.encode() + b" " * length, source=source)
+
+    with running_frontend(config, tmp_path) as url:
+        fresh = dataclasses.replace(b, url=url)
+        first = held_body(fresh, "127.0.0.1", mib, mib - 1024)
+        time.sleep(1)
+        answer = post("127.0.0.1", mib)  # this address's room: 1.5 MiB
+        status, body = answered_with_reason(answer)
+        assert status == 503 and "try again later" in body["reason"], answer[:300]
+        assert b"\r\nretry-after: 5\r\n" in answer.lower(), answer[:300]
+        assert served_from(fresh, "127.0.0.1")  # a request without a body goes on
+        second = held_body(fresh, "127.0.0.2", mib, mib // 2 + mib // 4)
+        time.sleep(1)
+        status, _ = answered_with_reason(post("127.0.0.3", mib // 2))  # 2 MiB in all
+        assert status == 503
+        # A chunked body is counted as its chunks come.
+        chunk = b" " * (mib // 2)
+        chunked = (f"POST /{files}/_bulk_docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   ).encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk)  # fmt: skip
+        status, _ = answered_with_reason(raw_exchange(fresh, chunked, source="127.0.0.3"))
+        assert status == 503
+        first.close()
+        second.close()
+        time.sleep(1)
+        status, body = answered_with_reason(post("127.0.0.1", mib))
+        assert status == 400 and "JSON" in body["reason"], body  # read whole, then judged
+        status, _ = answered_with_reason(raw_exchange(fresh, chunked, source="127.0.0.3"))
+        assert status == 400
 
 
 def test_a_client_cannot_renegotiate_tls(boundary):
@@ -1655,3 +1797,24 @@ def test_a_poll_since_now_that_waits_its_turn_sees_what_is_written_meanwhile(bou
     assert answer.status_code == 200, answer.text[:300]
     assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
     b.last = None  # alice wrote
+
+
+def test_a_flood_of_refusals_is_a_line_per_kind_and_interval(caplog):
+    """Every refusal had its WARNING line (1,350 lines a second in a flood): now a kind's first
+    in REFUSALS_TOLD_EVERY s, saying how many came since, the rest at DEBUG; all counted."""
+    now = [1000.0]
+    refusals = server._Refusals(clock=lambda: now[0])
+    caplog.set_level("DEBUG", logger="aso.frontend")
+    for _ in range(500):
+        refusals.tell("gate", "%s: %s", "GET /x", "no such route")
+    refusals.tell("framing", "a request's framing: %s", "bare LF")
+    now[0] += server.REFUSALS_TOLD_EVERY
+    refusals.tell("gate", "%s: %s", "GET /y", "no such route")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "refused GET /x: no such route",
+        "refused a request's framing: bare LF",
+        "refused GET /y: no such route (and 499 more refused as gate since the last told, "
+        "at DEBUG)",
+    ]
+    assert sum(r.levelname == "DEBUG" for r in caplog.records) == 499

@@ -296,6 +296,19 @@ def _no_underflow(text: str) -> float:
     return value
 
 
+def _safe_integer(text: str) -> int:
+    """An integer literal, refused before Python converts it when JavaScript could not hold it
+    (Python's own refusal of 4,300 digits and more names one of its settings)."""
+    if len(text.lstrip("-")) > len(str(MAX_SAFE_INTEGER)) or abs(int(text)) > MAX_SAFE_INTEGER:
+        raise Invalid(_UNSAFE_INTEGER)
+    return int(text)
+
+
+_UNSAFE_INTEGER = (
+    f"an integer beyond JavaScript's safe range (at most {MAX_SAFE_INTEGER} either way)"
+)
+
+
 def parse_json(raw: bytes, what: str) -> Any:
     """`raw` as JSON: UTF-8, no NaN/Infinity, no member twice, nested at most MAX_DEPTH deep,
     at most MAX_CONTAINERS objects and lists and MAX_VALUES values (counted on the bytes first:
@@ -314,6 +327,7 @@ def parse_json(raw: bytes, what: str) -> Any:
             object_pairs_hook=_no_duplicates,
             parse_constant=_no_constant,
             parse_float=_no_underflow,
+            parse_int=_safe_integer,
         )
     except Invalid as exc:
         raise Invalid(f"{what} is not JSON the front end takes: {exc}") from None
@@ -345,8 +359,7 @@ def check_json(value: Any, what: str) -> None:
         elif isinstance(item, float) and not math.isfinite(item):
             raise Invalid(f"{what} holds a number that is not finite")
         elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_SAFE_INTEGER:
-            raise Invalid(f"{what} holds an integer beyond JavaScript's safe range "
-                          f"(at most {MAX_SAFE_INTEGER} either way)")  # fmt: skip
+            raise Invalid(f"{what} holds {_UNSAFE_INTEGER}")
         elif isinstance(item, float) and item == 0 and math.copysign(1.0, item) < 0:
             # JavaScript writes it 0 and takes it >= 0: a size of -0.0 was recorded.
             raise Invalid(f"{what} holds -0.0 (write 0)")

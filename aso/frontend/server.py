@@ -35,6 +35,7 @@ import ctypes.util
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -54,12 +55,14 @@ from OpenSSL import SSL
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, protocol, threads
 from twisted.internet.error import CannotListenError
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.internet.interfaces import IHandshakeListener, IOpenSSLContextFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
+from zope.interface import implementer
 
 from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
@@ -86,8 +89,9 @@ STORE_ANSWER_HEADERS = {b"content-type", b"etag", b"cache-control", b"last-modif
 BODY = (b"POST", b"PUT", b"PATCH")  # methods whose (even empty) body is sent on
 STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
-LINGER = 2.0  # seconds a connection is read (and dropped) after a 413 sent mid-body
-REFUSALS_TOLD_EVERY = 10.0  # seconds between log lines of connections refused
+LINGER = 2.0  # seconds a connection is read (and dropped) after a 413 or 503 sent mid-body
+BODY_RETRY_AFTER = 5  # seconds a client refused for want of room for its body is told to wait
+REFUSALS_TOLD_EVERY = 10.0  # seconds between WARNING lines of one kind of refusal (_Refusals)
 # A request's reads (TLS records) and a body's chunks: past the first FINE_PIECES_ALLOWED,
 # they must average FINEST_PIECES bytes (_too_fine).
 FINE_PIECES_ALLOWED = 1024
@@ -459,9 +463,9 @@ def _answer_json(request: server.Request, status: int, body: bytes) -> None:
     request.finish()
 
 
-def peer_chain(request: server.Request) -> list[x509.Certificate]:
+def peer_chain(channel: http.HTTPChannel) -> list[x509.Certificate]:
     """The client's certificate, then the certificates it sent with it."""
-    connection = _transport(request.channel).getHandle()
+    connection = _transport(channel).getHandle()
     leaf = connection.get_peer_certificate()
     if leaf is None:
         return []
@@ -471,6 +475,33 @@ def peer_chain(request: server.Request) -> list[x509.Certificate]:
     return chain
 
 
+class _Refusals:
+    """Every refusal counted in aso_frontend_refusals by kind; in the log, a kind's first in
+    REFUSALS_TOLD_EVERY s at WARNING, saying how many came since its last, the rest at DEBUG (a
+    flood of refused requests had written 1,350 WARNING lines a second)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.told_at: dict[str, float] = {}
+        self.untold: collections.Counter[str] = collections.Counter()
+
+    def tell(self, kind: str, message: str, *args: Any) -> None:
+        metrics.FRONTEND_REFUSALS.labels(kind).inc()
+        now = self.clock()
+        if now - self.told_at.get(kind, -REFUSALS_TOLD_EVERY) < REFUSALS_TOLD_EVERY:
+            self.untold[kind] += 1
+            log.debug("refused " + message, *args)
+            return
+        untold = self.untold.pop(kind, 0)
+        self.told_at[kind] = now
+        if untold:
+            message += f" (and {untold} more refused as {kind} since the last told, at DEBUG)"
+        log.warning("refused " + message, *args)
+
+
+REFUSALS = _Refusals()
+
+
 def _too_fine(pieces: int, size: int) -> bool:
     """A request that comes in too many tiny pieces (reads, chunks): each costs the front end
     far more than its bytes (1-byte chunks from 8 connections had slowed another user's reads
@@ -478,13 +509,13 @@ def _too_fine(pieces: int, size: int) -> bool:
     return pieces > FINE_PIECES_ALLOWED and size < pieces * FINEST_PIECES
 
 
-def _refusal(status: bytes, error: str, reason: str) -> bytes:
+def _refusal(status: bytes, error: str, reason: str, headers: bytes = b"") -> bytes:
     """A whole answer, written straight to the connection, for what is refused before any
-    resource sees the request."""
+    resource sees the request (`headers`: more header lines, each ending CR LF)."""
     body = json.dumps({"error": error, "reason": reason}).encode()
     return (
         b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-        b"Connection: close\r\n\r\n%s" % (status, len(body), body)
+        b"%sConnection: close\r\n\r\n%s" % (status, len(body), headers, body)
     )
 
 
@@ -495,6 +526,39 @@ def _close_with(channel: http.HTTPChannel, status: bytes, error: str, reason: st
     channel.loseConnection()
 
 
+class _Verdict:
+    """A connection's certificate chain, checked once (at the handshake's end, then every
+    REVERIFY s): requests that come before the answer wait for it."""
+
+    def __init__(self, checked: defer.Deferred[Identity]):
+        self.at = time.monotonic()
+        self.result: Identity | Failure | None = None
+        self.waiting: list[defer.Deferred[Identity]] = []
+        checked.addBoth(self._done)
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self.at < REVERIFY
+
+    def wait(self) -> defer.Deferred[Identity]:
+        if self.result is None:
+            waiting: defer.Deferred[Identity] = defer.Deferred()
+            self.waiting.append(waiting)
+            return waiting
+        if isinstance(self.result, Failure):
+            return defer.fail(self.result)
+        return defer.succeed(self.result)
+
+    def _done(self, result: Identity | Failure) -> None:
+        self.result = result
+        waiting, self.waiting = self.waiting, []
+        for each in waiting:
+            if isinstance(result, Failure):
+                each.errback(result)
+            else:
+                each.callback(result)
+
+
+@implementer(IHandshakeListener)
 class _Channel(http.HTTPChannel):
     """Twisted's channel, but every refusal of the framing says why (Twisted answers a bare 400,
     or drops a line over MAX_LENGTH, 16 KiB, without a word); and a request must come whole
@@ -502,13 +566,19 @@ class _Channel(http.HTTPChannel):
     its connection for ever)."""
 
     site: _Site  # set by the site that built the channel (Site.buildProtocol)
-    _aso_identity: tuple[Identity, float]  # FrontEnd.client_identity's verdict, and when
+    aso_verdict: _Verdict | None = None  # the client's chain, checked
     _aso_deadline: Any = None
     _aso_fault: Callable[[], str] = staticmethod(lambda: "the request is not well-formed HTTP/1.1")
     # The connection's reads and their bytes, its chunks and theirs (_too_fine): counted over
     # the connection, as pieces spread over keep-alive requests cost the same.
     aso_pieces, aso_piece_bytes, aso_chunks, aso_chunk_bytes = 0, 0, 0, 0
     maxHeaders = 100  # Twisted's 500: each line costs its parsing (490 tiny ones, 5 ms a request)
+
+    def handshakeCompleted(self) -> None:
+        """The client's chain checked at once: once it verifies, the connection is no longer
+        an unidentified one (_Admission)."""
+        front = cast(FrontEnd, self.site.resource)
+        self.aso_verdict = front.check_chain(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self._aso_deadline is None and not self._handlingRequest and data:
@@ -518,7 +588,7 @@ class _Channel(http.HTTPChannel):
             )
         self.aso_pieces += 1
         self.aso_piece_bytes += len(data)
-        answered = bool(self.requests) and self.requests[-1].too_large  # its rest is dropped
+        answered = bool(self.requests) and self.requests[-1].refused_body  # its rest is dropped
         if _too_fine(self.aso_pieces, self.aso_piece_bytes) and not answered:
             self._refuse_head(f"a request must come in pieces of {FINEST_PIECES} bytes or more "
                               "on average (a TLS record each)")  # fmt: skip
@@ -559,7 +629,7 @@ class _Channel(http.HTTPChannel):
         super().allHeadersReceived()  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def _send100Continue(self) -> None:
-        if not self.requests[-1].too_large:  # its 413 is the answer
+        if not self.requests[-1].refused_body:  # its 413 or 503 is the answer
             super()._send100Continue()  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
@@ -584,8 +654,7 @@ class _Channel(http.HTTPChannel):
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         reason = self._aso_fault()
-        metrics.FRONTEND_REFUSALS.labels("framing").inc()
-        log.warning("refused a request's framing: %s", reason)
+        REFUSALS.tell("framing", "a request's framing: %s", reason)
         self._no_deadline()
         if len(self.requests) > 1:  # an answer of an earlier request may be under way
             _transport(self).abortConnection()
@@ -679,53 +748,121 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
             raise
 
 
+class _BodyBytes:
+    """Request body bytes held at once (Twisted spools a body over 100 kB to a temporary file
+    until its request ends: eight 60 MB bodies had held 480 MiB of /tmp, nothing bounding their
+    sum): `frontend.body_bytes` in all, `frontend.body_bytes_per_address` for one address. What
+    is charged is what has arrived, so that a body announced and never sent holds nothing."""
+
+    def __init__(self, total: int, per_address: int):
+        self.total, self.per_address = total, per_address
+        self.held = 0
+        self.by_address: collections.Counter[str] = collections.Counter()
+
+    def room(self, address: str, size: int) -> bool:
+        """Whether `size` more bytes from `address` fit now."""
+        return (
+            self.held + size <= self.total and self.by_address[address] + size <= self.per_address
+        )
+
+    def take(self, address: str, size: int) -> None:
+        self.held += size
+        self.by_address[address] += size
+
+    def give_back(self, address: str, size: int) -> None:
+        self.held -= size
+        self.by_address[address] -= size
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+
+
 class _BoundedRequest(server.Request):
     """A request whose body is counted as it arrives, however it is framed. Twisted sizes
     nothing but a Content-Length and buffers a chunked body whole (a 70 MiB chunked `_bulk_docs`
-    had been forwarded): past `frontend.max_body` the client gets its 413 at once, the rest of
-    the body is read and dropped, and the connection is closed once the body ends (cut at
-    DISCARD_LIMIT times the limit)."""
+    had been forwarded): past `frontend.max_body` the client gets its 413 at once; a body the
+    front end has no room for now (_BodyBytes) gets a 503 with Retry-After, at its length or
+    as its bytes come. Then the rest of the body is read and dropped, and the connection is
+    closed once the body ends (cut at DISCARD_LIMIT times the limit)."""
 
     DISCARD_LIMIT = 4
-    received, too_large = 0, False  # bytes of the body so far; refused with 413
+    received, refused_body = 0, False  # bytes of the body so far; answered (413, 503) already
+    held = 0  # of them, bytes charged to the site's _BodyBytes
     channel: _Channel  # requests come from _Site, whose channels are _Channel
     aso_content_type = b""  # the Content-Type sent (Twisted is not shown it: requestReceived)
 
     def gotLength(self, length: int | None) -> None:
-        self.received, self.too_large = 0, False
+        self.received, self.refused_body = 0, False
         limit = self.channel.site.max_body
         forwarded = length if length is None or length <= limit else 0
         super().gotLength(forwarded)  # type: ignore[no-untyped-call]  # unannotated in Twisted
         if length is not None and length > limit:
-            self._refuse(limit)
+            self._too_large(limit)
+        elif length and not self.channel.site.body_bytes.room(self._address(), length):
+            self._no_room()
 
     def handleContentChunk(self, data: bytes) -> None:
         limit = self.channel.site.max_body
         self.received += len(data)
-        if self.too_large:
+        if self.refused_body:
             if self.received > self.DISCARD_LIMIT * limit:
                 _transport(self.channel).abortConnection()
             return
         if self.received > limit:
-            self._refuse(limit)
+            self._too_large(limit)
             return
+        budget, address = self.channel.site.body_bytes, self._address()
+        if not budget.room(address, len(data)):
+            self._no_room()
+            return
+        budget.take(address, len(data))
+        self.held += len(data)
         super().handleContentChunk(data)  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def declared(self, size: int) -> None:
         """A chunk of `size` bytes is on its way."""
         limit = self.channel.site.max_body
-        if not self.too_large and self.received + size > limit:
-            self._refuse(limit)
+        if not self.refused_body and self.received + size > limit:
+            self._too_large(limit)
 
-    def _refuse(self, limit: int) -> None:
-        self.too_large = True
-        metrics.FRONTEND_REFUSALS.labels("too_large").inc()
-        log.warning("refused %s %s: body over %d bytes", _method(self), _path(self), limit)
+    def finish(self) -> None:
+        self._give_back()
+        super().finish()  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def connectionLost(self, reason: Any) -> None:
+        self._give_back()
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def _give_back(self) -> None:
+        if self.held:
+            self.channel.site.body_bytes.give_back(self._address(), self.held)
+            self.held = 0
+
+    def _address(self) -> str:
+        return str(getattr(self.channel.transport, "aso_address", ""))
+
+    def _too_large(self, limit: int) -> None:
+        REFUSALS.tell("too_large", "%s %s: body over %d bytes", _method(self), _path(self), limit)
+        self._refuse_body(
+            _refusal(b"413 Content Too Large", "too_large", f"bodies are limited to {limit} bytes")
+        )
+
+    def _no_room(self) -> None:
+        budget = self.channel.site.body_bytes
+        REFUSALS.tell("busy", "%s %s: %d body bytes held, %d for %s", _method(self),
+                      _path(self), budget.held, budget.by_address[self._address()],
+                      self._address())  # fmt: skip
+        reason = ("the front end holds as many request bodies as it takes, from this address or "
+                  "in all: try again later")  # fmt: skip
+        self._refuse_body(_refusal(b"503 Service Unavailable", "busy", reason,
+                                   b"Retry-After: %d\r\n" % BODY_RETRY_AFTER))  # fmt: skip
+
+    def _refuse_body(self, answer: bytes) -> None:
+        self.refused_body = True
+        self._give_back()
         if self.channel.requests != [self]:  # an answer of an earlier request may be under way
             _transport(self.channel).abortConnection()
             return
-        reason = f"bodies are limited to {limit} bytes"
-        _transport(self.channel).write(_refusal(b"413 Content Too Large", "too_large", reason))
+        _transport(self.channel).write(answer)
         self.channel.linger()
 
     def _handleStar(self) -> None:
@@ -734,7 +871,7 @@ class _BoundedRequest(server.Request):
         self.render(self.channel.site.getResourceFor(self))  # type: ignore[no-untyped-call]
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        if self.too_large:  # answered already
+        if self.refused_body:  # answered already
             self.channel.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
             return
         # Twisted would read a form body itself (and answer a malformed one with a bare 400):
@@ -750,47 +887,121 @@ class _BoundedRequest(server.Request):
                 self.requestHeaders.setRawHeaders(b"content-type", content_type)
 
 
+def address_key(host: str) -> str:
+    """Whose connection it is, as far as an address says: the address, an IPv6 one's /64 (one
+    host is given a /64 whole) and an IPv4-mapped one as IPv4."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class _Admitted(TLSMemoryBIOProtocol):
+    """A connection _Admission let in: whose it is, and when it is cut if still unidentified."""
+
+    aso_address: str
+    aso_deadline: Any
+
+
 class _Admission(TLSMemoryBIOFactory):
-    """The front end's TLS connections, few enough that no one client takes them all: past
-    `frontend.connections` open, or `frontend.connections_per_address` from one address, a new
-    one is closed at once, before its handshake (each would hold a file descriptor until its
-    idle timeout)."""
+    """The front end's TLS connections, few enough that no one client takes them all.
+
+    Past `frontend.connections` open, or `frontend.connections_per_address` from one address, a
+    new one is closed at once, before its handshake. A connection is *unidentified* until its
+    client's certificate chain verifies (at the handshake's end); unidentified ones are cut
+    after `frontend.identify_timeout` and are `frontend.unidentified_per_address` at most from
+    one address and `frontend.unidentified_connections` in all. When all are taken, a newcomer
+    takes the oldest of the address that holds the most, if it holds more than the newcomer's
+    would: connections that never identify (silent TCP from a few addresses had held every
+    connection for the idle timeout) cannot keep the clients of other addresses out."""
 
     def __init__(self, tls: Any, site: _Site, settings: FrontendConfig, reactor: Any):
         super().__init__(tls, False, cast(Any, site))  # a Site is an IProtocolFactory
+        self.protocol = _Admitted
         self.total, self.per_address = settings.connections, settings.connections_per_address
+        self.unidentified_total = settings.unidentified_connections
+        self.unidentified_per_address = settings.unidentified_per_address
+        self.identify_timeout = settings.identify_timeout
         self.open = 0
         self.by_address: collections.Counter[str] = collections.Counter()
+        # Each address's unidentified connections, oldest first (a dict as an ordered set).
+        self.waiting: dict[str, dict[Any, None]] = {}
+        self.waiting_count = 0
         self.reactor = reactor
-        self.refused, self.told_at = 0, -REFUSALS_TOLD_EVERY  # refusals not yet in the log
 
     def buildProtocol(self, addr: Any) -> Any:
-        host = str(getattr(addr, "host", ""))
+        host = address_key(str(getattr(addr, "host", "")))
         if self.open >= self.total or self.by_address[host] >= self.per_address:
-            self._refused(host)
+            REFUSALS.tell("connections", "a connection from %s: %d open, %d from it", host,
+                          self.open, self.by_address[host])  # fmt: skip
             return None  # the port closes the socket
+        mine = len(self.waiting.get(host, ()))
+        if mine >= self.unidentified_per_address or (
+            self.waiting_count >= self.unidentified_total and not self._make_room(mine)
+        ):
+            REFUSALS.tell("unidentified", "a connection from %s: %d unidentified, %d from it",
+                          host, self.waiting_count, mine)  # fmt: skip
+            return None
         self.open += 1
         self.by_address[host] += 1
-        connection = super().buildProtocol(addr)
-        connection.aso_address = host  # type: ignore[attr-defined]  # ASO's own mark
+        connection = cast(_Admitted, super().buildProtocol(addr))
+        connection.aso_address = host
+        self.waiting.setdefault(host, {})[connection] = None
+        self.waiting_count += 1
+        connection.aso_deadline = self.reactor.callLater(
+            self.identify_timeout, self._too_late, connection
+        )
         return connection
+
+    def identified(self, connection: Any) -> None:
+        """The connection's client has shown a chain that verifies: it leaves the unidentified."""
+        self._leave_waiting(connection)
 
     def unregisterProtocol(self, p: Any) -> None:
         super().unregisterProtocol(p)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+        self._leave_waiting(p)
         host = p.aso_address
         self.open -= 1
         self.by_address[host] -= 1
         if not self.by_address[host]:
             del self.by_address[host]
 
-    def _refused(self, host: str) -> None:
-        metrics.FRONTEND_REFUSALS.labels("connections").inc()
-        self.refused += 1
-        now = self.reactor.seconds()
-        if now - self.told_at >= REFUSALS_TOLD_EVERY:  # a flood is one line, not one per try
-            log.warning("refused %d connection(s) (the last from %s): %d open, %d from it",
-                        self.refused, host, self.open, self.by_address[host])  # fmt: skip
-            self.refused, self.told_at = 0, now
+    def _make_room(self, mine: int) -> bool:
+        """The oldest unidentified connection of the address holding the most cut, if that
+        address holds more than the newcomer's would."""
+        fullest = max(self.waiting, key=lambda host: len(self.waiting[host]))
+        if len(self.waiting[fullest]) <= mine + 1:
+            return False
+        oldest = next(iter(self.waiting[fullest]))
+        self._leave_waiting(oldest)
+        REFUSALS.tell("evicted", "a connection from %s kept unidentified: cut for a newcomer",
+                      fullest)  # fmt: skip
+        oldest.abortConnection()
+        return True
+
+    def _too_late(self, connection: Any) -> None:
+        if self._leave_waiting(connection):
+            REFUSALS.tell("identify_timeout", "a connection from %s: not identified within %g s",
+                          connection.aso_address, self.identify_timeout)  # fmt: skip
+            connection.abortConnection()
+
+    def _leave_waiting(self, connection: Any) -> bool:
+        """The connection out of the unidentified (False: it was not among them)."""
+        waiting = self.waiting.get(connection.aso_address)
+        if waiting is None or connection not in waiting:
+            return False
+        del waiting[connection]
+        if not waiting:
+            del self.waiting[connection.aso_address]
+        self.waiting_count -= 1
+        if connection.aso_deadline.active():
+            connection.aso_deadline.cancel()
+        return True
 
 
 class _Site(server.Site):
@@ -803,6 +1014,7 @@ class _Site(server.Site):
         super().__init__(root, timeout=settings.idle_timeout)  # type: ignore[no-untyped-call]
         self.max_body = settings.max_body
         self.request_timeout = settings.request_timeout
+        self.body_bytes = _BodyBytes(settings.body_bytes, settings.body_bytes_per_address)
 
 
 class FrontEnd(resource.Resource):
@@ -847,33 +1059,42 @@ class FrontEnd(resource.Resource):
         _measure(request)
         _watch_client(request)
         channel = cast(_Channel, request.channel)  # every request comes through _Site
-        kept: tuple[Identity, float] | None = getattr(channel, "_aso_identity", None)
-        if kept is not None and time.monotonic() - kept[1] < REVERIFY:
-            self.authorised(request, kept[0])
-            return server.NOT_DONE_YET
-        # The chain is read here (the TLS connection is the reactor's); verifying it (CRLs, a
-        # CA directory read again after fetch-crl) takes a thread, so that one client's check
-        # never holds up the others' requests.
-        chain = peer_chain(request)
-        checked = threads.deferToThreadPool(
-            self.reactor,
-            self.reactor.getThreadPool(),
-            verify_chain,
-            chain,
-            self.trust,
-            require_crl=self.config.frontend.require_crl,
-        )
+        # A connection's chain is checked once and the verdict kept for REVERIFY seconds, so
+        # that keep-alive clients do not pay for it on every request, while an expired proxy or
+        # a new CRL still takes effect within that time.
+        if channel.aso_verdict is None or not channel.aso_verdict.fresh():
+            channel.aso_verdict = self.check_chain(channel)
+        checked = channel.aso_verdict.wait()
         checked.addCallback(self.verified, request)
         checked.addErrback(self._not_verified, request)
         return server.NOT_DONE_YET
 
+    def check_chain(self, channel: _Channel) -> _Verdict:
+        """The client's chain verified: read here (the TLS connection is the reactor's), checked
+        in a thread (CRLs, a CA directory read again after fetch-crl), so that one client's
+        check never holds up the others' requests. A chain that verifies identifies the
+        connection (_Admission)."""
+        checked = threads.deferToThreadPool(
+            self.reactor,
+            self.reactor.getThreadPool(),
+            verify_chain,
+            peer_chain(channel),
+            self.trust,
+            require_crl=self.config.frontend.require_crl,
+        )
+
+        def identified(identity: Identity) -> Identity:
+            tls = channel.transport
+            admission = getattr(tls, "factory", None)
+            if isinstance(admission, _Admission):
+                admission.identified(tls)
+            return identity
+
+        return _Verdict(checked.addCallback(identified))
+
     def verified(self, identity: Identity, request: server.Request) -> None:
-        """A connection's chain is verified once and the verdict kept for REVERIFY seconds, so
-        that keep-alive clients do not pay for it on every request, while an expired proxy or
-        a new CRL still takes effect within that time."""
         if _client_gone(request):  # left while its certificate was checked
             return
-        cast(_Channel, request.channel)._aso_identity = (identity, time.monotonic())
         self.authorised(request, identity)
 
     def _not_verified(self, failure: Any, request: server.Request) -> None:
@@ -882,8 +1103,8 @@ class FrontEnd(resource.Resource):
             return
         if failure.check(Refused):
             refused = failure.value
-            log.warning("refused %s %s: %s", _method(request), _path(request), refused.reason)
-            metrics.FRONTEND_REFUSALS.labels("certificate").inc()
+            REFUSALS.tell("certificate", "%s %s: %s", _method(request), _path(request),
+                          refused.reason)  # fmt: skip
             _answer(request, refused.status, "unauthorized", refused.reason)
             return
         log.error("cannot verify the client of %s: %s", _path(request), failure.getErrorMessage())
@@ -896,8 +1117,7 @@ class FrontEnd(resource.Resource):
             return
         who = self.gridmap.lookup(identity.dn)
         if who is None:
-            log.warning("refused %s: DN %s is not mapped", _path(request), identity.dn)
-            metrics.FRONTEND_REFUSALS.labels("unmapped").inc()
+            REFUSALS.tell("unmapped", "%s: DN %s is not mapped", _path(request), identity.dn)
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return
         refused = cross_site(request, self.origins)
@@ -941,9 +1161,8 @@ class FrontEnd(resource.Resource):
         threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), give_back_memory)
 
     def _refused(self, request: server.Request, who: Mapped, verdict: gate.GateRefusal) -> None:
-        log.warning("refused %s %s of %s: %s", _method(request), _path(request), who.name,
-                    verdict.reason)  # fmt: skip
-        metrics.FRONTEND_REFUSALS.labels("gate").inc()
+        REFUSALS.tell("gate", "%s %s of %s: %s", _method(request), _path(request), who.name,
+                      verdict.reason)  # fmt: skip
         _answer(request, verdict.status, verdict.error, verdict.reason)
 
     def _checked(
@@ -1110,8 +1329,7 @@ class FrontEnd(resource.Resource):
         self._update_seq(made, headers).addCallback(learned).addBoth(tell)
 
     def _unknown_nodes(self, request: server.Request, made: gate.Forward) -> None:
-        log.warning("refused since naming nodes %s", sorted(made.nodes - self.store_nodes)[:3])
-        metrics.FRONTEND_REFUSALS.labels("gate").inc()
+        REFUSALS.tell("gate", "since naming nodes %s", sorted(made.nodes - self.store_nodes)[:3])
         _answer(request, 400, "bad_request", "since must be a sequence this store handed out "
                 "(it names a node the store does not have)")  # fmt: skip
 
@@ -1482,7 +1700,10 @@ def cross_site(request: server.Request, origins: frozenset[bytes]) -> gate.GateR
         return None
     site = request.getHeader(b"sec-fetch-site")
     origin = request.getHeader(b"origin")
-    if site in (b"cross-site", b"same-site") or (origin is not None and origin not in origins):
+    # Scheme and host are case-insensitive (RFC 3986 6.2.2.1); `origins` is lower case.
+    if site in (b"cross-site", b"same-site") or (
+        origin is not None and origin.lower() not in origins
+    ):
         return gate.GateRefusal(403, "forbidden", "a write from another site's page is refused")
     return None
 
@@ -1597,10 +1818,11 @@ def _key_in_policy(_conn: Any, cert: Any, _errno: int, _depth: int, _ok: int) ->
     proves it holds it."""
     fault = key_fault(cert.to_cryptography().public_key())
     if fault:
-        log.warning("refused a TLS handshake: %s", fault)
+        REFUSALS.tell("key", "a TLS handshake: %s", fault)
     return fault is None
 
 
+@implementer(IOpenSSLContextFactory)
 class ServerTLS:
     """The TLS context: the host certificate; a client certificate is asked for and accepted
     here whatever it is, then judged by aso.grid.x509auth, whose refusals are HTTP answers."""
