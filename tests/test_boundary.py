@@ -55,6 +55,7 @@ from tests.hostile_strategies import LONG, json_values, texts
 from tests.pipeline_helpers import wait_for
 from tests.test_frontend import cert_files
 from tests.test_hostile import running_frontend
+from tests.tls_client import client_context, connect
 
 USERS = {"alice": "", "bob": "", "agent-host": " aso-agent"}
 CANARY = "canary-" + hashlib.sha256(b"aso boundary").hexdigest()[:24]
@@ -605,13 +606,7 @@ def test_a_request_that_never_ends_loses_its_connection(boundary):
     arrive whole within `frontend.request_timeout` (3 s here), else 408 and the connection is
     closed; the front end answers others meanwhile."""
     b = boundary
-    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
-    context.load_cert_chain(*b.certs["alice"])
-    host, port = b.url.removeprefix("https://").split(":")
-    with (
-        socket.create_connection((host, int(port)), timeout=30) as plain,
-        context.wrap_socket(plain, server_hostname=host) as tls,
-    ):
+    with tls_connection(b, "", timeout=30) as tls:
         tls.sendall(b"GET /_session HTTP/1.1\r\nHost: x\r\n")
         started = time.monotonic()
         received = b""
@@ -633,16 +628,11 @@ def test_a_resumed_tls_session_is_a_new_one(boundary):
     certificate, not the proxy chain): sessions are not resumed, so a proxy works every time."""
     b = boundary
     proxy = b.pki.proxy_file(b.pki.user("alice"), tag="-resume")
-    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
-    context.load_cert_chain(str(proxy))
+    context = client_context(b.pki.ca_file, str(proxy))
     context.maximum_version = ssl.TLSVersion.TLSv1_2  # sessions as Python resumes them
-    host, port = b.url.removeprefix("https://").split(":")
     session = None
     for attempt in range(2):
-        with (
-            socket.create_connection((host, int(port)), timeout=30) as plain,
-            context.wrap_socket(plain, server_hostname=host, session=session) as tls,
-        ):
+        with connect(b.url, context, timeout=30, session=session) as tls:
             tls.sendall(b"GET /_session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             answer = b""
             with contextlib.suppress(OSError):
@@ -780,9 +770,6 @@ def test_an_answer_nobody_reads_waits_at_the_store_and_takes_one_slot(boundary):
     carrying documents wait for each other, not for another user's."""
     b = boundary
     docs = big_requests(b, 200)  # ~48 MB in one answer of _all_docs?include_docs=true
-    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
-    context.load_cert_chain(*b.certs["alice"])
-    host, port = b.url.removeprefix("https://").split(":")
     # (ids from "`": a user's range stays clear of the store's own `_` ids)
     above = f"/{b.files}/_all_docs?include_docs=true&startkey=%22%60%22"
     request = f"GET {above}&limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -790,9 +777,7 @@ def test_an_answer_nobody_reads_waits_at_the_store_and_takes_one_slot(boundary):
     unread = []
     try:
         for _ in range(3):
-            plain = socket.create_connection((host, int(port)), timeout=30)
-            plain.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            tls = context.wrap_socket(plain, server_hostname=host)
+            tls = tls_connection(b, "", timeout=30, receive_buffer=4096)
             tls.sendall(request.encode())
             unread.append(tls)
         time.sleep(5)  # the store answers; nobody reads
@@ -1164,14 +1149,8 @@ def raw_exchange(
     """Send `data` as is over alice's TLS connection (from `source`, a loopback address),
     then `pieces`, a TLS record each; what the front end answers until it closes (or is quiet
     for 10 s)."""
-    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
-    context.load_cert_chain(*b.certs[who])
-    host, port = b.url.removeprefix("https://").split(":")
     answer = b""
-    with (
-        socket.create_connection((host, int(port)), 10, (source, 0) if source else None) as plain,
-        context.wrap_socket(plain, server_hostname=host) as tls,
-    ):
+    with tls_connection(b, source, who) as tls:
         with contextlib.suppress(OSError):
             tls.sendall(data)
             for piece in pieces:
@@ -1300,14 +1279,16 @@ def test_a_body_too_large_is_refused_at_once_and_the_connection_closed(boundary)
     alive(b)
 
 
-def tls_connection(b: Boundary, source: str, who: str | None = "alice") -> ssl.SSLSocket:
+def tls_connection(
+    b: Boundary,
+    source: str,
+    who: str | None = "alice",
+    timeout: float = 10,
+    receive_buffer: int = 0,
+) -> ssl.SSLSocket:
     """A TLS connection from `source` with `who`'s certificate (None: none), its handshake done."""
-    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
-    if who is not None:
-        context.load_cert_chain(*b.certs[who])
-    host, port = b.url.removeprefix("https://").split(":")
-    plain = socket.create_connection((host, int(port)), 10, (source, 0))
-    return context.wrap_socket(plain, server_hostname=host)
+    context = client_context(b.pki.ca_file, *(b.certs[who] if who else ()))
+    return connect(b.url, context, source, timeout, receive_buffer=receive_buffer)
 
 
 def silent_connection(b: Boundary, source: str) -> socket.socket:
@@ -1583,14 +1564,10 @@ def test_a_proxy_key_that_costs_each_handshake_is_refused(boundary, tmp_path):
         pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
         + alice.cert.public_bytes(pem))  # fmt: skip
     assert "exponent" in (x509auth.key_fault(proxy.public_key()) or "")
-    context = ssl.create_default_context(cafile=str(b.pki.ca_file))
-    context.load_cert_chain(str(path))
-    host, port = b.url.removeprefix("https://").split(":")
     answer = b""
     with (
-        socket.create_connection((host, int(port)), timeout=10) as plain,
         contextlib.suppress(OSError),
-        context.wrap_socket(plain, server_hostname=host) as tls,
+        connect(b.url, client_context(b.pki.ca_file, str(path))) as tls,
     ):
         tls.sendall(GET + b"Connection: close\r\n\r\n")
         answer = tls.recv(65536)

@@ -63,6 +63,7 @@ from tests import storejs
 from tests.conftest import ENGINE, own_store, sample_request, write_config
 from tests.hostile_strategies import LONG, forge, json_values, mutated, requests, texts
 from tests.test_frontend import ASO, cert_files
+from tests.tls_client import client_context, connect
 
 PASSWORD = "hostile-pw"
 NODE = shutil.which("node") or "node"  # the embedded store's engine (deploy/install-system.sh)
@@ -720,13 +721,8 @@ def exchange(frontend: FrontEnd, raw: bytes, first: float = 2.0) -> bytes:
     """Send `raw` on a TLS connection made with carol's certificate; what came back: until the
     server closes, or stays silent for `first` seconds before the answer's head (an incomplete
     request is waited upon) or 2 s after it (a feed streams for as long as it is read)."""
-    context = ssl.create_default_context(cafile=str(frontend.pki.ca_file))
-    context.load_cert_chain(*frontend.certs["carol"])
-    host, port = frontend.url.removeprefix("https://").split(":")
-    with (
-        socket.create_connection((host, int(port)), timeout=10) as plain,
-        context.wrap_socket(plain, server_hostname=host) as tls,
-    ):
+    context = client_context(frontend.pki.ca_file, *frontend.certs["carol"])
+    with connect(frontend.url, context) as tls:
         tls.sendall(raw)
         tls.settimeout(first)
         received = b""
