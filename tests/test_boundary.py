@@ -1795,3 +1795,20 @@ def test_a_flood_of_refusals_is_a_line_per_kind_and_interval(caplog):
         "at DEBUG)",
     ]
     assert sum(r.levelname == "DEBUG" for r in caplog.records) == 499
+
+
+def test_the_connections_fit_the_files_the_front_end_may_open(caplog):
+    """With a soft open-file limit of 1024 (a common default), accepting failed for want of a
+    file long before `frontend.connections` (8192), for everyone alike: the front end raises
+    its soft limit as far as the connections need, and past the hard limit runs with fewer
+    connections, saying so."""
+    settings = server.FrontendConfig()
+    besides = server.FILES_BESIDES_CLIENTS
+    files, kept = server.fit_to_open_files(settings, 1024, 1 << 20)
+    assert files == settings.connections + besides and kept == settings
+    files, fewer = server.fit_to_open_files(settings, 1024, 4096)
+    assert files == 4096 and fewer.connections == 4096 - besides
+    assert fewer.unidentified_connections <= fewer.connections
+    assert fewer.connections_per_address <= fewer.connections
+    assert "frontend.connections lowered from 8192 to" in caplog.text
+    assert server.fit_to_open_files(settings, 50000, 60000) == (50000, settings)

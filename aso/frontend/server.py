@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
+from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
 from typing import Any, BinaryIO, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -1898,17 +1899,46 @@ def serve_metrics(config: Config, reactor: Any) -> None:
     log.info("metrics on http://%s:%d/metrics", settings.host, settings.frontend_port)
 
 
+# Files the front end opens besides its clients' connections: its connections to the store
+# (kept-alive and feeds), spooled bodies, the CA directory, logs.
+FILES_BESIDES_CLIENTS = 4 * STORE_CONNECTIONS + 256
+
+
+def fit_to_open_files(settings: FrontendConfig, soft: int, hard: int) -> tuple[int, FrontendConfig]:
+    """(the open-file limit to set, the settings to run with): the soft limit raised as far as
+    the connections need and the hard limit allows; past the hard limit, fewer connections than
+    configured (with the default soft limit of 1024, the caps would never be reached: accepting
+    would fail for want of a file first, for everyone)."""
+    needed = settings.connections + FILES_BESIDES_CLIENTS
+    if hard != RLIM_INFINITY and needed > hard:
+        connections = max(1, hard - FILES_BESIDES_CLIENTS)
+        log.warning("frontend.connections lowered from %d to %d: this process may open %d files "
+                    "(ulimit -Hn; LimitNOFILE in a systemd unit)", settings.connections,
+                    connections, hard)  # fmt: skip
+        settings = dataclasses.replace(
+            settings,
+            connections=connections,
+            connections_per_address=min(settings.connections_per_address, connections),
+            unidentified_connections=min(settings.unidentified_connections, connections),
+        )
+        needed = hard
+    return max(soft, needed), settings
+
+
 def serve(config: Config) -> None:
     """Run the front end on Twisted's global reactor until SIGTERM/SIGINT."""
     from twisted.internet import reactor  # installed on first import: only the process's entry
 
     root, tls = build(config, reactor)
     host, _, port = config.frontend.listen.rpartition(":")
-    site = _Site(root, config.frontend)
+    soft, hard = getrlimit(RLIMIT_NOFILE)
+    files, settings = fit_to_open_files(config.frontend, soft, hard)
+    setrlimit(RLIMIT_NOFILE, (files, hard))
+    site = _Site(root, settings)
     site.displayTracebacks = False
     running = cast(_Reactor, reactor)
     running.suggestThreadPoolSize(16)
-    running.listenTCP(int(port), _Admission(tls, site, config.frontend, reactor), interface=host)
+    running.listenTCP(int(port), _Admission(tls, site, settings, reactor), interface=host)
     serve_metrics(config, reactor)
     log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
              config.store.url, config.frontend.auth)  # fmt: skip
