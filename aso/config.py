@@ -516,14 +516,19 @@ class FrontendConfig:
         "that verifies (later: closed).",
     )
     body_bytes: int = _key(
-        268435456,
-        "Request body bytes held at once (arriving, checked or forwarded), all clients; a body "
-        "that would pass it gets 503 with Retry-After.",
+        1073741824,
+        "Request body bytes held at once (arriving, checked or forwarded; spooled to TMPDIR "
+        "past 100 kB), all clients; a body that would pass it gets 503 with Retry-After.",
     )
-    body_bytes_per_address: int = _key(
+    body_bytes_per_user: int = _key(
         134217728,
-        "Request body bytes held at once for one address (an IPv6 /64); a body that would "
-        "pass it gets 503 with Retry-After.",
+        "Request body bytes held at once for one user (a client whose certificate is still "
+        "being checked: its address); a body that would pass it gets 503 with Retry-After.",
+    )
+    connections_per_user: int = _key(
+        512,
+        "Connections one user (a certificate's DN) holds at once; the next one's requests get "
+        "503 and it is closed (raise it for a service that reaches ASO with one certificate).",
     )
     demo_certs: str = _key(
         "certs",
@@ -698,7 +703,8 @@ RANGES: dict[str, tuple[int, int]] = {
     "frontend.unidentified_connections": (1, 1_000_000),
     "frontend.unidentified_per_address": (1, 1_000_000),
     "frontend.body_bytes": (1, 1 << 40),
-    "frontend.body_bytes_per_address": (1, 1 << 40),
+    "frontend.body_bytes_per_user": (1, 1 << 40),
+    "frontend.connections_per_user": (1, 1_000_000),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SITE_PROTOCOLS = ("root", "http", "https", "sim")
@@ -762,8 +768,8 @@ def _check_store_and_front_end(config: Config, bad: Callable[[str], ConfigError]
     if config.store.auth == "x509" and not config.store.url.startswith("https://"):
         raise bad("store.auth = x509 needs an https:// store.url (the front end)")
     fe = config.frontend
-    if not fe.body_bytes >= fe.body_bytes_per_address >= fe.max_body:
-        raise bad("frontend.body_bytes >= frontend.body_bytes_per_address >= frontend.max_body "
+    if not fe.body_bytes >= fe.body_bytes_per_user >= fe.max_body:
+        raise bad("frontend.body_bytes >= frontend.body_bytes_per_user >= frontend.max_body "
                   "must hold (a body the front end takes must fit)")  # fmt: skip
     for key in ("request_timeout", "idle_timeout", "identify_timeout"):
         if not getattr(config.frontend, key) > 0:

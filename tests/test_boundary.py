@@ -1377,6 +1377,12 @@ def test_connections_that_never_identify_cannot_keep_others_out(boundary, tmp_pa
             stranger.settimeout(5)
             assert stranger.recv(65536).startswith(b"HTTP/1.1 401 ")
             assert closed_within(stranger, 5)
+        # One silent connection from each of six addresses: the oldest of all makes room.
+        spread = [silent_connection(fresh, f"127.0.1.{n}") for n in range(1, 7)]
+        time.sleep(0.3)
+        assert served_from(fresh, "127.0.0.2")
+        assert closed_within(spread[0], 2)
+        assert not any(closed_within(held, 0.1) for held in spread[2:])
         log = (tmp_path / "frontend.log").read_text()
         assert "not identified within 3 s" in log and "cut for a newcomer" in log
 
@@ -1390,9 +1396,9 @@ def test_addresses_are_counted_by_ipv6_prefix():
     assert server.address_key("192.0.2.7") == "192.0.2.7"
 
 
-def held_body(b: Boundary, source: str, length: int, sent: int) -> ssl.SSLSocket:
-    """A write declaring `length` body bytes, `sent` of them sent, the rest held back."""
-    held = tls_connection(b, source)
+def held_body(b: Boundary, who: str, source: str, length: int, sent: int) -> ssl.SSLSocket:
+    """`who`'s write declaring `length` body bytes, `sent` of them sent, the rest held back."""
+    held = tls_connection(b, source, who)
     head = (f"POST /{b.config.store.files_db}/_bulk_docs HTTP/1.1\r\nHost: x\r\n"
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
     held.sendall(head.encode() + b" " * sent)
@@ -1402,51 +1408,78 @@ def held_body(b: Boundary, source: str, length: int, sent: int) -> ssl.SSLSocket
 def test_request_bodies_held_at_once_are_bounded(boundary, tmp_path):
     """Twisted spools each body over 100 kB to a temporary file until its request ends: eight
     60 MB bodies had held 480 MiB of /tmp, nothing bounding their sum. What has arrived of the
-    bodies under way is bounded per address (`frontend.body_bytes_per_address`) and in all
-    (`frontend.body_bytes`): past either, a body gets 503 with Retry-After, at its
-    Content-Length or as its chunks come; others are served, and the room comes back when the
-    bodies held end."""
+    bodies under way is bounded per user (`frontend.body_bytes_per_user`, whatever addresses
+    the user comes from) and in all (`frontend.body_bytes`): past either, a body gets 503 with
+    Retry-After, at its Content-Length or as its chunks come; others are served, and the room
+    comes back when the bodies held end. A client whose certificate is refused holds none: its
+    body is refused at its head (two addresses without a certificate had held it all)."""
     b = boundary
     config = copy.deepcopy(b.config)
     config.source = tmp_path / "aso.toml"
     mib = 1 << 20
     config.frontend = dataclasses.replace(config.frontend, max_body=mib,
-                                          body_bytes_per_address=mib + mib // 2,
+                                          body_bytes_per_user=mib + mib // 2,
                                           body_bytes=2 * mib)  # fmt: skip
     files = b.config.store.files_db
 
-    def post(source: str, length: int) -> bytes:
+    def post(who: str | None, source: str, length: int) -> bytes:
         head = (f"POST /{files}/_bulk_docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
-        return raw_exchange(fresh, head.encode() + b" " * length, source=source)
+        return raw_exchange(fresh, head.encode() + b" " * length, who, source)
 
     with running_frontend(config, tmp_path) as url:
         fresh = dataclasses.replace(b, url=url)
-        first = held_body(fresh, "127.0.0.1", mib, mib - 1024)
+        first = held_body(fresh, "alice", "127.0.0.1", mib, mib - 1024)
         time.sleep(1)
-        answer = post("127.0.0.1", mib)  # this address's room: 1.5 MiB
+        answer = post("alice", "127.0.0.2", mib)  # alice's room (1.5 MiB), from any address
         status, body = answered_with_reason(answer)
         assert status == 503 and "try again later" in body["reason"], answer[:300]
         assert b"\r\nretry-after: 5\r\n" in answer.lower(), answer[:300]
         assert served_from(fresh, "127.0.0.1")  # a request without a body goes on
-        second = held_body(fresh, "127.0.0.2", mib, mib // 2 + mib // 4)
+        for source in ("127.0.0.5", "127.0.0.6"):  # no certificate: refused at the head
+            status, body = answered_with_reason(post(None, source, mib))
+            assert status == 401 and "certificate" in body["reason"], body
+        second = held_body(fresh, "bob", "127.0.0.2", mib, mib // 2 + mib // 4)
         time.sleep(1)
-        status, _ = answered_with_reason(post("127.0.0.3", mib // 2))  # 2 MiB in all
+        status, _ = answered_with_reason(post("agent-host", "127.0.0.3", mib // 2))  # 2 MiB in all
         assert status == 503
         # A chunked body is counted as its chunks come.
         chunk = b" " * (mib // 2)
         chunked = (f"POST /{files}/_bulk_docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                    "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                    ).encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk)  # fmt: skip
-        status, _ = answered_with_reason(raw_exchange(fresh, chunked, source="127.0.0.3"))
+        status, _ = answered_with_reason(raw_exchange(fresh, chunked, "agent-host", "127.0.0.3"))
         assert status == 503
         first.close()
         second.close()
         time.sleep(1)
-        status, body = answered_with_reason(post("127.0.0.1", mib))
+        status, body = answered_with_reason(post("alice", "127.0.0.1", mib))
         assert status == 400 and "JSON" in body["reason"], body  # read whole, then judged
-        status, _ = answered_with_reason(raw_exchange(fresh, chunked, source="127.0.0.3"))
+        status, _ = answered_with_reason(raw_exchange(fresh, chunked, "agent-host", "127.0.0.3"))
         assert status == 400
+
+
+def test_one_user_cannot_take_every_connection(boundary, tmp_path):
+    """alice's connections from 16 addresses (512 each) had held all 8192, every other user
+    shut out: past `frontend.connections_per_user` of hers, a connection's requests get 503
+    and it is closed; others are served meanwhile, and alice again once she lets some go."""
+    b = boundary
+    config = copy.deepcopy(b.config)
+    config.source = tmp_path / "aso.toml"
+    config.frontend = dataclasses.replace(config.frontend, connections_per_user=3)
+    request = b"GET /_session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with running_frontend(config, tmp_path) as url:
+        fresh = dataclasses.replace(b, url=url)
+        held = [tls_connection(fresh, f"127.0.0.{n}") for n in (1, 2, 3)]
+        time.sleep(0.5)
+        status, body = answered_with_reason(raw_exchange(fresh, request, source="127.0.0.4"))
+        assert status == 503 and "frontend.connections_per_user" in body["reason"], body
+        assert raw_exchange(fresh, request, "bob", "127.0.0.4").startswith(b"HTTP/1.1 200 ")
+        assert not any(closed_within(h, 0.1) for h in held)
+        held.pop().close()
+        wait_for(lambda: served_from(fresh, "127.0.0.4"), 15, "alice served again")
+        for h in held:
+            h.close()
 
 
 def test_a_client_cannot_renegotiate_tls(boundary):
@@ -1812,3 +1845,24 @@ def test_the_connections_fit_the_files_the_front_end_may_open(caplog):
     assert fewer.connections_per_address <= fewer.connections
     assert "frontend.connections lowered from 8192 to" in caplog.text
     assert server.fit_to_open_files(settings, 50000, 60000) == (50000, settings)
+
+
+def test_only_rsa_and_nist_ec_keys_are_taken():
+    """A DSA key of 4096 bits cost 11 ms a signature check, and OpenSSL takes them up to 10,000
+    bits: a chain's keys are RSA within bounds or EC on a NIST curve, nothing else."""
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
+
+    from aso.grid import x509auth
+
+    assert x509auth.key_fault(rsa.generate_private_key(65537, 2048).public_key()) is None
+    assert x509auth.key_fault(ec.generate_private_key(ec.SECP384R1()).public_key()) is None
+    for key, words in ((dsa.generate_private_key(1024), "type DSA"),
+                       (ed25519.Ed25519PrivateKey.generate(), "type Ed25519"),
+                       (ec.generate_private_key(ec.SECP256K1()), "on secp256k1")):  # fmt: skip
+        assert words in (x509auth.key_fault(key.public_key()) or ""), key
+
+
+def test_a_body_with_a_byte_order_mark_is_refused_with_the_rule():
+    """Python's own words had answered it ("decode using utf-8-sig")."""
+    with pytest.raises(routes.Invalid, match="byte order mark"):
+        routes.parse_json(b"\xef\xbb\xbf{}", "the body")

@@ -16,6 +16,7 @@ the pages' files): `table(config)`.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -320,6 +321,10 @@ def parse_json(raw: bytes, what: str) -> Any:
     if containers + raw.count(b",") + 1 > MAX_VALUES:
         raise TooLarge(f"{what} holds more than {MAX_VALUES} values (objects, lists, strings, "
                        "numbers, literals)")  # fmt: skip
+    if raw.startswith(codecs.BOM_UTF8):
+        raise Invalid(
+            f"{what} starts with a byte order mark, which JSON has none of (RFC 8259 8.1)"
+        )
     try:
         text = raw.decode("utf-8")
         value = json.loads(

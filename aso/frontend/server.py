@@ -59,6 +59,7 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLContextFactory
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
 from twisted.web import client, http, resource, server
 from twisted.web.client import FileBodyProducer
 from twisted.web.http_headers import Headers
@@ -98,6 +99,8 @@ REFUSALS_TOLD_EVERY = 10.0  # seconds between WARNING lines of one kind of refus
 FINE_PIECES_ALLOWED = 1024
 FINEST_PIECES = 64
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
+CHECKS_PER_USER = 4  # a user's requests checked by the gate at once (Front.authorised)
+CHAIN_CHECKS = 4  # threads that check certificate chains
 HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
@@ -117,6 +120,10 @@ REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before i
 
 class MapfileError(Exception):
     pass
+
+
+class TooManyConnections(Exception):
+    """A user holds as many connections as one may: 503 to the requests of one more."""
 
 
 class Busy(Exception):
@@ -535,7 +542,21 @@ class _Verdict:
         self.at = time.monotonic()
         self.result: Identity | Failure | None = None
         self.waiting: list[defer.Deferred[Identity]] = []
+        self.on_refusal: Callable[[Failure], None] | None = None
         checked.addBoth(self._done)
+
+    def identity(self) -> Identity | None:
+        return self.result if isinstance(self.result, Identity) else None
+
+    def refusal(self) -> Failure | None:
+        return self.result if isinstance(self.result, Failure) else None
+
+    def when_refused(self, tell: Callable[[Failure], None]) -> None:
+        """`tell(failure)` once the chain is refused (at once if it is already)."""
+        if isinstance(self.result, Failure):
+            tell(self.result)
+        else:
+            self.on_refusal = tell
 
     def fresh(self) -> bool:
         return time.monotonic() - self.at < REVERIFY
@@ -551,6 +572,8 @@ class _Verdict:
 
     def _done(self, result: Identity | Failure) -> None:
         self.result = result
+        if isinstance(result, Failure) and self.on_refusal is not None:
+            self.on_refusal(result)
         waiting, self.waiting = self.waiting, []
         for each in waiting:
             if isinstance(result, Failure):
@@ -580,6 +603,12 @@ class _Channel(http.HTTPChannel):
         an unidentified one (_Admission)."""
         front = cast(FrontEnd, self.site.resource)
         self.aso_verdict = front.check_chain(self)
+
+    def refused_client(self, failure: Failure) -> None:
+        """The client's chain is refused: a body under way is refused now, not read to its end
+        (an unidentified client's bodies had held the room others' bodies need)."""
+        if self.requests and self.requests[-1].in_body:
+            self.requests[-1].refuse_client(failure)
 
     def dataReceived(self, data: bytes) -> None:
         if self._aso_deadline is None and not self._handlingRequest and data:
@@ -752,29 +781,28 @@ class _BoundedChunks(http._ChunkedTransferDecoder):
 class _BodyBytes:
     """Request body bytes held at once (Twisted spools a body over 100 kB to a temporary file
     until its request ends: eight 60 MB bodies had held 480 MiB of /tmp, nothing bounding their
-    sum): `frontend.body_bytes` in all, `frontend.body_bytes_per_address` for one address. What
+    sum): `frontend.body_bytes` in all, `frontend.body_bytes_per_user` for one client (a user,
+    by its certificate's DN; a client whose chain is still being checked, by its address). What
     is charged is what has arrived, so that a body announced and never sent holds nothing."""
 
-    def __init__(self, total: int, per_address: int):
-        self.total, self.per_address = total, per_address
+    def __init__(self, total: int, per_client: int):
+        self.total, self.per_client = total, per_client
         self.held = 0
-        self.by_address: collections.Counter[str] = collections.Counter()
+        self.by_client: collections.Counter[str] = collections.Counter()
 
-    def room(self, address: str, size: int) -> bool:
-        """Whether `size` more bytes from `address` fit now."""
-        return (
-            self.held + size <= self.total and self.by_address[address] + size <= self.per_address
-        )
+    def room(self, client: str, size: int) -> bool:
+        """Whether `size` more bytes from `client` fit now."""
+        return self.held + size <= self.total and self.by_client[client] + size <= self.per_client
 
-    def take(self, address: str, size: int) -> None:
+    def take(self, client: str, size: int) -> None:
         self.held += size
-        self.by_address[address] += size
+        self.by_client[client] += size
 
-    def give_back(self, address: str, size: int) -> None:
+    def give_back(self, client: str, size: int) -> None:
         self.held -= size
-        self.by_address[address] -= size
-        if self.by_address[address] <= 0:
-            del self.by_address[address]
+        self.by_client[client] -= size
+        if self.by_client[client] <= 0:
+            del self.by_client[client]
 
 
 class _BoundedRequest(server.Request):
@@ -787,7 +815,8 @@ class _BoundedRequest(server.Request):
 
     DISCARD_LIMIT = 4
     received, refused_body = 0, False  # bytes of the body so far; answered (413, 503) already
-    held = 0  # of them, bytes charged to the site's _BodyBytes
+    in_body = False  # its body is arriving
+    held, charged_to = 0, ""  # of them, bytes charged to the site's _BodyBytes, and to whom
     channel: _Channel  # requests come from _Site, whose channels are _Channel
     aso_content_type = b""  # the Content-Type sent (Twisted is not shown it: requestReceived)
 
@@ -796,9 +825,16 @@ class _BoundedRequest(server.Request):
         limit = self.channel.site.max_body
         forwarded = length if length is None or length <= limit else 0
         super().gotLength(forwarded)  # type: ignore[no-untyped-call]  # unannotated in Twisted
-        if length is not None and length > limit:
+        self.in_body = length != 0
+        verdict = self.channel.aso_verdict
+        refusal = verdict.refusal() if verdict is not None else None
+        if not self.in_body:
+            return
+        if refusal is not None:
+            self.refuse_client(refusal)
+        elif length is not None and length > limit:
             self._too_large(limit)
-        elif length and not self.channel.site.body_bytes.room(self._address(), length):
+        elif length and not self.channel.site.body_bytes.room(self._client(), length):
             self._no_room()
 
     def handleContentChunk(self, data: bytes) -> None:
@@ -811,11 +847,16 @@ class _BoundedRequest(server.Request):
         if self.received > limit:
             self._too_large(limit)
             return
-        budget, address = self.channel.site.body_bytes, self._address()
-        if not budget.room(address, len(data)):
+        budget, client = self.channel.site.body_bytes, self._client()
+        if client != self.charged_to:  # its chain verified meanwhile: the user's from now on
+            if self.held:
+                budget.give_back(self.charged_to, self.held)
+                budget.take(client, self.held)
+            self.charged_to = client
+        if not budget.room(self.charged_to, len(data)):
             self._no_room()
             return
-        budget.take(address, len(data))
+        budget.take(self.charged_to, len(data))
         self.held += len(data)
         super().handleContentChunk(data)  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
@@ -834,12 +875,34 @@ class _BoundedRequest(server.Request):
         super().connectionLost(reason)  # type: ignore[no-untyped-call]  # unannotated in Twisted
 
     def _give_back(self) -> None:
-        if self.held:
-            self.channel.site.body_bytes.give_back(self._address(), self.held)
+        if self.held and self.charged_to:
+            self.channel.site.body_bytes.give_back(self.charged_to, self.held)
             self.held = 0
 
-    def _address(self) -> str:
-        return str(getattr(self.channel.transport, "aso_address", ""))
+    def _client(self) -> str:
+        """Whom the body is charged to: its user once the chain has verified, else its address."""
+        verdict = self.channel.aso_verdict
+        identity = verdict.identity() if verdict is not None else None
+        if identity is not None:
+            return "user " + identity.dn
+        return "address " + str(getattr(self.channel.transport, "aso_address", ""))
+
+    def refuse_client(self, failure: Failure) -> None:
+        """The client's chain is refused: so is its body, now (its reason, not a read body)."""
+        if self.refused_body:
+            return
+        refused = failure.value
+        if isinstance(refused, TooManyConnections):
+            self._refuse_body(_refusal(b"503 Service Unavailable", "busy", str(refused),
+                                       b"Retry-After: %d\r\n" % BODY_RETRY_AFTER))  # fmt: skip
+            return
+        status, reason = (
+            (refused.status, refused.reason) if isinstance(refused, Refused)
+            else (500, "the client's certificate could not be checked")
+        )  # fmt: skip
+        REFUSALS.tell("certificate", "%s %s: %s", _method(self), _path(self), reason)
+        phrase = http.RESPONSES.get(status, b"Error")
+        self._refuse_body(_refusal(b"%d %s" % (status, phrase), "unauthorized", reason))
 
     def _too_large(self, limit: int) -> None:
         REFUSALS.tell("too_large", "%s %s: body over %d bytes", _method(self), _path(self), limit)
@@ -848,12 +911,11 @@ class _BoundedRequest(server.Request):
         )
 
     def _no_room(self) -> None:
-        budget = self.channel.site.body_bytes
+        budget, client = self.channel.site.body_bytes, self.charged_to or self._client()
         REFUSALS.tell("busy", "%s %s: %d body bytes held, %d for %s", _method(self),
-                      _path(self), budget.held, budget.by_address[self._address()],
-                      self._address())  # fmt: skip
-        reason = ("the front end holds as many request bodies as it takes, from this address or "
-                  "in all: try again later")  # fmt: skip
+                      _path(self), budget.held, budget.by_client[client], client)  # fmt: skip
+        reason = ("the front end holds as many request bodies as it takes, of this client or in "
+                  "all: try again later")  # fmt: skip
         self._refuse_body(_refusal(b"503 Service Unavailable", "busy", reason,
                                    b"Retry-After: %d\r\n" % BODY_RETRY_AFTER))  # fmt: skip
 
@@ -872,6 +934,7 @@ class _BoundedRequest(server.Request):
         self.render(self.channel.site.getResourceFor(self))  # type: ignore[no-untyped-call]
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        self.in_body = False
         if self.refused_body:  # answered already
             self.channel.loseConnection()  # type: ignore[no-untyped-call]  # unannotated in Twisted
             return
@@ -903,9 +966,11 @@ def address_key(host: str) -> str:
 
 
 class _Admitted(TLSMemoryBIOProtocol):
-    """A connection _Admission let in: whose it is, and when it is cut if still unidentified."""
+    """A connection _Admission let in: whose it is (its address; once identified, its user's
+    DN), and when it is cut if still unidentified."""
 
     aso_address: str
+    aso_user: str | None = None
     aso_deadline: Any
 
 
@@ -917,9 +982,12 @@ class _Admission(TLSMemoryBIOFactory):
     client's certificate chain verifies (at the handshake's end); unidentified ones are cut
     after `frontend.identify_timeout` and are `frontend.unidentified_per_address` at most from
     one address and `frontend.unidentified_connections` in all. When all are taken, a newcomer
-    takes the oldest of the address that holds the most, if it holds more than the newcomer's
-    would: connections that never identify (silent TCP from a few addresses had held every
-    connection for the idle timeout) cannot keep the clients of other addresses out."""
+    takes the place of the oldest of the address that holds the most, if it holds more than the
+    newcomer's would, else of the oldest of all: connections that never identify (silent TCP
+    from a few addresses, or one each from a thousand) cannot keep others out for longer than
+    it takes them to open as many again. An identified one stays unidentified, its requests
+    answered 503, past `frontend.connections_per_user` of its user (alice's connections from 16
+    addresses had held all 8192)."""
 
     def __init__(self, tls: Any, site: _Site, settings: FrontendConfig, reactor: Any):
         super().__init__(tls, False, cast(Any, site))  # a Site is an IProtocolFactory
@@ -928,6 +996,9 @@ class _Admission(TLSMemoryBIOFactory):
         self.unidentified_total = settings.unidentified_connections
         self.unidentified_per_address = settings.unidentified_per_address
         self.identify_timeout = settings.identify_timeout
+        self.per_user = settings.connections_per_user
+        self.by_user: collections.Counter[str] = collections.Counter()
+        self.oldest: dict[Any, None] = {}  # the unidentified, oldest first, of all addresses
         self.open = 0
         self.by_address: collections.Counter[str] = collections.Counter()
         # Each address's unidentified connections, oldest first (a dict as an ordered set).
@@ -942,48 +1013,67 @@ class _Admission(TLSMemoryBIOFactory):
                           self.open, self.by_address[host])  # fmt: skip
             return None  # the port closes the socket
         mine = len(self.waiting.get(host, ()))
-        if mine >= self.unidentified_per_address or (
-            self.waiting_count >= self.unidentified_total and not self._make_room(mine)
-        ):
+        if mine >= self.unidentified_per_address:
             REFUSALS.tell("unidentified", "a connection from %s: %d unidentified, %d from it",
                           host, self.waiting_count, mine)  # fmt: skip
             return None
+        if self.waiting_count >= self.unidentified_total:
+            self._make_room(mine)
         self.open += 1
         self.by_address[host] += 1
         connection = cast(_Admitted, super().buildProtocol(addr))
         connection.aso_address = host
         self.waiting.setdefault(host, {})[connection] = None
+        self.oldest[connection] = None
         self.waiting_count += 1
         connection.aso_deadline = self.reactor.callLater(
             self.identify_timeout, self._too_late, connection
         )
         return connection
 
-    def identified(self, connection: Any) -> None:
-        """The connection's client has shown a chain that verifies: it leaves the unidentified."""
+    def identified(self, connection: Any, user: str) -> None:
+        """The connection's client has shown a chain that verifies, of `user` (a DN): it leaves
+        the unidentified, unless its user holds `frontend.connections_per_user` already
+        (TooManyConnections)."""
+        if connection.aso_user is not None:
+            return
+        if self.by_user[user] >= self.per_user:
+            REFUSALS.tell("user_connections", "a connection of %s: %d of theirs open", user,
+                          self.by_user[user])  # fmt: skip
+            raise TooManyConnections(
+                f"{self.by_user[user]} connections of yours are open (at most "
+                f"{self.per_user}, frontend.connections_per_user): close some"
+            )
         self._leave_waiting(connection)
+        connection.aso_user = user
+        self.by_user[user] += 1
 
     def unregisterProtocol(self, p: Any) -> None:
         super().unregisterProtocol(p)  # type: ignore[no-untyped-call]  # unannotated in Twisted
         self._leave_waiting(p)
+        if p.aso_user is not None:
+            self.by_user[p.aso_user] -= 1
+            if not self.by_user[p.aso_user]:
+                del self.by_user[p.aso_user]
         host = p.aso_address
         self.open -= 1
         self.by_address[host] -= 1
         if not self.by_address[host]:
             del self.by_address[host]
 
-    def _make_room(self, mine: int) -> bool:
-        """The oldest unidentified connection of the address holding the most cut, if that
-        address holds more than the newcomer's would."""
+    def _make_room(self, mine: int) -> None:
+        """An unidentified connection cut for a newcomer whose address holds `mine`: the oldest
+        of the address holding the most, if that address holds more than the newcomer's would,
+        else the oldest of all."""
         fullest = max(self.waiting, key=lambda host: len(self.waiting[host]))
-        if len(self.waiting[fullest]) <= mine + 1:
-            return False
-        oldest = next(iter(self.waiting[fullest]))
+        if len(self.waiting[fullest]) > mine + 1:
+            oldest = next(iter(self.waiting[fullest]))
+        else:
+            oldest = next(iter(self.oldest))
         self._leave_waiting(oldest)
         REFUSALS.tell("evicted", "a connection from %s kept unidentified: cut for a newcomer",
-                      fullest)  # fmt: skip
+                      oldest.aso_address)  # fmt: skip
         oldest.abortConnection()
-        return True
 
     def _too_late(self, connection: Any) -> None:
         if self._leave_waiting(connection):
@@ -997,6 +1087,7 @@ class _Admission(TLSMemoryBIOFactory):
         if waiting is None or connection not in waiting:
             return False
         del waiting[connection]
+        del self.oldest[connection]
         if not waiting:
             del self.waiting[connection.aso_address]
         self.waiting_count -= 1
@@ -1015,7 +1106,7 @@ class _Site(server.Site):
         super().__init__(root, timeout=settings.idle_timeout)  # type: ignore[no-untyped-call]
         self.max_body = settings.max_body
         self.request_timeout = settings.request_timeout
-        self.body_bytes = _BodyBytes(settings.body_bytes, settings.body_bytes_per_address)
+        self.body_bytes = _BodyBytes(settings.body_bytes, settings.body_bytes_per_user)
 
 
 class FrontEnd(resource.Resource):
@@ -1032,6 +1123,12 @@ class FrontEnd(resource.Resource):
         self.routes = routes.table(config)
         self.heavy = Slots(reactor, HEAVY_READS, "heavy reads (documents, a reduce, no limit)")
         self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
+        self.checks = Slots(reactor, 1, "a user's requests being checked", each=CHECKS_PER_USER)
+        # Chains are checked in threads of their own: a check waiting behind other work had
+        # let a connection be cut as unidentified (_Admission).
+        self.chain_checks = ThreadPool(minthreads=1, maxthreads=CHAIN_CHECKS, name="chain checks")
+        reactor.callWhenRunning(self.chain_checks.start)
+        reactor.addSystemEventTrigger("during", "shutdown", self.chain_checks.stop)
         self.polls = Slots(reactor, config.frontend.polls, "long polls",
                            each=config.frontend.polls_per_user)  # fmt: skip
         self.store_nodes: frozenset[str] = frozenset()  # the nodes the store's sequences name
@@ -1077,7 +1174,7 @@ class FrontEnd(resource.Resource):
         connection (_Admission)."""
         checked = threads.deferToThreadPool(
             self.reactor,
-            self.reactor.getThreadPool(),
+            self.chain_checks,
             verify_chain,
             peer_chain(channel),
             self.trust,
@@ -1088,10 +1185,12 @@ class FrontEnd(resource.Resource):
             tls = channel.transport
             admission = getattr(tls, "factory", None)
             if isinstance(admission, _Admission):
-                admission.identified(tls)
+                admission.identified(tls, identity.dn)
             return identity
 
-        return _Verdict(checked.addCallback(identified))
+        verdict = _Verdict(checked.addCallback(identified))
+        verdict.when_refused(channel.refused_client)
+        return verdict
 
     def verified(self, identity: Identity, request: server.Request) -> None:
         if _client_gone(request):  # left while its certificate was checked
@@ -1107,6 +1206,11 @@ class FrontEnd(resource.Resource):
             REFUSALS.tell("certificate", "%s %s: %s", _method(request), _path(request),
                           refused.reason)  # fmt: skip
             _answer(request, refused.status, "unauthorized", refused.reason)
+            return
+        if failure.check(TooManyConnections):
+            request.setHeader(b"connection", b"close")
+            request.setHeader(b"retry-after", b"%d" % BODY_RETRY_AFTER)
+            _answer(request, 503, "busy", str(failure.value))
             return
         log.error("cannot verify the client of %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 500, "internal_error", "the client's certificate could not be checked")
@@ -1138,16 +1242,25 @@ class FrontEnd(resource.Resource):
     ) -> None:
         """The gate's verdict on the request, made in a thread: parsing a body is the front
         end's CPU, and one client's large body never holds up the others' requests on the
-        reactor. A large body's slot (`release`) is held until the gate has made the store's
-        request, and for a write until its answer."""
+        reactor. A user's checks wait for each other past CHECKS_PER_USER (one user's bodies
+        of 1 MiB had taken every thread, and others' requests waited 13 s). A large body's
+        slot (`release`) is held until the gate has made the store's request, and for a write
+        until its answer."""
         if _client_gone(request):
             self._body_done(release)
             return
-        checked = threads.deferToThreadPool(
-            self.reactor, self.reactor.getThreadPool(), _gate_check, request, who, self.routes
-        )  # fmt: skip
-        checked.addCallback(self._checked, request, who, release)
-        checked.addErrback(self._not_checked, request, release)
+        turn = self.checks.take_for(request, who.name, shared=False)
+
+        def check(done: Callable[[], None]) -> defer.Deferred[gate.GateRefusal | gate.Forward]:
+            checked = threads.deferToThreadPool(
+                self.reactor, self.reactor.getThreadPool(), _gate_check, request, who, self.routes
+            )  # fmt: skip
+            checked.addBoth(_after, done)
+            return checked
+
+        verdict: defer.Deferred[Any] = turn.addCallback(check)
+        verdict.addCallback(self._checked, request, who, release)
+        verdict.addErrback(self._not_checked, request, release)
 
     def _not_checked(
         self, failure: Any, request: server.Request, release: Callable[[], None] | None
@@ -1669,6 +1782,12 @@ def _gate_check(
     return gate.check(request.method, request.uri, content.read(),
                       routes.audiences_of(who.roles), table,
                       cast(_BoundedRequest, request).aso_content_type)  # fmt: skip
+
+
+def _after(result: T, done: Callable[[], None]) -> T:
+    """A Deferred's callback and errback both: `done()`, the result passed on as it was."""
+    done()
+    return result
 
 
 def _cut(request: server.Request) -> None:
