@@ -99,8 +99,9 @@ REFUSALS_TOLD_EVERY = 10.0  # seconds between WARNING lines of one kind of refus
 FINE_PIECES_ALLOWED = 1024
 FINEST_PIECES = 64
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
-CHECKS_PER_USER = 4  # a user's requests checked by the gate at once (Front.authorised)
+CHECKS_PER_USER = 4  # a user's requests checked by the gate at once (FrontEnd._check)
 CHAIN_CHECKS = 4  # threads that check certificate chains
+TRIM_AFTER_CLOSED = 256  # connections closed (and half of the most open) before memory is trimmed
 HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate.py) sent at once
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
@@ -999,6 +1000,7 @@ class _Admission(TLSMemoryBIOFactory):
         self.per_user = settings.connections_per_user
         self.by_user: collections.Counter[str] = collections.Counter()
         self.oldest: dict[Any, None] = {}  # the unidentified, oldest first, of all addresses
+        self.peak = 0  # connections open at most since memory was last given back
         self.open = 0
         self.by_address: collections.Counter[str] = collections.Counter()
         # Each address's unidentified connections, oldest first (a dict as an ordered set).
@@ -1020,6 +1022,7 @@ class _Admission(TLSMemoryBIOFactory):
         if self.waiting_count >= self.unidentified_total:
             self._make_room(mine)
         self.open += 1
+        self.peak = max(self.peak, self.open)
         self.by_address[host] += 1
         connection = cast(_Admitted, super().buildProtocol(addr))
         connection.aso_address = host
@@ -1060,6 +1063,11 @@ class _Admission(TLSMemoryBIOFactory):
         self.by_address[host] -= 1
         if not self.by_address[host]:
             del self.by_address[host]
+        if self.peak - self.open >= TRIM_AFTER_CLOSED and self.open <= self.peak // 2:
+            # Each TLS connection's buffers are C heap, kept by glibc once freed: 8192 closed
+            # had left the front end 430 MB larger.
+            self.peak = self.open
+            self.reactor.callInThread(give_back_memory)
 
     def _make_room(self, mine: int) -> None:
         """An unidentified connection cut for a newcomer whose address holds `mine`: the oldest
