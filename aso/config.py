@@ -528,7 +528,7 @@ class FrontendConfig:
     connections_per_user: int = _key(
         512,
         "Connections one user (a certificate's DN) holds at once; the next one's requests get "
-        "503 and it is closed (raise it for a service that reaches ASO with one certificate).",
+        "503 (raise it for a service that reaches ASO with one certificate).",
     )
     demo_certs: str = _key(
         "certs",

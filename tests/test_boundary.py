@@ -1866,3 +1866,39 @@ def test_a_body_with_a_byte_order_mark_is_refused_with_the_rule():
     """Python's own words had answered it ("decode using utf-8-sig")."""
     with pytest.raises(routes.Invalid, match="byte order mark"):
         routes.parse_json(b"\xef\xbb\xbf{}", "the body")
+
+
+def test_a_chain_check_that_ends_after_its_connection_counts_nothing(boundary):
+    """Round 10's re-probe: 1,224 TLS handshakes closed at once had left a user's connection
+    count at its cap for good (a check that ended after its connection had closed counted it
+    as open): the user was refused until a restart. A check that ends after the close, or
+    after the connection was cut, counts nothing; the count goes back to 0."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.task import Clock
+    from twisted.web import resource
+
+    b = boundary
+    settings = dataclasses.replace(b.config.frontend, connections_per_user=2)
+    tls = server.ServerTLS(Path(b.config.frontend.host_cert), Path(b.config.frontend.host_key))
+    site = server._Site(resource.Resource(), settings)
+    admission = server._Admission(tls, site, settings, Clock())
+
+    def connection() -> Any:
+        made = admission.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        admission.registerProtocol(made)
+        return made
+
+    closed_first = connection()
+    admission.unregisterProtocol(closed_first)
+    admission.identified(closed_first, "/CN=alice")  # its check ended after the close
+    assert not admission.by_user and admission.open == 0
+    kept = [connection(), connection()]
+    for made in kept:
+        admission.identified(made, "/CN=alice")
+    with pytest.raises(server.TooManyConnections):
+        admission.identified(connection(), "/CN=alice")
+    for made in kept:
+        admission.unregisterProtocol(made)
+    assert not admission.by_user
+    admission.identified(connection(), "/CN=alice")  # served again
+    assert admission.by_user["/CN=alice"] == 1

@@ -338,6 +338,9 @@ def parse_json(raw: bytes, what: str) -> Any:
         raise Invalid(f"{what} is not JSON the front end takes: {exc}") from None
     except RecursionError:  # the parser's own bound, far beyond ours
         raise Invalid(f"{what} is nested deeper than {MAX_DEPTH}") from None
+    except UnicodeDecodeError as exc:
+        raise Invalid(f"{what} is not UTF-8 (byte {exc.object[exc.start]:#04x} at offset "
+                      f"{exc.start}; JSON is UTF-8: RFC 8259 8.1)") from None  # fmt: skip
     except ValueError as exc:
         raise Invalid(f"{what} is not JSON: {str(exc)[:200]}") from None
     check_json(value, what)

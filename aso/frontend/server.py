@@ -972,6 +972,7 @@ class _Admitted(TLSMemoryBIOProtocol):
 
     aso_address: str
     aso_user: str | None = None
+    aso_gone = False  # closed: a chain check that ends later changes no count
     aso_deadline: Any
 
 
@@ -1038,7 +1039,7 @@ class _Admission(TLSMemoryBIOFactory):
         """The connection's client has shown a chain that verifies, of `user` (a DN): it leaves
         the unidentified, unless its user holds `frontend.connections_per_user` already
         (TooManyConnections)."""
-        if connection.aso_user is not None:
+        if connection.aso_user is not None or connection.aso_gone:
             return
         if self.by_user[user] >= self.per_user:
             REFUSALS.tell("user_connections", "a connection of %s: %d of theirs open", user,
@@ -1053,6 +1054,7 @@ class _Admission(TLSMemoryBIOFactory):
 
     def unregisterProtocol(self, p: Any) -> None:
         super().unregisterProtocol(p)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+        p.aso_gone = True
         self._leave_waiting(p)
         if p.aso_user is not None:
             self.by_user[p.aso_user] -= 1
