@@ -28,6 +28,7 @@ is shared out between the live instances.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -50,6 +51,7 @@ from aso.core.submission import (
 )
 from aso.model import IN_FLIGHT, STATE
 from aso.runtime import Agent, Cycle
+from aso.store import StoreError, rev_order
 from aso.transfer import open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, LEASE, SUBMIT
@@ -129,7 +131,7 @@ class Submitter(Agent):
             log.warning("the transfer service did not answer (%s): submitting later", exc)
             ctx.count("deferred", sum(len(job.files) for job in requests.values()))
             return
-        intended = self.intend(jobs, ids, ctx)
+        intended = self.uncontested(self.intend(jobs, ids, ctx))
         if not intended:
             return
         faults.point("submitter.after_intent")
@@ -253,6 +255,54 @@ class Submitter(Agent):
         for doc in ctx.write(updated):
             by_key[doc["lease"]["job_key"]].append(doc)
         return {key: by_key[key] for key in jobs if by_key.get(key)}
+
+    def uncontested(
+        self, intended: dict[str, list[dict[str, Any]]]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The intents whose document has no other live branch that a job may be copying
+        (CLUSTER_CONFLICTING_BRANCHES). A cluster takes an intent at its quorum on top of a
+        revision another agent stored below it (202) and withdrew too late: two branches, each
+        with its submitter's job, copied one file twice at once. Read back after the write (a
+        quorum read after a quorum write: of two such submitters the later sees the other), a
+        file whose other branch is at the service, or done, drops out of its job; its intent
+        stays for the monitor to settle at lease end (the other job followed, or fenced), or is
+        withdrawn if the other branch beats it."""
+        ids = [doc["_id"] for docs in intended.values() for doc in docs]
+        if not ids:
+            return intended
+        try:
+            leaves = self.db.leaves_many(ids)
+        except StoreError as exc:
+            log.warning("intents not read back (%s): %d files left to lease expiry", exc, len(ids))
+            return {}
+        kept: dict[str, list[dict[str, Any]]] = {}
+        for key, docs in intended.items():
+            for doc in docs:
+                others = [leaf for leaf in leaves[doc["_id"]] if leaf["_rev"] != doc["_rev"]]
+                # A job this branch followed already (an attempt of its own: the monitor's
+                # `job_recorded`) has ended; a branch left naming it copies nothing more.
+                ours = {a.get("job_id") for a in doc.get("attempts") or []}
+                busy = [
+                    leaf
+                    for leaf in others
+                    if leaf.get(STATE) in (*IN_FLIGHT, "done")
+                    and (leaf.get("transfer") or {}).get("job_id") not in ours
+                ]
+                if not busy:
+                    kept.setdefault(key, []).append(doc)
+                    continue
+                best = max([doc, *others], key=lambda d: rev_order(d["_rev"]))
+                if best["_rev"] != doc["_rev"]:
+                    with contextlib.suppress(StoreError):  # else the monitor settles it
+                        self.db.withdraw({doc["_id"]: [doc["_rev"]]})
+                log.info(
+                    "file %s: another branch %s is %s: not submitted in job %s",
+                    doc["_id"],
+                    busy[0]["_rev"],
+                    busy[0].get(STATE),
+                    key,
+                )
+        return kept
 
     def log_job(self, job_id: str, docs: list[dict[str, Any]]) -> None:
         log.debug(

@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, cast
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psutil
 import requests
@@ -55,7 +55,7 @@ from aso.local.managed import local_store
 from aso.local.stores import LocalCluster, LocalStore, free_ports
 from aso.monitoring import summaries
 from aso.provision.designdocs import FILES_SECURITY, design_documents, init_databases
-from aso.store import Server, StoreError
+from aso.store import NotFound, Server, StoreError
 from aso.store import admin as store_admin
 from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService
@@ -69,6 +69,7 @@ from sim.report import (
     account,
     check_catalog,
     check_copies,
+    recheck_catalog,
     warmup_of,
     work_by_host,
 )
@@ -799,6 +800,9 @@ class Simulation:
         accounting = account(injected.ids, requests.values())
         check_copies(accounting, self._copies())
         check_catalog(accounting, self._catalog_lfns(), requests.values())
+        late = recheck_catalog(accounting, requests.values(), self._quorum_block)
+        if late:
+            log.info("%d published files found in their block at the quorum only", len(late))
         hosts = self._work_by_host(requests.values())
         for doc in requests.values():
             analysis.add(doc)
@@ -906,6 +910,19 @@ class Simulation:
                 if job is not None:
                     for file_id, (begun, end) in service.copies(job).items():
                         yield file_id, begun, end
+
+    def _quorum_block(self, name: str) -> dict[str, Any] | None:
+        """A catalog block read from every copy of a cluster (`r`: a copy that has it is heard
+        even when the others do not have it yet)."""
+        db = self.service.admin.db(self.config.store.catalog_db)
+        params = {"r": str(min(3, self.options.nodes))} if self.options.nodes > 1 else None
+        try:
+            return cast(
+                dict[str, Any],
+                db.server.raw("GET", f"/{db.name}/{quote(name, safe='')}", params=params),
+            )
+        except NotFound:
+            return None
 
     def _catalog_lfns(self) -> Iterable[str]:
         for doc in self._all_docs(self.config.store.catalog_db):

@@ -20,7 +20,7 @@ import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,6 +220,33 @@ def check_catalog(
     result.catalog_missing = sorted(lfn for lfn in published if lfn not in held)
     result.catalog_twice = sorted(lfn for lfn, n in held.items() if n > 1)
     result.catalog_unexpected = sorted(lfn for lfn in held if lfn not in published)
+
+
+def recheck_catalog(
+    result: Accounting,
+    docs: Iterable[Mapping[str, Any]],
+    read_block: Callable[[str], Mapping[str, Any] | None],
+) -> list[str]:
+    """The published files `check_catalog` did not find, looked for again in the block their
+    document names, read at the quorum (`read_block`): the catalog is read from its `_changes`,
+    one copy of each shard, which on a cluster may not have the block yet. Those found there
+    are not missing; returns them."""
+    if not result.catalog_missing:
+        return []
+    missing = set(result.catalog_missing)
+    blocks: dict[str, list[str]] = defaultdict(list)
+    for doc in docs:
+        if doc.get("destination_lfn") in missing and doc.get("publication_block"):
+            blocks[doc["publication_block"]].append(doc["destination_lfn"])
+    found = []
+    for name, lfns in blocks.items():
+        block = read_block(name)
+        held = {f["lfn"] for f in (block or {}).get("files", [])}
+        found += [lfn for lfn in lfns if lfn in held]
+    result.catalog_missing = sorted(missing - set(found))
+    if result.catalog_files is not None:
+        result.catalog_files += len(found)
+    return sorted(found)
 
 
 # -- per-bucket analysis -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from aso.catalog.base import Block, BlockConflict, Catalog, CatalogError, CatalogFile, block_name
 from aso.catalog.dbs import DbsCatalog, DbsSettings
-from aso.catalog.embedded import EmbeddedCatalog
+from aso.catalog.embedded import EmbeddedCatalog, block_document
 from aso.cli.catalog import catalog_app
 from aso.config import Config
 from aso.local.pki import Pki
@@ -613,6 +613,69 @@ def test_embedded_overlapping_blocks_at_once_never_share_a_file(
     published = catalogs[0].dataset_files(dataset)
     lfns = [lfn for files in published.values() for lfn in files]
     assert len(lfns) == len(set(lfns))
+
+
+def test_embedded_a_block_that_may_be_withdrawn_is_not_relied_on(
+    accounts: dict[str, Server], catalog_db: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A publisher records a block's files published in a block another one wrote ("already
+    published", or held elsewhere) only when that block stays: not while another block shares
+    a file with it (published at the same moment: its writer withdraws one of them), nor when
+    the `files` view names a block that is gone (a cluster's view reads one copy, which may
+    still show a block withdrawn since). Else files were recorded published in no block."""
+    dataset = new_dataset()
+    writer, catalog = _catalog_of(accounts, catalog_db), _catalog_of(accounts, catalog_db)
+    shared, alone = new_file(dataset), new_file(dataset)
+    racing = new_block(dataset, [shared, alone])
+    other = new_block(dataset, [shared, new_file(dataset)])
+    # Two publishers' blocks sharing a file, both written, neither after-check done yet.
+    assert writer.publish_blocks([]) == []
+    writer._ensure_datasets([racing])
+    for block in (racing, other):
+        [result] = writer.db.bulk_write([block_document(block, time.time())])
+        assert result.ok, result
+    # The same block again: there, with these files, but about to be withdrawn.
+    again = catalog.publish_blocks([racing])[0]
+    assert isinstance(again, CatalogError) and not isinstance(again, BlockConflict), again
+    assert again.retryable
+    # A block holding a file the other two hold: neither can be relied on yet.
+    third = catalog.publish_blocks([new_block(dataset, [shared, new_file(dataset)])])[0]
+    assert isinstance(third, CatalogError) and not isinstance(third, BlockConflict), third
+    assert third.retryable
+    # Settled (the racing block withdrawn): the other block is relied on.
+    writer.db.bulk_write([{"_id": racing.name, "_rev": writer.db.get(racing.name)["_rev"],
+                           "_deleted": True}])  # fmt: skip
+    settled = catalog.publish_blocks([new_block(dataset, [shared, new_file(dataset)])])[0]
+    assert isinstance(settled, BlockConflict) and settled.elsewhere == {shared.lfn: other.name}
+    # Written by another publisher between this one's look and its write, beside a block
+    # sharing a file with it: there with these files, but about to be withdrawn.
+    late, beside = new_block(dataset), new_block(dataset)
+    beside = new_block(dataset, [late.files[0], *beside.files])
+    ensure = catalog._ensure_datasets
+
+    def meanwhile(blocks: Any) -> Any:
+        for block in (late, beside):
+            writer.db.bulk_write([block_document(block, time.time())])
+        return ensure(blocks)
+
+    monkeypatch.setattr(catalog, "_ensure_datasets", meanwhile)
+    found = catalog.publish_blocks([late])[0]
+    assert isinstance(found, CatalogError) and not isinstance(found, BlockConflict), found
+    assert found.retryable
+    monkeypatch.setattr(catalog, "_ensure_datasets", ensure)
+    # A view that still shows the withdrawn block (a copy behind): not relied on.
+    view = catalog.db.view
+
+    def behind(ddoc: str, name: str, **kw: Any) -> Any:
+        rows = view(ddoc, name, **kw)
+        if name == "files":
+            rows.rows.append({"key": alone.lfn, "value": {"block": racing.name}})
+        return rows
+
+    monkeypatch.setattr(catalog.db, "view", behind)
+    stale = catalog.publish_blocks([new_block(dataset, [alone, new_file(dataset)])])[0]
+    assert isinstance(stale, CatalogError) and not isinstance(stale, BlockConflict), stale
+    assert stale.retryable
 
 
 def test_embedded_rights(accounts: dict[str, Server], catalog_db: str, admin: Server):

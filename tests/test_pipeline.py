@@ -405,3 +405,81 @@ def test_a_file_is_not_released_while_another_branch_s_job_may_run(sim_config, a
     assert len(db.leaves(idle)) == 1  # the other branch withdrawn once its job was fenced
     assert is_fence(admin.db(slow.store.transfers_db).get(other_jobs[idle]))
     assert db.get(idle)["attempts"][-1]["fenced"] == "absent"
+
+
+@only_on("couchdb", "conflicting branches are a cluster's (made with new_edits=false, which "
+         "pouchdb-server answers with [] and does not apply)")  # fmt: skip
+def test_an_intent_on_a_branch_beside_another_s_job_is_not_submitted(
+    sim_config, accounts, admin, monkeypatch
+):
+    """CLUSTER_CONFLICTING_BRANCHES, as a 3-node run with two nodes killed found it: a retry
+    manager's edit stored below the quorum was the document on its node; that node's submitter
+    took it and its intent was stored at the quorum (an edit of a conflicting leaf is), beside
+    the branch whose submitter's job ran: the file was copied twice at once. The submitter reads
+    its intents back: a file with another branch at the service stays out of its job (its
+    intent kept while it is the cluster's winner, withdrawn once another branch beats it), and
+    the monitor follows the other branch's job when the lease ends."""
+    ids = upload(accounts, sim_config, 4, users=("alice",), links=LINKS[:1])
+    kept, beaten, alone, followed = ids
+    db = admin.db(sim_config.store.files_db)
+    service = SimService(admin.db(sim_config.store.transfers_db), sim_config.sim)
+    other_jobs, other_branch = {}, {}
+    # A branch whose job the winner followed already and whose copy ended there (its outcome
+    # an attempt of the winner's) copies nothing more: the file goes on to its next attempt.
+    doc, now = db.get(followed), time.time()
+    key = f"s2:{uuid.uuid4()}"
+    lease = {"owner": "s2", "until": now - 1, "job_key": key}
+    branch(db, core_request.submitted(doc, job_id_for(key), "sim", "s2", now, lease), doc["_rev"],
+           "0" * 32)  # fmt: skip
+    own = f"s3:{uuid.uuid4()}"
+    won = core_request.submitted(doc, job_id_for(own), "sim", "s3", now, {**lease, "job_key": own})
+    won["_rev"] = branch(db, won, doc["_rev"], "f" * 32)
+    for step, digest in zip((
+        lambda d: core_request.job_recorded(d, job_id_for(key), "sim", now),
+        lambda d: core_request.attempt_ended(d, "failed_attempt", "m1", now, outcome="failed",
+                                             reason="lost", error_class="connection"),
+        lambda d: core_request.retry_scheduled(d, "r1", now, 0.0, "retry 1"),
+    ), ("e" * 32, "d" * 32, "c" * 32), strict=True):  # fmt: skip
+        moved = step(won)
+        moved["_rev"] = branch(db, moved, won["_rev"], digest)
+        won = moved
+    assert db.get(followed)[STATE] == "retry" and len(db.leaves(followed)) == 2
+    for doc_id in (kept, beaten):
+        doc, now = db.get(doc_id), time.time()
+        # The branch the submitter sees (the winner): an edit of the same revision ...
+        branch(db, {**doc, "last_update": now}, doc["_rev"], "f" * 32)
+        # ... beside another submitter's intent, whose job runs.
+        key = f"s2:{uuid.uuid4()}"
+        lease = {"owner": "s2", "until": now + 60, "job_key": key}
+        intent = core_request.submitted(doc, job_id_for(key), "sim", "s2", now, lease)
+        other_branch[doc_id] = (intent, branch(db, intent, doc["_rev"], "0" * 32))
+        adler32 = doc["checksum"]["adler32"]
+        files = (FileTransfer(doc_id, "sim://a/x", "sim://b/x", doc["size"], adler32),)
+        sites = (doc["source"], doc["destination"])
+        service.submit(JobRequest(key, files, "alice", doc["task"], *sites))
+        other_jobs[doc_id] = job_id_for(key)
+        assert db.get(doc_id)[STATE] == "new" and len(db.leaves(doc_id)) == 2
+    intend = Submitter.intend
+
+    def intend_while_the_other_branch_moves_on(self, *args, **kwargs):
+        intended = intend(self, *args, **kwargs)
+        intent, rev = other_branch[beaten]  # the other branch writes on: it beats the intent
+        branch(db, {**intent, "last_update": time.time()}, rev, "f" * 32)
+        return intended
+
+    monkeypatch.setattr(Submitter, "intend", intend_while_the_other_branch_moves_on)
+    run_until(
+        lambda: states(db, [alone, followed]) == Counter(submitted=2),
+        [Runner(Submitter(sim_config, "s1"))],
+    )
+    assert_each_file_in_one_job(admin, sim_config, ids)
+    assert db.get(followed)["history"][-1]["by"] == "s1"
+    assert db.get(kept)["history"][-1]["by"] == "s1"  # the intent is kept: the winner
+    assert [leaf["history"][-1]["by"] for leaf in db.leaves(beaten)] == ["s2"]  # withdrawn
+    run_until(
+        lambda: states(db, ids) == Counter(done=4),
+        [Runner(Monitor(sim_config, "m1"))],
+        timeout=30,
+    )
+    assert db.get(kept)["transfer"]["job_id"] == other_jobs[kept]  # followed at lease end
+    assert_each_file_in_one_job(admin, sim_config, ids)

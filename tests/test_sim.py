@@ -24,6 +24,7 @@ from sim.report import (
     check_copies,
     outcome,
     percentiles,
+    recheck_catalog,
     work_by_host,
 )
 from sim.workload import Plan, Workload
@@ -266,6 +267,22 @@ def test_copies_twice_at_once_and_the_catalog_are_checked():
     check_catalog(clean, lfns, docs)
     assert clean.exact, clean.problems()
     assert "0 copied twice at once" in clean.counts_line()
+
+
+def test_a_file_the_catalogs_feed_lacks_is_looked_for_in_its_block_at_the_quorum():
+    """The catalog is read from its `_changes` (one copy of each shard): a block a cluster's
+    copy did not have yet is read again by name from every copy before its files are called
+    missing; a block that is gone, or lacks the file, leaves it missing."""
+    docs = [walk(request(i), *FINISHED) for i in range(3)]
+    for doc, block in zip(docs, ("late", "gone", "other"), strict=True):
+        doc["publication_block"] = block
+    lfns = [d["destination_lfn"] for d in docs]
+    result = account([d["_id"] for d in docs], docs)
+    check_catalog(result, [], docs)
+    assert result.catalog_missing == sorted(lfns) and result.catalog_files == 0
+    blocks = {"late": {"files": [{"lfn": lfns[0]}]}, "other": {"files": [{"lfn": "/x"}]}}
+    assert recheck_catalog(result, docs, blocks.get) == [lfns[0]]
+    assert result.catalog_missing == sorted(lfns[1:]) and result.catalog_files == 1
 
 
 def test_work_by_host_and_the_wait_of_a_dead_hosts_files():

@@ -684,6 +684,24 @@ def test_a_contested_revision_is_withdrawn_only_when_another_beats_it(files_db, 
     assert agent.get(alone["_id"])["_rev"] == alone["_rev"]
 
 
+def test_the_leaves_of_many_documents_in_one_request(files_db, accounts):
+    """`leaves_many` (`_bulk_get` naming no revision): the live leaves of each document, none
+    for one that is missing or deleted; on CouchDB each branch of a conflict."""
+    agent, alice = db_as(accounts, "agent", files_db), db_as(accounts, "alice", files_db)
+    plain, gone = sample_request("alice"), sample_request("alice")
+    plain["_rev"] = alice.create(plain)
+    gone["_rev"] = alice.create(gone)
+    db_as(accounts, "admin", files_db).delete(gone["_id"], gone["_rev"])
+    found = agent.leaves_many([plain["_id"], gone["_id"], "missing"])
+    assert [d["_rev"] for d in found[plain["_id"]]] == [plain["_rev"]]
+    assert found[gone["_id"]] == [] and found["missing"] == []
+    if ENGINE == "couchdb":  # new_edits=false: CouchDB's alone
+        doc, high, low = conflicted(files_db, accounts, "3" * 32)
+        assert sorted(d["_rev"] for d in agent.leaves_many([doc["_id"]])[doc["_id"]]) == sorted(
+            [high, low]
+        )
+
+
 def test_agents_delete_unfinished_requests_only_as_a_withdrawn_branch(files_db, accounts):
     """The validation's rule for CLUSTER_CONFLICTING_BRANCHES: an agent deletes a request that
     is not finished only with `withdrawn` saying it is a conflicting branch; a user never."""

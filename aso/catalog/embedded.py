@@ -17,6 +17,10 @@ Publishing is idempotent and race-safe:
   the block it has just written and reports a retryable error (at the next attempt the
   pre-insert check decides). The block that stays is never removed, so a file is never left
   in two blocks; in the rare case where both racers see each other, both step back and retry.
+* so a block another publisher wrote is relied on (its files recorded published in it: "already
+  published", or held elsewhere) only when no other block shares a file with it, and once read
+  at the quorum: a block about to be withdrawn, or withdrawn already on the copy a cluster's
+  view read, left files recorded published in no block. Else a retryable error.
 
 The database's validate_doc_update lets agents (aso-agent) create documents and delete blocks,
 admins (aso-admin, _admin) do anything, and nobody else write; catalog documents never change
@@ -219,11 +223,11 @@ class EmbeddedCatalog(Catalog):
         outcomes: list[bool | Exception] = [CatalogError("not published", True)] * len(blocks)
         if not blocks:
             return outcomes
-        before = self._elsewhere_of(blocks)
+        before = self._holders_of(blocks)
         fresh = []
-        for i, (block, elsewhere) in enumerate(zip(blocks, before, strict=True)):
-            if elsewhere:
-                outcomes[i] = BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
+        for i, (block, holders) in enumerate(zip(blocks, before, strict=True)):
+            if holders:
+                outcomes[i] = self._held_elsewhere(block, holders)
             else:
                 fresh.append(i)
         refused = self._ensure_datasets([blocks[i] for i in fresh])
@@ -270,6 +274,14 @@ class EmbeddedCatalog(Catalog):
     def _elsewhere_of(self, blocks: Sequence[Block]) -> list[dict[str, str]]:
         """For each block, {LFN: other block} of its LFNs that another block holds: one view
         read for them all."""
+        return [
+            {lfn: [b for b in held if b != block.name][-1] for lfn, held in holders.items()}
+            for block, holders in zip(blocks, self._holders_of(blocks), strict=True)
+        ]
+
+    def _holders_of(self, blocks: Sequence[Block]) -> list[dict[str, list[str]]]:
+        """For each block, {LFN: every block holding it} of its LFNs that another block holds
+        (the block itself among them if it is there too): one view read for them all."""
         if not blocks:
             return []
         keys = sorted({lfn for block in blocks for lfn in block.lfns()})
@@ -279,13 +291,47 @@ class EmbeddedCatalog(Catalog):
             held.setdefault(r["key"], []).append(r["value"]["block"])
         return [
             {
-                lfn: other
+                lfn: held[lfn]
                 for lfn in block.lfns()
-                for other in held.get(lfn, [])
-                if other != block.name
+                if any(other != block.name for other in held.get(lfn, []))
             }
             for block in blocks
         ]
+
+    def _held_elsewhere(self, block: Block, holders: Mapping[str, list[str]]) -> CatalogError:
+        """The block's files that other blocks hold, as the `files` view says: a BlockConflict
+        naming them (the publisher records them published there) only once each is confirmed.
+        A file in two blocks at once was published twice at the same moment, and one of the
+        two is about to be withdrawn; a view on a cluster reads one copy of each shard, which
+        may still show a block withdrawn since: each holder is read at the quorum. Either
+        way a file recorded published in a block that then goes is in no block (aso sim's
+        `catalog_missing`): a retryable error instead, and the next cycle looks again."""
+        twice = sorted(lfn for lfn, held in holders.items() if len(set(held)) > 1)
+        if twice:
+            return CatalogError(
+                f"block {block.name}: {twice[0]} is in {len(set(holders[twice[0]]))} blocks at "
+                "once (published at the same moment): tried again",
+                retryable=True,
+            )
+        elsewhere = {lfn: held[0] for lfn, held in holders.items()}
+        for other in sorted(set(elsewhere.values())):
+            try:
+                stored = self.db.get(other)
+            except StoreError as exc:
+                return _store_error(f"reading block {other}", exc)
+            lfns = (
+                {f["lfn"] for f in stored["files"]}
+                if stored and stored.get("type") == BLOCK
+                else set()
+            )
+            lacking = sorted(lfn for lfn, o in elsewhere.items() if o == other and lfn not in lfns)
+            if lacking:
+                return CatalogError(
+                    f"block {block.name}: the catalog's view has {lacking[0]} in block {other}, "
+                    "which does not hold it (withdrawn, or a copy behind): tried again",
+                    retryable=True,
+                )
+        return BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
 
     def _ensure_datasets(self, blocks: Sequence[Block]) -> dict[str, str]:
         """The datasets of these blocks created if new, in one bulk write; {dataset: why} of
@@ -325,6 +371,14 @@ class EmbeddedCatalog(Catalog):
             raise CatalogError(f"block {block.name} changed while publishing", retryable=True)
         stored_lfns = sorted(f["lfn"] for f in stored["files"])
         if stored_lfns == block.lfns():
+            # Its writer withdraws it if another block holds one of its files (published at
+            # the same moment): not "already published" until that is settled.
+            elsewhere = self._elsewhere_of([block])[0]
+            if elsewhere:
+                raise CatalogError(
+                    elsewhere_message(block, elsewhere) + " (published at the same moment)",
+                    retryable=True,
+                )
             log.debug("block %s was already published", block.name)
             return False
         raise BlockConflict(content_message(block.name, stored_lfns, block.lfns()))

@@ -377,6 +377,21 @@ class Database:
         docs = [item["ok"] for item in answer if isinstance(item, dict) and "ok" in item]
         return [d for d in docs if not d.get("_deleted")]
 
+    def leaves_many(self, ids: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+        """`leaves` of many documents: `_bulk_get` naming no revision answers every leaf of
+        each (a cluster's quorum `open_revs=all`), one request per MAX_KEYS documents."""
+        wanted = list(dict.fromkeys(ids))
+        found: dict[str, list[dict[str, Any]]] = {doc_id: [] for doc_id in wanted}
+        for start in range(0, len(wanted), MAX_KEYS):
+            body = {"docs": [{"id": doc_id} for doc_id in wanted[start : start + MAX_KEYS]]}
+            answer = self.server.raw("POST", f"/{quote(self.name, safe='')}/_bulk_get", body=body)
+            for result in answer.get("results", []):
+                for item in result.get("docs", []):
+                    doc = item.get("ok") if isinstance(item, dict) else None
+                    if doc and not doc.get("_deleted") and doc.get("_id") in found:
+                        found[doc["_id"]].append(doc)
+        return found
+
     def withdraw_if_beaten(self, doc_id: str, rev: str) -> bool:
         """CLUSTER_ACCEPTED_IS_NOT_WON: our revision `rev` was stored below the quorum. If
         another live leaf beats it in CouchDB's order (the one that picks the winner), it is
