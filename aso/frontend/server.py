@@ -605,6 +605,12 @@ class _Channel(http.HTTPChannel):
         front = cast(FrontEnd, self.site.resource)
         self.aso_verdict = front.check_chain(self)
 
+    def identified_client(self) -> None:
+        """The client's chain verified: a body under way is its user's from now on, what has
+        arrived of it included (all of it may have come before the verdict)."""
+        if self.requests and self.requests[-1].in_body:
+            self.requests[-1].recharge()
+
     def refused_client(self, failure: Failure) -> None:
         """The client's chain is refused: a body under way is refused now, not read to its end
         (an unidentified client's bodies had held the room others' bodies need)."""
@@ -848,12 +854,8 @@ class _BoundedRequest(server.Request):
         if self.received > limit:
             self._too_large(limit)
             return
-        budget, client = self.channel.site.body_bytes, self._client()
-        if client != self.charged_to:  # its chain verified meanwhile: the user's from now on
-            if self.held:
-                budget.give_back(self.charged_to, self.held)
-                budget.take(client, self.held)
-            self.charged_to = client
+        budget = self.channel.site.body_bytes
+        self.recharge()
         if not budget.room(self.charged_to, len(data)):
             self._no_room()
             return
@@ -874,6 +876,19 @@ class _BoundedRequest(server.Request):
     def connectionLost(self, reason: Any) -> None:
         self._give_back()
         super().connectionLost(reason)  # type: ignore[no-untyped-call]  # unannotated in Twisted
+
+    def recharge(self) -> None:
+        """What has arrived charged to whom the body is now (_client): a client whose chain
+        verified meanwhile, from its address to its user; past the user's room, 503."""
+        budget, client = self.channel.site.body_bytes, self._client()
+        if client == self.charged_to:
+            return
+        if self.held:
+            budget.give_back(self.charged_to, self.held)
+            budget.take(client, self.held)
+        self.charged_to = client
+        if not self.refused_body and budget.by_client[client] > budget.per_client:
+            self._no_room()
 
     def _give_back(self) -> None:
         if self.held and self.charged_to:
@@ -1196,6 +1211,7 @@ class FrontEnd(resource.Resource):
             admission = getattr(tls, "factory", None)
             if isinstance(admission, _Admission):
                 admission.identified(tls, identity.dn)
+            channel.identified_client()
             return identity
 
         verdict = _Verdict(checked.addCallback(identified))
