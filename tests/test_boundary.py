@@ -1431,7 +1431,14 @@ def test_request_bodies_held_at_once_are_bounded(boundary, tmp_path):
         fresh = dataclasses.replace(b, url=url)
         first = held_body(fresh, "alice", "127.0.0.1", mib, mib - 1024)
         time.sleep(1)
-        answer = post("alice", "127.0.0.2", mib)  # alice's room (1.5 MiB), from any address
+        # alice's room (1.5 MiB), from any address. Its end held back, the body is under way
+        # when its chain's verdict comes, however fast the bytes before it came (a body whole
+        # before its verdict is its address's: the note on the issue).
+        with held_body(fresh, "alice", "127.0.0.2", mib, mib - 1024) as second_of_hers:
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := second_of_hers.recv(65536):
+                    answer += chunk
         status, body = answered_with_reason(answer)
         assert status == 503 and "try again later" in body["reason"], answer[:300]
         assert b"\r\nretry-after: 5\r\n" in answer.lower(), answer[:300]
@@ -1902,3 +1909,21 @@ def test_a_chain_check_that_ends_after_its_connection_counts_nothing(boundary):
     assert not admission.by_user
     admission.identified(connection(), "/CN=alice")  # served again
     assert admission.by_user["/CN=alice"] == 1
+
+
+def test_a_verdict_is_known_when_its_connection_is_told_of_it():
+    """A body that came whole before its chain was checked stayed charged to its address: the
+    connection was told of the identity before the verdict held it, so it asked whose the body
+    was and heard "its address" again. Told after, it hears the user."""
+    checked: defer.Deferred[Any] = defer.Deferred()
+    heard: list[Any] = []
+    verdict = server._Verdict(checked, lambda: heard.append(verdict.identity()),
+                              lambda failure: heard.append(verdict.refusal()))  # fmt: skip
+    identity = object.__new__(server.Identity)
+    checked.callback(identity)
+    assert heard == [identity]
+    refused: defer.Deferred[Any] = defer.Deferred()
+    verdict = server._Verdict(refused, lambda: heard.append("identified"),
+                              lambda failure: heard.append(verdict.refusal()))  # fmt: skip
+    refused.errback(server.Refused(401, "a client certificate (or proxy) is required"))
+    assert heard[-1] is not None and heard[-1].check(server.Refused)

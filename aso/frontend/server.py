@@ -127,6 +127,15 @@ class TooManyConnections(Exception):
     """A user holds as many connections as one may: 503 to the requests of one more."""
 
 
+def chain_refusal(failure: Failure) -> tuple[int, str, str]:
+    """How a client whose chain check failed is answered: (status, error, reason)."""
+    if isinstance(failure.value, Refused):
+        return failure.value.status, "unauthorized", failure.value.reason
+    if isinstance(failure.value, TooManyConnections):
+        return 503, "busy", str(failure.value)
+    return 500, "internal_error", "the client's certificate could not be checked"
+
+
 class Busy(Exception):
     """The store's share for this kind of request is taken for longer than a client should wait."""
 
@@ -539,11 +548,16 @@ class _Verdict:
     """A connection's certificate chain, checked once (at the handshake's end, then every
     REVERIFY s): requests that come before the answer wait for it."""
 
-    def __init__(self, checked: defer.Deferred[Identity]):
+    def __init__(
+        self,
+        checked: defer.Deferred[Identity],
+        on_identified: Callable[[], None],
+        on_refused: Callable[[Failure], None],
+    ):
         self.at = time.monotonic()
         self.result: Identity | Failure | None = None
         self.waiting: list[defer.Deferred[Identity]] = []
-        self.on_refusal: Callable[[Failure], None] | None = None
+        self.on_identified, self.on_refused = on_identified, on_refused
         checked.addBoth(self._done)
 
     def identity(self) -> Identity | None:
@@ -551,13 +565,6 @@ class _Verdict:
 
     def refusal(self) -> Failure | None:
         return self.result if isinstance(self.result, Failure) else None
-
-    def when_refused(self, tell: Callable[[Failure], None]) -> None:
-        """`tell(failure)` once the chain is refused (at once if it is already)."""
-        if isinstance(self.result, Failure):
-            tell(self.result)
-        else:
-            self.on_refusal = tell
 
     def fresh(self) -> bool:
         return time.monotonic() - self.at < REVERIFY
@@ -572,9 +579,11 @@ class _Verdict:
         return defer.succeed(self.result)
 
     def _done(self, result: Identity | Failure) -> None:
-        self.result = result
-        if isinstance(result, Failure) and self.on_refusal is not None:
-            self.on_refusal(result)
+        self.result = result  # first: the hooks ask whose the connection is now
+        if isinstance(result, Failure):
+            self.on_refused(result)
+        else:
+            self.on_identified()
         waiting, self.waiting = self.waiting, []
         for each in waiting:
             if isinstance(result, Failure):
@@ -833,10 +842,10 @@ class _BoundedRequest(server.Request):
         forwarded = length if length is None or length <= limit else 0
         super().gotLength(forwarded)  # type: ignore[no-untyped-call]  # unannotated in Twisted
         self.in_body = length != 0
-        verdict = self.channel.aso_verdict
-        refusal = verdict.refusal() if verdict is not None else None
         if not self.in_body:
             return
+        verdict = self.channel.aso_verdict
+        refusal = verdict.refusal() if verdict is not None else None
         if refusal is not None:
             self.refuse_client(refusal)
         elif length is not None and length > limit:
@@ -907,18 +916,12 @@ class _BoundedRequest(server.Request):
         """The client's chain is refused: so is its body, now (its reason, not a read body)."""
         if self.refused_body:
             return
-        refused = failure.value
-        if isinstance(refused, TooManyConnections):
-            self._refuse_body(_refusal(b"503 Service Unavailable", "busy", str(refused),
-                                       b"Retry-After: %d\r\n" % BODY_RETRY_AFTER))  # fmt: skip
-            return
-        status, reason = (
-            (refused.status, refused.reason) if isinstance(refused, Refused)
-            else (500, "the client's certificate could not be checked")
-        )  # fmt: skip
-        REFUSALS.tell("certificate", "%s %s: %s", _method(self), _path(self), reason)
+        status, error, reason = chain_refusal(failure)
+        if failure.check(Refused):
+            REFUSALS.tell("certificate", "%s %s: %s", _method(self), _path(self), reason)
+        retry = b"Retry-After: %d\r\n" % BODY_RETRY_AFTER if status == 503 else b""
         phrase = http.RESPONSES.get(status, b"Error")
-        self._refuse_body(_refusal(b"%d %s" % (status, phrase), "unauthorized", reason))
+        self._refuse_body(_refusal(b"%d %s" % (status, phrase), error, reason, retry))
 
     def _too_large(self, limit: int) -> None:
         REFUSALS.tell("too_large", "%s %s: body over %d bytes", _method(self), _path(self), limit)
@@ -1021,7 +1024,6 @@ class _Admission(TLSMemoryBIOFactory):
         self.by_address: collections.Counter[str] = collections.Counter()
         # Each address's unidentified connections, oldest first (a dict as an ordered set).
         self.waiting: dict[str, dict[Any, None]] = {}
-        self.waiting_count = 0
         self.reactor = reactor
 
     def buildProtocol(self, addr: Any) -> Any:
@@ -1033,9 +1035,9 @@ class _Admission(TLSMemoryBIOFactory):
         mine = len(self.waiting.get(host, ()))
         if mine >= self.unidentified_per_address:
             REFUSALS.tell("unidentified", "a connection from %s: %d unidentified, %d from it",
-                          host, self.waiting_count, mine)  # fmt: skip
+                          host, len(self.oldest), mine)  # fmt: skip
             return None
-        if self.waiting_count >= self.unidentified_total:
+        if len(self.oldest) >= self.unidentified_total:
             self._make_room(mine)
         self.open += 1
         self.peak = max(self.peak, self.open)
@@ -1044,7 +1046,6 @@ class _Admission(TLSMemoryBIOFactory):
         connection.aso_address = host
         self.waiting.setdefault(host, {})[connection] = None
         self.oldest[connection] = None
-        self.waiting_count += 1
         connection.aso_deadline = self.reactor.callLater(
             self.identify_timeout, self._too_late, connection
         )
@@ -1115,7 +1116,6 @@ class _Admission(TLSMemoryBIOFactory):
         del self.oldest[connection]
         if not waiting:
             del self.waiting[connection.aso_address]
-        self.waiting_count -= 1
         if connection.aso_deadline.active():
             connection.aso_deadline.cancel()
         return True
@@ -1211,12 +1211,10 @@ class FrontEnd(resource.Resource):
             admission = getattr(tls, "factory", None)
             if isinstance(admission, _Admission):
                 admission.identified(tls, identity.dn)
-            channel.identified_client()
             return identity
 
-        verdict = _Verdict(checked.addCallback(identified))
-        verdict.when_refused(channel.refused_client)
-        return verdict
+        checked.addCallback(identified)
+        return _Verdict(checked, channel.identified_client, channel.refused_client)
 
     def verified(self, identity: Identity, request: server.Request) -> None:
         if _client_gone(request):  # left while its certificate was checked
@@ -1227,19 +1225,16 @@ class FrontEnd(resource.Resource):
         if _client_gone(request):
             log.debug("the client of %s left: %s", _path(request), failure.getErrorMessage())
             return
+        status, error, reason = chain_refusal(failure)
         if failure.check(Refused):
-            refused = failure.value
-            REFUSALS.tell("certificate", "%s %s: %s", _method(request), _path(request),
-                          refused.reason)  # fmt: skip
-            _answer(request, refused.status, "unauthorized", refused.reason)
-            return
-        if failure.check(TooManyConnections):
+            REFUSALS.tell("certificate", "%s %s: %s", _method(request), _path(request), reason)
+        elif failure.check(TooManyConnections):
             request.setHeader(b"connection", b"close")
             request.setHeader(b"retry-after", b"%d" % BODY_RETRY_AFTER)
-            _answer(request, 503, "busy", str(failure.value))
-            return
-        log.error("cannot verify the client of %s: %s", _path(request), failure.getErrorMessage())
-        _answer(request, 500, "internal_error", "the client's certificate could not be checked")
+        else:
+            log.error("cannot verify the client of %s: %s", _path(request),
+                      failure.getErrorMessage())  # fmt: skip
+        _answer(request, status, error, reason)
 
     def authorised(self, request: server.Request, identity: Identity) -> None:
         """Map the verified client, match the request against the route table, and forward
