@@ -525,6 +525,12 @@ class FrontendConfig:
         "Request body bytes held at once for one user (a client whose certificate is still "
         "being checked: its address); a body that would pass it gets 503 with Retry-After.",
     )
+    body_processes: int = _key(
+        2,
+        "Worker processes that check request bodies of 64 KiB and more (parsing JSON holds "
+        "the front end's interpreter: one user's large bodies had slowed every client); 0: "
+        "checked in the front end's own threads.",
+    )
     connections_per_user: int = _key(
         512,
         "Connections one user (a certificate's DN) holds at once; the next one's requests get "
@@ -705,6 +711,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "frontend.body_bytes": (1, 1 << 40),
     "frontend.body_bytes_per_user": (1, 1 << 40),
     "frontend.connections_per_user": (1, 1_000_000),
+    "frontend.body_processes": (0, 64),
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SITE_PROTOCOLS = ("root", "http", "https", "sim")

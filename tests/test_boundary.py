@@ -45,7 +45,7 @@ from twisted.internet import defer
 
 from aso import limits, model, procs, upload
 from aso.config import Config
-from aso.frontend import gate, routes, sequences, server
+from aso.frontend import bodychecks, gate, routes, sequences, server
 from aso.local.pki import Pki
 from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
@@ -644,17 +644,62 @@ def test_a_resumed_tls_session_is_a_new_one(boundary):
 
 
 # -- the red team's second round, each attempted --------------------------------------------------
-def frontend_rss(b: Boundary) -> int:
-    """The front end's resident memory, in bytes (its process runs `aso ... frontend`)."""
+def frontend_process(b: Boundary) -> psutil.Process:
+    """The front end's process (it runs `aso --config <its config> frontend`)."""
     for proc in Path("/proc").iterdir():
         try:
             words = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if b"frontend" in words and str(b.config.source).encode() in words:
-            pages = int((proc / "statm").read_text().split()[1])
-            return pages * os.sysconf("SC_PAGE_SIZE")
+            return psutil.Process(int(proc.name))
     raise AssertionError("no front end process")
+
+
+def frontend_rss(b: Boundary) -> int:
+    """The front end's resident memory, in bytes."""
+    return int(frontend_process(b).memory_info().rss)
+
+
+def body_checkers(b: Boundary) -> set[int]:
+    """The front end's body-check processes (multiprocessing's spawned workers)."""
+    return {
+        child.pid
+        for child in frontend_process(b).children()
+        if any("multiprocessing" in word for word in child.cmdline())
+    }
+
+
+def test_a_large_body_is_checked_in_a_process_of_its_own(boundary):
+    """Parsing JSON holds the interpreter: alice's bodies of 1 MiB, checked in the front end's
+    threads, had made another user's `GET /_session` wait seconds. A body of 64 KiB and more
+    is checked in a worker process, with the front end's verdict (stored, or refused with its
+    reason), and a worker that dies is replaced without the request being lost."""
+    b = boundary
+    docs = [sample_request("alice") for _ in range(120)]
+    body = json.dumps({"docs": docs}).encode()
+    assert len(body) >= bodychecks.IN_PROCESS_FROM
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", data=body,
+                    headers={"Content-Type": "application/json"})  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    assert all(row.get("ok") for row in answer.json()), answer.text
+    first = body_checkers(b)
+    assert first, "no body-check process"
+    assert b.admin.db(b.files).get(docs[-1]["_id"]) is not None
+    # The rule, in the worker: the same reason as a small body's.
+    hostile = body.replace(b'"size": ', b'"size": ' + b"9" * 5000, 1)
+    assert len(hostile) > len(body)
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", data=hostile,
+                    headers={"Content-Type": "application/json"})  # fmt: skip
+    refused(answer, 400, "safe range")
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+    again = [sample_request("alice") for _ in range(120)]
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": again})
+    assert answer.status_code == 201, answer.text
+    assert b.admin.db(b.files).get(again[-1]["_id"]) is not None
+    assert body_checkers(b) and not body_checkers(b) & first
+    alive(b)
 
 
 def test_a_view_key_is_read_once_and_never_with_its_documents(boundary):

@@ -69,6 +69,7 @@ from zope.interface import implementer
 from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
+from aso.frontend.bodychecks import BodyChecks
 from aso.grid.x509auth import Identity, Refused, TrustStore, key_fault, verify_chain
 from aso.store import Server
 
@@ -1146,6 +1147,8 @@ class FrontEnd(resource.Resource):
         self.origins = own_origins(config)
         self.reactor = reactor
         self.routes = routes.table(config)
+        self.body_checks = BodyChecks(config, self.routes, config.frontend.body_processes)
+        reactor.addSystemEventTrigger("during", "shutdown", self.body_checks.stop)
         self.heavy = Slots(reactor, HEAVY_READS, "heavy reads (documents, a reduce, no limit)")
         self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
         self.checks = Slots(reactor, 1, "a user's requests being checked", each=CHECKS_PER_USER)
@@ -1274,7 +1277,8 @@ class FrontEnd(resource.Resource):
 
         def check(done: Callable[[], None]) -> defer.Deferred[gate.GateRefusal | gate.Forward]:
             checked = threads.deferToThreadPool(
-                self.reactor, self.reactor.getThreadPool(), _gate_check, request, who, self.routes
+                self.reactor, self.reactor.getThreadPool(), _gate_check, request, who,
+                self.body_checks
             )  # fmt: skip
             checked.addBoth(_after, done)
             return checked
@@ -1795,14 +1799,14 @@ def _poll_too_large(request: server.Request) -> None:
 
 
 def _gate_check(
-    request: server.Request, who: Mapped, table: tuple[routes.Route, ...]
+    request: server.Request, who: Mapped, checks: BodyChecks
 ) -> gate.GateRefusal | gate.Forward:
     """(In a thread.) The gate's verdict on the request as received, its body read here."""
     content = cast(BinaryIO, request.content)
     content.seek(0)
-    return gate.check(request.method, request.uri, content.read(),
-                      routes.audiences_of(who.roles), table,
-                      cast(_BoundedRequest, request).aso_content_type)  # fmt: skip
+    return checks.check(request.method, request.uri, content.read(),
+                        routes.audiences_of(who.roles),
+                        cast(_BoundedRequest, request).aso_content_type)  # fmt: skip
 
 
 def _after(result: T, done: Callable[[], None]) -> T:
