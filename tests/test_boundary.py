@@ -1478,7 +1478,7 @@ def test_request_bodies_held_at_once_are_bounded(boundary, tmp_path):
         time.sleep(1)
         # alice's room (1.5 MiB), from any address. Its end held back, the body is under way
         # when its chain's verdict comes, however fast the bytes before it came (a body whole
-        # before its verdict is its address's: the note on the issue).
+        # before its verdict: test_frontend.py::test_a_body_whole_before_its_chain_verifies_...).
         with held_body(fresh, "alice", "127.0.0.2", mib, mib - 1024) as second_of_hers:
             answer = b""
             with contextlib.suppress(OSError):

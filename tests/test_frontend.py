@@ -44,6 +44,7 @@ from aso.store import Server
 from aso.store import admin as store_admin
 from tests.browser_helpers import ARTEFACTS, CHROMIUM, browser
 from tests.conftest import only_on, sample_request, write_config
+from tests.tls_client import client_context, connect
 
 ASO = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "aso")
 PAST = dt.datetime.now(dt.UTC) - dt.timedelta(days=60)
@@ -723,14 +724,16 @@ def running_reactor() -> Iterator[Any]:
 
 @contextmanager
 def frontend_in_process(reactor: Any, config: Config) -> Iterator[str]:
-    """The front end of `config` served by `reactor` (aso.frontend.build takes the reactor)."""
+    """The front end of `config` served by `reactor` (aso.frontend.build takes the reactor),
+    its connections admitted as `aso frontend` admits them."""
     from twisted.internet.threads import blockingCallFromThread
 
     root, tls = frontend_module.build(config, reactor)
     site = frontend_module._Site(root, config.frontend)
+    admission = frontend_module._Admission(tls, site, config.frontend, reactor)
     host, _, port = config.frontend.listen.rpartition(":")
     listening = blockingCallFromThread(
-        reactor, reactor.listenSSL, int(port), site, tls, interface=host
+        reactor, reactor.listenTCP, int(port), admission, interface=host
     )
     try:
         yield f"https://{config.frontend.listen}"
@@ -765,6 +768,58 @@ def test_a_slow_certificate_check_holds_up_no_other_client(
         finally:
             release.set()
         assert daves.result(60).status_code == 200
+
+
+def test_a_body_whole_before_its_chain_verifies_is_its_user_s(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Bodies are charged to their client's address until its chain verifies, then to its
+    user. A body that came whole before the verdict had stayed its address's: dave, from two
+    addresses, held twice his room. Now the verdict moves it to him, and the body past his
+    room gets 503 with Retry-After (the other is judged: spaces are no JSON)."""
+    release = threading.Event()
+    verify = frontend_module.verify_chain
+
+    def held_for_dave(chain: Any, trust: Any, **kw: Any) -> Any:
+        identity = verify(chain, trust, **kw)
+        if identity.dn.endswith("CN=dave"):
+            assert release.wait(120), "dave's check was never released"
+        return identity
+
+    monkeypatch.setattr(frontend_module, "verify_chain", held_for_dave)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    mib = 1 << 20
+    config.frontend = dataclasses.replace(config.frontend, max_body=mib, body_processes=0,
+                                          body_bytes_per_user=mib + mib // 2)  # fmt: skip
+    length = mib - 1024
+    head = (f"POST /{files_db}/_bulk_docs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
+    context = client_context(pki.ca_file, *cert_files(pki, "dave"))
+    with frontend_in_process(running_reactor, config) as url:
+        connections = [connect(url, context, source, timeout=60)
+                       for source in ("127.0.0.1", "127.0.0.2")]  # fmt: skip
+        try:
+            for each in connections:
+                each.sendall(head.encode() + b" " * length)
+            time.sleep(1)  # both bodies whole at the front end, dave's chain still checked
+            release.set()
+            answers = [read_to_end(each) for each in connections]
+        finally:
+            release.set()
+            for each in connections:
+                each.close()
+    statuses = sorted(int(answer.split(b" ", 2)[1]) for answer in answers)
+    assert statuses == [400, 503], [answer[:200] for answer in answers]
+    busy = next(answer for answer in answers if answer.startswith(b"HTTP/1.1 503 "))
+    assert b"\r\nretry-after: 5\r\n" in busy.lower() and b"try again later" in busy, busy
+
+
+def read_to_end(connection: Any) -> bytes:
+    answer = b""
+    with contextlib.suppress(OSError):
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
 
 
 def test_a_client_gone_before_its_check_ends_gets_nothing_and_breaks_nothing(

@@ -94,6 +94,10 @@ STORE_CONNECTIONS = 64  # idle kept-alive connections to the store
 POLL_GRACE = 1.0  # seconds a store has past a long poll's timeout to end it itself
 LINGER = 2.0  # seconds a connection is read (and dropped) after a 413 or 503 sent mid-body
 BODY_RETRY_AFTER = 5  # seconds a client refused for want of room for its body is told to wait
+BODY_BUSY = (
+    "the front end holds as many request bodies as it takes, of this client or in all: try "
+    "again later"
+)
 REFUSALS_TOLD_EVERY = 10.0  # seconds between WARNING lines of one kind of refusal (_Refusals)
 # A request's reads (TLS records) and a body's chunks: past the first FINE_PIECES_ALLOWED,
 # they must average FINEST_PIECES bytes (_too_fine).
@@ -616,10 +620,11 @@ class _Channel(http.HTTPChannel):
         self.aso_verdict = front.check_chain(self)
 
     def identified_client(self) -> None:
-        """The client's chain verified: a body under way is its user's from now on, what has
-        arrived of it included (all of it may have come before the verdict)."""
-        if self.requests and self.requests[-1].in_body:
-            self.requests[-1].recharge()
+        """The client's chain verified: the bodies of its requests are its user's from now on,
+        what has arrived included (a body may have come whole before the verdict)."""
+        for request in self.requests:
+            if request.held or request.in_body:
+                request.recharge()
 
     def refused_client(self, failure: Failure) -> None:
         """The client's chain is refused: a body under way is refused now, not read to its end
@@ -834,6 +839,7 @@ class _BoundedRequest(server.Request):
     received, refused_body = 0, False  # bytes of the body so far; answered (413, 503) already
     in_body = False  # its body is arriving
     held, charged_to = 0, ""  # of them, bytes charged to the site's _BodyBytes, and to whom
+    over_room = False  # came whole before its chain verified, past its user's room: 503
     channel: _Channel  # requests come from _Site, whose channels are _Channel
     aso_content_type = b""  # the Content-Type sent (Twisted is not shown it: requestReceived)
 
@@ -889,7 +895,8 @@ class _BoundedRequest(server.Request):
 
     def recharge(self) -> None:
         """What has arrived charged to whom the body is now (_client): a client whose chain
-        verified meanwhile, from its address to its user; past the user's room, 503."""
+        verified meanwhile, from its address to its user; past the user's room, 503 (a body
+        that came whole gets it in its turn: FrontEnd.verified)."""
         budget, client = self.channel.site.body_bytes, self._client()
         if client == self.charged_to:
             return
@@ -897,8 +904,13 @@ class _BoundedRequest(server.Request):
             budget.give_back(self.charged_to, self.held)
             budget.take(client, self.held)
         self.charged_to = client
-        if not self.refused_body and budget.by_client[client] > budget.per_client:
+        if self.refused_body or budget.by_client[client] <= budget.per_client:
+            return
+        if self.in_body:
             self._no_room()
+        else:
+            self.over_room = True
+            self._give_back()
 
     def _give_back(self) -> None:
         if self.held and self.charged_to:
@@ -934,9 +946,7 @@ class _BoundedRequest(server.Request):
         budget, client = self.channel.site.body_bytes, self.charged_to or self._client()
         REFUSALS.tell("busy", "%s %s: %d body bytes held, %d for %s", _method(self),
                       _path(self), budget.held, budget.by_client[client], client)  # fmt: skip
-        reason = ("the front end holds as many request bodies as it takes, of this client or in "
-                  "all: try again later")  # fmt: skip
-        self._refuse_body(_refusal(b"503 Service Unavailable", "busy", reason,
+        self._refuse_body(_refusal(b"503 Service Unavailable", "busy", BODY_BUSY,
                                    b"Retry-After: %d\r\n" % BODY_RETRY_AFTER))  # fmt: skip
 
     def _refuse_body(self, answer: bytes) -> None:
@@ -1221,6 +1231,12 @@ class FrontEnd(resource.Resource):
 
     def verified(self, identity: Identity, request: server.Request) -> None:
         if _client_gone(request):  # left while its certificate was checked
+            return
+        if cast(_BoundedRequest, request).over_room:
+            REFUSALS.tell("busy", "%s %s: a body past the room of %s", _method(request),
+                          _path(request), identity.dn)  # fmt: skip
+            request.setHeader(b"retry-after", b"%d" % BODY_RETRY_AFTER)
+            _answer(request, 503, "busy", BODY_BUSY)
             return
         self.authorised(request, identity)
 
