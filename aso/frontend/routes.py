@@ -347,10 +347,19 @@ def parse_json(raw: bytes, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise Invalid(f"{what} is not UTF-8 (byte {exc.object[exc.start]:#04x} at offset "
                       f"{exc.start}; JSON is UTF-8: RFC 8259 8.1)") from None  # fmt: skip
+    except json.JSONDecodeError as exc:
+        raise Invalid(f"{what} is not JSON: {_json_fault(exc)}") from None
     except ValueError as exc:
         raise Invalid(f"{what} is not JSON: {str(exc)[:200]}") from None
     check_json(value, what)
     return value
+
+
+def _json_fault(exc: json.JSONDecodeError) -> str:
+    """The parser's complaint in words a client of any language reads, with where (a
+    character's offset from 0)."""
+    fault = {"Extra data": "something follows the JSON value"}.get(exc.msg, exc.msg[:100])
+    return f"{fault} (at character {exc.pos})"
 
 
 def check_json(value: Any, what: str) -> None:
