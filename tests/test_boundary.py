@@ -848,7 +848,8 @@ def test_a_long_poll_s_answer_is_bounded_in_bytes(boundary):
     b = boundary
     docs = big_requests(b, 300)  # ~72 MB of documents in the feed
     try:
-        feed = f"/{b.files}/_changes?feed=longpoll&include_docs=true&since=0&timeout=5000"
+        # (rows are there from 0 on: a long timeout only leaves a loaded store its time)
+        feed = f"/{b.files}/_changes?feed=longpoll&include_docs=true&since=0&timeout=40000"
         answer = b.call("alice", "GET", feed + "&limit=1000")
         refused(answer, 502, "smaller limit")
         answer = b.call("alice", "GET", feed + "&limit=10")
@@ -1772,7 +1773,9 @@ def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
     feed = f"/{b.files}/_changes?feed=longpoll&since={quote(since)}"
     before = store_connections(b)
     with ThreadPoolExecutor(3 * cap) as pool:
-        polls = [pool.submit(b.call, "alice", "GET", f"{feed}&timeout=20000")
+        # (long enough that the polls waiting their turn are not over before the write comes,
+        # on a loaded machine)
+        polls = [pool.submit(b.call, "alice", "GET", f"{feed}&timeout=50000")
                  for _ in range(3 * cap)]  # fmt: skip
         wait_for(lambda: store_connections(b) >= before + cap, 15, "the first polls at the store")
         held = [store_connections(b) - before for _ in range(20) if not time.sleep(0.1)]
@@ -1781,7 +1784,7 @@ def test_one_user_s_long_polls_are_held_at_the_store_a_few_at_a_time(boundary):
         doc = sample_request("alice")
         assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
         for poll in polls:
-            answer = poll.result(timeout=60)
+            answer = poll.result(timeout=120)
             assert answer.status_code == 200, answer.text[:300]
             assert doc["_id"] in [r["id"] for r in answer.json()["results"]], answer.text[:300]
     # With the user's turns all taken (polls of 20 s), a poll of 1.5 s waits its whole time.
