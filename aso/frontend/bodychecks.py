@@ -10,6 +10,9 @@ where a round trip to a process would cost more than the check.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import multiprocessing
 import threading
@@ -24,11 +27,22 @@ from aso.frontend import gate, routes
 log = logging.getLogger("aso.frontend")
 
 IN_PROCESS_FROM = 64 * 1024
+TRIM_FROM = 1 << 20  # a worker gives its free memory back after a body this large
 # A Forward's fields but its route, which travels by name (a route holds functions).
 _CARRIED = tuple(f.name for f in fields(gate.Forward) if f.name != "route")
 
 # A worker process's route table, built once when it starts.
 _table: tuple[routes.Route, ...] = ()
+
+
+_LIBC = ctypes.util.find_library("c")
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free pages to the system (glibc keeps them in each thread's arena:
+    a parsed 58 MiB body had left the front end 800 MB larger for good)."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim
+        ctypes.CDLL(_LIBC).malloc_trim(0)
 
 
 def _start_worker(config: Config) -> None:
@@ -41,6 +55,8 @@ def _check_in_worker(
 ) -> gate.GateRefusal | tuple[str, dict[str, Any]]:
     """(In a worker.) gate.check's verdict, a Forward as (its route's name, its other fields)."""
     verdict = gate.check(method, target, body, audiences, _table, content_type)
+    if len(body) >= TRIM_FROM:
+        give_back_memory()
     if isinstance(verdict, gate.GateRefusal):
         return verdict
     return verdict.route.name, {name: getattr(verdict, name) for name in _CARRIED}

@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import hashlib
 import hmac
@@ -69,7 +66,7 @@ from zope.interface import implementer
 from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
-from aso.frontend.bodychecks import BodyChecks
+from aso.frontend.bodychecks import BodyChecks, give_back_memory
 from aso.grid.x509auth import Identity, Refused, TrustStore, key_fault, verify_chain
 from aso.store import Server
 
@@ -203,16 +200,6 @@ def _store_busy(_cancelled: Any, timeout: float) -> Any:
     """addTimeout's `onTimeoutCancel` (called only once the time is out, with however the
     cancelled call failed): a store answer that did not come in time is Busy."""
     raise Busy(f"the document store did not answer within {timeout:g} s; try again later")
-
-
-_LIBC = ctypes.util.find_library("c")
-
-
-def give_back_memory() -> None:
-    """Return the C heap's free pages to the system (glibc keeps them in each thread's arena:
-    a parsed 58 MiB body had left the front end 800 MB larger for good)."""
-    with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc: nothing to trim
-        ctypes.CDLL(_LIBC).malloc_trim(0)
 
 
 @dataclass(frozen=True)
