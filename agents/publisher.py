@@ -136,6 +136,18 @@ class Publisher(Agent):
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return f"{doc['user']}:{dataset_of(doc)}"
 
+    def pause(self, mine: list[dict[str, Any]]) -> tuple[float, bool]:
+        # Between cycles, the blocks published lately are looked at again (two publishers'
+        # blocks sharing a file: the catalog's checks may have missed each other's at first).
+        self.settle_catalog()
+        return super().pause(mine)
+
+    def settle_catalog(self) -> None:
+        try:
+            self.catalog.settle()
+        except Exception as exc:  # the catalog's client: the next look tries again
+            log.warning("blocks published lately not looked at again: %s", exc)
+
     def close(self) -> None:
         self.catalog.close()
         self.deleter.close()
@@ -143,6 +155,7 @@ class Publisher(Agent):
 
     def cycle(self, ctx: Cycle) -> None:
         now, by = ctx.now, self.instance
+        self.settle_catalog()
         ctx.counts(
             "blocks", "published", "unconfirmed", "looking", "cleaned", "cleanup_errors", "errors",
             "failed", "conflicts",

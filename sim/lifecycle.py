@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ from sim.report import (
     check_catalog,
     check_copies,
     recheck_catalog,
+    recheck_twice,
     warmup_of,
     work_by_host,
 )
@@ -799,7 +801,12 @@ class Simulation:
         }
         accounting = account(injected.ids, requests.values())
         check_copies(accounting, self._copies())
-        check_catalog(accounting, self._catalog_lfns(), requests.values())
+        holders = self._catalog_holders()
+        lfns = (lfn for lfn, blocks in holders.items() for _ in blocks)
+        check_catalog(accounting, lfns, requests.values())
+        cleared = recheck_twice(accounting, holders, self._quorum_block)
+        if cleared:
+            log.info("%d files found twice in the feed, once at the quorum", len(cleared))
         late = recheck_catalog(accounting, requests.values(), self._quorum_block)
         if late:
             log.info("%d published files found in their block at the quorum only", len(late))
@@ -924,10 +931,14 @@ class Simulation:
         except NotFound:
             return None
 
-    def _catalog_lfns(self) -> Iterable[str]:
+    def _catalog_holders(self) -> dict[str, list[str]]:
+        """LFN → the blocks holding it, as the catalog's `_changes` shows them."""
+        holders: dict[str, list[str]] = defaultdict(list)
         for doc in self._all_docs(self.config.store.catalog_db):
             if doc.get("type") == "block":
-                yield from (f["lfn"] for f in doc.get("files", []))
+                for f in doc.get("files", []):
+                    holders[f["lfn"]].append(doc["_id"])
+        return holders
 
 
 def default_bucket(duration: float) -> float:

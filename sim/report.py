@@ -240,13 +240,41 @@ def recheck_catalog(
             blocks[doc["publication_block"]].append(doc["destination_lfn"])
     found = []
     for name, lfns in blocks.items():
-        block = read_block(name)
-        held = {f["lfn"] for f in (block or {}).get("files", [])}
+        held = block_lfns(read_block(name))
         found += [lfn for lfn in lfns if lfn in held]
     result.catalog_missing = sorted(missing - set(found))
     if result.catalog_files is not None:
         result.catalog_files += len(found)
     return sorted(found)
+
+
+def recheck_twice(
+    result: Accounting,
+    holders: Mapping[str, Sequence[str]],
+    read_block: Callable[[str], Mapping[str, Any] | None],
+) -> list[str]:
+    """The files `check_catalog` found in more than one block (`holders`: LFN → the blocks the
+    `_changes` read showed holding it), each block read again at the quorum: one copy of a
+    shard may still show a block withdrawn since (a racing publisher's). Only the blocks that
+    hold the file there count; one that is in none is missing (`recheck_catalog` looks in its
+    recorded block). Returns the files no longer found twice."""
+    cleared = []
+    for lfn in list(result.catalog_twice):
+        seen = holders.get(lfn, [])
+        held = [name for name in set(seen) if lfn in block_lfns(read_block(name))]
+        if len(held) > 1:
+            continue
+        cleared.append(lfn)
+        result.catalog_twice.remove(lfn)
+        if result.catalog_files is not None:
+            result.catalog_files -= len(seen) - len(held)
+        if not held:
+            result.catalog_missing = sorted({*result.catalog_missing, lfn})
+    return cleared
+
+
+def block_lfns(block: Mapping[str, Any] | None) -> set[str]:
+    return {f["lfn"] for f in (block or {}).get("files", [])}
 
 
 # -- per-bucket analysis -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from sim.report import (
     outcome,
     percentiles,
     recheck_catalog,
+    recheck_twice,
     work_by_host,
 )
 from sim.workload import Plan, Workload
@@ -283,6 +284,23 @@ def test_a_file_the_catalogs_feed_lacks_is_looked_for_in_its_block_at_the_quorum
     blocks = {"late": {"files": [{"lfn": lfns[0]}]}, "other": {"files": [{"lfn": "/x"}]}}
     assert recheck_catalog(result, docs, blocks.get) == [lfns[0]]
     assert result.catalog_missing == sorted(lfns[1:]) and result.catalog_files == 1
+
+
+def test_a_file_the_catalogs_feed_shows_twice_is_counted_in_the_blocks_at_the_quorum():
+    """A block withdrawn at the quorum (a racing publisher's) may still be live on the copy the
+    catalog's `_changes` read: a file found in two blocks is counted in those of its blocks
+    that hold it when read from every copy; two there is a double, none is missing."""
+    docs = [walk(request(i), *FINISHED) for i in range(3)]
+    lfns = [d["destination_lfn"] for d in docs]
+    holders = {lfns[0]: ["kept", "withdrawn"], lfns[1]: ["a", "b"], lfns[2]: ["gone", "gone2"]}
+    result = account([d["_id"] for d in docs], docs)
+    check_catalog(result, [lfn for lfn, held in holders.items() for _ in held], docs)
+    assert result.catalog_twice == sorted(lfns) and result.catalog_files == 6
+    blocks = {name: {"files": [{"lfn": lfn}]} for lfn, (name, *_) in holders.items()}
+    blocks.update(b={"files": [{"lfn": lfns[1]}]}, gone={"files": []})
+    assert recheck_twice(result, holders, blocks.get) == sorted([lfns[0], lfns[2]])
+    assert result.catalog_twice == [lfns[1]] and result.catalog_missing == [lfns[2]]
+    assert result.catalog_files == 3
 
 
 def test_work_by_host_and_the_wait_of_a_dead_hosts_files():

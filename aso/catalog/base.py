@@ -107,5 +107,11 @@ class Catalog(abc.ABC):
     def dataset_files(self, dataset: str) -> dict[str, list[str]]:
         """{block name: LFNs} of a dataset (empty if unknown)."""
 
+    def settle(self) -> int:
+        """Look again at the blocks published lately, for a catalog whose checks may miss
+        another's block at first (the embedded catalog on a cluster); returns how many blocks
+        were withdrawn. Nothing to do by default."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional for catalogs without resources
         """Release connections."""

@@ -21,6 +21,10 @@ Publishing is idempotent and race-safe:
   published", or held elsewhere) only when no other block shares a file with it, and once read
   at the quorum: a block about to be withdrawn, or withdrawn already on the copy a cluster's
   view read, left files recorded published in no block. Else a retryable error.
+* on a cluster both checks read one copy of each shard, so two blocks sharing a file may both
+  pass them: each publisher looks at its blocks again for a while (`settle`), and of blocks
+  sharing a file the later by name is withdrawn once its other files are in a block of their
+  own (the same rule whoever applies it, so that the blocks converge).
 
 The database's validate_doc_update lets agents (aso-agent) create documents and delete blocks,
 admins (aso-admin, _admin) do anything, and nobody else write; catalog documents never change
@@ -33,6 +37,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aso.catalog.base import (
@@ -42,6 +47,7 @@ from aso.catalog.base import (
     CatalogError,
     CatalogFile,
     CatalogStoreDown,
+    block_name,
     content_message,
 )
 from aso.limits import MAX_WRITTEN_DOC_CHARS
@@ -58,6 +64,23 @@ SCHEMA_VERSION = 1
 # CouchDB 8 MB). The publisher closes blocks well below it (publisher.max_block_bytes); a
 # larger block is refused here, alone.
 MAX_BLOCK_CHARS = MAX_WRITTEN_DOC_CHARS
+
+# On a cluster, a block this publisher wrote is looked at again when it is this many seconds
+# old (by then a restarted node's copy has caught up), at most once every SETTLE_EVERY s for
+# all of them. A block younger than the first may still be withdrawn by its writer's own check.
+SETTLE_LOOKS = (8.0, 30.0, 90.0)
+SETTLE_EVERY = 3.0
+SETTLE_KEYS = 1000  # LFNs per view read
+
+
+@dataclass
+class _Written:
+    """A block this publisher wrote, to look at again (`settle`)."""
+
+    at: float
+    lfns: tuple[str, ...]
+    looks: int = 0
+
 
 SECURITY = {
     "admins": {"names": [], "roles": []},
@@ -154,6 +177,10 @@ class EmbeddedCatalog(Catalog):
         # Datasets known to have their document: a block's dataset is written once, not
         # tried again (a refused write) for every block (datasets are never deleted).
         self._datasets: set[str] = set()
+        # Blocks written lately, looked at again by `settle` (on a cluster only).
+        self._written: dict[str, _Written] = {}
+        self._settled_at = float("-inf")
+        self._copies: int | None = None  # copies of each document the store keeps
 
     @classmethod
     def open(cls, server: Server, name: str = DEFAULT_DB) -> EmbeddedCatalog:
@@ -268,6 +295,7 @@ class EmbeddedCatalog(Catalog):
             self.db.bulk_write(withdrawn)
         for i, _ in written:
             if outcomes[i] is True:
+                self._to_look_at(blocks[i].name, blocks[i].lfns())
                 log.debug("published block %s (%d files)", blocks[i].name, len(blocks[i].files))
         return outcomes
 
@@ -393,6 +421,104 @@ class EmbeddedCatalog(Catalog):
             "user": block.user,
             "created": now,
         }
+
+    # -- settling a file in two blocks (CLUSTER_VIEW_READS_ONE_COPY) ---------------------------
+
+    def settle(self) -> int:
+        """Blocks written lately, looked at again: a cluster's view reads one copy of each
+        shard, so two publishers' blocks sharing a file may both pass the check made after
+        their write (each read a copy without the other's). Every publisher applies one
+        rule to such blocks (`settle_blocks`), so that they converge. Returns how many blocks
+        were withdrawn."""
+        now = self._clock()
+        if now - self._settled_at < SETTLE_EVERY:
+            return 0
+        self._settled_at = now
+        due = [w for w in self._written.values() if now - w.at >= SETTLE_LOOKS[w.looks]]
+        lfns = sorted({lfn for w in due for lfn in w.lfns})
+        holders: dict[str, set[str]] = {}
+        try:
+            for start in range(0, len(lfns), SETTLE_KEYS):
+                keys = lfns[start : start + SETTLE_KEYS]
+                for r in self.db.view(DDOC, "files", keys=keys).rows:
+                    holders.setdefault(r["key"], set()).add(r["value"]["block"])
+        except StoreError as exc:
+            log.warning("blocks written lately not looked at again: %s", exc)
+            return 0
+        for w in due:
+            w.looks += 1
+        self._written = {n: w for n, w in self._written.items() if w.looks < len(SETTLE_LOOKS)}
+        shared = sorted({b for held in holders.values() if len(held) > 1 for b in held})
+        return self.settle_blocks(shared) if shared else 0
+
+    def settle_blocks(self, names: Sequence[str]) -> int:
+        """Blocks that may share files, read at the quorum, settled by a fixed order (their
+        names): a block keeps its files but those an earlier block holds. One that shares a
+        file with an earlier block is withdrawn once a block of its other files (if any) is
+        in the catalog, so that no file is ever in no block. Returns how many were withdrawn."""
+        live = {}
+        for name in sorted(set(names)):
+            try:
+                doc = self.db.get(name)
+            except StoreError as exc:
+                log.warning("block %s not read to settle it: %s", name, exc)
+                return 0
+            if doc and doc.get("type") == BLOCK:
+                live[name] = doc
+        if any(self._clock() - doc.get("created", 0) < SETTLE_LOOKS[0] for doc in live.values()):
+            return 0  # one may be about to be withdrawn by its writer: the next look settles
+        taken: set[str] = set()
+        withdrawn = 0
+        for doc in live.values():
+            lfns = {f["lfn"] for f in doc["files"]}
+            if lfns & taken and self._replace(doc, lfns - taken):
+                withdrawn += 1
+            taken |= lfns
+        return withdrawn
+
+    def _replace(self, doc: Mapping[str, Any], keep: set[str]) -> bool:
+        """Block `doc` withdrawn, after a block of its files `keep` is confirmed at the quorum
+        (none when every file is in an earlier block). True if withdrawn."""
+        try:
+            if keep and not self._write_remainder(doc, keep):
+                return False
+            [result] = self.db.bulk_write(
+                [{"_id": doc["_id"], "_rev": doc["_rev"], "_deleted": True}]
+            )
+        except StoreError as exc:
+            log.warning("block %s not settled: %s", doc["_id"], exc)
+            return False
+        log.warning(
+            "block %s shared files with another block (published at the same moment): "
+            "withdrawn, %d of its files left in their own block",
+            doc["_id"],
+            len(keep),
+        )
+        return bool(result.ok or result.accepted)
+
+    def _write_remainder(self, doc: Mapping[str, Any], keep: set[str]) -> bool:
+        """A block of the files `keep` of block `doc` (created, or there already), read back
+        at the quorum. True once it is there with them."""
+        entries = [f for f in doc["files"] if f["lfn"] in keep]
+        name = block_name(doc["dataset"], sorted(keep))
+        remainder = dict(doc, _id=name, created=self._clock(), files=entries)
+        remainder.pop("_rev", None)
+        self.db.bulk_write([remainder])
+        stored = self.db.get(name)
+        if not stored or {f["lfn"] for f in stored.get("files", [])} != keep:
+            return False
+        self._to_look_at(name, sorted(keep))
+        return True
+
+    def _to_look_at(self, name: str, lfns: Sequence[str]) -> None:
+        """A block written here, to look at again if the store keeps copies that may lag."""
+        if self._copies is None:
+            try:
+                self._copies = int((self.db.info().get("cluster") or {}).get("n", 1))
+            except StoreError:
+                return  # not known yet: the next block asks again
+        if self._copies > 1:
+            self._written[name] = _Written(self._clock(), tuple(lfns))
 
     # -- reading ----------------------------------------------------------------------------
 
