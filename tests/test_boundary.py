@@ -20,6 +20,7 @@ import base64
 import contextlib
 import copy
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import signal
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +49,7 @@ from twisted.internet import defer
 from aso import limits, model, procs, upload
 from aso.config import Config
 from aso.frontend import bodychecks, gate, routes, sequences, server
+from aso.grid import x509auth
 from aso.local.pki import Pki
 from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
@@ -1977,3 +1980,109 @@ def test_a_verdict_is_known_when_its_connection_is_told_of_it():
                               lambda failure: heard.append(verdict.refusal()))  # fmt: skip
     refused.errback(server.Refused(401, "a client certificate (or proxy) is required"))
     assert heard[-1] is not None and heard[-1].check(server.Refused)
+
+
+# -- the red team's eleventh round -----------------------------------------------------------------
+def own_chain(path: Path, n: int) -> list[x509.Certificate]:
+    """A chain of `n` certificates from a CA of the client's own (nothing the front end trusts),
+    each signed by the next, written to `path` with its leaf's key (one PEM file, leaf first);
+    the certificates, leaf first."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    now = dt.datetime.now(dt.UTC)
+    keys = [ec.generate_private_key(ec.SECP256R1()) for _ in range(n)]
+    certs: list[x509.Certificate] = []
+    for i, key in enumerate(keys):  # the root first, the leaf last
+        name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, f"c{i:03d}")])
+        issuer = certs[-1].subject if certs else name
+        cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(issuer)
+            .public_key(key.public_key()).serial_number(i + 1)
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=i < n - 1, path_length=None), critical=True)
+            .sign(keys[i - 1] if i else key, hashes.SHA256())
+        )  # fmt: skip
+        certs.append(cert)
+    pem = certs[-1].public_bytes(serialization.Encoding.PEM) + keys[-1].private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+    pem += b"".join(c.public_bytes(serialization.Encoding.PEM) for c in reversed(certs[:-1]))
+    path.write_bytes(pem)
+    return certs[::-1]
+
+
+def test_a_chain_longer_than_any_user_s_is_refused_in_the_handshake(boundary, tmp_path):
+    """OpenSSL checked every certificate a client sent, in the reactor's thread, before the
+    front end judged the chain: 100 certificates of the client's own CA cost 107 ms a
+    handshake, and a few clients repeating it slowed every user's requests to seconds. A chain
+    of more than x509auth.MAX_CHAIN certificates is refused in the handshake; one of
+    MAX_CHAIN gets its 401 as any chain of an unknown CA (the bound and the rule agree)."""
+    b = boundary
+    limit = x509auth.MAX_CHAIN
+    own_chain(tmp_path / "bound.pem", limit)
+    answer = http.get(b.url + "/_session", cert=str(tmp_path / "bound.pem"),
+                      verify=str(b.pki.ca_file), timeout=30)  # fmt: skip
+    assert answer.status_code == 401, answer.text
+    too_long: list[x509.Certificate] = []
+    for n in (limit + 1, 40):
+        too_long = own_chain(tmp_path / f"{n}.pem", n)
+        context = client_context(b.pki.ca_file, str(tmp_path / f"{n}.pem"))
+        with pytest.raises((ssl.SSLError, OSError)), connect(b.url, context) as tls:
+            tls.sendall(b"GET /_session HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert not tls.recv(1024), "a chain past the bound was let in"
+    with pytest.raises(x509auth.Refused, match=f"at most {limit}"):
+        x509auth.verify_chain(too_long, x509auth.TrustStore(b.pki.capath))
+    alive(b)
+
+
+def test_a_body_s_cost_not_its_size_sends_it_to_a_worker():
+    """64 KiB less a little of `[{},{},...]` was parsed in the front end's own process (45 ms
+    of its interpreter each, from 16 connections: another user's p50 1.4 s): a body of many
+    values goes to a worker however small; a request's usual body does not."""
+    many = b'{"keys":[' + b",".join([b"{}"] * 20_000) + b"]}"
+    assert len(many) < bodychecks.IN_PROCESS_FROM and bodychecks.costly(many)
+    usual = json.dumps({"docs": [sample_request("alice") for _ in range(10)]}).encode()
+    assert not bodychecks.costly(usual)
+    assert bodychecks.costly(b" " * bodychecks.IN_PROCESS_FROM)
+
+
+def test_one_user_s_bodies_take_one_turn_at_the_workers(boundary, monkeypatch):
+    """alice's bodies had held both workers (one queue, four checks of hers at once), and
+    bob's large body waited seconds behind them: a user has `turns` bodies at the workers at
+    once (half of them), so another's goes meanwhile."""
+    checks = bodychecks.BodyChecks(boundary.config, routes.table(boundary.config), processes=2)
+    assert checks.turns == 1
+    at_workers: list[str] = []
+    most: dict[str, int] = {}
+    started: list[str] = []
+
+    def held(*_: Any) -> gate.GateRefusal:
+        who = threading.current_thread().name.split(":")[0]
+        started.append(who)
+        at_workers.append(who)
+        most[who] = max(most.get(who, 0), at_workers.count(who))
+        time.sleep(0.3)
+        at_workers.remove(who)
+        return gate.GateRefusal(400, "bad_request", "held")
+
+    monkeypatch.setattr(checks, "_in_worker", held)
+    body = b" " * bodychecks.IN_PROCESS_FROM
+
+    def check(who: str, n: int) -> None:
+        threading.current_thread().name = f"{who}:{n}"
+        checks.check(who, b"POST", b"/x", body, frozenset(), b"application/json")
+
+    threads_ = [threading.Thread(target=check, args=("alice", n)) for n in range(4)]
+    for t in threads_:
+        t.start()
+    time.sleep(0.1)  # alice's first at the workers, her others waiting their turn
+    bobs = threading.Thread(target=check, args=("bob", 0))
+    bobs.start()
+    for t in [*threads_, bobs]:
+        t.join(30)
+    assert most == {"alice": 1, "bob": 1}, most
+    assert started.index("bob") < 3, started  # not behind all of alice's
+    assert not checks._turns and not checks._waiting  # nothing kept for users gone

@@ -1,21 +1,27 @@
-"""The gate's checks of large request bodies, in processes of their own.
+"""The gate's checks of request bodies that cost, in processes of their own.
 
 Parsing and judging JSON holds the interpreter: in the front end's own process one user's
-1 MiB bodies, checked in its threads, made every other client wait for the reactor (another
-user's `GET /_session` took seconds). A body of `IN_PROCESS_FROM` bytes or more is checked by
-one of `frontend.body_processes` worker processes (spawned, not forked: the front end runs
-threads); the front end's thread only waits for the answer. Smaller bodies stay in the thread,
-where a round trip to a process would cost more than the check.
+bodies, checked in its threads, made every other client wait for the reactor (another user's
+`GET /_session` took seconds). A body of `IN_PROCESS_FROM` bytes or more, or of more than
+`IN_PROCESS_VALUES` values (counted on its bytes: 64 KiB of `[{},{},...]` had cost 45 ms), is
+checked by one of `frontend.body_processes` worker processes (spawned, not forked: the front
+end runs threads); the front end's thread only waits for the answer, and each user has at most
+`turns` bodies at the workers at once, so that one user's bodies never hold every worker.
+Smaller bodies stay in the thread, where a round trip to a process would cost more than the
+check. A body that would be forwarded larger than `frontend.max_body` is refused where it was
+made, not sent back to the front end first.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import ctypes.util
 import logging
 import multiprocessing
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import fields
@@ -27,12 +33,14 @@ from aso.frontend import gate, routes
 log = logging.getLogger("aso.frontend")
 
 IN_PROCESS_FROM = 64 * 1024
+IN_PROCESS_VALUES = 2000
 TRIM_FROM = 1 << 20  # a worker gives its free memory back after a body this large
 # A Forward's fields but its route, which travels by name (a route holds functions).
 _CARRIED = tuple(f.name for f in fields(gate.Forward) if f.name != "route")
 
-# A worker process's route table, built once when it starts.
+# A worker process's route table and body bound, set once when it starts.
 _table: tuple[routes.Route, ...] = ()
+_max_body = 0
 
 
 _LIBC = ctypes.util.find_library("c")
@@ -45,16 +53,43 @@ def give_back_memory() -> None:
         ctypes.CDLL(_LIBC).malloc_trim(0)
 
 
+def costly(body: bytes) -> bool:
+    """Whether checking `body` costs more than a round trip to a worker (its bytes, or its
+    values as parse_json bounds them: a container's first item, and one after each comma)."""
+    if len(body) >= IN_PROCESS_FROM:
+        return True
+    return body.count(b",") + body.count(b"{") + body.count(b"[") >= IN_PROCESS_VALUES
+
+
+def bounded_check(
+    method: bytes,
+    target: bytes,
+    body: bytes,
+    audiences: frozenset[str],
+    content_type: bytes,
+    table: tuple[routes.Route, ...],
+    max_body: int,
+) -> gate.GateRefusal | gate.Forward:
+    """gate.check's verdict, and a body that would be forwarded larger than `max_body` refused:
+    re-serialised (non-ASCII escaped, numbers as Python writes them), a body may grow (60 MiB
+    of 4-byte characters had become 180 MiB)."""
+    verdict = gate.check(method, target, body, audiences, table, content_type)
+    if isinstance(verdict, gate.Forward) and verdict.body and len(verdict.body) > max_body:
+        reason = f"the body as forwarded exceeds frontend.max_body ({len(verdict.body)} bytes)"
+        return gate.GateRefusal(413, "too_large", reason)
+    return verdict
+
+
 def _start_worker(config: Config) -> None:
-    global _table
-    _table = routes.table(config)
+    global _table, _max_body
+    _table, _max_body = routes.table(config), config.frontend.max_body
 
 
 def _check_in_worker(
     method: bytes, target: bytes, body: bytes, audiences: frozenset[str], content_type: bytes
 ) -> gate.GateRefusal | tuple[str, dict[str, Any]]:
-    """(In a worker.) gate.check's verdict, a Forward as (its route's name, its other fields)."""
-    verdict = gate.check(method, target, body, audiences, _table, content_type)
+    """(In a worker.) The verdict, a Forward as (its route's name, its other fields)."""
+    verdict = bounded_check(method, target, body, audiences, content_type, _table, _max_body)
     if len(body) >= TRIM_FROM:
         give_back_memory()
     if isinstance(verdict, gate.GateRefusal):
@@ -67,11 +102,47 @@ class BodyChecks:
 
     def __init__(self, config: Config, table: tuple[routes.Route, ...], processes: int):
         self.config, self.table, self.processes = config, table, processes
+        self.max_body = config.frontend.max_body
         self.by_name = {route.name: route for route in table}
+        self.turns = max(1, processes // 2)  # a user's bodies at the workers at once
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
+        self._turns: dict[str, threading.Semaphore] = {}
+        self._waiting: collections.Counter[str] = collections.Counter()
 
     def check(
+        self,
+        user: str,
+        method: bytes,
+        target: bytes,
+        body: bytes,
+        audiences: frozenset[str],
+        content_type: bytes,
+    ) -> gate.GateRefusal | gate.Forward:
+        """(In a thread.) The gate's verdict on one request of `user`."""
+        if self.processes == 0 or not costly(body):
+            return bounded_check(method, target, body, audiences, content_type, self.table,
+                                 self.max_body)  # fmt: skip
+        with self._turn_of(user):
+            return self._in_worker(method, target, body, audiences, content_type)
+
+    @contextlib.contextmanager
+    def _turn_of(self, user: str) -> Iterator[None]:
+        """One of the user's turns at the workers, waited for (its semaphore dropped when
+        nobody of the user's holds or waits for one)."""
+        with self._lock:
+            turn = self._turns.setdefault(user, threading.Semaphore(self.turns))
+            self._waiting[user] += 1
+        try:
+            with turn:
+                yield
+        finally:
+            with self._lock:
+                self._waiting[user] -= 1
+                if not self._waiting[user]:
+                    del self._waiting[user], self._turns[user]
+
+    def _in_worker(
         self,
         method: bytes,
         target: bytes,
@@ -79,9 +150,6 @@ class BodyChecks:
         audiences: frozenset[str],
         content_type: bytes,
     ) -> gate.GateRefusal | gate.Forward:
-        """(In a thread.) The gate's verdict on one request."""
-        if self.processes == 0 or len(body) < IN_PROCESS_FROM:
-            return gate.check(method, target, body, audiences, self.table, content_type)
         for tries_left in (1, 0):
             pool = self._running_pool()
             try:

@@ -67,7 +67,14 @@ from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
 from aso.frontend.bodychecks import BodyChecks, give_back_memory
-from aso.grid.x509auth import Identity, Refused, TrustStore, key_fault, verify_chain
+from aso.grid.x509auth import (
+    MAX_CHAIN,
+    Identity,
+    Refused,
+    TrustStore,
+    key_fault,
+    verify_chain,
+)
 from aso.store import Server
 
 log = logging.getLogger("aso.frontend")
@@ -1324,12 +1331,6 @@ class FrontEnd(resource.Resource):
         if isinstance(verdict, gate.GateRefusal):
             self._refused(request, who, verdict)
             return
-        if verdict.body is not None and len(verdict.body) > self.config.frontend.max_body:
-            # Re-serialised (non-ASCII escaped, numbers as Python writes them), a body may grow:
-            # 60 MiB of 4-byte characters had become 180 MiB at the embedded store.
-            reason = f"the body as forwarded exceeds frontend.max_body ({len(verdict.body)} bytes)"
-            self._refused(request, who, gate.GateRefusal(413, "too_large", reason))
-            return
         headers = self.identity.ready(who)
         if headers is not None:
             self.forward(request, who, headers, verdict)
@@ -1807,7 +1808,7 @@ def _gate_check(
     """(In a thread.) The gate's verdict on the request as received, its body read here."""
     content = cast(BinaryIO, request.content)
     content.seek(0)
-    return checks.check(request.method, request.uri, content.read(),
+    return checks.check(who.name, request.method, request.uri, content.read(),
                         routes.audiences_of(who.roles),
                         cast(_BoundedRequest, request).aso_content_type)  # fmt: skip
 
@@ -1959,11 +1960,18 @@ def _path(request: server.Request) -> str:
     return request.uri.decode("latin-1").split("?", 1)[0]
 
 
-def _key_in_policy(_conn: Any, cert: Any, _errno: int, _depth: int, _ok: int) -> bool:
+X509_V_ERR_CERT_CHAIN_TOO_LONG = 22  # OpenSSL's x509_vfy.h
+
+
+def _key_in_policy(_conn: Any, cert: Any, errno: int, depth: int, _ok: int) -> bool:
     """OpenSSL's verify callback, during the handshake: a client certificate is taken whatever
     it is (aso.grid.x509auth judges it, and its refusals are HTTP answers), but for a key whose
-    mere use costs the front end (x509auth.key_fault): the handshake fails before the client
-    proves it holds it."""
+    mere use costs the front end (x509auth.key_fault) and a chain longer than
+    x509auth.MAX_CHAIN (each certificate a signature check): the handshake fails before the
+    client proves it holds its key."""
+    if errno == X509_V_ERR_CERT_CHAIN_TOO_LONG or depth >= MAX_CHAIN:
+        REFUSALS.tell("key", "a TLS handshake: a chain of more than %d certificates", MAX_CHAIN)
+        return False
     fault = key_fault(cert.to_cryptography().public_key())
     if fault:
         REFUSALS.tell("key", "a TLS handshake: %s", fault)
@@ -1982,6 +1990,7 @@ class ServerTLS:
         context.use_privatekey_file(str(key))
         context.check_privatekey()
         context.set_verify(SSL.VERIFY_PEER, _key_in_policy)
+        context.set_verify_depth(MAX_CHAIN)  # past it: X509_V_ERR_CERT_CHAIN_TOO_LONG, refused
         # No session resumption: a resumed session keeps the client's certificate but not the
         # proxy chain it sent, so a proxy's issuer would be missing (401) at every resumption.
         context.set_session_cache_mode(SSL.SESS_CACHE_OFF)
