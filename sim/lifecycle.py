@@ -50,6 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from aso import model, sites
+from aso.catalog.embedded import SETTLE_EVERY, SETTLE_LOOKS
 from aso.config import Config, render
 from aso.local.couchdb import node_url
 from aso.local.managed import local_store
@@ -619,6 +620,7 @@ class Simulation:
                     chaos.stop()
                 unfinished = self._drain(injector.injected.ids, progress, sampler)
             drained = time.time()
+            self._let_the_catalog_settle()
             sampler.stop()
             sampler.take()
             store_requests = self._store_requests()
@@ -754,6 +756,14 @@ class Simulation:
                 completed=min(plan.duration, (time.time() - started) * plan.compression),
                 figures=self._figures(len(injector.injected), sampler),
             )
+
+    def _let_the_catalog_settle(self) -> None:
+        """On a cluster, the publishers look at their last blocks again a few seconds after
+        writing them (EmbeddedCatalog.settle: two blocks sharing a file both got past their
+        checks): a service goes on after its last file, so the agents do here for that long
+        before they stop and the catalog is read."""
+        if self.options.nodes > 1 and self.config.publisher.catalog == "embedded":
+            time.sleep(SETTLE_LOOKS[0] + 2 * SETTLE_EVERY)
 
     def _drain(self, ids: set[str], progress: Progress, sampler: Sampler) -> int:
         """Wait until every injected file is final (read back in batches; final files are not
