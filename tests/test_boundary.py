@@ -2086,3 +2086,37 @@ def test_one_user_s_bodies_take_one_turn_at_the_workers(boundary, monkeypatch):
     assert most == {"alice": 1, "bob": 1}, most
     assert started.index("bob") < 3, started  # not behind all of alice's
     assert not checks._turns and not checks._waiting  # nothing kept for users gone
+
+
+# -- the red team's twelfth round ------------------------------------------------------------------
+@pytest.mark.parametrize("limit, sent", [(None, 1000), (5000, 1000), (10, 10)])
+def test_a_long_poll_answers_a_page_at_most(boundary, limit, sent):
+    """A long poll without a limit had answered a whole feed (read whole by the front end,
+    and without a heavy read's turn): it asks for a page at most (routes.MAX_DOC_ROWS), the
+    next from its last_seq, whatever limit it gave."""
+    b = boundary
+    query = "feed=longpoll&since=0" + (f"&limit={limit}" if limit is not None else "")
+    table = routes.table(b.config)
+    made = gate.check(b"GET", f"/{b.files}/_changes?{query}".encode(), b"",
+                      frozenset({routes.USER}), table)  # fmt: skip
+    assert isinstance(made, gate.Forward), made
+    assert f"limit={sent}".encode() in made.target.split(b"?")[1].split(b"&"), made.target
+    assert not made.heavy  # a poll's turn is its own (frontend.polls_per_user)
+    answer = b.call("alice", "GET", f"/{b.files}/_changes?{query}&timeout=1000")
+    assert answer.status_code == 200 and len(answer.json()["results"]) <= sent, answer.text[:300]
+
+
+def test_a_request_with_more_members_than_its_schema_is_refused_before_the_store(boundary):
+    """1000 documents of 990 members each, every one refused by the store's validation, had
+    kept the store busy 9 s a request: a transfer request has at most its schema's fields
+    (and `_id`, `_rev`); one with more is refused by the front end, the store never asked."""
+    b = boundary
+    doc = sample_request("alice")
+    bound = len(model.REQUEST_SCHEMA["fields"]) + 2
+    wide = {**doc, **{f"k{i}": i for i in range(bound)}}
+    before = snapshot(b)
+    answer = b.call("alice", "POST", f"/{b.files}/_bulk_docs", json={"docs": [wide] * 3})
+    refused(answer, 400, f"at most {bound}")
+    refused(b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=wide), 400, "members")
+    assert snapshot(b) == before
+    alive(b)

@@ -814,6 +814,78 @@ def test_a_body_whole_before_its_chain_verifies_is_its_user_s(
     assert b"\r\nretry-after: 5\r\n" in busy.lower() and b"try again later" in busy, busy
 
 
+def test_one_user_s_writes_go_to_the_store_two_at_a_time(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """The store validates every document of a write in JavaScript: a user's bulk writes of
+    documents it refused one by one had kept it busy for every other user (red team round
+    12). A user's writes go to the store WRITES_PER_USER at a time, the rest in that user's
+    turn; another user's write goes meanwhile."""
+    sent: list[tuple[str, Any]] = []
+
+    def held(self: Any, request: Any, who: Mapped, *_: Any, **__: Any) -> None:
+        sent.append((who.name, request))
+
+    monkeypatch.setattr(frontend_module.FrontEnd, "_send", held)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+
+    def write(who: str, cert: Any) -> int:
+        doc = sample_request(who)
+        return call(url, pki, cert, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code
+
+    with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(5) as pool:
+        daves = [pool.submit(write, "dave", dave) for _ in range(4)]
+        wait_until(lambda: len(sent) >= frontend_module.WRITES_PER_USER, 30, "dave's first writes")
+        time.sleep(0.5)  # dave's others wait their turn
+        assert [who for who, _ in sent] == ["dave"] * frontend_module.WRITES_PER_USER
+        carols = pool.submit(write, "carol", carol)
+        wait_until(lambda: any(who == "carol" for who, _ in sent), 30, "carol's write sent")
+        for _, request in list(sent):  # the store's answers: dave's next ones go
+            running_reactor.callFromThread(finish_with, request, 201)
+        wait_until(lambda: len(sent) == 5, 30, "dave's other writes sent in their turn")
+        for _, request in sent[3:]:
+            running_reactor.callFromThread(finish_with, request, 201)
+        assert sorted(f.result(30) for f in [*daves, carols]) == [201] * 5
+
+
+def test_a_creation_s_answer_is_parsed_for_conflicts_only_when_it_has_one(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Every creation's body (9 MB of them) had been parsed again on the reactor's thread to
+    look for conflicts: now only an answer that names a conflict is, and in a thread."""
+    from twisted.python.threadable import isInIOThread
+
+    calls: list[bool] = []
+    real = frontend_module.conflicts_of
+
+    def recorded(made: Any, answer: bytes) -> Any:
+        calls.append(isInIOThread())
+        return real(made, answer)
+
+    monkeypatch.setattr(frontend_module, "conflicts_of", recorded)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    docs = [sample_request("dave") for _ in range(3)]
+    with frontend_in_process(running_reactor, config) as url:
+        bulk = f"/{files_db}/_bulk_docs"
+        first = call(url, pki, dave, "POST", bulk, json={"docs": docs})
+        assert first.status_code == 201 and all(r.get("ok") for r in first.json()), first.text
+        assert calls == []
+        again = call(url, pki, dave, "POST", bulk, json={"docs": docs})
+        assert [r.get("error") for r in again.json()] == ["conflict"] * 3, again.text
+        assert "already recorded" in again.json()[0]["reason"], again.text
+    assert calls == [False]
+
+
+def finish_with(request: Any, status: int) -> None:
+    """(On the reactor.) A request answered as the store would have."""
+    if not request.finished:
+        request.setResponseCode(status)
+        request.write(b'{"ok": true}\n')
+        request.finish()
+
+
 def read_to_end(connection: Any) -> bytes:
     answer = b""
     with contextlib.suppress(OSError):

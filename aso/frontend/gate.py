@@ -321,11 +321,16 @@ def _build(
             nodes = sequences.check(str(given["since"]))
         except sequences.Invalid as exc:
             return _bad(f"since must be {exc}")
+    longpoll = route.kind == "poll" and given.get("feed") == "longpoll"
+    if longpoll and given.get("limit", routes.MAX_LIMIT + 1) > routes.MAX_DOC_ROWS:
+        # A page at most, the next from its last_seq: a long poll without a limit had answered
+        # a whole feed, read whole by the front end, without a heavy read's turn.
+        params["limit"] = routes.MAX_DOC_ROWS
     # A long poll's slot would be held for its whole wait: it is bounded by its limit alone.
-    heavy = (with_docs or _unpaged(route, {**given, **params})) and given.get("feed") != "longpoll"
+    heavy = (with_docs or _unpaged(route, {**given, **params})) and not longpoll
     poll_ms, since = None, None
     heartbeat = params.pop("heartbeat", None)
-    if route.kind == "poll" and params.get("feed") == "longpoll":
+    if longpoll:
         poll_ms = min(params.get("timeout", routes.MAX_POLL_MS), routes.MAX_POLL_MS)
         params["timeout"] = poll_ms
         since = str(params.get("since", "0"))
