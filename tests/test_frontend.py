@@ -786,7 +786,18 @@ def test_a_body_whole_before_its_chain_verifies_is_its_user_s(
             assert release.wait(120), "dave's check was never released"
         return identity
 
+    # Each body's check waits too, so that the first body verified still holds its bytes when
+    # the second's verdict comes (spaces are judged at once: under load the first had been
+    # answered, its bytes given back, before the second was verified).
+    checked = threading.Event()
+    check = frontend_module.BodyChecks.check
+
+    def held_check(self: Any, *args: Any) -> Any:
+        assert checked.wait(120), "the checks were never released"
+        return check(self, *args)
+
     monkeypatch.setattr(frontend_module, "verify_chain", held_for_dave)
+    monkeypatch.setattr(frontend_module.BodyChecks, "check", held_check)
     config = frontend_config(store_config, pki, files_db, tmp_path)
     mib = 1 << 20
     config.frontend = dataclasses.replace(config.frontend, max_body=mib, body_processes=0,
@@ -803,9 +814,12 @@ def test_a_body_whole_before_its_chain_verifies_is_its_user_s(
                 each.sendall(head.encode() + b" " * length)
             time.sleep(1)  # both bodies whole at the front end, dave's chain still checked
             release.set()
+            time.sleep(1)  # both verified: one body judged (held), the other past his room
+            checked.set()
             answers = [read_to_end(each) for each in connections]
         finally:
             release.set()
+            checked.set()
             for each in connections:
                 each.close()
     statuses = sorted(int(answer.split(b" ", 2)[1]) for answer in answers)
