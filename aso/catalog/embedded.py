@@ -18,9 +18,10 @@ Publishing is idempotent and race-safe:
   pre-insert check decides). The block that stays is never removed, so a file is never left
   in two blocks; in the rare case where both racers see each other, both step back and retry.
 * so a block another publisher wrote is relied on (its files recorded published in it: "already
-  published", or held elsewhere) only when no other block shares a file with it, and once read
-  at the quorum: a block about to be withdrawn, or withdrawn already on the copy a cluster's
-  view read, left files recorded published in no block. Else a retryable error.
+  published", or held elsewhere) only when no other block shares any of its files, once read
+  at the quorum, and on a cluster once older than its writer's check after the write: a block
+  about to be withdrawn, or withdrawn already on the copy a cluster's view read, left files
+  recorded published in no block. Else a retryable error.
 * on a cluster both checks read one copy of each shard, so two blocks sharing a file may both
   pass them: each publisher looks at its blocks again for a while (`settle`), and of blocks
   sharing a file the later by name is withdrawn once its other files are in a block of their
@@ -342,6 +343,7 @@ class EmbeddedCatalog(Catalog):
                 retryable=True,
             )
         elsewhere = {lfn: held[0] for lfn, held in holders.items()}
+        others: list[dict[str, Any]] = []
         for other in sorted(set(elsewhere.values())):
             try:
                 stored = self.db.get(other)
@@ -359,7 +361,40 @@ class EmbeddedCatalog(Catalog):
                     "which does not hold it (withdrawn, or a copy behind): tried again",
                     retryable=True,
                 )
+            others += [stored] if stored else []
+        # The holders' own other files count too: a holder sharing one with a third block is
+        # withdrawn by its writer, taking this block's files with it.
+        unsettled = self._unsettled(others)
+        if unsettled:
+            return CatalogError(f"block {block.name}: {unsettled}: tried again", retryable=True)
         return BlockConflict(elsewhere_message(block, elsewhere), elsewhere)
+
+    def _unsettled(self, docs: Sequence[Mapping[str, Any]]) -> str | None:
+        """Why blocks read at the quorum (another publisher's, maybe) cannot have files recorded
+        published in them yet, or None. A block sharing a file with another is withdrawn by its
+        writer's check after the write (or `settle`); on a cluster that check may see a block
+        this one's view missed, so a block younger than its writer's check is not relied on."""
+        now = self._clock()
+        young = [d for d in docs if now - d.get("created", 0) < SETTLE_LOOKS[0]]
+        if young and self._keeps_copies():
+            return f"block {young[0]['_id']} is too young to rely on (its writer may withdraw it)"
+        holders: dict[str, set[str]] = {}
+        for doc in docs:
+            for f in doc["files"]:
+                holders.setdefault(f["lfn"], set()).add(doc["_id"])
+        try:
+            rows = self.db.view(DDOC, "files", keys=sorted(holders)).rows
+        except StoreError as exc:
+            return f"the catalog's files not read: {exc}"
+        for r in rows:
+            holders[r["key"]].add(r["value"]["block"])
+        shared = sorted(lfn for lfn, held in holders.items() if len(held) > 1)
+        if shared:
+            return (
+                f"{shared[0]} is in {len(holders[shared[0]])} blocks at once (published at the "
+                "same moment; one is withdrawn)"
+            )
+        return None
 
     def _ensure_datasets(self, blocks: Sequence[Block]) -> dict[str, str]:
         """The datasets of these blocks created if new, in one bulk write; {dataset: why} of
@@ -401,12 +436,9 @@ class EmbeddedCatalog(Catalog):
         if stored_lfns == block.lfns():
             # Its writer withdraws it if another block holds one of its files (published at
             # the same moment): not "already published" until that is settled.
-            elsewhere = self._elsewhere_of([block])[0]
-            if elsewhere:
-                raise CatalogError(
-                    elsewhere_message(block, elsewhere) + " (published at the same moment)",
-                    retryable=True,
-                )
+            unsettled = self._unsettled([stored])
+            if unsettled:
+                raise CatalogError(f"block {block.name}: {unsettled}", retryable=True)
             log.debug("block %s was already published", block.name)
             return False
         raise BlockConflict(content_message(block.name, stored_lfns, block.lfns()))
@@ -512,13 +544,18 @@ class EmbeddedCatalog(Catalog):
 
     def _to_look_at(self, name: str, lfns: Sequence[str]) -> None:
         """A block written here, to look at again if the store keeps copies that may lag."""
+        if self._keeps_copies(unknown=False):  # not known yet: the next block asks again
+            self._written[name] = _Written(self._clock(), tuple(lfns))
+
+    def _keeps_copies(self, unknown: bool = True) -> bool:
+        """The store keeps several copies of each document (a cluster), whose reads may lag;
+        `unknown` if the store cannot tell now."""
         if self._copies is None:
             try:
                 self._copies = int((self.db.info().get("cluster") or {}).get("n", 1))
             except StoreError:
-                return  # not known yet: the next block asks again
-        if self._copies > 1:
-            self._written[name] = _Written(self._clock(), tuple(lfns))
+                return unknown
+        return self._copies > 1
 
     # -- reading ----------------------------------------------------------------------------
 
