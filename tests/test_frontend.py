@@ -741,12 +741,9 @@ def frontend_in_process(reactor: Any, config: Config) -> Iterator[str]:
         blockingCallFromThread(reactor, listening.stopListening)
 
 
-def test_a_slow_certificate_check_holds_up_no_other_client(
-    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
-):
-    """Certificate and CRL checks run off the reactor thread (issue 19): while dave's check is
-    held (a CRL being read, say), carol's request is answered; on the reactor thread, carol's
-    request would wait for dave's check, which this test releases only after carol's answer."""
+def daves_check_held(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """dave's certificate checks wait until the event returned is set (a CRL being read,
+    say); others' go on."""
     release = threading.Event()
     verify = frontend_module.verify_chain
 
@@ -757,6 +754,16 @@ def test_a_slow_certificate_check_holds_up_no_other_client(
         return identity
 
     monkeypatch.setattr(frontend_module, "verify_chain", held_for_dave)
+    return release
+
+
+def test_a_slow_certificate_check_holds_up_no_other_client(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Certificate and CRL checks run off the reactor thread (issue 19): while dave's check is
+    held (a CRL being read, say), carol's request is answered; on the reactor thread, carol's
+    request would wait for dave's check, which this test releases only after carol's answer."""
+    release = daves_check_held(monkeypatch)
     config = frontend_config(store_config, pki, files_db, tmp_path)
     dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
     with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(1) as pool:
@@ -777,15 +784,7 @@ def test_a_body_whole_before_its_chain_verifies_is_its_user_s(
     user. A body that came whole before the verdict had stayed its address's: dave, from two
     addresses, held twice his room. Now the verdict moves it to him, and the body past his
     room gets 503 with Retry-After (the other is judged: spaces are no JSON)."""
-    release = threading.Event()
-    verify = frontend_module.verify_chain
-
-    def held_for_dave(chain: Any, trust: Any, **kw: Any) -> Any:
-        identity = verify(chain, trust, **kw)
-        if identity.dn.endswith("CN=dave"):
-            assert release.wait(120), "dave's check was never released"
-        return identity
-
+    release = daves_check_held(monkeypatch)
     # Each body's check waits too, so that the first body verified still holds its bytes when
     # the second's verdict comes (spaces are judged at once: under load the first had been
     # answered, its bytes given back, before the second was verified).
@@ -796,7 +795,6 @@ def test_a_body_whole_before_its_chain_verifies_is_its_user_s(
         assert checked.wait(120), "the checks were never released"
         return check(self, *args)
 
-    monkeypatch.setattr(frontend_module, "verify_chain", held_for_dave)
     monkeypatch.setattr(frontend_module.BodyChecks, "check", held_check)
     config = frontend_config(store_config, pki, files_db, tmp_path)
     mib = 1 << 20

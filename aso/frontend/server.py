@@ -1385,10 +1385,10 @@ class FrontEnd(resource.Resource):
             self._poll_from_now(request, who, headers, made)
             return
         # After `now` is read: a poll that waits its turn must not lose what is written meanwhile.
-        if made.poll_ms is not None and _user_only(who) and not _holds_poll_slot(request):
+        if made.poll_ms is not None and _user_only(who) and not _holds(request, POLL_SLOT):
             self._poll_slot(request, who, identity, made)
             return
-        if made.route.kind in WRITES and _user_only(who) and not _holds_write_slot(request):
+        if made.route.kind in WRITES and _user_only(who) and not _holds(request, WRITE_SLOT):
             self._write_slot(request, who, identity, made)
             return
         if made.heavy or (made.with_docs and not _is_agent(who)):
@@ -1411,12 +1411,8 @@ class FrontEnd(resource.Resource):
         slot = self.writes.take_for(request, who.name, shared=False)
 
         def taken(release: Callable[[], None]) -> None:
-            if _client_gone(request):  # notifyFinish would never fire
-                release()
-                return
-            request.notifyFinish().addBoth(lambda _: release())
-            request.aso_write_slot = True  # type: ignore[attr-defined]  # ASO's own mark
-            self.forward(request, who, identity, made)
+            if _held_to_its_end(request, release, WRITE_SLOT):
+                self.forward(request, who, identity, made)
 
         slot.addCallback(taken)
         slot.addErrback(self._failed, request)
@@ -1433,12 +1429,8 @@ class FrontEnd(resource.Resource):
         slot = self.polls.take_for(request, who.name, wait=made.poll_ms / 1000)
 
         def taken(release: Callable[[], None]) -> None:
-            if _client_gone(request):  # notifyFinish would never fire
-                release()
-                return
-            request.notifyFinish().addBoth(lambda _: release())
-            request.aso_poll_slot = True  # type: ignore[attr-defined]  # ASO's own mark
-            self.forward(request, who, identity, _less_time(made, asked_at))
+            if _held_to_its_end(request, release, POLL_SLOT):
+                self.forward(request, who, identity, _less_time(made, asked_at))
 
         def waited_out(failure: Any) -> None:
             failure.trap(Busy)
@@ -1762,12 +1754,23 @@ def _quiet_body(made: gate.Forward) -> bytes:
     )
 
 
-def _holds_poll_slot(request: server.Request) -> bool:
-    return bool(getattr(request, "aso_poll_slot", False))
+# A request's marks (set on it) that it holds a slot of its kind, taken once before it is sent.
+WRITE_SLOT, POLL_SLOT = "aso_write_slot", "aso_poll_slot"
 
 
-def _holds_write_slot(request: server.Request) -> bool:
-    return bool(getattr(request, "aso_write_slot", False))
+def _holds(request: server.Request, mark: str) -> bool:
+    return bool(getattr(request, mark, False))
+
+
+def _held_to_its_end(request: server.Request, release: Callable[[], None], mark: str) -> bool:
+    """A slot taken for `request`: held until its answer ends, and `mark` set on it; False
+    (and the slot given back) if its client left meanwhile."""
+    if _client_gone(request):  # notifyFinish would never fire
+        release()
+        return False
+    request.notifyFinish().addBoth(lambda _: release())
+    setattr(request, mark, True)
+    return True
 
 
 def _user_only(who: Mapped) -> bool:
