@@ -383,11 +383,10 @@ class EmbeddedCatalog(Catalog):
             for f in doc["files"]:
                 holders.setdefault(f["lfn"], set()).add(doc["_id"])
         try:
-            rows = self.db.view(DDOC, "files", keys=sorted(holders)).rows
+            for lfn, blocks in self._blocks_holding(sorted(holders)).items():
+                holders[lfn] |= blocks
         except StoreError as exc:
             return f"the catalog's files not read: {exc}"
-        for r in rows:
-            holders[r["key"]].add(r["value"]["block"])
         shared = sorted(lfn for lfn, held in holders.items() if len(held) > 1)
         if shared:
             return (
@@ -468,12 +467,8 @@ class EmbeddedCatalog(Catalog):
         self._settled_at = now
         due = [w for w in self._written.values() if now - w.at >= SETTLE_LOOKS[w.looks]]
         lfns = sorted({lfn for w in due for lfn in w.lfns})
-        holders: dict[str, set[str]] = {}
         try:
-            for start in range(0, len(lfns), SETTLE_KEYS):
-                keys = lfns[start : start + SETTLE_KEYS]
-                for r in self.db.view(DDOC, "files", keys=keys).rows:
-                    holders.setdefault(r["key"], set()).add(r["value"]["block"])
+            holders = self._blocks_holding(lfns)
         except StoreError as exc:
             log.warning("blocks written lately not looked at again: %s", exc)
             return 0
@@ -482,6 +477,15 @@ class EmbeddedCatalog(Catalog):
         self._written = {n: w for n, w in self._written.items() if w.looks < len(SETTLE_LOOKS)}
         shared = sorted({b for held in holders.values() if len(held) > 1 for b in held})
         return self.settle_blocks(shared) if shared else 0
+
+    def _blocks_holding(self, lfns: Sequence[str]) -> dict[str, set[str]]:
+        """{LFN: the blocks the `files` view has it in} of these LFNs, SETTLE_KEYS a read."""
+        holders: dict[str, set[str]] = {}
+        for start in range(0, len(lfns), SETTLE_KEYS):
+            keys = lfns[start : start + SETTLE_KEYS]
+            for r in self.db.view(DDOC, "files", keys=keys).rows:
+                holders.setdefault(r["key"], set()).add(r["value"]["block"])
+        return holders
 
     def settle_blocks(self, names: Sequence[str]) -> int:
         """Blocks that may share files, read at the quorum, settled by a fixed order (their
