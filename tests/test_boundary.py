@@ -2073,7 +2073,7 @@ def test_one_user_s_bodies_take_one_turn_at_the_workers(boundary, monkeypatch):
 
     def check(who: str, n: int) -> None:
         threading.current_thread().name = f"{who}:{n}"
-        checks.check(who, b"POST", b"/x", body, frozenset(), b"application/json")
+        checks.check(who, bodychecks.Asked(b"POST", b"/x", body, frozenset(), b"application/json"))
 
     threads_ = [threading.Thread(target=check, args=("alice", n)) for n in range(4)]
     for t in threads_:

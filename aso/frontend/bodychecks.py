@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from aso.config import Config
@@ -61,19 +61,27 @@ def costly(body: bytes) -> bool:
     return body.count(b",") + body.count(b"{") + body.count(b"[") >= IN_PROCESS_VALUES
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A request as the gate judges it: its method, target, body, the audiences of the user's
+    roles and the content type it came with (picklable: it travels to the workers)."""
+
+    method: bytes
+    target: bytes
+    body: bytes
+    audiences: frozenset[str]
+    content_type: bytes
+
+
 def bounded_check(
-    method: bytes,
-    target: bytes,
-    body: bytes,
-    audiences: frozenset[str],
-    content_type: bytes,
-    table: tuple[routes.Route, ...],
-    max_body: int,
+    asked: Asked, table: tuple[routes.Route, ...], max_body: int
 ) -> gate.GateRefusal | gate.Forward:
     """gate.check's verdict, and a body that would be forwarded larger than `max_body` refused:
     re-serialised (non-ASCII escaped, numbers as Python writes them), a body may grow (60 MiB
     of 4-byte characters had become 180 MiB)."""
-    verdict = gate.check(method, target, body, audiences, table, content_type)
+    verdict = gate.check(
+        asked.method, asked.target, asked.body, asked.audiences, table, asked.content_type
+    )
     if isinstance(verdict, gate.Forward) and verdict.body and len(verdict.body) > max_body:
         reason = f"the body as forwarded exceeds frontend.max_body ({len(verdict.body)} bytes)"
         return gate.GateRefusal(413, "too_large", reason)
@@ -85,12 +93,10 @@ def _start_worker(config: Config) -> None:
     _table, _max_body = routes.table(config), config.frontend.max_body
 
 
-def _check_in_worker(
-    method: bytes, target: bytes, body: bytes, audiences: frozenset[str], content_type: bytes
-) -> gate.GateRefusal | tuple[str, dict[str, Any]]:
+def _check_in_worker(asked: Asked) -> gate.GateRefusal | tuple[str, dict[str, Any]]:
     """(In a worker.) The verdict, a Forward as (its route's name, its other fields)."""
-    verdict = bounded_check(method, target, body, audiences, content_type, _table, _max_body)
-    if len(body) >= TRIM_FROM:
+    verdict = bounded_check(asked, _table, _max_body)
+    if len(asked.body) >= TRIM_FROM:
         give_back_memory()
     if isinstance(verdict, gate.GateRefusal):
         return verdict
@@ -110,21 +116,12 @@ class BodyChecks:
         self._turns: dict[str, threading.Semaphore] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
 
-    def check(
-        self,
-        user: str,
-        method: bytes,
-        target: bytes,
-        body: bytes,
-        audiences: frozenset[str],
-        content_type: bytes,
-    ) -> gate.GateRefusal | gate.Forward:
+    def check(self, user: str, asked: Asked) -> gate.GateRefusal | gate.Forward:
         """(In a thread.) The gate's verdict on one request of `user`."""
-        if self.processes == 0 or not costly(body):
-            return bounded_check(method, target, body, audiences, content_type, self.table,
-                                 self.max_body)  # fmt: skip
+        if self.processes == 0 or not costly(asked.body):
+            return bounded_check(asked, self.table, self.max_body)
         with self._turn_of(user):
-            return self._in_worker(method, target, body, audiences, content_type)
+            return self._in_worker(asked)
 
     @contextlib.contextmanager
     def _turn_of(self, user: str) -> Iterator[None]:
@@ -142,20 +139,11 @@ class BodyChecks:
                 if not self._waiting[user]:
                     del self._waiting[user], self._turns[user]
 
-    def _in_worker(
-        self,
-        method: bytes,
-        target: bytes,
-        body: bytes,
-        audiences: frozenset[str],
-        content_type: bytes,
-    ) -> gate.GateRefusal | gate.Forward:
+    def _in_worker(self, asked: Asked) -> gate.GateRefusal | gate.Forward:
         for tries_left in (1, 0):
             pool = self._running_pool()
             try:
-                outcome = pool.submit(
-                    _check_in_worker, method, target, body, audiences, content_type
-                ).result()
+                outcome = pool.submit(_check_in_worker, asked).result()
                 break
             except BrokenProcessPool:
                 # A worker died (killed, out of memory): new ones, and the body is checked

@@ -66,7 +66,7 @@ from zope.interface import implementer
 from aso import metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
-from aso.frontend.bodychecks import BodyChecks, give_back_memory
+from aso.frontend.bodychecks import Asked, BodyChecks, give_back_memory
 from aso.grid.x509auth import (
     MAX_CHAIN,
     Identity,
@@ -1846,9 +1846,14 @@ def _gate_check(
     """(In a thread.) The gate's verdict on the request as received, its body read here."""
     content = cast(BinaryIO, request.content)
     content.seek(0)
-    return checks.check(who.name, request.method, request.uri, content.read(),
-                        routes.audiences_of(who.roles),
-                        cast(_BoundedRequest, request).aso_content_type)  # fmt: skip
+    asked = Asked(
+        request.method,
+        request.uri,
+        content.read(),
+        routes.audiences_of(who.roles),
+        cast(_BoundedRequest, request).aso_content_type,
+    )
+    return checks.check(who.name, asked)
 
 
 def _after(result: T, done: Callable[[], None]) -> T:
