@@ -491,6 +491,12 @@ class FrontendConfig:
     polls: int = _key(
         64, "Long polls of all users held at the store at once (agents' not counted)."
     )
+    user_docs_per_second: int = _key(
+        100,
+        "Documents one user writes per second on average (a bulk write of up to 1000 goes at "
+        "once, then the user's next writes wait their turn in the front end): the store "
+        "validates and indexes each one (agents' and operators' writes are not paced).",
+    )
     connections: int = _key(
         8192,
         "Client connections open at once; past it a new one is closed at once, before its TLS "
@@ -703,6 +709,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "publisher.blocks_per_call": (1, 1000),
     "publisher.max_block_bytes": (MIN_BLOCK_BYTES, MAX_WRITTEN_DOC_CHARS // 2),
     "frontend.polls_per_user": (1, 1000),
+    "frontend.user_docs_per_second": (1, 1_000_000),
     "frontend.polls": (1, 10000),
     "frontend.connections": (1, 1_000_000),
     "frontend.connections_per_address": (1, 1_000_000),

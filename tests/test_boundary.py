@@ -981,6 +981,35 @@ def test_a_wait_for_a_slot_ends_when_its_client_leaves_and_the_shared_cap_holds(
 
 
 @pytest.mark.parametrize(
+    "method, query, heavy",
+    [("GET", 'filter=_doc_ids&doc_ids=["nope"]&limit=5', True),
+     ("POST", "filter=_doc_ids&limit=5", True),
+     ("GET", 'filter=_doc_ids&doc_ids=["nope"]&feed=longpoll&limit=5', False)],
+)  # fmt: skip
+def test_a_filtered_changes_batch_waits_in_its_user_s_turn(boundary, method, query, heavy):
+    """A filtered `_changes` batch makes the store read every change from `since`, whatever its
+    limit: alice's flood of them (1 s each on a 59k-change history) had slowed bob's reads 7 to
+    16 times. It takes a heavy read's slot in its user's turn; a long poll takes a poll's."""
+    b = boundary
+    target = f"/{b.files}/_changes?{query}".encode()
+    body = b'{"doc_ids": ["nope"]}' if method == "POST" else b""
+    made = gate.check(method.encode(), target, body, frozenset({routes.USER}),
+                      routes.table(b.config))  # fmt: skip
+    assert isinstance(made, gate.Forward) and made.heavy is heavy
+    if method != "GET" or not heavy:
+        return
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        burst = [pool.submit(b.call, "alice", "GET", target.decode()) for _ in range(20)]
+        bobs = b.call("bob", "GET", target.decode(), timeout=60)
+        codes = {f.result().status_code for f in burst}
+    assert bobs.status_code == 200 and bobs.json()["results"] == [], bobs.text[:300]
+    assert codes <= {200, 503}, codes
+    alive(b)
+
+
+@pytest.mark.parametrize(
     "query, heavy",
     [("group=true", True), ("", True), ("reduce=true&limit=5", True), ("group_level=1", True),
      ("reduce=false", True), ("reduce=false&limit=10000", True), ("reduce=false&limit=1001", True),

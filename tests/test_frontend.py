@@ -861,6 +861,59 @@ def test_one_user_s_writes_go_to_the_store_two_at_a_time(
         assert sorted(f.result(30) for f in [*daves, carols]) == [201] * 5
 
 
+def test_a_user_s_documents_are_paced_a_burst_at_once_then_at_the_rate():
+    """Pace: a write goes at once while the user's allowance holds its documents (at most the
+    burst), then the user's next writes wait for the allowance to refill at the rate; another
+    user's allowance is their own."""
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    pace = frontend_module.Pace(clock, rate=100, burst=1000)
+    assert pace.delay("dave", 1000) == 0  # the burst goes at once
+    assert pace.delay("carol", 1000) == 0  # carol's allowance is her own
+    assert pace.delay("dave", 500) == pytest.approx(5.0)  # 500 more: 5 s at 100 a second
+    assert pace.delay("dave", 1) == pytest.approx(5.01)  # behind the 500 already granted
+    clock.advance(30)  # 2,499 documents' worth: the allowance is full (the burst) again
+    assert pace.delay("dave", 1000) == 0
+    assert pace.delay("dave", 1000) == pytest.approx(10.0)  # nothing kept beyond the burst
+
+
+def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """A user's 1,000-document bulk writes, two at a time, had slowed bob's reads 60 times on
+    the embedded store (red team round 13): past a burst of 1,000, a user's documents go to the
+    store at frontend.user_docs_per_second; another user's write goes meanwhile."""
+    sent: list[tuple[str, Any]] = []
+
+    def held(self: Any, request: Any, who: Mapped, *_: Any, **__: Any) -> None:
+        sent.append((who.name, request))
+        running_reactor.callLater(0, finish_with, request, 201)
+
+    monkeypatch.setattr(frontend_module.FrontEnd, "_send", held)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    config.frontend = dataclasses.replace(config.frontend, user_docs_per_second=200)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    bulk = {"docs": [sample_request("dave") for _ in range(1000)]}
+
+    def write(who: str, cert: Any) -> int:
+        if who == "dave":
+            return call(url, pki, cert, "POST", f"/{files_db}/_bulk_docs", json=bulk).status_code
+        doc = sample_request(who)
+        return call(url, pki, cert, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code
+
+    with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(3) as pool:
+        assert write("dave", dave) == 201  # the burst: at once
+        daves = pool.submit(write, "dave", dave)  # 1,000 more: 5 s later
+        time.sleep(0.5)
+        carols = pool.submit(write, "carol", carol)
+        wait_until(lambda: any(who == "carol" for who, _ in sent), 30, "carol's write sent")
+        assert [who for who, _ in sent] == ["dave", "carol"]  # dave's second still waits
+        assert carols.result(30) == 201
+        assert daves.result(60) == 201
+    assert [who for who, _ in sent] == ["dave", "carol", "dave"]
+
+
 def test_a_creation_s_answer_is_parsed_for_conflicts_only_when_it_has_one(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

@@ -50,6 +50,7 @@ class Forward:
     # the store nodes `since` names: forwarded only once the store itself has named them
     nodes: frozenset[str] = frozenset()
     with_docs: bool = False  # carries documents (include_docs), heavy or not
+    documents: int = 0  # documents a write carries (a user's: frontend.user_docs_per_second)
 
 
 def _bad(reason: str) -> GateRefusal:
@@ -291,7 +292,7 @@ def _build(
             params[name] = kind.from_text(text)
         except Invalid as exc:
             return _bad(f"query parameter {name[:100]} must be {exc}")
-    sent, options = _body(route, variables, body, content_type)
+    sent, options, documents = _body(route, variables, body, content_type)
     if isinstance(sent, GateRefusal):
         return sent
     twice = sorted(set(params) & set(options))
@@ -336,7 +337,9 @@ def _build(
         since = str(params.get("since", "0"))
     target = _target(route, variables, params)
     beat = heartbeat if poll_ms else None
-    return Forward(route, method, target, sent, poll_ms, since, beat, heavy, nodes, with_docs)
+    return Forward(
+        route, method, target, sent, poll_ms, since, beat, heavy, nodes, with_docs, documents
+    )
 
 
 def with_since(made: Forward, since: str) -> Forward:
@@ -354,43 +357,49 @@ def with_since(made: Forward, since: str) -> Forward:
 
 def _body(
     route: Route, variables: dict[str, str], body: bytes, content_type: bytes
-) -> tuple[bytes | GateRefusal | None, dict[str, Any]]:
-    """The body to send (None: none) and the options it carries."""
+) -> tuple[bytes | GateRefusal | None, dict[str, Any], int]:
+    """The body to send (None: none), the options it carries and the documents it writes."""
     if route.body is None:
         if body.strip():
-            return _bad(f"{route.method} {route.template} takes no body"), {}
-        return None, {}
+            return _bad(f"{route.method} {route.template} takes no body"), {}, 0
+        return None, {}, 0
     if body.strip() and content_type.split(b";")[0].strip().lower() != b"application/json":
         # A page of another site may send a form or text/plain without asking first; a JSON
         # body needs the browser to ask (CORS), and the front end answers no one.
         return GateRefusal(415, "unsupported_media_type", "a body is sent as application/json "
-                           f"(not {content_type.decode('latin-1')[:60]!r})"), {}  # fmt: skip
+                           f"(not {content_type.decode('latin-1')[:60]!r})"), {}, 0  # fmt: skip
     if not body.strip():
         if isinstance(route.body, routes.Options):
-            return None, {}
-        return _bad(f"{route.method} {route.template} needs a JSON body"), {}
+            return None, {}, 0
+        return _bad(f"{route.method} {route.template} needs a JSON body"), {}, 0
     try:
         data = routes.parse_json(body, "the body")
         value = route.body.read(data, variables.get("doc_id"))
     except routes.TooLarge as exc:
-        return GateRefusal(413, "too_large", str(exc)[:600]), {}
+        return GateRefusal(413, "too_large", str(exc)[:600]), {}, 0
     except Invalid as exc:
-        return _bad(str(exc)[:600]), {}
+        return _bad(str(exc)[:600]), {}, 0
     options = value if isinstance(route.body, routes.Options) else {}
-    return routes.dumps(value).encode(), options
+    if isinstance(route.body, routes.Bulk):
+        documents = len(value["docs"])
+    else:
+        documents = int(isinstance(route.body, routes.Document))
+    return routes.dumps(value).encode(), options, documents
 
 
 def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     """A read whose cost is not bounded by a page: a reduce (the embedded store reduces every
-    row of the range per read: 60 grouped reads of 3,000 rows had stalled everyone 13 s), or
-    rows without a limit or with one over a page (bursts of 10,000-row reads had held bob's
-    reads 15 s)."""
-    if route.kind not in ("read", "poll") or not {"_view", "_all_docs", "_changes"} & set(
-        s for s in route.path if isinstance(s, str)
-    ):
+    row of the range per read: 60 grouped reads of 3,000 rows had stalled everyone 13 s), rows
+    without a limit or with one over a page (bursts of 10,000-row reads had held bob's reads
+    15 s), or a filtered `_changes` batch (the store reads every change from `since` to find
+    those of the ids, whatever the limit: 1 s a read of a 59k-change history, and a flood of
+    them had slowed bob's reads 7 to 16 times)."""
+    literals = {s for s in route.path if isinstance(s, str)}
+    if route.kind not in ("read", "poll") or not {"_view", "_all_docs", "_changes"} & literals:
         return False
     reduces = "reduce" in route.query and given.get("reduce") is not False
-    return reduces or "limit" not in given or given["limit"] > routes.MAX_DOC_ROWS
+    scans = "_changes" in literals and "filter" in given
+    return reduces or scans or "limit" not in given or given["limit"] > routes.MAX_DOC_ROWS
 
 
 # Ids starting with `_` (the store's: design documents) sort from "_" to "`" on both stores
