@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 import erlang
@@ -978,6 +978,29 @@ def test_a_wait_for_a_slot_ends_when_its_client_leaves_and_the_shared_cap_holds(
     clock.advance(11)
     assert late[0].check(frontend.Busy)  # given Busy at its time
     assert not slots.shared.waiting
+
+
+def test_a_user_s_filtered_batch_that_finds_nothing_goes_on_past_what_it_read(boundary):
+    """EMBEDDED_FILTERED_LAST_SEQ (red team round 13): the embedded store ended a batch filtered
+    by ids at `since` when it found none of them, so a client following the documented cursor
+    over quiet files read the same, growing history at every poll. Through the front end, the
+    batch's `last_seq` is past every change it read, on both stores."""
+    b = boundary
+    first, later = sample_request("alice"), sample_request("alice")
+    assert b.call("alice", "PUT", f"/{b.files}/{first['_id']}", json=first).status_code == 201
+    feed = f"/{b.files}/_changes?filter=_doc_ids"
+
+    def batch(since: Any, ids: list[str]) -> dict[str, Any]:
+        answer = b.call("alice", "POST", f"{feed}&since={since}", json={"doc_ids": ids})
+        assert answer.status_code == 200, answer.text[:300]
+        return cast(dict[str, Any], answer.json())
+
+    quiet = batch(0, ["0" * 64])
+    assert quiet["results"] == [] and quiet["last_seq"] not in (0, "0")
+    assert batch(quiet["last_seq"], [first["_id"]])["results"] == []  # read already
+    assert b.call("alice", "PUT", f"/{b.files}/{later['_id']}", json=later).status_code == 201
+    after = batch(quiet["last_seq"], [first["_id"], later["_id"]])
+    assert [c["id"] for c in after["results"]] == [later["_id"]]
 
 
 @pytest.mark.parametrize(

@@ -273,6 +273,27 @@ def test_queue_view_lists_only_work(files_db, accounts):
     assert all(r["doc"]["state"] == "new" for r in rows)
 
 
+def test_a_filtered_batch_that_finds_nothing_goes_on_past_what_it_read(files_db, accounts):
+    """EMBEDDED_FILTERED_LAST_SEQ: the embedded store ended a batch filtered by ids at the
+    last change it returned (at `since` when none), so a client following quiet files read the
+    same history again at every poll. The batch's `last_seq` is past every change it read:
+    the next batch from it sees only what came later."""
+    admin = db_as(accounts, "admin", files_db)
+    first, later = sample_request("alice"), sample_request("alice")
+    admin.create(first)
+    quiet = admin.changes("0", doc_ids=["no-such-request"])
+    assert quiet.results == []
+    assert admin.changes(quiet.last_seq, doc_ids=[first["_id"]]).results == []  # read already
+    admin.create(later)
+    after = admin.changes(quiet.last_seq, doc_ids=[first["_id"], later["_id"]])
+    assert [c["id"] for c in after.results] == [later["_id"]]
+    cut = admin.changes("0", doc_ids=[first["_id"], later["_id"]], limit=1)
+    assert [c["id"] for c in cut.results] == [first["_id"]]  # cut by its limit: goes on from there
+    assert [c["id"] for c in admin.changes(cut.last_seq, doc_ids=[later["_id"]]).results] == [
+        later["_id"]
+    ]
+
+
 def test_changes_batches_and_long_poll_that_the_store_never_ends(files_db, accounts):
     """EMBEDDED_FEED_NEVER_TIMES_OUT: a long poll with no change returns after `wait` (+ the
     client's margin) as an empty, timed-out batch instead of hanging."""

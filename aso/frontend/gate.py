@@ -51,6 +51,7 @@ class Forward:
     nodes: frozenset[str] = frozenset()
     with_docs: bool = False  # carries documents (include_docs), heavy or not
     documents: int = 0  # documents a write carries (a user's: frontend.user_docs_per_second)
+    filtered: bool = False  # a `_changes` read by `filter=_doc_ids`
 
 
 def _bad(reason: str) -> GateRefusal:
@@ -337,9 +338,9 @@ def _build(
         since = str(params.get("since", "0"))
     target = _target(route, variables, params)
     beat = heartbeat if poll_ms else None
-    return Forward(
-        route, method, target, sent, poll_ms, since, beat, heavy, nodes, with_docs, documents
-    )
+    filtered = route.kind == "poll" and "filter" in given
+    return Forward(route, method, target, sent, poll_ms, since, beat, heavy, nodes, with_docs,
+                   documents, filtered)  # fmt: skip
 
 
 def with_since(made: Forward, since: str) -> Forward:

@@ -34,7 +34,7 @@ class Atom(str):
 def check(text: str) -> frozenset[str]:
     """The store nodes a sequence names (none for a number, `0` or `now`); Invalid when it is
     not a sequence a store hands out."""
-    if text == "now" or _number(text):
+    if text == "now" or is_number(text):
         return frozenset()
     _, dash, opaque = text.partition("-")
     if not dash:
@@ -45,10 +45,11 @@ def check(text: str) -> frozenset[str]:
 def as_written(since: str) -> int | str:
     """A sequence as a store writes it in JSON: a number as a number (the embedded store's),
     CouchDB's opaque ones as strings."""
-    return int(since) if _number(since) else since
+    return int(since) if is_number(since) else since
 
 
-def _number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """A sequence of the embedded store's (a number), not CouchDB's opaque kind."""
     return text.isascii() and text.isdigit()  # str.isdigit alone takes "²"
 
 

@@ -1567,10 +1567,20 @@ class FrontEnd(resource.Resource):
         made: gate.Forward,
         producer: IBodyProducer | None,
         release: Callable[[], None] | None = None,
+        head: str | None = None,
     ) -> None:
         if _client_gone(request):
             if release is not None:
                 release()
+            return
+        batch = made.poll_ms is None and made.route.kind == "poll" and _user_only(who)
+        if batch and made.filtered and head is None:
+            # EMBEDDED_FILTERED_LAST_SEQ: the sequence read first is where the batch ends when
+            # it was not cut by its limit.
+            read = self._update_seq(made, headers)
+            read.addCallback(lambda seq: self._send(request, who, headers, made, producer,
+                                                    release, seq))  # fmt: skip
+            read.addErrback(self._upstream_failed, request)
             return
         if release is not None:  # given back when the answer has gone out, or the client
             request.notifyFinish().addBoth(lambda _: release())
@@ -1585,19 +1595,27 @@ class FrontEnd(resource.Resource):
             sent.addCallback(self._written, request, who, headers, made)
         elif made.poll_ms is not None:
             self._poll(sent, request, made, _user_only(who))
-        elif made.route.kind == "poll" and _user_only(who):
-            self._whole(sent, request)
+        elif batch:
+            self._whole(sent, request, head, _limit_of(made.target))
         else:
             sent.addCallback(self._relay, request)
         sent.addErrback(self._upstream_failed, request)
 
-    def _whole(self, sent: defer.Deferred[Any], request: server.Request) -> None:
+    def _whole(
+        self,
+        sent: defer.Deferred[Any],
+        request: server.Request,
+        head: str | None = None,
+        limit: int | None = None,
+    ) -> None:
         """A user's `_changes` batch, read whole (at most MAX_POLL_BYTES, as a long poll's) and
-        sent without the store's own rows (without_store_rows)."""
+        sent without the store's own rows, ending at `head` if it went that far (settled)."""
 
         def answered(response: Any) -> None:
             def whole(body: bytes) -> None:
-                kept = self._without_store_rows(True, body)
+                kept = threads.deferToThreadPool(
+                    self.reactor, self.reactor.getThreadPool(), settled, body, head, limit
+                )
                 kept.addCallback(lambda rows: _send_whole(request, response, rows))
                 kept.addErrback(self._upstream_failed, request)
 
@@ -1829,6 +1847,35 @@ def without_store_rows(body: bytes) -> bytes:
         return body  # an error the store answered
     got["results"] = [r for r in results if not _store_row(r)]
     return json.dumps(got, separators=(",", ":")).encode() + b"\n"
+
+
+def settled(body: bytes, head: str | None, limit: int | None) -> bytes:
+    """(In a thread.) A `_changes` batch without its store rows (without_store_rows), whose
+    `last_seq` is at least `head`, the database's sequence read before it, when the batch was
+    not cut by its limit (EMBEDDED_FILTERED_LAST_SEQ: the embedded store ends a filtered batch
+    at the last change it returned, so a client following quiet files read the same history
+    again at every poll). CouchDB's sequences, not numbers, are left as they are."""
+    if head is None or not sequences.is_number(head):
+        return without_store_rows(body)
+    try:
+        got = json.loads(body)
+        results, last = got["results"], got["last_seq"]
+    except (ValueError, KeyError, TypeError):
+        return body  # an error the store answered
+    whole = limit is None or len(results) < limit
+    if whole and isinstance(last, int) and not isinstance(last, bool) and int(head) > last:
+        got["last_seq"] = int(head)
+    got["results"] = [r for r in results if not _store_row(r)]
+    return json.dumps(got, separators=(",", ":")).encode() + b"\n"
+
+
+def _limit_of(target: bytes) -> int | None:
+    """The `limit` of a store request the gate made (None: none)."""
+    for pair in target.partition(b"?")[2].split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if name == b"limit":
+            return int(value)
+    return None
 
 
 def _store_row(row: Any) -> bool:

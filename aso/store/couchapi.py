@@ -691,8 +691,11 @@ class Database:
             body["doc_ids"] = list(doc_ids)
         path = f"/{quote(self.name, safe='')}/_changes"
         if not wait:
+            filtered = doc_ids is not None and self.server.kind == EMBEDDED
+            head = str(self.info()["update_seq"]) if filtered else None
             result = self.server.raw("POST", path, params=params, body=body)
-            return ChangesBatch(result.get("results", []), str(result.get("last_seq", since)))
+            results, last_seq = result.get("results", []), str(result.get("last_seq", since))
+            return ChangesBatch(results, _settled(last_seq, head, len(results), limit))
         wait = min(wait, self.server.settings.feed_timeout)
         params.update(feed="longpoll", timeout=int(wait * 1000))
         try:
@@ -750,3 +753,12 @@ def _doc_path(doc_id: str) -> str:
 def _is_documents(db: Database) -> Documents:
     """(For the type checker: a Database is the `Documents` of aso.store.api.)"""
     return db
+
+
+def _settled(last_seq: str, head: str | None, returned: int, limit: int | None) -> str:
+    """EMBEDDED_FILTERED_LAST_SEQ: a filtered batch not cut by its limit ends at least at
+    `head`, the database's sequence read before it (numbers there: EMBEDDED_INTEGER_SEQ)."""
+    whole = limit is None or returned < limit
+    if head is None or not whole or not (head.isdigit() and last_seq.isdigit()):
+        return last_seq
+    return str(max(int(head), int(last_seq)))
