@@ -136,7 +136,8 @@ test: setup lint couchdb
 
 # The tests that need no store, storage or service: the decisions of aso/core/, the layout,
 # the model and configuration, the docs (a minute at most; `make test` runs them on each leg).
-FAST_TESTS := tests/test_core.py tests/test_layout.py tests/test_model_config.py tests/test_docs.py tests/test_rules.py
+FAST_TESTS := tests/test_core.py tests/test_layout.py tests/test_model_config.py tests/test_docs.py tests/test_rules.py \
+	tests/test_agents_fast.py
 test-fast: setup
 	@start=$$(date +%s); $(VENV)/bin/pytest $(FAST_TESTS) && \
 	  echo "== the fast tier passed in $$(( $$(date +%s) - start )) s"

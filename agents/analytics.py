@@ -28,6 +28,7 @@ from typing import Any
 from aso.config import Config
 from aso.monitoring import purge, summaries
 from aso.runtime import Cycle, PeriodicAgent
+from aso.store import Server
 
 log = logging.getLogger("aso.agent.analytics")
 
@@ -36,8 +37,10 @@ class Analytics(PeriodicAgent):
     name = "analytics"
     kinds = ()
 
-    def __init__(self, config: Config, instance: str | None = None):
-        super().__init__(config, instance)
+    def __init__(
+        self, config: Config, instance: str | None = None, *, server: Server | None = None
+    ):
+        super().__init__(config, instance, server=server)
         self.stats_db = self.server.db(config.store.stats_db)
         settings = config.analytics
         self.summaries = summaries.Aggregator(

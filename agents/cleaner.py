@@ -31,6 +31,7 @@ from aso.deleter import Deleter
 from aso.files import Files, open_files
 from aso.model import CLEANUP
 from aso.runtime import Agent, Cycle
+from aso.store import Server
 from aso.workqueue import CLEAN
 
 log = logging.getLogger("aso.agent.cleaner")
@@ -40,8 +41,15 @@ class Cleaner(Agent):
     name = "cleaner"
     kinds = (CLEAN,)
 
-    def __init__(self, config: Config, instance: str | None = None, files: Files | None = None):
-        super().__init__(config, instance)
+    def __init__(
+        self,
+        config: Config,
+        instance: str | None = None,
+        files: Files | None = None,
+        *,
+        server: Server | None = None,
+    ):
+        super().__init__(config, instance, server=server)
         self.files = files or open_files(config)
         self.deleter = Deleter(config, self.files, self.name)
 

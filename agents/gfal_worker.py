@@ -32,7 +32,7 @@ from typing import Any
 from aso import faults
 from aso.config import Config
 from aso.runtime import Agent, Cycle
-from aso.store import Conflict, StoreError
+from aso.store import Conflict, Server, StoreError
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, FAILED, PENDING, TERMINAL
 from aso.transfer.gfalcopy import Copier, CopyResult, GfalCopier
@@ -73,8 +73,9 @@ class GfalWorker(Agent):
         instance: str | None = None,
         *,
         copier: Copier | None = None,
+        server: Server | None = None,
     ):
-        super().__init__(config, instance)
+        super().__init__(config, instance, server=server)
         self.jobs = JobStore(self.server.db(config.store.transfers_db), "gfal")
         self.lease = max(2.0, config.transfer.lease / 2)
         if copier is None:

@@ -59,7 +59,7 @@ from aso.files import Confirmer, Files, open_files
 from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
 from aso.runtime import Agent, Cycle
 from aso.sites import SiteError
-from aso.store import StoreError
+from aso.store import Server, StoreError
 from aso.transfer import open_service
 from aso.transfer.base import (
     ABSENT,
@@ -85,8 +85,15 @@ class Monitor(Agent):
     name = "monitor"
     kinds = (ACTIVE, LEASE)
 
-    def __init__(self, config: Config, instance: str | None = None, files: Files | None = None):
-        super().__init__(config, instance)
+    def __init__(
+        self,
+        config: Config,
+        instance: str | None = None,
+        files: Files | None = None,
+        *,
+        server: Server | None = None,
+    ):
+        super().__init__(config, instance, server=server)
         self.service = open_service(config, self.server)
         self.cancelled: set[tuple[str, str]] = set()  # (job, file) cancels already sent
         files = files or open_files(config)

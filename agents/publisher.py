@@ -68,6 +68,7 @@ from aso.files import MISSING, Confirmer, Files, open_files
 from aso.model import CLEANUP, ON_ITS_WAY, PUBLICATION, STATE
 from aso.runtime import Agent, Cycle, set_aside_reason
 from aso.sites import SiteError
+from aso.store import Server
 from aso.workqueue import ON_ITS_WAY_KINDS, PUBLISH
 
 log = logging.getLogger("aso.agent.publisher")
@@ -102,8 +103,10 @@ class Publisher(Agent):
         instance: str | None = None,
         catalog: Any = None,
         files: Files | None = None,
+        *,
+        server: Server | None = None,
     ):
-        super().__init__(config, instance)
+        super().__init__(config, instance, server=server)
         self.catalog = catalog or open_catalog(config, self.server)
         files = files or open_files(config)
         self.deleter = Deleter(config, files, self.name)

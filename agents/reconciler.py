@@ -21,6 +21,7 @@ from aso.catalog.base import Catalog
 from aso.config import Config
 from aso.files import Files, open_files
 from aso.runtime import Cycle, PeriodicAgent
+from aso.store import Server
 
 log = logging.getLogger("aso.agent.reconciler")
 
@@ -35,8 +36,10 @@ class Reconciler(PeriodicAgent):
         instance: str | None = None,
         files: Files | None = None,
         catalog: Catalog | None = None,
+        *,
+        server: Server | None = None,
     ):
-        super().__init__(config, instance)
+        super().__init__(config, instance, server=server)
         self.files = files or open_files(config)
         self.catalog = catalog or open_catalog(config, self.server)
         self.last_report: reconcile.Report | None = None

@@ -21,6 +21,7 @@ from aso.core import request
 from aso.model import STATE
 from aso.retry import RetryPolicy, load_policy
 from aso.runtime import Agent, Cycle
+from aso.store import Server
 from aso.workqueue import DECIDE
 
 log = logging.getLogger("aso.agent.retry_manager")
@@ -38,8 +39,10 @@ class RetryManager(Agent):
     name = "retry-manager"
     kinds = (DECIDE,)
 
-    def __init__(self, config: Config, instance: str | None = None):
-        super().__init__(config, instance)
+    def __init__(
+        self, config: Config, instance: str | None = None, *, server: Server | None = None
+    ):
+        super().__init__(config, instance, server=server)
         self.policy = load_policy(config.retry)
 
     observes = True  # the policy may learn from every outcome (aso/retry.py)

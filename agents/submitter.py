@@ -51,7 +51,7 @@ from aso.core.submission import (
 )
 from aso.model import IN_FLIGHT, STATE
 from aso.runtime import Agent, Cycle
-from aso.store import StoreError, rev_order
+from aso.store import Server, StoreError, rev_order
 from aso.transfer import open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, LEASE, SUBMIT
@@ -69,8 +69,10 @@ class Submitter(Agent):
     name = "submitter"
     kinds = (SUBMIT, LEASE, ACTIVE)
 
-    def __init__(self, config: Config, instance: str | None = None):
-        super().__init__(config, instance)
+    def __init__(
+        self, config: Config, instance: str | None = None, *, server: Server | None = None
+    ):
+        super().__init__(config, instance, server=server)
         self.service = open_service(config, self.server)
         self.started = time.time()
 

@@ -321,10 +321,14 @@ class Agent:
     # work set starts (after `forget`): what was written before the feed's start position.
     observed_kinds: tuple[str, ...] = ()
 
-    def __init__(self, config: Config, instance: str | None = None):
+    def __init__(
+        self, config: Config, instance: str | None = None, *, server: Server | None = None
+    ):
+        """`server`: the store as this agent sees it (default: the agent account of
+        `config`'s store; a test gives another, e.g. its in-memory store)."""
         self.config = config
         self.instance = instance or default_instance()
-        self.server = Server.from_config(config, account="agent")
+        self.server = server if server is not None else Server.from_config(config, account="agent")
         self.db = self.server.db(config.store.files_db)
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
@@ -363,8 +367,10 @@ class PeriodicAgent(Agent):
     and only as the first live instance. It wakes every min(interval, heartbeat interval)
     seconds so that its heartbeat stays fresh."""
 
-    def __init__(self, config: Config, instance: str | None = None):
-        super().__init__(config, instance)
+    def __init__(
+        self, config: Config, instance: str | None = None, *, server: Server | None = None
+    ):
+        super().__init__(config, instance, server=server)
         self.last_run: float | None = None  # monotonic time of the last run
 
     @property

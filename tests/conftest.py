@@ -186,8 +186,19 @@ def sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Iterator[
 @contextlib.contextmanager
 def fresh_sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Iterator[Config]:
     """sim_config's databases and settings, for a fixture of a wider scope."""
+    config = sim_settings(store_config, tmp_path)
+    init_databases(admin, config)
+    yield config
+    store_admin.delete_db(admin, config.store.files_db)
+    store_admin.delete_db(admin, config.store.transfers_db)
+    store_admin.delete_db(admin, config.store.pages_db)
+
+
+def sim_settings(store_config: Config, tmp_path: Path) -> Config:
+    """`store_config` with databases of their own and the sim back end's settings (the store
+    itself untouched: the real store's fixtures and the in-memory store's share this)."""
     suffix = uuid.uuid4().hex[:8]
-    config = dataclasses.replace(
+    return dataclasses.replace(
         store_config,
         source=tmp_path / "aso.toml",
         store=dataclasses.replace(
@@ -205,27 +216,28 @@ def fresh_sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Ite
             store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0
         ),
     )
-    init_databases(admin, config)
-    yield config
-    store_admin.delete_db(admin, config.store.files_db)
-    store_admin.delete_db(admin, config.store.transfers_db)
-    store_admin.delete_db(admin, config.store.pages_db)
 
 
 @pytest.fixture()
 def pub_config(sim_config: Config, admin: Server) -> Iterator[Config]:
     """sim_config with a catalog of its own, blocks of 4 files and a short publication backoff."""
-    name = f"catalog_{sim_config.store.files_db}"
-    init_catalog_db(admin, name)
-    config = dataclasses.replace(
+    config = pub_settings(sim_config)
+    init_catalog_db(admin, config.store.catalog_db)
+    yield config
+    store_admin.delete_db(admin, config.store.catalog_db)
+
+
+def pub_settings(sim_config: Config) -> Config:
+    """pub_config's catalog database (its name) and publisher settings."""
+    return dataclasses.replace(
         sim_config,
-        store=dataclasses.replace(sim_config.store, catalog_db=name),
+        store=dataclasses.replace(
+            sim_config.store, catalog_db=f"catalog_{sim_config.store.files_db}"
+        ),
         publisher=dataclasses.replace(
             sim_config.publisher, max_files_per_block=4, block_closure_timeout=3600, base_delay=0.1
         ),
     )
-    yield config
-    store_admin.delete_db(admin, name)
 
 
 # The sites of the storage tests: two sources and a destination.

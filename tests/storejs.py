@@ -114,6 +114,22 @@ class DesignDocument:
         """Returns when validate_doc_update lets the write through; raises Refusal with the
         store's reason ("[rule] message" split in two) otherwise. A document without an `_id`
         is given one first, as both stores do for a POST before they validate it."""
+        refusal = self.verdict(new, old, user_ctx, sec_obj, now)
+        if refusal is None:
+            return
+        rule = RULE.match(refusal[1])
+        raise Refusal(*rule.groups()) if rule else Refusal("unauthorized", refusal[1])
+
+    def verdict(
+        self,
+        new: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        user_ctx: Mapping[str, Any],
+        sec_obj: Mapping[str, Any] | None = None,
+        now: float | None = None,
+    ) -> tuple[str, str] | None:
+        """validate_doc_update's verdict as the store answers it: None (written), or the error
+        ("forbidden": 403, "unauthorized": 401) and its reason, the text the function threw."""
         if "_id" not in new:
             new = {**new, "_id": uuid.uuid4().hex}
         verdict = json.loads(
@@ -126,22 +142,57 @@ class DesignDocument:
             )
         )
         if verdict.get("ok"):
-            return
+            return None
         thrown = verdict["thrown"]
-        text = (
-            thrown.get("forbidden") or thrown.get("unauthorized")
-            if isinstance(thrown, dict)
-            else None
-        )
-        if not isinstance(text, str):
-            raise AssertionError(f"validate_doc_update threw no refusal: {thrown!r}")
-        rule = RULE.match(text)
-        raise Refusal(*rule.groups()) if rule else Refusal("unauthorized", text)
+        for error in ("forbidden", "unauthorized"):
+            text = thrown.get(error) if isinstance(thrown, dict) else None
+            if isinstance(text, str):
+                return error, text
+        raise AssertionError(f"validate_doc_update threw no refusal: {thrown!r}")
 
     def map(self, view: str, doc: Mapping[str, Any]) -> list[tuple[Any, Any]]:
         """The (key, value) rows the view's map function emits for `doc`."""
         rows = json.loads(self.context.eval("__mapJson")(view, json.dumps(doc)))
         return [(key, value) for key, value in rows]
+
+    def reduce(self, view: str, values: Sequence[Any]) -> Any:
+        """The view's reduce over `values` (its map rows' values, reduced at once: no
+        rereduce). ASO's views reduce with CouchDB's builtins only, computed here as CouchDB's
+        query server does; a JavaScript reduce would need its rereduce modelled too."""
+        source = self.ddoc["views"][view]["reduce"].strip()
+        if source not in BUILTIN_REDUCE:
+            raise NotImplementedError(f"{view}: only the builtin reduces are run, not {source!r}")
+        return BUILTIN_REDUCE[source](list(values))
+
+
+def _sum(values: list[Any]) -> Any:
+    """`_sum`: numbers added; arrays added member by member (the shorter padded with 0);
+    objects added key by key."""
+    if all(isinstance(v, list) for v in values):
+        width = max((len(v) for v in values), default=0)
+        return [_sum([v[i] for v in values if i < len(v)]) for i in range(width)]
+    if all(isinstance(v, dict) for v in values):
+        keys = dict.fromkeys(k for v in values for k in v)
+        return {k: _sum([v[k] for v in values if k in v]) for k in keys}
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"_sum of values that are not all numbers, arrays or objects: {values}")
+    return sum(values)
+
+
+def _stats(values: list[Any]) -> Any:
+    """`_stats` of numbers (arrays of numbers: the stats of each member)."""
+    if values and all(isinstance(v, list) for v in values):
+        return [_stats([v[i] for v in values]) for i in range(len(values[0]))]
+    return {
+        "sum": sum(values),
+        "count": len(values),
+        "min": min(values),
+        "max": max(values),
+        "sumsqr": sum(v * v for v in values),
+    }
+
+
+BUILTIN_REDUCE = {"_count": len, "_sum": _sum, "_stats": _stats}
 
 
 @functools.cache

@@ -184,8 +184,13 @@ def test_a_policy_plugged_in_by_entry_point_drives_the_retry_manager(
     assert type(load_policy(config.retry)).__name__ == "AlwaysOnce"
     ids = upload(accounts, config, 2, users=("alice",), links=LINKS[:1])
     db = admin.db(config.store.files_db)
-    manager = RetryManager(config, "r1")
-    runners = [Runner(Submitter(config, "s1")), Runner(Monitor(config, "m1")), Runner(manager)]
+    server = accounts["agent"]
+    manager = RetryManager(config, "r1", server=server)
+    runners = [
+        Runner(Submitter(config, "s1", server=server)),
+        Runner(Monitor(config, "m1", server=server)),
+        Runner(manager),
+    ]
     run_until(lambda: states(db, ids) == Counter(failed=2), runners, timeout=60)
     for doc in db.get_many(ids).values():
         assert [h["to"] for h in doc["history"]] == [
@@ -221,10 +226,11 @@ def test_default_retry_loop_until_out_of_attempts(sim_config, accounts, admin):
     )
     ids = upload(accounts, config, 4, users=("alice",), links=LINKS[:2])
     db = admin.db(config.store.files_db)
+    server = accounts["agent"]
     runners = [
-        Runner(Submitter(config, "s1")),
-        Runner(Monitor(config, "m1")),
-        Runner(RetryManager(config, "r1")),
+        Runner(Submitter(config, "s1", server=server)),
+        Runner(Monitor(config, "m1", server=server)),
+        Runner(RetryManager(config, "r1", server=server)),
     ]
     run_until(lambda: states(db, ids) == Counter(failed=2, done=2), runners, timeout=60)
     for doc in db.get_many(ids).values():
@@ -247,7 +253,7 @@ def test_the_owners_kill_wins_over_a_retry(sim_config, accounts, admin):
         doc["_rev"] = agent_db.put(doc)
     stale = dict(doc)  # what the retry manager read
     owner.put(model.transition(doc, [Change(STATE, "killed", "alice")], OWNER))
-    manager = RetryManager(sim_config, "r1")
+    manager = RetryManager(sim_config, "r1", server=accounts["agent"])
     ctx = Runner(manager).context([stale], {})
     manager.cycle(ctx)
     assert ctx.report["conflicts"] == 1 and ctx.report["retry"] == 0
