@@ -3,7 +3,8 @@
 #   make run    set up, then run the service on its embedded defaults (foreground)
 #   make demo   while `make run` runs: 200 real files through the pipeline
 #   make test   set up, then run the linter and the test suite on both stores (what CI runs)
-#   make test-fast  the tests that need no store (aso/core's decisions, layout, docs; ~20 s)
+#   make test-fast  the tests that need no real store: aso/core's decisions, layout, docs, and
+#               the agents' cycles on the in-memory store (tests/memstore.py; ~30 s)
 #   make stop   stop what `make run` started
 #   make bench  the scalability benchmark: the simulator at 2x, 4x, 8x design load (~13 min;
 #               STORE=couchdb or STORE=both for CouchDB)
@@ -52,7 +53,8 @@ help:
 	@echo "make demo   - while 'make run' runs: write 200 files at two sites and follow their transfers"
 	@echo "make test   - set up and run the linter and the test suite on CouchDB and pouchdb-server at once"
 	@echo "make test-couchdb / test-pouchdb - the suite on one store only"
-	@echo "make test-fast - the tests that need no store: the agents' decisions, layout, docs (~20 s)"
+	@echo "make test-fast - the tests that need no real store: the agents' decisions and cycles (on"
+	@echo "              an in-memory store running the store's JavaScript), layout, docs (~30 s)"
 	@echo "make stop   - stop what 'make run' started"
 	@echo "make bench  - the simulator at 2x, 4x and 8x design load (prints figures; ~13 min);"
 	@echo "              STORE=couchdb on a local CouchDB, STORE=both side by side"
@@ -135,7 +137,9 @@ test: setup lint couchdb
 	exit $$failed
 
 # The tests that need no store, storage or service: the decisions of aso/core/, the layout,
-# the model and configuration, the docs (a minute at most; `make test` runs them on each leg).
+# the model and configuration, the docs, and the agents' cycles on the in-memory store that runs
+# the store's own JavaScript (tests/memstore.py; a minute at most; `make test` runs them on
+# each leg).
 FAST_TESTS := tests/test_core.py tests/test_layout.py tests/test_model_config.py tests/test_docs.py tests/test_rules.py \
 	tests/test_agents_fast.py
 test-fast: setup

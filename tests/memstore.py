@@ -264,14 +264,7 @@ class MemDatabase(Database):
     def leaves_many(self, ids: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
         return {doc_id: [doc] if doc else [] for doc_id, doc in self.get_many(ids).items()}
 
-    def all_docs(
-        self,
-        first: str | None = None,
-        last: str | None = None,
-        limit: int | None = None,
-        *,
-        conflicts: bool = False,
-    ) -> list[dict[str, Any]]:
+    def all_docs(self, first: Any = None, last: Any = None, limit: Any = None, **_: Any) -> Any:
         """Live documents, design documents included, by id (`_all_docs` compares ids by their
         bytes, code-point order: the same as here)."""
         with self._lock:
@@ -358,24 +351,10 @@ class MemDatabase(Database):
         return None
 
     # -- views ------------------------------------------------------------------------------
-    def view(
-        self,
-        ddoc: str,
-        name: str,
-        *,
-        key: Any = None,
-        keys: Sequence[Any] | None = None,
-        start_key: Any = None,
-        end_key: Any = None,
-        limit: int | None = None,
-        skip: int | None = None,
-        include_docs: bool = False,
-        descending: bool = False,
-        reduce: bool | None = None,
-        group: bool | None = None,
-        group_level: int | None = None,
-        freshness: str = "fresh",
-    ) -> ViewResult:
+    def view(self, ddoc: str, name: str, **query: Any) -> ViewResult:
+        """Documents.view, with its parameters (`freshness` aside: every read is fresh)."""
+        include_docs = query.get("include_docs", False)
+        keys, group, group_level = query.get("keys"), query.get("group"), query.get("group_level")
         with self._lock:
             state = self._state()
             design = state.designs.get(DESIGN + ddoc)
@@ -383,7 +362,7 @@ class MemDatabase(Database):
                 reason = "missing" if design is None else "missing_named_view"
                 raise NotFound(404, "not_found", reason, self.server.url)
             has_reduce = "reduce" in design.ddoc["views"][name]
-            reducing = has_reduce if reduce is None else reduce
+            reducing = has_reduce if query.get("reduce") is None else query["reduce"]
             if reducing and not has_reduce:
                 raise _bad_query("Reduce is invalid for map-only views.")
             if reducing and include_docs:
@@ -391,19 +370,23 @@ class MemDatabase(Database):
             if reducing and keys is not None and not group and group_level is None:
                 raise _bad_query("Multi-key fetches for reduce views must use `group=true`")
             index = self._index(state, DESIGN + ddoc, name, design)
+            descending = query.get("descending", False)
             rows = sorted(
                 ((collation_key(k), doc_id, k, v) for doc_id, r in index.items() for k, v in r),
                 key=lambda row: (row[0], row[1]),
                 reverse=descending,
             )
             total = len(rows)
-            rows = _selected(rows, key, keys, start_key, end_key, descending)
+            start, end = query.get("start_key"), query.get("end_key")
+            if query.get("key") is not None:
+                start = end = query["key"]
+            rows = _selected(rows, keys, start, end, descending)
             if reducing:
                 level = None if group else (0 if group_level is None else group_level)
                 out = _reduced(design, name, rows, level)
             else:
                 out = [{"id": doc_id, "key": k, "value": v} for _, doc_id, k, v in rows]
-            out = out[skip or 0 :][:limit]
+            out = out[query.get("skip") or 0 :][: query.get("limit")]
             if include_docs:
                 for row in out:
                     linked = row["value"] if isinstance(row["value"], dict) else {}
@@ -431,17 +414,10 @@ class MemDatabase(Database):
         return view.rows
 
     # -- changes ------------------------------------------------------------------------------
-    def changes(
-        self,
-        since: str = "0",
-        *,
-        limit: int | None = None,
-        include_docs: bool = False,
-        doc_ids: Sequence[str] | None = None,
-        wait: float | None = None,
-    ) -> ChangesBatch:
-        after = int(since)
-        wanted = None if doc_ids is None else set(doc_ids)
+    def changes(self, since: str = "0", **feed: Any) -> ChangesBatch:
+        """Documents.changes, with its parameters (limit, include_docs, doc_ids, wait)."""
+        after, limit, wait = int(since), feed.get("limit"), feed.get("wait")
+        wanted = None if feed.get("doc_ids") is None else set(feed["doc_ids"])
         deadline = time.monotonic() + (wait or 0)
         with self._lock:
             while True:
@@ -463,7 +439,7 @@ class MemDatabase(Database):
                 change["changes"] = [{"rev": doc["_rev"]}]
                 if doc.get("_deleted"):
                     change["deleted"] = True
-                if include_docs:
+                if feed.get("include_docs"):
                     change["doc"] = _copy(doc)
                 results.append(change)
             last = batch[-1][0] if len(batch) < len(pending) else max(state.seq, after)
@@ -478,20 +454,14 @@ def _bad_query(reason: str) -> StoreError:
     return StoreError(400, "query_parse_error", reason)
 
 
-def _selected(
-    rows: list[tuple[Any, ...]],
-    key: Any,
-    keys: Sequence[Any] | None,
-    start_key: Any,
-    end_key: Any,
-    descending: bool,
-) -> list[tuple[Any, ...]]:
+Row = tuple[Any, ...]  # a view row: its key's collation, the document's id, key, value
+
+
+def _selected(rows: list[Row], keys: Any, start: Any, end: Any, descending: bool) -> list[Row]:
     """The rows (sorted, in the query's direction) the key parameters select."""
     if keys is not None:
         return [row for k in keys for row in rows if row[0] == collation_key(k)]
-    if key is not None:
-        start_key = end_key = key
-    low, high = (end_key, start_key) if descending else (start_key, end_key)
+    low, high = (end, start) if descending else (start, end)
     return [
         row
         for row in rows

@@ -23,6 +23,7 @@ from aso.config import Config, SiteConfig
 from aso.model import Refusal
 from aso.provision import designdocs
 
+Doc = Mapping[str, Any]
 FILES_DDOC = "_design/asyncstageout"
 # What a CouchDB query server gives a design document's functions (couchjs's main.js, util.js).
 ENVIRONMENT = r"""
@@ -103,33 +104,23 @@ class DesignDocument:
         self.context.eval(ENVIRONMENT)
         self.context.eval("__load")(json.dumps(ddoc))
 
-    def validate(
-        self,
-        new: Mapping[str, Any],
-        old: Mapping[str, Any] | None,
-        user_ctx: Mapping[str, Any],
-        sec_obj: Mapping[str, Any] | None = None,
-        now: float | None = None,
-    ) -> None:
+    def validate(self, new: Doc, old: Doc | None, user_ctx: Doc, *context: Any) -> None:
         """Returns when validate_doc_update lets the write through; raises Refusal with the
         store's reason ("[rule] message" split in two) otherwise. A document without an `_id`
-        is given one first, as both stores do for a POST before they validate it."""
-        refusal = self.verdict(new, old, user_ctx, sec_obj, now)
+        is given one first, as both stores do for a POST before they validate it. `context`:
+        the security object and the store's clock, as `verdict` takes them."""
+        refusal = self.verdict(new, old, user_ctx, *context)
         if refusal is None:
             return
         rule = RULE.match(refusal[1])
         raise Refusal(*rule.groups()) if rule else Refusal("unauthorized", refusal[1])
 
     def verdict(
-        self,
-        new: Mapping[str, Any],
-        old: Mapping[str, Any] | None,
-        user_ctx: Mapping[str, Any],
-        sec_obj: Mapping[str, Any] | None = None,
-        now: float | None = None,
+        self, new: Doc, old: Doc | None, user_ctx: Doc, sec_obj: Doc | None = None, now: Any = None
     ) -> tuple[str, str] | None:
         """validate_doc_update's verdict as the store answers it: None (written), or the error
-        ("forbidden": 403, "unauthorized": 401) and its reason, the text the function threw."""
+        ("forbidden": 403, "unauthorized": 401) and its reason, the text the function threw;
+        `now`: the store's clock (None: this host's)."""
         if "_id" not in new:
             new = {**new, "_id": uuid.uuid4().hex}
         verdict = json.loads(
@@ -217,4 +208,4 @@ def validate_doc_update(
     a creation) as `user_ctx`, for a catalogue of `sites` (None: the default configuration's),
     at the store's clock `now` (None: this host's, the test stores' clock)."""
     design = files_design(None if sites is None else tuple(sorted(sites)))
-    design.validate(new, old, user_ctx, now=now)
+    design.validate(new, old, user_ctx, None, now)

@@ -21,11 +21,22 @@ from aso.model import AGENT, STATE, Change
 from aso.provision import designdocs
 from aso.runtime import Runner
 from aso.store import Forbidden, Server, Unauthorized
-from tests.conftest import ACCOUNT_ROLES, pub_settings, sample_request, sim_settings
+from tests.conftest import ACCOUNT_ROLES, pub_settings, sim_settings
 from tests.memstore import MemStore, provision
 
 # The scenarios: each runs here on the double, and in its own module on the real store.
+from tests.test_publisher import (  # noqa: F401 (collected here, with this module's fixtures)
+    test_a_block_closes_when_the_task_is_over_or_its_oldest_file_waited,
+    test_a_cycles_blocks_go_to_the_catalog_together_each_with_its_own_outcome,
+    test_a_file_in_another_datasets_block_is_a_real_conflict,
+    test_a_refusal_that_cannot_heal_is_given_up_at_once,
+    test_failed_publications_are_retried_then_given_up_then_reset,
+    test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog,
+    test_files_another_publisher_put_in_another_block_are_published_there,
+    test_full_blocks_go_at_once_and_the_rest_waits,
+)
 from tests.test_retry import (  # noqa: F401 (test_policy: a fixture the first one takes)
+    failed_attempt,
     failed_doc,
     test_a_policy_plugged_in_by_entry_point_drives_the_retry_manager,
     test_default_retry_loop_until_out_of_attempts,
@@ -71,18 +82,6 @@ def pub_config(mem: MemStore, sim_config: Config) -> Config:
 
 
 # -- the double runs the store's own JavaScript --------------------------------------------------
-def failed_attempt(sim_config: Config, accounts: dict[str, Server]) -> dict[str, object]:
-    """A request of alice's, moved by the agent to failed_attempt."""
-    owner = accounts["alice"].db(sim_config.store.files_db)
-    agent = accounts["agent"].db(sim_config.store.files_db)
-    doc = sample_request("alice")
-    doc["_rev"] = owner.create(doc)
-    for to in ("acquired", "submitted", "failed_attempt"):
-        doc = model.transition(doc, [Change(STATE, to, "x")], AGENT)
-        doc["_rev"] = agent.put(doc)
-    return doc
-
-
 def test_a_forbidden_write_is_refused_with_the_rule_of_the_javascript(sim_config, accounts):
     doc = failed_attempt(sim_config, accounts)
     owner = accounts["alice"].db(sim_config.store.files_db)

@@ -63,8 +63,8 @@ def catalog_of(config, admin) -> EmbeddedCatalog:
     return EmbeddedCatalog(admin.db(config.store.catalog_db))
 
 
-def run_publisher(config, publisher=None) -> Publisher:
-    publisher = publisher or Publisher(config, "p1")
+def run_publisher(config, accounts, publisher=None) -> Publisher:
+    publisher = publisher or Publisher(config, "p1", server=accounts["agent"])
     runner = Runner(publisher)
     runner.workset.start()
     runner.step(wait=False)
@@ -81,7 +81,7 @@ def test_full_blocks_go_at_once_and_the_rest_waits(pub_config, accounts, admin, 
     docs = done_outputs(pub_config, accounts, 10)
     done_outputs(pub_config, accounts, 1, state_done=False)
     with caplog.at_level(logging.INFO, logger="aso"):
-        run_publisher(pub_config)
+        run_publisher(pub_config, accounts)
     # One INFO line for the cycle, with its counts; the blocks and files at DEBUG only.
     info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert len(info) == 1 and "cycle of" in info[0] and "blocks 2, published 8" in info[0], info
@@ -104,7 +104,7 @@ def test_a_block_closes_when_the_task_is_over_or_its_oldest_file_waited(
     over = done_outputs(
         pub_config, accounts, 3, task="261121_190001:alice_over", dataset="/Prim/alice-over-v1/USER"
     )
-    run_publisher(pub_config)
+    run_publisher(pub_config, accounts)
     assert states_of(pub_config, accounts, over) == {"published": 3}  # no file on its way
     # The age rule, as a pure function.
     now = time.time()
@@ -134,10 +134,14 @@ def test_publishing_again_after_a_crash_duplicates_nothing(pub_config, accounts,
             raise SystemExit("killed after the catalog call")
 
     with pytest.raises(SystemExit):
-        run_publisher(pub_config, DiesAfterTheCatalog(pub_config, "p-dying"))
+        run_publisher(
+            pub_config,
+            accounts,
+            DiesAfterTheCatalog(pub_config, "p-dying", server=accounts["agent"]),
+        )
     assert states_of(pub_config, accounts, docs) == {"pending": 4}
     time.sleep(pub_config.agents.heartbeat_expiry)  # the dead one's part passes to the living
-    run_publisher(pub_config)
+    run_publisher(pub_config, accounts)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     blocks = catalog_of(pub_config, admin).dataset_files(DATASET)
     assert len(blocks) == 1 and sorted(next(iter(blocks.values()))) == sorted(
@@ -171,10 +175,14 @@ def test_failed_publications_are_retried_then_given_up_then_reset(pub_config, ac
     )
     docs = done_outputs(config, accounts, 4)
     broken = BrokenCatalog(retryable=True)
-    run_publisher(config, Publisher(config, "p1", catalog=broken))
+    run_publisher(
+        config, accounts, Publisher(config, "p1", server=accounts["agent"], catalog=broken)
+    )
     assert states_of(config, accounts, docs) == {"publication_error": 4}
     time.sleep(0.2)  # the backoff passes
-    run_publisher(config, Publisher(config, "p1", catalog=broken))
+    run_publisher(
+        config, accounts, Publisher(config, "p1", server=accounts["agent"], catalog=broken)
+    )
     assert states_of(config, accounts, docs) == {"publication_failed": 4}
     assert broken.calls == 2
     stored = accounts["agent"].db(config.store.files_db).get_many(d["_id"] for d in docs)
@@ -183,13 +191,18 @@ def test_failed_publications_are_retried_then_given_up_then_reset(pub_config, ac
     owner = accounts["alice"].db(config.store.files_db)
     report = republish(owner, docs[0]["task"], None, "alice")
     assert len(report.changed) == 4 and set(report.changed.values()) == {"pending"}
-    run_publisher(config)  # the real catalog works: published, with a fresh attempt budget
+    # The real catalog works: published, with a fresh attempt budget.
+    run_publisher(config, accounts)
     assert states_of(config, accounts, docs) == {"published": 4}
 
 
 def test_a_refusal_that_cannot_heal_is_given_up_at_once(pub_config, accounts):
     docs = done_outputs(pub_config, accounts, 4)
-    run_publisher(pub_config, Publisher(pub_config, "p1", catalog=BrokenCatalog(False)))
+    run_publisher(
+        pub_config,
+        accounts,
+        Publisher(pub_config, "p1", server=accounts["agent"], catalog=BrokenCatalog(False)),
+    )
     assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
 
 
@@ -225,7 +238,9 @@ def test_another_agent_writing_the_same_files_meanwhile_splits_no_block(
             super().__init__(*args, **kwargs)
             self.db = RacingDb(self.db.server, self.db.name)
 
-    run_publisher(pub_config, RacedByTheCleaner(pub_config, "p-raced"))
+    run_publisher(
+        pub_config, accounts, RacedByTheCleaner(pub_config, "p-raced", server=accounts["agent"])
+    )
     stored = accounts["agent"].db(pub_config.store.files_db).get_many(ids)
     assert Counter(d[PUBLICATION] for d in stored.values()) == {"published": 4}
     assert Counter(d[CLEANUP] for d in stored.values()) == {"cleaned": 4}
@@ -258,7 +273,8 @@ def test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog(
     docs = done_outputs(pub_config, accounts, 4)
     name = make_block(docs).name
     left_publishing(docs[:2], name)
-    run_publisher(pub_config)  # one block with all four: the same name, now in the catalog
+    # One block with all four: the same name, now in the catalog.
+    run_publisher(pub_config, accounts)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert catalog_of(pub_config, admin).dataset_files(DATASET) == {
         name: sorted(d["destination_lfn"] for d in docs)
@@ -272,7 +288,8 @@ def test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog(
     left_publishing(docs, name)
     for doc in agent.get_many(d["_id"] for d in docs[:2]).values():
         agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-old")], AGENT))
-    run_publisher(pub_config)  # a block of the other two: the catalog holds them in `name`
+    # A block of the other two: the catalog holds them in `name`.
+    run_publisher(pub_config, accounts)
     stored = agent.get_many(d["_id"] for d in docs)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert {d["publication_block"] for d in stored.values()} == {name}
@@ -290,8 +307,10 @@ def test_files_another_publisher_put_in_another_block_are_published_there(
     docs = done_outputs(pub_config, accounts, 4)
     theirs = make_block(docs[:3])  # the other publisher's block, already in the catalog
     catalog_of(pub_config, admin).publish_block(theirs)
-    run_publisher(pub_config)  # ours: a block of all four, refused; settled from the catalog
-    run_publisher(pub_config)  # the fourth file, blocked again on its own
+    # Ours: a block of all four, refused; settled from the catalog.
+    run_publisher(pub_config, accounts)
+    # The fourth file, blocked again on its own.
+    run_publisher(pub_config, accounts)
     stored = accounts["agent"].db(pub_config.store.files_db).get_many(d["_id"] for d in docs)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert {stored[d["_id"]]["publication_block"] for d in docs[:3]} == {theirs.name}
@@ -312,7 +331,7 @@ def test_a_file_in_another_datasets_block_is_a_real_conflict(pub_config, account
         elsewhere, files=(dataclasses.replace(elsewhere.files[0], lfn=docs[0]["destination_lfn"]),)
     )
     catalog_of(pub_config, admin).publish_block(squatted)
-    run_publisher(pub_config)
+    run_publisher(pub_config, accounts)
     assert states_of(pub_config, accounts, docs) == {"publication_failed": 4}
 
 
@@ -341,7 +360,7 @@ def test_a_cycles_blocks_go_to_the_catalog_together_each_with_its_own_outcome(
         return real(self, blocks)
 
     monkeypatch.setattr(EmbeddedCatalog, "publish_blocks", counted)
-    run_publisher(pub_config)
+    run_publisher(pub_config, accounts)
     assert calls == [3]
     for dataset, mine in docs.items():
         expected = "publication_failed" if mine is refused else "published"
@@ -363,7 +382,7 @@ def test_a_task_is_over_when_neither_the_queue_nor_the_feed_shows_files_on_their
     to date on a read, every change since the last one: minutes under load): the requests on
     their way before the publisher started come from the queue view when its work set starts,
     the later ones from the feed. Its files go as one block once the last one is done."""
-    publisher = Publisher(pub_config, "p-feed")
+    publisher = Publisher(pub_config, "p-feed", server=accounts["agent"])
     publisher.db = NoTaskIndex(publisher.db.server, publisher.db.name)
     before, after = "261121_190003:alice_before", "261121_190004:alice_after"
     done = done_outputs(pub_config, accounts, 2, task=before)
@@ -397,7 +416,7 @@ def test_a_gap_in_the_feed_makes_the_publisher_forget_what_it_saw_on_its_way(
     """After a gap in the feed (the relay's memory passed the publisher's position) the work
     set starts again: a file the publisher saw on its way and that ended during the gap must
     not hold its task open for ever. What it knew is replaced by the queue view's."""
-    publisher = Publisher(pub_config, "p-gap")
+    publisher = Publisher(pub_config, "p-gap", server=accounts["agent"])
     publisher.db = NoTaskIndex(publisher.db.server, publisher.db.name)
     task = "261121_190005:alice_gap"
     done = done_outputs(pub_config, accounts, 2, task=task)

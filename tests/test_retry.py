@@ -18,7 +18,7 @@ from agents.monitor import Monitor
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
 from aso import model
-from aso.config import RetryConfig
+from aso.config import Config, RetryConfig
 from aso.model import AGENT, OWNER, STATE, Change
 from aso.retry import (
     DefaultPolicy,
@@ -28,6 +28,7 @@ from aso.retry import (
     load_policy,
 )
 from aso.runtime import Runner
+from aso.store import Server
 from tests.conftest import sample_request
 from tests.pipeline_helpers import LINKS, owner_db, run_until, states, upload
 
@@ -243,14 +244,22 @@ def test_default_retry_loop_until_out_of_attempts(sim_config, accounts, admin):
             assert doc["source"] == "T2_IT_Pisa" and len(doc["attempts"]) == 1
 
 
-def test_the_owners_kill_wins_over_a_retry(sim_config, accounts, admin):
-    owner = owner_db(accounts, sim_config)
-    agent_db = accounts["agent"].db(sim_config.store.files_db)
+def failed_attempt(config: Config, accounts: dict[str, Server]) -> dict[str, Any]:
+    """A request of alice's, moved by the agent to failed_attempt."""
+    owner = owner_db(accounts, config)
+    agent_db = accounts["agent"].db(config.store.files_db)
     doc = sample_request("alice")
     doc["_rev"] = owner.create(doc)
     for to in ("acquired", "submitted", "failed_attempt"):
         doc = model.transition(doc, [Change(STATE, to, "x")], AGENT)
         doc["_rev"] = agent_db.put(doc)
+    return doc
+
+
+def test_the_owners_kill_wins_over_a_retry(sim_config, accounts, admin):
+    owner = owner_db(accounts, sim_config)
+    agent_db = accounts["agent"].db(sim_config.store.files_db)
+    doc = failed_attempt(sim_config, accounts)
     stale = dict(doc)  # what the retry manager read
     owner.put(model.transition(doc, [Change(STATE, "killed", "alice")], OWNER))
     manager = RetryManager(sim_config, "r1", server=accounts["agent"])
