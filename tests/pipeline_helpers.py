@@ -10,6 +10,7 @@ from typing import Any
 
 from aso.config import Config
 from aso.model import STATE
+from aso.provision.designdocs import init_databases
 from aso.runtime import Runner
 from aso.store import Database, Server
 from aso.transfer.jobstore import JOB_TYPE, is_fence
@@ -102,3 +103,30 @@ def assert_each_file_in_one_job(admin: Server, config: Config, ids: list[str]) -
     seen = Counter(fid for job in jobs_of(admin, config) for fid in job["files"])
     assert set(seen) == set(ids)
     assert [fid for fid, n in seen.items() if n > 1] == []
+
+
+def plant_as_earlier_versions_left_them(
+    admin: Server, config: Config, docs: list[dict[str, Any]]
+) -> None:
+    """Write `docs` (in states that earlier versions of 0.1.0 wrote and the store's validation
+    no longer knows) as they were left: the files database's validation is taken away for the
+    write (its design document deleted, as only a store admin can) and put back by `aso db
+    init`'s own function. Each document gets its new revision."""
+    db = admin.db(config.store.files_db)
+    ddoc = db.get("_design/asyncstageout")
+    assert ddoc is not None
+    db.delete(ddoc["_id"], ddoc["_rev"])
+    try:
+        results = db.bulk_write(docs)
+    finally:
+        init_databases(admin, config)
+    assert all(r.ok for r in results), results
+    for doc, result in zip(docs, results, strict=True):
+        doc["_rev"] = result.rev
+
+
+def left_as(doc: dict[str, Any], axis: str, to: str, at: float, **fields: Any) -> dict[str, Any]:
+    """`doc` moved to `to` on `axis` as an agent of an earlier version moved it (a state the
+    model no longer knows: model.transition refuses it), its history entry appended."""
+    entry = {"axis": axis, "from": doc[axis], "to": to, "at": at, "by": "earlier-agent"}
+    return {**doc, axis: to, "history": [*doc["history"], entry], "last_update": at, **fields}

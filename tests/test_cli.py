@@ -23,7 +23,7 @@ from aso.local.managed import local_store
 from aso.local.stores import free_port
 from aso.provision.designdocs import known_sites
 from tests.conftest import ENGINE, PASSWORD, make_config, write_config
-from tests.pipeline_helpers import wait_for
+from tests.pipeline_helpers import run_until, wait_for
 
 ASO = str(Path(sys.executable).parent / "aso")
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +59,7 @@ COMMANDS = [
     ["store", "status"],
     ["db"],
     ["db", "init"],
+    ["db", "migrate"],
     ["db", "add-user"],
     ["upload"],
     ["request"],
@@ -577,3 +578,124 @@ def test_bad_usage_is_exit_2_and_one_line(tmp_path, argv, says):
     result = aso(*argv, cwd=tmp_path)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert says.lower() in one_line_error(result).lower()
+
+
+def test_db_migrate_rewrites_what_earlier_versions_left_and_the_agents_finish_it(
+    pub_config, accounts, admin
+):
+    """Documents an earlier 0.1.0 left in `acquired` and `publishing` (written past today's
+    validation, as only a store admin can): `aso db migrate` rewrites them once, then finds
+    nothing; the agents finish every file as they finish today's. An intent whose job the
+    service has is followed to `done`; one whose job it never got, once its lease has ended,
+    is released and copied; one without a lease is queued again; a killed one ends `killed`;
+    a file left `publishing` in a block the catalog holds is published in that block, which
+    the catalog holds once."""
+    from agents.monitor import Monitor
+    from agents.publisher import Publisher
+    from agents.submitter import Submitter
+    from aso.catalog.embedded import EmbeddedCatalog
+    from aso.core.publication import make_block
+    from aso.core.submission import file_transfer, job_request
+    from aso.runtime import Runner
+    from aso.transfer import open_service
+    from aso.transfer.base import job_id_for
+    from tests.pipeline_helpers import (
+        LINKS,
+        left_as,
+        plant_as_earlier_versions_left_them,
+        states,
+        upload,
+    )
+
+    config, path = pub_config, write_config(pub_config)
+    clean = aso("db", "migrate", config=path)
+    assert clean.returncode == 0, clean.stderr
+    assert clean.stdout.strip() == "nothing to migrate"
+
+    db = admin.db(config.store.files_db)
+    ids = upload(accounts, config, 5, users=("alice",), links=LINKS[:1])
+    dataset = "/Prim/alice-mig-v1/USER"
+    outputs = upload(accounts, config, 2, users=("alice",), links=LINKS[:1],
+                     task="261121_120001:alice_mig", publish=True,
+                     publish_info={"dataset": dataset, "events": 1, "parents": []})  # fmt: skip
+    docs = [db.get(i) for i in ids + outputs]
+    now = time.time()
+    ended = now - 60  # the earlier submitter's leases have ended
+
+    def lease(key):
+        return {"owner": "submitter-old", "until": ended, "job_key": key}
+
+    killed = left_as(docs[4], "state", "acquired", ended - 300, lease=lease("k-killed"))
+    legacy = [
+        left_as(docs[0], "state", "acquired", ended - 300, lease=lease("k-ran")),
+        left_as(docs[1], "state", "acquired", ended - 300, lease=lease("k-ran")),
+        left_as(docs[2], "state", "acquired", ended - 300, lease=lease("k-never")),
+        left_as(docs[3], "state", "acquired", ended - 300),
+        left_as(killed, "state", "kill_requested", ended - 200),  # its owner's kill
+    ]
+    published = []
+    for doc in docs[5:]:
+        for to in ("submitted", "done"):
+            doc = left_as(doc, "state", to, ended - 300)
+        published.append(doc)
+    block = make_block(published)
+    catalog = EmbeddedCatalog(admin.db(config.store.catalog_db))
+    catalog.publish_block(block)  # the earlier publisher's catalog call went through
+    legacy += [
+        left_as(d, "publication", "publishing", ended - 100, publication_block=block.name)
+        for d in published
+    ]
+    plant_as_earlier_versions_left_them(admin, config, legacy)
+    service = open_service(config)  # the job the earlier submitter did submit
+    try:
+        ran = legacy[:2]
+        files = tuple(file_transfer(config, d) for d in ran)
+        service.submit(job_request(config, "k-ran", ran, files))
+    finally:
+        service.close()
+
+    migrated = aso("db", "migrate", config=path)
+    assert migrated.returncode == 0, migrated.stderr
+    lines = migrated.stdout.splitlines()
+    assert lines[0].startswith("3 acquired → submitted") and lines[1].startswith("1 acquired → new")
+    assert lines[2].startswith("1 kill_requested: the job of its key recorded")
+    assert lines[3].startswith("2 publishing → pending") and lines[4] == "7 documents migrated"
+    stored = db.get_many(ids + outputs)
+    assert states(db, ids) == {"submitted": 3, "new": 1, "kill_requested": 1}
+    for doc_id, key in zip(ids[:5], ("k-ran", "k-ran", "k-never", None, "k-killed"), strict=True):
+        doc = stored[doc_id]
+        assert (doc.get("transfer") or {}).get("job_id") == (job_id_for(key) if key else None)
+        assert doc.get("lease") == (lease(key) if key else None)
+        # A kill whose job is recorded changes no state: no history entry of its own.
+        assert (doc["history"][-1]["by"] == "aso-db-migrate") == (key != "k-killed")
+    for doc_id in outputs:
+        assert stored[doc_id]["publication"] == "pending"
+        assert block.name in stored[doc_id]["history"][-1]["reason"]
+    again = aso("db", "migrate", config=path)
+    assert again.returncode == 0 and again.stdout.strip() == "nothing to migrate"
+
+    runners = [Runner(Monitor(config, "m1")), Runner(Submitter(config, "s1")),
+               Runner(Publisher(config, "p1"))]  # fmt: skip
+    finished = {"done": 4, "killed": 1}
+    run_until(
+        lambda: (
+            states(db, ids) == finished
+            and {d["publication"] for d in db.get_many(outputs).values()} == {"published"}
+        ),
+        runners,
+        describe=lambda: (
+            states(db, ids),
+            [d["publication"] for d in db.get_many(outputs).values()],
+        ),
+    )
+    stored = db.get_many(ids + outputs)
+    for doc_id in ids[:2]:  # followed: the job the earlier submitter made
+        assert [a["job_id"] for a in stored[doc_id]["attempts"]] == [job_id_for("k-ran")]
+    reasons = [h.get("reason") for h in stored[ids[2]]["history"]]
+    assert "lease expired, no job" in reasons  # released once its job was fenced, then copied
+    assert stored[ids[2]]["attempts"][0]["fenced"] == "absent"
+    assert stored[ids[4]]["attempts"][-1]["fenced"] == "absent"
+    assert {stored[i]["publication_block"] for i in outputs} == {block.name}
+    assert catalog.dataset_files(dataset) == {
+        block.name: sorted(stored[i]["destination_lfn"] for i in outputs)
+    }

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import Progress
 
 # Typer vendors click (typer._click) and re-exports none of its exceptions but Abort and Exit;
 # a usage error (unknown command or option, a bad value) is click's ClickException.
@@ -60,6 +61,7 @@ from aso.local.managed import local_store
 from aso.local.stores import LocalCluster, LocalStoreError
 from aso.local.xrootd import StorageError
 from aso.monitoring import queries
+from aso.provision import migrate as migration
 from aso.provision.designdocs import init_databases
 from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
@@ -306,6 +308,34 @@ def db_init(ctx: typer.Context) -> None:
     for line in report.lines():
         console.print(line)
     console.print(f"database {config.store.files_db} ready at {redact(config.store.url)}")
+
+
+@db_app.command("migrate")
+def db_migrate(ctx: typer.Context) -> None:
+    """Rewrite, once, the documents still in a state only earlier versions of 0.1.0 wrote
+    (`acquired`, `publishing`) as today's equivalent, with the admin account. Idempotent: run
+    it after `aso db init` when upgrading a store such versions wrote."""
+    config = _config(ctx)
+    db = _server(ctx, "admin").db(config.store.files_db)
+    ids = migration.candidates(db)
+    service = config.transfer.backend
+    if len(ids) <= migration.PAGE:
+        report = migration.migrate(db, service, ids)
+    else:
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task("documents migrated", total=len(ids))
+            report = migration.migrate(db, service, ids, advance=lambda n: progress.advance(bar, n))
+    if not report.written and not report.refused:
+        console.print("nothing to migrate")
+        return
+    for outcome in migration.OUTCOMES:
+        if report.counts[outcome]:
+            console.print(f"{report.counts[outcome]} {outcome}")
+    console.print(f"{report.written} documents migrated")
+    for doc_id, why in report.refused.items():
+        err_console.print(f"not migrated {doc_id}: {why}", markup=False)
+    if report.refused:
+        raise typer.Exit(1)
 
 
 @db_app.command("add-user")
