@@ -21,9 +21,7 @@ between them: each cycle it
 * waits, while its lease lasts, for the job of a file the submitter has just recorded
   `submitted` (the intent is written before the job goes to the service); when the lease has
   ended and the service still knows no job of its key (its submitter died, or the service did
-  not answer it), puts the file back to `new`;
-* settles expired leases of `acquired` files (written by older submitters): adopted if their
-  job reached the service (looked up by the job key in the lease), back to `new` if not.
+  not answer it), puts the file back to `new`.
 
 Nothing gets another attempt while its old job may still run: before a file whose job the
 service does not know is put back to `new`, failed as lost or killed, the job is *fenced*
@@ -32,7 +30,7 @@ its files ended there, cancelled where they had not. A job the service cannot an
 its files where they are. The lease only says when to look; the fence is what makes it safe
 (docs/design.md, "Leases and fences").
 
-Partition: by job (a job's files are followed by one instance), or by job key for leases.
+Partition: by job (a job's files are followed by one instance).
 """
 
 from __future__ import annotations
@@ -68,14 +66,12 @@ from aso.transfer.base import (
     FileStatus,
     JobStatus,
     TransferError,
-    job_id_for,
 )
-from aso.workqueue import ACTIVE, LEASE
+from aso.workqueue import ACTIVE
 
 log = logging.getLogger("aso.agent.monitor")
 
 STATUS_BATCH = 50  # jobs per status call
-ADOPTED = "adopted after lease expiry"
 # Seconds the monitor waits for its looks at destinations (copies the service did not verify);
 # a file whose look has not ended stays `submitted` until the next cycle takes the finding.
 LOOK_WAIT = 5.0
@@ -83,7 +79,7 @@ LOOK_WAIT = 5.0
 
 class Monitor(Agent):
     name = "monitor"
-    kinds = (ACTIVE, LEASE)
+    kinds = (ACTIVE,)
 
     def __init__(
         self,
@@ -101,9 +97,7 @@ class Monitor(Agent):
         self.confirmer = Confirmer(files)
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
-        if doc.get("transfer"):
-            return cast(str, doc["transfer"]["job_id"])
-        return cast(str, (doc.get("lease") or {}).get("job_key", doc["_id"]))
+        return cast(str, (doc.get("transfer") or {}).get("job_id", doc["_id"]))
 
     def close(self) -> None:
         self.service.close()
@@ -120,7 +114,7 @@ class Monitor(Agent):
 
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts(
-            "done", "failed", "killed", "adopted", "released", "fenced", "unfenced", "looked",
+            "done", "failed", "killed", "released", "fenced", "unfenced", "looked",
             "unconfirmed", "cleaned", "cleanup_errors", "conflicts",
         )  # fmt: skip
         updates: list[dict[str, Any]] = []
@@ -129,7 +123,6 @@ class Monitor(Agent):
         self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
         try:
             updates += self.poll(active, ctx, confirmed)
-            updates += self.settle_leases(ctx.work, ctx)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
         self.record(self.clean_at_done(updates, ctx.now, confirmed), ctx)
@@ -339,42 +332,6 @@ class Monitor(Agent):
             )
         return request.released(doc, self.instance, now, fenced)
 
-    def settle_leases(self, mine: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
-        """Expired leases, and kills of files that never got a job id in their document: each
-        settled once the job of its key is found, or fenced absent."""
-        now = ctx.now
-        updates = []
-        jobs: dict[str, str | None] = {}  # job key → job id: one look-up per key
-        for doc in mine:
-            lease = doc.get("lease") or {}
-            expired = doc[STATE] == "acquired" and lease.get("until", 0) < now
-            orphan_kill = doc[STATE] == "kill_requested" and not doc.get("transfer")
-            if not (expired or orphan_kill):
-                continue
-            key = lease.get("job_key")
-            if key and key not in jobs:
-                jobs[key] = self.service.lookup(key)
-            job_id = jobs.get(key) if key else None
-            if job_id and orphan_kill:
-                # Record the job (no transition): the cancel and its outcome then follow the
-                # path of every other kill of an active file.
-                updates.append(request.job_recorded(doc, job_id, self.service.name, now))
-            elif job_id:
-                updates.append(
-                    request.attempt_started(
-                        doc, job_id, self.service.name, self.instance, now, ADOPTED
-                    )
-                )
-            elif key:
-                fence = self.fenced(job_id_for(key), [doc], ctx)
-                if fence is not None and fence.verdict == ABSENT:
-                    updates += self.unless_a_branch_ran(
-                        [doc], ctx, lambda d: self.never_began(d, ABSENT, now, "was submitted")
-                    )
-            elif orphan_kill:  # no job key: no job was ever asked for
-                updates.append(self.never_began(doc, ABSENT, now, "was submitted"))
-        return updates
-
     def clean_at_done(
         self, updates: list[dict[str, Any]], now: float, confirmed: Collection[str] = ()
     ) -> list[dict[str, Any]]:
@@ -405,7 +362,6 @@ class Monitor(Agent):
                 "failed_attempt": "failed",
                 "killed": "killed",
                 "new": "released",
-                "submitted": "adopted",
             }.get(doc[STATE])
             if key and last.get("at") == doc["last_update"]:
                 ctx.count(key)

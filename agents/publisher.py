@@ -27,8 +27,7 @@ was published:
 A crash between the two leaves the files waiting: the next cycle makes the same block (the
 catalog answers "already there") or one with more files, which the catalog refuses for the
 files it holds in another block of the dataset: those are `published` there and the rest wait
-for the next block. (Earlier publishers recorded a block's name first, `publishing`:
-such files are finished like waiting ones.) A failed publication is retried up to
+for the next block. A failed publication is retried up to
 `publisher.max_attempts` times with backoff (`publication_error`, waiting again once the backoff
 is over), then the files end `publication_failed` with the reason, which `aso publish --retry
 TASK` resets. Partition: by (user, dataset).
@@ -56,7 +55,6 @@ from aso.core.cleanup import due as cleanup_due
 from aso.core.destination import DIFFERENT, UNANSWERED, Finding, not_published_reason, unchecked
 from aso.core.publication import (
     ERROR,
-    LEGACY,
     WAITING,
     close_blocks,
     dataset_of,
@@ -172,7 +170,7 @@ class Publisher(Agent):
         ]
         again, _ = self._advance(due, ERROR, ctx, lambda d: request.publication_retried(d, by, now))
         waiting: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for doc in [d for d in docs if d[PUBLICATION] in (WAITING, LEGACY)] + again:
+        for doc in [d for d in docs if d[PUBLICATION] == WAITING] + again:
             waiting[(doc["user"], dataset_of(doc))].append(doc)
         settings = self.config.publisher
         blocks = [
@@ -363,7 +361,7 @@ class Publisher(Agent):
 
         def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
             recorded.pop(doc["_id"], None)
-            if doc.get(STATE) != "done" or doc.get(PUBLICATION) not in (WAITING, LEGACY, ERROR):
+            if doc.get(STATE) != "done" or doc.get(PUBLICATION) not in (WAITING, ERROR):
                 return None
             block, why = where[doc["_id"]]
             new = request.published(doc, by, now, block, why)
@@ -419,12 +417,9 @@ class Publisher(Agent):
                 doc, by, now, reasons[doc["_id"]], attempts, retry_after, block
             )
 
-        written: list[dict[str, Any]] = []
-        for source in (WAITING, LEGACY):
-            moved, _ = self._advance(
-                [d for d in docs if d[PUBLICATION] == source], source, ctx, attempt
-            )
-            written += moved
+        written, _ = self._advance(
+            [d for d in docs if d[PUBLICATION] == WAITING], WAITING, ctx, attempt
+        )
         give_up = [
             d
             for d in written

@@ -10,7 +10,7 @@ ready, which go now and in which jobs, with the per-link and per-site caps honou
   unless the service refuses the job (`failed_attempt`) or names it otherwise than expected.
 A cycle does this for a batch of jobs at once (FILES_PER_BATCH files): one bulk write of
 intents, then the jobs to the service (`submit_many`: one bulk write of the job table for the
-gfal and sim services). (Earlier versions wrote the intent, `acquired`, and `submitted` apart.)
+gfal and sim services).
 
 Crash safety: a submitter killed after the intent leaves `submitted` documents whose job may
 not exist; the monitor finds no job for them and waits while their lease lasts, then asks the
@@ -54,20 +54,20 @@ from aso.runtime import Agent, Cycle
 from aso.store import Server, StoreError, rev_order
 from aso.transfer import open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
-from aso.workqueue import ACTIVE, LEASE, SUBMIT
+from aso.workqueue import ACTIVE, SUBMIT
 
 log = logging.getLogger("aso.agent.submitter")
 
 # Seconds of lease a submission must have left (more than its call may take; at most half the
 # lease, so short test leases work).
 SUBMIT_MARGIN = 120.0
-# Files whose jobs are acquired, submitted and marked together (one bulk write each way).
+# Files whose jobs are intended, submitted and marked together (one bulk write each way).
 FILES_PER_BATCH = 1000
 
 
 class Submitter(Agent):
     name = "submitter"
-    kinds = (SUBMIT, LEASE, ACTIVE)
+    kinds = (SUBMIT, ACTIVE)
 
     def __init__(
         self, config: Config, instance: str | None = None, *, server: Server | None = None
@@ -112,7 +112,7 @@ class Submitter(Agent):
             return 0
         written = ctx.write([request.lease_shortened(d, end) for d in stale])
         log.info(
-            "%d files acquired by this instance before its restart: leases end at +%.0f s",
+            "%d files leased by this instance before its restart: leases end at +%.0f s",
             len(written),
             margin,
         )
@@ -187,7 +187,7 @@ class Submitter(Agent):
         """The copy of every file of the plans, made before anything is written. A file this
         submitter cannot make a transfer of (a site its catalogue lacks, or any error of ours)
         stays `new` for the next cycle, `agents.set_aside_after` - 1 times in a row; then it
-        goes on with its job to be acquired and set aside at once (its reason instead of its
+        goes on with its job to be set aside at once (its reason instead of its
         copy): an unknown site once crash-looped the submitter and held up the files of the
         same cycle for minutes."""
         made: dict[str, FileTransfer | str] = {}

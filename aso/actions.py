@@ -2,7 +2,7 @@
 
 Both go through the owner's transitions of the model, which the store's validate_doc_update
 enforces: a kill is immediate for a file with nothing in flight (`new`, `retry`,
-`failed_attempt` → `killed`) and a request for the agents otherwise (`acquired`, `submitted` →
+`failed_attempt` → `killed`) and a request for the agents otherwise (`submitted` →
 `kill_requested`: the monitor cancels the transfer, then marks it killed); a resubmission puts
 `failed` and `killed` files back to `new`. A write that conflicts (an agent moved the file
 meanwhile) is read again and decided again, so a kill racing the submitter still lands.
@@ -23,7 +23,6 @@ KILL = {
     "new": "killed",
     "retry": "killed",
     "failed_attempt": "killed",
-    "acquired": "kill_requested",
     "submitted": "kill_requested",
 }
 RESUBMIT = {"failed": "new", "killed": "new"}

@@ -174,12 +174,10 @@ class LogConfig:
 class TransferConfig:
     backend: str = _key("gfal", "Transfer service: gfal (embedded), fts3 (production) or sim.")
     max_files_per_job: int = _key(100, "Most files in one transfer job.")
-    max_active_per_link: int = _key(
-        100, "Most files acquired or in transfer per source→destination."
-    )
+    max_active_per_link: int = _key(100, "Most files in transfer per source→destination.")
     max_active_per_site: int = _key(
         200,
-        "Most files acquired or in transfer from or to one site (unless the site sets its own).",
+        "Most files in transfer from or to one site (unless the site sets its own).",
     )
     overwrite: bool = _key(False, "Overwrite a file that exists at the destination.")
     verify_checksum: bool = _key(True, "Compare adler32 of source, destination and request.")

@@ -40,7 +40,7 @@ def clean_one(
 ) -> Outcome:
     """Confirm the destination, then delete the temporary copy; never the other way round.
     `confirmed`: the caller confirmed the destination in this cycle (the publisher, before
-    publishing; the monitor, before recording `done`): no second look."""
+    its catalog call; the monitor, before recording `done`): no second look."""
     if not model.in_temp_area(doc["user"], doc["source_lfn"]):  # an admin-written request
         return Outcome(
             False, f"refused: {doc['source_lfn']} is not in {doc['user']}'s temporary area"

@@ -50,7 +50,6 @@ AXES = (STATE, CLEANUP, PUBLICATION)
 STATES: dict[str, tuple[str, ...]] = {
     STATE: (
         "new",  # waiting for the submitter
-        "acquired",  # an intent without its job (submitters of earlier versions only)
         "submitted",  # with the transfer service, under the job the document names (the
         # submitter writes it just before its call, with a lease: the monitor releases the
         # file if the service never got the job)
@@ -70,7 +69,6 @@ STATES: dict[str, tuple[str, ...]] = {
     PUBLICATION: (
         "not_required",  # publish is false, or a log file
         "pending",  # waits for a block
-        "publishing",  # a block's name recorded first (publishers of earlier versions only)
         "published",  # in the catalog
         "publication_error",  # the last publication failed; retried up to a limit
         "publication_failed",  # given up; the user may reset it to pending
@@ -88,13 +86,13 @@ FINAL: dict[str, tuple[str, ...]] = {
 ON_ITS_WAY: tuple[str, ...] = tuple(s for s in STATES[STATE] if s not in FINAL[STATE])
 # The named subsets every module uses; no other module spells a subset of states out.
 AT_THE_SERVICE = ("submitted", "kill_requested")  # a job at the transfer service carries the file
-BEFORE_A_JOB = ("new", "acquired", "retry")  # no job carries it (set aside before one is made)
+BEFORE_A_JOB = ("new", "retry")  # no job carries it (set aside before one is made)
 # The submitter's queue: new files, and failed ones whose cool-off is over (`retry_after`).
 TO_SUBMIT = ("new", "retry")
-IN_FLIGHT = ("acquired", *AT_THE_SERVICE)  # counted against the link and site caps
+IN_FLIGHT = AT_THE_SERVICE  # counted against the link and site caps
 CLEANUP_DUE = ("pending", "cleanup_error")  # a temporary copy still to delete
-PUBLICATION_DUE = ("pending", "publishing", "publication_error")  # the publisher's to finish
-IN_A_BLOCK = ("publishing", "published")  # the file's block is recorded in its document
+PUBLICATION_DUE = ("pending", "publication_error")  # the publisher's to finish
+IN_A_BLOCK = ("published",)  # the file's block is recorded in its document
 AFTER_AN_ERROR = ("cleanup_error", "publication_error")  # the document carries the last error
 STOPPED = ("failed_attempt", "killed")  # an attempt that ended without the file copied
 # Final states without a copy: nothing to clean or publish; the owner may resubmit them.
@@ -126,7 +124,6 @@ WORK: dict[str, dict[str, tuple[str, ...]]] = {
     # The submitter: a `retry` once its cool-off is over (`retry_after`), submitted from there
     # (earlier retry managers wrote it back to `new` first: a write per failure).
     "submit": {STATE: TO_SUBMIT},
-    "lease": {STATE: ("acquired",)},  # the monitor, once the lease has ended
     "active": {STATE: AT_THE_SERVICE},  # the monitor
     "decide": {STATE: ("failed_attempt",)},  # the retry manager
     # The cleaner, once the file's publication is over: the publisher cleans the files it
@@ -152,12 +149,6 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("submitted", "new"): _A,  # lease over and the service never got the job
         ("submitted", "done"): _A,  # monitor: copied and verified
         ("submitted", "failed_attempt"): _A,  # the attempt failed, the job was refused or lost
-        # Earlier submitters wrote their intent (`acquired`) and `submitted` apart;
-        # their files are finished from there (the monitor adopts or releases them).
-        ("new", "acquired"): _A,
-        ("acquired", "submitted"): _A,
-        ("acquired", "new"): _A,
-        ("acquired", "failed_attempt"): _A,
         ("failed_attempt", "retry"): _A,  # retry manager: try again after a cool-off
         ("failed_attempt", "failed"): _A,  # retry manager: permanent error / out of attempts
         ("retry", "new"): _A,  # earlier retry managers: cool-off over
@@ -166,8 +157,7 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("new", "killed"): _O,  # nothing in flight: the user's kill is immediate
         ("retry", "killed"): _O,
         ("failed_attempt", "killed"): _O,
-        ("acquired", "kill_requested"): _O,  # in flight: an agent cancels, then kills
-        ("submitted", "kill_requested"): _O,
+        ("submitted", "kill_requested"): _O,  # in flight: an agent cancels, then kills
         ("failed", "new"): _O,  # resubmission
         ("killed", "new"): _O,
     },
@@ -182,11 +172,6 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("publication_error", "pending"): _A,  # the backoff is over: waits for a block again
         ("publication_error", "publication_failed"): _A,
         ("publication_failed", "pending"): _O,  # `aso publish --retry`: the user resets it
-        # Earlier publishers recorded a block's name before the catalog call; their
-        # files are finished from there (published, failed, or waiting again).
-        ("publishing", "published"): _A,
-        ("publishing", "publication_error"): _A,
-        ("publishing", "pending"): _A,
     },
 }
 

@@ -69,7 +69,6 @@ NO_SUCH_FILE = "no such file"  # aso.files.mismatch's word for a missing file
 # Who acts on a request stuck in a value: (agent to look at, what it should have done).
 RESPONSIBLE = {
     (STATE, "new"): "the submitter (is one running? are the link or site limits full?)",
-    (STATE, "acquired"): "the monitor, which settles expired leases (is one running?)",
     (STATE, "failed_attempt"): "the retry manager (is one running?)",
     (STATE, "retry"): "the submitter, once the cool-off is over (is one running? are the link or "
     "site limits full?)",
@@ -173,8 +172,6 @@ class Request:
     dataset: str
     publication_block: str | None
     entered: tuple[float, float, float]  # when each axis took its present value (AXES order)
-    lease_until: float | None = None
-    lease_owner: str | None = None
     retry_after: float | None = None
     job_id: str | None = None
     last_error: str | None = None  # cleanup_error / publication_error, for the details
@@ -183,7 +180,6 @@ class Request:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Request:
-        lease = doc.get("lease") or {}
         return cls(
             id=doc["_id"],
             rev=doc.get("_rev", ""),
@@ -201,8 +197,6 @@ class Request:
             dataset=(doc.get("publish_info") or {}).get("dataset", "") if doc["publish"] else "",
             publication_block=doc.get("publication_block"),
             entered=entered_times(doc),
-            lease_until=lease.get("until"),
-            lease_owner=lease.get("owner"),
             retry_after=doc.get("retry_after"),
             job_id=(doc.get("transfer") or {}).get("job_id"),
             last_error=doc.get("cleanup_error") or doc.get("publication_error"),
@@ -284,26 +278,18 @@ def stuck_axes(request: Request) -> list[str]:
     return [axis for axis in (CLEANUP, PUBLICATION) if getattr(request, axis) not in FINAL[axis]]
 
 
-def find_stuck(
-    requests: Iterable[Request],
-    now: float,
-    stuck_after: float,
-    catalog: CatalogState | None = None,
-) -> list[Finding]:
-    """Requests whose last transition on a non-final axis is older than `stuck_after`.
-    `catalog` (what it holds) decides the repair of a stuck `publishing`."""
+def find_stuck(requests: Iterable[Request], now: float, stuck_after: float) -> list[Finding]:
+    """Requests whose last transition on a non-final axis is older than `stuck_after`."""
     findings = []
     for request in requests:
         for axis in stuck_axes(request):
             age = now - request.since(axis)
             if age >= stuck_after:
-                findings.append(_stuck(request, axis, age, now, catalog))
+                findings.append(_stuck(request, axis, age, now))
     return findings
 
 
-def _stuck(
-    request: Request, axis: str, age: float, now: float, catalog: CatalogState | None
-) -> Finding:
+def _stuck(request: Request, axis: str, age: float, now: float) -> Finding:
     value = getattr(request, axis)
     detail = f"{axis} {value} for {_age(age)}"
     repair = None
@@ -320,36 +306,7 @@ def _stuck(
             "job_lost",
             cancel_job=job,
         )
-    elif axis == PUBLICATION and value == "publishing":
-        block = request.publication_block
-        detail += f" in block {block}"
-        if catalog is not None and catalog.holds(block, request.destination_lfn):
-            detail += ", which the catalog holds"
-            repair = Repair(
-                TRANSITION,
-                "publication publishing → published (the block is in the catalog)",
-                AGENT,
-                ((PUBLICATION, "publishing", "published"),),
-                "published",
-                {"block": block},
-            )
-        elif catalog is not None:
-            detail += ", which the catalog does not hold"
-            repair = Repair(
-                TRANSITION,
-                "publication publishing → pending (block abandoned; the publisher makes another)",
-                AGENT,
-                ((PUBLICATION, "publishing", "pending"),),
-                "block_abandoned",
-            )
     else:
-        if axis == STATE and value == "acquired" and request.lease_until is not None:
-            left = request.lease_until - now
-            detail += (
-                f", leased to {request.lease_owner}, lease expired {_age(-left)} ago"
-                if left < 0
-                else f", leased to {request.lease_owner} for {_age(left)} more"
-            )
         if axis == STATE and value == "retry" and (request.retry_after or 0) <= now:
             detail += f", its cool-off ended {_age(now - (request.retry_after or 0))} ago"
         if request.last_error and value in model.AFTER_AN_ERROR:
@@ -743,7 +700,7 @@ def reconcile(
     if CONFLICT in wanted:
         report.findings += find_conflicts(requests, now, 2 * config.transfer.lease)
     if STUCK in wanted:
-        report.findings += find_stuck(requests, now, settings.stuck_after, state)
+        report.findings += find_stuck(requests, now, settings.stuck_after)
     if files is not None and any(k in wanted for k in STORAGE_KINDS):
         _check_storage(config, files, requests, wanted, now, report)
     elif any(k in wanted for k in STORAGE_KINDS):
@@ -762,12 +719,9 @@ def reconcile(
 def _catalog_state(
     catalog: Catalog | None, requests: list[Request], wanted: tuple[str, ...], report: Report
 ) -> CatalogState | None:
-    """The catalog's blocks, read when a check of `wanted` needs them (a stuck file's
-    publication is one); None otherwise or when it cannot be read (an error of the report)."""
-    catalog_wanted = catalog is not None and (
-        any(k in wanted for k in CATALOG_KINDS)
-        or (STUCK in wanted and any(r.publication == "publishing" for r in requests))
-    )
+    """The catalog's blocks, read when a check of `wanted` needs them; None otherwise or when
+    it cannot be read (an error of the report)."""
+    catalog_wanted = catalog is not None and any(k in wanted for k in CATALOG_KINDS)
     if not catalog_wanted:
         if any(k in wanted for k in CATALOG_KINDS):
             report.errors.append("no catalog given: catalog checks skipped")

@@ -33,7 +33,7 @@ QUEUE_DDOC = "queue"
 QUEUE_VIEW = "work"
 
 KINDS = tuple(model.WORK)
-SUBMIT, LEASE, ACTIVE, DECIDE, CLEAN, PUBLISH = KINDS
+SUBMIT, ACTIVE, DECIDE, CLEAN, PUBLISH = KINDS
 # The kinds of the requests still on their way: each state of model.ON_ITS_WAY is the work of
 # one of them (tests/test_workqueue.py holds the two lists together).
 ON_ITS_WAY_KINDS = tuple(
@@ -47,8 +47,6 @@ def work_key(kind: str, doc: Mapping[str, Any]) -> list[Any]:
     """The rest of a kind's key: what its agent reads a range of (map.js keyOf)."""
     if kind == SUBMIT:
         return [doc["user"], doc["source"], doc["destination"]]
-    if kind == LEASE:
-        return [(doc.get("lease") or {}).get("until", 0)]
     if kind == ACTIVE:
         return [(doc.get("transfer") or {}).get("job_id", "")]
     if kind == DECIDE:

@@ -94,8 +94,7 @@ def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, 
     attempts = []
     tries = 1 + (rng.random() < 0.08) + (rng.random() < 0.02)
     for n in range(tries):
-        move("state", "acquired", 30)
-        move("state", "submitted", 5)
+        move("state", "submitted", 35)
         if fresh and rng.random() < 0.5:
             break
         job = {"job_id": f"{i:08x}-{n}", "service": "https://fts3.example:8446", "submitted": t}

@@ -1,7 +1,7 @@
 """Benchmark: how should agents find their work? The shared queue view against `_changes`-driven
 work sets, side by side in one run, on the same store.
 
-A small pipeline moves every file through the agents' steps (upload → acquired → submitted →
+A small pipeline moves every file through the agents' steps (upload → submitted →
 done → cleaned, and published for outputs) in rounds. Each agent reads its work
 before it acts, either
 
@@ -52,7 +52,7 @@ USER = "benchuser"
 # (agent, kind it reads, the changes it makes on each document of that kind)
 STRATEGIES = ("view", "changes", "changes+warm")
 STEPS: list[tuple[str, str, list[list[tuple[str, str]]]]] = [
-    ("submitter", SUBMIT, [[(STATE, "acquired")], [(STATE, "submitted")]]),
+    ("submitter", SUBMIT, [[(STATE, "submitted")]]),
     ("monitor", ACTIVE, [[(STATE, "done")]]),
     ("cleaner", CLEAN, [[(CLEANUP, "cleaned")]]),
     ("publisher", PUBLISH, [[(PUBLICATION, "published")]]),

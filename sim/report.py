@@ -427,12 +427,9 @@ def stages(doc: Mapping[str, Any], done_at: float) -> dict[str, float]:
     ended = attempts[-1].get("ended") if attempts else None
     if "new" not in marks or "submitted" not in marks or ended is None:
         return {}
-    intent = marks.get("acquired", marks["submitted"])
-    if not marks["new"] <= intent <= marks["submitted"]:  # an earlier attempt's intent
-        intent = marks["submitted"]
     return {
-        "queued": max(0.0, intent - marks["new"]),
-        "submitting": marks["submitted"] - intent,
+        "queued": max(0.0, marks["submitted"] - marks["new"]),
+        "submitting": 0.0,  # the intent and the attempt are one write (`submitted`)
         "at_service": float(ended) - marks["submitted"],
         "reporting": max(0.0, done_at - float(ended)),
     }

@@ -19,12 +19,11 @@ def put_in_states(accounts, files_db, task: str, wanted: list[str]) -> list[str]
     owner, agent = db_as(accounts, "alice", files_db), db_as(accounts, "agent", files_db)
     path = {
         "new": [],
-        "acquired": ["acquired"],
-        "submitted": ["acquired", "submitted"],
-        "failed_attempt": ["acquired", "submitted", "failed_attempt"],
-        "retry": ["acquired", "submitted", "failed_attempt", "retry"],
-        "failed": ["acquired", "submitted", "failed_attempt", "failed"],
-        "done": ["acquired", "submitted", "done"],
+        "submitted": ["submitted"],
+        "failed_attempt": ["submitted", "failed_attempt"],
+        "retry": ["submitted", "failed_attempt", "retry"],
+        "failed": ["submitted", "failed_attempt", "failed"],
+        "done": ["submitted", "done"],
     }
     ids = []
     for i, state in enumerate(wanted):
@@ -39,7 +38,7 @@ def put_in_states(accounts, files_db, task: str, wanted: list[str]) -> list[str]
 
 def test_kill_then_resubmit_a_task(files_db, accounts):
     task = "261121_180000:alice_kill"
-    wanted = ["new", "acquired", "submitted", "failed_attempt", "retry", "failed", "done"]
+    wanted = ["new", "submitted", "submitted", "failed_attempt", "retry", "failed", "done"]
     ids = put_in_states(accounts, files_db, task, wanted)
     owner = db_as(accounts, "alice", files_db)
     report = kill(owner, task, None, "alice")
@@ -81,7 +80,7 @@ def test_kill_one_job_only(files_db, accounts):
 
 
 def test_a_kill_racing_the_submitter_still_lands(files_db, accounts):
-    """The owner read `new`; the submitter acquired it meanwhile: the write conflicts, the
+    """The owner read `new`; the submitter submitted it meanwhile: the write conflicts, the
     request is read again and becomes kill_requested."""
     task = "261121_180002:alice_race"
     [doc_id] = put_in_states(accounts, files_db, task, ["new"])
@@ -89,7 +88,7 @@ def test_a_kill_racing_the_submitter_still_lands(files_db, accounts):
     seen = owner.get(doc_id)
     moved = model.transition(
         seen,
-        [Change(STATE, "acquired", "s1")],
+        [Change(STATE, "submitted", "s1")],
         AGENT,
         lease={"owner": "s1", "until": 1e10, "job_key": "k"},
     )
@@ -149,7 +148,7 @@ def test_publish_retry_command(files_db, accounts, store_config, tmp_path):
         "alice", task=task, publish=True, publish_info={"dataset": "/P/alice-q-v1/USER"}
     )
     doc["_rev"] = owner.create(doc)
-    moves = [(STATE, "acquired"), (STATE, "submitted"), (STATE, "done"),
+    moves = [(STATE, "submitted"), (STATE, "done"),
              (PUBLICATION, "publication_error"),
              (PUBLICATION, "publication_failed")]  # fmt: skip
     for axis, to in moves:

@@ -64,7 +64,7 @@ def done_request(
     owner = accounts[writer].db(config.store.files_db)
     agent = accounts["agent"].db(config.store.files_db)
     doc["_rev"] = owner.create(doc)
-    for to in ("acquired", "submitted", "done"):
+    for to in ("submitted", "done"):
         doc = model.transition(doc, [Change(STATE, to, "test")], AGENT)
         doc["_rev"] = agent.put(doc)
     return doc
@@ -153,7 +153,7 @@ def sim_done_requests(config, accounts, n: int) -> list[dict[str, Any]]:
         doc = sample_request("alice")
         agent = accounts["agent"].db(config.store.files_db)
         doc["_rev"] = accounts["alice"].db(config.store.files_db).create(doc)
-        for to in ("acquired", "submitted", "done"):
+        for to in ("submitted", "done"):
             doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
             doc["_rev"] = agent.put(doc)
         docs.append(doc)

@@ -114,12 +114,13 @@ def test_below_the_quorum_a_write_is_contested_and_kept(cluster):
     for index in (2, 3):
         assert store.node(index).kill()
     try:
-        moved = model.transition(doc, [Change(STATE, "acquired", "sub-1")], AGENT)
+        moved = model.transition(doc, [Change(STATE, "submitted", "sub-1")], AGENT)
         with pytest.raises(Contested):
             db.put(moved)
-        [result] = db.bulk_write([model.transition(other, [Change(STATE, "acquired", "s")], AGENT)])
+        moved_too = model.transition(other, [Change(STATE, "submitted", "s")], AGENT)
+        [result] = db.bulk_write([moved_too])
         assert not result.ok and result.conflict and result.accepted and result.rev
-        assert db.get(doc["_id"])[STATE] == "acquired"  # kept: nothing beats it
+        assert db.get(doc["_id"])[STATE] == "submitted"  # kept: nothing beats it
         assert db.get(other["_id"])["_rev"] == result.rev
     finally:
         for index in (2, 3):
@@ -129,7 +130,7 @@ def test_below_the_quorum_a_write_is_contested_and_kept(cluster):
 
 def test_a_purge_withdraws_the_conflicting_branches_of_what_it_deletes(files_db, accounts):
     """CLUSTER_CONFLICTING_BRANCHES: deleting a request's winning revision would make a
-    conflicting branch the document again (here an unfinished `acquired`); the purge withdraws
+    conflicting branch the document again (here an unfinished `submitted`); the purge withdraws
     the branches with it."""
     agent = db_as(accounts, "agent", files_db)
     doc, _, low = conflicted(files_db, accounts, "1" * 32)

@@ -489,7 +489,9 @@ def submitted_at_fts(
         service.close()
     agent = accounts["agent"].db(config.store.files_db)
     for i, doc in enumerate(docs):
-        docs[i] = request.attempt_started(doc, job_id, "fts3", "test", time.time())
+        now = time.time()
+        lease = {"owner": "test", "until": now, "job_key": job_id}
+        docs[i] = request.submitted(doc, job_id, "fts3", "test", now, lease)
         docs[i]["_rev"] = agent.put(docs[i])
     return job_id, docs
 

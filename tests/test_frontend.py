@@ -377,13 +377,13 @@ def test_agents_and_operators_act_in_their_roles(frontend, pki, files_db, admin)
     doc = sample_request("carol")
     assert call(frontend, pki, carol, "POST", f"/{files_db}", json=doc).status_code == 201
     current = admin.db(files_db).get(doc["_id"])
-    acquired = model.transition(current, [Change(STATE, "acquired", "agent-host")], AGENT)
+    moved = model.transition(current, [Change(STATE, "submitted", "agent-host")], AGENT)
     # Alice cannot make the agents' transition; the agent can.
     assert (
-        call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=acquired).status_code
+        call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=moved).status_code
         == 403
     )
-    answer = call(frontend, pki, agent, "PUT", f"/{files_db}/{doc['_id']}", json=acquired)
+    answer = call(frontend, pki, agent, "PUT", f"/{files_db}/{doc['_id']}", json=moved)
     assert answer.status_code == 201, answer.text
     # An operator repairs any request (here: a priority no transition gives), but design
     # documents are the store admin's (`aso db init`), not anybody's through the front end.
@@ -504,7 +504,7 @@ def test_an_agent_works_through_the_front_end_with_its_host_certificate(
     db = admin.db(files_db)
     doc = sample_request("carol")
     doc["_rev"] = db.create(doc)
-    for to in ("acquired", "submitted", "failed_attempt"):
+    for to in ("submitted", "failed_attempt"):
         doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
         doc["_rev"] = db.put(doc)
     agent = RetryManager(client_config, "fe-retry")

@@ -164,14 +164,14 @@ def test_failures_carry_gfal2s_reason_and_class(gfal_config, accounts, admin):
         b"someone else's file"
     )  # not overwritten
     assert stored[present[1]["_id"]][STATE] == "done"
-    assert states(db, ids)["acquired"] == 0
+    assert states(db, ids)["submitted"] == 0
 
 
 def test_a_storage_server_stopped_mid_run_is_a_connection_failure(
     gfal_config, accounts, admin, storage, watchdog
 ):
     """The destination's server stops after the first copies: those are done, the rest fail
-    with gfal2's connection error, nothing is left acquired or submitted."""
+    with gfal2's connection error, nothing is left submitted."""
     config = dataclasses.replace(gfal_config, gfal=dataclasses.replace(gfal_config.gfal, workers=1))
     docs = put_files(config, accounts, 30, users=("alice",), sizes=(1 << 20, 2 << 20))
     ids = [d["_id"] for d in docs]

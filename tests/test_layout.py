@@ -42,9 +42,9 @@ def test_no_module_spells_out_a_subset_of_states():
 def test_the_check_sees_a_subset_where_there_is_one():
     sample = ROOT / "aso" / "sample_for_the_layout_test.py"
     try:
-        sample.write_text('IN_FLIGHT = ("acquired", "submitted")\nONE = ("done",)\n')
+        sample.write_text('IN_FLIGHT = ("submitted", "kill_requested")\nONE = ("done",)\n')
         assert python_subsets(sample) == [
-            "aso/sample_for_the_layout_test.py:1: ['acquired', 'submitted']"
+            "aso/sample_for_the_layout_test.py:1: ['submitted', 'kill_requested']"
         ]
     finally:
         sample.unlink()

@@ -36,15 +36,15 @@ LINKS = (("T2_CH_CERN", "T2_DE_DESY"), ("T2_IT_Pisa", "T2_DE_DESY"))
 # --- the pure parts ----------------------------------------------------------------------------
 def test_moves_of_a_write_are_its_new_history_entries_with_the_time_spent_before():
     doc = model.new_request(**_request_fields(), at=1000.0)
-    acquired = model.transition(doc, [model.Change("state", "acquired", "submitter")],
-                                model.AGENT, at=1010.0)  # fmt: skip
-    submitted = model.transition(
-        acquired, [model.Change("state", "submitted", "submitter")], model.AGENT, at=1012.5
+    submitted = model.transition(doc, [model.Change("state", "submitted", "submitter")],
+                                 model.AGENT, at=1010.0)  # fmt: skip
+    done = model.transition(
+        submitted, [model.Change("state", "done", "monitor")], model.AGENT, at=1012.5
     )
-    assert metrics.moves_of(acquired, doc) == [("state", "new", "acquired", 10.0)]
-    assert metrics.moves_of(submitted, acquired) == [("state", "acquired", "submitted", 2.5)]
+    assert metrics.moves_of(submitted, doc) == [("state", "new", "submitted", 10.0)]
+    assert metrics.moves_of(done, submitted) == [("state", "submitted", "done", 2.5)]
     # Without the version before, the entries stamped at last_update are the write's.
-    assert metrics.moves_of(submitted) == [("state", "acquired", "submitted", 2.5)]
+    assert metrics.moves_of(done) == [("state", "submitted", "done", 2.5)]
     # A write that moves nothing (a lease renewed) keeps last_update: no move counted twice.
     renewed = dict(submitted, lease={"until": 2000.0})
     assert metrics.moves_of(renewed, submitted) == []

@@ -51,24 +51,24 @@ def test_new_request_records_its_creation():
 
 def test_transition_appends_history_and_checks_the_role():
     doc = sample_request("alice")
-    acquired = model.transition(
+    submitted = model.transition(
         doc,
-        [Change(STATE, "acquired", "submitter@h:1")],
+        [Change(STATE, "submitted", "submitter@h:1")],
         AGENT,
         at=5.0,
         lease={"owner": "submitter@h:1", "until": 9.0},
     )
-    assert acquired["state"] == "acquired" and acquired["last_update"] == 5.0
-    assert acquired["history"][-1] == {
+    assert submitted["state"] == "submitted" and submitted["last_update"] == 5.0
+    assert submitted["history"][-1] == {
         "axis": "state",
         "from": "new",
-        "to": "acquired",
+        "to": "submitted",
         "at": 5.0,
         "by": "submitter@h:1",
     }
     assert doc["state"] == "new" and len(doc["history"]) == 1  # the input is untouched
     with pytest.raises(model.TransitionError, match="owner may not change state"):
-        model.transition(doc, [Change(STATE, "acquired", "alice")], OWNER)
+        model.transition(doc, [Change(STATE, "submitted", "alice")], OWNER)
     with pytest.raises(model.TransitionError, match="cleanup may only change while state"):
         model.transition(doc, [Change("cleanup", "cleaned", "c")], AGENT)
     with pytest.raises(model.TransitionError, match="has no state"):
@@ -94,7 +94,7 @@ def test_validation_model_is_json_and_complete():
 
     data = json.loads(json.dumps(model.validation_model()))
     assert set(data["transitions"]) == set(model.AXES)
-    assert data["transitions"]["state"]["new>acquired"] == ["agent"]
+    assert data["transitions"]["state"]["new>submitted"] == ["agent"]
 
 
 def test_role_of():

@@ -121,7 +121,6 @@ def failed_request(user: str, task: str, at: float, n: int) -> dict[str, Any]:
         t += 1
         doc = model.transition(doc, [Change(model.STATE, to, "test")], model.ADMIN, at=t, **fields)
 
-    step("acquired")
     step("submitted")
     reason = f"gone ({n})"
     attempt = {"job_id": f"job-{n}", "service": "sim", "submitted": t, "ended": t + 1,

@@ -514,7 +514,7 @@ def test_the_links_pages_count_each_link_as_the_documents_do(scene: Scene) -> No
     page.click("nav a[href='#links']")
     page.wait_for_selector("#matrix")
     assert reloaded("#matrix") <= MAX_REQUESTS
-    active, failed = ("acquired", "submitted", "kill_requested"), ("failed", "failed_attempt")
+    active, failed = ("submitted", "kill_requested"), ("failed", "failed_attempt")
     per_link: dict[str, Counter] = {}
     for d in docs:
         per_link.setdefault(f"{d['source']}>{d['destination']}", Counter())[d["state"]] += 1

@@ -102,8 +102,7 @@ def test_failed_attempts_carry_reason_and_class(sim_config, accounts, admin):
     run_until(
         lambda: (
             sum(states(db, ids).values()) == 6
-            and states(db, ids)["acquired"] + states(db, ids)["submitted"] + states(db, ids)["new"]
-            == 0
+            and states(db, ids)["submitted"] + states(db, ids)["new"] == 0
         ),
         runners,
     )
@@ -210,9 +209,9 @@ def test_submitter_killed_between_intent_and_submission(sim_config, accounts, ad
 
 
 def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, accounts, admin):
-    """kill -9 after `acquired`; the same instance started again (as `aso run` does) ends the
-    leases its dead predecessor took at SUBMIT_MARGIN after its own start instead of their
-    full length; another instance leaves them alone. The files then end done."""
+    """kill -9 after the intent (`submitted`); the same instance started again (as `aso run`
+    does) ends the leases its dead predecessor took at SUBMIT_MARGIN after its own start
+    instead of their full length; another instance leaves them alone. The files then end done."""
     config = dataclasses.replace(
         sim_config, transfer=dataclasses.replace(sim_config.transfer, lease=20.0)
     )
@@ -222,8 +221,8 @@ def test_a_restarted_submitter_ends_its_predecessors_leases_early(sim_config, ac
     db = admin.db(config.store.files_db)
     taken = {i: d["lease"]["until"] for i, d in db.get_many(ids).items()}
     other = Submitter(config, "someone-else")
-    acquired = list(db.get_many(ids).values())
-    assert other.shorten_predecessors_leases(Runner(other).context(acquired, {})) == 0
+    intended = list(db.get_many(ids).values())
+    assert other.shorten_predecessors_leases(Runner(other).context(intended, {})) == 0
     assert {i: d["lease"]["until"] for i, d in db.get_many(ids).items()} == taken
     again = Runner(Submitter(config, "submitter-crashing"))
     again.workset.start()

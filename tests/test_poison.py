@@ -138,7 +138,7 @@ def test_a_retry_policy_failing_on_one_file_gives_it_up(sim_config, accounts, ad
     docs = uploaded(sim_config, accounts, 4)
     agent_db = accounts["agent"].db(sim_config.store.files_db)
     for doc in docs:  # four failed attempts, waiting for the retry manager's decision
-        for to in ("acquired", "failed_attempt"):
+        for to in ("submitted", "failed_attempt"):
             doc.update(model.transition(doc, [Change(STATE, to, "t", "boom")], AGENT))
             doc["_rev"] = agent_db.put(doc)
     poison = docs[0]["_id"]
@@ -159,7 +159,7 @@ def test_a_cleaner_failing_on_one_file_parks_it_with_the_reason(
     docs = uploaded(sim_config, accounts, 3)
     agent_db = accounts["agent"].db(sim_config.store.files_db)
     for doc in docs:
-        for to in ("acquired", "submitted", "done"):
+        for to in ("submitted", "done"):
             doc.update(model.transition(doc, [Change(STATE, to, "t")], AGENT))
             doc["_rev"] = agent_db.put(doc)
     poison = docs[0]["_id"]
@@ -296,7 +296,7 @@ def test_each_cycle_gets_its_context_from_the_harness(sim_config, accounts, admi
     agent_db = accounts["agent"].db(sim_config.store.files_db)
     for doc in docs:  # cooling off, due at 1000.0 on the test's clock
         for to, extra in (
-            ("acquired", {}),
+            ("submitted", {}),
             ("failed_attempt", {}),
             ("retry", {"retry_after": 1000.0}),
         ):

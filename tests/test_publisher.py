@@ -19,9 +19,11 @@ from aso.catalog.base import Catalog, CatalogError
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.core.publication import close_blocks, done_at, make_block
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
+from aso.provision.migrate import TO_PENDING, candidates, migrate
 from aso.runtime import Runner
 from aso.store import Database
 from tests.conftest import sample_request
+from tests.pipeline_helpers import left_as, plant_as_earlier_versions_left_them
 
 DATASET = "/Prim/alice-proc-v1/USER"
 
@@ -52,7 +54,7 @@ def done_outputs(
             },
         )
         doc["_rev"] = owner.create(doc)
-        for to in ("acquired", "submitted", "done") if state_done else ("acquired",):
+        for to in ("submitted", "done") if state_done else ("submitted",):
             doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
             doc["_rev"] = agent.put(doc)
         docs.append(doc)
@@ -254,20 +256,27 @@ def test_another_agent_writing_the_same_files_meanwhile_splits_no_block(
     assert {d["publication_block"] for d in stored.values()} == set(blocks)
 
 
-def test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog(
+def test_files_an_earlier_publisher_left_publishing_are_migrated_then_finished_by_the_catalog(
     pub_config, accounts, admin
 ):
-    """Publishers before issue 22 recorded a block's name first (`publishing`) and could die
-    there: such files are blocked again with the waiting ones, and the catalog decides. A
-    block it never got is made whole and published; one it holds keeps its files."""
+    """Publishers of earlier versions recorded a block's name first (`publishing`) and could
+    die there: `aso db migrate` puts such files back to `pending`, the block's name in the
+    history, and the publisher blocks them again with the waiting ones; the catalog decides.
+    A block it never got is made whole and published; one it holds keeps its files."""
     agent = accounts["agent"].db(pub_config.store.files_db)
     admin_db = admin.db(pub_config.store.files_db)
 
     def left_publishing(docs, name):
-        # An older publisher's intent (no agent writes it now: planted as an admin).
+        legacy = [
+            left_as(doc, PUBLICATION, "publishing", time.time(), publication_block=name)
+            for doc in agent.get_many(d["_id"] for d in docs).values()
+        ]
+        plant_as_earlier_versions_left_them(admin, pub_config, legacy)
+        report = migrate(admin_db, "sim", candidates(admin_db))
+        assert report.counts == {TO_PENDING: len(docs)} and not report.refused
         for doc in agent.get_many(d["_id"] for d in docs).values():
-            change = Change(PUBLICATION, "publishing", "p-old")
-            admin_db.put(model.transition(doc, [change], model.ADMIN, publication_block=name))
+            assert doc[PUBLICATION] == "pending" and doc["publication_block"] is None
+            assert name in doc["history"][-1]["reason"]
 
     # 1. the catalog never got the block: two of four files carry its name
     docs = done_outputs(pub_config, accounts, 4)
@@ -285,11 +294,11 @@ def test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog(
     docs = done_outputs(pub_config, accounts, 4, task="261121_190002:alice_rest", dataset=other)
     name = make_block(docs).name
     catalog_of(pub_config, admin).publish_block(make_block(docs, name))
-    left_publishing(docs, name)
     for doc in agent.get_many(d["_id"] for d in docs[:2]).values():
-        agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-old")], AGENT))
-    # A block of the other two: the catalog holds them in `name`.
-    run_publisher(pub_config, accounts)
+        agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-old")], AGENT,
+                                   publication_block=name))  # fmt: skip
+    left_publishing(docs[2:], name)
+    run_publisher(pub_config, accounts)  # a block of the other two: the catalog holds them in `name`
     stored = agent.get_many(d["_id"] for d in docs)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert {d["publication_block"] for d in stored.values()} == {name}
@@ -399,7 +408,7 @@ def test_a_task_is_over_when_neither_the_queue_nor_the_feed_shows_files_on_their
     agent = accounts["agent"].db(pub_config.store.files_db)
     for doc in on_the_way:
         doc = agent.get(doc["_id"])
-        for to in ("submitted", "done"):
+        for to in ("done",):
             doc = model.transition(doc, [Change(STATE, to, "t")], AGENT)
             doc["_rev"] = agent.put(doc)
     time.sleep(pub_config.agents.feed_interval)  # the next read of the feed is due

@@ -87,7 +87,7 @@ class Plant:
         *,
         task: str,
         dataset: str | None = None,
-        to: tuple[str, ...] = ("acquired", "submitted", "done"),
+        to: tuple[str, ...] = ("submitted", "done"),
         dest: bool = True,
         at: float | None = None,
         **fields: Any,
@@ -201,7 +201,7 @@ def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
     stuck = plant.request(
         30,
         task="261121_200003:alice_rec_stuck",
-        to=("acquired", "submitted"),
+        to=("submitted",),
         dest=False,
         at=old,
         transfer={"job_id": str(uuid.uuid4()), "service": "gfal", "file_id": "x"},
@@ -379,7 +379,7 @@ def request(**kw: Any) -> Request:
 
 def test_stuck_is_judged_per_axis_from_the_history():
     now = 100 * HOUR
-    done = [(STATE, "acquired", 1), (STATE, "submitted", 2), (STATE, "done", now - 10)]
+    done = [(STATE, "submitted", 2), (STATE, "done", now - 10)]
     fresh_cleanup = request(moves=done)
     assert reconcile.find_stuck([fresh_cleanup], now, HOUR) == []
     # Done long ago: cleanup and publication have waited since then, each is reported.
@@ -388,12 +388,6 @@ def test_stuck_is_judged_per_axis_from_the_history():
         CLEANUP,
         PUBLICATION,
     ]
-    # A recent transition on the axis counts, an old one on another axis does not.
-    lease = {"owner": "s9", "until": now - HOUR / 2}
-    acquired = request(moves=[(STATE, "acquired", now - 3 * HOUR)], lease=lease)
-    [f] = reconcile.find_stuck([acquired], now, HOUR)
-    assert f.repair is None and "leased to s9, lease expired 30 min ago" in f.detail
-    assert "the monitor" in f.detail
     # A retry past its cool-off is the submitter's, as a new file is: reported, not moved.
     retry = request(moves=[(STATE, "retry", now - 2 * HOUR)], retry_after=now - HOUR)
     [f] = reconcile.find_stuck([retry], now, HOUR)
@@ -403,27 +397,8 @@ def test_stuck_is_judged_per_axis_from_the_history():
     assert reconcile.find_stuck([failed], now, HOUR) == []
 
 
-def test_a_stuck_publication_goes_on_as_the_catalog_says():
-    now = 100 * HOUR
-    moves = [(STATE, "done", 1.0), (PUBLICATION, "publishing", 2.0)]
-    held = request(moves=moves, publication_block=DATASET + "#b1")
-    lost = request(moves=moves, publication_block=DATASET + "#b2")
-    catalog = CatalogState(
-        blocks={DATASET + "#b1": [held.destination_lfn], DATASET + "#b2": None},
-        lfn_block={held.destination_lfn: DATASET + "#b1"},
-    )
-    findings = {
-        f.request_id: f
-        for f in reconcile.find_stuck([held, lost], now, HOUR, catalog)
-        if f.detail.startswith(PUBLICATION)
-    }
-    assert findings[held.id].repair.changes == ((PUBLICATION, "publishing", "published"),)
-    assert findings[lost.id].repair.changes == ((PUBLICATION, "publishing", "pending"),)
-    assert {f.repair.role for f in findings.values()} == {AGENT}
-
-
 def test_a_published_file_in_another_block_gets_that_block_recorded():
-    moves = [(STATE, "done", 1.0), (PUBLICATION, "publishing", 2.0), (PUBLICATION, "published", 3)]
+    moves = [(STATE, "done", 1.0), (PUBLICATION, "published", 3)]
     doc = request(moves=moves, publication_block=DATASET + "#wrong")
     catalog = CatalogState(
         blocks={DATASET + "#right": [doc.destination_lfn], DATASET + "#wrong": ["/store/user/x"]},

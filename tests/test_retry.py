@@ -250,7 +250,7 @@ def failed_attempt(config: Config, accounts: dict[str, Server]) -> dict[str, Any
     agent_db = accounts["agent"].db(config.store.files_db)
     doc = sample_request("alice")
     doc["_rev"] = owner.create(doc)
-    for to in ("acquired", "submitted", "failed_attempt"):
+    for to in ("submitted", "failed_attempt"):
         doc = model.transition(doc, [Change(STATE, to, "x")], AGENT)
         doc["_rev"] = agent_db.put(doc)
     return doc

@@ -58,7 +58,7 @@ def walk(doc: dict, *steps: tuple[str, str], at: float = 2000.0) -> dict:
     return doc
 
 
-DONE = ((model.STATE, "acquired"), (model.STATE, "submitted"), (model.STATE, "done"))
+DONE = ((model.STATE, "submitted"), (model.STATE, "done"))
 FINISHED = (*DONE, (model.CLEANUP, "cleaned"), (model.PUBLICATION, "published"))
 
 
@@ -67,7 +67,7 @@ def test_outcomes_of_finished_and_unfinished_files():
     assert outcome(walk(request(2), *DONE)) == "unfinished"  # not cleaned nor published yet
     failed = walk(
         request(3),
-        (model.STATE, "acquired"),
+        (model.STATE, "submitted"),
         (model.STATE, "failed_attempt"),
         (model.STATE, "failed"),
     )
@@ -102,7 +102,6 @@ def test_accounting_is_exact_only_when_every_file_ends_once():
     again = walk(
         docs[0],
         (model.STATE, "new"),
-        (model.STATE, "acquired"),
         (model.STATE, "submitted"),
         (model.STATE, "done"),
     )
@@ -304,16 +303,16 @@ def test_a_file_the_catalogs_feed_shows_twice_is_counted_in_the_blocks_at_the_qu
 
 
 def test_work_by_host_and_the_wait_of_a_dead_hosts_files():
-    finished = walk(request(1), ("state", "acquired"), ("state", "submitted"), at=2000.0)
+    finished = walk(request(1), ("state", "submitted"), at=2000.0)
     for h in finished["history"][1:]:
         h["by"] = "sim2-0"
     finished = walk(finished, ("state", "done"), at=2070.0)
     finished["history"][-1]["by"] = "sim-0"
-    mine = walk(request(2), ("state", "acquired"), at=1990.0)
+    mine = walk(request(2), ("state", "submitted"), at=1990.0)
     mine["history"][-1]["by"] = "sim-0"
     split = work_by_host([finished, mine], ["sim", "sim2"], killed=("sim2", 2050.0))
-    assert split["moves"] == {"sim2": 2, "sim": 2}
-    assert split["shares_before_kill"] == {"sim": 0.333, "sim2": 0.667}
+    assert split["moves"] == {"sim2": 1, "sim": 2}
+    assert split["shares_before_kill"] == {"sim": 0.5, "sim2": 0.5}
     # The file sim2 left unfinished at its death moved again 20 s later.
     assert split["killed"]["files"] == 1 and split["killed"]["max_wait"] == 20.0
 
@@ -423,13 +422,12 @@ def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_of
 
     doc = walk(
         request(0),
-        (model.STATE, "acquired"),
         (model.STATE, "submitted"),
         (model.STATE, "failed_attempt"),
         (model.STATE, "retry"),
         (model.STATE, "new"),
         at=1000.0,
-    )  # in retry from 1003 to 1004
+    )  # in retry from 1002 to 1003
     doc = walk(doc, *DONE, at=1010.0)
     doc["attempts"] = [
         {"job_id": "a", "service": "sim", "submitted": 1001.0, "ended": 1002.0},

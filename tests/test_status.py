@@ -30,7 +30,6 @@ from tests.test_cli import aso
 
 # Each file's path through the states (by the agent), cut at a random point.
 PATH = [
-    [(STATE, "acquired")],
     [(STATE, "submitted")],
     [(STATE, "done")],
     [(CLEANUP, "cleaned")],
@@ -196,13 +195,13 @@ def test_polling_from_a_sequence_returns_what_changed(config, files_db, accounts
     assert sorted(f.id for f in everything) == sorted(d["_id"] for d in docs)
     for doc in docs[:2]:
         # An agent whose clock is an hour behind: a cursor of times would never see this.
-        agent.put(model.transition(doc, [Change(STATE, "acquired", "agent-x")], AGENT,
+        agent.put(model.transition(doc, [Change(STATE, "submitted", "agent-x")], AGENT,
                                    at=doc["last_update"] - 3600))  # fmt: skip
     late = sample_request("alice", task=task, job_id="7")  # a file recorded after the cursor
     owner.create(late)
     changed, seq2 = queries.changed_since(reader, task, seq)
     assert sorted(f.id for f in changed) == sorted([d["_id"] for d in docs[:2]] + [late["_id"]])
-    assert {f.id: f.state for f in changed}[docs[0]["_id"]] == "acquired"
+    assert {f.id: f.state for f in changed}[docs[0]["_id"]] == "submitted"
     assert queries.changed_since(reader, task, seq2)[0] == []  # nothing since
     cli = json.loads(aso("status", task, "--since", seq, "--json", config=config.source).stdout)
     assert sorted(f["id"] for f in cli["files"]) == sorted(f.id for f in changed)
@@ -215,7 +214,7 @@ def done_at(owner, agent, task: str, link: dict[str, str], at: float) -> None:
     """A file of `task` on `link` whose copy ended at `at`."""
     doc = sample_request("alice", task=task, **link)
     doc["_rev"] = owner.create(doc)
-    advance(agent, doc, 3, at - 2)  # acquired, submitted, done at `at`
+    advance(agent, doc, 2, at - 1)  # submitted, done at `at`
 
 
 def test_the_estimate_follows_the_links_recent_throughput(files_db, accounts, admin):
@@ -262,7 +261,7 @@ def test_a_task_that_ends_in_25_seconds_is_never_estimated_beyond_a_minute(
         doc["_rev"] = owner.create(doc)
     ends = {doc["_id"]: t0 + 25 * (j // 5 + 1) / 8 for j, doc in enumerate(docs)}
     for doc in docs:
-        advance(agent, doc, 3, ends[doc["_id"]] - 2)
+        advance(agent, doc, 2, ends[doc["_id"]] - 1)
     estimates = {}
     for s in range(0, 26):
         answer = queries.task_status(reader, task, now=t0 + s)
@@ -288,8 +287,6 @@ def test_a_file_timeline_tells_its_whole_story(config, files_db, accounts):
     doc = sample_request("alice", task="261121_200003:alice_story")
     doc["_rev"] = owner.create(doc)
     t = time.time()
-    doc = model.transition(doc, [Change(STATE, "acquired", "sub-1")], AGENT, at=t + 1)
-    doc["_rev"] = agent.put(doc)
     doc = model.transition(doc, [Change(STATE, "submitted", "sub-1")], AGENT, at=t + 2)
     doc["_rev"] = agent.put(doc)
     doc["attempts"] = [{"job_id": "fts-job-1", "service": "fts3", "submitted": t + 2,
@@ -368,9 +365,9 @@ def test_a_task_with_failed_files_says_what_to_do(config, files_db, accounts):
     failing, copied = (sample_request("alice", task=task, job_id=str(j)) for j in (1, 2))
     for doc in (failing, copied):
         doc["_rev"] = owner.create(doc)
-    for doc, path in ((failing, ("acquired", "failed_attempt", "failed")),
-                      (copied, ("acquired", "failed_attempt", "retry", "new", "acquired",
-                                "submitted", "done"))):  # fmt: skip
+    for doc, path in ((failing, ("submitted", "failed_attempt", "failed")),
+                      (copied, ("submitted", "failed_attempt", "retry", "new", "submitted",
+                                "done"))):  # fmt: skip
         for to in path:
             extra = {"error_class": "destination_full", "failure_reason": "no space left"}
             doc.update(model.transition(doc, [Change(STATE, to, "agent-x")], AGENT, **extra))

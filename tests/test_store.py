@@ -51,7 +51,7 @@ def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
         doc["_rev"] = result.rev
     updates = []
     for i, doc in enumerate(docs):
-        update = model.transition(doc, [Change(STATE, "acquired", "submitter-1")], AGENT)
+        update = model.transition(doc, [Change(STATE, "submitted", "submitter-1")], AGENT)
         if i in (1, 4):
             update["_rev"] = "1-" + "0" * 32  # a stale revision: conflict
         if i == 2:
@@ -65,14 +65,14 @@ def test_bulk_write_reports_every_document_in_input_order(files_db, accounts):
     assert results[2].reason == "[immutable] size cannot change after creation"
     stored = agent.get_many(d["_id"] for d in docs)
     assert [stored[d["_id"]][STATE] for d in docs] == [
-        "acquired",
+        "submitted",
         "new",
         "new",
-        "acquired",
+        "submitted",
         "new",
-        "acquired",
+        "submitted",
     ]
-    assert [stored[d["_id"]]["_rev"] for d in docs if stored[d["_id"]][STATE] == "acquired"] == [
+    assert [stored[d["_id"]]["_rev"] for d in docs if stored[d["_id"]][STATE] == "submitted"] == [
         results[i].rev for i in (0, 3, 5)
     ]
 
@@ -84,7 +84,7 @@ def test_a_document_refused_in_bulk_raises_what_its_single_write_raises(files_db
     agent = db_as(accounts, "agent", files_db)
     doc = sample_request("alice")
     doc["_rev"] = db_as(accounts, "alice", files_db).put(doc)
-    forbidden = dict(model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT), size=1)
+    forbidden = dict(model.transition(doc, [Change(STATE, "submitted", "s-1")], AGENT), size=1)
     stale = dict(forbidden, size=doc["size"], _rev="1-" + "0" * 32)
     for update, cls in ((forbidden, Forbidden), (stale, Conflict)):
         (result,) = agent.bulk_write([update])
@@ -154,7 +154,7 @@ def test_write_decided_reads_conflicts_again_and_decides_again(files_db, account
     for doc in docs:
         doc["_rev"] = admin.create(doc)
     untouched, moved_on, still_wanted, deleted = docs
-    admin.put(model.transition(moved_on, [Change(STATE, "acquired", "other")], AGENT))
+    admin.put(model.transition(moved_on, [Change(STATE, "submitted", "other")], AGENT))
     admin.put(still_wanted)  # a new revision, nothing else changed
     admin.delete(deleted["_id"], deleted["_rev"])
     decisions: list[str] = []
@@ -175,7 +175,7 @@ def test_write_decided_reads_conflicts_again_and_decides_again(files_db, account
     stored = admin.get(still_wanted["_id"])
     assert stored["state"] == "killed" and stored["_rev"].startswith("3-")
     assert decisions.count(still_wanted["_id"]) == 2  # decided again on the fresh copy
-    assert admin.get(moved_on["_id"])["state"] == "acquired"  # the other writer's move stands
+    assert admin.get(moved_on["_id"])["state"] == "submitted"  # the other writer's move stands
 
 
 def test_delete_needs_the_revision(files_db, accounts):
@@ -213,9 +213,9 @@ def test_a_write_on_another_revision_is_couchdb_s_conflict_from_either_store(fil
     agent = db_as(accounts, "agent", files_db)
     doc = sample_request("alice")
     doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
-    acquired = model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT)
-    acquired["_rev"] = agent.put(acquired)
-    stale = model.transition(doc, [Change(STATE, "acquired", "s-2")], AGENT)
+    moved = model.transition(doc, [Change(STATE, "submitted", "s-1")], AGENT)
+    moved["_rev"] = agent.put(moved)
+    stale = model.transition(doc, [Change(STATE, "submitted", "s-2")], AGENT)
     before = conflicts_counted(files_db, "doc")
     for write in (lambda: agent.put(stale), lambda: agent.delete(doc["_id"], doc["_rev"])):
         with pytest.raises(Conflict) as conflict:
@@ -226,7 +226,7 @@ def test_a_write_on_another_revision_is_couchdb_s_conflict_from_either_store(fil
     assert conflicts_counted(files_db, "doc") == before + 2
     [bulk] = agent.bulk_write([stale])
     assert bulk.conflict and bulk.error == "conflict" and type(bulk.as_error()) is Conflict
-    assert agent.get(doc["_id"]) == acquired
+    assert agent.get(doc["_id"]) == moved
 
 
 def test_views_fresh_and_stale(files_db, accounts):
@@ -671,13 +671,13 @@ def branch(db, doc: dict[str, Any], base_rev: str, digest: str, **fields: Any) -
 
 
 def conflicted(files_db, accounts, digest: str) -> tuple[dict[str, Any], str, str]:
-    """A request acquired by two submitters from the same revision: (request, the winner's
+    """A request submitted by two submitters from the same revision: (request, the winner's
     revision, the loser's), the loser's hash lower so that CouchDB's order puts it second."""
     admin = db_as(accounts, "admin", files_db)
     doc = sample_request("alice")
     doc["_rev"] = db_as(accounts, "alice", files_db).create(doc)
-    one = model.transition(doc, [Change(STATE, "acquired", "sub-1")], AGENT)
-    two = model.transition(doc, [Change(STATE, "acquired", "sub-2")], AGENT)
+    one = model.transition(doc, [Change(STATE, "submitted", "sub-1")], AGENT)
+    two = model.transition(doc, [Change(STATE, "submitted", "sub-2")], AGENT)
     high = branch(admin, one, doc["_rev"], "f" * 32)
     low = branch(admin, two, doc["_rev"], digest)
     stored = admin.get_many([doc["_id"]], conflicts=True)[doc["_id"]]
@@ -698,7 +698,7 @@ def test_a_contested_revision_is_withdrawn_only_when_another_beats_it(files_db, 
     assert [d["_rev"] for d in agent.leaves(doc["_id"])] == [high]
     stored = agent.get_many([doc["_id"]], conflicts=True)[doc["_id"]]
     assert stored["_rev"] == high and "_conflicts" not in stored
-    assert stored[STATE] == "acquired" and stored["history"][-1]["by"] == "sub-1"
+    assert stored[STATE] == "submitted" and stored["history"][-1]["by"] == "sub-1"
     alone = sample_request("alice")
     alone["_rev"] = db_as(accounts, "alice", files_db).create(alone)
     assert not agent.withdraw_if_beaten(alone["_id"], alone["_rev"])  # the only branch

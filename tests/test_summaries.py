@@ -81,7 +81,6 @@ def lifecycle(start: float, rng: random.Random, **overrides: Any) -> dict[str, A
 
     if steps == "new":
         return doc
-    step(model.STATE, "acquired")
     step(model.STATE, "submitted")
     if steps == "submitted":
         return doc

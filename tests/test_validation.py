@@ -132,12 +132,10 @@ def test_a_legal_chain_from_upload_to_published(files_db, accounts):
     )
     doc["_rev"] = owner.create(doc)
     steps = [
-        (STATE, "acquired"),
         (STATE, "submitted"),
         (STATE, "failed_attempt"),
         (STATE, "retry"),
         (STATE, "new"),
-        (STATE, "acquired"),
         (STATE, "submitted"),
         (STATE, "done"),
         (CLEANUP, "cleaned"),
@@ -286,7 +284,7 @@ def test_the_simulator_s_sites_are_the_sites_its_store_knows(admin, store_config
 BORN_FINISHED = [
     ("done", "cleaned", "pending", "a request created done has cleanup not_needed, not cleaned"),
     ("done", "not_needed", "published", "has publication pending or not_required, not published"),
-    ("done", "not_needed", "publishing", "not publishing"),
+    ("done", "not_needed", "publication_error", "not publication_error"),
     ("new", "not_needed", "pending", "a request created new has cleanup pending, not not_needed"),
     ("new", "pending", "publication_failed", "not publication_failed"),
     ("failed", "pending", "pending", "a request is created with state done or new, not failed"),
@@ -781,7 +779,7 @@ def test_a_job_retry_renews_only_a_request_never_copied(files_db, accounts, stor
         owner.put(early)
     assert err.value.reason == "[immutable] job_retry cannot change after creation"
     failed = stored
-    for to in ("acquired", "failed_attempt", "failed"):
+    for to in ("submitted", "failed_attempt", "failed"):
         failed = model.transition(failed, [Change(STATE, to, "agent-x")], AGENT)
         failed["_rev"] = agent.put(failed)
     renewal = model.transition(failed, [Change(STATE, "new", "alice", "job retry 1")], OWNER,
@@ -821,17 +819,17 @@ def test_owner_cannot_hand_a_request_to_another_user(files_db, accounts, stored)
     ("edit", "reason"),
     [
         (
-            lambda d: d.update(state="acquired"),
-            "[history] the change of state from new to acquired needs its history entry",
+            lambda d: d.update(state="submitted"),
+            "[history] the change of state from new to submitted needs its history entry",
         ),
         (
             lambda d: (
-                d.update(state="acquired"),
+                d.update(state="submitted"),
                 d["history"].append(
-                    {"axis": STATE, "from": "new", "to": "acquired", "at": 1.0, "by": "a"}
+                    {"axis": STATE, "from": "new", "to": "submitted", "at": 1.0, "by": "a"}
                 ),
                 d["history"].append(
-                    {"axis": STATE, "from": "new", "to": "acquired", "at": 1.0, "by": "a"}
+                    {"axis": STATE, "from": "new", "to": "submitted", "at": 1.0, "by": "a"}
                 ),
             ),
             "[history] history gets exactly one entry per state change",
@@ -853,14 +851,14 @@ def test_history_is_append_only_and_records_every_change(files_db, accounts, sto
 
 def test_agents_update_bookkeeping_without_a_transition(files_db, accounts, stored):
     agent = db_as(accounts, "agent", files_db)
-    acquired = model.transition(
+    moved = model.transition(
         stored,
-        [Change(STATE, "acquired", "submitter-1")],
+        [Change(STATE, "submitted", "submitter-1")],
         AGENT,
         lease={"owner": "submitter-1", "until": 1e9, "job_key": "k1"},
     )
-    acquired["_rev"] = agent.put(acquired)
-    renewed = dict(acquired, lease={"owner": "submitter-1", "until": 2e9, "job_key": "k1"})
+    moved["_rev"] = agent.put(moved)
+    renewed = dict(moved, lease={"owner": "submitter-1", "until": 2e9, "job_key": "k1"})
     agent.put(renewed)
     assert agent.get(stored["_id"])["lease"]["until"] == 2e9
 
@@ -946,17 +944,17 @@ def test_a_stale_write_is_a_conflict_not_a_refusal(files_db, accounts, stored):
     (the embedded store validates before it finds the conflict: EMBEDDED_VALIDATES_BEFORE_
     CONFLICT), so writers read again instead of taking a refusal for the rules' answer."""
     agent, owner = db_as(accounts, "agent", files_db), db_as(accounts, "alice", files_db)
-    acquired = model.transition(
+    moved = model.transition(
         stored,
-        [Change(STATE, "acquired", "s1")],
+        [Change(STATE, "submitted", "s1")],
         AGENT,
         lease={"owner": "s1", "until": 1e10, "job_key": "k"},
     )
-    agent.put(acquired)
+    agent.put(moved)
     with pytest.raises(Conflict):  # new → killed is legal from what alice read...
         owner.put(model.transition(stored, [Change(STATE, "killed", "alice")], OWNER))
     current = owner.get(stored["_id"])
-    with pytest.raises(Forbidden):  # ...and acquired → killed is not, once she reads again
+    with pytest.raises(Forbidden):  # ...and submitted → killed is not, once she reads again
         owner.put(model.transition(current, [Change(STATE, "killed", "alice")], model.ADMIN))
 
 
@@ -1013,7 +1011,7 @@ def test_uploading_a_job_retry_renews_a_failed_request_and_says_so(files_db, acc
         )
     }
     doc = owner.get(first["_id"])
-    for to in ("acquired", "failed_attempt", "failed"):
+    for to in ("submitted", "failed_attempt", "failed"):
         doc = model.transition(doc, [Change(STATE, to, "agent-x")], AGENT)
         doc["_rev"] = agent.put(doc)
     same_retry = upload(owner, [dict(retry, job_retry=0)])
@@ -1155,7 +1153,7 @@ def race(
 def _stale(doc: dict[str, Any], accounts: dict[str, Any], files_db: str) -> dict[str, Any]:
     """`doc` stored again (by an agent: a lease renewal), and `doc` as it was: a stale copy."""
     agent = db_as(accounts, "agent", files_db)
-    moved = model.transition(doc, [Change(STATE, "acquired", "s-1")], AGENT,
+    moved = model.transition(doc, [Change(STATE, "submitted", "s-1")], AGENT,
                              lease={"owner": "s-1", "until": 1e10, "job_key": "k"})  # fmt: skip
     agent.put(moved)
     return doc

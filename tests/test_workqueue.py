@@ -31,8 +31,6 @@ def _every_state_combination():
                 "alice", publish=True, publish_info={"dataset": "/prim/alice-proc-v1/USER"}
             )
             doc.update({STATE: state, CLEANUP: cleanup, PUBLICATION: publication})
-            if state == "acquired":
-                doc["lease"] = {"owner": "submitter-1", "until": 1234.5, "job_key": "k"}
             if state in ("submitted", "kill_requested"):
                 doc["transfer"] = {"job_id": "job-1", "service": "gfal"}
             if state == "retry":
@@ -55,7 +53,6 @@ def test_the_python_twin_agrees_with_the_queue_view(files_db, accounts):
     assert from_view == from_python
     assert {key[0] for _, key in from_python} == {
         "submit",
-        "lease",
         "active",
         "decide",
         "clean",
@@ -105,15 +102,9 @@ def test_changes_work_set_follows_documents_in_and_out(files_db, accounts):
     for doc in [agent.get(first["_id"]), agent.get(later[0]["_id"])]:
         doc = model.transition(
             doc,
-            [Change(STATE, "acquired", "s1")],
-            AGENT,
-            lease={"owner": "s1", "until": 1e10, "job_key": "k"},
-        )
-        doc["_rev"] = agent.put(doc)
-        doc = model.transition(
-            doc,
             [Change(STATE, "submitted", "s1")],
             AGENT,
+            lease={"owner": "s1", "until": 1e10, "job_key": "k"},
             transfer={"job_id": "j1", "service": "sim"},
         )
         doc["_rev"] = agent.put(doc)

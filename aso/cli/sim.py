@@ -160,7 +160,7 @@ def sim_cmd(
         str | None,
         typer.Option(
             help="The agents' lease (transfer.lease, e.g. 20s; default production's 5 min): "
-            "files a killed host or a write contested by a cluster left acquired go on when it "
+            "files a killed host or a write contested by a cluster left submitted go on when it "
             "ends, so a short run with --kill-host or --kill-node wants a short one."
         ),
     ] = None,

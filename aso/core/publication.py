@@ -17,7 +17,6 @@ from aso.model import PUBLICATION, STATE
 DEFAULT_BLOCK_BYTES = 2_000_000
 
 WAITING = "pending"
-LEGACY = "publishing"  # a block's name recorded first, by publishers of earlier versions
 ERROR = "publication_error"
 
 

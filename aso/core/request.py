@@ -83,21 +83,6 @@ def job_fields(doc: Mapping[str, Any], job_id: str, service: str, now: float) ->
     }
 
 
-def attempt_started(
-    doc: Mapping[str, Any],
-    job_id: str,
-    service: str,
-    by: str,
-    now: float,
-    reason: str | None = None,
-) -> Doc:
-    """The transfer service has the file's job: `submitted` (by the submitter, or by the
-    monitor adopting the job of a submitter that died after submitting)."""
-    return _transitioned(
-        doc, STATE, "submitted", by, now, reason, **job_fields(doc, job_id, service, now)
-    )
-
-
 def job_recorded(doc: Mapping[str, Any], job_id: str, service: str, now: float) -> Doc:
     """The job of a file killed before its submitter wrote `submitted`, found by its key: the
     job is recorded (no transition), so that the kill follows the path of every other one."""
@@ -292,12 +277,6 @@ def publication_retried(doc: Mapping[str, Any], by: str, now: float) -> Doc:
     return _transitioned(doc, PUBLICATION, "pending", by, now, publication_retry_after=None)
 
 
-def block_abandoned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
-    """A file recorded `publishing` in a block (by a publisher of an earlier version) that the
-    catalog does not hold: waiting for a block again (the reconciler's repair)."""
-    return _transitioned(doc, PUBLICATION, "pending", by, now, reason, publication_block=None)
-
-
 def published(doc: Mapping[str, Any], by: str, now: float, block: str, reason: str) -> Doc:
     """The catalog holds the file in `block`."""
     return _transitioned(
@@ -372,8 +351,6 @@ def republished(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc
 # OPERATION(doc, by, now, reason, **args).
 REPAIRS: dict[str, Callable[..., Doc]] = {
     "job_lost": job_lost,
-    "published": published,
-    "block_abandoned": block_abandoned,
     "block_corrected": lambda doc, by, now, reason, block: block_corrected(doc, by, now, block),
     "republished": republished,
     "recopy": recopy,

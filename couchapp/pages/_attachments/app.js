@@ -1058,21 +1058,20 @@ function publication() {
   });
 }
 
-var BLOCK_ROWS = 10000;   // files read per range of publication_blocks (pending..failed, publishing)
+var BLOCK_ROWS = 10000;   // files read of publication_blocks' range pending..failed
 var PUBLISHED_ROWS = 1000; // the most recently published files read
 
 function publicationBlocks() {
-  // Blocks from the publication_blocks view, three key ranges: files waiting for a block per
-  // user and dataset (open), blocks being published, failed blocks with the catalog's reason
-  // (and each failed file), and the blocks published last.
+  // Blocks from the publication_blocks view, two key ranges: pending..publication_failed, the
+  // files waiting for a block per user and dataset (open) and the failed blocks with the
+  // catalog's reason (and each failed file); and the blocks published last.
   return Promise.all([
     get(DDOC + 'publication_blocks', {start_key: ['pending'], end_key: ['publication_failed', {}], limit: BLOCK_ROWS}),
-    get(DDOC + 'publication_blocks', {start_key: ['publishing'], end_key: ['publishing', {}], limit: BLOCK_ROWS}),
     get(DDOC + 'publication_blocks', {start_key: ['published', {}], end_key: ['published'],
       descending: true, limit: PUBLISHED_ROWS})
   ]).then(function (got) {
     var open = {}, blocks = {}, failedFiles = [];
-    got[0].rows.concat(got[1].rows).forEach(function (r) {
+    got[0].rows.forEach(function (r) {
       var state = r.key[0], v = r.value;
       if (state === 'pending') {
         var k = v.user + '\u0000' + v.dataset;
@@ -1085,10 +1084,10 @@ function publicationBlocks() {
         bytes: 0, attempts: 0, error: v.error, since: v.since, sample: r.id};
       b.files++; b.bytes += v.size || 0; b.attempts = Math.max(b.attempts, v.attempts || 0);
       b.since = Math.min(b.since, v.since);
-      if (state !== 'publishing') { failedFiles.push(r); }
+      failedFiles.push(r);
     });
     var published = {}, order = [];
-    got[2].rows.forEach(function (r) {
+    got[1].rows.forEach(function (r) {
       var v = r.value, key = v.block || v.dataset;
       if (!published[key]) { published[key] = {dataset: v.dataset, block: v.block, files: 0, bytes: 0, at: r.key[1], sample: r.id}; order.push(key); }
       published[key].files++; published[key].bytes += v.size || 0;
@@ -1130,8 +1129,6 @@ function publicationBlocks() {
     return [
       el('h2', {}, ['Open blocks: files waiting for their block to close' + cut(got[0])]),
       orNone('blocks-open', ['user', 'dataset', 'files', 'bytes', 'oldest waits (min)'], openRows),
-      el('h2', {}, ['Blocks being published' + cut(got[1])]),
-      orNone('blocks-publishing', blockHeaders, states(['publishing'])),
       el('h2', {}, ['Failed blocks (publication_error: tried again; publication_failed: given up, `aso publish --retry TASK`)']),
       orNone('blocks-failed', blockHeaders, states(STATES.publication_failures)),
       el('h2', {}, ['Blocks published last (the last ' + PUBLISHED_ROWS + ' files)']),

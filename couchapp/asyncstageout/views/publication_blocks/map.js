@@ -1,7 +1,7 @@
 function (doc) {
   // Publication block by block, for the publication page (read by key range, never whole):
   // [publication state, dataset, block, user] for files waiting for a block (pending: no block
-  // yet), in a block being published, or whose block failed (the catalog's reason);
+  // yet), or whose block failed (the catalog's reason);
   // ['published', when] for published files, read newest first with a limit.
   if (doc.type !== 'transfer_request' || !doc.publish || doc.state !== 'done') { return; }
   var dataset = (doc.publish_info || {}).dataset || '';

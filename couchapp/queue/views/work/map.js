@@ -12,7 +12,6 @@ function (doc) {
 
   function keyOf(kind) {
     if (kind === 'submit') { return [doc.user, doc.source, doc.destination]; }
-    if (kind === 'lease') { return [doc.lease ? doc.lease.until : 0]; }
     if (kind === 'active') { return [doc.transfer ? doc.transfer.job_id : '']; }
     if (kind === 'decide') { return [doc.last_update]; }
     if (kind === 'clean') { return [doc.source]; }
