@@ -114,7 +114,7 @@ def test_the_pages_database_is_read_only_to_everyone_but_the_admin(sim_config, a
 
 def failed_request(user: str, task: str, at: float, n: int) -> dict[str, Any]:
     """A request of `user` given up at `at` + 4 s after one failed attempt (its n-th failure)."""
-    doc, t = sample_request(user, task=task, at=at), at
+    doc, t = sample_request(user, task=task, at=at), at + 1  # submitted 2 s after its creation
 
     def step(to: str, **fields: Any) -> None:
         nonlocal doc, t

@@ -132,7 +132,7 @@ def test_an_attempt_whose_job_was_not_found_must_have_been_fenced():
 
 def test_backlog_and_latencies_rebuilt_from_history():
     analysis = Analysis(t0=1000.0, compression=2.0, bucket=60.0)
-    doc = walk(request(0), *FINISHED, at=1010.0)  # created at 1000, done at 1012
+    doc = walk(request(0), *FINISHED, at=1011.0)  # created at 1000, done at 1012
     doc["attempts"] = [{"job_id": "j", "service": "sim", "submitted": 1011.0, "ended": 1011.5}]
     analysis.add(doc)
     assert analysis.counts["injected"][0] == 1 and analysis.counts["done"][0] == 1
