@@ -31,7 +31,6 @@ from tests.test_publisher import (  # noqa: F401 (collected here, with this modu
     test_a_file_in_another_datasets_block_is_a_real_conflict,
     test_a_refusal_that_cannot_heal_is_given_up_at_once,
     test_failed_publications_are_retried_then_given_up_then_reset,
-    test_files_an_older_publisher_left_publishing_are_finished_with_the_catalog,
     test_files_another_publisher_put_in_another_block_are_published_there,
     test_full_blocks_go_at_once_and_the_rest_waits,
 )

@@ -298,7 +298,7 @@ def test_files_an_earlier_publisher_left_publishing_are_migrated_then_finished_b
         agent.put(model.transition(doc, [Change(PUBLICATION, "published", "p-old")], AGENT,
                                    publication_block=name))  # fmt: skip
     left_publishing(docs[2:], name)
-    run_publisher(pub_config, accounts)  # a block of the other two: the catalog holds them in `name`
+    run_publisher(pub_config, accounts)  # a block of the other two: the catalog holds them
     stored = agent.get_many(d["_id"] for d in docs)
     assert states_of(pub_config, accounts, docs) == {"published": 4}
     assert {d["publication_block"] for d in stored.values()} == {name}
