@@ -33,13 +33,13 @@ def play(config: Config, accounts: dict[str, Server], docs: list[dict[str, Any]]
     answers = [alice.bulk_write(docs[:3]), bob.bulk_write(docs[3:])]
     stored = alice.get_many(d["_id"] for d in docs)
     first, second, third = (stored[d["_id"]] for d in docs[:3])
-    for to in ("acquired", "submitted", "failed_attempt"):
+    for to in ("submitted", "failed_attempt"):
         first = model.transition(first, [Change(STATE, to, "x")], AGENT, at=now)
         first["_rev"] = agent.put(first)
     failed = failed_doc("connection", 1)
     first.update({k: failed[k] for k in ("attempts", "error_class", "failure_reason")})
     first["_rev"] = agent.put(first)
-    second = model.transition(second, [Change(STATE, "acquired", "x")], AGENT, at=now)
+    second = model.transition(second, [Change(STATE, "submitted", "x")], AGENT, at=now)
     stale = dict(second)
     second["_rev"] = agent.put(second)
     killed = model.transition(third, [Change(STATE, "killed", "alice")], OWNER, at=now)
@@ -138,4 +138,4 @@ def test_the_in_memory_store_answers_as_the_real_one(sim_config, accounts, tmp_p
     for name in real["views"]:
         assert double["views"][name] == real["views"][name], name
     states = {d["_id"]: d[STATE] for d in real["docs"].values() if d}
-    assert sorted(states.values()) == ["acquired", "new", "new", "retry"]
+    assert sorted(states.values()) == ["new", "new", "retry", "submitted"]
