@@ -1003,6 +1003,51 @@ def test_a_user_s_filtered_batch_that_finds_nothing_goes_on_past_what_it_read(bo
     assert [c["id"] for c in after["results"]] == [later["_id"]]
 
 
+def test_a_user_s_filtered_long_poll_that_finds_nothing_goes_on_past_what_it_read(boundary):
+    """EMBEDDED_FILTERED_LAST_SEQ (red team round 14): the embedded store's filtered long poll
+    read every change from `since` again at each write until one of its ids changed (four
+    polls from 0 kept it 83% busy), and a quiet one ended at `since`. A filtered poll from
+    behind the database's sequence finds what changed before it at once, and one that finds
+    nothing ends past every change it read, on both stores."""
+    b = boundary
+    first, later = sample_request("alice"), sample_request("alice")
+    assert b.call("alice", "PUT", f"/{b.files}/{first['_id']}", json=first).status_code == 201
+    feed = f"/{b.files}/_changes?filter=_doc_ids&feed=longpoll&timeout=2000"
+
+    def poll(since: Any, ids: list[str]) -> dict[str, Any]:
+        answer = b.call("alice", "POST", f"{feed}&since={since}", json={"doc_ids": ids})
+        assert answer.status_code == 200, answer.text[:300]
+        return cast(dict[str, Any], json.loads(answer.text))
+
+    assert [c["id"] for c in poll(0, [first["_id"]])["results"]] == [first["_id"]]  # at once
+    quiet = poll(0, ["0" * 64])
+    assert quiet["results"] == [] and quiet["last_seq"] not in (0, "0")
+    assert b.call("alice", "PUT", f"/{b.files}/{later['_id']}", json=later).status_code == 201
+    after = poll(quiet["last_seq"], [first["_id"], later["_id"]])
+    assert [c["id"] for c in after["results"]] == [later["_id"]]
+
+
+def test_a_batch_of_documents_is_not_parsed_to_settle_its_sequence(monkeypatch):
+    """Red team round 14: a filtered batch of 1000 documents of 43 KB each had been parsed and
+    written again to settle its `last_seq` (3.1 s holding the interpreter: every client
+    waited, one was cut as unidentified). Only a quiet answer is looked at; the rest goes on
+    as the store wrote it."""
+    row = {"seq": 7, "id": "a" * 64, "changes": [{"rev": "1-x"}], "doc": {"lumis": list(range(50))}}
+    body = json.dumps({"results": [row] * 1000, "last_seq": 7}).encode()
+
+    def parsed(*_: Any, **__: Any) -> Any:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(server.json, "loads", parsed)
+    assert server.settled(body, "90") is body
+    assert server.settled(b'{"results":[],\n"last_seq":5}\n', "90") == (
+        b'{"results":[],"last_seq":90}\n'
+    )
+    assert server.settled(b'{"results":[],"last_seq":95}', "90") == b'{"results":[],"last_seq":95}'
+    opaque = b'{"results":[],"last_seq":"5-g1AAA"}'
+    assert server.settled(opaque, "9-g1AAB") is opaque  # CouchDB's: as it came
+
+
 @pytest.mark.parametrize(
     "method, query, heavy",
     [("GET", 'filter=_doc_ids&doc_ids=["nope"]&limit=5', True),

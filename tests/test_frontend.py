@@ -914,6 +914,41 @@ def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
     assert [who for who, _ in sent] == ["dave", "carol", "dave"]
 
 
+def test_a_filtered_long_poll_catches_up_in_its_user_s_heavy_turn(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """A filtered long poll from behind the store's sequence is first asked as a batch, which
+    costs what a filtered batch costs: it takes a heavy read's turn, as the batch does (polls
+    with a short timeout had been batches without one). From the store's sequence on, it is a
+    poll again (its own turn: frontend.polls_per_user)."""
+    turns: list[tuple[str, str]] = []
+    real = frontend_module.Slots.take_for
+
+    def recorded(self: Any, request: Any, name: str, *args: Any, **kw: Any) -> Any:
+        turns.append((self.what, name))
+        return real(self, request, name, *args, **kw)
+
+    monkeypatch.setattr(frontend_module.Slots, "take_for", recorded)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    doc = sample_request("dave")
+    feed = f"/{files_db}/_changes?filter=_doc_ids&feed=longpoll&timeout=1000&since="
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+        turns.clear()
+        answer = call(url, pki, dave, "POST", feed + "0", json={"doc_ids": [doc["_id"]]})
+        assert answer.status_code == 200 and [c["id"] for c in answer.json()["results"]] == [
+            doc["_id"]
+        ]
+        heavy = [who for what, who in turns if what.startswith("heavy reads")]
+        polls = [who for what, who in turns if what == "long polls"]
+        assert polls == ["dave"]
+        if frontend_module.sequences.is_number(str(answer.json()["last_seq"])):
+            assert heavy == ["dave"]  # the embedded store: caught up as a batch first
+        else:
+            assert heavy == []  # CouchDB's feed moves on by itself: a poll as asked
+
+
 def test_a_creation_s_answer_is_parsed_for_conflicts_only_when_it_has_one(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

@@ -343,6 +343,16 @@ def _build(
                    documents, filtered)  # fmt: skip
 
 
+def as_batch(made: Forward) -> Forward:
+    """The long poll `made` asked as a batch (`feed=normal`), from the same `since`: what it
+    would answer at once if a change of its ids came after `since`."""
+    path, _, query = made.target.partition(b"?")
+    pairs = [p for p in query.split(b"&")
+             if p.partition(b"=")[0] not in (b"feed", b"timeout", b"heartbeat")]  # fmt: skip
+    target = path + b"?" + b"&".join([*pairs, b"feed=normal"])
+    return dataclasses.replace(made, target=target, poll_ms=None, heartbeat_ms=None)
+
+
 def with_since(made: Forward, since: str) -> Forward:
     """`made` asking from `since` instead of `now`: a long poll that ends quiet can then say
     where the next one starts (its `last_seq`), as CouchDB's does."""

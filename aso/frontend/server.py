@@ -437,7 +437,7 @@ class _Relay(protocol.Protocol):
             self.request.write(data)
 
     def connectionLost(self, reason: Any = None) -> None:
-        if self.request.producer is not None:
+        if self.request.producer is not None and self.request.channel is not None:
             self.request.unregisterProducer()
         if self.gone or self.request.finished:
             return
@@ -1398,12 +1398,9 @@ class FrontEnd(resource.Resource):
         if made.route.json:
             headers[b"accept"] = [b"application/json"]
         headers.update({key: [value] for key, value in identity.items()})
-        producer = None
         if made.body is not None:
             headers[b"content-type"] = [b"application/json"]
-            producer = cast(IBodyProducer, FileBodyProducer(BytesIO(made.body)))
-        elif made.method in BODY:
-            producer = cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
+        producer = _producer_of(made)
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
         if made.nodes - self.store_nodes:
             self._check_nodes(request, who, headers, made)
@@ -1573,14 +1570,28 @@ class FrontEnd(resource.Resource):
             if release is not None:
                 release()
             return
+        if release is not None and not isinstance(release, _Once):
+            release = _Once(release)  # given back once, whichever way this ends
         batch = made.poll_ms is None and made.route.kind == "poll" and _user_only(who)
-        if batch and made.filtered and head is None:
-            # EMBEDDED_FILTERED_LAST_SEQ: the sequence read first is where the batch ends when
-            # it was not cut by its limit.
-            read = self._update_seq(made, headers)
-            read.addCallback(lambda seq: self._send(request, who, headers, made, producer,
-                                                    release, seq))  # fmt: skip
-            read.addErrback(self._upstream_failed, request)
+        polled = made.poll_ms is not None and _user_only(who)
+        if made.filtered and (batch or polled) and head is None:
+            # EMBEDDED_FILTERED_LAST_SEQ: the sequence read first is where a batch that finds
+            # nothing ends, and where a long poll waits from once it has caught up.
+            asked_at = time.monotonic()
+            read = self._within_poll(self._update_seq(made, headers), made)
+
+            def then(seq: str) -> None:
+                if batch:
+                    self._send(request, who, headers, made, producer, release, seq)
+                else:
+                    self._catch_up(request, who, headers, _less_time(made, asked_at), seq)
+
+            def failed(failure: Any) -> None:
+                if release is not None:
+                    release()
+                self._failed(failure, request)
+
+            read.addCallbacks(then, failed)
             return
         if release is not None:  # given back when the answer has gone out, or the client
             request.notifyFinish().addBoth(lambda _: release())
@@ -1596,25 +1607,79 @@ class FrontEnd(resource.Resource):
         elif made.poll_ms is not None:
             self._poll(sent, request, made, _user_only(who))
         elif batch:
-            self._whole(sent, request, head, _limit_of(made.target))
+            self._whole(sent, request, head)
         else:
             sent.addCallback(self._relay, request)
         sent.addErrback(self._upstream_failed, request)
+
+    def _catch_up(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+        head: str,
+    ) -> None:
+        """A user's filtered long poll from behind the database's sequence `head`: asked first
+        as a batch up to now, answered with it if it found a change, else waiting from `head`.
+        The embedded store's filtered poll reads the changes from `since` again at every write
+        (it moves on only at a change of the ids): four polls from 0 had kept it 83% busy."""
+        waiting = gate.with_since(made, head)
+        if not (sequences.is_number(head) and sequences.is_number(made.since or "")):
+            self._send(request, who, headers, made, _producer_of(made), head=head)  # CouchDB's
+            return
+        if int(made.since or 0) >= int(head):
+            self._send(request, who, headers, waiting, _producer_of(waiting), head=head)
+            return
+        asked_at = time.monotonic()
+        assert made.poll_ms is not None
+        # The batch costs what a filtered batch costs: it takes a heavy read's turn, within
+        # the poll's time (polls with a short timeout had been batches without a turn).
+        slot = self.heavy.take_for(request, who.name, wait=max(made.poll_ms / 1000, 0.001))
+
+        def taken(release: Callable[[], None]) -> None:
+            once = _Once(release)
+            request.notifyFinish().addBoth(lambda _: once())
+            if _client_gone(request):
+                return
+            batch = gate.as_batch(made)
+            sent = self.agent.request(batch.method, self.store_url + batch.target,
+                                      Headers(headers), _producer_of(batch))  # fmt: skip
+            request.notifyFinish().addErrback(lambda _: sent.cancel())
+
+            def wait_from_head() -> None:
+                once()
+                rest = _less_time(waiting, asked_at)
+                self._send(request, who, headers, rest, _producer_of(rest), head=head)
+
+            self._whole(sent, request, head, then=wait_from_head)
+            sent.addErrback(self._upstream_failed, request)
+
+        def waited_out(failure: Any) -> None:
+            failure.trap(Busy)
+            _answer_json(request, 200, _quiet_body(made))
+
+        slot.addCallbacks(taken, waited_out)
+        slot.addErrback(self._failed, request)
 
     def _whole(
         self,
         sent: defer.Deferred[Any],
         request: server.Request,
         head: str | None = None,
-        limit: int | None = None,
+        then: Callable[[], None] | None = None,
     ) -> None:
         """A user's `_changes` batch, read whole (at most MAX_POLL_BYTES, as a long poll's) and
-        sent without the store's own rows, ending at `head` if it went that far (settled)."""
+        sent without the store's own rows, ending at `head` if it found nothing (settled).
+        `then`: called instead when it found nothing (a long poll goes on from `head`)."""
 
         def answered(response: Any) -> None:
             def whole(body: bytes) -> None:
+                if then is not None and response.code == 200 and _quiet_seq(body) is not None:
+                    then()
+                    return
                 kept = threads.deferToThreadPool(
-                    self.reactor, self.reactor.getThreadPool(), settled, body, head, limit
+                    self.reactor, self.reactor.getThreadPool(), settled, body, head
                 )
                 kept.addCallback(lambda rows: _send_whole(request, response, rows))
                 kept.addErrback(self._upstream_failed, request)
@@ -1849,32 +1914,50 @@ def without_store_rows(body: bytes) -> bytes:
     return json.dumps(got, separators=(",", ":")).encode() + b"\n"
 
 
-def settled(body: bytes, head: str | None, limit: int | None) -> bytes:
+def settled(body: bytes, head: str | None) -> bytes:
     """(In a thread.) A `_changes` batch without its store rows (without_store_rows), whose
-    `last_seq` is at least `head`, the database's sequence read before it, when the batch was
-    not cut by its limit (EMBEDDED_FILTERED_LAST_SEQ: the embedded store ends a filtered batch
-    at the last change it returned, so a client following quiet files read the same history
-    again at every poll). CouchDB's sequences, not numbers, are left as they are."""
-    if head is None or not sequences.is_number(head):
-        return without_store_rows(body)
-    try:
-        got = json.loads(body)
-        results, last = got["results"], got["last_seq"]
-    except (ValueError, KeyError, TypeError):
-        return body  # an error the store answered
-    whole = limit is None or len(results) < limit
-    if whole and isinstance(last, int) and not isinstance(last, bool) and int(head) > last:
-        got["last_seq"] = int(head)
-    got["results"] = [r for r in results if not _store_row(r)]
-    return json.dumps(got, separators=(",", ":")).encode() + b"\n"
+    `last_seq` is at least `head`, the database's sequence read before it, when it found
+    nothing (EMBEDDED_FILTERED_LAST_SEQ: the embedded store ends such a batch at `since`, so a
+    client following quiet files read the same history again at every poll). Only a quiet
+    answer, a few bytes, is looked at: parsing a batch of documents had held every client."""
+    quiet = _quiet_seq(body)
+    numbered = head is not None and sequences.is_number(head)
+    if quiet is not None and numbered and int(cast(str, head)) > quiet:
+        return b'{"results":[],"last_seq":%d}\n' % int(cast(str, head))
+    return without_store_rows(body)
 
 
-def _limit_of(target: bytes) -> int | None:
-    """The `limit` of a store request the gate made (None: none)."""
-    for pair in target.partition(b"?")[2].split(b"&"):
-        name, _, value = pair.partition(b"=")
-        if name == b"limit":
-            return int(value)
+# A batch with no result, as the embedded store writes it (its sequences are numbers).
+_QUIET = re.compile(
+    rb'\s*\{\s*"results"\s*:\s*\[\s*\]\s*,\s*"last_seq"\s*:\s*([0-9]{1,18})\s*\}\s*'
+)
+QUIET_BYTES = 256
+
+
+def _quiet_seq(body: bytes) -> int | None:
+    """The `last_seq` of a batch that found nothing (a number), None for any other answer."""
+    quiet = _QUIET.fullmatch(body) if len(body) <= QUIET_BYTES else None
+    return int(quiet.group(1)) if quiet else None
+
+
+class _Once:
+    """`call` made once, however often this is called."""
+
+    def __init__(self, call: Callable[[], None]):
+        self.call: Callable[[], None] | None = call
+
+    def __call__(self) -> None:
+        call, self.call = self.call, None
+        if call is not None:
+            call()
+
+
+def _producer_of(made: gate.Forward) -> IBodyProducer | None:
+    """The body of the store request `made`, sent once (a new producer for each request)."""
+    if made.body is not None:
+        return cast(IBodyProducer, FileBodyProducer(BytesIO(made.body)))
+    if made.method in BODY:
+        return cast(IBodyProducer, FileBodyProducer(BytesIO(b"")))
     return None
 
 

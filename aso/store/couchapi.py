@@ -695,7 +695,7 @@ class Database:
             head = str(self.info()["update_seq"]) if filtered else None
             result = self.server.raw("POST", path, params=params, body=body)
             results, last_seq = result.get("results", []), str(result.get("last_seq", since))
-            return ChangesBatch(results, _settled(last_seq, head, len(results), limit))
+            return ChangesBatch(results, _settled(last_seq, head, results))
         wait = min(wait, self.server.settings.feed_timeout)
         params.update(feed="longpoll", timeout=int(wait * 1000))
         try:
@@ -755,10 +755,9 @@ def _is_documents(db: Database) -> Documents:
     return db
 
 
-def _settled(last_seq: str, head: str | None, returned: int, limit: int | None) -> str:
-    """EMBEDDED_FILTERED_LAST_SEQ: a filtered batch not cut by its limit ends at least at
-    `head`, the database's sequence read before it (numbers there: EMBEDDED_INTEGER_SEQ)."""
-    whole = limit is None or returned < limit
-    if head is None or not whole or not (head.isdigit() and last_seq.isdigit()):
+def _settled(last_seq: str, head: str | None, results: list[dict[str, Any]]) -> str:
+    """EMBEDDED_FILTERED_LAST_SEQ: a filtered batch that found nothing ends at least at `head`,
+    the database's sequence read before it (numbers there: EMBEDDED_INTEGER_SEQ)."""
+    if head is None or results or not (head.isdigit() and last_seq.isdigit()):
         return last_seq
     return str(max(int(head), int(last_seq)))
