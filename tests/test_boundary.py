@@ -1027,6 +1027,21 @@ def test_a_user_s_filtered_long_poll_that_finds_nothing_goes_on_past_what_it_rea
     assert [c["id"] for c in after["results"]] == [later["_id"]]
 
 
+def test_a_relay_cut_after_its_client_left_ends_quietly():
+    """Round 14: a relay cut after its client had gone (a heavy read's 60 s) unregistered its
+    producer from the closed channel, a traceback in the front end's log. It ends quietly."""
+    from twisted.internet.error import ConnectionLost
+    from twisted.python.failure import Failure
+    from twisted.web.test.requesthelper import DummyChannel
+
+    request = server.server.Request(DummyChannel())
+    request.producer = object()  # registered when the store's answer began
+    request.channel = None  # the client's connection closed meanwhile
+    relay = server._Relay(request)
+    relay.gone = True
+    relay.connectionLost(Failure(ConnectionLost()))  # raised AttributeError before
+
+
 def test_a_batch_of_documents_is_not_parsed_to_settle_its_sequence(monkeypatch):
     """Red team round 14: a filtered batch of 1000 documents of 43 KB each had been parsed and
     written again to settle its `last_seq` (3.1 s holding the interpreter: every client
