@@ -980,50 +980,29 @@ def test_a_wait_for_a_slot_ends_when_its_client_leaves_and_the_shared_cap_holds(
     assert not slots.shared.waiting
 
 
-def test_a_user_s_filtered_batch_that_finds_nothing_goes_on_past_what_it_read(boundary):
-    """EMBEDDED_FILTERED_LAST_SEQ (red team round 13): the embedded store ended a batch filtered
-    by ids at `since` when it found none of them, so a client following the documented cursor
-    over quiet files read the same, growing history at every poll. Through the front end, the
-    batch's `last_seq` is past every change it read, on both stores."""
+@pytest.mark.parametrize("poll", ["", "&feed=longpoll&timeout=2000"], ids=["batch", "long poll"])
+def test_a_user_s_filtered_feed_that_finds_nothing_goes_on_past_what_it_read(boundary, poll):
+    """EMBEDDED_FILTERED_LAST_SEQ (red team rounds 13, 14): the embedded store ended a batch
+    filtered by ids at `since` when it found none of them, so a client following the documented
+    cursor over quiet files read the same, growing history at every poll; its filtered long
+    poll read every change from `since` again at each write (four polls from 0 kept it 83%
+    busy). Through the front end, a filtered batch or poll finds what changed after `since` at
+    once, and one that finds nothing ends past every change it read, on both stores."""
     b = boundary
     first, later = sample_request("alice"), sample_request("alice")
     assert b.call("alice", "PUT", f"/{b.files}/{first['_id']}", json=first).status_code == 201
-    feed = f"/{b.files}/_changes?filter=_doc_ids"
+    feed = f"/{b.files}/_changes?filter=_doc_ids{poll}"
 
-    def batch(since: Any, ids: list[str]) -> dict[str, Any]:
-        answer = b.call("alice", "POST", f"{feed}&since={since}", json={"doc_ids": ids})
-        assert answer.status_code == 200, answer.text[:300]
-        return cast(dict[str, Any], answer.json())
-
-    quiet = batch(0, ["0" * 64])
-    assert quiet["results"] == [] and quiet["last_seq"] not in (0, "0")
-    assert batch(quiet["last_seq"], [first["_id"]])["results"] == []  # read already
-    assert b.call("alice", "PUT", f"/{b.files}/{later['_id']}", json=later).status_code == 201
-    after = batch(quiet["last_seq"], [first["_id"], later["_id"]])
-    assert [c["id"] for c in after["results"]] == [later["_id"]]
-
-
-def test_a_user_s_filtered_long_poll_that_finds_nothing_goes_on_past_what_it_read(boundary):
-    """EMBEDDED_FILTERED_LAST_SEQ (red team round 14): the embedded store's filtered long poll
-    read every change from `since` again at each write until one of its ids changed (four
-    polls from 0 kept it 83% busy), and a quiet one ended at `since`. A filtered poll from
-    behind the database's sequence finds what changed before it at once, and one that finds
-    nothing ends past every change it read, on both stores."""
-    b = boundary
-    first, later = sample_request("alice"), sample_request("alice")
-    assert b.call("alice", "PUT", f"/{b.files}/{first['_id']}", json=first).status_code == 201
-    feed = f"/{b.files}/_changes?filter=_doc_ids&feed=longpoll&timeout=2000"
-
-    def poll(since: Any, ids: list[str]) -> dict[str, Any]:
+    def read(since: Any, ids: list[str]) -> dict[str, Any]:
         answer = b.call("alice", "POST", f"{feed}&since={since}", json={"doc_ids": ids})
         assert answer.status_code == 200, answer.text[:300]
         return cast(dict[str, Any], json.loads(answer.text))
 
-    assert [c["id"] for c in poll(0, [first["_id"]])["results"]] == [first["_id"]]  # at once
-    quiet = poll(0, ["0" * 64])
+    assert [c["id"] for c in read(0, [first["_id"]])["results"]] == [first["_id"]]  # at once
+    quiet = read(0, ["0" * 64])
     assert quiet["results"] == [] and quiet["last_seq"] not in (0, "0")
     assert b.call("alice", "PUT", f"/{b.files}/{later['_id']}", json=later).status_code == 201
-    after = poll(quiet["last_seq"], [first["_id"], later["_id"]])
+    after = read(quiet["last_seq"], [first["_id"], later["_id"]])
     assert [c["id"] for c in after["results"]] == [later["_id"]]
 
 

@@ -1463,12 +1463,8 @@ class FrontEnd(resource.Resource):
             if _held_to_its_end(request, release, POLL_SLOT):
                 self.forward(request, who, identity, _less_time(made, asked_at))
 
-        def waited_out(failure: Any) -> None:
-            failure.trap(Busy)
-            # Its `since` is a sequence: `now` was read before it waited.
-            _answer_json(request, 200, _quiet_body(made))
-
-        slot.addCallbacks(taken, waited_out)
+        # Its `since` is a sequence: `now` was read before it waited.
+        slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
         slot.addErrback(self._failed, request)
 
     def _check_nodes(
@@ -1655,11 +1651,7 @@ class FrontEnd(resource.Resource):
             self._whole(sent, request, head, then=wait_from_head)
             sent.addErrback(self._upstream_failed, request)
 
-        def waited_out(failure: Any) -> None:
-            failure.trap(Busy)
-            _answer_json(request, 200, _quiet_body(made))
-
-        slot.addCallbacks(taken, waited_out)
+        slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
         slot.addErrback(self._failed, request)
 
     def _whole(
@@ -1861,6 +1853,12 @@ def _less_time(made: gate.Forward, since: float) -> gate.Forward:
     assert made.poll_ms is not None
     spent = int((time.monotonic() - since) * 1000)
     return dataclasses.replace(made, poll_ms=max(made.poll_ms - spent, 0))
+
+
+def _ends_quiet(failure: Any, request: server.Request, made: gate.Forward) -> None:
+    """A long poll that waited its whole time for its turn ends as a quiet poll ends."""
+    failure.trap(Busy)
+    _answer_json(request, 200, _quiet_body(made))
 
 
 def _quiet_body(made: gate.Forward) -> bytes:
