@@ -949,6 +949,88 @@ def test_a_filtered_long_poll_catches_up_in_its_user_s_heavy_turn(
             assert heavy == []  # CouchDB's feed moves on by itself: a poll as asked
 
 
+def test_a_filtered_long_poll_whose_client_left_early_holds_no_turn(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 15: a client that left a filtered long poll while the front end read the
+    store's sequence made its heavy read's turn be taken after the request had ended, and never
+    given back (its user's heavy reads were 503 until a restart; two users' took every shared
+    slot). A turn asked for a request that has ended is not given, and the catch-up of a poll
+    whose client left is not made."""
+    from twisted.internet import task
+
+    real = frontend_module.FrontEnd._update_seq
+
+    def slow(self: Any, made: Any, headers: Any) -> Any:  # the client leaves meanwhile
+        return task.deferLater(running_reactor, 0.5, real, self, made, headers)
+
+    monkeypatch.setattr(frontend_module.FrontEnd, "_update_seq", slow)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    doc = sample_request("dave")
+    body = json.dumps({"doc_ids": ["0" * 64]}).encode()
+    head = (f"POST /{files_db}/_changes?filter=_doc_ids&feed=longpoll&timeout=60000&since=0 "
+            f"HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    context = client_context(pki.ca_file, *dave)
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+        for _ in range(2):  # dave's own turn, then one of the shared ones
+            left = connect(url, context)
+            left.sendall(head + body)
+            time.sleep(0.1)
+            left.close()
+        time.sleep(1)  # the sequences read, after the clients left
+        docs = f"/{files_db}/_all_docs?include_docs=true&limit=1&endkey=%22_%22&inclusive_end=false"
+        read = call(url, pki, dave, "GET", docs)
+        assert read.status_code == 200, read.text[:300]
+
+
+@only_on("pouchdb", "the catch-up handles EMBEDDED_FILTERED_LAST_SEQ; CouchDB's feed moves on")
+def test_a_filtered_long_poll_s_catch_up_ends_within_the_poll_s_time(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 15: the batch a filtered long poll catches up with had no time bound, so
+    a busy store made a poll of 1 ms last a whole history's scan. A catch-up the store does not
+    answer within the poll's time ends the poll quiet, from where it was asked."""
+    from twisted.internet import defer
+    from twisted.web.client import Agent
+
+    real = Agent.request
+
+    def store_never_answers_a_batch(self: Any, method: bytes, uri: bytes, *rest: Any) -> Any:
+        if b"_changes" in uri and b"feed=normal" in uri:
+            return defer.Deferred()  # cancelled at the poll's time
+        return real(self, method, uri, *rest)
+
+    monkeypatch.setattr(Agent, "request", store_never_answers_a_batch)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    doc = sample_request("dave")
+    feed = f"/{files_db}/_changes?filter=_doc_ids&feed=longpoll&timeout=1000&since=0"
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+        answer = call(url, pki, dave, "POST", feed, json={"doc_ids": [doc["_id"]]})
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.json()["results"] == [] and str(answer.json()["last_seq"]) == "0"
+
+
+def test_a_turn_asked_for_a_request_that_has_ended_is_not_given():
+    """Slots.take_for: notifyFinish never fires for a request that has ended, so a turn given
+    to one would never be given back; its wait ends at once."""
+    from twisted.internet.defer import CancelledError
+    from twisted.internet.task import Clock
+    from twisted.web.test.requesthelper import DummyRequest
+
+    slots = frontend_module.Slots(Clock(), 2, "heavy reads")
+    request = DummyRequest([b""])
+    request.finish()
+    outcome: list[Any] = []
+    slots.take_for(request, "dave").addBoth(outcome.append)
+    assert outcome and outcome[0].check(CancelledError)
+    assert slots.shared.tokens == 2 and not slots.of
+
+
 def test_a_creation_s_answer_is_parsed_for_conflicts_only_when_it_has_one(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

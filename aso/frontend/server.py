@@ -201,6 +201,8 @@ class Slots:
     ) -> defer.Deferred[Callable[[], None]]:
         """`take`, for a request: its wait ends when its client leaves (it had kept its place
         in the queue, ahead of its user's next requests, until its time was out)."""
+        if _client_gone(request):  # notifyFinish would never fire: nothing would give it back
+            return defer.fail(defer.CancelledError(f"{self.what}: the client has left"))
         slot = self.take(name, shared, wait)
         request.notifyFinish().addErrback(lambda _: slot.cancel())
         return slot
@@ -1620,6 +1622,8 @@ class FrontEnd(resource.Resource):
         as a batch up to now, answered with it if it found a change, else waiting from `head`.
         The embedded store's filtered poll reads the changes from `since` again at every write
         (it moves on only at a change of the ids): four polls from 0 had kept it 83% busy."""
+        if _client_gone(request):
+            return
         waiting = gate.with_since(made, head)
         if not (sequences.is_number(head) and sequences.is_number(made.since or "")):
             self._send(request, who, headers, made, _producer_of(made), head=head)  # CouchDB's
@@ -1629,19 +1633,25 @@ class FrontEnd(resource.Resource):
             return
         asked_at = time.monotonic()
         assert made.poll_ms is not None
+        poll_time = made.poll_ms / 1000
         # The batch costs what a filtered batch costs: it takes a heavy read's turn, within
         # the poll's time (polls with a short timeout had been batches without a turn).
-        slot = self.heavy.take_for(request, who.name, wait=max(made.poll_ms / 1000, 0.001))
+        slot = self.heavy.take_for(request, who.name, wait=max(poll_time, 0.001))
 
         def taken(release: Callable[[], None]) -> None:
+            if _client_gone(request):  # notifyFinish would never fire: given back now
+                release()
+                return
             once = _Once(release)
             request.notifyFinish().addBoth(lambda _: once())
-            if _client_gone(request):
-                return
             batch = gate.as_batch(made)
             sent = self.agent.request(batch.method, self.store_url + batch.target,
                                       Headers(headers), _producer_of(batch))  # fmt: skip
             request.notifyFinish().addErrback(lambda _: sent.cancel())
+            # Within the poll's own time: a batch the store is slow to answer ends the poll
+            # quiet, from where it was asked.
+            left = poll_time - (time.monotonic() - asked_at)
+            sent.addTimeout(max(left, 0.001) + POLL_GRACE, self.reactor, _store_busy)
 
             def wait_from_head() -> None:
                 once()
@@ -1649,6 +1659,7 @@ class FrontEnd(resource.Resource):
                 self._send(request, who, headers, rest, _producer_of(rest), head=head)
 
             self._whole(sent, request, head, then=wait_from_head)
+            sent.addErrback(_ends_quiet, request, made)
             sent.addErrback(self._upstream_failed, request)
 
         slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
