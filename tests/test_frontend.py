@@ -1015,6 +1015,33 @@ def test_a_filtered_long_poll_s_catch_up_ends_within_the_poll_s_time(
         assert answer.json()["results"] == [] and str(answer.json()["last_seq"]) == "0"
 
 
+def test_a_filtered_long_poll_with_documents_gives_its_turn_back_and_its_change(
+    running_reactor, store_config, pki, files_db, tmp_path
+):
+    """Red team round 16: a user's filtered long poll with include_docs took its user's heavy
+    queue in forward, then its catch-up waited for that same queue: the poll ended quiet
+    without the change it asked for, and the turn was never given back (the user's heavy reads
+    were 503 until a restart). Its turns are its catch-up's, each given back."""
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    doc = sample_request("dave")
+    feed = f"/{files_db}/_changes?filter=_doc_ids&feed=longpoll&timeout=3000&include_docs=true"
+    heavy = f"/{files_db}/_all_docs?include_docs=true&limit=1&endkey=%22_%22&inclusive_end=false"
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+        answer = call(url, pki, dave, "POST", feed + "&since=0", json={"doc_ids": [doc["_id"]]})
+        assert answer.status_code == 200, answer.text[:300]
+        [change] = answer.json()["results"]
+        assert change["id"] == doc["_id"] and change["doc"]["source_lfn"] == doc["source_lfn"]
+        read = call(url, pki, dave, "GET", heavy)
+        assert read.status_code == 200, read.text[:300]
+        last = answer.json()["last_seq"]
+        quiet = call(url, pki, dave, "POST", f"{feed}&since={last}", json={"doc_ids": [doc["_id"]]})
+        assert quiet.status_code == 200 and quiet.json()["results"] == [], quiet.text[:300]
+        read = call(url, pki, dave, "GET", heavy)
+        assert read.status_code == 200, read.text[:300]
+
+
 def test_a_turn_asked_for_a_request_that_has_ended_is_not_given():
     """Slots.take_for: notifyFinish never fires for a request that has ended, so a turn given
     to one would never be given back; its wait ends at once."""

@@ -1417,7 +1417,9 @@ class FrontEnd(resource.Resource):
         if made.route.kind in WRITES and _user_only(who) and not _holds(request, WRITE_SLOT):
             self._write_slot(request, who, identity, made)
             return
-        if made.heavy or (made.with_docs and not _is_agent(who)):
+        # A user's filtered long poll takes its turns as it goes (_catch_up, _wait_from).
+        catches_up = made.filtered and made.poll_ms is not None and _user_only(who)
+        if (made.heavy or (made.with_docs and not _is_agent(who))) and not catches_up:
             # A long poll with documents waits in its user's queue, never for a shared slot (it
             # may wait a minute); agents' polls are the service's own and run side by side.
             slot = self.heavy.take_for(request, who.name, shared=made.heavy)
@@ -1581,8 +1583,10 @@ class FrontEnd(resource.Resource):
             def then(seq: str) -> None:
                 if batch:
                     self._send(request, who, headers, made, producer, release, seq)
-                else:
-                    self._catch_up(request, who, headers, _less_time(made, asked_at), seq)
+                    return
+                if release is not None:  # a poll's turns are its catch-up's (forward takes none)
+                    release()
+                self._catch_up(request, who, headers, _less_time(made, asked_at), seq)
 
             def failed(failure: Any) -> None:
                 if release is not None:
@@ -1626,10 +1630,10 @@ class FrontEnd(resource.Resource):
             return
         waiting = gate.with_since(made, head)
         if not (sequences.is_number(head) and sequences.is_number(made.since or "")):
-            self._send(request, who, headers, made, _producer_of(made), head=head)  # CouchDB's
+            self._wait_from(request, who, headers, made, head)  # CouchDB's feed moves on
             return
         if int(made.since or 0) >= int(head):
-            self._send(request, who, headers, waiting, _producer_of(waiting), head=head)
+            self._wait_from(request, who, headers, waiting, head)
             return
         asked_at = time.monotonic()
         assert made.poll_ms is not None
@@ -1655,12 +1659,34 @@ class FrontEnd(resource.Resource):
 
             def wait_from_head() -> None:
                 once()
-                rest = _less_time(waiting, asked_at)
-                self._send(request, who, headers, rest, _producer_of(rest), head=head)
+                self._wait_from(request, who, headers, _less_time(waiting, asked_at), head)
 
             self._whole(sent, request, head, then=wait_from_head)
             sent.addErrback(_ends_quiet, request, made)
             sent.addErrback(self._upstream_failed, request)
+
+        slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
+        slot.addErrback(self._failed, request)
+
+    def _wait_from(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+        head: str,
+    ) -> None:
+        """A user's filtered long poll sent to wait (its catch-up done): one with documents
+        first takes its user's heavy queue, as forward has any other user's poll with them."""
+        if not made.with_docs:
+            self._send(request, who, headers, made, _producer_of(made), head=head)
+            return
+        assert made.poll_ms is not None
+        slot = self.heavy.take_for(request, who.name, shared=False,
+                                   wait=max(made.poll_ms / 1000, 0.001))  # fmt: skip
+
+        def taken(release: Callable[[], None]) -> None:
+            self._send(request, who, headers, made, _producer_of(made), release, head)
 
         slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
         slot.addErrback(self._failed, request)
