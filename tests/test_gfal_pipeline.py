@@ -120,6 +120,11 @@ def test_real_files_are_copied_verified_and_recorded(gfal_config, accounts, admi
         if doc["cleanup"] == "cleaned":
             assert doc["history"][3]["by"] == "m1" and doc["_rev"].startswith("3-")
             assert not export_path(gfal_config, doc["source"], doc["source_lfn"]).exists()
+        elif doc["cleanup"] == "cleanup_error":
+            # The monitor's deletion failed (storage busy under a loaded CI): the cleaner's
+            # to try again, with the reason and the next try recorded.
+            assert doc["history"][3]["by"] == "m1" and doc["cleanup_error"]
+            assert doc["cleanup_retry_after"] > doc["history"][3]["at"]
         else:
             assert doc["cleanup"] == "pending" and len(doc["history"]) == 3
         assert doc["attempts"][-1]["outcome"] == "done"

@@ -211,7 +211,7 @@ class BuggyBatchCatalog(BuggyCatalog):
 def test_a_publisher_failing_on_a_block_records_a_publication_error(pub_config, accounts, catalog):
     docs = done_outputs(pub_config, accounts, 4)
     before = set_aside("publisher")
-    run_publisher(pub_config, Publisher(pub_config, "p1", catalog=catalog()))
+    run_publisher(pub_config, accounts, Publisher(pub_config, "p1", catalog=catalog()))
     assert states_of(pub_config, accounts, docs) == {"publication_error": 4}
     stored = accounts["agent"].db(pub_config.store.files_db).get(docs[0]["_id"])
     assert stored[PUBLICATION] == "publication_error"
