@@ -1459,15 +1459,28 @@ class FrontEnd(resource.Resource):
         users' `frontend.polls` at the store: every write wakes every poll the store holds (400
         of one user's had slowed the others' reads to 17 s). It waits within its own time, and
         one that waited it all ends as a quiet poll ends."""
-        assert made.poll_ms is not None
         asked_at = time.monotonic()
-        slot = self.polls.take_for(request, who.name, wait=made.poll_ms / 1000)
 
         def taken(release: Callable[[], None]) -> None:
             if _held_to_its_end(request, release, POLL_SLOT):
                 self.forward(request, who, identity, _less_time(made, asked_at))
 
         # Its `since` is a sequence: `now` was read before it waited.
+        self._poll_turn(self.polls, request, who, made, taken)
+
+    def _poll_turn(
+        self,
+        slots: Slots,
+        request: server.Request,
+        who: Mapped,
+        made: gate.Forward,
+        taken: Callable[[Callable[[], None]], None],
+        shared: bool = True,
+    ) -> None:
+        """`taken(release)` once the user's turn of `slots` comes within the long poll's own
+        time; a poll that waited it all ends as a quiet poll ends (_ends_quiet)."""
+        assert made.poll_ms is not None
+        slot = slots.take_for(request, who.name, shared, wait=max(made.poll_ms / 1000, 0.001))
         slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
         slot.addErrback(self._failed, request)
 
@@ -1638,9 +1651,6 @@ class FrontEnd(resource.Resource):
         asked_at = time.monotonic()
         assert made.poll_ms is not None
         poll_time = made.poll_ms / 1000
-        # The batch costs what a filtered batch costs: it takes a heavy read's turn, within
-        # the poll's time (polls with a short timeout had been batches without a turn).
-        slot = self.heavy.take_for(request, who.name, wait=max(poll_time, 0.001))
 
         def taken(release: Callable[[], None]) -> None:
             if _client_gone(request):  # notifyFinish would never fire: given back now
@@ -1665,8 +1675,9 @@ class FrontEnd(resource.Resource):
             sent.addErrback(_ends_quiet, request, made)
             sent.addErrback(self._upstream_failed, request)
 
-        slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
-        slot.addErrback(self._failed, request)
+        # The batch costs what a filtered batch costs: it takes a heavy read's turn, within
+        # the poll's time (polls with a short timeout had been batches without a turn).
+        self._poll_turn(self.heavy, request, who, made, taken)
 
     def _wait_from(
         self,
@@ -1681,15 +1692,11 @@ class FrontEnd(resource.Resource):
         if not made.with_docs:
             self._send(request, who, headers, made, _producer_of(made), head=head)
             return
-        assert made.poll_ms is not None
-        slot = self.heavy.take_for(request, who.name, shared=False,
-                                   wait=max(made.poll_ms / 1000, 0.001))  # fmt: skip
 
         def taken(release: Callable[[], None]) -> None:
             self._send(request, who, headers, made, _producer_of(made), release, head)
 
-        slot.addCallbacks(taken, _ends_quiet, errbackArgs=(request, made))
-        slot.addErrback(self._failed, request)
+        self._poll_turn(self.heavy, request, who, made, taken, shared=False)
 
     def _whole(
         self,
