@@ -1,17 +1,13 @@
-"""JSON values as the store's JavaScript sees them, so that aso/model.py judges a document
-exactly as validate_doc_update.js does.
+"""JSON values as the store's JavaScript sees them, where ASO's Python must measure or compare
+a document as the store does: the front end bounds a document by its JSON.stringify length
+(model.doc_chars), an upload compares two documents with validate_doc_update's same(), the
+namespace rules match a name with the schema's patterns as `new RegExp(p).test()` does.
 
-The two must agree on every document (tests/test_hostile_validation.py checks it on generated
-ones), and JavaScript differs from Python where it matters to a validator:
-
-* numbers are doubles: 5.0 is an integer, 2**60 + 1 cannot be represented (it arrives as
-  2**60), -0 prints as 0;
-* a string's length counts UTF-16 code units: an emoji is 2;
-* `$` matches only at the end of the input (Python's also before a final newline), `.` stops
-  at \\r, \\u2028 and \\u2029 too, `\\s` is a Unicode set of its own and `\\d`/`\\w` are ASCII;
-* `for (key in obj)` visits integer-like keys first, in numeric order, then the others in
-  insertion order, which decides which of two faults is named first;
-* JSON.stringify writes numbers its own way (1e+21, 1e-7, no ".0").
+JavaScript differs from Python where it matters here: numbers are doubles (5.0 is an integer,
+2**60 + 1 arrives as 2**60, -0 prints as 0); a string's length counts UTF-16 code units (an
+emoji is 2); `$` matches only at the end of the input and `.` stops at \r, \u2028 and
+\u2029 too; `for (key in obj)` visits integer-like keys first, in numeric order; JSON.stringify
+writes numbers its own way (1e+21, 1e-7, no ".0") and escapes lone surrogates.
 """
 
 from __future__ import annotations
@@ -75,11 +71,6 @@ def typeof(value: Any) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__  # not JSON at all
-
-
-def is_type(value: Any, name: str) -> bool:
-    actual = typeof(value)
-    return actual == name or (name == "number" and actual == "integer")
 
 
 def lone_surrogate(text: str) -> bool:
@@ -195,15 +186,6 @@ def stringify(value: Any) -> str:
     if is_number(value):
         return number(value) if math.isfinite(value) else "null"
     return json.dumps(value)  # true, false, null
-
-
-def truthy(value: Any) -> bool:
-    """JavaScript's truthiness: [] and {} are true, 0, "" and null false."""
-    if value is UNDEFINED or value is None or value is False:
-        return False
-    if is_number(value) or isinstance(value, str):
-        return bool(value)
-    return True
 
 
 def _string(text: str) -> str:

@@ -611,11 +611,6 @@ class Refusal(ModelError):
         return f"[{self.rule}] {self.message}"
 
 
-class SchemaError(Refusal):
-    def __init__(self, message: str, rule: str = "schema"):
-        super().__init__(rule, message)
-
-
 class TransitionError(ModelError):
     pass
 
@@ -645,126 +640,21 @@ def now() -> float:
     return round(time.time(), 3)
 
 
-# --- schema checking -------------------------------------------------------------------------
-# Judged as validate_doc_update.js judges: values as JavaScript sees them (aso.jsvalues), checks
-# in the same order, the same messages, so that both refuse the same documents for the same
-# reason (tests/test_hostile_validation.py compares them on generated documents).
+# --- schema -----------------------------------------------------------------------------------
+# The schema's checks are the store's JavaScript (couchapp/asyncstageout/lib/schema.js), which
+# ASO runs before an upload too (aso/provision/storejs.py request_refusal).
 MAX_SAFE_INTEGER = js.MAX_SAFE_INTEGER
 # The store's own members of a document (they are not the schema's); any other "_" member is
 # refused (CouchDB answers 400 to most before validation; `_attachments` reaches it).
 STORE_MEMBERS = ("_id", "_rev", "_revisions", "_deleted")
-
-
-def _check_value(path: str, value: Any, spec: Mapping[str, Any]) -> None:
-    types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
-    kind = next((t for t in types if js.is_type(value, t)), None)
-    if kind is None:
-        raise SchemaError(f"{path} must be {' or '.join(types)}, not {js.typeof(value)}")
-    if "enum" in spec and not any(js.same(value, item) for item in spec["enum"]):
-        # Array.join: strings as they are, null as nothing
-        shown = ", ".join(_joined(v) for v in spec["enum"])
-        raise SchemaError(f"{path} must be one of {shown}, not {js.stringify(value)}")
-    if kind == "string":
-        if js.lone_surrogate(value):  # COUCHDB_REFUSES_MALFORMED_FIRST: refused on both
-            raise SchemaError(f"{path} is not valid Unicode (a lone surrogate)")
-        limit = spec.get("max") or MAX_STRING
-        if js.length(value) > limit:
-            raise SchemaError(f"{path} is longer than {limit} characters")
-        if spec.get("min_length") and js.length(value) < spec["min_length"]:
-            raise SchemaError(f"{path} must not be empty")
-        if "pattern" in spec and not js.test(spec["pattern"], value):
-            raise SchemaError(f"{path} {js.stringify(value)} does not match {spec['pattern']}")
-    elif kind in ("integer", "number"):
-        if "min" in spec and value < spec["min"]:
-            raise SchemaError(f"{path} must be >= {spec['min']}")
-        if "max_value" in spec and value > spec["max_value"]:
-            raise SchemaError(f"{path} must be <= {spec['max_value']}")
-    elif kind == "array":
-        limit = spec.get("max_items") or 1000
-        if len(value) > limit:
-            raise SchemaError(f"{path} has more than {limit} items")
-        for i, item in enumerate(value):
-            _check_value(f"{path}[{i}]", item, spec["items"])
-    elif kind == "object":
-        _check_size(path, value, spec)
-        _check_object(path, value, spec)
-
-
-def _check_size(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
-    """An object bounded as a whole (`max_chars`, measured as JSON.stringify writes it)."""
-    limit = spec.get("max_chars")
-    if limit and js.length(js.stringify(value)) > limit:
-        raise SchemaError(f"{path} is larger than {limit} characters as JSON")
-
-
-def _joined(value: Any) -> str:
-    return "" if value is None else value if isinstance(value, str) else js.stringify(value)
-
-
-def _check_object(path: str, value: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
-    if "values" in spec:
-        limit = spec.get("max_keys") or 1000
-        if len(value) > limit:  # counted first: a hostile object is not walked
-            raise SchemaError(f"{path} has more than {limit} keys")
-        for key in js.keys(value):
-            if key == js.PROTO:
-                raise SchemaError(f"{path} has a member named {js.PROTO}, which stores lose")
-            if js.lone_surrogate(key):
-                raise SchemaError(f"{path} has a member name that is not valid Unicode")
-            _check_value(f"{path}.{key}", value[key], spec["values"])
-        return
-    for name in spec.get("required", []):
-        if name not in value:
-            raise SchemaError(f"{path}.{name} is required")
-    fields = spec.get("fields", {})
-    for key in js.keys(value):
-        if path == "doc" and key in STORE_MEMBERS:
-            continue
-        if key not in fields:
-            raise SchemaError(f"{path}.{key} is not a field of the schema")
-        _check_value(f"{path}.{key}", value[key], fields[key])
+# How a request's id is described when it is not the one it must be.
+ID_RULE = "doc._id must be the request id: sha256 of source_lfn"
 
 
 def doc_chars(doc: Mapping[str, Any]) -> int:
     """A document's size as both sides measure it: its own fields (not the store's `_`
     members, which differ between stores) as JSON.stringify writes them, in UTF-16 units."""
     return js.length(js.stringify({k: v for k, v in doc.items() if not k.startswith("_")}))
-
-
-# How a request's id is described when it is not the one it must be.
-ID_RULE = "doc._id must be the request id: sha256 of source_lfn"
-
-
-def _check_id(doc_id: Any, source_lfn: str, creation: bool) -> None:
-    """A creation's id is the hash of its source_lfn (anyone else's id would be squatted: the
-    id of another user's next upload); an update's is any id of that form (it never changes).
-    The schema has already refused a source_lfn that is no valid Unicode, which has no UTF-8."""
-    if creation:
-        expected = request_id(source_lfn)
-        if not js.same(doc_id, expected):
-            raise SchemaError(f"{ID_RULE} ({expected})")
-    elif not (isinstance(doc_id, str) and js.test(DOC_ID_PATTERN, doc_id)):
-        raise SchemaError(f"{ID_RULE} (64 lower-case hex digits)")
-
-
-def check_schema(doc: Mapping[str, Any], *, creation: bool = True) -> None:
-    """Raise SchemaError naming the first thing that makes `doc` no request (type, size, fields,
-    id, publication intent), in validate_doc_update's order and words. `creation`: `doc` is to
-    be created, so its id must be the request id of its source_lfn (an update keeps the id it
-    was created with)."""
-    if not isinstance(doc, Mapping):
-        raise SchemaError("a request must be a JSON object")
-    kind = doc.get("type", js.UNDEFINED)
-    if not js.same(kind, REQUEST_TYPE):
-        raise SchemaError(
-            f"unknown document type {js.stringify(kind)}; expected {REQUEST_TYPE}", rule="type"
-        )
-    if doc_chars(doc) > MAX_DOC_CHARS:
-        raise SchemaError(f"the document is larger than {MAX_DOC_CHARS} characters")
-    _check_object("doc", doc, REQUEST_SCHEMA)
-    _check_id(doc.get("_id", js.UNDEFINED), doc["source_lfn"], creation)
-    if doc.get("publish") and doc.get("file_type") == "output" and "publish_info" not in doc:
-        raise SchemaError("doc.publish_info is required when publish is true")
 
 
 # --- roles and transitions -------------------------------------------------------------------
@@ -847,7 +737,7 @@ def transition(
 
 
 # --- construction ----------------------------------------------------------------------------
-def new_request(
+def request_of(
     *,
     user: str,
     task: str,
@@ -870,7 +760,8 @@ def new_request(
     by: str | None = None,
     at: float | None = None,
 ) -> dict[str, Any]:
-    """A valid new transfer request (checked against the schema before it is returned)."""
+    """A new transfer request of these values, as it is (the schema judges it where it is
+    recorded: aso/upload.py, then the store)."""
     stamp = now() if at is None else at
     state = "done" if already_at_destination else "new"
     doc: dict[str, Any] = {
@@ -904,7 +795,12 @@ def new_request(
         "publish_info": dict(publish_info) if publish_info else None,
     }
     doc.update({k: v for k, v in optional.items() if v is not None})
-    check_schema(doc)
+    return doc
+
+
+def new_request(**fields: Any) -> dict[str, Any]:
+    """request_of(**fields), refused (Refusal) if it records what its owner may not."""
+    doc = request_of(**fields)
     check_owner_record(doc)
     return doc
 
@@ -935,6 +831,7 @@ def validation_model() -> dict[str, Any]:
         "agent_schemas": {HEARTBEAT_TYPE: HEARTBEAT_SCHEMA},
         "agent_id_patterns": {HEARTBEAT_TYPE: HEARTBEAT_ID_PATTERN},
         "max_doc_chars": MAX_DOC_CHARS,
+        "max_string": MAX_STRING,
         "max_safe_integer": MAX_SAFE_INTEGER,
         "store_members": list(STORE_MEMBERS),
         "doc_id_pattern": DOC_ID_PATTERN,

@@ -20,6 +20,7 @@ from typing import Any
 from aso import jsvalues as js
 from aso import model
 from aso.core import request
+from aso.provision import storejs
 from aso.store import Database
 
 log = logging.getLogger("aso.upload")
@@ -119,6 +120,17 @@ def _screen(docs: list[Any], report: UploadReport) -> list[Mapping[str, Any]]:
     return chosen
 
 
+def judged_request(**fields: Any) -> dict[str, Any]:
+    """model.request_of(**fields), judged first as the store judges it: its schema (the
+    store's own lib/schema.js), then what its owner may record; the first refusal is raised."""
+    doc = model.request_of(**fields)
+    refused = storejs.request_refusal(doc)
+    if refused is not None:
+        raise refused
+    model.check_owner_record(doc)
+    return doc
+
+
 def refusal(doc: Any) -> str | None:
     """Why `doc` cannot be recorded as a new request (None: it can, as far as the model can tell
     without knowing the user; the store judges that)."""
@@ -127,11 +139,8 @@ def refusal(doc: Any) -> str | None:
     members = sorted(k for k in doc if isinstance(k, str) and k.startswith("_") and k != "_id")
     if members:
         return f"[upload] {members[0]} belongs to updates: upload records new requests"
-    try:
-        model.check_schema(doc)
-    except model.SchemaError as error:
-        return error.reason
-    return None
+    refused = storejs.request_refusal(doc)
+    return None if refused is None else refused.reason
 
 
 def _upload_batch(db: Database, docs: list[Mapping[str, Any]], report: UploadReport) -> None:
@@ -188,7 +197,7 @@ def adler32_of(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:
 
 def _fields_problem(args: Mapping[str, Any]) -> str | None:
     """A request object's missing or unknown fields, in the file's terms (not a Python call's)."""
-    parameters = inspect.signature(model.new_request).parameters
+    parameters = inspect.signature(model.request_of).parameters
     known = [name for name in parameters if name not in ("by", "at")]
     required = [n for n in known if parameters[n].default is inspect.Parameter.empty]
     missing = [n for n in required if n not in args]
@@ -201,7 +210,7 @@ def _fields_problem(args: Mapping[str, Any]) -> str | None:
 
 
 def requests_from_json(path: Path, *, default_user: str | None = None) -> list[dict[str, Any]]:
-    """Build requests from a JSON file: a list of objects with model.new_request's arguments."""
+    """Build requests from a JSON file: a list of objects with model.request_of's arguments."""
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -223,7 +232,7 @@ def requests_from_json(path: Path, *, default_user: str | None = None) -> list[d
         if problem:
             raise model.ModelError(f"{path}: item {index}: {problem}")
         try:
-            docs.append(model.new_request(**args))
+            docs.append(judged_request(**args))
         except model.ModelError as exc:
             raise model.ModelError(f"{path}: item {index}: {model.in_words(str(exc))}") from None
     return docs

@@ -1,189 +1,20 @@
-"""The store's own JavaScript, run in QuickJS as the stores run it: the design documents `aso db
-init` pushes (aso/provision/designdocs.py assembles them from couchapp/), in the environment a
-CouchDB query server gives their functions: `require` of the design document's CommonJS
-modules, `emit`, `sum`, `log`, `isArray`, `toJSON`, and validate_doc_update's four arguments.
-
-So a test knows the store's verdict on a write, or a view's rows for a document, without a store
-and from the one source of the rules (couchapp/), not from a copy of them: the fast tier judges
-writes with it, and the suites on the real stores check that the stores and it agree.
+"""The store's own JavaScript in QuickJS for the tests (aso/provision/storejs.py runs it): the
+store's verdict on a write, or a view's rows for a document, without a store and from the one
+source of the rules (couchapp/), not from a copy of them. The fast tier judges writes with it,
+and the suites on the real stores check that the stores and it agree.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import quickjs
-
 from aso.config import Config, SiteConfig
-from aso.model import Refusal
-from aso.provision import designdocs
+from aso.provision import storejs
+from aso.provision.storejs import FILES_DDOC, DesignDocument, request_refusal
 
-Doc = Mapping[str, Any]
-FILES_DDOC = "_design/asyncstageout"
-# What a CouchDB query server gives a design document's functions (couchjs's main.js, util.js).
-ENVIRONMENT = r"""
-var __emitted = [];
-function emit(key, value) { __emitted.push([key, value === undefined ? null : value]); }
-function log(message) {}
-function isArray(value) { return Array.isArray(value); }
-function toJSON(value) { return JSON.stringify(value); }
-function sum(values) {
-  var s = 0;
-  for (var i = 0; i < values.length; i++) { s += values[i]; }
-  return s;
-}
-
-function __requireIn(ddoc) {
-  var cache = {};
-  return function require(path) {
-    if (cache.hasOwnProperty(path)) { return cache[path].exports; }
-    var source = ddoc, parts = path.split('/');
-    for (var i = 0; i < parts.length && source !== undefined; i++) { source = source[parts[i]]; }
-    if (typeof source !== 'string') { throw new Error('require: no module ' + path); }
-    var module = {id: path, exports: {}};
-    cache[path] = module;
-    (new Function('module', 'exports', 'require', source))(module, module.exports, require);
-    return module.exports;
-  };
-}
-
-function __compile(ddoc, source) {
-  var compile = new Function('require', 'emit', 'log', 'isArray', 'toJSON', 'sum',
-                             'return (' + source + ');');
-  return compile(__requireIn(ddoc), emit, log, isArray, toJSON, sum);
-}
-
-var __ddoc = null, __validate = null, __maps = {}, __hostNow = Date.now;
-
-function __load(ddocJson) {
-  __ddoc = JSON.parse(ddocJson);
-  __validate = __ddoc.validate_doc_update ? __compile(__ddoc, __ddoc.validate_doc_update) : null;
-  var views = __ddoc.views || {};
-  for (var name in views) {
-    if (!views.hasOwnProperty(name)) { continue; }
-    __maps[name] = __compile(__ddoc, views[name].map);
-  }
-}
-
-// A verdict as JSON: {"ok": true} or {"thrown": what the function threw}.
-function __validateJson(newJson, oldJson, userCtxJson, secObjJson, nowMs) {
-  Date.now = nowMs === null ? __hostNow : function () { return nowMs; };
-  try {
-    __validate(JSON.parse(newJson), JSON.parse(oldJson), JSON.parse(userCtxJson),
-               JSON.parse(secObjJson));
-    return JSON.stringify({ok: true});
-  } catch (thrown) {
-    return JSON.stringify({thrown: thrown instanceof Error ? {error: String(thrown)} : thrown});
-  }
-}
-
-function __mapJson(name, docJson) {
-  __emitted = [];
-  __maps[name](JSON.parse(docJson));
-  return JSON.stringify(__emitted);
-}
-"""
-RULE = re.compile(r"^\[([\w-]+)\] (.*)$", re.S)
-TIME_LIMIT = 10  # seconds a call may run (a loop in a function must not hang the tests)
-MEMORY_LIMIT = 512 << 20
-
-
-class DesignDocument:
-    """One design document's functions in a QuickJS context of their own."""
-
-    def __init__(self, ddoc: Mapping[str, Any]):
-        self.ddoc = ddoc
-        self.context = quickjs.Context()
-        self.context.set_time_limit(TIME_LIMIT)
-        self.context.set_memory_limit(MEMORY_LIMIT)
-        self.context.eval(ENVIRONMENT)
-        self.context.eval("__load")(json.dumps(ddoc))
-
-    def validate(self, new: Doc, old: Doc | None, user_ctx: Doc, *context: Any) -> None:
-        """Returns when validate_doc_update lets the write through; raises Refusal with the
-        store's reason ("[rule] message" split in two) otherwise. A document without an `_id`
-        is given one first, as both stores do for a POST before they validate it. `context`:
-        the security object and the store's clock, as `verdict` takes them."""
-        refusal = self.verdict(new, old, user_ctx, *context)
-        if refusal is None:
-            return
-        rule = RULE.match(refusal[1])
-        raise Refusal(*rule.groups()) if rule else Refusal("unauthorized", refusal[1])
-
-    def verdict(
-        self, new: Doc, old: Doc | None, user_ctx: Doc, sec_obj: Doc | None = None, now: Any = None
-    ) -> tuple[str, str] | None:
-        """validate_doc_update's verdict as the store answers it: None (written), or the error
-        ("forbidden": 403, "unauthorized": 401) and its reason, the text the function threw;
-        `now`: the store's clock (None: this host's)."""
-        if "_id" not in new:
-            new = {**new, "_id": uuid.uuid4().hex}
-        verdict = json.loads(
-            self.context.eval("__validateJson")(
-                json.dumps(new),
-                json.dumps(old),
-                json.dumps(user_ctx),
-                json.dumps(sec_obj or {}),
-                None if now is None else now * 1000,
-            )
-        )
-        if verdict.get("ok"):
-            return None
-        thrown = verdict["thrown"]
-        for error in ("forbidden", "unauthorized"):
-            text = thrown.get(error) if isinstance(thrown, dict) else None
-            if isinstance(text, str):
-                return error, text
-        raise AssertionError(f"validate_doc_update threw no refusal: {thrown!r}")
-
-    def map(self, view: str, doc: Mapping[str, Any]) -> list[tuple[Any, Any]]:
-        """The (key, value) rows the view's map function emits for `doc`."""
-        rows = json.loads(self.context.eval("__mapJson")(view, json.dumps(doc)))
-        return [(key, value) for key, value in rows]
-
-    def reduce(self, view: str, values: Sequence[Any]) -> Any:
-        """The view's reduce over `values` (its map rows' values, reduced at once: no
-        rereduce). ASO's views reduce with CouchDB's builtins only, computed here as CouchDB's
-        query server does; a JavaScript reduce would need its rereduce modelled too."""
-        source = self.ddoc["views"][view]["reduce"].strip()
-        if source not in BUILTIN_REDUCE:
-            raise NotImplementedError(f"{view}: only the builtin reduces are run, not {source!r}")
-        return BUILTIN_REDUCE[source](list(values))
-
-
-def _sum(values: list[Any]) -> Any:
-    """`_sum`: numbers added; arrays added member by member (the shorter padded with 0);
-    objects added key by key."""
-    if all(isinstance(v, list) for v in values):
-        width = max((len(v) for v in values), default=0)
-        return [_sum([v[i] for v in values if i < len(v)]) for i in range(width)]
-    if all(isinstance(v, dict) for v in values):
-        keys = dict.fromkeys(k for v in values for k in v)
-        return {k: _sum([v[k] for v in values if k in v]) for k in keys}
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"_sum of values that are not all numbers, arrays or objects: {values}")
-    return sum(values)
-
-
-def _stats(values: list[Any]) -> Any:
-    """`_stats` of numbers (arrays of numbers: the stats of each member)."""
-    if values and all(isinstance(v, list) for v in values):
-        return [_stats([v[i] for v in values]) for i in range(len(values[0]))]
-    return {
-        "sum": sum(values),
-        "count": len(values),
-        "min": min(values),
-        "max": max(values),
-        "sumsqr": sum(v * v for v in values),
-    }
-
-
-BUILTIN_REDUCE = {"_count": len, "_sum": _sum, "_stats": _stats}
+__all__ = ["FILES_DDOC", "DesignDocument", "check_schema", "files_design", "validate_doc_update"]
 
 
 @functools.cache
@@ -193,8 +24,7 @@ def files_design(sites: tuple[str, ...] | None = None) -> DesignDocument:
     config = Config()
     if sites is not None:
         config.sites = {name: SiteConfig(protocol="sim") for name in sites}
-    [ddoc] = [d for d in designdocs.design_documents(config) if d["_id"] == FILES_DDOC]
-    return DesignDocument(ddoc)
+    return storejs.files_design(config)
 
 
 def validate_doc_update(
@@ -209,3 +39,10 @@ def validate_doc_update(
     at the store's clock `now` (None: this host's, the test stores' clock)."""
     design = files_design(None if sites is None else tuple(sorted(sites)))
     design.validate(new, old, user_ctx, None, now)
+
+
+def check_schema(doc: Any, *, creation: bool = True) -> None:
+    """Raise the store's refusal (lib/schema.js) when `doc` is no request of the schema."""
+    refused = request_refusal(doc, creation=creation)
+    if refused is not None:
+        raise refused

@@ -2213,6 +2213,32 @@ def test_a_long_poll_answers_a_page_at_most(boundary, limit, sent):
     assert answer.status_code == 200 and len(answer.json()["results"]) <= sent, answer.text[:300]
 
 
+@pytest.mark.parametrize("since", [None, "0", "now"])
+def test_a_filtered_poll_that_named_no_since_waits_from_where_it_caught_up(boundary, since):
+    """Red team round 17: a filtered long poll that named no `since` (it stands for 0) went
+    on waiting from 0 after its catch-up, as the store was asked no `since` (the embedded store
+    re-read its whole history at every write, 97% busy for four such polls): the sequence it
+    caught up to replaces its `since`, or is added when it named none. It still delivers a
+    change written while it waits."""
+    b = boundary
+    doc = sample_request("alice")
+    query = "feed=longpoll&filter=_doc_ids&timeout=20000" + (f"&since={since}" if since else "")
+    body = json.dumps({"doc_ids": [doc["_id"]]})
+    made = gate.check(b"POST", f"/{b.files}/_changes?{query}".encode(), body.encode(),
+                      frozenset({routes.USER}), routes.table(b.config))  # fmt: skip
+    assert isinstance(made, gate.Forward), made
+    params = gate.with_since(made, "123").target.split(b"?")[1].split(b"&")
+    assert [p for p in params if p.startswith(b"since=")] == [b"since=123"], params
+    with ThreadPoolExecutor(1) as pool:
+        polled = pool.submit(b.call, "alice", "POST", f"/{b.files}/_changes?{query}",
+                             data=body, headers={"Content-Type": "application/json"})  # fmt: skip
+        time.sleep(2)
+        assert b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc).status_code == 201
+        answer = polled.result(60)
+    assert answer.status_code == 200, answer.text[:300]
+    assert [c["id"] for c in answer.json()["results"]] == [doc["_id"]]
+
+
 def test_a_request_with_more_members_than_its_schema_is_refused_before_the_store(boundary):
     """1000 documents of 990 members each, every one refused by the store's validation, had
     kept the store busy 9 s a request: a transfer request has at most its schema's fields

@@ -55,7 +55,7 @@ METRICS: dict[str, str] = {}  # front end URL → host:port of its /metrics
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     pki = Pki.create(tmp_path_factory.mktemp("pki"))
     lines = [
-        f'"{pki.user(u).dn}" {u}' for u in ("carol", "dave")
+        f'"{pki.user(u).dn}" {u}' for u in ("carol", "dave", "erin")
     ] + [  # the revoked user is mapped: only the CRL keeps it out
         f'"{pki.user("agent-host").dn}" agent-host aso-agent',
         f'"{pki.user("operator-x").dn}" operator-x aso-admin',
@@ -1040,6 +1040,120 @@ def test_a_filtered_long_poll_with_documents_gives_its_turn_back_and_its_change(
         assert quiet.status_code == 200 and quiet.json()["results"] == [], quiet.text[:300]
         read = call(url, pki, dave, "GET", heavy)
         assert read.status_code == 200, read.text[:300]
+
+
+HEAVY_READ = "_all_docs?include_docs=true&limit=1&endkey=%22_%22&inclusive_end=false"
+
+
+def _never_read(monkeypatch: Any) -> list[Any]:
+    """Answers read whole from the store never go out (as to a client that reads nothing):
+    their requests stay open; the list holds them."""
+    kept: list[Any] = []
+    monkeypatch.setattr(frontend_module, "_send_whole", lambda request, *_: kept.append(request))
+    return kept
+
+
+def _raw_post(url: str, context: Any, path: str, body: bytes) -> Any:
+    sock = connect(url, context)
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)  # fmt: skip
+    return sock
+
+
+@only_on("pouchdb", "the catch-up handles EMBEDDED_FILTERED_LAST_SEQ; CouchDB's feed moves on")
+def test_a_catch_up_that_found_changes_gives_its_turn_back_once_read_from_the_store(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 17: a filtered long poll whose catch-up found changes held its heavy
+    turn until its client had read the answer, so a client that read nothing held it for good
+    (two users' held every shared slot: everyone's heavy reads were 503 for six minutes). The
+    turn is the store's work: it goes back once the batch is read whole from the store."""
+    kept = _never_read(monkeypatch)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    doc = sample_request("dave")
+    poll = f"/{files_db}/_changes?filter=_doc_ids&feed=longpoll&timeout=60000&since=0"
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+        sock = _raw_post(url, client_context(pki.ca_file, *dave), poll,
+                         json.dumps({"doc_ids": [doc["_id"]]}).encode())  # fmt: skip
+        try:
+            wait_until(lambda: kept, 30, "the catch-up's answer read from the store")
+            read = call(url, pki, dave, "GET", f"/{files_db}/{HEAVY_READ}")
+            assert read.status_code == 200, read.text[:300]
+        finally:
+            sock.close()
+
+
+def test_unread_changes_batches_do_not_hold_the_shared_heavy_slots(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """A filtered `_changes` batch is a heavy read: once the store's answer is read whole its
+    shared slot goes back, its user's own queue being held until the client has read it (two
+    users' unread answers had held both shared slots: every other user's heavy reads 503)."""
+    kept = _never_read(monkeypatch)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    users = ["dave", "carol", "erin"][: frontend_module.HEAVY_READS + 1]
+    certs = {who: cert_files(pki, who) for who in users}
+    batch = f"/{files_db}/_changes?filter=_doc_ids&since=0"
+    with frontend_in_process(running_reactor, config) as url:
+        socks = [_raw_post(url, client_context(pki.ca_file, *certs[who]), batch,
+                           json.dumps({"doc_ids": ["0" * 64]}).encode())
+                 for who in users[:-1]]  # fmt: skip
+        try:
+            wait_until(lambda: len(kept) == len(socks), 30, "the batches read from the store")
+            last = users[-1]
+            read = call(url, pki, certs[last], "GET", f"/{files_db}/{HEAVY_READ}")
+            assert read.status_code == 200, read.text[:300]
+            again = requests.get(url + f"/{files_db}/{HEAVY_READ}", cert=certs[users[0]],
+                                 verify=str(pki.ca_file), timeout=60)  # fmt: skip
+            assert again.status_code == 503, again.text[:300]  # its own queue: held
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+def test_an_answer_read_whole_is_cut_if_its_client_does_not_read_it(monkeypatch):
+    """_send_whole: an answer its client does not read is cut after HEAVY_HOLD (a poll slot
+    and the answer's memory are held until the request ends); one that is read is not."""
+    from types import SimpleNamespace
+
+    from twisted.internet.task import Clock
+    from twisted.web.http_headers import Headers
+    from twisted.web.test.requesthelper import DummyRequest
+
+    class Unread(DummyRequest):
+        def registerProducer(self, producer: Any, streaming: bool) -> None:
+            self.producer = producer  # the client takes nothing
+
+    cut: list[Any] = []
+    monkeypatch.setattr(frontend_module, "_cut", cut.append)
+    response = SimpleNamespace(code=200, phrase=b"OK", headers=Headers({}))
+    clock = Clock()
+    unread, read = Unread([b""]), Unread([b""])
+    for request in (unread, read):
+        frontend_module._send_whole(request, response, b"{}", clock)
+    read.finish()
+    clock.advance(frontend_module.HEAVY_HOLD - 1)
+    assert cut == []
+    clock.advance(1)
+    assert cut == [unread]
+
+
+def test_a_quiet_long_poll_with_documents_ends_quiet_at_its_time_not_cut(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 17: a long poll with documents of the longest timeout (60 s) was cut at
+    HEAVY_HOLD (60 s), before its own end, with no answer: the hold on a client that does not
+    read begins once a poll's own time is over."""
+    monkeypatch.setattr(frontend_module, "HEAVY_HOLD", 1.0)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave = cert_files(pki, "dave")
+    poll = f"/{files_db}/_changes?feed=longpoll&include_docs=true&timeout=2000&since=now"
+    with frontend_in_process(running_reactor, config) as url:
+        answer = call(url, pki, dave, "GET", poll)
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.json()["results"] == []
 
 
 def test_a_turn_asked_for_a_request_that_has_ended_is_not_given():

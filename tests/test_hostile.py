@@ -252,7 +252,7 @@ def check_write(store: Store, session: http.Session, who: str, new: dict[str, An
     assert after is not None and after["_rev"] == body["rev"]
     assert js.same(own_fields(after), own_fields(new)), differences(after, new)
     if after.get("type") == model.REQUEST_TYPE:
-        model.check_schema(after)
+        storejs.check_schema(after)
     return "accepted"
 
 
@@ -495,8 +495,8 @@ def _acceptable(doc: Any) -> bool:
     if not isinstance(doc, dict) or any(k.startswith("_") and k != "_id" for k in doc):
         return False
     try:
-        model.check_schema(doc)
-    except model.SchemaError:
+        storejs.check_schema(doc)
+    except model.Refusal:
         return False
     return True
 
@@ -1001,9 +1001,9 @@ near_patterns = st.sampled_from(PATTERNS).flatmap(
 @settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(values=st.lists(json_values | near_patterns, min_size=1, max_size=40))
 def test_javascript_s_view_of_values_is_the_one_node_has(values):
-    """The model's twin of the store's JavaScript reads values as node does (the store's
-    engine): JSON.stringify's text (the size measure and the messages), string lengths, and
-    every pattern of the schemas."""
+    """aso/jsvalues.py reads values as node does (the store's engine): JSON.stringify's text
+    (the front end's size bound, model.doc_chars), string lengths, and every pattern of the
+    schemas (the namespace rules' names)."""
     sent = json.dumps({"values": values, "patterns": PATTERNS})
     run = subprocess.run([NODE, "-e", NODE_PROGRAM], input=sent, capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip

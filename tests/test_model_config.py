@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from aso import config as aso_config
-from aso import model
+from aso import model, upload
 from aso.model import ADMIN, AGENT, OWNER, STATE, Change
+from aso.provision import designdocs
+from tests import storejs
 from tests.conftest import sample_request
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -75,7 +79,7 @@ def test_transition_appends_history_and_checks_the_role():
         model.transition(doc, [Change(STATE, "flying", "x")], ADMIN)
     failed = model.transition(doc, [Change(STATE, "killed", "alice", reason="x" * 9000)], OWNER)
     assert len(failed["history"][-1]["reason"]) == 4096
-    model.check_schema(failed)
+    storejs.check_schema(failed)
 
 
 def test_transition_table_is_closed_over_the_states():
@@ -187,3 +191,42 @@ def test_design_doc_transition_table_is_the_models():
         for (a, b), roles in table.items()
     }
     assert documented == actual
+
+
+UPLOAD_FAULTS = [
+    ("a field off the schema", lambda d: d.update(colour="red")),
+    ("a size that is no integer", lambda d: d.update(size=1.5)),
+    ("an id of another file", lambda d: d.update(_id="0" * 64)),
+    ("an LFN with a .. part", lambda d: d.update(destination_lfn="/store/user/alice/../bob/f")),
+    ("publish without publish_info", lambda d: d.update(publish=True, file_type="output")),
+]
+
+
+@pytest.mark.parametrize(("case", "edit"), UPLOAD_FAULTS, ids=[f[0] for f in UPLOAD_FAULTS])
+def test_an_upload_is_judged_by_the_store_s_own_schema(case, edit):
+    """An upload's documents are judged before they are sent by couchapp/'s lib/schema.js (run
+    in QuickJS), the file validate_doc_update requires: the same refusal, in the same words,
+    as the store gives an admin (whom only the schema binds)."""
+    doc = sample_request("alice")
+    assert upload.refusal(doc) is None
+    edit(doc)
+    if case.startswith("publish"):
+        doc.pop("publish_info", None)
+    with pytest.raises(model.Refusal) as store:
+        storejs.validate_doc_update(doc, None, {"name": "admin", "roles": ["_admin"]})
+    assert store.value.rule == "schema"
+    assert upload.refusal(doc) == store.value.reason
+
+
+def test_the_schema_is_run_from_the_design_document_s_file(tmp_path):
+    """Change lib/schema.js and the judgement changes: no copy of the rule is kept elsewhere."""
+    root = tmp_path / "couchapp"
+    shutil.copytree(designdocs.COUCHAPP_DIR, root)
+    schema = root / "asyncstageout/lib/schema.js"
+    schema.write_text(schema.read_text().replace("' is not a field of the schema'", "' is off'"))
+    [ddoc] = [d for d in designdocs.design_documents(aso_config.Config(), root)
+              if d["_id"] == storejs.FILES_DDOC]  # fmt: skip
+    doc = dict(sample_request("alice"), colour="red")
+    changed = storejs.DesignDocument(ddoc).check_request(json.dumps(doc), True)
+    assert changed is not None and changed.reason == "[schema] doc.colour is off"
+    assert upload.refusal(doc) == "[schema] doc.colour is not a field of the schema"

@@ -29,6 +29,7 @@ from sim.report import (
     work_by_host,
 )
 from sim.workload import Plan, Workload
+from tests import storejs
 from tests.conftest import ENGINE
 
 
@@ -154,7 +155,7 @@ def test_workload_injects_the_planned_rate_with_logs_for_some_users():
     assert kinds == {"output", "log"}
     assert len({d["_id"] for d in files}) == len(files)
     for doc in files:
-        model.check_schema(doc)
+        storejs.check_schema(doc)
         assert doc["destination"] == next(u.home for u in workload.users if u.name == doc["user"])
 
 

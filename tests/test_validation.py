@@ -402,8 +402,8 @@ def test_every_field_is_the_owner_s_record_or_the_agents_bookkeeping():
     everything = sample_request("alice", user_dn="/CN=a", group="g", role="r", priority=-1,
                                 **PUBLISHED)  # fmt: skip
     assert set(everything) - set(model.STORE_MEMBERS) == set(model.OWNER_RECORDED)
-    model.check_schema(dict(everything, **model.BOOKKEEPING))
-    model.check_schema(dict(everything, **AGENTS_BOOKKEEPING))
+    storejs.check_schema(dict(everything, **model.BOOKKEEPING))
+    storejs.check_schema(dict(everything, **AGENTS_BOOKKEEPING))
 
 
 @pytest.mark.parametrize("state", ["new", "done"])
@@ -729,8 +729,8 @@ def test_malformed_documents_are_refused_with_the_rule(files_db, accounts, case,
         with pytest.raises(Forbidden) as err:
             db_as(accounts, who, files_db).create(doc)
         assert err.value.reason.startswith(reason), (who, err.value.reason)
-    with pytest.raises(model.SchemaError):  # and the Python model refuses it as well
-        model.check_schema(doc)
+    with pytest.raises(model.Refusal):  # and the Python model refuses it as well
+        storejs.check_schema(doc)
 
 
 # --- updates ---------------------------------------------------------------------------------
@@ -1422,8 +1422,8 @@ def test_an_lfn_names_a_file_and_a_dataset_has_real_names(files_db, accounts, ca
         with pytest.raises(Forbidden) as refused:
             db_as(accounts, who, files_db).create(doc)
         assert refused.value.reason.startswith(f"[schema] {field} "), refused.value.reason
-    with pytest.raises(model.SchemaError) as judged:
-        model.check_schema(doc)
+    with pytest.raises(model.Refusal) as judged:
+        storejs.check_schema(doc)
     assert judged.value.reason == refused.value.reason
     meaning = next(m for p, m in model.PATTERN_MEANINGS.items() if p in judged.value.reason)
     assert meaning in model.in_words(judged.value.reason)
@@ -1471,8 +1471,8 @@ def test_what_an_owner_writes_for_the_catalog_is_bounded(files_db, accounts, cas
         with pytest.raises(Forbidden) as refused:
             db_as(accounts, who, files_db).create(doc)
         assert refused.value.reason == reason, refused.value.reason
-    with pytest.raises(model.SchemaError) as judged:
-        model.check_schema(doc)
+    with pytest.raises(model.Refusal) as judged:
+        storejs.check_schema(doc)
     assert judged.value.reason == reason
 
 
@@ -1482,7 +1482,7 @@ def test_a_real_cms_file_s_publish_info_fits(files_db, accounts):
     info = {"dataset": "/P/alice-a-v1/USER", "events": 250_000, "parents": _parents(20, 180),
             "lumis": {str(356_000 + r): list(range(10_000, 10_400)) for r in range(5)}}  # fmt: skip
     doc = sample_request("alice", publish=True, publish_info=info)
-    model.check_schema(doc)
+    storejs.check_schema(doc)
     db_as(accounts, "alice", files_db).create(doc)
     assert db_as(accounts, "admin", files_db).get(doc["_id"])["publish_info"] == info
 

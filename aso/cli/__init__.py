@@ -67,7 +67,7 @@ from aso.runtime import Runner
 from aso.store import Database, Server, StoreError, redact
 from aso.store import admin as store_admin
 from aso.supervisor import Supervisor, pages_addresses
-from aso.upload import UploadReport, adler32_of, requests_from_json, upload
+from aso.upload import UploadReport, adler32_of, judged_request, requests_from_json, upload
 
 console = line_console()
 err_console = line_console(stderr=True)
@@ -424,7 +424,7 @@ def _request_of_options(
     missing = [f"--{k.replace('_', '-')}" for k, v in values.items() if v is None]
     if missing:
         raise UsageError(f"give --file or all of: {', '.join(missing)}")
-    return model.new_request(user=owner, file_type=file_type, **values)
+    return judged_request(user=owner, file_type=file_type, **values)
 
 
 def _print_upload(report: UploadReport, json_out: bool) -> None:

@@ -354,13 +354,16 @@ def as_batch(made: Forward) -> Forward:
 
 
 def with_since(made: Forward, since: str) -> Forward:
-    """`made` asking from `since` instead of `now`: a long poll that ends quiet can then say
-    where the next one starts (its `last_seq`), as CouchDB's does."""
+    """`made` asking from `since` instead of `now` (or from the 0 it stood for when it named
+    none): a long poll that ends quiet can then say where the next one starts (its
+    `last_seq`), as CouchDB's does, and one that has caught up waits from there."""
     path, _, query = made.target.partition(b"?")
     pairs = [
-        (name, since if name == "since" else value)
-        for name, value in (p.split("=", 1) for p in query.decode("ascii").split("&"))
+        (name, value)
+        for name, value in (p.split("=", 1) for p in query.decode("ascii").split("&") if p)
+        if name != "since"
     ]
+    pairs.append(("since", since))
     target = path + b"?" + "&".join(f"{n}={quote(v, safe='') if n == 'since' else v}"
                                     for n, v in pairs).encode("ascii")  # fmt: skip
     return dataclasses.replace(made, target=target, since=since)

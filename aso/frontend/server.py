@@ -166,32 +166,23 @@ class Slots:
     def take(
         self, name: str, shared: bool = True, wait: float = HEAVY_WAIT
     ) -> defer.Deferred[Callable[[], None]]:
-        """Fires with the function that gives the slot back, or fails with Busy."""
+        """Fires with the Turn that gives the slot back, or fails with Busy."""
         mine = self.of.setdefault(name, defer.DeferredSemaphore(self.each))
-        held: list[defer.DeferredSemaphore] = []
-
-        def take(semaphore: defer.DeferredSemaphore) -> Any:
-            held.append(semaphore)
-
-        def release() -> None:
-            while held:
-                held.pop().release()
-            if mine.tokens == mine.limit and not mine.waiting:
-                self.of.pop(name, None)
+        turn = Turn(self, name)
 
         def given_up(failure: Any) -> Any:
-            release()  # the wait was cancelled where it was; what it held is given back
+            turn()  # the wait was cancelled where it was; what it held is given back
             if failure.check(defer.TimeoutError):
                 raise Busy(f"{self.what} are busy; try again in a while (a user's wait their "
                            f"turn, at most {wait:g} s)")  # fmt: skip
             return failure
 
         waited: defer.Deferred[Any] = mine.acquire()
-        waited.addCallback(lambda _: take(mine))
+        waited.addCallback(lambda _: turn.held.append(mine))
         if shared:
             waited.addCallback(lambda _: self.shared.acquire())
-            waited.addCallback(lambda _: take(self.shared))
-        waited.addCallback(lambda _: release)
+            waited.addCallback(lambda _: turn.held.append(self.shared))
+        waited.addCallback(lambda _: turn)
         waited.addTimeout(wait, self.reactor)
         waited.addErrback(given_up)
         return waited
@@ -206,6 +197,28 @@ class Slots:
         slot = self.take(name, shared, wait)
         request.notifyFinish().addErrback(lambda _: slot.cancel())
         return slot
+
+
+class Turn:
+    """A turn of Slots: called, all it holds is given back (once, however often it is called);
+    `share_back()` gives back its shared slot alone, its user's queue kept (the store's work is
+    done, its answer not yet read by the client)."""
+
+    def __init__(self, slots: Slots, name: str):
+        self.slots, self.name = slots, name
+        self.held: list[defer.DeferredSemaphore] = []
+
+    def __call__(self) -> None:
+        while self.held:
+            self.held.pop().release()
+        mine = self.slots.of.get(self.name)
+        if mine is not None and mine.tokens == mine.limit and not mine.waiting:
+            self.slots.of.pop(self.name, None)
+
+    def share_back(self) -> None:
+        if self.slots.shared in self.held:
+            self.held.remove(self.slots.shared)
+            self.slots.shared.release()
 
 
 class Pace:
@@ -1583,7 +1596,7 @@ class FrontEnd(resource.Resource):
             if release is not None:
                 release()
             return
-        if release is not None and not isinstance(release, _Once):
+        if release is not None and not isinstance(release, _Once | Turn):
             release = _Once(release)  # given back once, whichever way this ends
         batch = made.poll_ms is None and made.route.kind == "poll" and _user_only(who)
         polled = made.poll_ms is not None and _user_only(who)
@@ -1611,8 +1624,9 @@ class FrontEnd(resource.Resource):
         if release is not None:  # given back when the answer has gone out, or the client
             request.notifyFinish().addBoth(lambda _: release())
             # A client that does not read holds its slot (the store's side waits for it):
-            # not for longer than HEAVY_HOLD.
-            hold = self.reactor.callLater(HEAVY_HOLD, _cut, request)
+            # not for longer than HEAVY_HOLD past the time a long poll may wait for a change.
+            waits = made.poll_ms / 1000 + POLL_GRACE if made.poll_ms is not None else 0.0
+            hold = self.reactor.callLater(waits + HEAVY_HOLD, _cut, request)
             request.notifyFinish().addBoth(lambda _: hold.cancel() if hold.active() else None)
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
@@ -1622,7 +1636,10 @@ class FrontEnd(resource.Resource):
         elif made.poll_ms is not None:
             self._poll(sent, request, made, _user_only(who))
         elif batch:
-            self._whole(sent, request, head)
+            # Read whole, the store's work is done: the shared slot goes back, its user's queue
+            # is held until the client has read the answer (one such answer in memory a user).
+            share_back = release.share_back if isinstance(release, Turn) else None
+            self._whole(sent, request, head, read_whole=share_back)
         else:
             sent.addCallback(self._relay, request)
         sent.addErrback(self._upstream_failed, request)
@@ -1668,10 +1685,12 @@ class FrontEnd(resource.Resource):
             sent.addTimeout(max(left, 0.001) + POLL_GRACE, self.reactor, _store_busy)
 
             def wait_from_head() -> None:
-                once()
                 self._wait_from(request, who, headers, _less_time(waiting, asked_at), head)
 
-            self._whole(sent, request, head, then=wait_from_head)
+            # Given back once the batch is read whole, found something or not: a client that
+            # did not read the answer had held it until it left (its poll slot bounds what it
+            # keeps in memory).
+            self._whole(sent, request, head, then=wait_from_head, read_whole=once)
             sent.addErrback(_ends_quiet, request, made)
             sent.addErrback(self._upstream_failed, request)
 
@@ -1704,20 +1723,24 @@ class FrontEnd(resource.Resource):
         request: server.Request,
         head: str | None = None,
         then: Callable[[], None] | None = None,
+        read_whole: Callable[[], None] | None = None,
     ) -> None:
         """A user's `_changes` batch, read whole (at most MAX_POLL_BYTES, as a long poll's) and
         sent without the store's own rows, ending at `head` if it found nothing (settled).
-        `then`: called instead when it found nothing (a long poll goes on from `head`)."""
+        `then`: called instead when it found nothing (a long poll goes on from `head`);
+        `read_whole`: called once the store's answer is read whole."""
 
         def answered(response: Any) -> None:
             def whole(body: bytes) -> None:
+                if read_whole is not None:
+                    read_whole()
                 if then is not None and response.code == 200 and _quiet_seq(body) is not None:
                     then()
                     return
                 kept = threads.deferToThreadPool(
                     self.reactor, self.reactor.getThreadPool(), settled, body, head
                 )
-                kept.addCallback(lambda rows: _send_whole(request, response, rows))
+                kept.addCallback(lambda rows: _send_whole(request, response, rows, self.reactor))
                 kept.addErrback(self._upstream_failed, request)
 
             collector = _Collect(whole, lambda: _poll_too_large(request))
@@ -2028,10 +2051,13 @@ class _PacedBody:
         self.at = len(self.body)
 
 
-def _send_whole(request: server.Request, response: Any, body: bytes) -> None:
-    """The store's answer `response` to the client, with `body` for its body."""
+def _send_whole(request: server.Request, response: Any, body: bytes, clock: Any) -> None:
+    """The store's answer `response` to the client, with `body` for its body; cut if the
+    client has not read it within HEAVY_HOLD (what it holds is given back when it ends)."""
     if _client_gone(request):
         return
+    hold = clock.callLater(HEAVY_HOLD, _cut, request)
+    request.notifyFinish().addBoth(lambda _: hold.cancel() if hold.active() else None)
     request.setResponseCode(response.code, response.phrase)
     _copy_headers(response, request, feed=True)
     if request.method != b"HEAD":  # a HEAD's store answer has no body: its length is not told
