@@ -35,7 +35,7 @@ from aso.runtime import Agent, Cycle
 from aso.store import Conflict, Server, StoreError
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, FAILED, PENDING, TERMINAL
-from aso.transfer.gfalcopy import Copier, CopyResult, GfalCopier
+from aso.transfer.gfal_copier import Copier, CopyResult, GfalCopier
 from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_file
 
 log = logging.getLogger("aso.agent.gfal_worker")

@@ -13,7 +13,7 @@ from aso.config import Config
 from aso.core.cleanup import Outcome
 from aso.files import FileError, Files, Look
 from aso.runtime import set_aside_reason
-from aso.transfer.gfalcopy import normal_adler32
+from aso.transfer.gfal_copier import normal_adler32
 
 
 def destination_url(config: Config, doc: Mapping[str, Any]) -> str:

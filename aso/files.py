@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aso import gfalctx
+from aso import gfal2client
 from aso.config import Config
 from aso.core.destination import Finding, found, unanswered, unchecked
 from aso.transfer import errors
@@ -67,13 +67,13 @@ def mismatch(info: FileInfo | None, size: int, adler32: str) -> str | None:
 class GfalFiles:
     def __init__(self, config: Config):
         self.config = config
-        self.gfal2 = gfalctx.import_gfal2(config)
+        self.gfal2 = gfal2client.import_gfal2(config)
         self.local = threading.local()
 
     def _ctx(self) -> Any:
         ctx = getattr(self.local, "ctx", None)
         if ctx is None:
-            ctx = self.local.ctx = gfalctx.new_context(self.config)
+            ctx = self.local.ctx = gfal2client.new_context(self.config)
         return ctx
 
     def _error(self, action: str, url: str, exc: Any) -> FileError:

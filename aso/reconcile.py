@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from aso import gfalctx, model, sites
+from aso import gfal2client, model, sites
 from aso.catalog.base import Catalog, CatalogError
 from aso.config import Config
 from aso.core import request as core
@@ -575,8 +575,8 @@ def temp_area_lfn(config: Config, site: str) -> str:
 def list_temp_area(config: Config, site: str, ctx: Any = None) -> list[TempFile]:
     """Every file under the site's temp area, recursively, with gfal2 (a directory listing with
     the entries' stat, one request per directory). A temp area that does not exist is empty."""
-    gfal2 = gfalctx.import_gfal2(config)
-    ctx = ctx or gfalctx.new_context(config)
+    gfal2 = gfal2client.import_gfal2(config)
+    ctx = ctx or gfal2client.new_context(config)
     files: list[TempFile] = []
     todo = deque([temp_area_lfn(config, site)])
     while todo:

@@ -17,7 +17,7 @@ from aso.config import Config
 from aso.store import Server
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, PENDING, FileTransfer, JobRequest
-from aso.transfer.gfalcopy import CopyResult, GfalCopier
+from aso.transfer.gfal_copier import CopyResult, GfalCopier
 from aso.transfer.jobstore import FINISHED, RUNNING, JobStore
 from tests.pipeline_helpers import wait_for
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,17 @@ def test_the_schema_is_run_from_the_design_document_s_file(tmp_path):
     changed = storejs.DesignDocument(ddoc).check_request(json.dumps(doc), True)
     assert changed is not None and changed.reason == "[schema] doc.colour is off"
     assert upload.refusal(doc) == "[schema] doc.colour is not a field of the schema"
+
+
+def test_uploads_are_judged_from_many_threads_at_once():
+    """The simulator's uploaders judge their uploads from eight threads: QuickJS is entered by
+    one at a time (two in it at once had aborted the process)."""
+    doc = sample_request("alice")
+    wrong = dict(doc, colour="red")
+
+    def judge(_: int) -> tuple[str | None, str | None]:
+        return upload.refusal(doc), upload.refusal(wrong)
+
+    with ThreadPoolExecutor(8) as pool:
+        verdicts = set(pool.map(judge, range(400)))
+    assert verdicts == {(None, "[schema] doc.colour is not a field of the schema")}

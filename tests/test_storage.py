@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
-from aso import gfalctx, procs, sites
+from aso import gfal2client, procs, sites
 from aso.cli.storage import storage_app
 from aso.config import Config, SiteConfig, render
 from aso.local.stores import free_port
@@ -156,11 +156,11 @@ def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
 
 
 def test_client_environment_trusts_the_embedded_ca(catalogue: Config) -> None:
-    env = gfalctx.client_environment(Config())
+    env = gfal2client.client_environment(Config())
     assert env["X509_CERT_DIR"].endswith("var/storage/tls/certificates")
     assert env["SSL_CERT_FILE"].endswith("var/storage/tls/ca.pem")
     assert env["XRD_CONNECTIONRETRY"] == "1"
-    assert "X509_CERT_DIR" not in gfalctx.client_environment(_not_embedded(catalogue))
+    assert "X509_CERT_DIR" not in gfal2client.client_environment(_not_embedded(catalogue))
 
 
 def _not_embedded(config: Config) -> Config:
@@ -187,8 +187,8 @@ def storage() -> Iterator[EmbeddedStorage]:
 def gfal2(storage: EmbeddedStorage) -> Iterator[Any]:
     """gfal2 with this module's client environment; the CA settings, which point into this
     module's temporary directory, are put back afterwards."""
-    saved = {name: os.environ.get(name) for name in gfalctx.FORCED}
-    yield gfalctx.import_gfal2(storage.config)
+    saved = {name: os.environ.get(name) for name in gfal2client.FORCED}
+    yield gfal2client.import_gfal2(storage.config)
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -202,10 +202,10 @@ def _lfn(area: str = "/store/temp/user/alice.test") -> str:
 
 def _copy(
     config: Config, src: str, dst: str, *, adler32: str | None = None, overwrite: bool = False
-) -> gfalctx.TransferEvents:
-    ctx = gfalctx.new_context(config)
-    params = gfalctx.transfer_parameters(ctx, overwrite=overwrite, adler32=adler32)
-    events = gfalctx.TransferEvents()
+) -> gfal2client.TransferEvents:
+    ctx = gfal2client.new_context(config)
+    params = gfal2client.transfer_parameters(ctx, overwrite=overwrite, adler32=adler32)
+    events = gfal2client.TransferEvents()
     params.event_callback = events
     ctx.filecopy(params, src, dst)
     return events
@@ -242,7 +242,7 @@ def test_cli_status_prints_one_line_per_site(storage: EmbeddedStorage) -> None:
 def test_written_file_is_served_with_its_adler32(storage: EmbeddedStorage, gfal2: Any) -> None:
     config = storage.config
     stored = write_file(config, SOURCE, _lfn(), 100_000)
-    ctx = gfalctx.new_context(config)
+    ctx = gfal2client.new_context(config)
     for protocol in ("https", "http", "root"):
         url = sites.pfn(config, SOURCE, stored.lfn, protocol)
         assert ctx.stat(url).st_size == stored.size
@@ -260,7 +260,7 @@ def test_third_party_copy_is_verified(storage: EmbeddedStorage, gfal2: Any, prot
     assert events.third_party and events.types == ["3rd pull"], events.events
     copied = export_path(config, DESTINATION, destination_lfn).read_bytes()
     assert copied == export_path(config, SOURCE, stored.lfn).read_bytes()
-    ctx = gfalctx.new_context(config)
+    ctx = gfal2client.new_context(config)
     assert ctx.checksum(dst, "ADLER32").rjust(8, "0") == stored.adler32
 
 
@@ -302,7 +302,7 @@ def test_existing_destination_without_overwrite_is_eexist(
 def test_cleaner_can_delete_a_written_temp_file(storage: EmbeddedStorage, gfal2: Any) -> None:
     config = storage.config
     stored = write_file(config, SOURCE, _lfn(), 1000)
-    gfalctx.new_context(config).unlink(sites.temp_pfn(config, SOURCE, stored.lfn))
+    gfal2client.new_context(config).unlink(sites.temp_pfn(config, SOURCE, stored.lfn))
     assert not export_path(config, SOURCE, stored.lfn).exists()
 
 

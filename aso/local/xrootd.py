@@ -682,10 +682,10 @@ def _write_into_export(path: Path, data: bytes, owner: RunAs) -> None:
 
 
 def _upload(config: Config, url: str, data: bytes) -> None:
-    from aso import gfalctx
+    from aso import gfal2client
 
-    gfal2 = gfalctx.import_gfal2(config)
-    ctx = gfalctx.new_context(config, allow_streaming=True)  # an upload is a streamed copy
+    gfal2 = gfal2client.import_gfal2(config)
+    ctx = gfal2client.new_context(config, allow_streaming=True)  # an upload is a streamed copy
     with tempfile.NamedTemporaryFile(prefix="aso-upload-") as local:
         local.write(data)
         local.flush()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import quickjs
 
 from aso.config import Config
-from aso.model import Refusal
+from aso.model import Refusal, request_id
 from aso.provision import designdocs
 
 Doc = Mapping[str, Any]
@@ -93,7 +94,9 @@ function __checkRequestJson(docJson, creation) {
   try {
     if (__schema === null) {
       var require = __requireIn(__ddoc);
-      __schema = require('lib/schema')(require('lib/model'), require('lib/sha256').hex);
+      var hash = typeof __hostRequestId === 'undefined' ? require('lib/sha256').hex
+                                                        : __hostRequestId;
+      __schema = require('lib/schema')(require('lib/model'), hash);
     }
     __schema.checkRequest(JSON.parse(docJson), creation);
     return JSON.stringify({ok: true});
@@ -103,6 +106,10 @@ function __checkRequestJson(docJson, creation) {
 }
 """
 RULE = re.compile(r"^\[([\w-]+)\] (.*)$", re.S)
+# One thread at a time in QuickJS, whatever the context: the binding lets go of Python's lock
+# while a function runs, and two threads in it at once abort the process (the simulator's
+# uploaders, eight threads judging their uploads, did).
+ENGINE = threading.Lock()
 TIME_LIMIT = 10  # seconds a call may run (a loop in a function must not hang the tests)
 MEMORY_LIMIT = 512 << 20
 
@@ -110,13 +117,26 @@ MEMORY_LIMIT = 512 << 20
 class DesignDocument:
     """One design document's functions in a QuickJS context of their own."""
 
-    def __init__(self, ddoc: Mapping[str, Any]):
+    def __init__(self, ddoc: Mapping[str, Any], time_limit: float | None = TIME_LIMIT):
+        """`time_limit`: seconds a call may run; None for the one ASO judges uploads with, which
+        computes the request id's hash as aso/model.py does (hashlib; QuickJS calls no Python
+        function under a time limit) instead of lib/sha256.js, what the stores run, 300 us a
+        call here. Its functions are ASO's own, each bounded by the schema's limits."""
         self.ddoc = ddoc
-        self.context = quickjs.Context()
-        self.context.set_time_limit(TIME_LIMIT)
-        self.context.set_memory_limit(MEMORY_LIMIT)
-        self.context.eval(ENVIRONMENT)
-        self.context.eval("__load")(json.dumps(ddoc))
+        with ENGINE:
+            self.context = quickjs.Context()
+            self.context.set_memory_limit(MEMORY_LIMIT)
+            if time_limit is None:
+                self.context.add_callable("__hostRequestId", request_id)
+            else:
+                self.context.set_time_limit(time_limit)
+            self.context.eval(ENVIRONMENT)
+            self.context.eval("__load")(json.dumps(ddoc))
+
+    def _call(self, function: str, *args: Any) -> Any:
+        """`function` of the environment called with `args`, in the engine's turn."""
+        with ENGINE:
+            return self.context.eval(function)(*args)
 
     def validate(self, new: Doc, old: Doc | None, user_ctx: Doc, *context: Any) -> None:
         """Returns when validate_doc_update lets the write through; raises Refusal with the
@@ -136,7 +156,8 @@ class DesignDocument:
         if "_id" not in new:
             new = {**new, "_id": uuid.uuid4().hex}
         verdict = json.loads(
-            self.context.eval("__validateJson")(
+            self._call(
+                "__validateJson",
                 json.dumps(new),
                 json.dumps(old),
                 json.dumps(user_ctx),
@@ -148,13 +169,13 @@ class DesignDocument:
 
     def check_request(self, doc_json: str, creation: bool) -> Refusal | None:
         """lib/schema.js's verdict on the request `doc_json` (see request_refusal)."""
-        verdict = json.loads(self.context.eval("__checkRequestJson")(doc_json, creation))
+        verdict = json.loads(self._call("__checkRequestJson", doc_json, creation))
         refusal = _refusal_of(verdict)
         return None if refusal is None else as_refusal(refusal)
 
     def map(self, view: str, doc: Mapping[str, Any]) -> list[tuple[Any, Any]]:
         """The (key, value) rows the view's map function emits for `doc`."""
-        rows = json.loads(self.context.eval("__mapJson")(view, json.dumps(doc)))
+        rows = json.loads(self._call("__mapJson", view, json.dumps(doc)))
         return [(key, value) for key, value in rows]
 
     def reduce(self, view: str, values: Sequence[Any]) -> Any:
@@ -216,17 +237,25 @@ def as_refusal(refusal: tuple[str, str]) -> Refusal:
     return Refusal(*rule.groups()) if rule else Refusal("unauthorized", refusal[1])
 
 
-def files_design(config: Config) -> DesignDocument:
+def files_design(config: Config, time_limit: float | None = TIME_LIMIT) -> DesignDocument:
     """The files database's design document as `aso db init` pushes it for `config`."""
     [ddoc] = [d for d in designdocs.design_documents(config) if d["_id"] == FILES_DDOC]
-    return DesignDocument(ddoc)
+    return DesignDocument(ddoc, time_limit)
+
+
+_MAKING = threading.Lock()
 
 
 @functools.cache
+def _made_schema_design() -> DesignDocument:
+    return files_design(Config(), time_limit=None)
+
+
 def _schema_design() -> DesignDocument:
     """The design document lib/schema.js is run from (the schema does not depend on the
-    configuration: the sites are judged after it)."""
-    return files_design(Config())
+    configuration: the sites are judged after it), made once whatever the threads."""
+    with _MAKING:
+        return _made_schema_design()
 
 
 def request_refusal(doc: Any, *, creation: bool = True) -> Refusal | None:

@@ -30,7 +30,7 @@ def _backend(config: Config, server: Server | None) -> TransferService:
         from aso.transfer.sim import SimService
 
         return SimService(jobs_db, config.sim)
-    from aso.transfer.gfal import GfalService
+    from aso.transfer.gfal_service import GfalService
 
     return GfalService(jobs_db)
 

@@ -26,6 +26,6 @@ class GfalService(JobTableService):
 def verified(doc: Mapping[str, Any]) -> bool:
     """The worker's copies of a job that asked for checksum verification are confirmed at the
     destination: gfal2 compared the adler32 of the source, the destination and the request
-    (aso.gfalctx.transfer_parameters), and a copy settled after a crash was compared with the
+    (aso.gfal2client.transfer_parameters), and a copy settled after a crash was compared with the
     request's size and adler32 (GfalCopier.resume). Without it, the monitor looks itself."""
     return bool(doc.get("params", {}).get("verify_checksum"))

@@ -1,7 +1,7 @@
 """One checksum-verified third-party copy with gfal2, as the gfal worker makes it.
 
 The gfal2 context and the parameters ASO always wants (client environment, HTTP and XRootD
-settings, CA directory, adler32 at both ends, no delegation) come from aso.gfalctx; here: the
+settings, CA directory, adler32 at both ends, no delegation) come from aso.gfal2client; here: the
 job's overwrite and checksum choices, the timeout, cancellation, the error class of a failure,
 and the check that the copy really was third-party.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aso import gfalctx
+from aso import gfal2client
 from aso.config import Config
 from aso.transfer import errors
 from aso.transfer.base import CANCELED, DONE, FAILED
@@ -35,7 +35,7 @@ class CopyResult:
 
 
 class Copier(Protocol):
-    """What the worker needs from gfal2 (aso.transfer.gfalcopy.GfalCopier)."""
+    """What the worker needs from gfal2 (aso.transfer.gfal_copier.GfalCopier)."""
 
     def precheck(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
         """A result without copying (the destination exists and may not be overwritten)."""
@@ -56,14 +56,14 @@ def normal_adler32(value: Any) -> str:
 class GfalCopier:
     def __init__(self, config: Config):
         self.config = config
-        self.gfal2 = gfalctx.import_gfal2(config)
+        self.gfal2 = gfal2client.import_gfal2(config)
         self.local = threading.local()
 
     def context(self) -> Any:
         """One gfal2 context per copy thread (a context runs one operation at a time)."""
         ctx = getattr(self.local, "ctx", None)
         if ctx is None:
-            ctx = self.local.ctx = gfalctx.new_context(self.config)
+            ctx = self.local.ctx = gfal2client.new_context(self.config)
         return ctx
 
     def precheck(self, entry: Mapping[str, Any], params: Mapping[str, Any]) -> CopyResult | None:
@@ -83,13 +83,13 @@ class GfalCopier:
     ) -> CopyResult:
         ctx = self.context()
         verify = params.get("verify_checksum", True)
-        p = gfalctx.transfer_parameters(
+        p = gfal2client.transfer_parameters(
             ctx,
             overwrite=bool(params.get("overwrite")),
             adler32=entry["adler32"] if verify else None,
         )
         p.timeout = int(self.config.gfal.timeout)
-        events = gfalctx.TransferEvents()
+        events = gfal2client.TransferEvents()
         p.event_callback = events
 
         def on_progress(*_: Any) -> None:
