@@ -27,6 +27,7 @@ from typing import Any
 
 from aso.config import Config
 from aso.monitoring import purge, summaries
+from aso.provision import storejs
 from aso.runtime import Cycle, PeriodicAgent
 from aso.store import Server
 
@@ -90,6 +91,7 @@ class Analytics(PeriodicAgent):
             batch_size=settings.batch,
             by=self.instance,
             lease=self.lease,
+            counts=storejs.contribution,
         )
         if report.batches:
             log.info(

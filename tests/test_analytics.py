@@ -28,7 +28,7 @@ from aso.cli.stats import stats_cmd
 from aso.config import Config
 from aso.model import STATE
 from aso.monitoring import purge, statistics, summaries
-from aso.provision import designdocs
+from aso.provision import designdocs, storejs
 from aso.runtime import Runner
 from aso.store import Database, Server
 from aso.store import admin as store_admin
@@ -124,9 +124,14 @@ def drive(config: Config, ids: list[str], db: Database) -> None:
     )
 
 
+def purged(db: Database, stats_db: Database, **options: Any) -> purge.PurgeReport:
+    """purge.purge as the analytics agent runs it (the views' contribution.js, a lease of 60 s)."""
+    return purge.purge(db, stats_db, lease=60, counts=storejs.contribution, **options)
+
+
 def test_what_a_request_counts_for():
     doc = sample_request("alice", size=5000)
-    assert statistics.counts(doc) is None  # not ended
+    assert storejs.contribution(doc) is None  # not ended
     t0 = doc["created"]
     doc["attempts"] = [
         {"job_id": "j1", "service": "sim", "submitted": t0, "ended": t0 + 12.5,
@@ -136,7 +141,7 @@ def test_what_a_request_counts_for():
     ]  # fmt: skip
     doc["history"].append({"axis": STATE, "from": "submitted", "to": "done", "at": 86400.0 * 3})
     doc[STATE] = "done"
-    c = statistics.counts(doc)
+    c = storejs.contribution(doc)
     assert c is not None and c.day == "1970-01-04" and c.names["hour"] == "00"
     assert c.names["link"] == "T2_CH_CERN>T2_DE_DESY" and c.names["user"] == "alice"
     v = dict(zip(statistics.COLUMNS, c.row.values, strict=True))
@@ -145,7 +150,7 @@ def test_what_a_request_counts_for():
     assert (v["time_count"], v["time_sum"], v["time_lt10s"]) == (1, 7, 1)
     assert c.row.errors == {"timeout": [0, 1]} and c.row.time_min == c.row.time_max == 7
     doc[STATE], doc["error_class"] = "failed", None
-    assert statistics.counts(doc).row.errors == {"unknown": [1, 0], "timeout": [0, 1]}
+    assert storejs.contribution(doc).row.errors == {"unknown": [1, 0], "timeout": [0, 1]}
 
 
 def test_statistics_match_the_documents_before_and_after_the_purge(config, accounts, admin):
@@ -171,10 +176,10 @@ def test_statistics_match_the_documents_before_and_after_the_purge(config, accou
     expected = direct_count(before)
     # The live views say what the documents say (no batch yet).
     assert as_read(config, admin) == expected
-    # The JavaScript of the views and the Python of the purge count the same.
+    # The views (contribution.js in the store) and the purge (the same file in QuickJS) agree.
     tally = statistics.Tally()
     for doc in before:
-        if (c := statistics.counts(doc)) is not None:
+        if (c := storejs.contribution(doc)) is not None:
             tally.add(c)
     python = {(r["by"], r["day"], r["name"]): r["values"] for r in tally.documents()}
     views = {
@@ -184,9 +189,7 @@ def test_statistics_match_the_documents_before_and_after_the_purge(config, accou
     for key, values in views.items():  # the purge rounds each request's times to the ms
         assert python[key] == pytest.approx(values, abs=0.01 * len(before)), key
 
-    report = purge.purge(
-        db, stats_db, older_than=cutoff, batch_size=7, by="a1", lease=60, max_batches=100
-    )
+    report = purged(db, stats_db, older_than=cutoff, batch_size=7, by="a1", max_batches=100)
     old = {d["_id"] for d in before if d["_id"] in wave1}
     assert report.purged == len(old) and report.kept == 0 and report.batches == -(-len(old) // 7)
     after = every_request(db)
@@ -195,7 +198,7 @@ def test_statistics_match_the_documents_before_and_after_the_purge(config, accou
     assert as_read(config, admin) == expected
     assert not purge.pending_batches(stats_db)
     # Nothing older than the cutoff is purgeable any more; a second purge finds nothing.
-    assert purge.purge(db, stats_db, older_than=cutoff, batch_size=7, by="a1", lease=60).purged == 0
+    assert purged(db, stats_db, older_than=cutoff, batch_size=7, by="a1").purged == 0
 
 
 def test_a_purge_interrupted_at_any_step_counts_each_request_once(config, accounts, admin):
@@ -214,17 +217,19 @@ def test_a_purge_interrupted_at_any_step_counts_each_request_once(config, accoun
     first = [failed, *[d for d in candidates if d is not failed][:5]]
     rest = [d for d in candidates if d not in first]
     # Crash after step 2 (the pending batch is written, nothing deleted) ...
-    purge.intend(agent_stats, first, by="crashed-1", now=now)
+    purge.intend(agent_stats, first, by="crashed-1", now=now, counts=storejs.contribution)
     assert as_read(config, admin) == expected  # a pending batch counts nothing
     # ... and a crash after step 3 (deleted, batch still pending).
-    second = purge.intend(agent_stats, rest, by="crashed-2", now=now + 0.001)
+    second = purge.intend(
+        agent_stats, rest, by="crashed-2", now=now + 0.001, counts=storejs.contribution
+    )
     purge.delete(agent_db, second)
     # Meanwhile the owner resubmits a failed request of the first batch before its deletion.
     owner = owner_db(accounts, config, failed["user"])
     assert resubmit(owner, failed["task"], failed["job_id"], failed["user"]).changed
     assert as_read(config, admin) != expected  # the resubmitted request left the live views
 
-    report = purge.purge(agent_db, agent_stats, older_than=now, batch_size=100, by="a2", lease=60)
+    report = purged(agent_db, agent_stats, older_than=now, batch_size=100, by="a2")
     assert report.recovered == 2 and report.kept == 1
     left = every_request(db)
     reopened = {d["_id"] for d in left}

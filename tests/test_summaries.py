@@ -20,6 +20,7 @@ from aso import limits, model
 from aso.config import Config
 from aso.model import Change
 from aso.monitoring import purge, summaries
+from aso.provision import storejs
 from aso.provision.designdocs import init_databases
 from aso.store import Database, Server, StoreError
 from aso.store import admin as store_admin
@@ -454,7 +455,13 @@ def test_purged_requests_stay_in_the_history(dbs: tuple[Database, Database], adm
     bound = aggregator.purge_bound()
     assert bound is not None
     report = purge.purge(
-        files, stats_db, older_than=min(T0 - 24 * HOUR, bound), batch_size=50, by="t", lease=60
+        files,
+        stats_db,
+        older_than=min(T0 - 24 * HOUR, bound),
+        batch_size=50,
+        by="t",
+        lease=60,
+        counts=storejs.contribution,
     )
     assert report.purged > 0
     assert len(requests(files)) == 100 - report.purged

@@ -7,8 +7,9 @@ and only if the purge deleted it, and then once, by this protocol:
 1. **select** finished requests (`_design/stats/_view/purgeable`: nothing more will happen to
    them, model.is_final) whose last change is older than `analytics.purge_after`;
 2. **intend**: write a *pending* batch document into the statistics database listing, for each
-   of them, the revision read, its creation time and what it counts for (statistics.counts). Nothing
-   is counted yet: the views add up complete batches only;
+   of them, the revision read, its creation time and what it counts for (`counts`: the live
+   views' contribution.js, aso/provision/storejs.py contribution). Nothing is counted yet: the
+   views add up complete batches only;
 3. **delete** the requests at the revisions read, in one bulk write;
 4. **settle**: each request of the batch is now either gone (deleted by this try or an earlier
    one of the same batch; or deleted and uploaded again since, a new request with another
@@ -29,7 +30,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,13 +95,22 @@ def select(files_db: Database, older_than: float, limit: int) -> list[dict[str, 
     return [d for d in docs if model.is_final(d) and float(d["last_update"]) <= older_than]
 
 
+# What a request counts for (None while its copy is not over): the live views' function.
+Counts = Callable[[Mapping[str, Any]], statistics.Contribution | None]
+
+
 def intend(
-    stats_db: Database, docs: Sequence[Mapping[str, Any]], *, by: str, now: float
+    stats_db: Database,
+    docs: Sequence[Mapping[str, Any]],
+    *,
+    by: str,
+    now: float,
+    counts: Counts,
 ) -> dict[str, Any]:
     """Step 2: the pending batch of `docs` (written; returned with its revision)."""
     requests = {}
     for doc in docs:
-        contribution = statistics.counts(doc)
+        contribution = counts(doc)
         requests[doc["_id"]] = {
             "rev": doc["_rev"],
             "created": doc["created"],
@@ -195,6 +205,7 @@ def purge(
     batch_size: int,
     by: str,
     lease: float,
+    counts: Counts,
     max_batches: int = 1000,
 ) -> PurgeReport:
     """Count and delete every finished request last changed before `older_than`, in batches;
@@ -215,7 +226,8 @@ def purge(
         if not acquire_lease(stats_db, by, time.time(), lease):
             log.warning("purge lease lost to another purger; stopping")
             break
-        report.add(finish(files_db, stats_db, intend(stats_db, docs, by=by, now=time.time())))
+        batch = intend(stats_db, docs, by=by, now=time.time(), counts=counts)
+        report.add(finish(files_db, stats_db, batch))
         if len(docs) < batch_size:
             break
     return report

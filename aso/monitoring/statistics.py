@@ -1,14 +1,13 @@
-"""Statistics of finished transfer requests: what one finished request counts for (a pure
-function, in Python and in JavaScript for the views), the two places the statistics live, and
-reading them back as one.
+"""Statistics of finished transfer requests: what one finished request counts for (one
+JavaScript function, couchapp/shared/statistics/contribution.js, for the views and the purge),
+the two places the statistics live, and reading them back as one.
 
 A request counts once its copy is over (`state` done, failed or killed), dated by the UTC day
 (and hour) of that end, the `at` of its last `state` transition, under four dimensions:
 
     link "SRC>DST" · user · destination · hour "HH" (all links: the hourly histogram)
 
-What it counts for (the COLUMNS; `counts` in Python, couchapp/shared/statistics/contribution.js
-in the views):
+What it counts for (the COLUMNS):
 
 * its outcome: files_done and bytes_done, files_failed (and its error_class under `errors`,
   first of the pair) or files_killed;
@@ -76,27 +75,12 @@ SECURITY = {
 
 
 # --- what a finished request counts for ------------------------------------------------------
-def ended_at(doc: Mapping[str, Any]) -> float:
-    """When the request's copy ended: the `at` of its last `state` transition."""
-    for h in reversed(doc.get("history") or []):
-        if h.get("axis") == model.STATE:
-            return float(h["at"])
-    return float(doc.get("last_update", 0))
-
-
 def _utc(epoch: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(epoch, dt.UTC)
 
 
 def day_of(epoch: float) -> str:
     return _utc(epoch).strftime("%Y-%m-%d")
-
-
-def bucket(seconds: float) -> int:
-    for i, bound in enumerate(BUCKETS):
-        if seconds < bound:
-            return i
-    return len(BUCKETS)
 
 
 @dataclass
@@ -159,51 +143,6 @@ class Contribution:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Contribution:
         return cls(float(data["ended"]), dict(data["names"]), Row.from_json(data))
-
-
-def counts(doc: Mapping[str, Any]) -> Contribution | None:
-    """What a request counts for; None while its copy is not over. The views' contribution()
-    (couchapp/shared/statistics/contribution.js) is the same function (tests/test_analytics.py
-    holds them to it)."""
-    if doc.get("type") != model.REQUEST_TYPE or doc.get(model.STATE) not in ENDED_STATES:
-        return None
-    row = Row()
-    v = row.values
-
-    def error(cls: str | None, which: int) -> None:
-        row.errors.setdefault(cls or UNKNOWN_CLASS, [0, 0])[which] += 1
-
-    state = doc[model.STATE]
-    if state == "done":
-        v[_COL["files_done"]] += 1
-        v[_COL["bytes_done"]] += int(doc["size"])
-    elif state == "failed":
-        v[_COL["files_failed"]] += 1
-        error(doc.get("error_class"), 0)
-    else:
-        v[_COL["files_killed"]] += 1
-    for attempt in doc.get("attempts") or []:
-        v[_COL["attempts"]] += 1
-        if attempt.get("outcome") == "done":
-            v[_COL["attempts_done"]] += 1
-            if attempt.get("ended") is not None:
-                seconds = max(0.0, float(attempt["ended"]) - float(attempt["submitted"]))
-                v[_COL["time_count"]] += 1
-                v[_COL["time_sum"]] += seconds
-                v[_COL["time_" + BUCKET_NAMES[bucket(seconds)]]] += 1
-                row.time_min = seconds if row.time_min is None else min(row.time_min, seconds)
-                row.time_max = seconds if row.time_max is None else max(row.time_max, seconds)
-        elif attempt.get("outcome") == "failed":
-            v[_COL["attempts_failed"]] += 1
-            error(attempt.get("error_class"), 1)
-    ended = ended_at(doc)
-    names = {
-        "link": f"{doc['source']}>{doc['destination']}",
-        "user": doc["user"],
-        "destination": doc["destination"],
-        "hour": _utc(ended).strftime("%H"),
-    }
-    return Contribution(ended, names, row)
 
 
 class Tally:

@@ -21,6 +21,7 @@ import quickjs
 
 from aso.config import Config
 from aso.model import Refusal, request_id
+from aso.monitoring import statistics
 from aso.provision import designdocs
 
 Doc = Mapping[str, Any]
@@ -269,3 +270,38 @@ def request_refusal(doc: Any, *, creation: bool = True) -> Refusal | None:
     except ValueError:
         return Refusal("schema", "a number is not finite (NaN or Infinity): JSON has none")
     return _schema_design().check_request(text, creation)
+
+
+class _Contributions:
+    """couchapp/shared/statistics/contribution.js with its tables, as the live views include
+    it, in a QuickJS context of its own."""
+
+    SOURCE = designdocs.COUCHAPP_DIR / "shared" / "statistics" / "contribution.js"
+
+    def __init__(self) -> None:
+        with ENGINE:
+            self.context = quickjs.Context()
+            self.context.set_time_limit(TIME_LIMIT)
+            self.context.set_memory_limit(MEMORY_LIMIT)
+            self.context.eval(designdocs.with_tables(self.SOURCE.read_text()))
+
+    def of(self, doc_json: str) -> Any:
+        with ENGINE:
+            function = self.context.eval(
+                "(function (t) { return JSON.stringify(contribution(JSON.parse(t))); })"
+            )
+            return json.loads(function(doc_json))
+
+
+@functools.cache
+def _made_contributions() -> _Contributions:
+    return _Contributions()
+
+
+def contribution(doc: Mapping[str, Any]) -> statistics.Contribution | None:
+    """What a request counts for in the statistics, as the live views count it (the same
+    contribution.js); None while its copy is not over."""
+    with _MAKING:
+        contributions = _made_contributions()
+    got = contributions.of(json.dumps(doc))
+    return None if got is None else statistics.Contribution.from_json(got)

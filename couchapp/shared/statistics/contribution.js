@@ -1,6 +1,7 @@
-// What one finished request counts for in the statistics (aso/monitoring/statistics.py counts()
-// is the same function in Python; tests/test_analytics.py holds them to it). Included in each
-// live view's map function where its marker stands (aso/provision/designdocs.py).
+// What one finished request counts for in the statistics: included in each live view's map
+// function where its marker stands (aso/provision/designdocs.py), and run by ASO in QuickJS when
+// it purges a request into the kept statistics (aso/provision/storejs.py contribution): one
+// function for both.
 function contribution(doc) {
   var ENDED = /* aso/monitoring/statistics.py ENDED_STATES */ null, COL = /* aso/monitoring/statistics.py COLUMNS */ null;
   var BUCKETS = /* aso/monitoring/statistics.py BUCKETS */ null, NAMES = /* aso/monitoring/statistics.py BUCKET_NAMES */ null;
@@ -41,7 +42,7 @@ function contribution(doc) {
   var ended = doc.last_update, h = doc.history || [];
   for (i = h.length - 1; i >= 0; i--) { if (h[i].axis === 'state') { ended = h[i].at; break; } }
   var iso = new Date(ended * 1000).toISOString();
-  return {day: iso.slice(0, 10), values: v, errors: errors, time_min: tmin, time_max: tmax,
+  return {ended: ended, day: iso.slice(0, 10), values: v, errors: errors, time_min: tmin, time_max: tmax,
           names: {link: doc.source + '>' + doc.destination, user: doc.user,
                   destination: doc.destination, hour: iso.slice(11, 13)}};
 }
