@@ -1156,6 +1156,89 @@ def test_a_quiet_long_poll_with_documents_ends_quiet_at_its_time_not_cut(
         assert answer.json()["results"] == []
 
 
+def test_a_long_poll_s_answer_holds_its_turn_until_its_client_has_read_it(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 18: a long poll's answer was written to the connection at once and the
+    poll ended there, its turns given back: a client that read nothing and sent its polls one
+    after the other on one connection grew the front end by 1.4 GB (40 answers of 43 MB). It
+    goes out as its client reads it, the poll's turns held until then (or the cut): a user's
+    next poll with documents waits for it; another user's read does not."""
+    monkeypatch.setattr(frontend_module._PacedBody, "resumeProducing", lambda self: None)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    doc = sample_request("dave")
+    poll = f"/{files_db}/_changes?feed=longpoll&include_docs=true&since=0&timeout=5000"
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "PUT", f"/{files_db}/{doc['_id']}", json=doc).status_code == 201
+        sock = connect(url, client_context(pki.ca_file, *dave))
+        try:
+            sock.sendall(f"GET {poll} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            time.sleep(2)  # answered at once (a change since 0), and not read
+            again = requests.get(url + poll, cert=dave, verify=str(pki.ca_file), timeout=60)
+            assert again.status_code == 503, again.text[:300]  # dave's queue: held
+            other = call(url, pki, carol, "GET", f"/{files_db}/{HEAVY_READ}")
+            assert other.status_code == 200, other.text[:300]
+        finally:
+            sock.close()
+
+
+def test_a_relay_paused_by_its_client_gives_back_its_shared_slot_once():
+    """Red team round 18: two users' heavy reads that their clients did not read held both
+    shared slots until the cut (60 s), longer than another user waits (30 s); sent again at
+    each cut, everyone else's heavy reads were 503. The store's side of a relay tells the
+    first pause by its client (the shared slot goes back; the user's own queue stays)."""
+    calls: list[str] = []
+
+    class Store:
+        def pauseProducing(self) -> None:
+            calls.append("pause")
+
+        def resumeProducing(self) -> None:
+            calls.append("resume")
+
+        def stopProducing(self) -> None:
+            calls.append("stop")
+
+    producer = frontend_module._TellsPause(Store(), lambda: calls.append("shared back"))
+    producer.pauseProducing()
+    producer.resumeProducing()
+    producer.pauseProducing()
+    producer.stopProducing()
+    assert calls == ["shared back", "pause", "resume", "pause", "stop"]
+
+
+def test_paced_large_writes_do_not_hold_the_large_body_slots(
+    running_reactor, store_config, pki, files_db, tmp_path
+):
+    """Red team round 18: a user's large write held a large body's slot while it waited for
+    its user's write turn and its documents' pace, so two users' paced writes held both and
+    another user's large body waited 27 s. The slot is given back while the write waits, and
+    taken again to send it."""
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    config.frontend = dataclasses.replace(config.frontend, user_docs_per_second=5)
+    certs = {who: cert_files(pki, who) for who in ("dave", "carol", "erin")}
+    wide = "/CN=" + "x" * 1000  # 1,000 documents over BIG_BODY
+    bulk = lambda who: {"docs": [sample_request(who, user_dn=wide)  # noqa: E731
+                                 for _ in range(1000)]}  # fmt: skip
+    keys = {"keys": [f"{i:04d}" + "k" * 1100 for i in range(1000)]}
+    assert len(json.dumps(keys)) > frontend_module.BIG_BODY
+    with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(2) as pool:
+        for who in ("dave", "carol"):  # the burst: at once
+            sent = call(url, pki, certs[who], "POST", f"/{files_db}/_bulk_docs", json=bulk(who))
+            assert sent.status_code == 201, sent.text[:300]
+        waiting = [pool.submit(requests.post, url + f"/{files_db}/_bulk_docs", json=bulk(who),
+                               cert=certs[who], verify=str(pki.ca_file), timeout=45)
+                   for who in ("dave", "carol")]  # fmt: skip
+        time.sleep(3)  # both paced: 200 s at 5 documents a second
+        read = requests.post(url + f"/{files_db}/_all_docs", json=keys, cert=certs["erin"],
+                             verify=str(pki.ca_file), timeout=60)  # fmt: skip
+        assert read.status_code == 200, read.text[:300]  # not 503: no slot waited for
+        for paced in waiting:
+            with pytest.raises(requests.exceptions.ReadTimeout):
+                paced.result(60)
+
+
 def test_a_turn_asked_for_a_request_that_has_ended_is_not_given():
     """Slots.take_for: notifyFinish never fires for a request that has ended, so a turn given
     to one would never be given back; its wait ends at once."""

@@ -430,8 +430,8 @@ class _Relay(protocol.Protocol):
     ends), and ends the store's side when the client goes away: the embedded store never
     ends a feed itself (EMBEDDED_FEED_NEVER_TIMES_OUT)."""
 
-    def __init__(self, request: server.Request):
-        self.request = request
+    def __init__(self, request: server.Request, paused: Callable[[], None] | None = None):
+        self.request, self.paused = request, paused
         self.gone = False
 
     def connectionMade(self) -> None:
@@ -440,7 +440,10 @@ class _Relay(protocol.Protocol):
             # Back-pressure: the store's side is paused while the client's side is full, so that
             # an answer a client does not read waits at the store, not in the front end's memory
             # (one unread answer had held 1 GB).
-            self.request.registerProducer(self.transport, True)
+            producer = cast(_Producer, self.transport)
+            if self.paused is not None:
+                producer = _TellsPause(producer, self.paused)
+            self.request.registerProducer(producer, True)
 
     def _client_gone(self, _failure: Any) -> None:
         self.gone = True
@@ -461,6 +464,24 @@ class _Relay(protocol.Protocol):
         else:  # cut short: the client must not take a truncated answer for a whole one
             log.error("store answer to %s cut: %s", _path(self.request), reason.getErrorMessage())
             self.request.loseConnection()
+
+
+class _TellsPause:
+    """A push producer (the store's side of a relay) that calls `paused()` when the client's
+    side first pauses it."""
+
+    def __init__(self, producer: _Producer, paused: Callable[[], None]):
+        self.producer, self.paused = producer, _Once(paused)
+
+    def pauseProducing(self) -> None:
+        self.paused()
+        cast(Any, self.producer).pauseProducing()
+
+    def resumeProducing(self) -> None:
+        cast(Any, self.producer).resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.producer.stopProducing()
 
 
 class _Collect(protocol.Protocol):
@@ -1366,8 +1387,14 @@ class FrontEnd(resource.Resource):
         who: Mapped,
         release: Callable[[], None] | None = None,
     ) -> None:
-        writes = isinstance(verdict, gate.Forward) and verdict.route.kind in ("write", "create")
-        if _client_gone(request) or not writes:
+        writes = isinstance(verdict, gate.Forward) and verdict.route.kind in WRITES
+        # A user's write first waits for its turn and its documents' pace (_write_slot), its
+        # slot given back meanwhile and taken again to go to the store (two users' paced
+        # writes had held both slots: another's large body waited 27 s).
+        waits = writes and _user_only(who) and not _holds(request, WRITE_SLOT)
+        if release is not None and waits:
+            setattr(request, BIG_WRITE, True)
+        if _client_gone(request) or not writes or waits:
             self._body_done(release)
         elif release is not None:  # the store parses it too: one at a time per user, few at all
             request.notifyFinish().addBoth(lambda _: self._body_done(release))
@@ -1458,12 +1485,34 @@ class FrontEnd(resource.Resource):
             return task.deferLater(self.reactor, wait, lambda: None) if wait else None
 
         def paced(_: Any) -> None:
-            if not _client_gone(request):
+            if _client_gone(request):
+                return
+            if not _holds(request, BIG_WRITE):
                 self.forward(request, who, identity, made)
+                return
+            big = self.bodies.take_for(request, who.name)
+            big.addCallback(lambda release: self._big_write(request, who, identity, made, release))
+            big.addErrback(self._failed, request)
 
         slot.addCallback(taken)
         slot.addCallback(paced)
         slot.addErrback(self._failed, request)
+
+    def _big_write(
+        self,
+        request: server.Request,
+        who: Mapped,
+        identity: dict[bytes, bytes],
+        made: gate.Forward,
+        release: Callable[[], None],
+    ) -> None:
+        """A user's large write, its turn and pace through, sent holding a large body's slot
+        until its answer (the store parses it too)."""
+        if _client_gone(request):  # notifyFinish would never fire
+            self._body_done(release)
+            return
+        request.notifyFinish().addBoth(lambda _: self._body_done(release))
+        self.forward(request, who, identity, made)
 
     def _poll_slot(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
@@ -1641,7 +1690,10 @@ class FrontEnd(resource.Resource):
             share_back = release.share_back if isinstance(release, Turn) else None
             self._whole(sent, request, head, read_whole=share_back)
         else:
-            sent.addCallback(self._relay, request)
+            # A client whose side is full holds its user's queue, not a shared slot: two users'
+            # unread heavy reads, sent again at each cut, had kept everyone else's at 503.
+            paused = release.share_back if isinstance(release, Turn) else None
+            sent.addCallback(self._relay, request, paused)
         sent.addErrback(self._upstream_failed, request)
 
     def _catch_up(
@@ -1798,8 +1850,9 @@ class FrontEnd(resource.Resource):
                 log.warning(
                     "a long poll's answer %d came after its heartbeats: %s", code, body[:200]
                 )
-            request.write(body)
-            request.finish()
+            # As its client reads it: the poll's turns are held until then (pipelined polls
+            # of 43 MB answers, each written at once, had grown the front end by 1.4 GB).
+            _send_paced(request, body, self.reactor)
 
         def beat() -> None:
             if _client_gone(request):
@@ -1843,13 +1896,15 @@ class FrontEnd(resource.Resource):
             timers.append(self.reactor.callLater(beat_ms / 1000, beat))
         request.notifyFinish().addBoth(lambda _: [t.cancel() for t in timers if t.active()])
 
-    def _relay(self, response: Any, request: server.Request) -> None:
+    def _relay(
+        self, response: Any, request: server.Request, paused: Callable[[], None] | None = None
+    ) -> None:
         if _client_gone(request):
             response.deliverBody(_Relay(request))  # read nothing more; the relay drops it
             return
         request.setResponseCode(response.code, response.phrase)
         _copy_headers(response, request)
-        response.deliverBody(_Relay(request))
+        response.deliverBody(_Relay(request, paused))
 
     @defer.inlineCallbacks
     def _written(
@@ -1938,6 +1993,7 @@ def _quiet_body(made: gate.Forward) -> bytes:
 
 # A request's marks (set on it) that it holds a slot of its kind, taken once before it is sent.
 WRITE_SLOT, POLL_SLOT = "aso_write_slot", "aso_poll_slot"
+BIG_WRITE = "aso_big_write"  # a user's large write: its large body's slot taken again to send it
 
 
 def _holds(request: server.Request, mark: str) -> bool:
@@ -2056,13 +2112,18 @@ def _send_whole(request: server.Request, response: Any, body: bytes, clock: Any)
     client has not read it within HEAVY_HOLD (what it holds is given back when it ends)."""
     if _client_gone(request):
         return
-    hold = clock.callLater(HEAVY_HOLD, _cut, request)
-    request.notifyFinish().addBoth(lambda _: hold.cancel() if hold.active() else None)
     request.setResponseCode(response.code, response.phrase)
     _copy_headers(response, request, feed=True)
     if request.method != b"HEAD":  # a HEAD's store answer has no body: its length is not told
         request.setHeader(b"content-length", b"%d" % len(body))
-    # As fast as the client reads it: the request (and a heavy read's slot) ends only then.
+    _send_paced(request, body, clock)
+
+
+def _send_paced(request: server.Request, body: bytes, clock: Any) -> None:
+    """`body` sent as fast as the client reads it: the request (and what it holds) ends only
+    then, or at the cut if the client has not read it within HEAVY_HOLD."""
+    hold = clock.callLater(HEAVY_HOLD, _cut, request)
+    request.notifyFinish().addBoth(lambda _: hold.cancel() if hold.active() else None)
     request.registerProducer(_PacedBody(request, body), False)
 
 
