@@ -1824,7 +1824,7 @@ class FrontEnd(resource.Resource):
         assert made.poll_ms is not None
         beat_ms = made.heartbeat_ms or 0
         timers: list[Any] = []
-        begun = False
+        begun = ended = False
 
         def begin() -> None:
             nonlocal begun
@@ -1834,6 +1834,8 @@ class FrontEnd(resource.Resource):
                 request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
 
         def end(code: int, phrase: bytes, headers: Any, body: bytes | None) -> None:
+            nonlocal ended
+            ended = True
             for timer in timers:
                 if timer.active():
                     timer.cancel()
@@ -1890,7 +1892,13 @@ class FrontEnd(resource.Resource):
             else:
                 sent.cancel()
 
+        def after_the_end(failure: Any) -> Any:
+            # The store's side cut once the poll has its answer (at its timeout): the answer
+            # goes out as the client reads it, and the cut is no failure of it.
+            return None if ended else failure
+
         sent.addCallback(answered)
+        sent.addErrback(after_the_end)
         timers.append(self.reactor.callLater(made.poll_ms / 1000 + POLL_GRACE, expire))
         if beat_ms:
             timers.append(self.reactor.callLater(beat_ms / 1000, beat))
