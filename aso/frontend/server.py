@@ -410,6 +410,10 @@ class _ServerTransport(Protocol):
 class _Producer(Protocol):
     """The store connection under a store answer being relayed."""
 
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
+
     def stopProducing(self) -> None: ...
 
 
@@ -475,10 +479,10 @@ class _TellsPause:
 
     def pauseProducing(self) -> None:
         self.paused()
-        cast(Any, self.producer).pauseProducing()
+        self.producer.pauseProducing()
 
     def resumeProducing(self) -> None:
-        cast(Any, self.producer).resumeProducing()
+        self.producer.resumeProducing()
 
     def stopProducing(self) -> None:
         self.producer.stopProducing()
@@ -1677,6 +1681,9 @@ class FrontEnd(resource.Resource):
             waits = made.poll_ms / 1000 + POLL_GRACE if made.poll_ms is not None else 0.0
             hold = self.reactor.callLater(waits + HEAVY_HOLD, _cut, request)
             request.notifyFinish().addBoth(lambda _: hold.cancel() if hold.active() else None)
+        # The store's work done (read whole, or paused by a client not reading), a heavy read
+        # gives back its shared slot and keeps its user's queue until the client has its answer.
+        share_back = release.share_back if isinstance(release, Turn) else None
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
@@ -1685,15 +1692,9 @@ class FrontEnd(resource.Resource):
         elif made.poll_ms is not None:
             self._poll(sent, request, made, _user_only(who))
         elif batch:
-            # Read whole, the store's work is done: the shared slot goes back, its user's queue
-            # is held until the client has read the answer (one such answer in memory a user).
-            share_back = release.share_back if isinstance(release, Turn) else None
             self._whole(sent, request, head, read_whole=share_back)
         else:
-            # A client whose side is full holds its user's queue, not a shared slot: two users'
-            # unread heavy reads, sent again at each cut, had kept everyone else's at 503.
-            paused = release.share_back if isinstance(release, Turn) else None
-            sent.addCallback(self._relay, request, paused)
+            sent.addCallback(self._relay, request, share_back)
         sent.addErrback(self._upstream_failed, request)
 
     def _catch_up(

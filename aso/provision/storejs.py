@@ -284,13 +284,14 @@ class _Contributions:
             self.context.set_time_limit(TIME_LIMIT)
             self.context.set_memory_limit(MEMORY_LIMIT)
             self.context.eval(designdocs.with_tables(self.SOURCE.read_text()))
+            self.context.eval(
+                "function __contributionJson(t) {"
+                " return JSON.stringify(contribution(JSON.parse(t))); }"
+            )
 
     def of(self, doc_json: str) -> Any:
         with ENGINE:
-            function = self.context.eval(
-                "(function (t) { return JSON.stringify(contribution(JSON.parse(t))); })"
-            )
-            return json.loads(function(doc_json))
+            return json.loads(self.context.eval("__contributionJson")(doc_json))
 
 
 @functools.cache
