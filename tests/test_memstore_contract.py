@@ -7,6 +7,7 @@ the fast tier concludes from the double holds as long as this holds."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from typing import Any
@@ -110,6 +111,18 @@ def outcome(db: Database, config: Config, ids: list[str]) -> dict[str, Any]:
     }
 
 
+def alike(double: Any, real: Any) -> bool:
+    """Equal, but for times a unit or two in the last place apart: the embedded store decodes
+    a row's key from its index's text (EMBEDDED_VIEW_KEYS_INEXACT)."""
+    if isinstance(double, float) and isinstance(real, float):
+        return math.isclose(double, real, rel_tol=1e-15, abs_tol=0.0)
+    if isinstance(double, (list, tuple)) and isinstance(real, (list, tuple)):
+        return len(double) == len(real) and all(map(alike, double, real))
+    if isinstance(double, dict) and isinstance(real, dict):
+        return double.keys() == real.keys() and all(alike(double[k], real[k]) for k in real)
+    return bool(double == real)
+
+
 def test_the_in_memory_store_answers_as_the_real_one(sim_config, accounts, tmp_path):
     now = time.time()
     docs = [sample_request("alice") for _ in range(3)] + [sample_request("bob") for _ in range(2)]
@@ -136,6 +149,10 @@ def test_the_in_memory_store_answers_as_the_real_one(sim_config, accounts, tmp_p
     assert double["deleted"] is None is real["deleted"]
     assert double["views"].keys() == real["views"].keys()
     for name in real["views"]:
-        assert double["views"][name] == real["views"][name], name
+        assert alike(double["views"][name], real["views"][name]), (
+            name,
+            double["views"][name],
+            real["views"][name],
+        )
     states = {d["_id"]: d[STATE] for d in real["docs"].values() if d}
     assert sorted(states.values()) == ["new", "new", "retry", "submitted"]
