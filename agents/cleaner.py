@@ -8,7 +8,7 @@ monitor in the write that records it `done`, when the deletion ends within
 `cleaner.at_done_wait` seconds):
 1. the temporary copy must be inside the source site's temp area (`sites.temp_pfn` refuses
    anything else: the cleaner never touches a user's files) and inside the owner's own
-   temporary area (`model.in_temp_area`: never another user's output);
+   temporary area (lib/owner.js `inTempArea`: never another user's output);
 2. the destination copy must be confirmed: there, with the request's size and adler32;
 3. only then the temporary copy is deleted with gfal2 (already gone counts as deleted).
 The outcome is written in one bulk write per cycle: `cleaned`, or `cleanup_error` with the

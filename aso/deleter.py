@@ -8,10 +8,11 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from aso import model, sites
+from aso import sites
 from aso.config import Config
 from aso.core.cleanup import Outcome
 from aso.files import FileError, Files, Look
+from aso.provision import storejs
 from aso.runtime import set_aside_reason
 from aso.transfer.gfal_copier import normal_adler32
 
@@ -41,7 +42,7 @@ def clean_one(
     """Confirm the destination, then delete the temporary copy; never the other way round.
     `confirmed`: the caller confirmed the destination in this cycle (the publisher, before
     its catalog call; the monitor, before recording `done`): no second look."""
-    if not model.in_temp_area(doc["user"], doc["source_lfn"]):  # an admin-written request
+    if not storejs.in_temp_area(doc["user"], doc["source_lfn"]):  # an admin-written request
         return Outcome(
             False, f"refused: {doc['source_lfn']} is not in {doc['user']}'s temporary area"
         )

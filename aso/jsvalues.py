@@ -1,18 +1,15 @@
 """JSON values as the store's JavaScript sees them, where ASO's Python must measure or compare
 a document as the store does: the front end bounds a document by its JSON.stringify length
-(model.doc_chars), an upload compares two documents with validate_doc_update's same(), the
-namespace rules match a name with the schema's patterns as `new RegExp(p).test()` does.
+(model.doc_chars), an upload compares two documents with validate_doc_update's same().
 
 JavaScript differs from Python where it matters here: numbers are doubles (5.0 is an integer,
 2**60 + 1 arrives as 2**60, -0 prints as 0); a string's length counts UTF-16 code units (an
-emoji is 2); `$` matches only at the end of the input and `.` stops at \r, \u2028 and
-\u2029 too; `for (key in obj)` visits integer-like keys first, in numeric order; JSON.stringify
+emoji is 2); `for (key in obj)` visits integer-like keys first, in numeric order; JSON.stringify
 writes numbers its own way (1e+21, 1e-7, no ".0") and escapes lone surrogates.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -26,11 +23,6 @@ MAX_SAFE_INTEGER = 2**53 - 1
 PROTO = "__proto__"
 BEYOND_SAFE = "number beyond 2^53"  # the type name both sides give such a number
 _ARRAY_INDEX = re.compile(r"^(0|[1-9][0-9]*)$")
-# JavaScript's \s (ECMA-262 WhiteSpace and LineTerminator).
-_JS_SPACE = (
-    "\\t\\n\\v\\f\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
-)
-_JS_DOT = "[^\\n\\r\\u2028\\u2029]"
 _LONE_SURROGATE = re.compile(
     r"[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]"
 )
@@ -107,37 +99,6 @@ def same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     equal: bool = a == b
     return equal
-
-
-@functools.lru_cache(maxsize=64)
-def regex(pattern: str) -> re.Pattern[str]:
-    """`pattern` (JavaScript syntax, the subset the model uses) compiled to match in Python
-    exactly what `new RegExp(pattern).test()` matches."""
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\" and i + 1 < len(pattern):
-            escape = pattern[i + 1]
-            out.append(f"[{_JS_SPACE}]" if escape == "s" and not in_class else
-                       _JS_SPACE if escape == "s" else f"[^{_JS_SPACE}]" if escape == "S"
-                       else "\\" + escape)  # fmt: skip
-            i += 2
-            continue
-        if char == "[" and not in_class:
-            in_class = True
-        elif char == "]" and in_class:
-            in_class = False
-        elif not in_class and char == "$":
-            char = r"\Z"
-        elif not in_class and char == ".":
-            char = _JS_DOT
-        out.append(char)
-        i += 1
-    return re.compile("".join(out), re.ASCII)
-
-
-def test(pattern: str, text: str) -> bool:
-    return regex(pattern).search(text) is not None
 
 
 def number(value: float | int) -> str:

@@ -239,24 +239,6 @@ TEMP_HASH_PATTERN = r"^\.[A-Za-z0-9_-]{1,64}/"  # the `.<hash>` of /store/temp/u
 GROUP_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 
-def granted_groups(roles: Any) -> list[str]:
-    """The groups whose areas the roles grant (`group:<group>`)."""
-    named = [r for r in (roles if isinstance(roles, list) else []) if isinstance(r, str)]
-    groups = [r[len(GROUP_ROLE) :] for r in named if r.startswith(GROUP_ROLE)]
-    return [g for g in groups if js.test(GROUP_NAME_PATTERN, g)]
-
-
-def in_temp_area(name: str, lfn: str) -> bool:
-    """`lfn` is in user `name`'s temporary area: /store/temp/user/<name>[.<hash>]/... A
-    temporary area belongs to the part of its name before the first ".": a user whose name
-    holds a "." would share one with another user, and owns none."""
-    own = TEMP_USER_AREA + name
-    if "." in name or not lfn.startswith(own):
-        return False
-    rest = lfn[len(own) :]
-    return rest.startswith("/") or js.test(TEMP_HASH_PATTERN, rest)
-
-
 # --- schema ----------------------------------------------------------------------------------
 # A field spec: {"type": name or [names], plus limits}. Types: string, integer, number, boolean,
 # object (with "fields"/"required", or free with "values"; "max_chars" bounds it as JSON), array
@@ -459,7 +441,8 @@ REQUEST_SCHEMA: dict[str, Any] = {
 # The agents' bookkeeping, each field with its value before any agent has acted. A creation by
 # its owner carries none of them, or only that value: a lease, a job, an attempt, a cool-off, a
 # block or a failure is what agents act on, and nobody forges one at upload. Every other field
-# of the schema is what the owner records (OWNER_RECORDED: the upload format, new_request).
+# of the schema is what the owner records (OWNER_RECORDED: the upload format,
+# upload.judged_request).
 BOOKKEEPING: dict[str, Any] = {
     "attempts": [],
     "lease": None,
@@ -490,78 +473,10 @@ CLOCK_AHEAD = 900  # seconds (whole: the refusal names them as JavaScript writes
 CLOCK_BEHIND = 86_400
 
 
-def task_owner(task: str) -> str | None:
-    """Who a task belongs to: the part of its name after the first ":" up to the next "_", as
-    CRAB names them (YYMMDD_HHMMSS:<user>_crab_<request>); None: nobody (a user whose name holds
-    a "_" owns no task, so that no name of a task is two users')."""
-    colon = task.find(":")
-    rest = task[colon + 1 :] if colon >= 0 else ""
-    cut = rest.find("_")
-    return rest[:cut] if cut > 0 else None
-
-
-def task_refusal(task: str, name: str) -> str | None:
-    """Why user `name` may not record a file in `task` (None: the task is theirs)."""
-    if task_owner(task) == name:
-        return None
-    return (
-        f"task must be <YYMMDD_HHMMSS>:{name}_<name>, as CRAB names them (a task belongs to the "
-        'user named after its first ":" up to the next "_"'
-        + (")" if "_" not in name else ', so a user whose name holds a "_" owns none)')
-    )
-
-
 def task_name(user: str, request: str, at: float | None = None) -> str:
     """A task of `user` named as CRAB names them: YYMMDD_HHMMSS:<user>_<request> (UTC)."""
     stamp = time.strftime("%y%m%d_%H%M%S", time.gmtime(now() if at is None else at))
     return f"{stamp}:{user}_{request}"
-
-
-def publication_refusal(doc: Mapping[str, Any]) -> str | None:
-    """Why `doc`'s publication disagrees with its intent (None: it agrees): pending only for an
-    output file to publish (whose dataset the schema requires), else not_required."""
-    publishes = doc.get("publish") is True and doc.get("file_type") == "output"
-    intent = "pending" if publishes else "not_required"
-    if js.same(doc.get(PUBLICATION, js.UNDEFINED), intent):
-        return None
-    return (
-        f"publication must be {intent}, not {doc.get(PUBLICATION)} (pending only for an output "
-        "file with publish true and its dataset)"
-    )
-
-
-def bookkeeping_refusal(doc: Mapping[str, Any]) -> str | None:
-    """Why a new `doc` carries what only agents write (None: it does not)."""
-    for field, blank in BOOKKEEPING.items():
-        if field in doc and not js.same(doc[field], blank):
-            return (
-                f"{field} is the agents' bookkeeping: a new request has none "
-                f"(or {js.stringify(blank)})"
-            )
-    return None
-
-
-PRIORITY_RULE = (
-    f"priority must be <= {OWNER_MAX_PRIORITY}: an owner may only lower their own files' "
-    "priority (a higher one is an operator's)"
-)
-ONE_CREATION_STAMP = (
-    "a new request is stamped once: created, last_update and its history entry's at are one time"
-)
-ONE_CHANGE_STAMP = (
-    "an owner's change is stamped once: last_update and its history entries' at are one time"
-)
-OWNER_ENTRY_RULE = "until is the retry manager's: an owner's history entry has none"
-
-
-def stamp_refusal(field: str, stamp: float, now: float) -> str | None:
-    """Why `stamp`, written by an owner, is not the store's time `now` (None: it is)."""
-    if now - CLOCK_BEHIND <= stamp <= now + CLOCK_AHEAD:
-        return None
-    return (
-        f"{field} must be the store's time: at most {CLOCK_AHEAD} seconds ahead of its clock "
-        f"and {CLOCK_BEHIND} seconds behind it"
-    )
 
 
 # An agent instance's heartbeat (written by agents only; `_id` "heartbeat:<agent>:<instance>").
@@ -796,24 +711,6 @@ def request_of(
     }
     doc.update({k: v for k, v in optional.items() if v is not None})
     return doc
-
-
-def new_request(**fields: Any) -> dict[str, Any]:
-    """request_of(**fields), refused (Refusal) if it records what its owner may not."""
-    doc = request_of(**fields)
-    check_owner_record(doc)
-    return doc
-
-
-def check_owner_record(doc: Mapping[str, Any]) -> None:
-    """Raise Refusal, with the store's reason, when a new request of a valid schema records
-    what its owner may not (another user's task, a priority above the owner's): what the store
-    refuses of an owner's creation, but for the namespaces, the sites and the clock."""
-    task = task_refusal(doc["task"], doc["user"])
-    if task:
-        raise Refusal("task", task)
-    if doc.get("priority", OWNER_MAX_PRIORITY) > OWNER_MAX_PRIORITY:
-        raise Refusal("create", PRIORITY_RULE)
 
 
 # What an agent's deletion of a request revision that is no finished request says: the revision

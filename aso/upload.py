@@ -88,7 +88,7 @@ def conflict_reason(stored: Mapping[str, Any] | None, doc: Any, caller: str) -> 
 
 
 def upload(db: Database, docs: Iterable[Any]) -> UploadReport:
-    """Record requests (built with model.new_request); one bulk write per BATCH. What cannot be
+    """Record requests (built with judged_request); one bulk write per BATCH. What cannot be
     a new request is refused here, with the model's reason, and never sent."""
     report = UploadReport()
     pending = _screen(list(docs), report)
@@ -127,7 +127,9 @@ def judged_request(**fields: Any) -> dict[str, Any]:
     refused = storejs.request_refusal(doc)
     if refused is not None:
         raise refused
-    model.check_owner_record(doc)
+    refused = storejs.owner_refusal(doc)
+    if refused is not None:
+        raise refused
     return doc
 
 

@@ -68,7 +68,7 @@ def _client(target: Target, index: int, deadline: float, write_every: int, out: 
     base = f"{target.url}/{target.files_db}"
     latencies: list[float] = []
     errors = 0
-    seed = model.new_request(
+    seed = model.request_of(
         user=user, task=f"261121_000000:{user}_bench", job_id="0", source="T2_CH_CERN",
         destination="T2_DE_DESY", source_lfn=f"/store/temp/user/{user}/b/{index}_{os.getpid()}_0",
         destination_lfn=f"/store/user/{user}/b/{index}_{os.getpid()}_0", size=1, adler32="00000001",
@@ -79,7 +79,7 @@ def _client(target: Target, index: int, deadline: float, write_every: int, out: 
         started = time.perf_counter()
         try:
             if n % write_every == 1:
-                doc = model.new_request(**{**_request_args(seed), "source_lfn":
+                doc = model.request_of(**{**_request_args(seed), "source_lfn":
                                            f"{seed['source_lfn']}_{n}", "destination_lfn":
                                            f"{seed['destination_lfn']}_{n}"})  # fmt: skip
                 answer = session.post(base, json=doc, timeout=60)

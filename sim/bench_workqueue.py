@@ -76,7 +76,7 @@ def make_docs(round_no: int, batch: int, strategy: str) -> list[dict[str, Any]]:
         name = f"{strategy}_{round_no}_{i}"
         publish = i % 2 == 0  # half outputs to publish, half logs
         docs.append(
-            model.new_request(
+            model.request_of(
                 user=USER,
                 task=f"261121_000000:{USER}_bench_{round_no}",
                 job_id=str(i),

@@ -204,7 +204,7 @@ def measure_write_ceiling(admin: Server, config: Config, docs: int, writers: int
     token = uuid.uuid4().hex[:8]
     batches = [
         [
-            model.new_request(
+            model.request_of(
                 user="ceiling",
                 task=model.task_name("ceiling", f"ceiling_{token}"),
                 job_id=str(i),

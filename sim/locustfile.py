@@ -99,7 +99,7 @@ def job_requests(user: str, task_name: str, job: int) -> list[dict[str, Any]]:
     files = {"output": f"prim/proc/{RUN}/out_{job}.root",
              "log": f"prim/proc/{RUN}/log/cmsRun_{job}.log.tar.gz"}  # fmt: skip
     return [
-        model.new_request(
+        model.request_of(
             user=user,
             task=task_name,
             job_id=job,

@@ -178,7 +178,7 @@ class Workload:
             "at": at,
         }
         docs = [
-            model.new_request(
+            model.request_of(
                 **common,
                 source_lfn=f"/store/temp/user/{base}/output_{job_id}.root",
                 destination_lfn=f"/store/user/{base}/output_{job_id}.root",
@@ -190,7 +190,7 @@ class Workload:
         ]
         if user.logs:
             docs.append(
-                model.new_request(
+                model.request_of(
                     **common,
                     source_lfn=f"/store/temp/user/{base}/log/cmsRun_{job_id}.log.tar.gz",
                     destination_lfn=f"/store/user/{base}/log/cmsRun_{job_id}.log.tar.gz",

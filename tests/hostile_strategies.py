@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from aso import model
+from tests.conftest import owned_request
 
 PROFILE_ENV = "ASO_HYPOTHESIS_PROFILE"
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
@@ -137,9 +138,9 @@ def stamps() -> st.SearchStrategy[float]:
 
 @st.composite
 def requests(draw: st.DrawFn, user: Any = None) -> dict[str, Any]:
-    """A valid new request as model.new_request makes it, with unicode where the schema allows
-    it (DN, group, role, lumi runs), sizes and ids drawn over their whole range, and a time the
-    store's clock allows an owner, drawn over that window."""
+    """A valid new request as tests.conftest.owned_request makes it, with unicode where the
+    schema allows it (DN, group, role, lumi runs), sizes and ids drawn over their whole range,
+    and a time the store's clock allows an owner, drawn over that window."""
     user = user or draw(st.sampled_from(USERS))
     token = draw(st.lists(_lfn_part, min_size=1, max_size=3).map("/".join))
     publish = draw(st.booleans())
@@ -153,7 +154,7 @@ def requests(draw: st.DrawFn, user: Any = None) -> dict[str, Any]:
         )
         info = {"dataset": f"/prim/{user}-proc-v1/USER", "events": draw(st.integers(0, 2**53 - 1))}
         info["lumis"] = draw(runs)
-    return model.new_request(
+    return owned_request(
         user=user,
         task=f"261121_120000:{user}_{draw(_lfn_part)}",
         job_id=draw(st.integers(0, 10**6)),

@@ -22,9 +22,11 @@ from aso.catalog.embedded import EmbeddedCatalog
 from aso.files import SimFiles, open_files
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, STATE, Change
+from aso.provision import storejs
 from aso.provision.designdocs import init_catalog_db
 from aso.runtime import Runner
 from aso.store import admin as store_admin
+from aso.upload import judged_request
 from tests.conftest import DESTINATION, SOURCES, sample_request
 
 
@@ -43,7 +45,7 @@ def done_request(
     doc = sample_request("alice", source=SOURCES[0], destination=DESTINATION, **kw)
     lfn = source_lfn or doc["source_lfn"]
     stored = write_file(config, SOURCES[0], lfn, os.urandom(3000))
-    doc = model.new_request(
+    doc = judged_request(
         user="alice",
         task=doc["task"],
         job_id=doc["job_id"],
@@ -60,7 +62,7 @@ def done_request(
         data = export_path(config, SOURCES[0], lfn).read_bytes()
         write_file(config, DESTINATION, doc["destination_lfn"], dest_content or data)
     # A source outside alice's temporary area: only an admin may write such a request.
-    writer = "alice" if model.in_temp_area("alice", lfn) else "admin"
+    writer = "alice" if storejs.in_temp_area("alice", lfn) else "admin"
     owner = accounts[writer].db(config.store.files_db)
     agent = accounts["agent"].db(config.store.files_db)
     doc["_rev"] = owner.create(doc)

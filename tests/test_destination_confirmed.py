@@ -30,7 +30,7 @@ from agents.gfal_worker import GfalWorker
 from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.submitter import Submitter
-from aso import model, sites
+from aso import sites
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import Config
 from aso.core import request
@@ -54,7 +54,7 @@ from aso.store import admin as store_admin
 from aso.transfer import errors
 from aso.transfer.base import DONE, FAILED, FileStatus, FileTransfer, JobRequest
 from aso.transfer.fts3 import Fts3Service
-from aso.upload import upload
+from aso.upload import judged_request, upload
 from tests.conftest import DESTINATION, SOURCES
 from tests.fts3_double import Fts3Double
 from tests.pipeline_helpers import jobs_of, run_until, states
@@ -107,7 +107,7 @@ def at_destination(
     `not_needed`, publication `pending`); `there`: what is really at the destination (None:
     nothing)."""
     token = uuid.uuid4().hex[:8]
-    doc = model.new_request(
+    doc = judged_request(
         user="alice",
         task=TASK,
         job_id=str(n),
@@ -282,7 +282,7 @@ def copy_files(config: Config, accounts: Any, admin: Any, n: int) -> list[dict[s
         lfn = f"/store/temp/user/alice.abc/copied/{token}/out_{i}.root"
         stored_file = write_file(config, SOURCES[0], lfn, 2000 + i)
         docs.append(
-            model.new_request(
+            judged_request(
                 user="alice",
                 task="261121_200100:alice_copied",
                 job_id=str(i),
@@ -447,7 +447,7 @@ def submitted_at_fts(
         lfn = f"/store/temp/user/alice.abc/fts/{token}/out_{i}.root"
         source_file = write_file(config, SOURCES[0], lfn, 1500 + i)
         docs.append(
-            model.new_request(
+            judged_request(
                 user="alice",
                 task="261121_200200:alice_fts",
                 job_id=str(i),

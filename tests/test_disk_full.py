@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from aso import model
 from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
-from aso.upload import upload
+from aso.upload import judged_request, upload
 from tests.conftest import ENGINE, own_store
 
 
@@ -43,7 +42,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def batch(token: str, k: int) -> list[dict]:
     return [
-        model.new_request(
+        judged_request(
             user="alice",
             task="261122_080000:alice_full",
             job_id=str(k * 100 + i),

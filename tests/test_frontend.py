@@ -1219,7 +1219,7 @@ def test_paced_large_writes_do_not_hold_the_large_body_slots(
     config.frontend = dataclasses.replace(config.frontend, user_docs_per_second=5)
     certs = {who: cert_files(pki, who) for who in ("dave", "carol", "erin")}
     wide = "/CN=" + "x" * 1000  # 1,000 documents over BIG_BODY
-    bulk = lambda who: {"docs": [sample_request(who, user_dn=wide)  # noqa: E731
+    bulk = lambda who: {"docs": [dict(sample_request(who), user_dn=wide)  # noqa: E731
                                  for _ in range(1000)]}  # fmt: skip
     keys = {"keys": [f"{i:04d}" + "k" * 1100 for i in range(1000)]}
     assert len(json.dumps(keys)) > frontend_module.BIG_BODY
@@ -1237,6 +1237,64 @@ def test_paced_large_writes_do_not_hold_the_large_body_slots(
         for paced in waiting:
             with pytest.raises(requests.exceptions.ReadTimeout):
                 paced.result(60)
+
+
+def test_a_user_s_heavy_read_that_holds_the_store_too_long_is_stopped(
+    running_reactor, store_config, pki, files_db, tmp_path, admin, monkeypatch
+):
+    """Red team round 19: two users' grouped reads, 29 s each on the embedded store, sent back
+    to back, held both shared heavy slots, and an operator's heavy reads waited 24-28 s. A
+    user's heavy read whose answer has not started within USER_HEAVY_WORK is stopped and
+    refused 503 (its slot goes on); operators' and agents' heavy reads have slots of their own
+    and no such bound."""
+    monkeypatch.setattr(frontend_module, "USER_HEAVY_WORK", 0.05)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    certs = {who: cert_files(pki, who) for who in ("dave", "operator-x")}
+    grouped = f"/{files_db}/_design/asyncstageout/_view/task_states?group=true"
+
+    def index_behind() -> None:  # a view's next read indexes 3,000 documents first
+        admin.db(files_db).bulk_write([sample_request("dave") for _ in range(3000)])
+
+    with frontend_in_process(running_reactor, config) as url:
+        index_behind()
+        stopped = call(url, pki, certs["dave"], "GET", grouped)
+        assert stopped.status_code == 503, stopped.text[:300]
+        assert stopped.json()["error"] == "too_costly"
+        assert "a narrower key range" in stopped.json()["reason"]
+        index_behind()
+        operators = call(url, pki, certs["operator-x"], "GET", grouped)
+        assert operators.status_code == 200, operators.text[:300]
+        assert sum(row["value"] for row in operators.json()["rows"]) >= 6000
+        docs = call(
+            url,
+            pki,
+            certs["dave"],
+            "GET",
+            f"/{files_db}/_all_docs?include_docs=true&limit=2&startkey=%22%60%22",
+        )
+        assert docs.status_code == 200 and len(docs.json()["rows"]) == 2  # the slot went back
+
+
+def test_operators_heavy_reads_do_not_wait_behind_users():
+    """Slots: the users' shared slots all taken, an operator's (a service's) heavy read takes
+    one of the service's own at once; another user's waits."""
+    from twisted.internet.task import Clock
+
+    slots = frontend_module.Slots(Clock(), 1, "heavy reads", for_services=1)
+    alices = slots.take("alice")
+    bobs = slots.take("bob")
+    operators = slots.take("operator-x", service=True)
+
+    def given(taken: Any) -> bool:
+        return isinstance(getattr(taken, "result", None), frontend_module.Turn)
+
+    assert given(alices) and given(operators) and not given(bobs)
+    turn = alices.result
+    turn.share_back()  # alice's store work done: bob's turn
+    assert given(bobs)
+    for taken in (turn, bobs.result, operators.result):
+        taken()
+    assert slots.shared.tokens == 1 and slots.services.tokens == 1 and slots.of == {}
 
 
 def test_a_turn_asked_for_a_request_that_has_ended_is_not_given():

@@ -28,12 +28,12 @@ from agents.gfal_worker import GfalWorker
 from agents.monitor import Monitor
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model
 from aso.config import Config
 from aso.local.xrootd import EmbeddedStorage, export_path, write_file
 from aso.model import STATE
 from aso.runtime import Runner
 from aso.store import Server
+from aso.upload import judged_request
 from tests.conftest import DESTINATION, SOURCES, write_config
 from tests.pipeline_helpers import assert_each_file_in_one_job, jobs_of, run_until, states
 from tests.storage_helpers import assert_never_copied_twice_at_once
@@ -63,7 +63,7 @@ def put_files(
             size = rng.randint(*sizes)
             stored = write_file(config, source, lfn, size) if write else None
             batch.append(
-                model.new_request(
+                judged_request(
                     user=user,
                     task=f"261121_170000:{user}_gfal",
                     job_id=str(i),

@@ -26,13 +26,13 @@ from agents.monitor import Monitor
 from agents.publisher import Publisher
 from agents.retry_manager import RetryManager
 from agents.submitter import Submitter
-from aso import model
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.local.xrootd import export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.provision.designdocs import init_catalog_db
 from aso.runtime import Runner
 from aso.store import admin as store_admin
+from aso.upload import judged_request
 from tests.conftest import DESTINATION, SOURCES
 from tests.pipeline_helpers import run_until
 
@@ -77,7 +77,7 @@ def upload_life(config, accounts, n: int) -> tuple[list[dict[str, Any]], dict[st
                 adler32 = write_file(config, source, lfn, size).adler32
             if kind == "bad_checksum":
                 adler32 = "deadbeef" if adler32 != "deadbeef" else "beefdead"
-            doc = model.new_request(
+            doc = judged_request(
                 user=user,
                 task=f"261121_200000:{user}_life_{token}",
                 job_id=str(i),

@@ -25,6 +25,7 @@ from aso.provision.designdocs import init_databases
 from aso.sites import simulated
 from aso.store import Server
 from aso.store import admin as store_admin
+from aso.upload import judged_request
 from tests.conftest import SIM_SITES, sample_request, write_config
 from tests.pipeline_helpers import wait_for
 
@@ -35,7 +36,7 @@ LINKS = (("T2_CH_CERN", "T2_DE_DESY"), ("T2_IT_Pisa", "T2_DE_DESY"))
 
 # --- the pure parts ----------------------------------------------------------------------------
 def test_moves_of_a_write_are_its_new_history_entries_with_the_time_spent_before():
-    doc = model.new_request(**_request_fields(), at=1000.0)
+    doc = judged_request(**_request_fields(), at=1000.0)
     submitted = model.transition(doc, [model.Change("state", "submitted", "submitter")],
                                  model.AGENT, at=1010.0)  # fmt: skip
     done = model.transition(

@@ -14,6 +14,8 @@ from aso import config as aso_config
 from aso import model, upload
 from aso.model import ADMIN, AGENT, OWNER, STATE, Change
 from aso.provision import designdocs
+from aso.provision.storejs import granted_groups, in_temp_area, owner_refusal
+from aso.upload import judged_request
 from tests import storejs
 from tests.conftest import sample_request
 
@@ -24,7 +26,7 @@ DESIGN_DOC = DOCS / "design.md"  # the transition table
 
 def test_request_id_is_deterministic_hash_of_source_lfn():
     a = sample_request("alice")
-    again = model.new_request(
+    again = judged_request(
         user="alice",
         task=a["task"],
         job_id=a["job_id"],
@@ -40,7 +42,7 @@ def test_request_id_is_deterministic_hash_of_source_lfn():
     assert again["checksum"] == {"adler32": "0a1b2c3d"}  # normalised: 8 lower-case hex digits
 
 
-def test_new_request_records_its_creation():
+def test_a_judged_request_records_its_creation():
     doc = sample_request("alice", at=1700000000.0)
     assert doc["state"] == "new" and doc["cleanup"] == "pending"
     assert doc["publication"] == "not_required"
@@ -231,6 +233,37 @@ def test_the_schema_is_run_from_the_design_document_s_file(tmp_path):
     changed = storejs.DesignDocument(ddoc).check_request(json.dumps(doc), True)
     assert changed is not None and changed.reason == "[schema] doc.colour is off"
     assert upload.refusal(doc) == "[schema] doc.colour is not a field of the schema"
+
+
+def test_what_a_user_owns_is_judged_by_the_design_document_s_file(tmp_path):
+    """lib/owner.js is the one source of what a user owns: ASO's Python (an upload's task and
+    priority, the front end's group roles, the deleter's temporary area) runs that file, so a
+    change to it changes every judgement."""
+    doc = sample_request("alice")
+    theirs = dict(doc, task=model.task_name("bob", "crab_x"))
+    assert owner_refusal(doc) is None
+    refused = owner_refusal(theirs)
+    assert refused is not None and refused.rule == "task"
+    with pytest.raises(model.Refusal) as store:
+        storejs.validate_doc_update(theirs, None, {"name": "alice", "roles": ["aso-user"]})
+    assert store.value.reason == refused.reason
+    high = owner_refusal(dict(doc, priority=1))
+    assert high is not None and (high.rule, high.reason) == (
+        "create",
+        "[create] priority must be <= 0: an owner may only lower their own files' priority (a "
+        "higher one is an operator's)",
+    )
+    assert granted_groups(["aso-user", "group:higgs", "group:", 7]) == ["higgs"]
+    assert in_temp_area("alice", "/store/temp/user/alice.1a2b/f")
+    assert not in_temp_area("alice", "/store/temp/user/alicex/f")
+
+    root = tmp_path / "couchapp"
+    shutil.copytree(designdocs.COUCHAPP_DIR, root)
+    owner = root / "asyncstageout/lib/owner.js"
+    owner.write_text(owner.read_text().replace("if (taskOwner(task) === name)", "if (true)"))
+    [ddoc] = [d for d in designdocs.design_documents(aso_config.Config(), root)
+              if d["_id"] == storejs.FILES_DDOC]  # fmt: skip
+    assert storejs.DesignDocument(ddoc).ownership("taskRefusal", theirs["task"], "alice") is None
 
 
 def test_uploads_are_judged_from_many_threads_at_once():

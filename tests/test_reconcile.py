@@ -49,6 +49,7 @@ from aso.reconcile import (
 from aso.runtime import Runner
 from aso.store import Server
 from aso.store import admin as store_admin
+from aso.upload import judged_request
 from tests.conftest import DESTINATION, SOURCES, preloaded_cli, sample_request
 from tests.pipeline_helpers import run_until
 
@@ -98,7 +99,7 @@ class Plant:
         stored = write_file(self.config, SOURCES[0], src, data)
         if dest:
             write_file(self.config, DESTINATION, dst, data)
-        doc = model.new_request(
+        doc = judged_request(
             user="alice",
             task=task,
             job_id=job,
@@ -356,7 +357,7 @@ def cli_titles() -> list[str]:
 
 # --- the checks as plain functions --------------------------------------------------------------
 def request(**kw: Any) -> Request:
-    doc = model.new_request(
+    doc = judged_request(
         user="alice",
         task="261121_120000:alice_t",
         job_id=1,

@@ -15,6 +15,7 @@ import pytest
 
 from aso import model
 from aso.store import admin as store_admin
+from aso.upload import judged_request
 from sim.chaos import ChaosPlan
 from sim.lifecycle import RunOptions, run_simulation
 from sim.report import (
@@ -34,7 +35,7 @@ from tests.conftest import ENGINE
 
 
 def request(i: int, **fields) -> dict:
-    doc = model.new_request(
+    doc = judged_request(
         user="alice",
         task="t:alice_sim",
         job_id=str(i),

@@ -27,6 +27,7 @@ from aso import model, sites
 from aso.model import AGENT, CLEANUP, OWNER, PUBLICATION, STATE, Change
 from aso.provision import designdocs
 from aso.provision.designdocs import init_databases
+from aso.provision.storejs import owner_refusal
 from aso.sites import simulated
 from aso.store import (
     Conflict,
@@ -395,7 +396,7 @@ PUBLISHED = {"publish": True, "publish_info": {"dataset": "/P/alice-a-v1/USER"}}
 
 def test_every_field_is_the_owner_s_record_or_the_agents_bookkeeping():
     """A field added to the schema must be classified: what a job records at upload
-    (new_request's), or what agents write (absent, or its blank value, at creation)."""
+    (judged_request's), or what agents write (absent, or its blank value, at creation)."""
     fields = set(model.REQUEST_SCHEMA["fields"])
     assert set(model.OWNER_RECORDED) | set(model.BOOKKEEPING) == fields
     assert set(AGENTS_BOOKKEEPING) == set(model.BOOKKEEPING)
@@ -461,7 +462,7 @@ PRIORITY_RULE = (
 def test_an_owner_may_only_lower_their_own_files_priority(files_db, accounts):
     """Priority orders a user's own files (users take turns in the submitter), so an owner
     needs only lower ones; above 0 is an operator's. The red team's 100 is refused by the
-    store, its JavaScript in QuickJS and new_request (so `aso upload` says it before sending)."""
+    store, its JavaScript in QuickJS and judged_request (so `aso upload` says it before sending)."""
     alice = db_as(accounts, "alice", files_db)
     for priority in (100, 1):
         doc = dict(born("new"), priority=priority)
@@ -646,7 +647,7 @@ def test_a_user_whose_name_holds_an_underscore_owns_no_task(admin, files_db):
     reason = task_rule("alice_x")[:-1] + ', so a user whose name holds a "_" owns none)'
     refused_alike(Server(admin.url, "alice_x", PASSWORD).db(files_db), doc, None, "alice_x",
                   reason)  # fmt: skip
-    assert model.task_owner(doc["task"]) == "alice"
+    assert owner_refusal(dict(doc, user="alice")) is None  # the task is alice's
 
 
 # --- malformed documents ---------------------------------------------------------------------

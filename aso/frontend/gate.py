@@ -407,13 +407,17 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     without a limit or with one over a page (bursts of 10,000-row reads had held bob's reads
     15 s), or a filtered `_changes` batch (the store reads every change from `since` to find
     those of the ids, whatever the limit: 1 s a read of a 59k-change history, and a flood of
-    them had slowed bob's reads 7 to 16 times)."""
+    them had slowed bob's reads 7 to 16 times), or a view's rows by `keys` (the embedded store
+    reads every row of each key before its limit: `limit=1` of one key had read 76k rows, 7-12
+    s, and held the view for everyone; EMBEDDED_KEYS_READ_WHOLE)."""
     literals = {s for s in route.path if isinstance(s, str)}
     if route.kind not in ("read", "poll") or not {"_view", "_all_docs", "_changes"} & literals:
         return False
     reduces = "reduce" in route.query and given.get("reduce") is not False
     scans = "_changes" in literals and "filter" in given
-    return reduces or scans or "limit" not in given or given["limit"] > routes.MAX_DOC_ROWS
+    by_keys = "_view" in literals and "keys" in given
+    unbounded = "limit" not in given or given["limit"] > routes.MAX_DOC_ROWS
+    return reduces or scans or by_keys or unbounded
 
 
 # Ids starting with `_` (the store's: design documents) sort from "_" to "`" on both stores

@@ -17,6 +17,7 @@ the pages' files): `table(config)`.
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import math
 import re
@@ -28,6 +29,7 @@ from aso import model
 from aso.config import Config
 from aso.jsvalues import MAX_SAFE_INTEGER
 from aso.limits import MAX_DOCS, MAX_FEED_TIMEOUT, MAX_KEYS, MAX_WRITTEN_DOC_CHARS
+from aso.provision import storejs
 
 USER, AGENT, OPERATOR = "user", "agent", "operator"
 AUDIENCES = (USER, AGENT, OPERATOR)
@@ -72,10 +74,12 @@ ATTACHMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 ROLE_AUDIENCE = {model.USER_ROLE: USER, model.AGENT_ROLE: AGENT, "aso-admin": OPERATOR}
 
 
-def audiences_of(roles: Iterable[str]) -> frozenset[str]:
-    """The audiences a mapped identity's roles make it part of."""
+@functools.lru_cache(maxsize=1024)
+def audiences_of(roles: tuple[str, ...]) -> frozenset[str]:
+    """The audiences a mapped identity's roles make it part of (the mapfile's few sets of roles,
+    each judged once)."""
     found = {ROLE_AUDIENCE[r] for r in roles if r in ROLE_AUDIENCE}
-    if model.granted_groups(list(roles)):
+    if storejs.granted_groups(list(roles)):
         found.add(USER)
     return frozenset(found)
 

@@ -75,6 +75,7 @@ from aso.grid.x509auth import (
     key_fault,
     verify_chain,
 )
+from aso.provision import storejs
 from aso.store import Server
 
 log = logging.getLogger("aso.frontend")
@@ -119,6 +120,16 @@ HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
 HEAVY_WAIT = 30.0
 HEAVY_HOLD = 60.0  # seconds a read with documents may take to go out before it is cut
+# Operators' and agents' heavy reads have slots of their own: two users' grouped reads, 29 s
+# each on the embedded store, sent back to back, had kept an operator's waiting 24-28 s.
+SERVICE_HEAVY_READS = 2
+# Seconds of the store's work a user's heavy read may take before its answer starts: then it is
+# stopped (the store's side closed) and refused, and its shared slot goes on to the next.
+USER_HEAVY_WORK = 20.0
+USER_HEAVY_WORK_REASON = (
+    "this read takes the store longer than a user's heavy read may ({:g} s) and was stopped: "
+    "ask for less at once (a narrower key range, a limit, a group_level)"
+)
 # A body over BIG_BODY is parsed (and, for a write, sent and answered) while it holds one of
 # BIG_BODIES slots, in its user's turn: 14 bodies of 58 MiB parsed at once had grown the front
 # end by 5 GB. Smaller ones never wait.
@@ -158,17 +169,22 @@ class Slots:
     when `shared`, for one of `size` slots. A wait longer than `wait` (HEAVY_WAIT) fails with
     Busy."""
 
-    def __init__(self, reactor: Any, size: int, what: str, each: int = 1):
+    def __init__(self, reactor: Any, size: int, what: str, each: int = 1, for_services: int = 0):
+        """`for_services`: slots of the service's own (agents, operators), beside the `size`
+        the users share (0: they share those)."""
         self.reactor, self.what, self.each = reactor, what, each
         self.shared = defer.DeferredSemaphore(size)
+        self.services = defer.DeferredSemaphore(for_services) if for_services else self.shared
         self.of: dict[str, defer.DeferredSemaphore] = {}  # a user's own queue, while in use
 
     def take(
-        self, name: str, shared: bool = True, wait: float = HEAVY_WAIT
+        self, name: str, shared: bool = True, wait: float = HEAVY_WAIT, service: bool = False
     ) -> defer.Deferred[Callable[[], None]]:
-        """Fires with the Turn that gives the slot back, or fails with Busy."""
+        """Fires with the Turn that gives the slot back, or fails with Busy. `service`: the
+        caller is an agent or an operator (their own slots, when there are)."""
         mine = self.of.setdefault(name, defer.DeferredSemaphore(self.each))
-        turn = Turn(self, name)
+        pool = self.services if service else self.shared
+        turn = Turn(self, name, pool)
 
         def given_up(failure: Any) -> Any:
             turn()  # the wait was cancelled where it was; what it held is given back
@@ -180,21 +196,26 @@ class Slots:
         waited: defer.Deferred[Any] = mine.acquire()
         waited.addCallback(lambda _: turn.held.append(mine))
         if shared:
-            waited.addCallback(lambda _: self.shared.acquire())
-            waited.addCallback(lambda _: turn.held.append(self.shared))
+            waited.addCallback(lambda _: pool.acquire())
+            waited.addCallback(lambda _: turn.held.append(pool))
         waited.addCallback(lambda _: turn)
         waited.addTimeout(wait, self.reactor)
         waited.addErrback(given_up)
         return waited
 
     def take_for(
-        self, request: server.Request, name: str, shared: bool = True, wait: float = HEAVY_WAIT
+        self,
+        request: server.Request,
+        name: str,
+        shared: bool = True,
+        wait: float = HEAVY_WAIT,
+        service: bool = False,
     ) -> defer.Deferred[Callable[[], None]]:
         """`take`, for a request: its wait ends when its client leaves (it had kept its place
         in the queue, ahead of its user's next requests, until its time was out)."""
         if _client_gone(request):  # notifyFinish would never fire: nothing would give it back
             return defer.fail(defer.CancelledError(f"{self.what}: the client has left"))
-        slot = self.take(name, shared, wait)
+        slot = self.take(name, shared, wait, service)
         request.notifyFinish().addErrback(lambda _: slot.cancel())
         return slot
 
@@ -204,8 +225,8 @@ class Turn:
     `share_back()` gives back its shared slot alone, its user's queue kept (the store's work is
     done, its answer not yet read by the client)."""
 
-    def __init__(self, slots: Slots, name: str):
-        self.slots, self.name = slots, name
+    def __init__(self, slots: Slots, name: str, pool: defer.DeferredSemaphore):
+        self.slots, self.name, self.pool = slots, name, pool
         self.held: list[defer.DeferredSemaphore] = []
 
     def __call__(self) -> None:
@@ -216,9 +237,14 @@ class Turn:
             self.slots.of.pop(self.name, None)
 
     def share_back(self) -> None:
-        if self.slots.shared in self.held:
-            self.held.remove(self.slots.shared)
-            self.slots.shared.release()
+        if self.pool in self.held:
+            self.held.remove(self.pool)
+            self.pool.release()
+
+    @property
+    def shares(self) -> bool:
+        """It holds a slot the users share."""
+        return self.slots.shared in self.held and self.pool is self.slots.shared
 
 
 class Pace:
@@ -282,7 +308,7 @@ class GridMap:
             if len(words) not in (2, 3) or not words[0].startswith("/"):
                 raise MapfileError(f'{where}:{number}: expected "DN" user [role,...]')
             roles = tuple(words[2].split(",")) if len(words) == 3 else (model.USER_ROLE,)
-            unknown = [r for r in roles if r not in KNOWN_ROLES and not model.granted_groups([r])]
+            unknown = [r for r in roles if r not in KNOWN_ROLES and not storejs.granted_groups([r])]
             if unknown:
                 known = f"{', '.join(KNOWN_ROLES)}, {model.GROUP_ROLE}<group>"
                 raise MapfileError(f"{where}:{number}: unknown role {unknown[0]!r} ({known})")
@@ -310,7 +336,7 @@ def _no_shared_datasets(mapped: dict[str, Mapped], where: str) -> None:
     (/<primary>/<name>-<processed>/USER are the user's and the group's alike)."""
     users = {m.name for m in mapped.values()}
     for who in mapped.values():
-        shared = sorted(set(model.granted_groups(list(who.roles))) & users)
+        shared = sorted(set(storejs.granted_groups(list(who.roles))) & users)
         if shared:
             raise MapfileError(
                 f"{where}: group {shared[0]!r} of {who.name} has the name of a user: its "
@@ -1221,7 +1247,12 @@ class FrontEnd(resource.Resource):
         self.routes = routes.table(config)
         self.body_checks = BodyChecks(config, self.routes, config.frontend.body_processes)
         reactor.addSystemEventTrigger("during", "shutdown", self.body_checks.stop)
-        self.heavy = Slots(reactor, HEAVY_READS, "heavy reads (documents, a reduce, no limit)")
+        self.heavy = Slots(
+            reactor,
+            HEAVY_READS,
+            "heavy reads (documents, a reduce, no limit)",
+            for_services=SERVICE_HEAVY_READS,
+        )
         self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
         self.checks = Slots(reactor, 1, "a user's requests being checked", each=CHECKS_PER_USER)
         self.writes = Slots(reactor, 1, "a user's writes at the store", each=WRITES_PER_USER)
@@ -1466,7 +1497,9 @@ class FrontEnd(resource.Resource):
         if (made.heavy or (made.with_docs and not _is_agent(who))) and not catches_up:
             # A long poll with documents waits in its user's queue, never for a shared slot (it
             # may wait a minute); agents' polls are the service's own and run side by side.
-            slot = self.heavy.take_for(request, who.name, shared=made.heavy)
+            slot = self.heavy.take_for(
+                request, who.name, shared=made.heavy, service=not _user_only(who)
+            )
             slot.addCallback(
                 lambda release: self._send(request, who, headers, made, producer, release)
             )
@@ -1687,6 +1720,8 @@ class FrontEnd(resource.Resource):
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
+        if isinstance(release, Turn) and release.shares and made.poll_ms is None:
+            self._bound_work(sent, request)
         if made.route.kind in ("write", "create"):
             sent.addCallback(self._written, request, who, headers, made)
         elif made.poll_ms is not None:
@@ -1696,6 +1731,23 @@ class FrontEnd(resource.Resource):
         else:
             sent.addCallback(self._relay, request, share_back)
         sent.addErrback(self._upstream_failed, request)
+
+    def _bound_work(self, sent: defer.Deferred[Any], request: server.Request) -> None:
+        """A user's heavy read whose answer has not started within USER_HEAVY_WORK is stopped
+        (its connection to the store closed: the store stops its work) and refused 503."""
+
+        def stop() -> None:
+            log.warning("stopped %s: no answer from the store within %g s", _path(request),
+                        USER_HEAVY_WORK)  # fmt: skip
+            _answer(request, 503, "too_costly", USER_HEAVY_WORK_REASON.format(USER_HEAVY_WORK))
+            sent.cancel()  # answered: the store's side is dropped quietly (_upstream_failed)
+
+        def answered() -> None:
+            if timer.active():
+                timer.cancel()
+
+        timer = self.reactor.callLater(USER_HEAVY_WORK, stop)
+        sent.addBoth(_after, answered)
 
     def _catch_up(
         self,
@@ -1973,7 +2025,7 @@ class FrontEnd(resource.Resource):
         request.finish()
 
     def _upstream_failed(self, failure: Any, request: server.Request) -> None:
-        if failure.check(defer.CancelledError) or _client_gone(request):
+        if failure.check(defer.CancelledError) or _client_gone(request) or request.finished:
             return
         log.error("store unreachable for %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is unreachable")

@@ -22,7 +22,7 @@ from aso import model
 from aso.config import Config
 from aso.local import pki
 from aso.store import Database, Server, Settings
-from aso.upload import UploadReport, upload
+from aso.upload import UploadReport, judged_request, upload
 
 ENDED = (*model.FINAL[model.STATE], "failed_attempt")  # what the demo follows files to
 
@@ -77,7 +77,7 @@ def write_and_upload(
         size = int(rng.uniform(plan.min_size, plan.max_size))
         stored = write(config, source, source_lfn, size)
         docs.append(
-            model.new_request(
+            judged_request(
                 user=user,
                 task=f"{run}:{user}_crab_demo",
                 job_id=str(i // len(plan.users) + 1),

@@ -3,8 +3,10 @@ init` pushes (designdocs assembles them from couchapp/), in the environment a Co
 server gives their functions (`require` of the design document's CommonJS modules, `emit`, `sum`,
 `log`, `isArray`, `toJSON`, validate_doc_update's four arguments).
 
-ASO judges an upload with lib/schema.js before it sends it (`request_refusal`), and the tests
-judge writes and map documents with the same files: one source for each rule.
+ASO judges an upload with lib/schema.js and lib/owner.js before it sends it (`request_refusal`,
+`owner_refusal`), the front end reads group roles and the deleter temporary areas with
+lib/owner.js, and the tests judge writes and map documents with the same files: one source for
+each rule.
 """
 
 from __future__ import annotations
@@ -105,6 +107,16 @@ function __checkRequestJson(docJson, creation) {
     return JSON.stringify({thrown: thrown instanceof Error ? {error: String(thrown)} : thrown});
   }
 }
+
+// lib/owner.js's function `name` over the arguments `argsJson`, its answer as JSON.
+var __ownership = null;
+function __ownershipJson(name, argsJson) {
+  if (__ownership === null) {
+    var require = __requireIn(__ddoc);
+    __ownership = require('lib/owner')(require('lib/model'));
+  }
+  return JSON.stringify(__ownership[name].apply(null, JSON.parse(argsJson)));
+}
 """
 RULE = re.compile(r"^\[([\w-]+)\] (.*)$", re.S)
 # One thread at a time in QuickJS, whatever the context: the binding lets go of Python's lock
@@ -173,6 +185,10 @@ class DesignDocument:
         verdict = json.loads(self._call("__checkRequestJson", doc_json, creation))
         refusal = _refusal_of(verdict)
         return None if refusal is None else as_refusal(refusal)
+
+    def ownership(self, function: str, *args: Any) -> Any:
+        """lib/owner.js's `function` called with `args`."""
+        return json.loads(self._call("__ownershipJson", function, json.dumps(args)))
 
     def map(self, view: str, doc: Mapping[str, Any]) -> list[tuple[Any, Any]]:
         """The (key, value) rows the view's map function emits for `doc`."""
@@ -253,8 +269,8 @@ def _made_schema_design() -> DesignDocument:
 
 
 def _schema_design() -> DesignDocument:
-    """The design document lib/schema.js is run from (the schema does not depend on the
-    configuration: the sites are judged after it), made once whatever the threads."""
+    """The design document lib/schema.js and lib/owner.js are run from (neither depends on
+    the configuration: the sites are judged after them), made once whatever the threads."""
     with _MAKING:
         return _made_schema_design()
 
@@ -270,6 +286,28 @@ def request_refusal(doc: Any, *, creation: bool = True) -> Refusal | None:
     except ValueError:
         return Refusal("schema", "a number is not finite (NaN or Infinity): JSON has none")
     return _schema_design().check_request(text, creation)
+
+
+def granted_groups(roles: Any) -> list[str]:
+    """The groups whose areas `roles` grant (`group:<group>`), as the store judges them."""
+    return list(_schema_design().ownership("grantedGroups", roles))
+
+
+def in_temp_area(name: str, lfn: str) -> bool:
+    """`lfn` is in user `name`'s temporary area, as the store judges it."""
+    return bool(_schema_design().ownership("inTempArea", name, lfn))
+
+
+def owner_refusal(doc: Mapping[str, Any]) -> Refusal | None:
+    """Why the owner of `doc`, a request of the schema, may not create it, in the store's words:
+    another user's task, a priority above the owner's (lib/owner.js); None when they may. The
+    store judges the namespaces (the owner's group roles), the sites and the clock as well."""
+    design = _schema_design()
+    task = design.ownership("taskRefusal", doc["task"], doc["user"])
+    if task is not None:
+        return Refusal("task", task)
+    priority = design.ownership("priorityRefusal", dict(doc))
+    return None if priority is None else Refusal("create", priority)
 
 
 class _Contributions:

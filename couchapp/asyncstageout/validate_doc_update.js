@@ -13,6 +13,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // The schema's checks (lib/schema.js), shared with ASO's Python.
   var schema = require('lib/schema')(model, sha256);
   var refuse = schema.refuse, has = schema.has, typeOf = schema.typeOf;
+  // What a user owns: namespaces, tasks, priority (lib/owner.js), shared with ASO's Python.
+  var ownership = require('lib/owner')(model);
 
   function hasRole(roles) {
     var mine = userCtx.roles || [];
@@ -37,74 +39,6 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return true;
   }
 
-  // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
-  // property key).
-  // CMS's namespaces of user `name`.
-  function startsWith(text, prefix) {
-    return text.slice(0, prefix.length) === prefix;
-  }
-
-  function grantedGroups(roles) {
-    var ns = model.namespaces, out = [], i, group;
-    if (!Array.isArray(roles)) { return out; }
-    for (i = 0; i < roles.length; i++) {
-      if (typeof roles[i] === 'string' && startsWith(roles[i], ns.group_role)) {
-        group = roles[i].slice(ns.group_role.length);
-        if ((new RegExp(ns.group_name_pattern)).test(group)) { out.push(group); }
-      }
-    }
-    return out;
-  }
-
-  // A temporary area /store/temp/user/<dir>/ belongs to the part of <dir> before its first "."
-  // (<name>.<hash>): a name with a "." would share it with another user, so it owns none.
-  function inTempArea(name, lfn) {
-    var own = model.namespaces.temp_user_area + name;
-    if (name.indexOf('.') !== -1 || !startsWith(lfn, own)) { return false; }
-    var rest = lfn.slice(own.length);
-    return startsWith(rest, '/') || (new RegExp(model.namespaces.temp_hash_pattern)).test(rest);
-  }
-
-  // A dataset /<primary>/<owner>-<rest>/USER belongs to the part of its processed name before
-  // the first "-": only that user or group, never a name that itself holds a "-".
-  function datasetOwner(dataset) {
-    var parts = dataset.split('/');
-    var processed = parts.length > 2 ? parts[2] : '';
-    var cut = processed.indexOf('-');
-    return cut > 0 ? processed.slice(0, cut) : null;
-  }
-
-  function namespaceRefusal(doc, name, roles) {
-    var ns = model.namespaces, i;
-    if (!inTempArea(name, doc.source_lfn)) {
-      return 'source_lfn must be in ' + ns.temp_user_area + name + '/ or ' + ns.temp_user_area +
-        name + ".<hash>/ (the user's own temporary area" + (name.indexOf('.') === -1 ? ')' :
-        '; a temporary area belongs to the part of its name before the first ".", so a user ' +
-        'whose name holds a "." owns none)');
-    }
-    var groups = grantedGroups(roles);
-    var destination = doc.destination_lfn, inGroup = false;
-    for (i = 0; i < groups.length; i++) {
-      if (startsWith(destination, ns.group_area + groups[i] + '/')) { inGroup = true; }
-    }
-    if (!startsWith(destination, ns.user_area + name + '/') && !inGroup) {
-      var granted = groups.length ? 'or ' + ns.group_area + '<group>/ of ' + groups.join(', ') :
-        '(a group area ' + ns.group_area + '<group>/ needs the role ' + ns.group_role + '<group>)';
-      return 'destination_lfn must be in ' + ns.user_area + name + '/ ' + granted;
-    }
-    var info = doc.publish_info;
-    var dataset = (info !== null && typeOf(info) === 'object') ? info.dataset : undefined;
-    if (typeof dataset === 'string') {
-      var owner = datasetOwner(dataset);
-      if (owner === null || (owner !== name && groups.indexOf(owner) === -1)) {
-        return 'publish_info.dataset must be /<primary>/' + name + "-<processed>/USER (the user's " +
-          'own datasets' + (name.indexOf('-') === -1 ? ')' : '; a dataset belongs to the part ' +
-          'of its processed name before the first "-", so a user whose name holds a "-" owns none)');
-      }
-    }
-    return null;
-  }
-
   // Where a request's files and dataset lie is judged on every write that sets them, by the
   // owner's namespace: a creation, or the owner's renewal (RENEWABLE). Nobody else sets them.
   function checkNamespaces(role) {
@@ -114,7 +48,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
     if (!changed) { return; }
     if (role !== 'owner') { refuse('immutable', fields.join(', ') + ' are set by the owner only'); }
-    var outside = namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
+    var outside = ownership.namespaceRefusal(newDoc, userCtx.name, userCtx.roles);
     if (outside) { refuse('namespace', outside); }
   }
 
@@ -137,22 +71,6 @@ function (newDoc, oldDoc, userCtx, secObj) {
       refuse('conflict', 'a document with this id exists (revision ' + parent._rev + '): read it, not create it again');
     }
     refuse('conflict', 'the write is based on revision ' + JSON.stringify(rev) + ', not on the current ' + parent._rev + ': read the document again');
-  }
-
-  // A task belongs to the part of its name after the first ":" up to the next "_", as CRAB
-  // names them (aso/model.py task_owner): a user records files in their own tasks only.
-  function taskOwner(task) {
-    var colon = task.indexOf(':');
-    var rest = colon >= 0 ? task.slice(colon + 1) : '';
-    var cut = rest.indexOf('_');
-    return cut > 0 ? rest.slice(0, cut) : null;
-  }
-
-  function taskRefusal(task, name) {
-    if (taskOwner(task) === name) { return null; }
-    return 'task must be <YYMMDD_HHMMSS>:' + name + '_<name>, as CRAB names them (a task ' +
-      'belongs to the user named after its first ":" up to the next "_"' +
-      (name.indexOf('_') === -1 ? ')' : ', so a user whose name holds a "_" owns none)');
   }
 
   // What an owner writes is the store's time, give or take (aso/model.py CLOCK_AHEAD,
@@ -188,10 +106,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
           JSON.stringify(model.bookkeeping[field]) + ')');
       }
     }
-    if (has(doc, 'priority') && doc.priority > model.owner_max_priority) {
-      refuse('create', 'priority must be <= ' + model.owner_max_priority + ': an owner may only ' +
-        "lower their own files' priority (a higher one is an operator's)");
-    }
+    var priority = ownership.priorityRefusal(doc);
+    if (priority) { refuse('create', priority); }
     if (doc.last_update !== doc.created || entry.at !== doc.created) {
       refuse('time', "a new request is stamped once: created, last_update and its history entry's at are one time");
     }
@@ -211,6 +127,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (late) { refuse('time', late); }
   }
 
+  // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
+  // property key).
   function isAgentDoc(doc) {
     return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
   }
@@ -297,7 +215,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
       }
     }
     checkNamespaces(role);
-    var task = taskRefusal(newDoc.task, userCtx.name);
+    var task = ownership.taskRefusal(newDoc.task, userCtx.name);
     if (task) { refuse('task', task); }
     if (newDoc.history.length !== 1) { refuse('history', 'a new request has exactly one history entry'); }
     entry = newDoc.history[0];
