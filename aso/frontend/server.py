@@ -123,9 +123,10 @@ HEAVY_HOLD = 60.0  # seconds a read with documents may take to go out before it 
 # Operators' and agents' heavy reads have slots of their own: two users' grouped reads, 29 s
 # each on the embedded store, sent back to back, had kept an operator's waiting 24-28 s.
 SERVICE_HEAVY_READS = 2
-# Seconds of the store's work a user's heavy read may take before its answer starts: then it is
-# stopped (the store's side closed) and refused, and its shared slot goes on to the next.
+# Seconds of the store's work a user's heavy read may take before its answer starts: then its
+# client is refused (the turn is kept until the store has answered: FrontEnd._bound_work).
 USER_HEAVY_WORK = 20.0
+HEAVY_STORE_CAP = 300.0  # seconds a user's heavy read holds its turn for a store that never answers
 USER_HEAVY_WORK_REASON = (
     "this read takes the store longer than a user's heavy read may ({:g} s) and was stopped: "
     "ask for less at once (a narrower key range, a limit, a group_level)"
@@ -494,6 +495,14 @@ class _Relay(protocol.Protocol):
         else:  # cut short: the client must not take a truncated answer for a whole one
             log.error("store answer to %s cut: %s", _path(self.request), reason.getErrorMessage())
             self.request.loseConnection()
+
+
+class _Dropped(protocol.Protocol):
+    """A store answer nobody is left to read: its connection is closed at once (not back in
+    the pool)."""
+
+    def connectionMade(self) -> None:
+        cast(_Producer, self.transport).stopProducing()
 
 
 class _TellsPause:
@@ -1707,8 +1716,7 @@ class FrontEnd(resource.Resource):
 
             read.addCallbacks(then, failed)
             return
-        if release is not None:  # given back when the answer has gone out, or the client
-            request.notifyFinish().addBoth(lambda _: release())
+        if release is not None:
             # A client that does not read holds its slot (the store's side waits for it):
             # not for longer than HEAVY_HOLD past the time a long poll may wait for a change.
             waits = made.poll_ms / 1000 + POLL_GRACE if made.poll_ms is not None else 0.0
@@ -1719,9 +1727,12 @@ class FrontEnd(resource.Resource):
         share_back = release.share_back if isinstance(release, Turn) else None
         via = self.feeds if made.poll_ms is not None else self.agent
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
-        request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
         if isinstance(release, Turn) and release.shares and made.poll_ms is None:
-            self._bound_work(sent, request)
+            self._bound_work(sent, request, release)
+        else:
+            request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
+            if release is not None:  # given back when the answer has gone out, or the client
+                request.notifyFinish().addBoth(lambda _: release())
         if made.route.kind in ("write", "create"):
             sent.addCallback(self._written, request, who, headers, made)
         elif made.poll_ms is not None:
@@ -1732,22 +1743,37 @@ class FrontEnd(resource.Resource):
             sent.addCallback(self._relay, request, share_back)
         sent.addErrback(self._upstream_failed, request)
 
-    def _bound_work(self, sent: defer.Deferred[Any], request: server.Request) -> None:
-        """A user's heavy read whose answer has not started within USER_HEAVY_WORK is stopped
-        (its connection to the store closed: the store stops its work) and refused 503."""
+    def _bound_work(self, sent: defer.Deferred[Any], request: server.Request, turn: Turn) -> None:
+        """A user's heavy read holds its turn while the store works for it, whatever its
+        client does: the embedded store goes on with a view's work when its client leaves, so
+        a read left or cut had let a user pile up work at the store, the next sent at once.
+        Its client is answered 503 if the store's answer has not started within
+        USER_HEAVY_WORK; the turn is given back when the store answers (its answer dropped),
+        or after HEAVY_STORE_CAP, when the store's side is closed."""
 
-        def stop() -> None:
-            log.warning("stopped %s: no answer from the store within %g s", _path(request),
+        def too_long() -> None:
+            log.warning("refused %s: no answer from the store within %g s", _path(request),
                         USER_HEAVY_WORK)  # fmt: skip
             _answer(request, 503, "too_costly", USER_HEAVY_WORK_REASON.format(USER_HEAVY_WORK))
-            sent.cancel()  # answered: the store's side is dropped quietly (_upstream_failed)
 
         def answered() -> None:
-            if timer.active():
-                timer.cancel()
+            for timer in (refusal, cap):
+                if timer.active():
+                    timer.cancel()
 
-        timer = self.reactor.callLater(USER_HEAVY_WORK, stop)
+        refusal = self.reactor.callLater(USER_HEAVY_WORK, too_long)
+        cap = self.reactor.callLater(HEAVY_STORE_CAP, sent.cancel)
         sent.addBoth(_after, answered)
+
+        def ended(_: Any) -> None:
+            if refusal.active():
+                refusal.cancel()
+            if sent.called:
+                turn()
+            else:
+                sent.addBoth(_after, turn)
+
+        request.notifyFinish().addBoth(ended)
 
     def _catch_up(
         self,
@@ -1961,7 +1987,7 @@ class FrontEnd(resource.Resource):
         self, response: Any, request: server.Request, paused: Callable[[], None] | None = None
     ) -> None:
         if _client_gone(request):
-            response.deliverBody(_Relay(request))  # read nothing more; the relay drops it
+            response.deliverBody(_Dropped())
             return
         request.setResponseCode(response.code, response.phrase)
         _copy_headers(response, request)
