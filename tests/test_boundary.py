@@ -51,9 +51,11 @@ from aso.config import Config
 from aso.frontend import bodychecks, gate, routes, sequences, server
 from aso.grid import x509auth
 from aso.local.pki import Pki
+from aso.provision import designdocs
 from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
 from aso.store import admin as store_admin
+from tests import storejs
 from tests.conftest import own_store, sample_request
 from tests.hostile_strategies import LONG, json_values, texts
 from tests.pipeline_helpers import wait_for
@@ -1101,6 +1103,27 @@ def test_a_read_not_bounded_by_a_page_waits_in_its_user_s_turn(boundary, query, 
     assert bobs.status_code == 200, bobs.text[:300]
     assert codes <= {200, 503}, codes
     alive(b)
+
+
+def test_a_read_by_keys_is_a_page_only_where_a_key_names_one_row(boundary):
+    """A view read by `keys` is a heavy read (the embedded store reads every row of each key
+    before the limit: EMBEDDED_KEYS_READ_WHOLE), but for the views whose key ends with the
+    document's id (routes.ONE_ROW_A_KEY: the status cursor's by_task), which their own map
+    functions show."""
+    b = boundary
+    body = json.dumps({"keys": [["t", 1, "output", "x" * 64]]}).encode()
+    for design, view, query in [("asyncstageout", "by_task", ""),
+                                ("asyncstageout", "by_state", "&reduce=false"),
+                                ("asyncstageout", "task_states", "&reduce=false")]:  # fmt: skip
+        path = f"/{b.files}/_design/{design}/_view/{view}?limit=10{query}".encode()
+        made = gate.check(b"POST", path, body, frozenset({routes.USER}), routes.table(b.config))
+        assert isinstance(made, gate.Forward), made
+        assert made.heavy is ((design, view) not in routes.ONE_ROW_A_KEY), view
+    ddocs = {d["_id"]: d for d in designdocs.design_documents(b.config)}
+    failing = dict(sample_request("alice"), state=model.FAILING[0])
+    for design, view in routes.ONE_ROW_A_KEY:
+        rows = storejs.DesignDocument(ddocs[f"_design/{design}"]).map(view, failing)
+        assert rows and all(key[-1] == failing["_id"] for key, _ in rows), (view, rows)
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])

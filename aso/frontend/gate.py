@@ -415,7 +415,8 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
         return False
     reduces = "reduce" in route.query and given.get("reduce") is not False
     scans = "_changes" in literals and "filter" in given
-    by_keys = "_view" in literals and "keys" in given
+    view = route.path[2::2] if route.path[1:2] == ("_design",) else ()
+    by_keys = "_view" in literals and "keys" in given and view not in routes.ONE_ROW_A_KEY
     unbounded = "limit" not in given or given["limit"] > routes.MAX_DOC_ROWS
     return reduces or scans or by_keys or unbounded
 

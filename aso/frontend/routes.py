@@ -657,6 +657,10 @@ DOC_READ_RULES = (("latest", "open_revs"), ("open_revs", "!rev"), ("open_revs", 
 # store fetches the documents of every row matched before it applies a limit. Documents by id:
 # `_all_docs` with keys (EMBEDDED_KEYS_READ_WHOLE).
 VIEW_RULES = (("include_docs", "!keys"),)
+# The views whose key ends with the document's id: a key names one row, so a read by `keys` costs
+# what its keys do (the cursor's `POST V/by_task {"keys": [...]}`, docs/status-api.md). Any other
+# view's read by keys is a heavy read (aso/frontend/gate.py _unpaged).
+ONE_ROW_A_KEY = frozenset({("asyncstageout", "by_task"), ("users", "failures")})
 CHANGES_RULES = (("filter", "doc_ids"), ("doc_ids", "filter"), ("heartbeat", "feed"))
 
 
