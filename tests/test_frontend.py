@@ -1343,6 +1343,45 @@ def test_a_creation_s_answer_is_parsed_for_conflicts_only_when_it_has_one(
     assert calls == [False]
 
 
+def test_only_a_creation_of_its_own_request_is_explained_and_within_bounds(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 20: 1000 creations of just `{"_id": X}`, X another's large request, made
+    the front end read and parse 44 MB in its own interpreter to explain the conflicts. Only a
+    creation whose id is its source LFN's request id is explained (nothing else is compared
+    with a stored request), in its user's heavy turn, from at most EXPLAIN_BYTES of stored
+    requests; past that the conflicts are told as the store told them."""
+    reads: list[bytes] = []
+    real = frontend_module._read_bounded
+
+    def counted(response: Any, limit: int) -> Any:
+        reads.append(b"read")
+        return real(response, limit)
+
+    monkeypatch.setattr(frontend_module, "_read_bounded", counted)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, erin = cert_files(pki, "dave"), cert_files(pki, "erin")
+    docs = [sample_request("dave") for _ in range(3)]
+    bulk = f"/{files_db}/_bulk_docs"
+    with frontend_in_process(running_reactor, config) as url:
+        assert call(url, pki, dave, "POST", bulk, json={"docs": docs}).status_code == 201
+        bare = [{"_id": d["_id"]} for d in docs]
+        for who in (dave, erin):  # the owner or another user: no request of its id
+            answer = call(url, pki, who, "POST", bulk, json={"docs": bare})
+            assert [r.get("error") for r in answer.json()] == ["conflict"] * 3, answer.text
+            assert not any("recorded" in r["reason"] or "user's" in r["reason"]
+                           for r in answer.json()), answer.text  # fmt: skip
+        assert reads == []
+        again = call(url, pki, dave, "POST", bulk, json={"docs": docs})
+        assert [r["reason"] for r in again.json()] == [upload.ALREADY_RECORDED] * 3
+        assert reads == [b"read"]
+        monkeypatch.setattr(frontend_module, "EXPLAIN_BYTES", 100)
+        bounded = call(url, pki, dave, "POST", bulk, json={"docs": docs})
+        assert [r.get("error") for r in bounded.json()] == ["conflict"] * 3, bounded.text
+        assert upload.ALREADY_RECORDED not in {r["reason"] for r in bounded.json()}
+        assert reads == [b"read"] * 2
+
+
 def finish_with(request: Any, status: int) -> None:
     """(On the reactor.) A request answered as the store would have."""
     if not request.finished:

@@ -139,6 +139,9 @@ BIG_BODIES = 2
 # A long poll's answer is held whole before it goes out (aso.frontend.gate bounds its rows, not
 # bytes).
 MAX_POLL_BYTES = 64 << 20
+# What the front end reads of the stored requests to explain a write's conflicts (the same
+# request, or a different file): past it, the conflicts are told as the store told them.
+EXPLAIN_BYTES = 4 << 20
 NODES_REFRESH = 10.0  # seconds between two readings of the store's node names (a `since`'s)
 REVERIFY = 60.0  # seconds a TLS connection's verified chain is trusted before it is checked again
 
@@ -527,15 +530,15 @@ class _Collect(protocol.Protocol):
     """Reads a store answer's body whole, then hands it on; `drop` ends the store's side before
     that (the connection is not put back in a pool)."""
 
-    def __init__(self, whole: Any, too_large: Any = None):
+    def __init__(self, whole: Any, too_large: Any = None, limit: int = MAX_POLL_BYTES):
         self.whole, self.parts, self.dropped = whole, [b""], False
-        self.too_large, self.size = too_large, 0
+        self.too_large, self.size, self.limit = too_large, 0, limit
 
     def dataReceived(self, data: bytes) -> None:
         if self.dropped:
             return
         self.size += len(data)
-        if self.size > MAX_POLL_BYTES and self.too_large is not None:
+        if self.size > self.limit and self.too_large is not None:
             self.drop()  # what a long poll carries is held here whole: bounded
             self.parts = []
             self.too_large()
@@ -559,6 +562,14 @@ class _Collect(protocol.Protocol):
                     {"error": "bad_gateway", "reason": "the store's answer was cut"}
                 ).encode()
             )
+
+
+def _read_bounded(response: Any, limit: int) -> defer.Deferred[bytes | None]:
+    """A store answer's body read whole, or None (its connection dropped) once it is over
+    `limit` bytes."""
+    read: defer.Deferred[bytes | None] = defer.Deferred()
+    response.deliverBody(_Collect(read.callback, lambda: read.callback(None), limit))
+    return read
 
 
 def _watch_client(request: server.Request) -> None:
@@ -2022,7 +2033,10 @@ class FrontEnd(resource.Resource):
             if conflicts:
                 # A read that carries documents, as any other: in the user's turn, parsed off the
                 # reactor (batches of conflicts had slowed every other user's answers).
-                release = yield self.heavy.take_for(request, who.name)
+                # The turn is held until they are explained, and what is read of the stored
+                # requests is bounded (EXPLAIN_BYTES): 1000 creations naming large requests had
+                # made the front end read and parse 44 MB in its own interpreter.
+                release = yield self.heavy.take_for(request, who.name, service=not _user_only(who))
                 try:
                     keys = json.dumps({"keys": sorted(conflicts)}).encode()
                     db = _db_of(made)
@@ -2032,13 +2046,17 @@ class FrontEnd(resource.Resource):
                         Headers({**headers, b"content-type": [b"application/json"]}),
                         cast(IBodyProducer, FileBodyProducer(BytesIO(keys))),
                     )
-                    stored_body = yield client.readBody(read)
+                    stored_body = yield _read_bounded(read, EXPLAIN_BYTES)
+                    if stored_body is not None:
+                        body = yield threads.deferToThreadPool(
+                            self.reactor, self.reactor.getThreadPool(), _explained, body,
+                            conflicts, stored_body, who.name,
+                        )  # fmt: skip
+                    else:
+                        told = "conflicts of %s told as the store told them: over %d bytes"
+                        log.info(told, _path(request), EXPLAIN_BYTES)
                 finally:
                     release()
-                body = yield threads.deferToThreadPool(
-                    self.reactor, self.reactor.getThreadPool(), _explained, body, conflicts,
-                    stored_body, who.name,
-                )  # fmt: skip
         except Busy:
             pass  # the conflicts are told as the store told them
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -2353,7 +2371,7 @@ def conflicts_of(made: gate.Forward, answer: bytes) -> dict[str, Any]:
     got = json.loads(answer)
     sent = json.loads(made.body or b"null")
     if isinstance(sent, dict) and isinstance(sent.get("docs"), list):
-        docs = {d["_id"]: d for d in sent["docs"] if "_rev" not in d}
+        docs = {d["_id"]: d for d in sent["docs"] if "_rev" not in d and _is_request_of_its_id(d)}
         return {
             entry["id"]: docs[entry["id"]]
             for entry in got if isinstance(got, list)
@@ -2361,8 +2379,16 @@ def conflicts_of(made: gate.Forward, answer: bytes) -> dict[str, Any]:
             and entry.get("id") in docs
         }  # fmt: skip
     is_conflict = isinstance(got, dict) and got.get("error") == "conflict"
-    new = isinstance(sent, dict) and "_rev" not in sent
+    new = isinstance(sent, dict) and "_rev" not in sent and _is_request_of_its_id(sent)
     return {sent["_id"]: sent} if is_conflict and new else {}
+
+
+def _is_request_of_its_id(doc: Any) -> bool:
+    """`doc` is a creation of the request its id names (the id is its source LFN's): only
+    such a conflict is explained; any other would only make the front end read another's
+    request."""
+    lfn = doc.get("source_lfn") if isinstance(doc, dict) else None
+    return isinstance(lfn, str) and doc.get("_id") == model.request_id(lfn)
 
 
 def explain(answer: bytes, conflicts: dict[str, Any], stored: dict[str, Any], caller: str) -> bytes:
