@@ -221,16 +221,25 @@ def test_an_upload_is_judged_by_the_store_s_own_schema(case, edit):
     assert upload.refusal(doc) == store.value.reason
 
 
-def test_the_schema_is_run_from_the_design_document_s_file(tmp_path):
-    """Change lib/schema.js and the judgement changes: no copy of the rule is kept elsewhere."""
+def files_design_edited(tmp_path: Path, lib: str, old: str, new: str) -> storejs.DesignDocument:
+    """The files design document built from a copy of couchapp/ whose lib/`lib` has `old`
+    replaced by `new`."""
     root = tmp_path / "couchapp"
     shutil.copytree(designdocs.COUCHAPP_DIR, root)
-    schema = root / "asyncstageout/lib/schema.js"
-    schema.write_text(schema.read_text().replace("' is not a field of the schema'", "' is off'"))
+    edited = root / "asyncstageout/lib" / lib
+    edited.write_text(edited.read_text().replace(old, new))
     [ddoc] = [d for d in designdocs.design_documents(aso_config.Config(), root)
               if d["_id"] == storejs.FILES_DDOC]  # fmt: skip
+    return storejs.DesignDocument(ddoc)
+
+
+def test_the_schema_is_run_from_the_design_document_s_file(tmp_path):
+    """Change lib/schema.js and the judgement changes: no copy of the rule is kept elsewhere."""
+    edited = files_design_edited(
+        tmp_path, "schema.js", "' is not a field of the schema'", "' is off'"
+    )
     doc = dict(sample_request("alice"), colour="red")
-    changed = storejs.DesignDocument(ddoc).check_request(json.dumps(doc), True)
+    changed = edited.check_request(json.dumps(doc), True)
     assert changed is not None and changed.reason == "[schema] doc.colour is off"
     assert upload.refusal(doc) == "[schema] doc.colour is not a field of the schema"
 
@@ -257,13 +266,8 @@ def test_what_a_user_owns_is_judged_by_the_design_document_s_file(tmp_path):
     assert in_temp_area("alice", "/store/temp/user/alice.1a2b/f")
     assert not in_temp_area("alice", "/store/temp/user/alicex/f")
 
-    root = tmp_path / "couchapp"
-    shutil.copytree(designdocs.COUCHAPP_DIR, root)
-    owner = root / "asyncstageout/lib/owner.js"
-    owner.write_text(owner.read_text().replace("if (taskOwner(task) === name)", "if (true)"))
-    [ddoc] = [d for d in designdocs.design_documents(aso_config.Config(), root)
-              if d["_id"] == storejs.FILES_DDOC]  # fmt: skip
-    assert storejs.DesignDocument(ddoc).ownership("taskRefusal", theirs["task"], "alice") is None
+    edited = files_design_edited(tmp_path, "owner.js", "if (taskOwner(task) === name)", "if (true)")
+    assert edited.ownership("taskRefusal", theirs["task"], "alice") is None
 
 
 def test_uploads_are_judged_from_many_threads_at_once():
