@@ -729,16 +729,18 @@ class _Channel(http.HTTPChannel):
 
     def identified_client(self) -> None:
         """The client's chain verified: the bodies of its requests are its user's from now on,
-        what has arrived included (a body may have come whole before the verdict)."""
+        what has arrived included (a body may have come whole before the verdict). A request
+        whose client has left has no channel any more (Twisted keeps it in `requests`)."""
         for request in self.requests:
-            if request.held or request.in_body:
+            if request.channel is self and (request.held or request.in_body):
                 request.recharge()
 
     def refused_client(self, failure: Failure) -> None:
         """The client's chain is refused: a body under way is refused now, not read to its end
         (an unidentified client's bodies had held the room others' bodies need)."""
-        if self.requests and self.requests[-1].in_body:
-            self.requests[-1].refuse_client(failure)
+        last = self.requests[-1] if self.requests else None
+        if last is not None and last.channel is self and last.in_body:
+            last.refuse_client(failure)
 
     def dataReceived(self, data: bytes) -> None:
         if self._aso_deadline is None and not self._handlingRequest and data:
