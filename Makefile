@@ -111,7 +111,7 @@ stop:
 lint: $(ASO)
 	$(VENV)/bin/ruff check aso agents sim tests
 	$(VENV)/bin/ruff format --check aso agents sim tests
-	$(VENV)/bin/mypy aso agents
+	$(VENV)/bin/mypy aso
 
 # The whole suite on each store, both legs at once (the tests mostly wait on stores, agents and
 # storage servers, so two legs share the 2 cores well: ~25 min where one after the other took
@@ -177,14 +177,14 @@ bench: bench-scale
 # STORE=couchdb runs it on a local CouchDB ($(COUCHDB_HOME)), STORE=both on each store back to
 # back, scale by scale, with a side-by-side table.
 bench-scale: setup couchdb
-	$(VENV)/bin/python -m sim.bench_scale --engines $(call comma_list,$(call engines)) $(BENCH_ARGS)
+	$(VENV)/bin/python -m aso.sim.bench_scale --engines $(call comma_list,$(call engines)) $(BENCH_ARGS)
 
 # Issue 22's goal scales (20x on the embedded store, 30x on CouchDB) over a 30-minute injection
 # window, on a fresh store and on a copy of one holding 1M finished requests (filled once into
 # var/bench-pages, as make bench-pages does), with the store's costs at that size (~4 h both
 # stores, the default; STORE=pouchdb or couchdb for one; BENCH_ARGS="--duration 5m --prefill 100000" short).
 bench-long: setup couchdb
-	$(VENV)/bin/python -m sim.bench_long --engines $(call comma_list,$(call engines,pouchdb couchdb)) $(BENCH_ARGS)
+	$(VENV)/bin/python -m aso.sim.bench_long --engines $(call comma_list,$(call engines,pouchdb couchdb)) $(BENCH_ARGS)
 
 # Job uploads (one call per job, as job wrappers make them) that a store of its own takes at
 # 2, 8 and 32 concurrent uploaders with nothing else running, and their CPU (store, its
@@ -192,30 +192,30 @@ bench-long: setup couchdb
 # store; STORE=couchdb by default, STORE=both side by side).
 bench-uploads: setup couchdb
 	@for engine in $(call engines,couchdb); do \
-	  $(VENV)/bin/python -m sim.bench_uploads --engine $$engine --workdir var/bench-uploads/$$engine $(BENCH_ARGS) || exit 1; done
+	  $(VENV)/bin/python -m aso.sim.bench_uploads --engine $$engine --workdir var/bench-uploads/$$engine $(BENCH_ARGS) || exit 1; done
 
 bench-workqueue: setup
-	$(VENV)/bin/python -m sim.bench_workqueue
+	$(VENV)/bin/python -m aso.sim.bench_workqueue
 
 # The embedded store's view builds with pouchdb-mapreduce's own evaluation and with ASO's
 # workaround (deploy/store/view-functions.js), side by side.
 bench-views: setup
-	$(VENV)/bin/python -m sim.bench_views $(BENCH_ARGS)
+	$(VENV)/bin/python -m aso.sim.bench_views $(BENCH_ARGS)
 
 # What the Prometheus metrics cost a store call: the same calls with the hook on and off.
 bench-metrics: setup
-	$(VENV)/bin/python -m sim.bench_metrics --rounds 30
+	$(VENV)/bin/python -m aso.sim.bench_metrics --rounds 30
 
 bench-frontend: setup
-	$(VENV)/bin/python -m sim.bench_frontend
+	$(VENV)/bin/python -m aso.sim.bench_frontend
 
 # Locust against the X.509 front end: job wrappers uploading, CRAB clients polling (50 users, 60 s).
 bench-locust: setup
-	$(VENV)/bin/python -m sim.bench_locust
+	$(VENV)/bin/python -m aso.sim.bench_locust
 
 # The monitoring pages with 1M requests in the store (the filled store is kept in var/).
 bench-pages: setup couchdb
-	$(VENV)/bin/python -m sim.bench_pages --engines $(call comma_list,$(call engines)) $(BENCH_ARGS)
+	$(VENV)/bin/python -m aso.sim.bench_pages --engines $(call comma_list,$(call engines)) $(BENCH_ARGS)
 
 # Chaos at 4x design (docs/testing.md: Chaos, soak and failures): agents killed every 5 s, the store
 # killed and restarted twice, a storage outage and a failing link; then two agent hosts, one

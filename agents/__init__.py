@@ -8,14 +8,14 @@ import importlib
 from typing import Any
 
 AGENTS = {
-    "submitter": "agents.submitter:Submitter",
-    "monitor": "agents.monitor:Monitor",
-    "gfal-worker": "agents.gfal_worker:GfalWorker",
-    "retry-manager": "agents.retry_manager:RetryManager",
-    "cleaner": "agents.cleaner:Cleaner",
-    "publisher": "agents.publisher:Publisher",
-    "reconciler": "agents.reconciler:Reconciler",
-    "analytics": "agents.analytics:Analytics",
+    "submitter": "aso.agents.submitter:Submitter",
+    "monitor": "aso.agents.monitor:Monitor",
+    "gfal-worker": "aso.agents.gfal_worker:GfalWorker",
+    "retry-manager": "aso.agents.retry_manager:RetryManager",
+    "cleaner": "aso.agents.cleaner:Cleaner",
+    "publisher": "aso.agents.publisher:Publisher",
+    "reconciler": "aso.agents.reconciler:Reconciler",
+    "analytics": "aso.agents.analytics:Analytics",
 }
 
 

@@ -8,7 +8,7 @@ Each round looks at every file: the first after the files were written (XRootD c
 adler32 by reading the file), then again (what a second look costs). Printed per round: wall
 seconds, ms per file and files per second.
 
-    python -m sim.bench_confirm [--files 400] [--size 1048576] [--sites 2]
+    python -m aso.sim.bench_confirm [--files 400] [--size 1048576] [--sites 2]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Each client loops: read a request document, read a page of the by_state view, an
 latency percentiles, errors, and the front end's cost as a ratio of the direct figures;
 then whether the front end still answers after the load.
 
-    python -m sim.bench_frontend [--clients 200] [--procs 4] [--seconds 15] [--rounds 3]
+    python -m aso.sim.bench_frontend [--clients 200] [--procs 4] [--seconds 15] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import multiprocessing
+import multiprocessing.queues
 import os
 import statistics
 import subprocess
@@ -45,6 +46,7 @@ from aso.store import admin as store_admin
 
 console = Console()
 USERS = 20  # distinct users (store accounts the front end makes) among the clients
+ClientResult = tuple[list[float], int]  # one client's latencies (s) and errors
 
 
 @dataclasses.dataclass
@@ -57,7 +59,9 @@ class Target:
     x509: bool = False
 
 
-def _client(target: Target, index: int, deadline: float, write_every: int, out: list) -> None:
+def _client(
+    target: Target, index: int, deadline: float, write_every: int, out: list[ClientResult]
+) -> None:
     user = sorted(target.users)[index % len(target.users)]
     session = requests.Session()
     session.trust_env = False  # $REQUESTS_CA_BUNDLE would replace session.verify
@@ -74,6 +78,7 @@ def _client(target: Target, index: int, deadline: float, write_every: int, out: 
         destination_lfn=f"/store/user/{user}/b/{index}_{os.getpid()}_0", size=1, adler32="00000001",
     )  # fmt: skip
     n = 0
+    answer: requests.Response | requests.RequestException
     while time.monotonic() < deadline:
         n += 1
         started = time.perf_counter()
@@ -86,7 +91,7 @@ def _client(target: Target, index: int, deadline: float, write_every: int, out: 
                 ok = answer.status_code == 201
             elif n % 2:
                 view = f"{base}/_design/asyncstageout/_view/by_state"
-                answer = session.get(view, params={"limit": 20, "reduce": "false"}, timeout=60)
+                answer = session.get(view, params={"limit": "20", "reduce": "false"}, timeout=60)
                 ok = answer.status_code == 200
             else:
                 answer = session.get(f"{base}/{seed['_id']}", timeout=60)
@@ -111,9 +116,16 @@ def _request_args(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in keys} | {"adler32": doc["checksum"]["adler32"]}
 
 
-def _process(target: Target, first: int, count: int, seconds: float, write_every: int, queue):
+def _process(
+    target: Target,
+    first: int,
+    count: int,
+    seconds: float,
+    write_every: int,
+    queue: multiprocessing.queues.Queue[list[ClientResult]],
+) -> None:
     deadline = time.monotonic() + seconds
-    out: list = []
+    out: list[ClientResult] = []
     threads = [
         threading.Thread(target=_client, args=(target, first + i, deadline, write_every, out))
         for i in range(count)
@@ -125,9 +137,11 @@ def _process(target: Target, first: int, count: int, seconds: float, write_every
     queue.put(out)
 
 
-def run_round(target: Target, clients: int, procs: int, seconds: float, write_every: int):
-    """(operations/s, latencies, errors) of one round."""
-    queue: Any = multiprocessing.Queue()
+def run_round(
+    target: Target, clients: int, procs: int, seconds: float, write_every: int
+) -> tuple[float, list[float], int, int]:
+    """(operations/s, latencies, errors, clients that reported) of one round."""
+    queue: multiprocessing.queues.Queue[list[ClientResult]] = multiprocessing.Queue()
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     starts = [sum(per[:i]) for i in range(procs)]
     workers = [
@@ -155,7 +169,7 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def start_frontend(config: Config, log: Path) -> subprocess.Popen:
+def start_frontend(config: Config, log: Path) -> subprocess.Popen[bytes]:
     aso = str(Path(sys.executable).parent / "aso")
     with open(log, "w") as out:
         process = subprocess.Popen([aso, "--config", str(config.source), "frontend"],
@@ -176,7 +190,7 @@ class Stack:
     admin: Server
     authority: pki.Pki  # CA file, host credential, users' certificates
     url: str  # the front end
-    frontend: subprocess.Popen
+    frontend: subprocess.Popen[bytes]
 
 
 @contextlib.contextmanager
@@ -184,7 +198,8 @@ def frontend_stack(root: Path, users: list[str]) -> Iterator[Stack]:
     """A throw-away embedded store with ASO's databases and `aso frontend` (session identity)
     on free loopback ports, under `root`, with a demo PKI in root/certs whose grid-mapfile maps
     each of `users` (aso-user); both stopped on leaving, whatever happened inside."""
-    config = Config(source=root / "aso.toml")
+    source = root / "aso.toml"
+    config = Config(source=source)
     config.store.url = f"http://127.0.0.1:{free_port()}"
     config.store.admin_password = "bench-admin"
     config.store.agent_password = "bench-agent"
@@ -199,7 +214,7 @@ def frontend_stack(root: Path, users: list[str]) -> Iterator[Stack]:
         host_cert=str(authority.host_cert), host_key=str(authority.host_key),
         capath=str(authority.capath), mapfile=str(root / "certs" / "grid-mapfile"),
     )  # fmt: skip
-    config.source.write_text(render(config, show_secrets=True))
+    source.write_text(render(config, show_secrets=True))
     embedded = EmbeddedStore(config)
     embedded.start()
     frontend = None
@@ -262,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
-def report(figures: dict, via: str, direct: str) -> None:
+def report(figures: dict[str, list[tuple[float, list[float], int]]], via: str, direct: str) -> None:
     table = Table("target", "ops/s (median)", "p50 ms", "p95 ms", "p99 ms", "errors")
     medians = {}
     for name, rounds in figures.items():

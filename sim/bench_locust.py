@@ -1,7 +1,7 @@
 """Load test of the X.509 front end with Locust (sim/locustfile.py), bounded in users and time.
 
 Starts a throw-away embedded store and `aso frontend` on free loopback ports with a demo PKI
-for `--grid-users` users (sim.bench_frontend.frontend_stack), writes one proxy per simulated
+for `--grid-users` users (aso.sim.bench_frontend.frontend_stack), writes one proxy per simulated
 user, and runs locust headless against the front end: job wrappers uploading transfer
 requests and CRAB-style clients polling task status. Printed: one line per request type with
 requests/s, failures and latency p50/p95/p99 (from locust's `_stats.csv`), then whether the
@@ -9,7 +9,7 @@ store holds every request the job wrappers were told was recorded. Everything it
 stopped at the end, on Ctrl-C and on errors. Exit code 1 when locust saw failures or the
 store's count disagrees.
 
-    python -m sim.bench_locust [--users 50] [--spawn-rate 10] [--seconds 60] [--crab-share 0.5]
+    python -m aso.sim.bench_locust [--users 50] [--spawn-rate 10] [--seconds 60] [--crab-share 0.5]
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from aso.local import pki
+from aso.sim.bench_frontend import frontend_stack
 from aso.store import Database
-from sim.bench_frontend import frontend_stack
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 LOCUST = str(Path(sys.executable).parent / "locust")

@@ -18,7 +18,7 @@ Printed: one line per run (the simulator's summary line), then a table per run (
 expected, backlog growth, overhead p95, done→published p95, writes per file, store writes/s of
 its ceiling, store CPU, holds) and the prefilled store's costs; JSON in `--workdir`.
 
-    python -m sim.bench_long [--engines pouchdb,couchdb] [--duration 30m] [--prefill 1000000]
+    python -m aso.sim.bench_long [--engines pouchdb,couchdb] [--duration 30m] [--prefill 1000000]
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from rich.console import Console
 
 from aso.config import Config
 from aso.monitoring import purge, summaries
+from aso.provision import storejs
+from aso.sim import bench_pages
+from aso.sim.lifecycle import RunOptions, run_simulation
+from aso.sim.report import Report, cpu_shares, writes_text
+from aso.sim.workload import Plan, parse_duration
 from aso.store import Server
-from sim import bench_pages
-from sim.lifecycle import RunOptions, run_simulation
-from sim.report import Report, cpu_shares, writes_text
-from sim.workload import Plan, parse_duration
 
 console = Console()
 GOAL_SCALE = {"pouchdb": 20.0, "couchdb": 30.0}  # the goals on this 2-core machine
@@ -177,7 +178,7 @@ def purge_rate(admin: Server, config: Config, seconds: float) -> dict[str, float
     while time.monotonic() - started < seconds:
         report = purge.purge(
             files, stats, older_than=older_than, batch_size=config.analytics.batch,
-            by="bench-long", lease=600.0, max_batches=5,
+            by="bench-long", lease=600.0, counts=storejs.contribution, max_batches=5,
         )  # fmt: skip
         purged += report.purged
         if not report.batches:

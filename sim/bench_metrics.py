@@ -6,8 +6,8 @@ hook on and off, on one store, in alternating rounds so that the machine's noise
 single-document GETs, `_bulk_docs` writes of 100 documents, and the hook alone in a loop.
 Printed: median and p95 per call for each mode, and the ratio of the medians.
 
-    python -m sim.bench_metrics [--rounds 10] [--gets 200] [--bulks 10]
-    python -m sim.bench_metrics --url http://admin:pw@couchdb:5984   # a real CouchDB
+    python -m aso.sim.bench_metrics [--rounds 10] [--gets 200] [--bulks 10]
+    python -m aso.sim.bench_metrics --url http://admin:pw@couchdb:5984   # a real CouchDB
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from rich.progress import track
 from rich.table import Table
 
 from aso import metrics
+from aso.sim.benchstore import bench_store
 from aso.store import Database, Server
 from aso.store import admin as store_admin
-from sim.benchstore import bench_store
 
 console = Console()
 MODES = ("metrics on", "metrics off")

@@ -14,7 +14,7 @@ The filled store is kept in `--data-dir` (default var/bench-pages) and used agai
 with the same `--requests`: filling 1M requests and building the view indexes take long on the
 embedded store (it builds each view index in a pass of its own, about 600 requests/s here).
 
-    python -m sim.bench_pages [--requests 1000000] [--days 30] [--loads 5] [--skip-views]
+    python -m aso.sim.bench_pages [--requests 1000000] [--days 30] [--loads 5] [--skip-views]
                               [--summaries-again] [--engines pouchdb,couchdb]
 """
 
@@ -44,7 +44,7 @@ from aso.local.managed import local_store
 from aso.local.stores import free_port
 from aso.monitoring import summaries
 from aso.provision.designdocs import design_documents, init_databases, pages_url
-from aso.store import Server, Settings, StoreError
+from aso.store import Database, Server, Settings, StoreError, WriteResult
 from aso.store import admin as store_admin
 
 console = Console()
@@ -97,7 +97,11 @@ def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, 
         move("state", "submitted", 35)
         if fresh and rng.random() < 0.5:
             break
-        job = {"job_id": f"{i:08x}-{n}", "service": "https://fts3.example:8446", "submitted": t}
+        job: dict[str, Any] = {
+            "job_id": f"{i:08x}-{n}",
+            "service": "https://fts3.example:8446",
+            "submitted": t,
+        }
         attempts.append(job)
         # The last try ends the request: copied (97 %) or given up (stores filled by earlier
         # versions left 3 % of the requests `new` after a failed only try).
@@ -126,11 +130,18 @@ def synthetic(i: int, now: float, days: float, rng: random.Random) -> dict[str, 
 VALIDATING_DDOC = "_design/asyncstageout"  # the files database's validate_doc_update
 
 
+def validating_ddoc(db: Database) -> dict[str, Any]:
+    """The files database's design document with validate_doc_update (init_databases wrote it)."""
+    ddoc = db.get(VALIDATING_DDOC)
+    assert ddoc is not None, VALIDATING_DDOC
+    return ddoc
+
+
 def fill(admin: Server, config: Config, n: int, days: float, now: float) -> float:
     """Write n synthetic requests; requests/s. The store's validation is set aside meanwhile
     (the fill is not what is measured; a test run of 20,000 passed it) and put back after."""
     db = admin.db(config.store.files_db)
-    pages_ddoc = db.get(VALIDATING_DDOC)
+    pages_ddoc = validating_ddoc(db)
     db.put({k: v for k, v in pages_ddoc.items() if k != "validate_doc_update"})
     rng = random.Random(42)
     started = time.monotonic()
@@ -140,7 +151,7 @@ def fill(admin: Server, config: Config, n: int, days: float, now: float) -> floa
         concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool,
     ):
         bar = progress.add_task("requests written", total=n)
-        in_flight: list[concurrent.futures.Future] = []
+        in_flight: list[concurrent.futures.Future[list[WriteResult]]] = []
         for first in range(0, n, batch):
             docs = [synthetic(i, now, days, rng) for i in range(first, min(n, first + batch))]
             in_flight.append(pool.submit(db.bulk_write, docs))
@@ -151,8 +162,8 @@ def fill(admin: Server, config: Config, n: int, days: float, now: float) -> floa
         for future in in_flight:
             progress.advance(bar, len(future.result()))
     rate = n / (time.monotonic() - started)
-    db.put(dict(pages_ddoc, _rev=db.get(VALIDATING_DDOC)["_rev"]))  # the validation back
-    assert "validate_doc_update" in db.get(VALIDATING_DDOC)
+    db.put(dict(pages_ddoc, _rev=validating_ddoc(db)["_rev"]))  # the validation back
+    assert "validate_doc_update" in validating_ddoc(db)
     return rate
 
 
@@ -226,7 +237,9 @@ def build_views(
 def pages(admin: Server, config: Config) -> dict[str, str]:
     """page name → hash of the page, for a busy task, link and file of the store."""
     stats_db = admin.db(config.store.stats_db)
-    links = stats_db.get(summaries.LIVE_LINKS_ID)["links"]
+    live_links = stats_db.get(summaries.LIVE_LINKS_ID)
+    assert live_links is not None, summaries.LIVE_LINKS_ID  # the summaries' first run wrote it
+    links = live_links["links"]
     busiest = max(links, key=lambda name: sum(links[name].values()))
     db = admin.db(config.store.files_db)
     first = db.changes("0", limit=20, include_docs=True).results
@@ -261,7 +274,9 @@ PAGE_DONE = {  # what is on screen once a page has loaded
 }
 
 
-def load_pages(config: Config, password: str, targets: dict[str, str], loads: int) -> dict:
+def load_pages(
+    config: Config, password: str, targets: dict[str, str], loads: int
+) -> dict[str, dict[str, Any]]:
     from playwright.sync_api import sync_playwright
 
     base = pages_url(config)
@@ -348,13 +363,14 @@ def filled_store(
     root = store_root(data_dir, engine, requests)
     root.mkdir(parents=True, exist_ok=True)
     marker = root / "filled.json"
-    config = Config(source=root / "aso.toml")
+    source = root / "aso.toml"
+    config = Config(source=source)
     config.store.engine = engine
     config.store.url = f"http://127.0.0.1:{free_port()}"
     config.store.admin_password = ADMIN_PASSWORD
     config.store.agent_password = "bench-agent"
     config.embedded.data_dir = str(root / "store")
-    config.source.write_text(render(config, show_secrets=True))
+    source.write_text(render(config, show_secrets=True))
     store = local_store(config)
     console.print(store.start())
     try:

@@ -10,7 +10,7 @@ simulated transfer time, done → published), the store's write rate against its
 ceiling measured in the same run (on the same store, just before the agents start), whether
 the scale holds, and whether the accounting is exact. Plots of all scales go to `--plots`.
 
-    python -m sim.bench_scale [--scales 2,4,8] [--duration 150s] [--interval 10s]
+    python -m aso.sim.bench_scale [--scales 2,4,8] [--duration 150s] [--interval 10s]
                               [--engines pouchdb,couchdb] [--plots docs/bench]
                               [--workdir var/bench-scale]
 """
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from sim.lifecycle import RunOptions, run_simulation
-from sim.report import Report
-from sim.workload import Plan, parse_duration
+from aso.sim.lifecycle import RunOptions, run_simulation
+from aso.sim.report import Report
+from aso.sim.workload import Plan, parse_duration
 
 console = Console()
 

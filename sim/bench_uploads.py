@@ -10,7 +10,7 @@ uploads/s and documents/s, the latency p50/p95, and the CPU of the store, of its
 processes (CouchDB's couchjs) and of the uploading client (this process), in cores. The store's
 background index builds (CouchDB's ken) run as they would: their cost is in the store's share.
 
-    python -m sim.bench_uploads [--engine couchdb] [--uploaders 2,8,32] [--seconds 20]
+    python -m aso.sim.bench_uploads [--engine couchdb] [--uploaders 2,8,32] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from aso.sim.lifecycle import RunOptions, Service, sim_config, tree_cpu
+from aso.sim.report import percentiles
+from aso.sim.workload import Plan, Workload
 from aso.store import Database, Server
 from aso.upload import upload
-from sim.lifecycle import RunOptions, Service, sim_config, tree_cpu
-from sim.report import percentiles
-from sim.workload import Plan, Workload
 
 console = Console()
 

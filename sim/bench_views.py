@@ -9,7 +9,7 @@ built on one store and then the other, the order turned at each view so that the
 noise falls on both. Printed per view: seconds and the store's CPU seconds on each, and the
 ratio; then documents per second per view build on each.
 
-    python -m sim.bench_views [--requests 20000]
+    python -m aso.sim.bench_views [--requests 20000]
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from rich.table import Table
 
 from aso.local import embedded
 from aso.provision.designdocs import init_databases
+from aso.sim.bench_pages import all_views, build_views, fill
+from aso.sim.bench_workqueue import cpu_seconds
+from aso.sim.benchstore import bench_store
 from aso.store import Server
-from sim.bench_pages import all_views, build_views, fill
-from sim.bench_workqueue import cpu_seconds
-from sim.benchstore import bench_store
 
 console = Console()
 SIDES = ("pouchdb's own", "compiled once")

@@ -19,8 +19,8 @@ agents' work reads (median, p95), the store's CPU seconds per 1000 files (embedd
 read from /proc), and the time an agent restarted after the run needs to rebuild its work set
 from the view (warm or cold index) or from the whole feed.
 
-    python -m sim.bench_workqueue [--files 3000] [--batch 250] [--monitoring]
-    python -m sim.bench_workqueue --url http://admin:pw@couchdb:5984   # a real CouchDB
+    python -m aso.sim.bench_workqueue [--files 3000] [--batch 250] [--monitoring]
+    python -m aso.sim.bench_workqueue --url http://admin:pw@couchdb:5984   # a real CouchDB
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from aso import model
 from aso.config import Config
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.provision.designdocs import init_databases
+from aso.sim.benchstore import bench_store
 from aso.sites import simulated
 from aso.store import Database, Server, Settings
 from aso.store import admin as store_admin
 from aso.workqueue import ACTIVE, CLEAN, PUBLISH, SUBMIT, ChangesWorkSet, QueueView
-from sim.benchstore import bench_store
 
 console = Console()
 USER = "benchuser"

@@ -40,7 +40,7 @@ from typing import Any
 
 import psutil
 
-from sim.workload import Plan, Workload
+from aso.sim.workload import Plan, Workload
 
 log = logging.getLogger("aso.sim.chaos")
 

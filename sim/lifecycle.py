@@ -57,14 +57,9 @@ from aso.local.managed import local_store
 from aso.local.stores import LocalCluster, LocalStore, free_ports
 from aso.monitoring import summaries
 from aso.provision.designdocs import FILES_SECURITY, design_documents, init_databases
-from aso.store import NotFound, Server, StoreError
-from aso.store import admin as store_admin
-from aso.transfer.jobstore import JOB_TYPE
-from aso.transfer.sim import SimService
-from aso.upload import upload
-from sim.chaos import Chaos, ChaosLog, ChaosPlan, chaos_outages
-from sim.profile import StoreProfiler
-from sim.report import (
+from aso.sim.chaos import Chaos, ChaosLog, ChaosPlan, chaos_outages
+from aso.sim.profile import StoreProfiler
+from aso.sim.report import (
     Analysis,
     Report,
     Sample,
@@ -76,7 +71,12 @@ from sim.report import (
     warmup_of,
     work_by_host,
 )
-from sim.workload import Plan, Workload, injections, site_names
+from aso.sim.workload import Plan, Workload, injections, site_names
+from aso.store import NotFound, Server, StoreError
+from aso.store import admin as store_admin
+from aso.transfer.jobstore import JOB_TYPE
+from aso.transfer.sim import SimService
+from aso.upload import upload
 
 log = logging.getLogger("aso.sim")
 
@@ -386,7 +386,7 @@ def listening_pid(url: str) -> int | None:
     with contextlib.suppress(psutil.Error, OSError):
         for conn in psutil.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-                return conn.pid
+                return cast("int | None", conn.pid)  # psutil is untyped here
     return None
 
 
@@ -778,7 +778,9 @@ class Simulation:
                 for start in range(0, len(waiting), 1000):
                     chunk = waiting[start : start + 1000]
                     docs = db.get_many(chunk)
-                    still += [i for i in chunk if docs[i] is None or not model.is_final(docs[i])]
+                    still += [
+                        i for i in chunk if (doc := docs[i]) is None or not model.is_final(doc)
+                    ]
             except StoreError as exc:
                 log.warning("drain: the store did not answer (%s); trying again", exc)
                 time.sleep(2.0)

@@ -10,7 +10,7 @@ aso/monitoring/queries.py's own functions. Both ask
 the front end who they are (`/_session`) first: the user their proxy maps to is the one whose
 requests they record and whose tasks they poll.
 
-Configuration, from the environment (`python -m sim.bench_locust` sets it for a throw-away
+Configuration, from the environment (`python -m aso.sim.bench_locust` sets it for a throw-away
 store and front end; point it at any running front end the same way):
 
     --host / LOCUST_HOST     the front end, e.g. https://127.0.0.1:8443 (locust's own option)
@@ -135,7 +135,7 @@ class FrontEndUser(HttpUser):
     def _whoami(self) -> str:
         """The user the front end maps this proxy to (as `aso upload` finds it)."""
         with self.client.get("/_session", name="session", catch_response=True) as answer:
-            name = _json(answer).get("userCtx", {}).get("name") if answer.ok else None
+            name: str | None = _json(answer).get("userCtx", {}).get("name") if answer.ok else None
             if not name:
                 answer.failure(f"no user for {self.client.cert}: {answer.status_code}")
                 raise StopUser()
@@ -257,7 +257,7 @@ def _weights(crab_share: float) -> None:
 _weights(float(os.environ.get("ASO_LOCUST_CRAB_SHARE", "0.5")))
 
 
-@events.test_stop.add_listener
+@events.test_stop.add_listener  # type: ignore[untyped-decorator]  # unannotated in locust
 def _let_the_csv_catch_up(environment: Environment, **_: Any) -> None:
     """Locust writes the --csv files from a greenlet every CSV_STATS_INTERVAL_SEC and closes
     them right after the users have stopped: without this pause the requests of the last

@@ -23,14 +23,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from aso import model
 from aso.core import request
 from aso.model import PUBLICATION, STATE
 from aso.monitoring.summaries import BACKLOG
+from aso.sim.workload import Plan
 from aso.transfer import errors
-from sim.workload import Plan
 
 HOUR = 3600.0
 OUTCOMES = ("done", "publication_failed", "failed", "killed")
@@ -470,11 +470,12 @@ def cpu_shares(samples: Sequence[Sample]) -> dict[str, float]:
         return {}
     first, last = samples[0], samples[-1]
     wall = last.at - first.at
-    used: Counter[str] = Counter()
+    used: defaultdict[str, float] = defaultdict(float)
     for name, seconds in last.cpu.items():
         base = first.cpu.get(name, 0.0)
         used[name.split(" ")[0]] += max(0.0, seconds - base)
-    return {name: round(seconds / wall, 3) for name, seconds in used.most_common()} if wall else {}
+    most_first = sorted(used.items(), key=lambda kv: kv[1], reverse=True)
+    return {name: round(seconds / wall, 3) for name, seconds in most_first} if wall else {}
 
 
 def host_of(by: str) -> str:
@@ -536,10 +537,17 @@ def _state_at(doc: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> d
     return state
 
 
-def resources(samples: Sequence[Sample]) -> dict[str, dict[str, dict[str, float]]]:
+class Resources(TypedDict):
+    """A process's figures at "start", "middle", "end" and their "max"."""
+
+    rss_mb: dict[str, float]  # resident memory, MB
+    fds: dict[str, int]  # open file descriptors
+
+
+def resources(samples: Sequence[Sample]) -> dict[str, Resources]:
     """Each process's resident memory (MB) and open file descriptors at the start, the middle
     and the end of the run (the first, middle and last sample that saw it), and their peaks."""
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    table: dict[str, Resources] = {}
     for name in sorted({n for s in samples for n in s.rss}):
         seen = [s for s in samples if name in s.rss]
         points = {"start": seen[0], "middle": seen[len(seen) // 2], "end": seen[-1]}
@@ -682,7 +690,7 @@ class Report:
         what (database, route, method), how many per file and the mean seconds to the answer
         (a `_changes` long poll's includes its wait)."""
         files = self.accounting.injected
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "who": who,
                 "request": what,
@@ -827,7 +835,7 @@ class Report:
         return lines
 
     @functools.cached_property
-    def resources(self) -> dict[str, dict[str, dict[str, float]]]:
+    def resources(self) -> dict[str, Resources]:
         """Memory and open files per process (computed once: the JSON and the summary)."""
         return resources(self.samples)
 

@@ -19,7 +19,7 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from aso import model
 
@@ -113,6 +113,17 @@ class UserState:
     tasks: int = 0
 
 
+class _JobFields(TypedDict):
+    """What the requests of one job share (model.request_of's keywords)."""
+
+    user: str
+    task: str
+    job_id: str
+    source: str
+    destination: str
+    at: float
+
+
 @dataclass(frozen=True)
 class Job:
     user: str
@@ -169,7 +180,7 @@ class Workload:
         site = self.rng.choice(self.sites)
         base = f"{user.name}/SimPrimary/sim_{user.tasks}/{self.run.replace(':', '_')}"
         size = max(1, int(self.rng.lognormvariate(math.log(self.plan.mean_size) - 0.5, 1.0)))
-        common = {
+        common: _JobFields = {
             "user": user.name,
             "task": user.task,
             "job_id": str(job_id),

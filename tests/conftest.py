@@ -339,11 +339,11 @@ def agents_in_background(pub_config: Config) -> Iterator[None]:
     import ASO)."""
     import threading
 
-    from agents.cleaner import Cleaner
-    from agents.monitor import Monitor
-    from agents.publisher import Publisher
-    from agents.retry_manager import RetryManager
-    from agents.submitter import Submitter
+    from aso.agents.cleaner import Cleaner
+    from aso.agents.monitor import Monitor
+    from aso.agents.publisher import Publisher
+    from aso.agents.retry_manager import RetryManager
+    from aso.agents.submitter import Submitter
     from aso.runtime import Runner
 
     runners = [Runner(agent) for agent in (

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.retry_manager import RetryManager
 from aso import model
+from aso.agents.retry_manager import RetryManager
 from aso.config import Config
 from aso.model import AGENT, STATE, Change
 from aso.provision import designdocs

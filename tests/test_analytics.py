@@ -17,13 +17,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agents.analytics import Analytics
-from agents.cleaner import Cleaner
-from agents.monitor import Monitor
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
 from aso import model
 from aso.actions import kill, resubmit
+from aso.agents.analytics import Analytics
+from aso.agents.cleaner import Cleaner
+from aso.agents.monitor import Monitor
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.cli.stats import stats_cmd
 from aso.config import Config
 from aso.model import STATE

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from agents.cleaner import Cleaner
-from agents.monitor import Monitor
-from agents.publisher import Publisher
 from aso import model
+from aso.agents.cleaner import Cleaner
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.files import SimFiles, open_files
 from aso.local.xrootd import export_path, write_file

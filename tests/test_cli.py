@@ -590,9 +590,9 @@ def test_db_migrate_rewrites_what_earlier_versions_left_and_the_agents_finish_it
     is released and copied; one without a lease is queued again; a killed one ends `killed`;
     a file left `publishing` in a block the catalog holds is published in that block, which
     the catalog holds once."""
-    from agents.monitor import Monitor
-    from agents.publisher import Publisher
-    from agents.submitter import Submitter
+    from aso.agents.monitor import Monitor
+    from aso.agents.publisher import Publisher
+    from aso.agents.submitter import Submitter
     from aso.catalog.embedded import EmbeddedCatalog
     from aso.core.publication import make_block
     from aso.core.submission import file_transfer, job_request

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from agents.cleaner import Cleaner
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
 from aso import model
+from aso.agents.cleaner import Cleaner
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.config import Config, load, render
 from aso.provision.designdocs import init_databases
 from aso.runtime import Runner

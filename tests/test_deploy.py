@@ -39,8 +39,8 @@ import jsonschema_rs
 import pytest
 import yaml
 
-from agents import AGENTS
 from aso import config as aso_config
+from aso.agents import AGENTS
 from aso.local.embedded import EmbeddedStore
 from aso.local.managed import local_store
 from aso.local.stores import free_port, notify_systemd

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from agents.gfal_worker import GfalWorker
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.submitter import Submitter
 from aso import sites
+from aso.agents.gfal_worker import GfalWorker
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.submitter import Submitter
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.config import Config
 from aso.core import request
@@ -246,7 +246,7 @@ def test_a_look_that_has_not_answered_leaves_the_file_waiting_unwritten(
     """A destination that answers slowly (a large file's checksum): the publisher does not
     wait for it beyond its bound, writes nothing (no attempt spent: the storage is not
     failing), and the next cycle publishes the file with what that same look found."""
-    monkeypatch.setattr("agents.publisher.LOOK_WAIT", 0.2)
+    monkeypatch.setattr("aso.agents.publisher.LOOK_WAIT", 0.2)
     config = cat_config
     data = os.urandom(3000)
     doc = at_destination(config, accounts, 0, there=data, size=3000, adler32=adler32_hex(data))

@@ -493,7 +493,7 @@ def test_an_agent_works_through_the_front_end_with_its_host_certificate(
     """The retry manager, as an agent host runs it: the host certificate in X509_USER_CERT/KEY,
     its work set read from the `_changes` feed through the front end, its writes judged as the
     agent's."""
-    from agents.retry_manager import RetryManager
+    from aso.agents.retry_manager import RetryManager
     from aso.runtime import Runner
 
     cert, key = cert_files(pki, "agent-host")

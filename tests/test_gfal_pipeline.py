@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from agents.gfal_worker import GfalWorker
-from agents.monitor import Monitor
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
+from aso.agents.gfal_worker import GfalWorker
+from aso.agents.monitor import Monitor
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.config import Config
 from aso.local.xrootd import EmbeddedStorage, export_path, write_file
 from aso.model import STATE

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agents.gfal_worker import GfalWorker
+from aso.agents.gfal_worker import GfalWorker
 from aso.config import Config
 from aso.store import Server
 from aso.transfer import errors

@@ -5,6 +5,7 @@ init` writes into the views, the pages' settings); nothing else spells a subset 
 from __future__ import annotations
 
 import ast
+import configparser
 import re
 from pathlib import Path
 
@@ -81,6 +82,32 @@ def test_the_assembled_design_documents_carry_the_model_s_tables():
     assert pages == {k: list(v) for k, v in model.PAGES_STATES.items()}
 
 
+def module_of(path: Path) -> str:
+    """A file's module: the top-level folders agents/ and sim/ are aso.agents and aso.sim."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("aso", *parts) if parts[0] in ("agents", "sim") else parts)
+
+
+def test_agents_and_sim_are_installed_under_aso():
+    """agents/ and sim/ stay top-level folders, installed as aso.agents and aso.sim (links in
+    aso/), never as top-level packages of their generic names; nothing imports those names."""
+    for folder in ("agents", "sim"):
+        link = ROOT / "aso" / folder
+        assert link.is_symlink() and link.resolve() == ROOT / folder
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    assert config["options.packages.find"]["include"].split() == ["aso", "aso.*"]
+    found = imports_of(("aso", "agents", "sim", "tests"))
+    generic = {
+        (module, name)
+        for module, names in found.items()
+        for name in names
+        if name.split(".")[0] in ("agents", "sim")
+    }
+    assert generic == set()
+    assert "aso.agents.AGENTS" in found["aso.cli.__init__"]  # the walk sees the imports
+
+
 def import_graph() -> dict[str, set[str]]:
     """module → the modules of aso/ and agents/ it imports, at the top or inside a function
     (an import inside a function is where a cycle hides). A package's own submodules import
@@ -88,7 +115,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = {}
     for package in ("aso", "agents"):
         for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            name = module_of(path)
             modules[name.removesuffix(".__init__")] = path
 
     def resolve(name: str) -> str | None:
@@ -173,7 +200,7 @@ def imported_names(source: str, module: str) -> list[str]:
 
 def cli_imports(path: Path) -> list[str]:
     """Where a file imports the CLI: aso.cli or any module of the aso/cli/ package."""
-    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    module = module_of(path)
     return [
         f"{path.relative_to(ROOT)}: {name}"
         for name in imported_names(path.read_text(), module)
@@ -300,11 +327,11 @@ def test_agents_do_not_import_each_other():
     """An agent is a thin loop over aso's functions: what two agents share (the deleter, the
     cleanup decisions) lives in aso/, so that no agent depends on another."""
     graph = import_graph()
-    agent_modules = [name for name in graph if name.startswith("agents.")]
+    agent_modules = [name for name in graph if name.startswith("aso.agents.")]
     assert len(agent_modules) >= 8
-    assert "aso.deleter" in graph["agents.monitor"]  # the walk sees what the agents import
+    assert "aso.deleter" in graph["aso.agents.monitor"]  # the walk sees what the agents import
     found = {
-        name: sorted(m for m in graph[name] if m.startswith("agents")) for name in agent_modules
+        name: sorted(m for m in graph[name] if m.startswith("aso.agents")) for name in agent_modules
     }
     assert {name: hits for name, hits in found.items() if hits} == {}
 
@@ -314,7 +341,7 @@ def imports_of(packages: tuple[str, ...]) -> dict[str, list[str]]:
     found = {}
     for package in packages:
         for path in (ROOT / package).rglob("*.py"):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            module = module_of(path)
             found[module] = imported_names(path.read_text(), module)
     return found
 
@@ -353,8 +380,6 @@ def package_of(module: str) -> str:
     """A module's part of the service: its package under aso/ (aso.frontend, aso.store, ...),
     the agents, or the module itself when it sits in aso/ alone."""
     parts = module.split(".")
-    if parts[0] == "agents":
-        return "agents"
     if len(parts) > 2 or (len(parts) == 2 and (ROOT / "aso" / parts[1]).is_dir()):
         return ".".join(parts[:2])
     return module

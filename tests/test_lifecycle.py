@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from agents.cleaner import Cleaner
-from agents.gfal_worker import GfalWorker
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
+from aso.agents.cleaner import Cleaner
+from aso.agents.gfal_worker import GfalWorker
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.local.xrootd import export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE

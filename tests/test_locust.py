@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from aso.local.pki import Pki
+from aso.sim import bench_locust
 from aso.store import Server
-from sim import bench_locust
 from tests.test_frontend import frontend, pki  # noqa: F401  (the fixtures: a PKI, a front end)
 
 USERS, SECONDS = 4, 8
@@ -55,9 +55,9 @@ def test_job_wrappers_and_crab_clients_through_the_front_end(
 
 
 def test_the_wrapper_starts_runs_reports_and_stops_everything() -> None:
-    """`python -m sim.bench_locust` end to end: its own store, front end and PKI, one line per
+    """`python -m aso.sim.bench_locust` end to end: its own store, front end and PKI, one line per
     request type, the store's count checked, and nothing of it left running."""
-    command = [sys.executable, "-m", "sim.bench_locust", "--users", "4", "--spawn-rate", "4",
+    command = [sys.executable, "-m", "aso.sim.bench_locust", "--users", "4", "--spawn-rate", "4",
                "--seconds", "5", "--grid-users", "2"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

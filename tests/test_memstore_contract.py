@@ -12,8 +12,8 @@ import re
 import time
 from typing import Any
 
-from agents.retry_manager import RetryManager
 from aso import model
+from aso.agents.retry_manager import RetryManager
 from aso.config import Config
 from aso.model import AGENT, OWNER, STATE, Change
 from aso.provision import designdocs

@@ -16,8 +16,8 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from agents.analytics import Analytics
 from aso import model
+from aso.agents.analytics import Analytics
 from aso.model import Change
 from aso.monitoring import summaries
 from aso.provision.designdocs import init_databases, pages_url

@@ -20,12 +20,12 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
-from agents.analytics import Analytics
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
 from aso import model
+from aso.agents.analytics import Analytics
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.config import Config
 from aso.monitoring import summaries
 from aso.provision.designdocs import init_databases, pages_url

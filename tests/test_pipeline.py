@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.monitor import Monitor
-from agents.submitter import Submitter
 from aso import model
+from aso.agents.monitor import Monitor
+from aso.agents.submitter import Submitter
 from aso.core import request as core_request
 from aso.model import OWNER, STATE, Change
 from aso.runtime import Runner

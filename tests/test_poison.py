@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-import agents.monitor
-import agents.retry_manager
+import aso.agents.monitor
+import aso.agents.retry_manager
 import aso.deleter
-from agents.cleaner import Cleaner
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
 from aso import model
+from aso.agents.cleaner import Cleaner
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.catalog.base import Catalog
 from aso.config import SiteConfig
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
@@ -115,7 +115,9 @@ def test_a_site_the_submitter_does_not_know_sets_the_file_aside(sim_config, acco
 def test_a_monitor_failing_on_one_file_sets_it_aside(sim_config, accounts, admin, monkeypatch):
     docs = uploaded(sim_config, accounts, 6)
     poison = docs[0]["_id"]
-    monkeypatch.setattr(agents.monitor, "outcome", failing_on(poison, agents.monitor.outcome))
+    monkeypatch.setattr(
+        aso.agents.monitor, "outcome", failing_on(poison, aso.agents.monitor.outcome)
+    )
     before, errors_before = set_aside("monitor"), document_errors("monitor")
     db = admin.db(sim_config.store.files_db)
     ids = [d["_id"] for d in docs]
@@ -142,8 +144,8 @@ def test_a_retry_policy_failing_on_one_file_gives_it_up(sim_config, accounts, ad
             doc.update(model.transition(doc, [Change(STATE, to, "t", "boom")], AGENT))
             doc["_rev"] = agent_db.put(doc)
     poison = docs[0]["_id"]
-    decided = failing_on(poison, agents.retry_manager.decided)
-    monkeypatch.setattr(agents.retry_manager, "decided", decided)
+    decided = failing_on(poison, aso.agents.retry_manager.decided)
+    monkeypatch.setattr(aso.agents.retry_manager, "decided", decided)
     before = set_aside("retry-manager")
     runner = Runner(RetryManager(sim_config, "r1"))
     ids = [d["_id"] for d in docs]
@@ -268,7 +270,7 @@ def test_an_error_that_passes_sets_nothing_aside(sim_config, accounts, admin, mo
     """An error of the monitor's on a file that does not come back (a back end that
     hiccuped): the file is asked about again next poll and ends as its transfer did."""
     docs = uploaded(sim_config, accounts, 3)
-    flaky, real = docs[0]["_id"], agents.monitor.outcome
+    flaky, real = docs[0]["_id"], aso.agents.monitor.outcome
     calls: Counter[str] = Counter()
 
     def once(doc: Any, *args: Any, **kwargs: Any) -> Any:
@@ -277,7 +279,7 @@ def test_an_error_that_passes_sets_nothing_aside(sim_config, accounts, admin, mo
             raise ConnectionResetError("the answer was cut")
         return real(doc, *args, **kwargs)
 
-    monkeypatch.setattr(agents.monitor, "outcome", once)
+    monkeypatch.setattr(aso.agents.monitor, "outcome", once)
     before, errors_before = set_aside("monitor"), document_errors("monitor")
     db = admin.db(sim_config.store.files_db)
     ids = [d["_id"] for d in docs]

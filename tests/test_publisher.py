@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from agents.publisher import Publisher
 from aso import model
 from aso.actions import republish
+from aso.agents.publisher import Publisher
 from aso.catalog.base import Catalog, CatalogError
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.core.publication import close_blocks, done_at, make_block

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from agents.publisher import Publisher
 from aso import model
+from aso.agents.publisher import Publisher
 from aso.catalog.base import CatalogError
 from aso.catalog.embedded import MAX_BLOCK_CHARS, EmbeddedCatalog, block_chars
 from aso.core import publication

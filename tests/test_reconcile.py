@@ -20,13 +20,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agents.cleaner import Cleaner
-from agents.gfal_worker import GfalWorker
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.reconciler import Reconciler
-from agents.submitter import Submitter
 from aso import model, reconcile
+from aso.agents.cleaner import Cleaner
+from aso.agents.gfal_worker import GfalWorker
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.reconciler import Reconciler
+from aso.agents.submitter import Submitter
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.cli.reconcile import reconcile_cmd
 from aso.config import Config

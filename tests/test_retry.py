@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from agents.monitor import Monitor
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
 from aso import model
+from aso.agents.monitor import Monitor
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.config import Config, RetryConfig
 from aso.model import AGENT, OWNER, STATE, Change
 from aso.retry import (

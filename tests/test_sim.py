@@ -14,11 +14,9 @@ import sys
 import pytest
 
 from aso import model
-from aso.store import admin as store_admin
-from aso.upload import judged_request
-from sim.chaos import ChaosPlan
-from sim.lifecycle import RunOptions, run_simulation
-from sim.report import (
+from aso.sim.chaos import ChaosPlan
+from aso.sim.lifecycle import RunOptions, run_simulation
+from aso.sim.report import (
     Analysis,
     account,
     check_catalog,
@@ -29,7 +27,9 @@ from sim.report import (
     recheck_twice,
     work_by_host,
 )
-from sim.workload import Plan, Workload
+from aso.sim.workload import Plan, Workload
+from aso.store import admin as store_admin
+from aso.upload import judged_request
 from tests import storejs
 from tests.conftest import ENGINE
 
@@ -420,7 +420,7 @@ def test_one_seed_draws_the_same_fate_for_an_attempt_however_files_are_batched()
 
 
 def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_off_time():
-    from sim.report import ideal_time, stages
+    from aso.sim.report import ideal_time, stages
 
     doc = walk(
         request(0),
@@ -464,7 +464,7 @@ def test_the_yardstick_of_completed_over_expected_leaves_out_service_and_cool_of
 def test_the_upload_benchmark_measures_job_uploads_on_a_store_of_its_own(tmp_path):
     """`make bench-uploads` (sim/bench_uploads.py): each count of uploaders uploads jobs of the
     workload, every file recorded, and prints uploads/s, latency and each party's CPU."""
-    argv = [sys.executable, "-m", "sim.bench_uploads", "--engine", ENGINE, "--uploaders",
+    argv = [sys.executable, "-m", "aso.sim.bench_uploads", "--engine", ENGINE, "--uploaders",
             "1,3", "--seconds", "3", "--users", "5", "--sites", "3", "--workdir",
             str(tmp_path / "uploads")]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300)

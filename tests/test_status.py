@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import requests
 
-from agents.cleaner import Cleaner
-from agents.monitor import Monitor
-from agents.publisher import Publisher
-from agents.retry_manager import RetryManager
-from agents.submitter import Submitter
 from aso import model
+from aso.agents.cleaner import Cleaner
+from aso.agents.monitor import Monitor
+from aso.agents.publisher import Publisher
+from aso.agents.retry_manager import RetryManager
+from aso.agents.submitter import Submitter
 from aso.model import AGENT, CLEANUP, PUBLICATION, STATE, Change
 from aso.monitoring import queries
 from aso.runtime import Runner

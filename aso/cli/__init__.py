@@ -27,9 +27,9 @@ from rich.progress import Progress
 # a usage error (unknown command or option, a bad value) is click's ClickException.
 from typer._click.exceptions import ClickException
 
-from agents import AGENTS, agent_class
 from aso import config as aso_config
 from aso import model
+from aso.agents import AGENTS, agent_class
 from aso.cli.catalog import catalog_app
 from aso.cli.common import (
     BUILT_IN_DEFAULTS,

@@ -19,7 +19,7 @@ err_console = line_console(stderr=True)
 
 def parse_duration(text: str) -> float:
     """Seconds of `90`, `90s`, `15m`, `2h` or `1d` (sim/workload.py), a bad parameter else."""
-    from sim.workload import parse_duration as seconds
+    from aso.sim.workload import parse_duration as seconds
 
     try:
         return seconds(text)
@@ -28,7 +28,7 @@ def parse_duration(text: str) -> float:
 
 
 def parse_instances(values: list[str]) -> dict[str, int]:
-    from sim.lifecycle import AGENTS
+    from aso.sim.lifecycle import AGENTS
 
     counts = dict.fromkeys(AGENTS, 1)
     for value in values:
@@ -178,9 +178,9 @@ def sim_cmd(
 ) -> None:
     """Drive the whole service with synthetic work and report how it held (docs/benchmarks.md,
     The lifecycle simulator). Exit code 1 when the accounting is not exact."""
-    from sim.chaos import ChaosPlan
-    from sim.lifecycle import RunOptions, host_ids, run_simulation
-    from sim.workload import Plan
+    from aso.sim.chaos import ChaosPlan
+    from aso.sim.lifecycle import RunOptions, host_ids, run_simulation
+    from aso.sim.workload import Plan
 
     try:
         plan = Plan(
