@@ -606,10 +606,10 @@ class Route:
         return "/" + "/".join(s if isinstance(s, str) else "{" + s.name + "}" for s in self.path)
 
 
-def _view_params(reduces: bool) -> dict[str, Value]:
+def _view_params(reduces: bool, by_keys: bool) -> dict[str, Value]:
     params: dict[str, Value] = {
         **dict.fromkeys(("key", "startkey", "start_key", "endkey", "end_key"), Key()),
-        "keys": Listed(Key()),
+        **({"keys": Listed(Key())} if by_keys else {}),
         **dict.fromkeys(("descending", "include_docs", "inclusive_end", "update_seq"), Flag()),
         "limit": Count(0, MAX_LIMIT),
         "skip": Count(0, MAX_SKIP),
@@ -658,8 +658,10 @@ DOC_READ_RULES = (("latest", "open_revs"), ("open_revs", "!rev"), ("open_revs", 
 # `_all_docs` with keys (EMBEDDED_KEYS_READ_WHOLE).
 VIEW_RULES = (("include_docs", "!keys"),)
 # The views whose key ends with the document's id: a key names one row, so a read by `keys` costs
-# what its keys do (the cursor's `POST V/by_task {"keys": [...]}`, docs/status-api.md). Any other
-# view's read by keys is a heavy read (aso/frontend/gate.py _unpaged).
+# what its keys do (the cursor's `POST V/by_task {"keys": [...]}`, docs/status-api.md). They are
+# the only views users may read by keys: on any other a key may name every row of the view, all
+# read before the limit (EMBEDDED_KEYS_READ_WHOLE), holding the view for everyone; read those by
+# `key` or by range. The services' views read by keys are heavy reads (gate.py _unpaged).
 ONE_ROW_A_KEY = frozenset({("asyncstageout", "by_task"), ("users", "failures")})
 CHANGES_RULES = (("filter", "doc_ids"), ("doc_ids", "filter"), ("heartbeat", "feed"))
 
@@ -856,7 +858,8 @@ def _db_routes(db: Db) -> list[Route]:
         ]
     for design in db.designs:
         for view, reduces in design.views.items():
-            params = _view_params(reduces)
+            by_keys = USER not in design.audiences or (design.name, view) in ONE_ROW_A_KEY
+            params = _view_params(reduces, by_keys)
             path = (n, "_design", design.name, "_view", view)
             audiences = design.audiences & db.readers
             routes += [
