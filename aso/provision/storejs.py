@@ -16,8 +16,8 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import quickjs
 
@@ -260,19 +260,25 @@ def files_design(config: Config, time_limit: float | None = TIME_LIMIT) -> Desig
     return DesignDocument(ddoc, time_limit)
 
 
+T = TypeVar("T")
 _MAKING = threading.Lock()
 
 
-@functools.cache
-def _made_schema_design() -> DesignDocument:
-    return files_design(Config(), time_limit=None)
+def _made_once(make: Callable[[], T]) -> Callable[[], T]:
+    """What `make` makes, made once whatever the threads (functools.cache alone may call it
+    twice at once: a QuickJS context is costly to make)."""
+    cached = functools.cache(make)
+
+    def made() -> T:
+        with _MAKING:
+            return cached()
+
+    return made
 
 
-def _schema_design() -> DesignDocument:
-    """The design document lib/schema.js and lib/owner.js are run from (neither depends on
-    the configuration: the sites are judged after them), made once whatever the threads."""
-    with _MAKING:
-        return _made_schema_design()
+# The design document lib/schema.js and lib/owner.js are run from (neither depends on the
+# configuration: the sites are judged after them).
+_schema_design = _made_once(lambda: files_design(Config(), time_limit=None))
 
 
 def request_refusal(doc: Any, *, creation: bool = True) -> Refusal | None:
@@ -332,15 +338,11 @@ class _Contributions:
             return json.loads(self.context.eval("__contributionJson")(doc_json))
 
 
-@functools.cache
-def _made_contributions() -> _Contributions:
-    return _Contributions()
+_contributions = _made_once(_Contributions)
 
 
 def contribution(doc: Mapping[str, Any]) -> statistics.Contribution | None:
     """What a request counts for in the statistics, as the live views count it (the same
     contribution.js); None while its copy is not over."""
-    with _MAKING:
-        contributions = _made_contributions()
-    got = contributions.of(json.dumps(doc))
+    got = _contributions().of(json.dumps(doc))
     return None if got is None else statistics.Contribution.from_json(got)
