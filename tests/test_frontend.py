@@ -914,6 +914,46 @@ def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
     assert [who for who, _ in sent] == ["dave", "carol", "dave"]
 
 
+def test_a_user_s_light_reads_go_to_the_store_a_few_at_once(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 21: the embedded store runs one view's reads one after another, and 64
+    of alice's pages at once had queued bob's reads of that view 3-10 s. A user's light reads
+    go to the store READS_PER_USER at once, the rest waiting their turn; another user's read
+    goes meanwhile; the operator's are not counted."""
+    sent: list[tuple[str, Any]] = []
+
+    def held(self: Any, request: Any, who: Mapped, *_: Any, **__: Any) -> None:
+        sent.append((who.name, request))  # answered by the test, when it says
+
+    monkeypatch.setattr(frontend_module.FrontEnd, "_send", held)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    page = f"/{files_db}/_design/asyncstageout/_view/by_task?limit=10"
+    many = frontend_module.READS_PER_USER + 4
+
+    def read(cert: Any) -> int:
+        return call(url, pki, cert, "GET", page).status_code
+
+    def of(name: str) -> list[Any]:
+        return [request for who, request in sent if who == name]
+
+    with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(many + 1) as pool:
+        daves = [pool.submit(read, dave) for _ in range(many)]
+        wait_until(lambda: len(of("dave")) == frontend_module.READS_PER_USER, 30, "dave's first")
+        carols = pool.submit(read, carol)
+        wait_until(lambda: len(of("carol")) == 1, 30, "carol's read sent")
+        time.sleep(0.5)
+        assert len(of("dave")) == frontend_module.READS_PER_USER  # the rest wait their turn
+        for request in of("dave") + of("carol"):
+            running_reactor.callFromThread(finish_with, request, 200)
+        wait_until(lambda: len(of("dave")) == many, 30, "dave's others sent as turns came back")
+        for request in of("dave")[frontend_module.READS_PER_USER :]:
+            running_reactor.callFromThread(finish_with, request, 200)
+        assert carols.result(30) == 200
+        assert [f.result(30) for f in daves] == [200] * many
+
+
 def test_a_filtered_long_poll_catches_up_in_its_user_s_heavy_turn(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

@@ -1,17 +1,22 @@
-"""The front end's HTTP channel on its own (no store, no TLS): what happens to a request's body
-when its client's chain is judged after the client has left."""
+"""The front end's pieces on their own (no store, no TLS): a request's body when its client's
+chain is judged after the client has left; how it stops."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from typing import Any
 
+import pytest
 from twisted.internet import address, defer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web import resource
 
-from aso.config import FrontendConfig
+from aso.config import Config, FrontendConfig
+from aso.frontend import bodychecks, routes
 from aso.frontend import server as frontend_module
 from aso.grid.x509auth import Identity, unauthorized
 
@@ -61,3 +66,42 @@ def test_a_chain_verified_while_the_body_arrives_charges_it_to_the_user() -> Non
     checked.callback(Identity(dn="/DC=org/CN=alice", proxies=1))
     assert errors == []
     assert channel.site.body_bytes.by_client == {"user /DC=org/CN=alice": 300}
+
+
+def test_a_body_check_asked_for_once_stopping_starts_no_worker() -> None:
+    """Checks still queued in the reactor's threads when the front end stops had started new
+    worker processes (the pool was made again for each): they now fail at once."""
+    config = Config()
+    checks = bodychecks.BodyChecks(config, routes.table(config), processes=2)
+    checks.stop()
+    body = b"[" + b"0," * bodychecks.IN_PROCESS_VALUES + b"0]"
+    asked = bodychecks.Asked(b"POST", b"/x/_bulk_docs", body, frozenset(), b"application/json")
+    assert bodychecks.costly(asked.body)
+    with pytest.raises(bodychecks.Stopped):
+        checks.check("alice", asked)
+    assert checks._pool is None
+
+
+STUCK_AT_STOP = """
+import time
+from twisted.internet import reactor
+from aso.frontend import server
+reactor.addSystemEventTrigger("before", "shutdown", server._exit_within, 1.0)
+reactor.addSystemEventTrigger("during", "shutdown", time.sleep, 60)  # a thread never joined
+reactor.callWhenRunning(reactor.stop)
+reactor.run()
+"""
+
+
+def test_a_stop_that_hangs_ends_within_its_grace_with_every_stack_told() -> None:
+    """A front end asked to stop under load had not exited within 30 s: past its grace it
+    writes every thread's stack to its log and exits 1."""
+    started = time.monotonic()
+    ended = subprocess.run(
+        [sys.executable, "-c", STUCK_AT_STOP], capture_output=True, text=True, timeout=30
+    )
+    assert time.monotonic() - started < 20
+    assert ended.returncode == 1, ended.stderr
+    assert "Timeout (0:00:01)!" in ended.stderr, ended.stderr
+    # every thread's stack, the reactor's where it waits on the stop's own work
+    assert ended.stderr.count("Thread 0x") >= 2 and "fireSystemEvent" in ended.stderr

@@ -103,6 +103,10 @@ def _check_in_worker(asked: Asked) -> gate.GateRefusal | tuple[str, dict[str, An
     return verdict.route.name, {name: getattr(verdict, name) for name in _CARRIED}
 
 
+class Stopped(RuntimeError):
+    """A body's check asked for after the front end began to stop."""
+
+
 class BodyChecks:
     """gate.check for the front end's threads, a large body's check in a worker process."""
 
@@ -115,6 +119,7 @@ class BodyChecks:
         self._pool: ProcessPoolExecutor | None = None
         self._turns: dict[str, threading.Semaphore] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
+        self._stopped = False
 
     def check(self, user: str, asked: Asked) -> gate.GateRefusal | gate.Forward:
         """(In a thread.) The gate's verdict on one request of `user`."""
@@ -158,6 +163,8 @@ class BodyChecks:
 
     def _running_pool(self) -> ProcessPoolExecutor:
         with self._lock:
+            if self._stopped:  # checks still queued at shutdown: no new workers started for them
+                raise Stopped("the front end is stopping")
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
                     self.processes,
@@ -176,6 +183,6 @@ class BodyChecks:
 
     def stop(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._stopped = self._pool, None, True
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
+import faulthandler
 import hashlib
 import hmac
 import ipaddress
@@ -66,7 +67,7 @@ from zope.interface import implementer
 from aso import limits, metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
-from aso.frontend.bodychecks import Asked, BodyChecks, give_back_memory
+from aso.frontend.bodychecks import Asked, BodyChecks, Stopped, give_back_memory
 from aso.grid.x509auth import (
     MAX_CHAIN,
     Identity,
@@ -111,6 +112,11 @@ FINEST_PIECES = 64
 POOL_IDLE = 4  # seconds a kept-alive store connection may idle
 WRITES = ("write", "create")  # route kinds that write (aso.frontend.routes.Route.kind)
 WRITES_PER_USER = 2  # a user's writes sent to the store at once (FrontEnd._write_slot)
+READS = ("read", "poll")  # route kinds that read (a poll without poll_ms is a batch)
+# A user's light reads sent to the store at once (FrontEnd._read_slot): the embedded store runs
+# one view's reads one after another, and 64 of one user's pages at once had kept bob's reads of
+# that view waiting 3-10 s behind them.
+READS_PER_USER = 4
 PACED_USERS = 10_000  # users whose written documents Pace remembers before it forgets some
 CHECKS_PER_USER = 4  # a user's requests checked by the gate at once (FrontEnd._check)
 CHAIN_CHECKS = 4  # threads that check certificate chains
@@ -119,6 +125,7 @@ HEAVY_READS = 2  # heavy reads (documents, a reduce, no limit: aso/frontend/gate
 # A user's reads carrying documents wait for each other: two of one user's had held both slots
 # and another's waited 90 s. One that waits longer than this for its slot gets a 503.
 HEAVY_WAIT = 30.0
+STOP_GRACE = 10.0  # seconds the front end may take to stop before it is made to (serve)
 HEAVY_HOLD = 60.0  # seconds a read with documents may take to go out before it is cut
 # Operators' and agents' heavy reads have slots of their own: two users' grouped reads, 29 s
 # each on the embedded store, sent back to back, had kept an operator's waiting 24-28 s.
@@ -451,6 +458,8 @@ class _Reactor(Protocol):
     def listenTCP(self, port: int, factory: Any, interface: str = ...) -> object: ...
 
     def suggestThreadPoolSize(self, size: int) -> None: ...
+
+    def addSystemEventTrigger(self, phase: str, event: str, call: Any, *args: Any) -> object: ...
 
     def run(self) -> None: ...
 
@@ -1268,7 +1277,8 @@ class FrontEnd(resource.Resource):
         self.reactor = reactor
         self.routes = routes.table(config)
         self.body_checks = BodyChecks(config, self.routes, config.frontend.body_processes)
-        reactor.addSystemEventTrigger("during", "shutdown", self.body_checks.stop)
+        # Before the reactor's threads are joined: a check queued in one starts no new workers.
+        reactor.addSystemEventTrigger("before", "shutdown", self.body_checks.stop)
         self.heavy = Slots(
             reactor,
             HEAVY_READS,
@@ -1278,6 +1288,7 @@ class FrontEnd(resource.Resource):
         self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
         self.checks = Slots(reactor, 1, "a user's requests being checked", each=CHECKS_PER_USER)
         self.writes = Slots(reactor, 1, "a user's writes at the store", each=WRITES_PER_USER)
+        self.reads = Slots(reactor, 1, "a user's reads at the store", each=READS_PER_USER)
         self.pace = Pace(reactor, config.frontend.user_docs_per_second, limits.MAX_DOCS)
         # Chains are checked in threads of their own: a check waiting behind other work had
         # let a connection be cut as unidentified (_Admission).
@@ -1482,6 +1493,9 @@ class FrontEnd(resource.Resource):
             refused = failure.value
             _answer(request, refused.status, "forbidden", refused.reason)
             return
+        if failure.check(Stopped):
+            _answer(request, 503, "stopping", str(failure.value))
+            return
         log.error("cannot forward %s: %s", _path(request), failure.getErrorMessage())
         _answer(request, 502, "bad_gateway", "the document store is not available")
 
@@ -1513,6 +1527,9 @@ class FrontEnd(resource.Resource):
             return
         if made.route.kind in WRITES and _user_only(who) and not _holds(request, WRITE_SLOT):
             self._write_slot(request, who, identity, made)
+            return
+        if _light_read(made) and _user_only(who) and not _holds(request, READ_SLOT):
+            self._read_slot(request, who, identity, made)
             return
         # A user's filtered long poll takes its turns as it goes (_catch_up, _wait_from).
         catches_up = made.filtered and made.poll_ms is not None and _user_only(who)
@@ -1555,6 +1572,21 @@ class FrontEnd(resource.Resource):
 
         slot.addCallback(taken)
         slot.addCallback(paced)
+        slot.addErrback(self._failed, request)
+
+    def _read_slot(
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
+    ) -> None:
+        """A user's light read waits for one of its user's READS_PER_USER, held until its
+        answer ends: a page costs the store little, but one user's many at once had queued
+        everyone's reads of that view behind them (heavy reads wait in their user's own turn)."""
+        slot = self.reads.take_for(request, who.name, shared=False)
+
+        def taken(release: Callable[[], None]) -> None:
+            if _held_to_its_end(request, release, READ_SLOT):
+                self.forward(request, who, identity, made)
+
+        slot.addCallback(taken)
         slot.addErrback(self._failed, request)
 
     def _big_write(
@@ -2099,7 +2131,7 @@ def _quiet_body(made: gate.Forward) -> bytes:
 
 
 # A request's marks (set on it) that it holds a slot of its kind, taken once before it is sent.
-WRITE_SLOT, POLL_SLOT = "aso_write_slot", "aso_poll_slot"
+WRITE_SLOT, POLL_SLOT, READ_SLOT = "aso_write_slot", "aso_poll_slot", "aso_read_slot"
 BIG_WRITE = "aso_big_write"  # a user's large write: its large body's slot taken again to send it
 
 
@@ -2116,6 +2148,11 @@ def _held_to_its_end(request: server.Request, release: Callable[[], None], mark:
     request.notifyFinish().addBoth(lambda _: release())
     setattr(request, mark, True)
     return True
+
+
+def _light_read(made: gate.Forward) -> bool:
+    """A read whose cost a page bounds: not heavy, no documents, no long poll."""
+    return made.route.kind in READS and made.poll_ms is None and not (made.heavy or made.with_docs)
 
 
 def _user_only(who: Mapped) -> bool:
@@ -2550,4 +2587,12 @@ def serve(config: Config) -> None:
     log.info("front end on https://%s:%s, forwarding to %s (%s identity)", host, port,
              config.store.url, config.frontend.auth)  # fmt: skip
     print(f"ASO front end listening on https://{host}:{port}", flush=True)
+    running.addSystemEventTrigger("before", "shutdown", _exit_within, STOP_GRACE)
     running.run()
+
+
+def _exit_within(seconds: float) -> None:
+    """A stop bounded in time: past `seconds` every thread's stack goes to stderr (the log)
+    and the process exits 1 (a stop under load had waited over 30 s on threads)."""
+    log.info("stopping (at most %g s)", seconds)
+    faulthandler.dump_traceback_later(seconds, exit=True)
