@@ -21,6 +21,7 @@ import typer
 from typer.testing import CliRunner
 
 from aso import model, reconcile
+from aso.agents import reconciler as reconciler_module
 from aso.agents.cleaner import Cleaner
 from aso.agents.gfal_worker import GfalWorker
 from aso.agents.monitor import Monitor
@@ -432,3 +433,25 @@ def test_a_retry_past_its_cool_off_is_left_to_the_submitter(files_db, accounts, 
     assert finding.repair is None and "up to the submitter" in finding.detail, finding.detail
     assert reconcile.Fixer(store_config, None, agent, None).apply([finding]) == []
     assert agent.get(doc["_id"])["_rev"] == doc["_rev"]
+
+
+def test_a_cycle_tells_a_few_findings_of_a_kind_and_counts_the_rest(
+    rec_config: Config, accounts: dict[str, Server], caplog
+):
+    """A user's 30,000 requests recorded `done` with no file at the destination had made the
+    agent log 30,000 ERROR lines a cycle: the first TOLD_PER_KIND of a kind are told at their
+    level, the others at DEBUG, and how many more there were."""
+    plant = Plant(rec_config, accounts)
+    many = reconciler_module.TOLD_PER_KIND + 5
+    for job in range(many):
+        plant.request(job, task="261121_200003:alice_rec_many", dest=False)
+    with caplog.at_level(logging.DEBUG, logger="aso.agent.reconciler"):
+        cycle = step(Reconciler(rec_config, "r1"))
+    assert cycle[DESTINATION_MISSING] == many
+    told = [r for r in caplog.records if r.getMessage().startswith(DESTINATION_MISSING)]
+    levels = Counter(r.levelno for r in told)
+    assert levels == {logging.WARNING: reconciler_module.TOLD_PER_KIND, logging.DEBUG: 5}, levels
+    more = [r.getMessage() for r in caplog.records if "more destination_missing" in r.getMessage()]
+    assert more == [
+        "5 more destination_missing findings (at DEBUG; `aso reconcile` lists them all)"
+    ]
