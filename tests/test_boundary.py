@@ -535,6 +535,30 @@ def test_a_page_of_another_site_cannot_write_through_the_front_end(boundary):
     assert snapshot(b) == before
 
 
+def test_a_page_of_another_site_cannot_read_through_the_front_end(boundary):
+    """Red team round 22: a page of another site made an operator's browser run heavy reads in
+    the operator's name (a grouped view 200 after 7.9 s, the job table 200). Reads from another
+    site's page are refused too; a link followed to the monitoring pages opens them."""
+    b = boundary
+    view = f"/{b.files}/_design/asyncstageout/_view/by_state?group=true"
+    index = f"/{b.config.store.pages_db}/_design/pages/index.html"
+    link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate",
+            "Sec-Fetch-Dest": "document"}  # fmt: skip
+    for who in ("alice", "agent-host"):  # a user's certificate, a service's
+        for headers in ({"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
+                        {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors"},
+                        link, dict(link, **{"Sec-Fetch-Dest": "iframe"})):  # fmt: skip
+            refused(b.call(who, "GET", view, headers=headers), 403, "read from another site")
+        opened = b.call(who, "GET", index, headers=link)
+        assert opened.status_code == 200 and "<html" in opened.text.lower(), opened.text[:200]
+        refused(b.call(who, "GET", index, headers={"Sec-Fetch-Site": "cross-site",
+                                                   "Sec-Fetch-Mode": "no-cors"}),
+                403, "read from another site")  # fmt: skip
+        own = {"Sec-Fetch-Site": "same-origin", "Origin": b.url}
+        assert b.call(who, "GET", view, headers=own).status_code == 200
+        assert b.call(who, "GET", view).status_code == 200  # a client that is no browser
+
+
 def test_local_documents_are_not_read_by_key(boundary):
     """CouchDB answers `_all_docs?keys=["_local/x"]&include_docs=true` with the `_local`
     document: refused on both stores, in the query and in the body."""

@@ -587,3 +587,34 @@ def test_a_summary_of_thirty_thousand_tasks_is_well_below_the_store_s_limit() ->
     assert sum(row["tasks"] for row in folded.values()) == 30_000 - summaries.TASKS_CAP
     size = len(json.dumps({"tasks": listed, summaries.OTHER_TASKS: folded}))
     assert size < limits.MAX_WRITTEN_DOC_CHARS // 4, size
+
+
+def test_a_request_created_done_is_no_copy_on_its_link():
+    """Red team round 22: 300 requests a user created `done` (its job wrote the files at the
+    destination itself) made a link's pace 78 files/s in everyone's estimates, and five of
+    10^15 bytes showed 5 PB copied this hour on the pages. Only a move to `done` is a copy on
+    its link: the estimates' view (link_done) and the pages' link figures leave creations out."""
+    created = dict(sample_request("alice"), state="done", cleanup="not_needed")
+    created["history"] = [dict(created["history"][0], to="done")]
+    copied = sample_request("alice")
+    start = copied["created"]
+    copied["history"] = [
+        *copied["history"],
+        {"axis": model.STATE, "from": "new", "to": "submitted", "at": start + 1, "by": "agent"},
+        {"axis": model.STATE, "from": "submitted", "to": "done", "at": start + 9, "by": "agent"},
+    ]
+    copied.update(state="done", attempts=[{"outcome": "done", "submitted": start + 1,
+                                           "ended": start + 9}])  # fmt: skip
+    design = storejs.files_design(Config())
+    assert design.map("link_done", created) == []
+    link = (copied["source"], copied["destination"])
+    assert [key for key, _ in design.map("link_done", copied)] == [[*link, start + 9]]
+    for doc, copies in ((created, None), (copied, 1)):
+        tally = summaries.Tally()
+        for event in summaries.events_of(doc):
+            tally.count(event, summaries.Meta.of(doc))
+        figures = tally.link_hours.get(f"{doc['source']}>{doc['destination']}")
+        assert (figures[0] if figures else None) == copies, tally.link_hours
+    # the statistics: its owner's own row only, where a copy counts under its link too
+    assert set(storejs.contribution(created).names) == {"user"}
+    assert set(storejs.contribution(copied).names) == {"link", "user", "destination", "hour"}

@@ -36,6 +36,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import re
 import shlex
 import threading
@@ -77,6 +78,7 @@ from aso.grid.x509auth import (
     verify_chain,
 )
 from aso.provision import storejs
+from aso.provision.designdocs import PAGES_DDOC
 from aso.store import Server
 
 log = logging.getLogger("aso.frontend")
@@ -134,6 +136,17 @@ SERVICE_HEAVY_READS = 2
 # client is refused (the turn is kept until the store has answered: FrontEnd._bound_work).
 USER_HEAVY_WORK = 20.0
 HEAVY_STORE_CAP = 300.0  # seconds a user's heavy read holds its turn for a store that never answers
+# A user's heavy reads hold the store at most HEAVY_SHARE of the time: the seconds each took at
+# the store are spent from an allowance of at most HEAVY_BURST, refilled at HEAVY_SHARE a second
+# (FrontEnd._heavy_paced). One user's grouped reads of a whole view, 8-14 s each, one after the
+# other in the user's turn, had held that view for everyone on the embedded store (bob's reads
+# of it p50 0.05 → 13 s). A read that would wait longer than HEAVY_WAIT is refused, with when.
+HEAVY_SHARE = 0.25
+HEAVY_BURST = 20.0
+SPENT_REASON = (
+    "this user's heavy reads have held the store {share:.0%} of the time, their share: the "
+    "next may go in {wait:.0f} s (ask for less at once: a narrower key range, a limit)"
+)
 USER_HEAVY_WORK_REASON = (
     "this read takes the store longer than a user's heavy read may ({:g} s) and was stopped: "
     "ask for less at once (a narrower key range, a limit, a group_level)"
@@ -172,6 +185,15 @@ def chain_refusal(failure: Failure) -> tuple[int, str, str]:
 
 class Busy(Exception):
     """The store's share for this kind of request is taken for longer than a client should wait."""
+
+
+class Spent(Exception):
+    """A user's heavy reads have had their share of the store's time: the next may go in
+    `seconds`."""
+
+    def __init__(self, seconds: float):
+        super().__init__(seconds)
+        self.seconds = seconds
 
 
 class Slots:
@@ -265,11 +287,11 @@ class Pace:
     thread): a user's 1,000-document bulk writes, two at a time, had slowed bob's reads 60
     times."""
 
-    def __init__(self, clock: Any, rate: float, burst: int):
+    def __init__(self, clock: Any, rate: float, burst: float):
         self.clock, self.rate, self.burst = clock, rate, burst
         self.of: dict[str, tuple[float, float]] = {}  # a user's allowance, and when
 
-    def delay(self, name: str, documents: int) -> float:
+    def delay(self, name: str, documents: float) -> float:
         """Seconds until a write of `documents` of the user's may go (the allowance is spent
         now: the caller waits that long, then writes)."""
         now = float(self.clock.seconds())
@@ -1274,6 +1296,7 @@ class FrontEnd(resource.Resource):
         self.config = config
         self.trust, self.gridmap, self.identity = trust, gridmap, identity
         self.origins = own_origins(config)
+        self.pages = f"/{config.store.pages_db}/{PAGES_DDOC}/".encode()
         self.reactor = reactor
         self.routes = routes.table(config)
         self.body_checks = BodyChecks(config, self.routes, config.frontend.body_processes)
@@ -1288,6 +1311,8 @@ class FrontEnd(resource.Resource):
         self.bodies = Slots(reactor, BIG_BODIES, "large bodies")
         self.checks = Slots(reactor, 1, "a user's requests being checked", each=CHECKS_PER_USER)
         self.writes = Slots(reactor, 1, "a user's writes at the store", each=WRITES_PER_USER)
+        self.heavy_turns = Slots(reactor, 1, "a user's heavy reads")
+        self.heavy_time = Pace(reactor, HEAVY_SHARE, HEAVY_BURST)  # seconds at the store
         self.reads = Slots(reactor, 1, "a user's reads at the store", each=READS_PER_USER)
         self.pace = Pace(reactor, config.frontend.user_docs_per_second, limits.MAX_DOCS)
         # Chains are checked in threads of their own: a check waiting behind other work had
@@ -1393,7 +1418,7 @@ class FrontEnd(resource.Resource):
             REFUSALS.tell("unmapped", "%s: DN %s is not mapped", _path(request), identity.dn)
             _answer(request, 403, "forbidden", f"DN {identity.dn} is not mapped to an ASO user")
             return
-        refused = cross_site(request, self.origins)
+        refused = cross_site(request, self.origins, self.pages)
         if refused is not None:
             self._refused(request, who, refused)
             return
@@ -1489,6 +1514,11 @@ class FrontEnd(resource.Resource):
             request.setHeader(b"retry-after", b"5")
             _answer(request, 503, "busy", str(failure.value))
             return
+        if failure.check(Spent):
+            wait = math.ceil(failure.value.seconds)
+            request.setHeader(b"retry-after", b"%d" % wait)
+            _answer(request, 503, "too_costly", SPENT_REASON.format(share=HEAVY_SHARE, wait=wait))
+            return
         if failure.check(Refused):
             refused = failure.value
             _answer(request, refused.status, "forbidden", refused.reason)
@@ -1533,6 +1563,9 @@ class FrontEnd(resource.Resource):
             return
         # A user's filtered long poll takes its turns as it goes (_catch_up, _wait_from).
         catches_up = made.filtered and made.poll_ms is not None and _user_only(who)
+        if made.heavy and _user_only(who) and not catches_up and not _holds(request, PACED):
+            self._heavy_paced(request, who, identity, made)
+            return
         if (made.heavy or (made.with_docs and not _is_agent(who))) and not catches_up:
             # A long poll with documents waits in its user's queue, never for a shared slot (it
             # may wait a minute); agents' polls are the service's own and run side by side.
@@ -1573,6 +1606,30 @@ class FrontEnd(resource.Resource):
         slot.addCallback(taken)
         slot.addCallback(paced)
         slot.addErrback(self._failed, request)
+
+    def _heavy_paced(
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
+    ) -> None:
+        """A user's heavy read, in its user's turn, waits until the user's heavy reads have
+        not had more than their share of the store's time (HEAVY_SHARE; their time at the store
+        is spent in _send), then goes as any heavy read; past HEAVY_WAIT of waiting, 503."""
+        turn = self.heavy_turns.take_for(request, who.name, shared=False)
+
+        def taken(release: Callable[[], None]) -> Any:
+            if not _held_to_its_end(request, release, PACED):
+                return None
+            wait = self.heavy_time.delay(who.name, 0)
+            if wait > HEAVY_WAIT:
+                raise Spent(wait)
+            return task.deferLater(self.reactor, wait, lambda: None) if wait else None
+
+        def paced(_: Any) -> None:
+            if not _client_gone(request):
+                self.forward(request, who, identity, made)
+
+        turn.addCallback(taken)
+        turn.addCallback(paced)
+        turn.addErrback(self._failed, request)
 
     def _read_slot(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
@@ -1771,9 +1828,15 @@ class FrontEnd(resource.Resource):
         # gives back its shared slot and keeps its user's queue until the client has its answer.
         share_back = release.share_back if isinstance(release, Turn) else None
         via = self.feeds if made.poll_ms is not None else self.agent
+        sent_at = time.monotonic()
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         if isinstance(release, Turn) and release.shares and made.poll_ms is None:
             self._bound_work(sent, request, release)
+
+            def spent() -> None:  # the store's time for a user's heavy read, from its share
+                self.heavy_time.delay(who.name, time.monotonic() - sent_at)
+
+            sent.addBoth(_after, spent)
         else:
             request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
             if release is not None:  # given back when the answer has gone out, or the client
@@ -2132,6 +2195,7 @@ def _quiet_body(made: gate.Forward) -> bytes:
 
 # A request's marks (set on it) that it holds a slot of its kind, taken once before it is sent.
 WRITE_SLOT, POLL_SLOT, READ_SLOT = "aso_write_slot", "aso_poll_slot", "aso_read_slot"
+PACED = "aso_heavy_paced"  # a user's heavy read: its turn taken, its share of the store waited for
 BIG_WRITE = "aso_big_write"  # a user's large write: its large body's slot taken again to send it
 
 
@@ -2320,21 +2384,36 @@ def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes, calle
     return explain(body, conflicts, stored, caller)
 
 
-def cross_site(request: server.Request, origins: frozenset[bytes]) -> gate.GateRefusal | None:
-    """A write that a page of another site makes a browser send, with the certificate the
-    browser holds (a user's, an operator's): refused. Browsers say where a request comes from
-    (Sec-Fetch-Site, Origin); a client that is no browser sends neither. An Origin must be one
-    of the front end's own (`origins`), not whatever Host the request names."""
-    if request.method in (b"GET", b"HEAD"):
-        return None
+def cross_site(
+    request: server.Request, origins: frozenset[bytes], pages: bytes
+) -> gate.GateRefusal | None:
+    """A request that a page of another site makes a browser send, with the certificate the
+    browser holds (a user's, an operator's): refused, reads too (a page had made an operator's
+    browser run heavy reads in the operator's name, past users' bounds), but for a link
+    followed to the monitoring pages (`pages`: their path). Browsers say where a request comes
+    from (Sec-Fetch-Site, Origin); a client that is no browser sends neither. An Origin must
+    be one of the front end's own (`origins`), not whatever Host the request names."""
     site = request.getHeader(b"sec-fetch-site")
     origin = request.getHeader(b"origin")
     # Scheme and host are case-insensitive (RFC 3986 6.2.2.1); `origins` is lower case.
-    if site in (b"cross-site", b"same-site") or (
+    foreign = site in (b"cross-site", b"same-site") or (
         origin is not None and origin.lower() not in origins
-    ):
-        return gate.GateRefusal(403, "forbidden", "a write from another site's page is refused")
-    return None
+    )
+    if not foreign:
+        return None
+    if request.method in (b"GET", b"HEAD") and _opens_the_pages(request, pages):
+        return None
+    kind = "read" if request.method in (b"GET", b"HEAD") else "write"
+    return gate.GateRefusal(403, "forbidden", f"a {kind} from another site's page is refused")
+
+
+def _opens_the_pages(request: server.Request, pages: bytes) -> bool:
+    """A top-level navigation (a link followed, an address typed) to the monitoring pages."""
+    navigates = (request.getHeader(b"sec-fetch-mode"), request.getHeader(b"sec-fetch-dest")) == (
+        b"navigate",
+        b"document",
+    )
+    return navigates and request.uri.startswith(pages)
 
 
 def own_origins(config: Config) -> frozenset[bytes]:

@@ -216,7 +216,7 @@ class Tally:
             move = self.moves.setdefault(axis, {}).setdefault(f"{frm or ''}>{to}", [0, 0])
             move[0] += 1
             move[1] += meta.size
-            if axis == model.STATE and to == "done":
+            if axis == model.STATE and to == "done" and frm:  # a copy (created done: none)
                 done = self.link_hours.setdefault(meta.link, [0, 0, 0, 0.0])
                 done[0] += 1
                 done[1] += meta.size

@@ -42,9 +42,13 @@ function contribution(doc) {
   var ended = doc.last_update, h = doc.history || [];
   for (i = h.length - 1; i >= 0; i--) { if (h[i].axis === 'state') { ended = h[i].at; break; } }
   var iso = new Date(ended * 1000).toISOString();
+  var names = {link: doc.source + '>' + doc.destination, user: doc.user,
+               destination: doc.destination, hour: iso.slice(11, 13)};
+  // A request created `done` (its job wrote the file at the destination) is no copy: it counts
+  // in its owner's own figures only, not in the links', destinations' and hours' everyone reads.
+  if (doc.state === 'done' && v[col('attempts_done')] === 0) { names = {user: doc.user}; }
   return {ended: ended, day: iso.slice(0, 10), values: v, errors: errors, time_min: tmin, time_max: tmax,
-          names: {link: doc.source + '>' + doc.destination, user: doc.user,
-                  destination: doc.destination, hour: iso.slice(11, 13)}};
+          names: names};
 }
 
 // The request's contribution under each of its names: a row per name (empty while its copy is
