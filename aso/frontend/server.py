@@ -1313,6 +1313,7 @@ class FrontEnd(resource.Resource):
         self.writes = Slots(reactor, 1, "a user's writes at the store", each=WRITES_PER_USER)
         self.heavy_turns = Slots(reactor, 1, "a user's heavy reads")
         self.heavy_time = Pace(reactor, HEAVY_SHARE, HEAVY_BURST)  # seconds at the store
+        self.heavy_done_at = 0.0  # when the store last answered a heavy read (monotonic)
         self.reads = Slots(reactor, 1, "a user's reads at the store", each=READS_PER_USER)
         self.pace = Pace(reactor, config.frontend.user_docs_per_second, limits.MAX_DOCS)
         # Chains are checked in threads of their own: a check waiting behind other work had
@@ -1830,13 +1831,11 @@ class FrontEnd(resource.Resource):
         via = self.feeds if made.poll_ms is not None else self.agent
         sent_at = time.monotonic()
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
+        if made.heavy and made.poll_ms is None:
+            charged = who.name if isinstance(release, Turn) and release.shares else None
+            sent.addBoth(_after, lambda: self._heavy_done(charged, sent_at))
         if isinstance(release, Turn) and release.shares and made.poll_ms is None:
             self._bound_work(sent, request, release)
-
-            def spent() -> None:  # the store's time for a user's heavy read, from its share
-                self.heavy_time.delay(who.name, time.monotonic() - sent_at)
-
-            sent.addBoth(_after, spent)
         else:
             request.notifyFinish().addErrback(lambda _: sent.cancel())  # gone before the answer
             if release is not None:  # given back when the answer has gone out, or the client
@@ -1850,6 +1849,16 @@ class FrontEnd(resource.Resource):
         else:
             sent.addCallback(self._relay, request, share_back)
         sent.addErrback(self._upstream_failed, request)
+
+    def _heavy_done(self, user: str | None, sent_at: float) -> None:
+        """A heavy read answered: its time at the store is spent from its user's share (a
+        user's). The embedded store answers one view's reads one after another, so a read's own
+        time is counted from the end of the heavy read answered before it, if that came later
+        than its sending: a user whose read waited behind another's is not charged the wait."""
+        now = time.monotonic()
+        if user is not None:
+            self.heavy_time.delay(user, now - max(sent_at, self.heavy_done_at))
+        self.heavy_done_at = now
 
     def _bound_work(self, sent: defer.Deferred[Any], request: server.Request, turn: Turn) -> None:
         """A user's heavy read holds its turn while the store works for it, whatever its
