@@ -281,11 +281,11 @@ class Turn:
 
 
 class Pace:
-    """Documents a user writes, paced to `rate` a second on average: a write of n goes once the
-    user's allowance (at most `burst`, refilled at `rate` a second) holds min(n, burst), and
-    spends n. The store validates and indexes each document (the embedded store in its one
-    thread): a user's 1,000-document bulk writes, two at a time, had slowed bob's reads 60
-    times."""
+    """A user's costs paced to `rate` a second on average (documents written; seconds of the
+    store's time for heavy reads): a cost of n goes once the user's allowance (at most `burst`,
+    refilled at `rate` a second) holds min(n, burst), and spends n. The store validates and
+    indexes each document (the embedded store in its one thread): a user's 1,000-document bulk
+    writes, two at a time, had slowed bob's reads 60 times."""
 
     def __init__(self, clock: Any, rate: float, burst: float):
         self.clock, self.rate, self.burst = clock, rate, burst
@@ -1580,23 +1580,42 @@ class FrontEnd(resource.Resource):
             return
         self._send(request, who, headers, made, producer)
 
+    def _in_turn(
+        self,
+        request: server.Request,
+        who: Mapped,
+        slots: Slots,
+        mark: str,
+        then: Callable[[], None],
+        wait: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        """`then()` once the request holds one of its user's own turns of `slots` (held until
+        its answer ends, `mark` set on it) and has waited the `wait()` seconds asked then; not
+        if its client has left meanwhile. An error of either is the client's answer."""
+        slot = slots.take_for(request, who.name, shared=False)
+
+        def taken(release: Callable[[], None]) -> Any:
+            if not _held_to_its_end(request, release, mark):
+                return None
+            seconds = wait()
+            return task.deferLater(self.reactor, seconds, lambda: None) if seconds else None
+
+        def go(_: Any) -> None:
+            if not _client_gone(request):
+                then()
+
+        slot.addCallback(taken)
+        slot.addCallback(go)
+        slot.addErrback(self._failed, request)
+
     def _write_slot(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
     ) -> None:
         """A user's write waits for one of its user's WRITES_PER_USER at the store, then for
         its documents' turn (Pace): the store validates each document in JavaScript, and a
         user's bulk writes had kept it busy for every other user."""
-        slot = self.writes.take_for(request, who.name, shared=False)
 
-        def taken(release: Callable[[], None]) -> Any:
-            if not _held_to_its_end(request, release, WRITE_SLOT):
-                return None
-            wait = self.pace.delay(who.name, max(made.documents, 1))
-            return task.deferLater(self.reactor, wait, lambda: None) if wait else None
-
-        def paced(_: Any) -> None:
-            if _client_gone(request):
-                return
+        def paced() -> None:
             if not _holds(request, BIG_WRITE):
                 self.forward(request, who, identity, made)
                 return
@@ -1604,33 +1623,25 @@ class FrontEnd(resource.Resource):
             big.addCallback(lambda release: self._big_write(request, who, identity, made, release))
             big.addErrback(self._failed, request)
 
-        slot.addCallback(taken)
-        slot.addCallback(paced)
-        slot.addErrback(self._failed, request)
+        documents = max(made.documents, 1)
+        self._in_turn(request, who, self.writes, WRITE_SLOT, paced,
+                      lambda: self.pace.delay(who.name, documents))  # fmt: skip
 
     def _heavy_paced(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
     ) -> None:
         """A user's heavy read, in its user's turn, waits until the user's heavy reads have
         not had more than their share of the store's time (HEAVY_SHARE; their time at the store
-        is spent in _send), then goes as any heavy read; past HEAVY_WAIT of waiting, 503."""
-        turn = self.heavy_turns.take_for(request, who.name, shared=False)
+        is spent in _heavy_done), then goes as any heavy read; past HEAVY_WAIT of waiting, 503."""
 
-        def taken(release: Callable[[], None]) -> Any:
-            if not _held_to_its_end(request, release, PACED):
-                return None
-            wait = self.heavy_time.delay(who.name, 0)
-            if wait > HEAVY_WAIT:
-                raise Spent(wait)
-            return task.deferLater(self.reactor, wait, lambda: None) if wait else None
+        def share() -> float:
+            seconds = self.heavy_time.delay(who.name, 0)
+            if seconds > HEAVY_WAIT:
+                raise Spent(seconds)
+            return seconds
 
-        def paced(_: Any) -> None:
-            if not _client_gone(request):
-                self.forward(request, who, identity, made)
-
-        turn.addCallback(taken)
-        turn.addCallback(paced)
-        turn.addErrback(self._failed, request)
+        self._in_turn(request, who, self.heavy_turns, PACED,
+                      lambda: self.forward(request, who, identity, made), share)  # fmt: skip
 
     def _read_slot(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
@@ -1638,14 +1649,8 @@ class FrontEnd(resource.Resource):
         """A user's light read waits for one of its user's READS_PER_USER, held until its
         answer ends: a page costs the store little, but one user's many at once had queued
         everyone's reads of that view behind them (heavy reads wait in their user's own turn)."""
-        slot = self.reads.take_for(request, who.name, shared=False)
-
-        def taken(release: Callable[[], None]) -> None:
-            if _held_to_its_end(request, release, READ_SLOT):
-                self.forward(request, who, identity, made)
-
-        slot.addCallback(taken)
-        slot.addErrback(self._failed, request)
+        self._in_turn(request, who, self.reads, READ_SLOT,
+                      lambda: self.forward(request, who, identity, made))  # fmt: skip
 
     def _big_write(
         self,
