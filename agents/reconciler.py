@@ -56,7 +56,9 @@ class Reconciler(PeriodicAgent):
     def cycle(self, ctx: Cycle) -> None:
         if not self.take_turn(ctx.partition):
             return
-        report = reconcile.reconcile(self.config, self.db, catalog=self.catalog, files=self.files)
+        report = reconcile.reconcile(
+            self.config, self.db, catalog=self.catalog, files=self.files, alive=ctx.alive
+        )
         self.last_report = report
         told: collections.Counter[str] = collections.Counter()
         for finding in report.findings:

@@ -425,9 +425,10 @@ class AgentsConfig:
     )
     hang_timeout: float = _key(
         1800.0,
-        "Seconds one turn of an agent's loop may last; past it the agent writes every thread's"
-        " stack into its log and exits (code 1) for `aso run` or systemd to start it again."
-        " 0: never.",
+        "Seconds one turn of an agent's loop may last without progress (a long turn that"
+        " makes progress, such as the reconciler checking many files, starts the count again);"
+        " past it the agent writes every thread's stack into its log and exits (code 1) for"
+        " `aso run` or systemd to start it again. 0: never.",
     )
     instances: dict[str, int] = _key(
         {

@@ -551,13 +551,16 @@ def find_conflicts(requests: Iterable[Request], now: float, grace: float) -> lis
 
 
 # --- reading the three truths --------------------------------------------------------------
-def scan_requests(db: Database, page: int = PAGE) -> Iterator[Request]:
+def scan_requests(
+    db: Database, page: int = PAGE, alive: Callable[[], None] = lambda: None
+) -> Iterator[Request]:
     """Every transfer request, read with `_all_docs` in pages (cut by key: the last id of a
     page starts the next one and is dropped)."""
     start: str | None = None
     while True:
         # CLUSTER_CONFLICTING_BRANCHES: with each request's conflicting revisions
         docs = db.all_docs(start, limit=page if start is None else page + 1, conflicts=True)
+        alive()
         if start is not None and docs and docs[0]["_id"] == start:
             docs = docs[1:]
         for doc in docs:
@@ -624,10 +627,14 @@ def read_catalog(catalog: Catalog, requests: Sequence[Request]) -> CatalogState:
 
 
 def check_destinations(
-    config: Config, files: Files, requests: Sequence[Request], workers: int = WORKERS
+    config: Config,
+    files: Files,
+    requests: Sequence[Request],
+    workers: int = WORKERS,
+    alive: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, FileCheck], list[str]]:
     """({request id: FileCheck}, errors): each destination stat-ed and checksummed, and for a
-    bad one, the temporary copy too."""
+    bad one, the temporary copy too; `alive` called as each one is answered."""
 
     def one(request: Request) -> FileCheck:
         dest = sites.pfn(config, request.destination, request.destination_lfn)
@@ -650,6 +657,7 @@ def check_destinations(
                 checks[request_id] = future.result()
             except (FileError, sites.SiteError) as exc:
                 errors.append(f"request {request_id} at {request.destination}: {exc}")
+            alive()
     return checks, errors
 
 
@@ -658,7 +666,9 @@ def storage_sites(config: Config) -> list[str]:
     return sites.with_storage(config)
 
 
-def _list_sites(config: Config, site_names: Sequence[str]) -> tuple[list[TempFile], list[str]]:
+def _list_sites(
+    config: Config, site_names: Sequence[str], alive: Callable[[], None]
+) -> tuple[list[TempFile], list[str]]:
     files: list[TempFile] = []
     errors: list[str] = []
     if not site_names:
@@ -670,6 +680,7 @@ def _list_sites(config: Config, site_names: Sequence[str]) -> tuple[list[TempFil
                 files.extend(future.result())
             except (FileError, sites.SiteError) as exc:
                 errors.append(f"temp area of {site} not listed: {exc}")
+            alive()
     return files, errors
 
 
@@ -681,17 +692,20 @@ def reconcile(
     files: Files | None = None,
     kinds: Iterable[str] | None = None,
     now: float | None = None,
+    alive: Callable[[], None] = lambda: None,
 ) -> Report:
     """Read the documents, then the storage and the catalog, and run the checks of `kinds`.
 
     Documents are read first: a file that appears at a site after the read is younger than the
     orphan grace, and a request that moves on after it is judged on what was read (a repair
     applies only to the revision that was read). Storage checks need `files` and a transfer
-    back end with real storage (not `sim`); catalog checks need `catalog`."""
+    back end with real storage (not `sim`); catalog checks need `catalog`. `alive` is called as
+    the pass makes progress (a page of documents read, a site listed, a file checked): a pass
+    over 100,000 files outlasts any fixed time an agent's turn is given."""
     started = time.monotonic()
     wanted = tuple(k for k in KINDS if kinds is None or k in set(kinds))
     report = Report(kinds=wanted)
-    requests = list(scan_requests(db))
+    requests = list(scan_requests(db, alive=alive))
     now = time.time() if now is None else now
     settings = config.reconciler
     report.checked["requests"] = len(requests)
@@ -702,7 +716,7 @@ def reconcile(
     if STUCK in wanted:
         report.findings += find_stuck(requests, now, settings.stuck_after)
     if files is not None and any(k in wanted for k in STORAGE_KINDS):
-        _check_storage(config, files, requests, wanted, now, report)
+        _check_storage(config, files, requests, wanted, now, report, alive)
     elif any(k in wanted for k in STORAGE_KINDS):
         report.errors.append("no storage access given: storage checks skipped")
     if state is not None:
@@ -743,20 +757,21 @@ def _check_storage(
     wanted: tuple[str, ...],
     now: float,
     report: Report,
+    alive: Callable[[], None],
 ) -> None:
     """The storage's checks of `wanted`: temporary copies nobody names or left behind, and
     destinations missing or not the requested file."""
     named = by_temp_copy(requests)
     temp_files: list[TempFile] = []
     if ORPHAN_TEMP in wanted or LEFTOVER_TEMP in wanted:
-        temp_files, errors = _list_sites(config, storage_sites(config))
+        temp_files, errors = _list_sites(config, storage_sites(config), alive)
         report.errors += errors
         report.checked["temp_files"] = len(temp_files)
     candidates = leftover_candidates(temp_files, named) if LEFTOVER_TEMP in wanted else []
     to_check = {r.id: r for _, r in candidates}
     if DESTINATION_MISSING in wanted or DESTINATION_MISMATCH in wanted:
         to_check.update((r.id, r) for r in requests if r.state == "done")
-    destinations, errors = check_destinations(config, files, list(to_check.values()))
+    destinations, errors = check_destinations(config, files, list(to_check.values()), alive=alive)
     report.errors += errors
     report.checked["destinations"] = len(destinations)
     if ORPHAN_TEMP in wanted:

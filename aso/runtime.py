@@ -249,6 +249,9 @@ class Cycle:
     report: dict[str, Any] = field(default_factory=dict)
     # The harness's work set learns every document written (at once, not from the feed).
     on_written: Callable[[list[dict[str, Any]]], None] = lambda docs: None
+    # A long cycle calls it as it makes progress (a file checked): the harness re-arms its hang
+    # watchdog and keeps the heartbeat fresh, so only a turn that waits on nothing is killed.
+    alive: Callable[[], None] = lambda: None
     now: float = field(init=False)  # the cycle's start, from `clock`
 
     def __post_init__(self) -> None:
@@ -425,11 +428,12 @@ class Runner:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
     def arm_watchdog(self) -> None:
-        """(Re)start the countdown of `agents.hang_timeout` for the loop's next turn. A turn
-        that outlasts it means the agent waits on something that will not come (a request
-        never answered, a lock never released): faulthandler's own thread, which needs no
-        Python lock, then writes every thread's stack into the log and exits with code 1, and
-        the supervisor starts the agent again. A stuck agent looks alive and does nothing; a
+        """(Re)start the countdown of `agents.hang_timeout` for the loop's next turn (or, from
+        `Cycle.alive`, for the rest of a long one). A turn that outlasts it means the agent
+        waits on something that will not come (a request never answered, a lock never
+        released): faulthandler's own thread, which needs no Python lock, then writes every
+        thread's stack into the log and exits with code 1, and the supervisor starts the agent
+        again. A stuck agent looks alive and does nothing; a
         restarted one takes its work back (its leases are in its instance name)."""
         if self.config.agents.hang_timeout > 0:
             faulthandler.dump_traceback_later(self.config.agents.hang_timeout, exit=True)
@@ -498,7 +502,12 @@ class Runner:
             errors=self.errors,
             clock=self.clock,
             on_written=self._apply_own_writes,
+            alive=self._still_alive,
         )
+
+    def _still_alive(self) -> None:
+        self.arm_watchdog()
+        self._beat()
 
     def read_feed(self, wait: float | None = None) -> None:
         """Apply the changes since the last read (a long poll of up to `wait` seconds)."""

@@ -8,6 +8,7 @@ copied again by the real pipeline, and what is left is exactly what cannot be re
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -455,3 +456,22 @@ def test_a_cycle_tells_a_few_findings_of_a_kind_and_counts_the_rest(
     assert more == [
         "5 more destination_missing findings (at DEBUG; `aso reconcile` lists them all)"
     ]
+
+
+def test_a_long_pass_keeps_the_agent_s_watchdog_from_firing(
+    rec_config: Config, accounts: dict[str, Server], monkeypatch
+):
+    """A pass over 135,000 `done` requests outlasts agents.hang_timeout (1,800 s): the watchdog
+    would have killed the reconciler mid-pass every time. As it checks each file it re-arms the
+    watchdog, so only a turn that waits on nothing is killed."""
+    plant = Plant(rec_config, accounts)
+    many = 12
+    for job in range(many):
+        plant.request(job, task="261130_000001:alice_rec_long", dest=False)
+    armed: list[float] = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda t, **kw: armed.append(t))
+    cycle = step(Reconciler(rec_config, "r1"))
+    assert cycle[DESTINATION_MISSING] == many
+    # once a page of documents, once a site listed, once a file checked
+    assert len(armed) >= many + len(reconcile.storage_sites(rec_config)) + 1, armed
+    assert set(armed) == {rec_config.agents.hang_timeout}
