@@ -47,7 +47,14 @@ REPO = Path(__file__).resolve().parent.parent  # `make stop` stops the `aso run`
 
 # Lines every XRootD server logs all the time (the supervisor's health checks, clients closing
 # after an answer): left out of a report so that what is unusual shows.
-XROOTD_ROUTINE = ("connection reset by peer", "login as nobody", "disc 0:00:0", "Unable to locate")
+XROOTD_ROUTINE = (
+    "connection reset by peer",
+    "login as nobody",
+    "disc 0:00:0",
+    "Unable to locate",
+    "event=PULL_START",
+    "event=TRANSFER_SUCCESS",
+)
 
 
 def tail(path: Path, lines: int, skip: tuple[str, ...] = ()) -> str:
@@ -60,16 +67,13 @@ def tail(path: Path, lines: int, skip: tuple[str, ...] = ()) -> str:
 
 
 def store_report(config_path: Path) -> list[str]:
-    """Where the files and the gfal jobs stand, and how old each agent's heartbeat is."""
+    """How old each agent's heartbeat is, where the gfal jobs and the files stand."""
     config = load(str(config_path))
     settings = Settings(retries=0, read_timeout=20)  # a hung store must not hang the report
     admin = Server(config.store.url, "admin", config.store.admin_password, settings)
     now = time.time()
     files = admin.db(config.store.files_db).all_docs("", "\ufff0")
-    out = ["--- files by state ---"]
-    states = Counter(d["state"] for d in files if d.get("type") == "transfer_request")
-    out += [f"{state}: {n}" for state, n in sorted(states.items())]
-    out.append("--- heartbeats (agent instance: seconds since, stopped) ---")
+    out = ["--- heartbeats (agent instance: seconds since, stopped) ---"]
     for d in files:
         if d["_id"].startswith("heartbeat:"):
             age = now - d["last_seen"]
@@ -81,12 +85,18 @@ def store_report(config_path: Path) -> list[str]:
             left = f"{lease['until'] - now:.0f} s" if lease else "-"
             per_state = Counter(e["state"] for e in job["files"].values())
             out.append(f"{job['_id']} {job['state']} {lease.get('owner')} {left} {dict(per_state)}")
-    return out
+    out.append("--- files by state ---")
+    states = Counter(d["state"] for d in files if d.get("type") == "transfer_request")
+    return out + [f"{state}: {n}" for state, n in sorted(states.items())]
 
 
 def demo_failed(run: subprocess.CompletedProcess[str], base: Path, config_path: Path) -> str:
     output = (run.stdout + run.stderr).splitlines()
-    return "\n".join(output[-8:]) + service_logs(base, config_path)
+    return (
+        service_logs(base, config_path)
+        + "\n=== the command's last lines ===\n"
+        + "\n".join(output[-8:])
+    )
 
 
 STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
@@ -141,21 +151,19 @@ def hang_dumps(base: Path) -> list[str]:
 
 
 def service_logs(base: Path, config_path: Path) -> str:
-    """Why a step did not happen, in about a hundred lines (a CI report shows a window of the
-    output, not all of it): the store's picture first, then each agent's threads (SIGUSR1
-    makes it write its stacks into its log), one line a thread, and the end of its log, and
-    the storage servers' unusual lines."""
+    """Why a step did not happen, in about a hundred lines, the most telling last (a CI report
+    shows the end of the output, not all of it): the storage servers' unusual lines, each
+    agent's threads (SIGUSR1 makes it write its stacks into its log), one line a thread, and
+    the end of its log, then the store's picture."""
     for line in our_processes(str(base)):
         if " agent " in line:
             os.kill(int(line.split()[0]), signal.SIGUSR1)
     time.sleep(2)
-    parts = ["", "=== why: the store, agents' threads and logs ==="]
-    try:
-        parts += store_report(config_path)
-    except Exception as exc:  # the report must not hide the failure it explains
-        parts.append(f"(no store report: {exc!r})")
-    parts += hang_dumps(base)
-    logs = sorted(base.rglob("var/log/*.log"), key=lambda p: "gfal-worker" not in p.name)
+    parts = ["", "=== why: storage, agents' threads and logs, the store ==="]
+    for log in sorted(base.rglob("storage/*/log/xrootd.log")):
+        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, 3, XROOTD_ROUTINE)}")
+    parts.append(f"--- run.log ---\n{tail(base / 'run.log', 4)}")
+    logs = sorted(base.rglob("var/log/*.log"), key=lambda p: "gfal-worker" in p.name)
     for log in logs:
         lines, threads = condensed_stacks(log.read_text(errors="replace"))
         keep = 10 if "gfal-worker" in log.name else 3
@@ -163,9 +171,11 @@ def service_logs(base: Path, config_path: Path) -> str:
             threads = [t for t in threads if t.startswith("main:")]
         parts.append(f"--- {log.name}: threads ({len(threads)}), then its last lines ---")
         parts += [*threads, *lines[-keep:]]
-    parts.append(f"--- run.log ---\n{tail(base / 'run.log', 4)}")
-    for log in sorted(base.rglob("storage/*/log/xrootd.log")):
-        parts.append(f"--- {log.relative_to(base)} ---\n{tail(log, 3, XROOTD_ROUTINE)}")
+    parts += hang_dumps(base)
+    try:
+        parts += store_report(config_path)
+    except Exception as exc:  # the report must not hide the failure it explains
+        parts.append(f"(no store report: {exc!r})")
     return "\n".join(parts)
 
 
