@@ -22,7 +22,7 @@ from typing import Any
 
 import tomli_w
 
-from aso.limits import MAX_FEED_TIMEOUT, MAX_WRITTEN_DOC_CHARS, MIN_BLOCK_BYTES
+from aso.limits import MAX_FEED_TIMEOUT, MAX_WRITTEN_DOC_CHARS, MIN_BLOCK_BYTES, PACED_DOC_BYTES
 
 SEARCH_PATHS = (
     Path("aso.toml"),
@@ -137,6 +137,12 @@ class EmbeddedConfig:
         path=True,
     )
     start_timeout: float = _key(30.0, "Seconds `aso store start` waits for the store to answer.")
+    compact_interval: float = _key(
+        600.0,
+        "Seconds between two compactions of the embedded store's databases by `aso run`, each "
+        "one written to since its last (pouchdb-server keeps every revision's body until then; "
+        "a local CouchDB compacts itself, deploy/couchdb/local.ini [smoosh]). 0: never.",
+    )
 
 
 @dataclass
@@ -493,8 +499,9 @@ class FrontendConfig:
     user_docs_per_second: int = _key(
         100,
         "Documents one user writes per second on average (a bulk write of up to 1000 goes at "
-        "once, then the user's next writes wait their turn in the front end): the store "
-        "validates and indexes each one (agents' and operators' writes are not paced).",
+        "once, then the user's next writes wait their turn in the front end), a write counting "
+        f"one document per {PACED_DOC_BYTES // 1024} KiB of its body at least: the store "
+        "validates, indexes and keeps each one (agents' and operators' writes are not paced).",
     )
     connections: int = _key(
         8192,
@@ -761,6 +768,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("publisher.catalog is dbs but dbs.url is empty")
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
+    if config.embedded.compact_interval < 0:
+        raise bad("embedded.compact_interval must be 0 (never) or more seconds")
     for agent, count in config.agents.instances.items():
         if not isinstance(count, int) or count < 0:
             raise bad(f"agents.instances.{agent} must be a whole number >= 0")

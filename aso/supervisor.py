@@ -6,7 +6,8 @@ when the gfal service uses them), then the X.509
 front end (`frontend.enabled`) and every agent instance of `agents.instances`, each as its own
 process (`aso frontend`, `aso agent NAME --instance ...`), restarts one that dies (with a
 growing delay), starts again a local store it started that died (saying why: the end of the
-store's log) and the embedded storage's servers, and on Ctrl-C or SIGTERM stops them
+store's log) and the embedded storage's servers, compacts an embedded store's databases
+(`embedded.compact_interval`: it never compacts by itself), and on Ctrl-C or SIGTERM stops them
 (SIGTERM, then SIGKILL after a grace period) and then what it started itself, in reverse
 order. `--agents-only` runs only the
 agents, against a store that runs elsewhere (a second agent host).
@@ -38,11 +39,12 @@ from cryptography import x509
 
 from aso.config import Config
 from aso.feedrelay import RELAY_ENV, start_relay
+from aso.local.embedded import Compactor
 from aso.local.managed import local_store
 from aso.local.stores import LocalStoreError
 from aso.provision.designdocs import init_databases, pages_url
 from aso.runtime import StopFlag
-from aso.store import Server
+from aso.store import EMBEDDED, Server
 
 log = logging.getLogger("aso.run")
 
@@ -147,6 +149,7 @@ class Supervisor:
         self.store: Any = None  # the local store, when this supervisor started it
         self._store_checked = 0.0
         self._store_restarts: deque[float] = deque()  # when it was started again, lately
+        self.compactor: Compactor | None = None  # for an embedded store
 
     # -- start-up -------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -157,7 +160,10 @@ class Supervisor:
                 log.info(store.start())
                 self.cleanups.append((f"{store.engine} store", store.stop))
                 self.store = store
-            init_databases(Server.from_config(self.config, account="admin"), self.config)
+            admin = Server.from_config(self.config, account="admin")
+            init_databases(admin, self.config)
+            if admin.kind == EMBEDDED:
+                self.compactor = Compactor(self.config, time.monotonic())
             self._start_storage()
             if self.config.frontend.enabled:
                 check_frontend_files(self.config)
@@ -287,6 +293,8 @@ class Supervisor:
             now = time.monotonic()
             self.watch_store(now)
             self.watch_storage(now)
+            if self.compactor is not None:
+                self.compactor.maybe(now)
             for child in self.children:
                 if child.process is not None and child.process.poll() is not None:
                     code = child.process.returncode

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from playwright.sync_api import expect
 from prometheus_client.parser import text_string_to_metric_families
 
-from aso import model, upload
+from aso import limits, model, upload
 from aso.config import Config
 from aso.frontend import server as frontend_module
 from aso.frontend.server import GridMap, MapfileError, Mapped, ProxyAuth
@@ -912,6 +912,42 @@ def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
         assert carols.result(30) == 201
         assert daves.result(60) == 201
     assert [who for who, _ in sent] == ["dave", "carol", "dave"]
+
+
+def test_a_user_s_large_documents_are_paced_by_their_bytes(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """Red team round 22: 3,000 requests of 69 KB at the document pace had grown the store by
+    153 MB in 38 s and slowed bob's reads six times. A write counts one document per
+    limits.PACED_DOC_BYTES of its body: 150 large requests spend more than a burst, and the
+    user's next write waits, where 150 small ones would have left it free to go."""
+    sent: list[tuple[str, Any]] = []
+
+    def held(self: Any, request: Any, who: Mapped, *_: Any, **__: Any) -> None:
+        sent.append((who.name, request))
+        running_reactor.callLater(0, finish_with, request, 201)
+
+    monkeypatch.setattr(frontend_module.FrontEnd, "_send", held)
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    config.frontend = dataclasses.replace(config.frontend, user_docs_per_second=200)
+    dave = cert_files(pki, "dave")
+    parents = [f"/store/mc/{'x' * 470}/{n:03d}.root" for n in range(100)]  # 49 KB a request
+    info = {"dataset": "/Prim/dave-proc/USER", "parents": parents}
+
+    def write(docs: list[dict[str, Any]]) -> int:
+        bulk = {"docs": docs}
+        return call(url, pki, dave, "POST", f"/{files_db}/_bulk_docs", json=bulk).status_code
+
+    large = [sample_request("dave", publish=True, publish_info=info) for _ in range(150)]
+    body = len(json.dumps({"docs": large}))
+    assert body > (limits.MAX_DOCS + 400) * limits.PACED_DOC_BYTES, body
+    with frontend_in_process(running_reactor, config) as url, ThreadPoolExecutor(1) as pool:
+        assert write(large) == 201  # the burst goes at once, and more is owed
+        small = pool.submit(write, [sample_request("dave")])
+        time.sleep(1.0)
+        assert len(sent) == 1  # the small write waits for the bytes owed (~3.5 s at 200 a second)
+        assert small.result(30) == 201
+    assert len(sent) == 2
 
 
 def test_a_user_s_light_reads_go_to_the_store_a_few_at_once(

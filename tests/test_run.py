@@ -30,7 +30,8 @@ from aso.local.managed import local_store
 from aso.local.stores import free_port
 from aso.local.xrootd import export_path
 from aso.provision.designdocs import pages_url
-from aso.store import Server, Settings, StoreUnavailable
+from aso.store import EMBEDDED, NotFound, Server, Settings, StoreUnavailable
+from aso.store import admin as store_admin
 from aso.supervisor import STORE_CHECK, STORE_RESTARTS, hang_of
 from tests.browser_helpers import see_the_overview
 from tests.conftest import ENGINE, make_config, only_on, write_config
@@ -199,6 +200,7 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
         config.gfal.poll_interval = 0.5
         # A stuck agent is ended (its stacks in its log) and started again well within a demo.
         config.agents.hang_timeout = 90.0
+        config.embedded.compact_interval = 5.0  # an embedded store compacted under the demo's load
         # As `aso config init` leaves it: the front end on, with a throw-away PKI.
         pki.demo(base / "certs", ["alice", "bob"])
         config.frontend.enabled = True
@@ -303,6 +305,26 @@ def test_run_demo_restart_and_clean_stop(service):
     for doc in done:
         assert not export_path(config, doc["source"], doc["source_lfn"]).exists()
         assert export_path(config, "T2_DE_DESY", doc["destination_lfn"]).exists()
+
+    # Old revisions' bodies are dropped: the embedded store's by `aso run` (it never compacts
+    # by itself: EMBEDDED_NEVER_COMPACTS), a CouchDB node's by its own daemon (smoosh).
+    sample = done[0]["_id"]
+    revisions = admin.raw("GET", f"/asynctransfer/{sample}", params={"revs": "true"})["_revisions"]
+    first = f"1-{revisions['ids'][-1]}"
+    if admin.kind == EMBEDDED:
+
+        def first_revision_dropped() -> bool:
+            try:
+                admin.raw("GET", f"/asynctransfer/{sample}", params={"rev": first})
+            except NotFound:
+                return True
+            return False
+
+        wait_for(first_revision_dropped, 60, "aso run to compact the embedded store")
+        assert "compacted" in (base / "run.log").read_text()
+    else:
+        assert "ratio_dbs" in store_admin.node_config(admin)["smoosh"]["db_channels"]
+        assert "compacted" not in (base / "run.log").read_text()
 
     # kill -9 one agent: the supervisor starts it again under the same instance name.
     def monitors() -> list[str]:

@@ -26,7 +26,8 @@ from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 from aso.frontend import routes, sequences
-from aso.frontend.routes import Invalid, Route
+from aso.frontend.routes import ONE_ROW_A_KEY, Invalid, Route
+from aso.limits import LIGHT_KEYS
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,9 @@ def _build(
     if "keys" in given and route.kind == "read" and "limit" not in given:
         # Distinct keys may still match the same rows: CouchDB's collation ignores some
         # characters ("d\u00adone" is "done"), and 1000 spellings of a key had read 126 MiB.
-        params["limit"] = routes.MAX_LIMIT
+        # Where a key names one row, the keys bound the page.
+        one_row = _one_row_a_key(route)
+        params["limit"] = len(given["keys"]) if one_row else routes.MAX_LIMIT
     if "since" in given:
         try:
             nodes = sequences.check(str(given["since"]))
@@ -412,20 +415,32 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     without a limit or with one over a page (bursts of 10,000-row reads had held bob's reads
     15 s), or a filtered `_changes` batch (the store reads every change from `since` to find
     those of the ids, whatever the limit: 1 s a read of a 59k-change history, and a flood of
-    them had slowed bob's reads 7 to 16 times), or a view's rows by `keys` (the embedded store
+    them had slowed bob's reads 7 to 16 times), or rows by `keys` where a key may name many
+    rows (the embedded store
     reads every row of each key before its limit: `limit=1` of one key had read 76k rows, 7-12
-    s, and held the view for everyone; EMBEDDED_KEYS_READ_WHOLE). The rows skipped are read
-    too: `skip=10000&limit=1000` read 11,000 rows, three times a page."""
+    s, and held the view for everyone; EMBEDDED_KEYS_READ_WHOLE), or by more than LIGHT_KEYS
+    keys of any kind (each key is a lookup: four reads of 1,000 at once had kept the store 80 %
+    busy). The rows skipped are read too: `skip=10000&limit=1000` read 11,000 rows, three
+    times a page."""
     literals = {s for s in route.path if isinstance(s, str)}
     if route.kind not in ("read", "poll") or not {"_view", "_all_docs", "_changes"} & literals:
         return False
     reduces = "reduce" in route.query and given.get("reduce") is not False
     scans = "_changes" in literals and "filter" in given
-    view = route.path[2::2] if route.path[1:2] == ("_design",) else ()
-    by_keys = "_view" in literals and "keys" in given and view not in routes.ONE_ROW_A_KEY
+    keys = given.get("keys")
+    many_keys = keys is not None and len(keys) > LIGHT_KEYS
+    by_keys = many_keys or (keys is not None and not _one_row_a_key(route))
     skipped = max(given.get("skip", 0) - CURSOR_SKIP, 0)  # rows the store reads and drops
     unbounded = given.get("limit", math.inf) + skipped > routes.MAX_DOC_ROWS
     return reduces or scans or by_keys or unbounded
+
+
+def _one_row_a_key(route: Route) -> bool:
+    """A key of this read names at most one row: `_all_docs` (an id) and the views whose key
+    ends with the document's id (routes.ONE_ROW_A_KEY)."""
+    if route.path[-1:] == ("_all_docs",):
+        return True
+    return route.path[1:2] == ("_design",) and route.path[2::2] in ONE_ROW_A_KEY
 
 
 # Ids starting with `_` (the store's: design documents) sort from "_" to "`" on both stores

@@ -1612,8 +1612,8 @@ class FrontEnd(resource.Resource):
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
     ) -> None:
         """A user's write waits for one of its user's WRITES_PER_USER at the store, then for
-        its documents' turn (Pace): the store validates each document in JavaScript, and a
-        user's bulk writes had kept it busy for every other user."""
+        its documents' turn (Pace, by limits.PACED_DOC_BYTES too): the store validates each
+        document in JavaScript, and a user's bulk writes had kept it busy for every other user."""
 
         def paced() -> None:
             if not _holds(request, BIG_WRITE):
@@ -1623,7 +1623,7 @@ class FrontEnd(resource.Resource):
             big.addCallback(lambda release: self._big_write(request, who, identity, made, release))
             big.addErrback(self._failed, request)
 
-        documents = max(made.documents, 1)
+        documents = max(made.documents, 1, len(made.body or b"") / limits.PACED_DOC_BYTES)
         self._in_turn(request, who, self.writes, WRITE_SLOT, paced,
                       lambda: self.pace.delay(who.name, documents))  # fmt: skip
 

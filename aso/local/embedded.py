@@ -14,8 +14,12 @@ output, crash traces included) and `log.txt` (its request log).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from aso import model
@@ -24,6 +28,8 @@ from aso.local.stores import LocalStore, LocalStoreError
 from aso.provision.store_check import ATTACHMENTS_CSP
 from aso.store import Server, Settings, StoreError
 from aso.store import admin as store_admin
+
+log = logging.getLogger("aso.store")
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # aso/local/embedded.py → the checkout
 BUNDLED_SERVER = CHECKOUT / "deploy" / "store" / "node_modules" / ".bin" / "pouchdb-server"
@@ -126,3 +132,52 @@ class EmbeddedStore(LocalStore):
             f"store.admin_user/admin_password are not an admin of the store in {self.data_dir} "
             "(was it created with another config file?)"
         )
+
+
+COMPACT_TIMEOUT = 3600.0  # seconds the embedded store may take to answer one compaction
+
+
+class Compactor:
+    """EMBEDDED_NEVER_COMPACTS: pouchdb-server keeps the body of every revision of a document
+    until its database is compacted, and never compacts by itself (CouchDB's smoosh does):
+    1,729 writes of 69 KB had grown the store by 153 MB in 38 s. Every
+    `embedded.compact_interval` seconds, each database written to since its last compaction is
+    compacted, in a thread of its own (20,000 requests of five revisions: 120 → 49 MB in 10 s,
+    the store's reads stalled up to 6 s once; more often, less each time)."""
+
+    def __init__(self, config: Config, now: float):
+        self.config = config
+        self.interval = config.embedded.compact_interval
+        self.due = now + self.interval
+        self.compacted: dict[str, object] = {}  # database → its update_seq when last compacted
+        self.thread: threading.Thread | None = None
+
+    def maybe(self, now: float) -> None:
+        if self.interval <= 0 or now < self.due or (self.thread and self.thread.is_alive()):
+            return
+        self.due = now + self.interval
+        self.thread = threading.Thread(target=self.compact_written, name="compactor", daemon=True)
+        self.thread.start()
+
+    def compact_written(self) -> list[str]:
+        """Compact each database written to since its last compaction; their names."""
+        store = self.config.store
+        settings = replace(Settings.of(store), read_timeout=COMPACT_TIMEOUT)
+        server = Server(store.url, store.admin_user, store.admin_password, settings)
+        started, done = time.monotonic(), []
+        try:
+            for name in store_admin.all_dbs(server):
+                db = server.db(name)
+                seq = db.info().get("update_seq")
+                if name.startswith("_") or self.compacted.get(name) == seq:
+                    continue
+                store_admin.compact(db)
+                self.compacted[name] = seq
+                done.append(name)
+        except StoreError as exc:
+            log.warning("compaction of the embedded store stopped (next in %.0f s): %s",
+                        self.interval, exc)  # fmt: skip
+        if done:
+            log.info("compacted %d databases of the embedded store in %.1f s: %s", len(done),
+                     time.monotonic() - started, ", ".join(done))  # fmt: skip
+        return done

@@ -63,6 +63,12 @@ def create_db(
     return created
 
 
+def compact(db: Database) -> None:
+    """`POST /db/_compact`: the bodies of a database's old revisions dropped (CouchDB starts
+    it and answers 202; the embedded store answers once it is done). A server admin's."""
+    db.server.raw("POST", f"/{quote(db.name, safe='')}/_compact", body={})
+
+
 def delete_db(server: Server, name: str) -> None:
     server.call(server.client.delete_database, db=name)
 
