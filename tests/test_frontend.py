@@ -878,12 +878,16 @@ def test_a_user_s_documents_are_paced_a_burst_at_once_then_at_the_rate():
     assert pace.delay("dave", 1000) == pytest.approx(10.0)  # nothing kept beyond the burst
 
 
-def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
-    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
-):
-    """A user's 1,000-document bulk writes, two at a time, had slowed bob's reads 60 times on
-    the embedded store (red team round 13): past a burst of 1,000, a user's documents go to the
-    store at frontend.user_docs_per_second; another user's write goes meanwhile."""
+def writes_answered_201(
+    running_reactor: Any,
+    store_config: Config,
+    pki: Pki,
+    files_db: str,
+    base: Path,
+    monkeypatch: Any,
+) -> tuple[list[tuple[str, Any]], Config]:
+    """A front end's config at 200 documents a user a second, and the (user, request) of each
+    request it sends to the store, answered 201 there and then (no store behind it)."""
     sent: list[tuple[str, Any]] = []
 
     def held(self: Any, request: Any, who: Mapped, *_: Any, **__: Any) -> None:
@@ -891,8 +895,20 @@ def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
         running_reactor.callLater(0, finish_with, request, 201)
 
     monkeypatch.setattr(frontend_module.FrontEnd, "_send", held)
-    config = frontend_config(store_config, pki, files_db, tmp_path)
+    config = frontend_config(store_config, pki, files_db, base)
     config.frontend = dataclasses.replace(config.frontend, user_docs_per_second=200)
+    return sent, config
+
+
+def test_one_user_s_bulk_writes_are_paced_while_another_s_write_goes(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+):
+    """A user's 1,000-document bulk writes, two at a time, had slowed bob's reads 60 times on
+    the embedded store (red team round 13): past a burst of 1,000, a user's documents go to the
+    store at frontend.user_docs_per_second; another user's write goes meanwhile."""
+    sent, config = writes_answered_201(
+        running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+    )
     dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
     bulk = {"docs": [sample_request("dave") for _ in range(1000)]}
 
@@ -921,15 +937,9 @@ def test_a_user_s_large_documents_are_paced_by_their_bytes(
     153 MB in 38 s and slowed bob's reads six times. A write counts one document per
     limits.PACED_DOC_BYTES of its body: 150 large requests spend more than a burst, and the
     user's next write waits, where 150 small ones would have left it free to go."""
-    sent: list[tuple[str, Any]] = []
-
-    def held(self: Any, request: Any, who: Mapped, *_: Any, **__: Any) -> None:
-        sent.append((who.name, request))
-        running_reactor.callLater(0, finish_with, request, 201)
-
-    monkeypatch.setattr(frontend_module.FrontEnd, "_send", held)
-    config = frontend_config(store_config, pki, files_db, tmp_path)
-    config.frontend = dataclasses.replace(config.frontend, user_docs_per_second=200)
+    sent, config = writes_answered_201(
+        running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
+    )
     dave = cert_files(pki, "dave")
     parents = [f"/store/mc/{'x' * 470}/{n:03d}.root" for n in range(100)]  # 49 KB a request
     info = {"dataset": "/Prim/dave-proc/USER", "parents": parents}
