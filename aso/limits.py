@@ -5,9 +5,10 @@ MAX_BATCH)."""
 
 MAX_KEYS = 1000  # keys of a view or `_all_docs`, doc_ids of `_changes`
 MAX_DOCS = 1000  # documents of one `_bulk_docs`
-# Keys a user's read by keys may name and stay a light read at the front end (more: a heavy one,
-# paced). Four reads of 1,000 keys at once had kept the embedded store 80 % busy, ~0.25 s each.
-LIGHT_KEYS = 100
+# Lookups of one of a user's reads that stay a light read at the front end (more: a heavy one,
+# paced): keys of a read by keys, changes of a `_changes` batch (each a document the embedded
+# store reads). Four reads of 1,000 keys at once had kept the embedded store 80 % busy.
+LIGHT_LOOKUPS = 100
 # A user's write counts at frontend.user_docs_per_second as one document per PACED_DOC_BYTES of
 # its body, at least one a document: 3,000 requests of 69 KB at the document pace had grown the
 # store by 153 MB in 38 s and slowed bob's reads six times (a request is ~1 KB).

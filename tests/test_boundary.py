@@ -1066,6 +1066,28 @@ def test_a_batch_of_documents_is_not_parsed_to_settle_its_sequence(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "who, query, heavy",
+    [("user", f"limit={limits.LIGHT_LOOKUPS}", False),
+     ("user", f"limit={limits.LIGHT_LOOKUPS + 1}", True),
+     ("user", "limit=1000&feed=longpoll", False),  # a long poll: a poll's slot, never heavy
+     ("agent", "limit=1000", False)],
+)  # fmt: skip
+def test_a_user_s_changes_page_of_many_documents_is_heavy(boundary, who, query, heavy):
+    """Red team round 22: the embedded store reads each change's document, whatever the
+    options (EMBEDDED_CHANGES_READ_DOCUMENTS): a page of 1,000 changes over large requests took
+    0.2-0.3 s, and 16 of alice's connections made the operator's reads 12 times slower. A
+    user's batch of more than LIGHT_LOOKUPS changes is a heavy read; the agents' have their own
+    slots."""
+    b = boundary
+    target = f"/{b.files}/_changes?since=0&{query}".encode()
+    made = gate.check(b"GET", target, b"", frozenset({who}), routes.table(b.config))
+    assert isinstance(made, gate.Forward) and made.heavy is heavy, made
+    if who == "user" and not heavy and "feed" not in query:
+        answer = b.call("alice", "GET", target.decode())
+        assert answer.status_code == 200 and len(answer.json()["results"]) <= 100, answer.text
+
+
+@pytest.mark.parametrize(
     "method, query, heavy",
     [("GET", 'filter=_doc_ids&doc_ids=["nope"]&limit=5', True),
      ("POST", "filter=_doc_ids&limit=5", True),
@@ -1152,14 +1174,14 @@ def test_users_read_by_keys_only_the_views_where_a_key_names_one_row(boundary):
         return gate.check(b"POST", path, body.encode(), frozenset({routes.USER}), table)
 
     # Each key is a lookup: four reads of 1,000 keys at once had kept the store 80 % busy and
-    # slowed everyone's reads 10-20 times. Past LIGHT_KEYS a read by keys is a heavy read.
+    # slowed everyone's reads 10-20 times. Past LIGHT_LOOKUPS a read by keys is a heavy read.
     for design, view in routes.ONE_ROW_A_KEY:
         path = f"/{b.files}/_design/{design}/_view/{view}".encode()
-        made = by_keys(path, limits.LIGHT_KEYS)
+        made = by_keys(path, limits.LIGHT_LOOKUPS)
         assert isinstance(made, gate.Forward) and not made.heavy, (view, made)
-        made = by_keys(path, limits.LIGHT_KEYS + 1)
+        made = by_keys(path, limits.LIGHT_LOOKUPS + 1)
         assert isinstance(made, gate.Forward) and made.heavy, (view, made)
-    for keys, heavy in [(limits.LIGHT_KEYS, False), (limits.LIGHT_KEYS + 1, True)]:
+    for keys, heavy in [(limits.LIGHT_LOOKUPS, False), (limits.LIGHT_LOOKUPS + 1, True)]:
         ids = json.dumps({"keys": [f"{n:064x}" for n in range(keys)]}).encode()
         made = gate.check(b"POST", f"/{b.files}/_all_docs".encode(), ids,
                           frozenset({routes.USER}), table)  # fmt: skip

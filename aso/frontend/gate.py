@@ -27,7 +27,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 from aso.frontend import routes, sequences
 from aso.frontend.routes import ONE_ROW_A_KEY, Invalid, Route
-from aso.limits import LIGHT_KEYS
+from aso.limits import LIGHT_LOOKUPS
 
 
 @dataclass(frozen=True)
@@ -333,7 +333,8 @@ def _build(
         # a whole feed, read whole by the front end, without a heavy read's turn.
         params["limit"] = routes.MAX_DOC_ROWS
     # A long poll's slot would be held for its whole wait: it is bounded by its limit alone.
-    heavy = (with_docs or _unpaged(route, {**given, **params})) and not longpoll
+    unpaged = _unpaged(route, {**given, **params}) or _many_changes(route, given, audiences)
+    heavy = (with_docs or unpaged) and not longpoll
     poll_ms, since = None, None
     heartbeat = params.pop("heartbeat", None)
     if longpoll:
@@ -418,7 +419,7 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     them had slowed bob's reads 7 to 16 times), or rows by `keys` where a key may name many
     rows (the embedded store
     reads every row of each key before its limit: `limit=1` of one key had read 76k rows, 7-12
-    s, and held the view for everyone; EMBEDDED_KEYS_READ_WHOLE), or by more than LIGHT_KEYS
+    s, and held the view for everyone; EMBEDDED_KEYS_READ_WHOLE), or by more than LIGHT_LOOKUPS
     keys of any kind (each key is a lookup: four reads of 1,000 at once had kept the store 80 %
     busy). The rows skipped are read too: `skip=10000&limit=1000` read 11,000 rows, three
     times a page."""
@@ -428,7 +429,7 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     reduces = "reduce" in route.query and given.get("reduce") is not False
     scans = "_changes" in literals and "filter" in given
     keys = given.get("keys")
-    many_keys = keys is not None and len(keys) > LIGHT_KEYS
+    many_keys = keys is not None and len(keys) > LIGHT_LOOKUPS
     by_keys = many_keys or (keys is not None and not _one_row_a_key(route))
     skipped = max(given.get("skip", 0) - CURSOR_SKIP, 0)  # rows the store reads and drops
     unbounded = given.get("limit", math.inf) + skipped > routes.MAX_DOC_ROWS
@@ -441,6 +442,17 @@ def _one_row_a_key(route: Route) -> bool:
     if route.path[-1:] == ("_all_docs",):
         return True
     return route.path[1:2] == ("_design",) and route.path[2::2] in ONE_ROW_A_KEY
+
+
+def _many_changes(route: Route, given: dict[str, Any], audiences: frozenset[str]) -> bool:
+    """A user's `_changes` batch of more than LIGHT_LOOKUPS changes: the embedded store reads
+    each change's document, whatever the options (EMBEDDED_CHANGES_READ_DOCUMENTS), 0.2-0.3 s a
+    page of 1,000 large requests; 16 of alice's connections had made the operator's reads 12
+    times slower. The status cursor's `_changes` is filtered (heavy already); the agents' pages
+    have the services' own slots."""
+    if route.kind != "poll" or audiences & routes.SERVICES:
+        return False
+    return given.get("limit", math.inf) > LIGHT_LOOKUPS
 
 
 # Ids starting with `_` (the store's: design documents) sort from "_" to "`" on both stores

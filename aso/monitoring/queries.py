@@ -19,13 +19,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aso.limits import LIGHT_KEYS
+from aso.limits import LIGHT_LOOKUPS
 from aso.model import AXES, ON_ITS_WAY, STATE, job_order
 from aso.store import Database
 
 DDOC = "asyncstageout"
 PAGE = 1000  # rows per by_task request by range
-KEYS_PAGE = LIGHT_KEYS  # keys per by_task request by keys: a light read at the front end
+KEYS_PAGE = LIGHT_LOOKUPS  # keys per by_task request by keys: a light read at the front end
 # The estimate's sliding window: a link's pace is what it did in the last RATE_WINDOW seconds,
 # measured from its first copy in the window (so that it is sane in a task's first minutes).
 RATE_WINDOW = 900.0
