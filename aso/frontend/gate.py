@@ -452,7 +452,7 @@ def _many_changes(route: Route, given: dict[str, Any], audiences: frozenset[str]
     have the services' own slots."""
     if route.kind != "poll" or audiences & routes.SERVICES:
         return False
-    return given.get("limit", math.inf) > LIGHT_LOOKUPS
+    return bool(given.get("limit", math.inf) > LIGHT_LOOKUPS)
 
 
 # Ids starting with `_` (the store's: design documents) sort from "_" to "`" on both stores
