@@ -328,10 +328,12 @@ def _build(
         except sequences.Invalid as exc:
             return _bad(f"since must be {exc}")
     longpoll = route.kind == "poll" and given.get("feed") == "longpoll"
-    if longpoll and given.get("limit", routes.MAX_LIMIT + 1) > routes.MAX_DOC_ROWS:
-        # A page at most, the next from its last_seq: a long poll without a limit had answered
-        # a whole feed, read whole by the front end, without a heavy read's turn.
-        params["limit"] = routes.MAX_DOC_ROWS
+    # A page at most, the next from its last_seq: a long poll without a limit had answered a
+    # whole feed, read whole by the front end, without a heavy read's turn. A user's, from an
+    # old `since`, answers at once as a batch would, in a poll's slot: a light batch's page.
+    most = routes.MAX_DOC_ROWS if audiences & routes.SERVICES else LIGHT_LOOKUPS
+    if longpoll and given.get("limit", routes.MAX_LIMIT + 1) > most:
+        params["limit"] = most
     # A long poll's slot would be held for its whole wait: it is bounded by its limit alone.
     unpaged = _unpaged(route, {**given, **params}) or _many_changes(route, given, audiences)
     heavy = (with_docs or unpaged) and not longpoll
