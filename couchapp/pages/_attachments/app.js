@@ -1140,16 +1140,51 @@ function publicationBlocks() {
 
 var TASK_PAGE = 500; // file rows per page of a task
 
+var TASK_SCAN = 1000; // by_task rows of one read of the task page
+var TASK_SCANS = 5; // reads of one task page at most: a task's size is its user's to choose
+
+function taskKey(row) {
+  // A row's by_task key built from its value (EMBEDDED_VIEW_KEYS_INEXACT), as the map emits it.
+  var v = row.value, job = /^[0-9]{1,15}$/.test(v.job_id) ? Number(v.job_id) : v.job_id;
+  return [row.key[0], job, row.key[2], row.id];
+}
+
+function taskRows(name, from, filter) {
+  // One page of a task's files from the key `from` (or the task's start), of state `filter`
+  // if given: by_task read TASK_SCAN rows at a time until TASK_PAGE are found, the task ends or
+  // TASK_SCANS reads are made (a task of 30,000 files read whole at each refresh had held the
+  // store for everyone). {rows, next}: next, the key the next page starts at (null: the end).
+  var found = [], reads = 0;
+  function scan(start) {
+    return get(DDOC + 'by_task', {start_key: start, end_key: [name, {}], limit: TASK_SCAN + 1})
+      .then(function (got) {
+        reads += 1;
+        var rows = got.rows.slice(0, TASK_SCAN);
+        var more = got.rows.length > TASK_SCAN ? taskKey(got.rows[TASK_SCAN]) : null;
+        for (var i = 0; i < rows.length; i++) {
+          if (filter && rows[i].value.state !== filter) { continue; }
+          if (found.length === TASK_PAGE) { return {rows: found, next: taskKey(rows[i])}; }
+          found.push(rows[i]);
+        }
+        return more && reads < TASK_SCANS ? scan(more) : {rows: found, next: more};
+      });
+  }
+  return scan(from || [name]);
+}
+
 function task(name) {
   // A task: its files per state of each axis at the top (each count filters the list), then its
   // files in job order (numeric), each linked to its page; ?state= keeps the filter, ?from= the
-  // page (the key of the first row shown).
+  // page (the by_task key of its first row, JSON).
   var filter = PARAMS.state || '';
+  var from = null;
+  try { from = PARAMS.from ? JSON.parse(PARAMS.from) : null; } catch (e) { from = null; }
+  if (!Array.isArray(from) || from.length !== 4 || from[0] !== name) { from = null; }
   return Promise.all([
     get(DDOC + 'task_states', {start_key: [name], end_key: [name, {}], group_level: 3}),
-    get(DDOC + 'by_task', {start_key: [name], end_key: [name, {}]})
+    taskRows(name, from, filter)
   ]).then(function (got) {
-    if (!got[1].rows.length) { throw new NotFound('No files of task ' + name + ' are recorded here.'); }
+    if (!got[0].rows.length) { throw new NotFound('No files of task ' + name + ' are recorded here.'); }
     var counts = {state: {}, cleanup: {}, publication: {}};
     got[0].rows.forEach(function (r) { counts[r.key[1]][r.key[2]] = r.value; });
     var countRows = ['state', 'cleanup', 'publication'].map(function (axis) {
@@ -1160,10 +1195,9 @@ function task(name) {
         return el('span', {}, [i ? ', ' : '', axis === 'state' ? link : s + ' ' + counts[axis][s]]);
       }))]));
     });
-    var all = got[1].rows, total = all.length;
-    var shown = filter ? all.filter(function (r) { return r.value.state === filter; }) : all;
-    var first = Number(PARAMS.page || 0);
-    var page = shown.slice(first * TASK_PAGE, (first + 1) * TASK_PAGE);
+    var total = Object.keys(counts.state).reduce(function (n, s) { return n + counts.state[s]; }, 0);
+    var matching = filter ? (counts.state[filter] || 0) : total;
+    var page = got[1].rows, next = got[1].next;
     var rows = page.map(function (r) {
       var v = r.value, lfn = v.destination_lfn || '';
       return el('tr', {'data-id': r.id, 'data-state': v.state}, [
@@ -1183,13 +1217,13 @@ function task(name) {
         return opt;
       })));
     select.addEventListener('change', function () { location.hash = taskAddress(name, {state: select.value}); });
-    var pages = Math.ceil(shown.length / TASK_PAGE), nav = [];
-    if (first > 0) { nav.push(el('a', {href: taskAddress(name, {state: filter, page: first - 1}), id: 'previous'}, ['← previous'])); }
-    if (first + 1 < pages) { nav.push(el('a', {href: taskAddress(name, {state: filter, page: first + 1}), id: 'next'}, ['next →'])); }
+    var nav = [];
+    if (from) { nav.push(el('a', {href: taskAddress(name, {state: filter}), id: 'previous'}, ['← first files']), ' '); }
+    if (next) { nav.push(el('a', {href: taskAddress(name, {state: filter, from: JSON.stringify(next)}), id: 'next'}, ['next →'])); }
     return [el('h2', {}, ['Task ' + name]),
       table('task-counts', ['axis', 'files per state (' + total + ' in all)'], countRows),
-      el('p', {'class': 'choices'}, ['show ', select, ' — ' + shown.length + ' files' +
-        (pages > 1 ? ', page ' + (first + 1) + ' of ' + pages : '')]),
+      el('p', {'class': 'choices'}, ['show ', select, ' — ' + matching + ' files' +
+        (page.length < matching ? ', ' + page.length + ' on this page' : '')]),
       table('files', ['job', 'type', 'file (its page)', 'size', 'state', 'cleanup', 'publication',
         'attempts', 'last change (UTC)', 'current failure'], rows),
       el('p', {}, nav)];
