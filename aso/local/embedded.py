@@ -168,9 +168,11 @@ class Compactor:
         started, done = time.monotonic(), []
         try:
             for name in store_admin.all_dbs(server):
+                if name.startswith("_"):
+                    continue
                 db = server.db(name)
                 seq = db.info().get("update_seq")
-                if name.startswith("_") or self.compacted.get(name) == seq:
+                if self.compacted.get(name) == seq:
                     continue
                 store_admin.compact(db)
                 self.compacted[name] = seq

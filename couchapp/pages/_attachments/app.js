@@ -1143,12 +1143,6 @@ var TASK_PAGE = 500; // file rows per page of a task
 var TASK_SCAN = 1000; // by_task rows of one read of the task page
 var TASK_SCANS = 5; // reads of one task page at most: a task's size is its user's to choose
 
-function taskKey(row) {
-  // A row's by_task key built from its value (EMBEDDED_VIEW_KEYS_INEXACT), as the map emits it.
-  var v = row.value, job = /^[0-9]{1,15}$/.test(v.job_id) ? Number(v.job_id) : v.job_id;
-  return [row.key[0], job, row.key[2], row.id];
-}
-
 function taskRows(name, from, filter) {
   // One page of a task's files from the key `from` (or the task's start), of state `filter`
   // if given: by_task read TASK_SCAN rows at a time until TASK_PAGE are found, the task ends or
@@ -1160,10 +1154,12 @@ function taskRows(name, from, filter) {
       .then(function (got) {
         reads += 1;
         var rows = got.rows.slice(0, TASK_SCAN);
-        var more = got.rows.length > TASK_SCAN ? taskKey(got.rows[TASK_SCAN]) : null;
+        // A row's key starts the next read, as the status cursor pages by_task (its job is a
+        // number of at most 15 digits, exact on both stores: EMBEDDED_VIEW_KEYS_INEXACT is 17).
+        var more = got.rows.length > TASK_SCAN ? got.rows[TASK_SCAN].key : null;
         for (var i = 0; i < rows.length; i++) {
           if (filter && rows[i].value.state !== filter) { continue; }
-          if (found.length === TASK_PAGE) { return {rows: found, next: taskKey(rows[i])}; }
+          if (found.length === TASK_PAGE) { return {rows: found, next: rows[i].key}; }
           found.push(rows[i]);
         }
         return more && reads < TASK_SCANS ? scan(more) : {rows: found, next: more};
