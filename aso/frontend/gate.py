@@ -54,6 +54,7 @@ class Forward:
     with_docs: bool = False  # carries documents (include_docs), heavy or not
     documents: int = 0  # documents a write carries (a user's: frontend.user_docs_per_second)
     filtered: bool = False  # a `_changes` read by `filter=_doc_ids`
+    reduces: bool = False  # a view read answered by its reduce (aso.frontend.shared)
 
 
 def _bad(reason: str) -> GateRefusal:
@@ -347,7 +348,7 @@ def _build(
     beat = heartbeat if poll_ms else None
     filtered = route.kind == "poll" and "filter" in given
     return Forward(route, method, target, sent, poll_ms, since, beat, heavy, nodes, with_docs,
-                   documents, filtered)  # fmt: skip
+                   documents, filtered, _reduces(route, given))  # fmt: skip
 
 
 def as_batch(made: Forward) -> Forward:
@@ -414,9 +415,9 @@ CURSOR_SKIP = 1
 
 def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     """A read whose cost is not bounded by a page: a reduce (the embedded store reduces every
-    row of the range per read: 60 grouped reads of 3,000 rows had stalled everyone 13 s), rows
-    without a limit or with one over a page (bursts of 10,000-row reads had held bob's reads
-    15 s), or a filtered `_changes` batch (the store reads every change from `since` to find
+    row of the range per read, EMBEDDED_REDUCES_EVERY_ROW: 60 grouped reads of 3,000 rows had
+    stalled everyone 13 s), rows without a limit or with one over a page (bursts of 10,000-row
+    reads had held bob's reads 15 s), or a filtered `_changes` batch (the store reads every change from `since` to find
     those of the ids, whatever the limit: 1 s a read of a 59k-change history, and a flood of
     them had slowed bob's reads 7 to 16 times), or rows by `keys` where a key may name many
     rows (the embedded store
@@ -428,7 +429,7 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     literals = {s for s in route.path if isinstance(s, str)}
     if route.kind not in ("read", "poll") or not {"_view", "_all_docs", "_changes"} & literals:
         return False
-    reduces = "reduce" in route.query and given.get("reduce") is not False
+    reduces = _reduces(route, given)
     scans = "_changes" in literals and "filter" in given
     keys = given.get("keys")
     many_keys = keys is not None and len(keys) > LIGHT_LOOKUPS
@@ -436,6 +437,11 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     skipped = max(given.get("skip", 0) - CURSOR_SKIP, 0)  # rows the store reads and drops
     unbounded = given.get("limit", math.inf) + skipped > routes.MAX_DOC_ROWS
     return reduces or scans or by_keys or unbounded
+
+
+def _reduces(route: Route, given: dict[str, Any]) -> bool:
+    """A view read answered by the view's reduce (a view with one, not told reduce=false)."""
+    return "reduce" in route.query and given.get("reduce") is not False
 
 
 def _one_row_a_key(route: Route) -> bool:

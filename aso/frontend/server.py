@@ -68,6 +68,7 @@ from zope.interface import implementer
 from aso import limits, metrics, model, upload
 from aso.config import Config, FrontendConfig
 from aso.frontend import gate, routes, sequences
+from aso.frontend import shared as shared_reads
 from aso.frontend.bodychecks import Asked, BodyChecks, Stopped, give_back_memory
 from aso.grid.x509auth import (
     MAX_CHAIN,
@@ -529,6 +530,45 @@ class _Relay(protocol.Protocol):
         else:  # cut short: the client must not take a truncated answer for a whole one
             log.error("store answer to %s cut: %s", _path(self.request), reason.getErrorMessage())
             self.request.loseConnection()
+
+
+class _KeptRelay(_Relay):
+    """A relay that also keeps a copy of the answer (up to shared.MAX_ANSWER_BYTES) for the
+    read's Lead: the answer and how long the store took, from the request's sending (its
+    construction) to the answer's end."""
+
+    def __init__(
+        self,
+        request: server.Request,
+        paused: Callable[[], None] | None,
+        response: Any,
+        lead: shared_reads.Lead,
+        clock: Callable[[], float],
+    ):
+        super().__init__(request, paused)
+        self.response, self.lead, self.clock = response, lead, clock
+        self.sent_at = getattr(request, SHARED_SENT_AT, clock())
+        self.parts: list[bytes] | None = []  # None once past what may be kept
+        self.size = 0
+
+    def dataReceived(self, data: bytes) -> None:
+        super().dataReceived(data)
+        if self.parts is not None:
+            self.size += len(data)
+            self.parts.append(data)
+            if self.size > shared_reads.MAX_ANSWER_BYTES:
+                self.parts = None
+
+    def connectionLost(self, reason: Any = None) -> None:
+        whole = reason is None or reason.check(client.ResponseDone)
+        if whole and self.parts is not None and not self.gone:
+            at = self.clock()
+            got, body = self.response, b"".join(self.parts)
+            answer = shared_reads.Answer(got.code, got.phrase, got.headers, body, at)
+            self.lead.done(answer, at - self.sent_at)
+        else:
+            self.lead.done(None)
+        super().connectionLost(reason)
 
 
 class _Dropped(protocol.Protocol):
@@ -1314,6 +1354,7 @@ class FrontEnd(resource.Resource):
         self.heavy_turns = Slots(reactor, 1, "a user's heavy reads")
         self.heavy_time = Pace(reactor, HEAVY_SHARE, HEAVY_BURST)  # seconds at the store
         self.heavy_done_at = 0.0  # when the store last answered a heavy read (monotonic)
+        self.shared = shared_reads.SharedReads()  # operators' costly reduce reads
         self.reads = Slots(reactor, 1, "a user's reads at the store", each=READS_PER_USER)
         self.pace = Pace(reactor, config.frontend.user_docs_per_second, limits.MAX_DOCS)
         # Chains are checked in threads of their own: a check waiting behind other work had
@@ -1567,18 +1608,65 @@ class FrontEnd(resource.Resource):
         if made.heavy and _user_only(who) and not catches_up and not _holds(request, PACED):
             self._heavy_paced(request, who, identity, made)
             return
+        if made.reduces and made.poll_ms is None and _is_operator(who):
+            self._shared_read(request, who, headers, made, producer)
+            return
         if (made.heavy or (made.with_docs and not _is_agent(who))) and not catches_up:
-            # A long poll with documents waits in its user's queue, never for a shared slot (it
-            # may wait a minute); agents' polls are the service's own and run side by side.
-            slot = self.heavy.take_for(
-                request, who.name, shared=made.heavy, service=not _user_only(who)
-            )
-            slot.addCallback(
-                lambda release: self._send(request, who, headers, made, producer, release)
-            )
-            slot.addErrback(self._failed, request)
+            self._heavy_slot(request, who, headers, made, producer)
             return
         self._send(request, who, headers, made, producer)
+
+    def _heavy_slot(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+        producer: IBodyProducer | None,
+    ) -> None:
+        """Sent once one of the heavy reads' slots is taken (a user's in their own queue). A
+        long poll with documents waits in its user's queue, never for a shared slot (it may
+        wait a minute); agents' polls are the service's own and run side by side."""
+        slot = self.heavy.take_for(
+            request, who.name, shared=made.heavy, service=not _user_only(who)
+        )
+        slot.addCallback(lambda release: self._send(request, who, headers, made, producer, release))
+        slot.addErrback(self._failed, request)
+
+    def _shared_read(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+        producer: IBodyProducer | None,
+    ) -> None:
+        """An operator's reduce read (aso.frontend.shared): a kept answer if it is fresh, else
+        the answer of the same read under way, else a heavy read that leads, its answer kept if
+        it was costly."""
+        key = made.method + b" " + made.target + b"\n" + (made.body or b"")
+        kept = self.shared.fresh(key)
+        if kept is not None:
+            _serve(request, kept, self.shared.clock())
+            return
+        joined = self.shared.join(key)
+        if joined is None:
+            lead = self.shared.lead(key)
+            setattr(request, SHARED_READ, lead)
+            request.notifyFinish().addBoth(lambda _: lead.done(None))  # if it ends without one
+            self._heavy_slot(request, who, headers, made, producer)
+            return
+
+        def answered(answer: shared_reads.Answer | None) -> None:
+            if _client_gone(request):
+                return
+            if answer is None:  # the read it joined ended without an answer: one of its own
+                self._heavy_slot(request, who, headers, made, producer)
+            else:
+                _serve(request, answer, self.shared.clock())
+
+        joined.addCallback(answered)
+        joined.addErrback(self._failed, request)
 
     def _in_turn(
         self,
@@ -1835,6 +1923,8 @@ class FrontEnd(resource.Resource):
         share_back = release.share_back if isinstance(release, Turn) else None
         via = self.feeds if made.poll_ms is not None else self.agent
         sent_at = time.monotonic()
+        if _holds(request, SHARED_READ):
+            setattr(request, SHARED_SENT_AT, self.shared.clock())
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         if made.heavy and made.poll_ms is None:
             charged = who.name if isinstance(release, Turn) and release.shares else None
@@ -2113,7 +2203,11 @@ class FrontEnd(resource.Resource):
             return
         request.setResponseCode(response.code, response.phrase)
         _copy_headers(response, request)
-        response.deliverBody(_Relay(request, paused))
+        lead = getattr(request, SHARED_READ, None)
+        if lead is None:
+            response.deliverBody(_Relay(request, paused))
+        else:
+            response.deliverBody(_KeptRelay(request, paused, response, lead, self.shared.clock))
 
     @defer.inlineCallbacks
     def _written(
@@ -2209,6 +2303,8 @@ def _quiet_body(made: gate.Forward) -> bytes:
 
 # A request's marks (set on it) that it holds a slot of its kind, taken once before it is sent.
 WRITE_SLOT, POLL_SLOT, READ_SLOT = "aso_write_slot", "aso_poll_slot", "aso_read_slot"
+SHARED_READ = "aso_shared_read"  # the Lead of an operator's reduce read (FrontEnd._shared_read)
+SHARED_SENT_AT = "aso_shared_sent_at"  # when that read was sent to the store
 PACED = "aso_heavy_paced"  # a user's heavy read: its turn taken, its share of the store waited for
 BIG_WRITE = "aso_big_write"  # a user's large write: its large body's slot taken again to send it
 
@@ -2390,6 +2486,22 @@ def _db_of(made: gate.Forward) -> bytes:
 
 def _is_agent(who: Mapped) -> bool:
     return model.AGENT_ROLE in who.roles
+
+
+def _is_operator(who: Mapped) -> bool:
+    """An operator and not an agent: a person at the pages, whose reads may be shared."""
+    return routes.OPERATOR in routes.audiences_of(who.roles) and not _is_agent(who)
+
+
+def _serve(request: server.Request, answer: shared_reads.Answer, now: float) -> None:
+    """A kept (or shared) store answer as this request's, with its age."""
+    if _client_gone(request):
+        return
+    request.setResponseCode(answer.code, answer.phrase)
+    _copy_headers_of(answer.headers, request)
+    request.setHeader(b"age", b"%d" % max(now - answer.at, 0))
+    request.write(answer.body)
+    request.finish()
 
 
 def _explained(body: bytes, conflicts: dict[str, Any], stored_body: bytes, caller: str) -> bytes:

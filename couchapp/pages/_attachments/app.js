@@ -82,6 +82,8 @@ function get(path, params) {
 function checked(response, what) {
   // The answer's JSON; a refusal as the store words it (its `reason`), a 401 as LoginNeeded.
   return response.json().catch(function () { return {}; }).then(function (body) {
+    var age = response.headers.get('age');
+    if (response.ok && age !== null && body && typeof body === 'object') { body.age = Number(age); }
     if (response.ok) { return body; }
     var reason = body.reason || body.error || ('HTTP ' + response.status);
     if (response.status === 401) { throw new LoginNeeded(reason); }
@@ -98,6 +100,14 @@ function el(tag, attrs, children) {
       ? document.createTextNode(String(c)) : c);
   });
   return node;
+}
+
+function countedAgo(id, answer) {
+  // A count the front end kept (its answer's Age): counting it costs the store, and it is
+  // counted again once the one kept is as old as ten times what it cost.
+  if (typeof answer.age !== 'number') { return []; }
+  return [el('p', {'class': 'note', id: id, 'data-age': answer.age}, ['Counted ' + answer.age +
+    ' s ago: a count that costs the store is kept for a while (ten times what it cost), then counted again.'])];
 }
 
 function table(id, headers, rows) {
@@ -812,7 +822,7 @@ function link(name) {
         el('td', {'class': 'n'}, [r.value])]);
     });
     var out = [el('h2', {}, ['Link ' + parts[0] + ' → ' + parts[1]]),
-      table('link-states', ['state', 'files now'], stateRows)];
+      table('link-states', ['state', 'files now'], stateRows)].concat(countedAgo('link-counted', got[0]));
     var h = got[1];
     if (h) {
       var step = h.span.step, per = step === DAY ? 'day' : 'hour';
@@ -1217,12 +1227,13 @@ function task(name) {
     if (from) { nav.push(el('a', {href: taskAddress(name, {state: filter}), id: 'previous'}, ['← first files']), ' '); }
     if (next) { nav.push(el('a', {href: taskAddress(name, {state: filter, from: JSON.stringify(next)}), id: 'next'}, ['next →'])); }
     return [el('h2', {}, ['Task ' + name]),
-      table('task-counts', ['axis', 'files per state (' + total + ' in all)'], countRows),
+      table('task-counts', ['axis', 'files per state (' + total + ' in all)'], countRows)].concat(
+      countedAgo('task-counted', got[0]), [
       el('p', {'class': 'choices'}, ['show ', select, ' — ' + matching + ' files' +
         (page.length < matching ? ', ' + page.length + ' on this page' : '')]),
       table('files', ['job', 'type', 'file (its page)', 'size', 'state', 'cleanup', 'publication',
         'attempts', 'last change (UTC)', 'current failure'], rows),
-      el('p', {}, nav)];
+      el('p', {}, nav)]);
   });
 }
 
