@@ -417,15 +417,14 @@ def _unpaged(route: Route, given: dict[str, Any]) -> bool:
     """A read whose cost is not bounded by a page: a reduce (the embedded store reduces every
     row of the range per read, EMBEDDED_REDUCES_EVERY_ROW: 60 grouped reads of 3,000 rows had
     stalled everyone 13 s), rows without a limit or with one over a page (bursts of 10,000-row
-    reads had held bob's reads 15 s), or a filtered `_changes` batch (the store reads every change from `since` to find
-    those of the ids, whatever the limit: 1 s a read of a 59k-change history, and a flood of
-    them had slowed bob's reads 7 to 16 times), or rows by `keys` where a key may name many
-    rows (the embedded store
-    reads every row of each key before its limit: `limit=1` of one key had read 76k rows, 7-12
-    s, and held the view for everyone; EMBEDDED_KEYS_READ_WHOLE), or by more than LIGHT_LOOKUPS
-    keys of any kind (each key is a lookup: four reads of 1,000 at once had kept the store 80 %
-    busy). The rows skipped are read too: `skip=10000&limit=1000` read 11,000 rows, three
-    times a page."""
+    reads had held bob's reads 15 s), or a filtered `_changes` batch (the store reads every
+    change from `since` to find those of the ids, whatever the limit: 1 s a read of a
+    59k-change history, and a flood of them had slowed bob's reads 7 to 16 times), or rows by
+    `keys` where a key may name many rows (the embedded store reads every row of each key
+    before its limit: `limit=1` of one key had read 76k rows, 7-12 s, and held the view for
+    everyone; EMBEDDED_KEYS_READ_WHOLE), or by more than LIGHT_LOOKUPS keys of any kind (each
+    key is a lookup: four reads of 1,000 at once had kept the store 80 % busy). The rows
+    skipped are read too: `skip=10000&limit=1000` read 11,000 rows, three times a page."""
     literals = {s for s in route.path if isinstance(s, str)}
     if route.kind not in ("read", "poll") or not {"_view", "_all_docs", "_changes"} & literals:
         return False
