@@ -1644,6 +1644,8 @@ class FrontEnd(resource.Resource):
         """An operator's reduce read (aso.frontend.shared): a kept answer if it is fresh, else
         the answer of the same read under way, else a heavy read that leads, its answer kept if
         it was costly."""
+        if _client_gone(request):  # notifyFinish would never fire: a lead would never end
+            return
         key = made.method + b" " + made.target + b"\n" + (made.body or b"")
         kept = self.shared.fresh(key)
         if kept is not None:
