@@ -1269,6 +1269,32 @@ def test_a_quiet_long_poll_with_documents_ends_quiet_at_its_time_not_cut(
         assert answer.json()["results"] == []
 
 
+def test_a_user_s_long_polls_with_documents_are_paced_by_their_bytes(
+    running_reactor, store_config, pki, files_db, tmp_path, admin, monkeypatch
+):
+    """Red team round 24: a long poll with documents from an old `since` answers at once, as a
+    batch would, but was never charged to its user's heavy share: four of alice's kept the
+    embedded store 85 % busy (82 answers, 2.8 GB in 30 s). Its answer's bytes are spent from
+    the share (POLL_DOC_BYTES a second of the store's time) and the next waits for it, 503
+    past HEAVY_WAIT; another user's polls do not wait."""
+    monkeypatch.setattr(frontend_module, "HEAVY_BURST", 1.0)
+    monkeypatch.setattr(frontend_module, "POLL_DOC_BYTES", 1000)  # ~1 s a request answered
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    admin.db(files_db).bulk_write([sample_request("dave") for _ in range(20)])
+    poll = f"/{files_db}/_changes?feed=longpoll&include_docs=true&since=0&limit=20&timeout=5000"
+    with frontend_in_process(running_reactor, config) as url:
+        first = call(url, pki, dave, "GET", poll)
+        assert first.status_code == 200 and first.json()["results"], first.text[:300]
+        # Spent past its 1 s allowance: the next would wait 4 s a second spent, past HEAVY_WAIT
+        assert len(first.content) > 1000 * (1 + frontend_module.HEAVY_WAIT / 4)
+        spent = call(url, pki, dave, "GET", poll)
+        assert spent.status_code == 503, spent.text[:300]
+        assert spent.json()["error"] == "too_costly" and int(spent.headers["retry-after"]) > 30
+        others = call(url, pki, carol, "GET", poll)
+        assert others.status_code == 200 and others.json()["results"], others.text[:300]
+
+
 def test_a_long_poll_s_answer_holds_its_turn_until_its_client_has_read_it(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

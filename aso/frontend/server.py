@@ -144,6 +144,11 @@ HEAVY_STORE_CAP = 300.0  # seconds a user's heavy read holds its turn for a stor
 # of it p50 0.05 → 13 s). A read that would wait longer than HEAVY_WAIT is refused, with when.
 HEAVY_SHARE = 0.25
 HEAVY_BURST = 20.0
+# A user's long poll with documents answers at once from an old `since`, as a batch would, in
+# the user's queue but outside the share: its answer's bytes are spent from it, one second of
+# the store's time per POLL_DOC_BYTES (the embedded store answered ~110 MB of large requests a
+# second: four such polls had kept it 85 % busy, round 24).
+POLL_DOC_BYTES = 8 << 20
 SPENT_REASON = (
     "this user's heavy reads have held the store {share:.0%} of the time, their share: the "
     "next may go in {wait:.0f} s (ask for less at once: a narrower key range, a limit)"
@@ -1608,6 +1613,10 @@ class FrontEnd(resource.Resource):
         if made.heavy and _user_only(who) and not catches_up and not _holds(request, PACED):
             self._heavy_paced(request, who, identity, made)
             return
+        paced_poll = made.with_docs and made.poll_ms is not None and _user_only(who)
+        if paced_poll and not catches_up and not _holds(request, PACED):
+            self._poll_paced(request, who, identity, made)
+            return
         if made.reduces and made.poll_ms is None and _is_operator(who):
             self._shared_read(request, who, headers, made, producer)
             return
@@ -1732,6 +1741,25 @@ class FrontEnd(resource.Resource):
 
         self._in_turn(request, who, self.heavy_turns, PACED,
                       lambda: self.forward(request, who, identity, made), share)  # fmt: skip
+
+    def _poll_paced(
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
+    ) -> None:
+        """A user's long poll with documents waits, within its own time, until the user's
+        heavy reads are within their share (its answer's bytes are spent from it: _poll); past
+        HEAVY_WAIT, 503. It takes no heavy read's turn: it may wait a minute for a change."""
+        asked_at = time.monotonic()
+        seconds = self.heavy_time.delay(who.name, 0)
+        if seconds > HEAVY_WAIT:
+            self._failed(Failure(Spent(seconds)), request)
+            return
+        setattr(request, PACED, True)
+
+        def go(_: Any) -> None:
+            if not _client_gone(request):
+                self.forward(request, who, identity, _less_time(made, asked_at))
+
+        task.deferLater(self.reactor, seconds, lambda: None).addCallback(go)
 
     def _read_slot(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
@@ -1940,7 +1968,8 @@ class FrontEnd(resource.Resource):
         if made.route.kind in ("write", "create"):
             sent.addCallback(self._written, request, who, headers, made)
         elif made.poll_ms is not None:
-            self._poll(sent, request, made, _user_only(who))
+            paced = made.with_docs and _user_only(who)
+            self._poll(sent, request, made, _user_only(who), who.name if paced else None)
         elif batch:
             self._whole(sent, request, head, read_whole=share_back)
         else:
@@ -2107,8 +2136,10 @@ class FrontEnd(resource.Resource):
         request: server.Request,
         made: gate.Forward,
         filtered: bool = False,
+        paced: str | None = None,
     ) -> None:
-        """A long poll, bounded: its answer is read whole and sent once it is complete; at its
+        """A long poll, bounded: its answer is read whole and sent once it is complete (its
+        bytes spent from the heavy share of the user `paced`, POLL_DOC_BYTES); at its
         timeout it ends as CouchDB ends one (COUCHDB_FEED_ENDS_AT_TIMEOUT), with no results
         and the sequence it was asked from, on both stores: the embedded store never ends a
         long poll itself (EMBEDDED_FEED_NEVER_TIMES_OUT) and sends the head of its answer
@@ -2129,6 +2160,8 @@ class FrontEnd(resource.Resource):
         def end(code: int, phrase: bytes, headers: Any, body: bytes | None) -> None:
             nonlocal ended
             ended = True
+            if paced is not None and body is not None:  # the store's work, read or not
+                self.heavy_time.delay(paced, len(body) / POLL_DOC_BYTES)
             for timer in timers:
                 if timer.active():
                     timer.cancel()
