@@ -1428,7 +1428,8 @@ def test_an_operator_s_costly_reduce_read_is_shared_while_it_is_fresh(
     reduce read that cost the store is kept for ten times its cost and given to the next
     operators who ask, with its Age; another read of it waits for the one under way. A user's
     reads are never answered from it."""
-    monkeypatch.setattr(shared_module, "MIN_COST", 0.0)  # every answer costly enough to keep
+    monkeypatch.setattr(shared_module, "MIN_COST", 0.0)  # every answer costly enough to keep,
+    monkeypatch.setattr(shared_module, "FRESH_PER_COST", 1e6)  # and for MAX_FRESH
     config = frontend_config(store_config, pki, files_db, tmp_path)
     certs = {who: cert_files(pki, who) for who in ("dave", "operator-x")}
     grouped = f"/{files_db}/_design/asyncstageout/_view/task_states?group_level=2"
@@ -1470,6 +1471,7 @@ def test_an_operator_s_task_page_says_when_its_counts_were_kept(
     """The task page of an operator whose counts came kept (their Age) says how old they are;
     counted afresh, it says nothing."""
     monkeypatch.setattr(shared_module, "MIN_COST", 0.0)
+    monkeypatch.setattr(shared_module, "FRESH_PER_COST", 1e6)
     config = frontend_config(store_config, pki, files_db, tmp_path)
     task = f"261130_{uuid.uuid4().hex[:6]}:erin_crab_kept"
     admin.db(files_db).bulk_write([sample_request("erin", task=task) for _ in range(3)])
