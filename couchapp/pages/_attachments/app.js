@@ -1068,20 +1068,25 @@ function publication() {
   });
 }
 
-var BLOCK_ROWS = 10000;   // files read of publication_blocks' range pending..failed
+// Files read of each of publication_blocks' ranges (pending; publication_error..failed) at each
+// refresh: how many files a user marks for publication is the user's to choose (10,000 of
+// alice's, 14 MB at every refresh, had held the store up to 21 s).
+var BLOCK_ROWS = 1000;
 var PUBLISHED_ROWS = 1000; // the most recently published files read
 
 function publicationBlocks() {
-  // Blocks from the publication_blocks view, two key ranges: pending..publication_failed, the
-  // files waiting for a block per user and dataset (open) and the failed blocks with the
-  // catalog's reason (and each failed file); and the blocks published last.
+  // Blocks from the publication_blocks view, three key ranges of BLOCK_ROWS (PUBLISHED_ROWS)
+  // files at most: pending, the files waiting for a block per user and dataset (open);
+  // publication_error..publication_failed, the failed blocks with the catalog's reason (and
+  // each failed file); and the blocks published last.
   return Promise.all([
-    get(DDOC + 'publication_blocks', {start_key: ['pending'], end_key: ['publication_failed', {}], limit: BLOCK_ROWS}),
+    get(DDOC + 'publication_blocks', {start_key: ['pending'], end_key: ['pending', {}], limit: BLOCK_ROWS}),
+    get(DDOC + 'publication_blocks', {start_key: ['publication_error'], end_key: ['publication_failed', {}], limit: BLOCK_ROWS}),
     get(DDOC + 'publication_blocks', {start_key: ['published', {}], end_key: ['published'],
       descending: true, limit: PUBLISHED_ROWS})
   ]).then(function (got) {
     var open = {}, blocks = {}, failedFiles = [];
-    got[0].rows.forEach(function (r) {
+    got[0].rows.concat(got[1].rows).forEach(function (r) {
       var state = r.key[0], v = r.value;
       if (state === 'pending') {
         var k = v.user + '\u0000' + v.dataset;
@@ -1097,7 +1102,7 @@ function publicationBlocks() {
       failedFiles.push(r);
     });
     var published = {}, order = [];
-    got[1].rows.forEach(function (r) {
+    got[2].rows.forEach(function (r) {
       var v = r.value, key = v.block || v.dataset;
       if (!published[key]) { published[key] = {dataset: v.dataset, block: v.block, files: 0, bytes: 0, at: r.key[1], sample: r.id}; order.push(key); }
       published[key].files++; published[key].bytes += v.size || 0;
@@ -1139,11 +1144,11 @@ function publicationBlocks() {
     return [
       el('h2', {}, ['Open blocks: files waiting for their block to close' + cut(got[0])]),
       orNone('blocks-open', ['user', 'dataset', 'files', 'bytes', 'oldest waits (min)'], openRows),
-      el('h2', {}, ['Failed blocks (publication_error: tried again; publication_failed: given up, `aso publish --retry TASK`)']),
+      el('h2', {}, ['Failed blocks (publication_error: tried again; publication_failed: given up, `aso publish --retry TASK`)' + cut(got[1])]),
       orNone('blocks-failed', blockHeaders, states(STATES.publication_failures)),
       el('h2', {}, ['Blocks published last (the last ' + PUBLISHED_ROWS + ' files)']),
       orNone('blocks-published', ['published (UTC)', 'dataset', 'block', 'files', 'bytes', ''], publishedRows),
-      el('h2', {}, ['Failed publications, file by file']),
+      el('h2', {}, ['Failed publications, file by file' + cut(got[1])]),
       orNone('publication-failed', ['task', 'job', 'state', 'attempts', 'reason'], failedRows)];
   });
 }
