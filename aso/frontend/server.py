@@ -539,8 +539,8 @@ class _Relay(protocol.Protocol):
 
 class _KeptRelay(_Relay):
     """A relay that also keeps a copy of the answer (up to shared.MAX_ANSWER_BYTES) for the
-    read's Lead: the answer and how long the store took, from the request's sending (its
-    construction) to the answer's end."""
+    read's Lead: the answer and how long the store took, from the lead's sending to the
+    answer's end."""
 
     def __init__(
         self,
@@ -552,7 +552,6 @@ class _KeptRelay(_Relay):
     ):
         super().__init__(request, paused)
         self.response, self.lead, self.clock = response, lead, clock
-        self.sent_at = getattr(request, SHARED_SENT_AT, clock())
         self.parts: list[bytes] | None = []  # None once past what may be kept
         self.size = 0
 
@@ -570,7 +569,7 @@ class _KeptRelay(_Relay):
             at = self.clock()
             got, body = self.response, b"".join(self.parts)
             answer = shared_reads.Answer(got.code, got.phrase, got.headers, body, at)
-            self.lead.done(answer, at - self.sent_at)
+            self.lead.done(answer, at - self.lead.sent_at)
         else:
             self.lead.done(None)
         super().connectionLost(reason)
@@ -1733,14 +1732,17 @@ class FrontEnd(resource.Resource):
         not had more than their share of the store's time (HEAVY_SHARE; their time at the store
         is spent in _heavy_done), then goes as any heavy read; past HEAVY_WAIT of waiting, 503."""
 
-        def share() -> float:
-            seconds = self.heavy_time.delay(who.name, 0)
-            if seconds > HEAVY_WAIT:
-                raise Spent(seconds)
-            return seconds
-
         self._in_turn(request, who, self.heavy_turns, PACED,
-                      lambda: self.forward(request, who, identity, made), share)  # fmt: skip
+                      lambda: self.forward(request, who, identity, made),
+                      lambda: self._share_wait(who.name))  # fmt: skip
+
+    def _share_wait(self, name: str) -> float:
+        """Seconds until the user's heavy reads are back within their share (HEAVY_SHARE);
+        Spent past HEAVY_WAIT."""
+        seconds = self.heavy_time.delay(name, 0)
+        if seconds > HEAVY_WAIT:
+            raise Spent(seconds)
+        return seconds
 
     def _poll_paced(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
@@ -1749,9 +1751,10 @@ class FrontEnd(resource.Resource):
         heavy reads are within their share (its answer's bytes are spent from it: _poll); past
         HEAVY_WAIT, 503. It takes no heavy read's turn: it may wait a minute for a change."""
         asked_at = time.monotonic()
-        seconds = self.heavy_time.delay(who.name, 0)
-        if seconds > HEAVY_WAIT:
-            self._failed(Failure(Spent(seconds)), request)
+        try:
+            seconds = self._share_wait(who.name)
+        except Spent:
+            self._failed(Failure(), request)
             return
         setattr(request, PACED, True)
 
@@ -1953,8 +1956,9 @@ class FrontEnd(resource.Resource):
         share_back = release.share_back if isinstance(release, Turn) else None
         via = self.feeds if made.poll_ms is not None else self.agent
         sent_at = time.monotonic()
-        if _holds(request, SHARED_READ):
-            setattr(request, SHARED_SENT_AT, self.shared.clock())
+        lead = getattr(request, SHARED_READ, None)
+        if lead is not None:
+            lead.sent_at = self.shared.clock()
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         if made.heavy and made.poll_ms is None:
             charged = who.name if isinstance(release, Turn) and release.shares else None
@@ -2339,7 +2343,6 @@ def _quiet_body(made: gate.Forward) -> bytes:
 # A request's marks (set on it) that it holds a slot of its kind, taken once before it is sent.
 WRITE_SLOT, POLL_SLOT, READ_SLOT = "aso_write_slot", "aso_poll_slot", "aso_read_slot"
 SHARED_READ = "aso_shared_read"  # the Lead of an operator's reduce read (FrontEnd._shared_read)
-SHARED_SENT_AT = "aso_shared_sent_at"  # when that read was sent to the store
 PACED = "aso_heavy_paced"  # a user's heavy read: its turn taken, its share of the store waited for
 BIG_WRITE = "aso_big_write"  # a user's large write: its large body's slot taken again to send it
 

@@ -43,6 +43,7 @@ class Lead:
         self.reads, self.key = reads, key
         self.waiting: list[defer.Deferred[Answer | None]] = []
         self.ended = False
+        self.sent_at = reads.clock()  # when it went to the store (the front end sets it then)
 
     def done(self, answer: Answer | None, cost: float = 0.0) -> None:
         if self.ended:
