@@ -1459,7 +1459,8 @@ def test_an_operator_s_costly_reduce_read_is_shared_while_it_is_fresh(
             joining = pool.submit(call, url, pki, certs["operator-x"], "GET", counted)
             answers = [leading.result(), joining.result()]
         assert [a.status_code for a in answers] == [200, 200]
-        assert "age" not in answers[0].headers and "age" in answers[1].headers
+        # which of the two reaches the front end first is the machine's to decide (TLS set-up)
+        assert sorted("age" in a.headers for a in answers) == [False, True]
         assert answers[0].content == answers[1].content
         assert files_of(answers[1]) == files_of(users) + 3 * 3000
 
