@@ -246,6 +246,11 @@ class StorageConfig:
     )
     xrootd: str = _key("/usr/bin/xrootd", "XRootD server executable.", path=True)
     start_timeout: float = _key(30.0, "Seconds `aso storage start` waits for each server.")
+    hang_timeout: float = _key(
+        60.0,
+        "Seconds a running embedded site server may go without answering before `aso run`"
+        " kills it and starts it again (0: never).",
+    )
 
 
 @dataclass
@@ -770,6 +775,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     if config.embedded.compact_interval < 0:
         raise bad("embedded.compact_interval must be 0 (never) or more seconds")
+    if config.storage.hang_timeout < 0:
+        raise bad("storage.hang_timeout must be 0 (never) or more seconds")
     for agent, count in config.agents.instances.items():
         if not isinstance(count, int) or count < 0:
             raise bad(f"agents.instances.{agent} must be a whole number >= 0")

@@ -98,6 +98,35 @@ def signal_group(pid: int, signum: int) -> None:
         pass
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any live process is in process group `pgid` (a daemon's helpers outlive it and
+    keep the sockets they inherited)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def kill_group(pid: int, timeout: float) -> bool:
+    """SIGKILL a daemon and its process group (a frozen one heeds no other signal), and wait up
+    to `timeout` seconds until none of them lives; whether they are gone."""
+    signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while True:
+        reap(pid)
+        if not alive(pid) and not group_alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def terminate(pids: Sequence[int], timeout: float) -> None:
     """SIGTERM, then SIGKILL whatever still lives after `timeout` seconds; returns once they
     are gone (a process killed is not gone at once: a server started again on its ports right

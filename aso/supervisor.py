@@ -6,7 +6,8 @@ when the gfal service uses them), then the X.509
 front end (`frontend.enabled`) and every agent instance of `agents.instances`, each as its own
 process (`aso frontend`, `aso agent NAME --instance ...`), restarts one that dies (with a
 growing delay), starts again a local store it started that died (saying why: the end of the
-store's log) and the embedded storage's servers, compacts an embedded store's databases
+store's log) and an embedded storage server that died or has stopped answering
+(`storage.hang_timeout`), compacts an embedded store's databases
 (`embedded.compact_interval`: it never compacts by itself), and on Ctrl-C or SIGTERM stops them
 (SIGTERM, then SIGKILL after a grace period) and then what it started itself, in reverse
 order. `--agents-only` runs only the
@@ -144,7 +145,7 @@ class Supervisor:
         self.stop_event = StopFlag()
         self.children: list[Child] = []
         self.cleanups: list[tuple[str, Callable[[], object]]] = []
-        self.storage: Any = None  # the embedded storage, when this host runs it
+        self.storage: Any = None  # the embedded storage's Keeper, when this host runs it
         self._storage_checked = 0.0
         self.store: Any = None  # the local store, when this supervisor started it
         self._store_checked = 0.0
@@ -173,12 +174,12 @@ class Supervisor:
             return
         if not any(site.embedded for site in self.config.sites.values()):
             return
-        from aso.local.xrootd import EmbeddedStorage
+        from aso.local.xrootd import EmbeddedStorage, Keeper
 
         storage = EmbeddedStorage(self.config)
         for line in storage.start():
             log.info(line)
-        self.storage = storage
+        self.storage = Keeper(storage)
         self.cleanups.append(("embedded storage", storage.stop))
 
     def start_feed_relay(self) -> None:
@@ -226,18 +227,17 @@ class Supervisor:
 
     # -- supervision ----------------------------------------------------------------------------
     def watch_storage(self, now: float) -> None:
-        """Start again a site server that died (XRootD has crashed under load here)."""
+        """Start again a site server that died or stopped answering (aso.local.xrootd.Keeper)."""
         if self.storage is None or now - self._storage_checked < STORAGE_CHECK:
             return
         self._storage_checked = now
-        dead = [s.site for s in self.storage.status() if s.embedded and s.pid is None]
-        if dead:
-            log.warning("storage of %s is down: starting it again", ", ".join(dead))
-            try:
-                for line in self.storage.start():
-                    log.info(line)
-            except Exception as exc:
-                log.error("could not start the storage again: %s", exc)
+        try:
+            lines = self.storage.check(now)
+        except Exception as exc:
+            log.error("could not start the storage again: %s", exc)
+            return
+        if lines:
+            log.warning("storage started again: %s", "; ".join(lines))
 
     def watch_store(self, now: float) -> None:
         """Start the local store again if its process is gone (one request had killed the

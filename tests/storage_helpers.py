@@ -10,6 +10,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from aso.config import Config, SiteConfig
 from aso.local.stores import distinct_free_ports
-from aso.local.xrootd import EmbeddedStorage
+from aso.local.xrootd import EmbeddedStorage, Keeper
 
 
 @contextmanager
@@ -59,12 +60,14 @@ def running_storage(config: Config) -> Iterator[EmbeddedStorage]:
 
 
 class Watchdog(threading.Thread):
-    """Starts again a site server that died, as `aso run` does: XRootD 5.5.3 crashes now and
-    then under load here (dmesg: segfaults in libssl and libXrdUtils)."""
+    """Starts again a site server that died or stopped answering, with `aso run`'s Keeper:
+    XRootD 5.5.3 crashes now and then under load here (dmesg: segfaults in libssl and
+    libXrdUtils), and once took connections without answering them."""
 
     def __init__(self, storage: EmbeddedStorage):
         super().__init__(daemon=True)
         self.storage = storage
+        self.keeper = Keeper(storage)
         self.active = threading.Event()
         self.active.set()
         self.done = threading.Event()
@@ -77,8 +80,7 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.5):
             with self.checking:
-                if self.active.is_set() and any(s.pid is None for s in self.storage.status()):
-                    self.storage.start()
+                if self.active.is_set() and self.keeper.check(time.monotonic()):
                     self.restarts += 1
 
     @contextlib.contextmanager

@@ -28,7 +28,7 @@ from aso.config import Config, load, render
 from aso.local import pki
 from aso.local.managed import local_store
 from aso.local.stores import free_port
-from aso.local.xrootd import export_path
+from aso.local.xrootd import EmbeddedStorage, export_path
 from aso.provision.designdocs import pages_url
 from aso.store import EMBEDDED, NotFound, Server, Settings, StoreUnavailable
 from aso.store import admin as store_admin
@@ -201,6 +201,7 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
         # A stuck agent is ended (its stacks in its log) and started again well within a demo.
         config.agents.hang_timeout = 90.0
         config.embedded.compact_interval = 5.0  # an embedded store compacted under the demo's load
+        config.storage.hang_timeout = 15.0  # a frozen site started again within the test
         # As `aso config init` leaves it: the front end on, with a throw-away PKI.
         pki.demo(base / "certs", ["alice", "bob"])
         config.frontend.enabled = True
@@ -348,6 +349,13 @@ def test_run_demo_restart_and_clean_stop(service):
         90,
         "the store to be started again",
     )
+    # SIGSTOP the destination's XRootD: it takes connections and answers none. Once it has not
+    # answered for storage.hang_timeout, it is killed and started again (Keeper).
+    [frozen] = [s.pid for s in EmbeddedStorage(config).status() if s.site == "T2_DE_DESY"]
+    assert frozen is not None
+    os.kill(frozen, signal.SIGSTOP)
+    killed = f"T2_DE_DESY: killed (pid {frozen}), it did not answer"
+    wait_for(lambda: killed in (base / "run.log").read_text(), 90, "the frozen site killed")
     again = subprocess.run(
         [ASO, "--config", str(path), "demo", "--files", "6", "--timeout", "120"],
         capture_output=True,

@@ -33,6 +33,7 @@ from aso.config import Config, SiteConfig, render
 from aso.local.stores import free_port
 from aso.local.xrootd import (
     EmbeddedStorage,
+    Keeper,
     StorageError,
     export_path,
     subject_hash,
@@ -435,6 +436,62 @@ def test_a_server_that_crashes_while_starting_is_started_again() -> None:
             assert marker.exists()  # the first start did crash
             assert line.startswith("T2_CH_CERN: started") and storage.status()[0].pid is not None
         finally:
+            storage.stop()
+
+
+def test_a_server_that_stops_answering_is_killed_and_started_again() -> None:
+    """A frozen XRootD (SIGSTOP) takes connections and never answers: `aso run`'s keeper
+    starts it again once it has not answered for storage.hang_timeout seconds (its process
+    gone and its ports free first), and a dead one at once; a server that answers again in
+    between starts its count afresh, a healthy one is left alone, and 0 means never."""
+    with reachable_tmp_dir("aso-hung-") as base:
+        config = storage_config(base, ["T2_X", "T2_Y"], "http")
+        config.storage.hang_timeout = 30.0
+        storage = EmbeddedStorage(config)
+        storage.start()
+        keeper = Keeper(storage)
+        stored = write_file(config, "T2_X", _lfn(), 1000)
+
+        def pids() -> dict[str, int | None]:
+            return {s.site: s.pid for s in storage.status()}
+
+        try:
+            before = pids()
+            frozen = before["T2_X"]
+            assert frozen is not None and before["T2_Y"] is not None
+            os.kill(frozen, signal.SIGSTOP)
+            assert keeper.check(100.0) == []  # not answering: counted from now
+            os.kill(frozen, signal.SIGCONT)
+            assert keeper.check(120.0) == []  # it answered again: the count ends
+            os.kill(frozen, signal.SIGSTOP)
+            assert keeper.check(140.0) == []
+            assert keeper.check(169.0) == [] and pids() == before  # 29 s silent: not yet
+            lines = keeper.check(170.0)
+            assert lines[0] == f"T2_X: killed (pid {frozen}), it did not answer", lines
+            assert any(line.startswith("T2_X: started (pid ") for line in lines), lines
+            after = {s.site: s for s in storage.status()}
+            assert after["T2_X"].answering and after["T2_X"].pid not in (None, frozen)
+            assert after["T2_Y"].pid == before["T2_Y"]  # the healthy one untouched
+            assert not procs.alive(frozen)
+            assert export_path(config, "T2_X", stored.lfn).stat().st_size == 1000
+
+            os.kill(after["T2_Y"].pid, signal.SIGKILL)  # a dead one: at once
+            procs.kill_group(after["T2_Y"].pid, 5.0)
+            lines = keeper.check(171.0)
+            assert any(line.startswith("T2_Y: started (pid ") for line in lines), lines
+
+            never = Keeper(storage)
+            never.hang_timeout = 0.0
+            still = storage.status()[0].pid
+            assert still is not None
+            os.kill(still, signal.SIGSTOP)
+            assert never.check(0.0) == [] and never.check(1e6) == []
+            assert storage.status()[0].pid == still
+            os.kill(still, signal.SIGCONT)
+        finally:
+            for site in storage.status():
+                if site.pid:
+                    os.kill(site.pid, signal.SIGCONT)
             storage.stop()
 
 

@@ -616,6 +616,36 @@ class EmbeddedStorage:
             f" {server.http_port} within {timeout:.0f} s: {self._log_tail(server)}"
         )
 
+    # -- a server that runs and does not answer -------------------------------------------------
+    def kill_unanswering(self, names: list[str], timeout: float = 20.0) -> list[str]:
+        """Kill the servers of sites `names` that run and still do not answer (a frozen XRootD
+        takes connections and never answers), and wait until their processes are gone and
+        their ports free, so that `start` can start them again; one line per site. A port that
+        stays taken is a StorageError naming it."""
+        with procs.exclusive(self.lock_file):
+            lines = []
+            for name in names:
+                server = self.servers[name]
+                pid = self._our_pid(server)
+                if pid is None or self._answers(server):
+                    continue  # gone or answering again meanwhile: nothing to kill
+                if not procs.kill_group(pid, timeout):
+                    raise StorageError(f"{name}: xrootd (pid {pid}) still runs after SIGKILL")
+                server.pid_file.unlink(missing_ok=True)
+                self._wait_ports_free(server, timeout)
+                lines.append(f"{name}: killed (pid {pid}), it did not answer")
+            return lines
+
+    def _wait_ports_free(self, server: SiteServer, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while taken := [p for p in (server.root_port, server.http_port) if _port_taken(p)]:
+            if time.monotonic() >= deadline:
+                raise StorageError(
+                    f"{server.site}: port {taken[0]} still taken {timeout:.0f} s after its"
+                    " server was killed"
+                )
+            time.sleep(0.1)
+
     # -- stop -----------------------------------------------------------------------------------
     def stop(self, timeout: float = 10.0) -> list[str]:
         """Stop the servers this config started (checked by pid file and command line), and no
@@ -631,6 +661,39 @@ class EmbeddedStorage:
                 pid = pids[name]
                 lines.append(f"{name}: stopped (pid {pid})" if pid else f"{name}: not running")
             return lines
+
+
+class Keeper:
+    """Keeps the embedded sites serving, as `aso run` does: starts again a server that died
+    (XRootD has crashed under load here), and kills and starts again one that has run without
+    answering for `storage.hang_timeout` seconds (its process alive, its ports taking
+    connections that nobody answers: every copy to it waited out the client's timeout)."""
+
+    def __init__(self, storage: EmbeddedStorage):
+        self.storage = storage
+        self.hang_timeout = storage.config.storage.hang_timeout
+        self.silent_since: dict[str, float] = {}  # site → when it was first seen not answering
+
+    def check(self, now: float) -> list[str]:
+        """One look at every embedded site at monotonic time `now`; what it did, a line each."""
+        statuses = [s for s in self.storage.status() if s.embedded]
+        dead = [s.site for s in statuses if s.pid is None]
+        hung = [s.site for s in statuses if s.pid is not None and self._hung(s, now)]
+        lines: list[str] = []
+        if hung:
+            lines += self.storage.kill_unanswering(hung)
+        if dead or hung:
+            lines += self.storage.start()
+            for site in hung:
+                self.silent_since.pop(site, None)
+        return lines
+
+    def _hung(self, status: SiteStatus, now: float) -> bool:
+        if status.answering:
+            self.silent_since.pop(status.site, None)
+            return False
+        since = self.silent_since.setdefault(status.site, now)
+        return self.hang_timeout > 0 and now - since >= self.hang_timeout
 
 
 # -- files at a site ------------------------------------------------------------------------------
