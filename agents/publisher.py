@@ -11,9 +11,10 @@ was published:
 0. every file of a closed block is confirmed at its destination first (aso.core.destination,
    aso.files.Confirmer: there, with the request's size and adler32; one look per file, all
    sites at once): the document is a claim (a request may be created `done` by its owner), the
-   storage is the truth. A file that is missing or different, or whose storage cannot be
-   asked, is not published (a publication error naming what was found, with the backoff
-   below); the rest of the block goes on without it;
+   storage is the truth. A file that is missing or different is not published
+   (`publication_failed` at once, naming what was found); one whose storage cannot be asked
+   gets a publication error, with the backoff below; the rest of the block goes on without
+   them;
 1. the block's name is derived from its content (dataset + LFNs, aso.catalog.base.block_name)
    and the block goes to the catalog; a block already there with the same files is not
    inserted again;
@@ -29,8 +30,9 @@ catalog answers "already there") or one with more files, which the catalog refus
 files it holds in another block of the dataset: those are `published` there and the rest wait
 for the next block. A failed publication is retried up to
 `publisher.max_attempts` times with backoff (`publication_error`, waiting again once the backoff
-is over), then the files end `publication_failed` with the reason, which `aso publish --retry
-TASK` resets. Partition: by (user, dataset).
+is over); the last failure, or one that cannot heal, ends the files `publication_failed` with
+the reason in one write, which `aso publish --retry TASK` resets. Partition: by (user,
+dataset).
 """
 
 from __future__ import annotations
@@ -239,12 +241,19 @@ class Publisher(Agent):
         self, docs: list[dict[str, Any]], findings: Mapping[str, Finding], ctx: Cycle
     ) -> None:
         """Files not confirmed at their destination: their publication errors, each with what
-        was found."""
+        was found. A file the storage disproves (missing, another size or adler32) fails at
+        once: trying again cannot make it appear, and each try would cost a look and writes
+        (a user's false claims had the publisher rewrite 10,000 of them, ten writes each); its
+        owner resets it (`aso publish --retry`) once the file is there. A storage that could
+        not be asked is tried again after the backoff."""
         reasons = {doc["_id"]: not_published_reason(doc, findings[doc["_id"]]) for doc in docs}
         for doc in docs:
             log.debug("file %s: %s", doc["_id"], reasons[doc["_id"]])
         ctx.count("unconfirmed", len(docs))
-        given_up = self.record_errors(docs, reasons, None, True, ctx)
+        disproved = [doc for doc in docs if findings[doc["_id"]].verdict == DIFFERENT]
+        unchecked_docs = [doc for doc in docs if findings[doc["_id"]].verdict != DIFFERENT]
+        given_up = self.record_errors(disproved, reasons, None, False, ctx)
+        given_up += self.record_errors(unchecked_docs, reasons, None, True, ctx)
         found = what_was_found(findings, docs)
         log.warning(
             "%d files not published, not confirmed at their destination (%s)%s",
@@ -404,36 +413,29 @@ class Publisher(Agent):
         ctx: Cycle,
     ) -> int:
         """`publication_error` (each file with its reason) with a next try after a backoff;
-        `publication_failed` once the attempts are spent or the error cannot heal. Returns how
-        many were given up."""
+        `publication_failed` in the same one write when the error cannot heal or this was the
+        last of `publisher.max_attempts`. Returns how many were given up."""
         settings = self.config.publisher
         by, now = self.instance, ctx.now
 
         def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
             attempts = failures_since_reset(doc) + 1
+            reason = reasons[doc["_id"]]
+            if not retryable or attempts >= settings.max_attempts:
+                return request.publication_refused(doc, by, now, reason, attempts, block)
             delay = min(settings.max_delay, settings.base_delay * 2 ** (attempts - 1))
             retry_after = round(now + delay, 3)
             return request.publication_failed_attempt(
-                doc, by, now, reasons[doc["_id"]], attempts, retry_after, block
+                doc, by, now, reason, attempts, retry_after, block
             )
 
         written, _ = self._advance(
             [d for d in docs if d[PUBLICATION] == WAITING], WAITING, ctx, attempt
         )
-        give_up = [
-            d
-            for d in written
-            if d["publication_attempts"] >= settings.max_attempts or not retryable
-        ]
-        failed, _ = self._advance(
-            give_up,
-            ERROR,
-            ctx,
-            lambda d: request.publication_given_up(d, by, now, reasons[d["_id"]]),
-        )
-        ctx.count("errors", len(written) - len(failed))
-        ctx.count("failed", len(failed))
-        return len(failed)
+        failed = sum(1 for d in written if d[PUBLICATION] == "publication_failed")
+        ctx.count("errors", len(written) - failed)
+        ctx.count("failed", failed)
+        return failed
 
     def _advance(
         self,

@@ -171,6 +171,9 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("pending", "publication_error"): _A,
         ("publication_error", "pending"): _A,  # the backoff is over: waits for a block again
         ("publication_error", "publication_failed"): _A,
+        # a publication that trying again cannot heal (a claim the destination disproves, a
+        # catalog's lasting refusal): failed in one write, which the owner may reset
+        ("pending", "publication_failed"): _A,
         ("publication_failed", "pending"): _O,  # `aso publish --retry`: the user resets it
     },
 }

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from aso import model
+from aso.actions import republish
 from aso.agents.cleaner import Cleaner
 from aso.agents.monitor import Monitor
 from aso.agents.publisher import Publisher
@@ -249,20 +250,21 @@ def test_a_publisher_neither_publishes_nor_cleans_a_copy_it_cannot_confirm(
     cat_config, accounts, admin
 ):
     """The publisher confirms the destination before the catalog: a destination with the wrong
-    adler32 is not published (`publication_error` naming what was found, with its backoff) and
-    its temporary copy is kept (its publication is not over). Once the right copy is there, the
-    next try publishes it and deletes the temporary copy in the same write, after one look at
-    the destination (the deletion does not look again)."""
+    adler32 is not published (`publication_failed` naming what was found) and its temporary
+    copy is kept (only the cleaner deletes one whose publication failed). Once the right copy
+    is there and its owner resets it (`aso publish --retry`), the publisher publishes it and
+    deletes the temporary copy in the same write, after one look at the destination (the
+    deletion does not look again)."""
     config = dataclasses.replace(
         cat_config, publisher=dataclasses.replace(cat_config.publisher, base_delay=0.2)
     )
     doc = done_request(config, accounts, dest_content=b"x" * 3000, publish_info=publish_info(2))
     files = CountedFiles(config)
     report = publish(config, files)
-    assert (report["published"], report["unconfirmed"], report["errors"]) == (0, 1, 1)
+    assert (report["published"], report["unconfirmed"], report["failed"]) == (0, 1, 1)
     assert report["cleanup_errors"] == 0
     after = accounts["agent"].db(config.store.files_db).get(doc["_id"])
-    assert (after["publication"], after[CLEANUP]) == ("publication_error", "pending")
+    assert (after["publication"], after[CLEANUP]) == ("publication_failed", "pending")
     assert after["publication_error"].startswith(
         f"not published: {doc['destination_lfn']} at {DESTINATION} is not the requested file "
         "(adler32 "
@@ -270,10 +272,11 @@ def test_a_publisher_neither_publishes_nor_cleans_a_copy_it_cannot_confirm(
     assert export_path(config, SOURCES[0], doc["source_lfn"]).exists()  # kept
     assert EmbeddedCatalog(admin.db(config.store.catalog_db)).dataset_files(DATASET) == {}
 
-    # The right copy arrives at the destination; after the backoff, it is published and cleaned.
+    # The right copy arrives at the destination; reset by its owner, it is published and cleaned.
     data = export_path(config, SOURCES[0], doc["source_lfn"]).read_bytes()
     write_file(config, DESTINATION, doc["destination_lfn"], data)
-    time.sleep(0.3)
+    owner = accounts["alice"].db(config.store.files_db)
+    assert republish(owner, doc["task"], doc["job_id"], "alice").changed == {doc["_id"]: "pending"}
     files.looks.clear()
     report = publish(config, files)
     assert (report["published"], report["cleaned"], report["unconfirmed"]) == (1, 1, 0)

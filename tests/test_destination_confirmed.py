@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from aso import sites
+from aso.actions import republish
 from aso.agents.gfal_worker import GfalWorker
 from aso.agents.monitor import Monitor
 from aso.agents.publisher import Publisher
@@ -156,12 +157,13 @@ def catalog_lfns(config: Config, admin: Any) -> list[list[str]]:
 def test_a_file_that_is_not_at_its_destination_is_never_published(cat_config, accounts, admin):
     """Three requests created `done` for files that are not at their destination as they
     claim (nothing there; another size; another adler32) and one that is: the one is
-    published in the block (the rest of the block does not wait); each of the three gets a
-    publication error naming what was found, is tried again after its backoff and ends
-    `publication_failed` after `publisher.max_attempts`, never in the catalog."""
+    published in the block (the rest of the block does not wait); each of the three ends
+    `publication_failed` at once, in one write, naming what was found (trying again cannot make
+    it appear: a user's 10,000 false claims had cost ten writes each), never in the catalog.
+    Its owner resets one whose file is there now (`aso publish --retry`): it is published."""
     config = cat_config
     real = os.urandom(3000)
-    ghost = at_destination(config, accounts, 0, there=None, size=3000, adler32="0badc0de")
+    ghost = at_destination(config, accounts, 0, there=None, size=3000, adler32=adler32_hex(real))
     short = at_destination(
         config, accounts, 1, there=real[:2000], size=3000, adler32=adler32_hex(real[:2000])
     )
@@ -174,41 +176,47 @@ def test_a_file_that_is_not_at_its_destination_is_never_published(cat_config, ac
         short["_id"]: "(size 2000, expected 3000)",
         forged["_id"]: f"(adler32 {adler32_hex(real)}, expected {adler32_hex(other)})",
     }
+    before = stored(config, accounts, bad)
 
     report = publish(config)
     assert (report["blocks"], report["published"], report["unconfirmed"]) == (1, 1, 3)
+    assert (report["failed"], report["errors"]) == (3, 0)
     assert catalog_lfns(config, admin) == [[good["destination_lfn"]]]
     after = stored(config, accounts, [*bad, good])
     assert after[good["_id"]][PUBLICATION] == "published"
     for doc in bad:
         now = after[doc["_id"]]
-        assert (now[PUBLICATION], now["publication_attempts"]) == ("publication_error", 1)
-        assert now["publication_error"] == (
+        assert (now[PUBLICATION], now["publication_attempts"]) == ("publication_failed", 1)
+        reason = (
             f"not published: {doc['destination_lfn']} at {DESTINATION} is not the requested "
             f"file {why[doc['_id']]}"
         )
-        assert now["publication_block"] is None and now["publication_retry_after"] > 0
-
-    for _ in range(config.publisher.max_attempts + 2):  # the backoffs pass; tried again each time
-        time.sleep(0.6)
-        publish(config)
-        if all(
-            d[PUBLICATION] == "publication_failed" for d in stored(config, accounts, bad).values()
-        ):
-            break
-    final = stored(config, accounts, bad)
-    for doc in bad:
-        now = final[doc["_id"]]
+        assert now["publication_error"] == reason and now["history"][-1]["reason"] == reason
+        assert now["publication_block"] is None and now["publication_retry_after"] is None
         moves = [h["to"] for h in now["history"] if h["axis"] == PUBLICATION]
-        assert moves == [
-            "publication_error", "pending", "publication_error", "pending", "publication_error",
-            "publication_failed",
-        ]  # fmt: skip
-        assert now["history"][-1]["reason"].endswith(why[doc["_id"]])
+        assert moves == ["publication_failed"]
+        generation = int(before[doc["_id"]]["_rev"].split("-")[0])
+        assert now["_rev"].startswith(f"{generation + 1}-")  # one write
+
     # Given up is given up: nothing more happens, and the catalog never held them.
+    time.sleep(0.6)
     publish(config)
-    assert stored(config, accounts, bad) == final
+    assert stored(config, accounts, bad) == {d["_id"]: after[d["_id"]] for d in bad}
     assert catalog_lfns(config, admin) == [[good["destination_lfn"]]]
+
+    # The ghost's job wrote its file after all: its owner resets it, and it is published.
+    write_file(config, DESTINATION, ghost["destination_lfn"], real)
+    owner = accounts["alice"].db(config.store.files_db)
+    reset = republish(owner, TASK, ghost["job_id"], "alice")
+    assert reset.changed == {ghost["_id"]: "pending"}
+    report = publish(config)
+    assert (report["published"], report["unconfirmed"]) == (1, 0)
+    final = stored(config, accounts, bad)
+    assert final[ghost["_id"]][PUBLICATION] == "published"
+    assert {final[d["_id"]][PUBLICATION] for d in (short, forged)} == {"publication_failed"}
+    assert sorted(lfn for block in catalog_lfns(config, admin) for lfn in block) == sorted(
+        [good["destination_lfn"], ghost["destination_lfn"]]
+    )
 
 
 def test_a_destination_that_cannot_be_asked_holds_the_publication(

@@ -317,9 +317,22 @@ def publication_failed_attempt(
     )
 
 
-def publication_given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
+def publication_refused(
+    doc: Mapping[str, Any], by: str, now: float, reason: str, attempts: int, block: str | None
+) -> Doc:
+    """A publication that trying again cannot heal (the destination disproves the file, the
+    catalog refuses it for good): `publication_failed` at once, with the reason."""
     return _transitioned(
-        doc, PUBLICATION, "publication_failed", by, now, reason, publication_retry_after=None
+        doc,
+        PUBLICATION,
+        "publication_failed",
+        by,
+        now,
+        reason,
+        publication_attempts=attempts,
+        publication_block=block,
+        publication_error=reason[:MAX_REASON],
+        publication_retry_after=None,
     )
 
 
