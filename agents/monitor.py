@@ -2,7 +2,10 @@
 
 One agent does both halves of the original's monitor and reporter, with no file-system hand-off
 between them: each cycle it
-* cancels at the service the files whose owner asked for a kill (`kill_requested`);
+* cancels at the service the files whose owner asked for a kill (`kill_requested`), and
+  those on a site or of a user an operator banned (aso/core/controls.py: such a file's attempt
+  ends cancelled, with the ban as its reason; the retry manager gives it a cool-off, and the
+  submitter starts it again once the ban is lifted);
 * asks the service for the status of all active jobs in bulk (`status_batch` jobs a call) and
   writes every file that ended, in one bulk write: `done` (with the checksum the service saw,
   compared with the request's), or `failed_attempt` with the service's reason text and ASO's
@@ -36,6 +39,7 @@ Partition: by job (a job's files are followed by one instance).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
@@ -45,6 +49,7 @@ from aso import faults
 from aso.config import Config
 from aso.core import request
 from aso.core.cleanup import cleanable_at_done, cleanup_recorded
+from aso.core.controls import Setting, controls_of, held_back
 from aso.core.destination import (
     Finding,
     needs_a_look,
@@ -54,13 +59,15 @@ from aso.core.outcome import outcome
 from aso.core.request import Doc
 from aso.deleter import Deleter, destination_look
 from aso.files import Confirmer, Files, open_files
-from aso.model import AT_THE_SERVICE, CLEANUP, STATE, STOPPED
+from aso.model import AT_THE_SERVICE, BAN, CLEANUP, STATE, STOPPED
+from aso.monitoring.queries import read_controls
 from aso.runtime import Agent, Cycle
 from aso.sites import SiteError
 from aso.store import Server, StoreError
-from aso.transfer import open_service
+from aso.transfer import errors, open_service
 from aso.transfer.base import (
     ABSENT,
+    CANCELED,
     ENDED,
     Fence,
     FileStatus,
@@ -91,7 +98,8 @@ class Monitor(Agent):
     ):
         super().__init__(config, instance, server=server)
         self.service = open_service(config, self.server)
-        self.cancelled: set[tuple[str, str]] = set()  # (job, file) cancels already sent
+        # (job, file) → why its cancel was sent (None: its owner's kill)
+        self.cancelled: dict[tuple[str, str], Setting | None] = {}
         files = files or open_files(config)
         self.deleter = Deleter(config, files, self.name)
         self.confirmer = Confirmer(files)
@@ -120,27 +128,49 @@ class Monitor(Agent):
         updates: list[dict[str, Any]] = []
         confirmed: set[str] = set()  # files whose destination the monitor confirmed
         active = [d for d in ctx.work if d[STATE] in AT_THE_SERVICE and d.get("transfer")]
-        self.send_cancels([d for d in active if d[STATE] == "kill_requested"])
+        following = {(d["transfer"]["job_id"], d["_id"]) for d in active}
+        self.cancelled = {k: why for k, why in self.cancelled.items() if k in following}
+        self.send_cancels([(d, None) for d in active if d[STATE] == "kill_requested"])
+        self.send_cancels(self.banned([d for d in active if d[STATE] != "kill_requested"]))
         try:
             updates += self.poll(active, ctx, confirmed)
         except TransferError as exc:
             log.warning("transfer service unavailable (%s): will ask again", exc)
         self.record(self.clean_at_done(updates, ctx.now, confirmed), ctx)
 
-    def send_cancels(self, docs: list[dict[str, Any]]) -> None:
-        by_job: dict[str, list[str]] = defaultdict(list)
-        for doc in docs:
+    def banned(self, docs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Setting | None]]:
+        """Files at the service on a site or of a user an operator banned (a drain lets them
+        finish), each with its ban. Controls that cannot be read cancel nothing this cycle."""
+        if not docs:
+            return []
+        try:
+            found = controls_of(read_controls(self.db))
+        except StoreError as exc:
+            log.warning("operators' controls not read (%s): no ban's cancel this cycle", exc)
+            return []
+        held = [(doc, held_back(doc, found)) for doc in docs]
+        return [(doc, ban) for doc, ban in held if ban is not None and ban.mode == BAN]
+
+    def send_cancels(self, docs: list[tuple[dict[str, Any], Setting | None]]) -> None:
+        """Cancel these files at the service, each once; why: None for its owner's kill, else
+        the operator's ban."""
+        by_job: dict[str, list[tuple[str, Setting | None]]] = defaultdict(list)
+        for doc, why in docs:
             job_id = doc["transfer"]["job_id"]
             if (job_id, doc["_id"]) not in self.cancelled:
-                by_job[job_id].append(doc["_id"])
-        for job_id, file_ids in by_job.items():
+                by_job[job_id].append((doc["_id"], why))
+        for job_id, files in by_job.items():
+            file_ids = [file_id for file_id, _ in files]
             try:
                 self.service.cancel(job_id, file_ids)
             except TransferError as exc:
                 log.warning("cancel of %d files of job %s failed: %s", len(file_ids), job_id, exc)
                 continue
-            self.cancelled.update((job_id, f) for f in file_ids)
-            log.info("job %s: cancel asked for %d files the user killed", job_id, len(file_ids))
+            self.cancelled.update(((job_id, file_id), why) for file_id, why in files)
+            whys = {why.says() if why else "the user killed them" for _, why in files}
+            log.info(
+                "job %s: cancel asked for %d files (%s)", job_id, len(file_ids), "; ".join(whys)
+            )
 
     def poll(
         self, active: list[dict[str, Any]], ctx: Cycle, confirmed: set[str]
@@ -171,6 +201,10 @@ class Monitor(Agent):
                 )
         findings = self.look([doc for doc, status in ended if needs_a_look(status)], ctx)
         for doc, status in ended:
+            ban = self.cancelled.get((doc["transfer"]["job_id"], doc["_id"]))
+            if ban is not None and status.state == CANCELED:
+                reason = f"cancelled: {ban.says()}"
+                status = dataclasses.replace(status, reason=reason, error_class=errors.CANCELED)
             finding = findings.get(doc["_id"])
             args = (status, self.instance, ctx.now, finding)
             updated = ctx.acted_on(outcome, doc, *args)

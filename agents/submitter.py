@@ -33,13 +33,14 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from aso import faults
+from aso import faults, metrics
 from aso.config import Config
 from aso.core import request
+from aso.core.controls import Setting, controls_of, held_back
 from aso.core.submission import (
     batches_of,
     caps_for,
@@ -50,6 +51,7 @@ from aso.core.submission import (
     ready_to_submit,
 )
 from aso.model import IN_FLIGHT, STATE
+from aso.monitoring.queries import read_controls
 from aso.runtime import Agent, Cycle
 from aso.store import Server, StoreError, rev_order
 from aso.transfer import open_service
@@ -83,9 +85,11 @@ class Submitter(Agent):
         self.service.close()
 
     def cycle(self, ctx: Cycle) -> None:
-        ctx.counts("jobs", "submitted", "conflicts", "refused", "deferred", "set_aside")
+        ctx.counts(
+            "jobs", "submitted", "conflicts", "refused", "deferred", "set_aside", "held_back"
+        )  # fmt: skip
         ctx.count("leases_shortened", self.shorten_predecessors_leases(ctx))
-        new = [d for d in ctx.work if ready_to_submit(d, ctx.now)]
+        new = self.not_held_back([d for d in ctx.work if ready_to_submit(d, ctx.now)], ctx)
         if not new:
             return
         caps = caps_for(self.config, ctx.partition.size)
@@ -94,6 +98,36 @@ class Submitter(Agent):
         plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
         for batch in batches_of(plans, FILES_PER_BATCH):
             self.submit_jobs(batch, ctx)
+
+    def not_held_back(self, ready: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """The files ready to start that no operator's control holds back (a banned or draining
+        site in their direction, a banned user); the others wait as they are. Controls that
+        cannot be read hold back everything: a ban may be in force."""
+        try:
+            found = controls_of(read_controls(self.db))
+        except StoreError as exc:
+            log.warning("operators' controls not read (%s): nothing submitted", exc)
+            return []
+        metrics.CONTROLS.clear()
+        for control in found.all():
+            labels = (control.kind, control.name, control.mode, control.direction)
+            metrics.CONTROLS.labels(*labels).set(1)
+        metrics.HELD_BACK.clear()
+        if not found:
+            return ready
+        free: list[dict[str, Any]] = []
+        held: Counter[Setting] = Counter()
+        for doc in ready:
+            holding = held_back(doc, found)
+            if holding is None:
+                free.append(doc)
+                continue
+            held[holding] += 1
+            log.debug("file %s held back: %s", doc["_id"], holding.says())
+        for control, files in held.items():
+            metrics.HELD_BACK.labels(control.kind, control.name, control.mode).set(files)
+        ctx.count("held_back", sum(held.values()))
+        return free
 
     def shorten_predecessors_leases(self, ctx: Cycle) -> int:
         """Leases of this instance's name taken before this process started: end them

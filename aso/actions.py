@@ -1,4 +1,6 @@
-"""What users do to their requests: kill and resubmit, task by task (or job by job).
+"""What users do to their requests: kill and resubmit, task by task (or job by job); and what
+operators set: a site banned, draining or allowed, a user banned or allowed (`set_control`,
+its meaning aso/core/controls.py's).
 
 Both go through the owner's transitions of the model, which the store's validate_doc_update
 enforces: a kill is immediate for a file with nothing in flight (`new`, `retry`,
@@ -15,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
+from aso.core import controls
 from aso.model import STATE, Change
 from aso.monitoring import queries
-from aso.store import Database
+from aso.store import Conflict, Database
 
 KILL = {
     "new": "killed",
@@ -102,3 +105,27 @@ ACTIONS: dict[str, Callable[[Database, str, str | None, str], ActionReport]] = {
     "resubmit": resubmit,
     "publish --retry": republish,
 }
+
+
+# --- operators' controls -----------------------------------------------------------------------
+def set_control(
+    db: Database,
+    kind: str,
+    name: str,
+    mode: str,
+    reason: str,
+    by: str,
+    at: float,
+    direction: str = model.BOTH,
+) -> dict[str, Any]:
+    """Set a site's or user's control (an operator's write: the store refuses anyone else's),
+    keeping every earlier setting in its history; the document as written."""
+    for _ in range(ROUNDS):
+        current = db.get(model.control_id(kind, name))
+        doc = controls.changed(current, kind, name, mode, reason, by, at, direction)
+        try:
+            doc["_rev"] = db.put(doc)
+        except Conflict:
+            continue  # another operator's write meanwhile: on top of theirs
+        return doc
+    raise Conflict(409, "conflict", f"{kind} {name}: changed by others {ROUNDS} times in a row")

@@ -117,6 +117,18 @@ SET_ASIDE = Counter(
     "Requests an agent could not act on and set aside, with the reason in the document.",
     ["agent"],
 )
+CONTROLS = Gauge(
+    "aso_controls",
+    "Operators' controls in force (a site banned or draining, a user banned), as the submitter"
+    " read them last: 1 each.",
+    ["kind", "name", "mode", "direction"],
+)
+HELD_BACK = Gauge(
+    "aso_files_held_back",
+    "Files ready to start that the submitter held back in its last cycle, by the control that"
+    " holds them.",
+    ["kind", "name", "mode"],
+)
 AGENT_INFO = Gauge(
     "aso_agent_info", "This process's agent and instance.", ["agent", "instance", "host"]
 )

@@ -512,6 +512,50 @@ def heartbeat_id(agent: str, instance: str) -> str:
     return f"heartbeat:{agent}:{instance}"
 
 
+# --- operators' controls -----------------------------------------------------------------------
+# A site banned or draining (as source, destination or both), or a user banned: one document
+# per site or user, written by operators only (the validation refuses anyone else), with the
+# current setting and every earlier one (who, when, why). `allow` lifts the last one.
+CONTROL_TYPE = "control"
+SITE, USER = "site", "user"
+BAN, DRAIN, ALLOW = "ban", "drain", "allow"
+CONTROL_MODES = {SITE: (BAN, DRAIN, ALLOW), USER: (BAN, ALLOW)}
+BOTH, AS_SOURCE, AS_DESTINATION = "both", "source", "destination"
+DIRECTIONS = (BOTH, AS_SOURCE, AS_DESTINATION)
+MAX_CONTROL_HISTORY = 500
+_SETTING_FIELDS: dict[str, Any] = {
+    "mode": {"type": "string", "enum": [BAN, DRAIN, ALLOW]},
+    "direction": {"type": "string", "enum": list(DIRECTIONS)},
+    "reason": {"type": "string", "max": 1024},
+    "by": {"type": "string", "max": 200},
+    "at": _EPOCH,
+}
+CONTROL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "kind", "name", "mode", "direction", "reason", "by", "at", "history"],
+    "fields": {
+        "type": {"type": "string", "enum": [CONTROL_TYPE]},
+        "kind": {"type": "string", "enum": [SITE, USER]},
+        "name": {"type": "string", "max": 200},
+        **_SETTING_FIELDS,
+        "history": {
+            "type": "array",
+            "max_items": MAX_CONTROL_HISTORY,
+            "items": {
+                "type": "object",
+                "required": list(_SETTING_FIELDS),
+                "fields": _SETTING_FIELDS,
+            },
+        },
+    },
+}
+CONTROL_ID_PATTERN = r"^control:(site|user):[^\s]{1,200}$"
+
+
+def control_id(kind: str, name: str) -> str:
+    return f"control:{kind}:{name}"
+
+
 # --- errors ----------------------------------------------------------------------------------
 class ModelError(ValueError):
     """A document or a change breaks the model; the message names the rule."""
@@ -730,6 +774,9 @@ def validation_model() -> dict[str, Any]:
         "schema": REQUEST_SCHEMA,
         "agent_schemas": {HEARTBEAT_TYPE: HEARTBEAT_SCHEMA},
         "agent_id_patterns": {HEARTBEAT_TYPE: HEARTBEAT_ID_PATTERN},
+        "operator_schemas": {CONTROL_TYPE: CONTROL_SCHEMA},
+        "operator_id_patterns": {CONTROL_TYPE: CONTROL_ID_PATTERN},
+        "control_modes": CONTROL_MODES,
         "max_doc_chars": MAX_DOC_CHARS,
         "max_string": MAX_STRING,
         "max_safe_integer": MAX_SAFE_INTEGER,

@@ -65,6 +65,15 @@ COMMANDS = [
     ["request"],
     ["request", "show"],
     ["request", "list"],
+    ["site"],
+    ["site", "ban"],
+    ["site", "drain"],
+    ["site", "allow"],
+    ["site", "list"],
+    ["user"],
+    ["user", "ban"],
+    ["user", "allow"],
+    ["user", "list"],
 ]
 
 
@@ -151,7 +160,7 @@ def test_each_command_meeting_a_store_that_is_down_exits_75(tmp_path, command):
 HELP_PANELS = {
     "For users and clients": {"status", "upload", "kill", "resubmit", "publish", "request"},
     "For operators": {"run", "config", "store", "db", "storage", "catalog", "reconcile", "stats",
-                      "certs", "metrics"},
+                      "certs", "metrics", "site", "user"},
     "The service's processes, the demo and the simulator": {"agent", "frontend", "demo", "sim"},
 }  # fmt: skip
 

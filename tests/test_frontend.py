@@ -1715,3 +1715,29 @@ def test_a_browser_with_a_certificate_opens_the_pages_through_the_front_end(
         else:
             assert response is not None and response.status == 401
             assert "certificate" in response.json()["reason"]
+
+
+def test_only_an_operator_sets_a_control_through_the_front_end(frontend, pki, files_db):
+    """A user's write of an operator's control (a site ban) is refused whatever its route; an
+    operator's is taken, and the user reads it (why their files wait)."""
+    from aso.core.controls import changed
+
+    dave, operator = cert_files(pki, "dave"), cert_files(pki, "operator-x")
+    doc_id = model.control_id(model.SITE, "T2_DE_DESY")
+    mine = changed(None, model.SITE, "T2_DE_DESY", model.BAN, "mine", "dave", time.time())
+    for method, path, body in [
+        ("PUT", f"/{files_db}/{doc_id}", mine),
+        ("POST", f"/{files_db}", mine),
+        ("POST", f"/{files_db}/_bulk_docs", {"docs": [mine]}),
+    ]:
+        answer = call(frontend, pki, dave, method, path, json=body)
+        assert answer.status_code in (400, 403), (method, path, answer.text[:300])
+        assert answer.json()["reason"], answer.text[:300]
+    set_by = changed(None, model.SITE, "T2_DE_DESY", model.BAN, "disk", "operator-x", time.time())
+    taken = call(frontend, pki, operator, "PUT", f"/{files_db}/{doc_id}", json=set_by)
+    assert taken.status_code == 201, taken.text[:300]
+    seen = call(frontend, pki, dave, "GET", f"/{files_db}/{doc_id}")
+    assert seen.status_code == 200 and seen.json()["reason"] == "disk"
+    forged = {**changed(seen.json(), model.SITE, "T2_DE_DESY", model.ALLOW, "", "dave", 1.0)}
+    answer = call(frontend, pki, dave, "PUT", f"/{files_db}/{doc_id}", json=forged)
+    assert answer.status_code in (400, 403), answer.text[:300]

@@ -21,6 +21,7 @@ import pytest
 from playwright.sync_api import expect
 
 from aso import model
+from aso.actions import set_control
 from aso.agents.analytics import Analytics
 from aso.agents.monitor import Monitor
 from aso.agents.publisher import Publisher
@@ -924,6 +925,30 @@ def test_the_agents_page_shows_each_instance_s_heartbeat(scene: Scene) -> None:
     assert rows["gone-0"].locator("td").last.inner_text() == "cleaned 40"
     assert rows["gone-0"].locator("td[data-column='work']").inner_text() == "42"
     page.screenshot(path=str(ARTEFACTS / "agents.png"), full_page=True)
+
+
+def test_the_agents_page_lists_the_operators_controls_in_force(scene: Scene) -> None:
+    """Below the agents, the controls in force: who set what, when and why; one lifted by
+    `allow` is not shown."""
+    page, db = scene.page, scene.db
+    assert scene.loaded("#agents", "#controls") <= MAX_REQUESTS
+    assert page.locator("p#controls").inner_text() == "none: every site and user may start copies"
+    set_control(db, model.SITE, "T2_DE_DESY", model.DRAIN, "disks <b>moving</b>", "admin", 1e9,
+                model.AS_DESTINATION)  # fmt: skip
+    set_control(db, model.USER, "bob", model.BAN, "proxy leaked", "admin", 1e9 + 60)
+    set_control(db, model.SITE, "T2_IT_Pisa", model.BAN, "down", "admin", 1e9)
+    set_control(db, model.SITE, "T2_IT_Pisa", model.ALLOW, "back", "admin", 1e9 + 120)
+    assert scene.loaded("#agents", "table#controls") <= MAX_REQUESTS
+    rows = {
+        r.get_attribute("data-control"): [c.inner_text() for c in r.locator("td").all()]
+        for r in page.locator("table#controls tbody tr").all()
+    }
+    assert rows == {
+        "site:T2_DE_DESY": ["site", "T2_DE_DESY", "drain", "destination", "2001-09-09 01:46:40",
+                            "admin", "disks <b>moving</b>"],
+        "user:bob": ["user", "bob", "ban", "both", "2001-09-09 01:47:40", "admin", "proxy leaked"],
+    }  # fmt: skip
+    assert page.locator("table#controls b").count() == 0  # the reason is text, never markup
 
 
 def test_what_is_not_there_is_said_in_words(scene: Scene) -> None:

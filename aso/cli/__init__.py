@@ -39,6 +39,7 @@ from aso.cli.common import (
     LimitOpt,
     NotFound,
     UsageError,
+    acting_name,
     line_console,
     print_more,
     print_table,
@@ -46,6 +47,7 @@ from aso.cli.common import (
     row_limit,
 )
 from aso.cli.common import config_of as _config
+from aso.cli.controls import site_app, user_app
 from aso.cli.frontend import certs_app, frontend_cmd
 from aso.cli.metrics import metrics_app
 from aso.cli.reconcile import reconcile_cmd
@@ -100,6 +102,8 @@ store_app.command("check")(store_check_cmd)
 app.add_typer(db_app, name="db", rich_help_panel=OPERATORS)
 app.add_typer(storage_app, name="storage", rich_help_panel=OPERATORS)
 app.add_typer(catalog_app, name="catalog", rich_help_panel=OPERATORS)
+app.add_typer(site_app, name="site", rich_help_panel=OPERATORS)
+app.add_typer(user_app, name="user", rich_help_panel=OPERATORS)
 app.command("reconcile", rich_help_panel=OPERATORS)(reconcile_cmd)
 app.command("stats", rich_help_panel=OPERATORS)(stats_cmd)
 app.command("sim", rich_help_panel=SERVICES)(sim_cmd)
@@ -117,15 +121,7 @@ def _files_db(ctx: typer.Context) -> Database:
 
 
 def _me(ctx: typer.Context) -> str:
-    """The user this command acts as: the account, or through the front end (x509) the name
-    the front end mapped the certificate to, as the store sees it."""
-    config = _config(ctx)
-    if config.store.auth == "x509":
-        name: str | None = _server(ctx).session().get("name")
-        if not name:
-            raise UsageError("the front end did not say who this certificate is")
-        return name
-    return config.store_user[0]
+    return acting_name(_config(ctx), _server(ctx))
 
 
 @app.callback()

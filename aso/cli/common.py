@@ -29,6 +29,17 @@ class NotFound(Exception):
     """What the command was asked about does not exist: exit code 1."""
 
 
+def acting_name(config: Config, server: Any) -> str:
+    """Who a command acts as: the account, or through the front end (x509) the name the front
+    end mapped the certificate to, as the store sees it."""
+    if config.store.auth == "x509":
+        name: str | None = server.session().get("name")
+        if not name:
+            raise UsageError("the front end did not say who this certificate is")
+        return name
+    return config.store_user[0]
+
+
 def config_of(ctx: typer.Context) -> Config:
     """The configuration, loaded on first use (so that `aso config init` needs none)."""
     obj = ctx.find_root().obj

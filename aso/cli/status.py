@@ -116,6 +116,8 @@ def status_cmd(
     ]
     print_table(("axis", "state", "files"), rows, title=title)
     print(f"{answer.on_its_way} files on their way; done: {_duration(answer.eta, answer.eta_note)}")
+    for says, n in sorted(answer.held_back.items()):
+        print(f"{n} files held back, not started until an operator allows it: {says}")
     stopped = sum(answer.counts.get("state", {}).get(s, 0) for s in model.NEVER_COPIED)
     if stopped:
         print(

@@ -19,9 +19,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from aso.core.controls import controls_of, holding
 from aso.limits import LIGHT_LOOKUPS
-from aso.model import AXES, ON_ITS_WAY, STATE, job_order
-from aso.store import Database
+from aso.model import AXES, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
+from aso.store import Database, StoreError
 
 DDOC = "asyncstageout"
 PAGE = 1000  # rows per by_task request by range
@@ -75,6 +76,8 @@ class TaskStatus:
     eta_note: str = ""  # why there is no estimate, or what it rests on
     rates: dict[str, float] = field(default_factory=dict)  # link → files/s, sliding window
     seq: str = ""  # the store's sequence before the files were read: the next poll's `since`
+    # files waiting to start that an operator's control holds back, by what it says
+    held_back: dict[str, int] = field(default_factory=dict)
 
     @property
     def exists(self) -> bool:
@@ -293,6 +296,33 @@ def estimate(
     return max(times), f"from the last {RATE_WINDOW / 60:.0f} min of each link's copies"
 
 
+CONTROL_PREFIX = "control:"
+MAX_CONTROLS = 1000  # control documents read at most (one per site or user ever set)
+
+
+def read_controls(db: Database) -> list[dict[str, Any]]:
+    """The operators' control documents (aso/core/controls.py)."""
+    return db.all_docs(CONTROL_PREFIX, CONTROL_PREFIX + "\ufff0", limit=MAX_CONTROLS)
+
+
+def held_back_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
+    """How many of the files waiting to start an operator's control holds back, by what the
+    control says (empty when the controls cannot be read: the status goes on without them)."""
+    waiting = [f for f in files if f.state in TO_SUBMIT]
+    if not waiting:
+        return {}
+    try:
+        found = controls_of(read_controls(db))
+    except StoreError:
+        return {}
+    held: dict[str, int] = defaultdict(int)
+    for f in waiting:
+        setting = holding(f.user, f.source, f.destination, found)
+        if setting is not None:
+            held[setting.says()] += 1
+    return dict(held)
+
+
 def task_status(
     db: Database, task: str, job: str | None = None, now: float | None = None
 ) -> TaskStatus:
@@ -300,6 +330,7 @@ def task_status(
     files = task_files(db, task, job)
     counts = counts_of(files) if job else task_counts(db, task)
     status = TaskStatus(task, job, files, counts, seq=seq)
+    status.held_back = held_back_counts(db, files)
     if files:
         now = time.time() if now is None else now
         links = sorted({(f.source, f.destination) for f in files if f.state in ON_ITS_WAY})

@@ -129,6 +129,36 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // A type names an agent document only as a string (an array ["heartbeat"] would name it as a
   // property key).
+  function isOperatorDoc(doc) {
+    return typeof doc.type === 'string' && has(model.operator_schemas, doc.type);
+  }
+
+  function checkControl() {
+    schema.checkObject('doc', newDoc, model.operator_schemas[newDoc.type]);
+    if (!(new RegExp(model.operator_id_patterns[newDoc.type])).test(newDoc._id) ||
+        newDoc._id !== 'control:' + newDoc.kind + ':' + newDoc.name) {
+      refuse('schema', 'doc._id must be control:' + newDoc.kind + ':' + newDoc.name);
+    }
+    if (model.control_modes[newDoc.kind].indexOf(newDoc.mode) === -1) {
+      refuse('schema', 'a ' + newDoc.kind + ' may not be set to ' + newDoc.mode);
+    }
+    if (newDoc.kind === 'user' && newDoc.direction !== 'both') {
+      refuse('schema', "a user's control has direction both");
+    }
+    if (userCtx.name && newDoc.by !== userCtx.name) {
+      refuse('control', 'a setting is recorded by its operator, ' + userCtx.name + ', not ' + JSON.stringify(newDoc.by));
+    }
+    var history = newDoc.history, old = (oldDoc && oldDoc.history) || [];
+    var last = history[history.length - 1], fields = ['mode', 'direction', 'reason', 'by', 'at'];
+    for (var i = 0; i < fields.length; i++) {
+      if (!last || last[fields[i]] !== newDoc[fields[i]]) { refuse('control', 'the last history entry is the setting itself'); }
+    }
+    if (history.length !== old.length + 1) { refuse('control', 'a change adds one history entry'); }
+    for (i = 0; i < old.length; i++) {
+      if (!same(history[i], old[i])) { refuse('control', 'history entries cannot be changed'); }
+    }
+  }
+
   function isAgentDoc(doc) {
     return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
   }
@@ -180,6 +210,14 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (!(new RegExp(model.agent_id_patterns[newDoc.type])).test(newDoc._id)) {
       refuse('schema', 'doc._id does not name a ' + newDoc.type);
     }
+    return;
+  }
+  // Operators' controls (a site banned or draining, a user banned): only operators write them,
+  // each setting recorded under its operator's name, and no earlier one rewritten.
+  if (isOperatorDoc(newDoc) || (oldDoc && isOperatorDoc(oldDoc))) {
+    var operatorType = isOperatorDoc(newDoc) ? newDoc.type : oldDoc.type;
+    if (!isAdmin) { refuse('operator-doc', 'only operators write ' + operatorType + ' documents'); }
+    checkControl();
     return;
   }
   schema.checkRequest(newDoc, !oldDoc);

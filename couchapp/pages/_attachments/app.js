@@ -564,7 +564,32 @@ function overview() {
   });
 }
 
+function controls() {
+  // The operators' controls in force (aso site|user ban, drain), each with who set it, when
+  // and why; `allow` lifted the others. At most 1,000 (one per site or user ever set).
+  return get(FILES + '/_all_docs', {startkey: 'control:', endkey: 'control:\ufff0',
+    include_docs: true, limit: 1000}).then(function (res) {
+    var docs = res.rows.map(function (r) { return r.doc; }).filter(function (d) {
+      return d && d.mode !== 'allow';
+    });
+    var heading = el('h2', {}, ["Operators' controls (aso site, aso user)"]);
+    if (!docs.length) { return [heading, el('p', {id: 'controls'}, ['none: every site and user may start copies'])]; }
+    return [heading, table('controls', ['kind', 'name', 'mode', 'direction', 'since (UTC)', 'by', 'reason'],
+      docs.map(function (d) {
+        return el('tr', {'data-control': d.kind + ':' + d.name}, [el('td', {}, [d.kind]),
+          el('td', {}, [d.name]), el('td', {}, [d.mode]), el('td', {}, [d.direction]),
+          el('td', {}, [when(d.at)]), el('td', {}, [d.by]), el('td', {}, [d.reason])]);
+      }))];
+  });
+}
+
 function agents() {
+  return Promise.all([agentRows(), controls()]).then(function (both) {
+    return both[0].concat(both[1]);
+  });
+}
+
+function agentRows() {
   // Every agent instance's heartbeat: how long ago, its last cycle's time and work (the
   // requests of its partition it had to look at: its backlog), and what that cycle did.
   return get(FILES + '/_all_docs', {startkey: 'heartbeat:', endkey: 'heartbeat:\ufff0',
