@@ -91,28 +91,26 @@ def _list(ctx: typer.Context, kind: str, as_json: bool, history: bool) -> None:
     print_table([kind, "mode", "direction", "since", "by", "reason"], rows)
 
 
-@site_app.command("ban")
-def site_ban(
-    ctx: typer.Context,
-    site: SiteArg,
-    reason: ReasonOpt = "",
-    source: SourceOpt = False,
-    destination: DestinationOpt = False,
-) -> None:
-    """Ban a site: nothing new starts from or to it (or in one direction)."""
-    _set(ctx, SITE, site, model.BAN, reason, _direction(source, destination))
+def _site_setting(mode: str, doc: str) -> None:
+    """`aso site ban` and `aso site drain`: the same options, another mode."""
+
+    def command(
+        ctx: typer.Context,
+        site: SiteArg,
+        reason: ReasonOpt = "",
+        source: SourceOpt = False,
+        destination: DestinationOpt = False,
+    ) -> None:
+        _set(ctx, SITE, site, mode, reason, _direction(source, destination))
+
+    command.__doc__ = doc
+    site_app.command(mode)(command)
 
 
-@site_app.command("drain")
-def site_drain(
-    ctx: typer.Context,
-    site: SiteArg,
-    reason: ReasonOpt = "",
-    source: SourceOpt = False,
-    destination: DestinationOpt = False,
-) -> None:
-    """Drain a site: nothing new starts from or to it; copies under way finish."""
-    _set(ctx, SITE, site, model.DRAIN, reason, _direction(source, destination))
+_site_setting(model.BAN, "Ban a site: nothing new starts from or to it (or in one direction).")
+_site_setting(
+    model.DRAIN, "Drain a site: nothing new starts from or to it; copies under way finish."
+)
 
 
 @site_app.command("allow")
