@@ -116,6 +116,25 @@ PAGES_STATES: dict[str, tuple[str, ...]] = {
     "publication_failures": PUBLICATION_FAILURES,  # failed blocks
 }
 RAN_TO_AN_END = ("done", "failed")  # outcomes of an attempt whose copy ran (not cancelled)
+# Why a file on its way waits, by its state: the status row's `waiting.why` (docs/status-api.md,
+# "Why a file waits"). `aso status` tells a queued file an operator's control holds back apart.
+WAITING_WHY: dict[str, str] = {
+    "new": "queued",  # for the submitter: its link's and sites' caps, the users' turns
+    "retry": "cool_off",  # a failed attempt's cool-off, until `retry_after`; then queued
+    "failed_attempt": "deciding",  # the retry manager decides: try again or give up
+    "submitted": "at_service",  # at the transfer service, in the job `job_id`
+    "kill_requested": "cancelling",  # its owner killed it: the monitor cancels it there
+}
+HELD_BACK = "held_back"  # a queued file an operator's control holds back
+# How each reads, in `aso status` and on the pages (the pages' design document carries it).
+WAITING_WORDS: dict[str, str] = {
+    "queued": "queued for its link",
+    HELD_BACK: "held back by an operator",
+    "cool_off": "cooling off after a failed attempt",
+    "deciding": "a failed attempt: retry or not, being decided",
+    "at_service": "at the transfer service",
+    "cancelling": "being cancelled",
+}
 
 # The agents' work (the queue view couchapp/queue/views/work/map.js, which `aso db init` writes
 # this table into, and aso/workqueue.py): a request is work of kind K when each axis WORK[K]

@@ -467,6 +467,8 @@ def test_the_task_and_file_pages_list_every_file_and_its_history(scene: Scene) -
                               str(len(doc["attempts"]))]  # fmt: skip
         failing = doc["state"] in model.FAILING
         assert (doc["failure_reason"] in texts[9]) if failing else texts[9] == ""
+        why = row.locator("td[data-column='waiting']").get_attribute("data-why")
+        assert why == model.WAITING_WHY.get(doc["state"], "")  # a file on its way says why
     counts = {
         a.get_attribute("data-state"): int(a.get_attribute("data-count"))
         for a in page.locator("#task-counts tr[data-axis='state'] a").all()
@@ -992,6 +994,9 @@ def test_a_large_task_s_page_reads_a_bounded_number_of_rows(scene: Scene) -> Non
         scene.loaded(f"#task/{quote(task)}", "#files")
         assert by_task_limits() == [1001]  # one read finds the first page's 500
         assert shown() == in_order[:500]
+        waiting = page.locator(f"tr[data-id='{in_order[0]}'] td[data-column='waiting']")
+        assert waiting.get_attribute("data-why") == "queued"
+        assert waiting.inner_text().startswith("queued for its link since 20")
         for start, end in ((500, 1000), (1000, 1200)):
             page.click("#next")
             expect(page.locator(f"#files tbody tr[data-id='{in_order[start]}']")).to_have_count(1)

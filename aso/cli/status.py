@@ -41,8 +41,25 @@ def _duration(seconds: float | None, note: str) -> str:
 
 FILE_COLUMNS = (
     "id", "job", "type", "state", "cleanup", "publication", "attempts", "last change (UTC)",
-    "error", "source LFN",
+    "error", "waiting", "source LFN",
 )  # fmt: skip
+
+
+def waiting_text(waiting: dict[str, Any] | None) -> str:
+    """One file's `waiting`, as a person reads it: why, since when, until when, which job."""
+    if not waiting:
+        return ""
+    words = [
+        model.WAITING_WORDS.get(waiting["why"], waiting["why"]),
+        f"since {utc_time(waiting['since'])}",
+    ]
+    if waiting.get("until"):
+        words.append(f"until {utc_time(waiting['until'])}")
+    if waiting.get("job_id"):
+        words.append(f"(job {waiting['job_id']})")
+    if waiting.get("control"):
+        words.append(f"({waiting['control']})")
+    return " ".join(words)
 
 
 def _file_row(f: queries.FileStatus) -> list[Any]:
@@ -56,7 +73,7 @@ def _file_row(f: queries.FileStatus) -> list[Any]:
                                 for v in (cleanup, publication))  # fmt: skip
     return [
         f.id[:12], f.job_id, f.file_type, f.state, cleanup, publication, f.attempts,
-        utc_time(f.last_update), error, f.source_lfn,
+        utc_time(f.last_update), error, waiting_text(f.waiting), f.source_lfn,
     ]  # fmt: skip
 
 
@@ -116,6 +133,9 @@ def status_cmd(
     ]
     print_table(("axis", "state", "files"), rows, title=title)
     print(f"{answer.on_its_way} files on their way; done: {_duration(answer.eta, answer.eta_note)}")
+    if waiting := queries.waiting_counts(answer.files):
+        reasons = ", ".join(f"{n} {model.WAITING_WORDS[why]}" for why, n in sorted(waiting.items()))
+        print(f"waiting: {reasons}")
     for says, n in sorted(answer.held_back.items()):
         print(f"{n} files held back, not started until an operator allows it: {says}")
     stopped = sum(answer.counts.get("state", {}).get(s, 0) for s in model.NEVER_COPIED)
@@ -159,6 +179,8 @@ def _file_story(
         raise typer.Exit(1)
     events = queries.timeline(doc, job_url)
     shown = first_rows(events, wanted)
+    row = queries.status_row(db, doc)
+    waiting = row.waiting if row else None
     if json_out:
         console.print_json(
             data={
@@ -169,6 +191,7 @@ def _file_story(
                 "source_lfn": doc["source_lfn"],
                 "destination": doc["destination"],
                 "destination_lfn": doc["destination_lfn"],
+                "waiting": waiting,
                 "total": len(events),
                 "events": [e.__dict__ for e in shown],
             }
@@ -180,3 +203,5 @@ def _file_story(
         ("time (UTC)", "what", "detail"), [(utc_time(e.at), e.what, e.detail) for e in shown]
     )
     print_more(len(events), len(shown))
+    if waiting:
+        print(f"now: {waiting_text(waiting)}")

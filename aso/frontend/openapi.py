@@ -144,6 +144,7 @@ SCHEMAS: dict[str, Any] = {
             "publication_error",
             "created",
             "last_update",
+            "waiting",
         ],
         "properties": {
             "rev": {
@@ -184,6 +185,28 @@ SCHEMAS: dict[str, Any] = {
             "last_update": {
                 "type": "number",
                 "description": "epoch seconds of the agent's clock: for people, not a cursor",
+            },
+            "waiting": {
+                "type": ["object", "null"],
+                "description": 'why a file on its way waits (docs/status-api.md, "Why a file '
+                'waits"); null once its state is final',
+                "additionalProperties": False,
+                "required": ["why", "since", "until", "job_id"],
+                "properties": {
+                    "why": {"enum": sorted(set(model.WAITING_WHY.values()))},
+                    "since": {
+                        "type": "number",
+                        "description": "epoch seconds: its last change of state",
+                    },
+                    "until": {
+                        "type": ["number", "null"],
+                        "description": "epoch seconds: the end of a cool-off",
+                    },
+                    "job_id": {
+                        "type": ["string", "null"],
+                        "description": "the job at the transfer service",
+                    },
+                },
             },
         },
     },

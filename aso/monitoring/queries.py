@@ -21,7 +21,7 @@ from typing import Any
 
 from aso.core.controls import controls_of, holding
 from aso.limits import LIGHT_LOOKUPS
-from aso.model import AXES, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
+from aso.model import AXES, HELD_BACK, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
 from aso.store import Database, StoreError
 
 DDOC = "asyncstageout"
@@ -59,6 +59,9 @@ class FileStatus:
     cleanup_error: str | None = None
     publication_error: str | None = None
     created: float = 0.0
+    # Why a file on its way waits: {why, since, until, job_id} (aso/model.py WAITING_WHY); None
+    # once its state is final
+    waiting: dict[str, Any] | None = None
 
     @property
     def key(self) -> list[Any]:
@@ -130,6 +133,13 @@ def task_pages(
         if len(rows) < page:
             return
         start, skip = rows[-1]["key"], 1
+
+
+def status_row(db: Database, doc: Mapping[str, Any]) -> FileStatus | None:
+    """A request's status row (its by_task row; None while the view does not hold it yet)."""
+    key = [doc["task"], job_order(doc["job_id"]), doc["file_type"], doc["_id"]]
+    rows = db.view(DDOC, "by_task", key=key, limit=1).rows
+    return file_status(rows[0]) if rows else None
 
 
 def task_files(db: Database, task: str, job: str | None = None) -> list[FileStatus]:
@@ -307,7 +317,8 @@ def read_controls(db: Database) -> list[dict[str, Any]]:
 
 def held_back_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     """How many of the files waiting to start an operator's control holds back, by what the
-    control says (empty when the controls cannot be read: the status goes on without them)."""
+    control says; each such file's `waiting` says so too (`held_back`, with the control). Empty
+    when the controls cannot be read: the status goes on without them."""
     waiting = [f for f in files if f.state in TO_SUBMIT]
     if not waiting:
         return {}
@@ -320,7 +331,14 @@ def held_back_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
         setting = holding(f.user, f.source, f.destination, found)
         if setting is not None:
             held[setting.says()] += 1
+            if f.waiting is not None and f.state == "new":
+                f.waiting = {**f.waiting, "why": HELD_BACK, "control": setting.says()}
     return dict(held)
+
+
+def waiting_counts(files: list[FileStatus]) -> dict[str, int]:
+    """How many of the files on their way wait for each reason (their `waiting.why`)."""
+    return dict(Counter(f.waiting["why"] for f in files if f.waiting))
 
 
 def task_status(

@@ -98,6 +98,8 @@ TABLES: dict[str, Any] = {
     "/* aso/model.py FINAL */ null": {axis: list(v) for axis, v in model.FINAL.items()},
     "/* aso/model.py NEVER_COPIED */ null": list(model.NEVER_COPIED),
     "/* aso/model.py REQUEST_TYPE */ null": model.REQUEST_TYPE,
+    "/* aso/model.py WAITING_WHY */ null": model.WAITING_WHY,
+    "/* aso/model.py AT_THE_SERVICE */ null": list(model.AT_THE_SERVICE),
     "/* aso/monitoring/statistics.py ENDED_STATES */ null": list(statistics.ENDED_STATES),
     "/* aso/monitoring/statistics.py COLUMNS */ null": list(statistics.COLUMNS),
     "/* aso/monitoring/statistics.py BUCKETS */ null": list(statistics.BUCKETS),
@@ -171,6 +173,7 @@ def pages_design(config: Config, root: Path = COUCHAPP_DIR) -> dict[str, Any]:
         "stats_db": config.store.stats_db,
         "transfer_job_url": config.fts3.monitor_url,
         "states": {k: list(v) for k, v in model.PAGES_STATES.items()},
+        "waiting_words": model.WAITING_WORDS,
     }
     return ddoc
 

@@ -22,7 +22,7 @@ var DDOC = null;  // the files database's views
 var USERS_VIEWS = null; // the files database's views of a user's tasks and failures
 var STALE_AFTER = 120; // seconds without a heartbeat before an agent is shown as stale
 var REFRESH = 30000;
-var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states
+var SETTINGS = null; // the design document's `aso` member: files_db, stats_db, transfer_job_url, states, waiting_words
 var HOUR = 3600, DAY = 86400;
 var BYTES_DONE = 'bytes_done'; // in a user's live summary, beside the states (aso/monitoring/summaries.py)
 // The groups of states the pages show: aso/model.py PAGES_STATES, read with SETTINGS.
@@ -1243,7 +1243,8 @@ function task(name) {
         el('td', {'class': 'n', 'data-value': v.size}, [bytes(v.size || 0)]),
         el('td', {}, [v.state]), el('td', {}, [v.cleanup]), el('td', {}, [v.publication]),
         el('td', {'class': 'n'}, [v.attempts]), el('td', {}, [when(v.last_update)]),
-        el('td', {}, [v.reason ? (v.error_class ? v.error_class + ': ' : '') + v.reason : ''])
+        el('td', {}, [v.reason ? (v.error_class ? v.error_class + ': ' : '') + v.reason : '']),
+        el('td', {'data-column': 'waiting', 'data-why': (v.waiting || {}).why || ''}, [waitingText(v.waiting)])
       ]);
     });
     var select = el('select', {id: 'state-filter'}, [el('option', {value: ''}, ['all states'])].concat(
@@ -1262,9 +1263,20 @@ function task(name) {
       el('p', {'class': 'choices'}, ['show ', select, ' — ' + matching + ' files' +
         (page.length < matching ? ', ' + page.length + ' on this page' : '')]),
       table('files', ['job', 'type', 'file (its page)', 'size', 'state', 'cleanup', 'publication',
-        'attempts', 'last change (UTC)', 'current failure'], rows),
+        'attempts', 'last change (UTC)', 'current failure', 'waiting'], rows),
       el('p', {}, nav)]);
   });
+}
+
+// Why a file on its way waits (the status row's `waiting`: aso/model.py WAITING_WHY), as
+// `aso status` words it (aso/model.py WAITING_WORDS, in the design document's settings).
+function waitingText(waiting) {
+  if (!waiting) { return ''; }
+  var words = (SETTINGS.waiting_words || {})[waiting.why] || waiting.why;
+  words = [words, 'since ' + when(waiting.since)];
+  if (waiting.until) { words.push('until ' + when(waiting.until)); }
+  if (waiting.job_id) { words.push('(job ' + waiting.job_id + ')'); }
+  return words.join(' ');
 }
 
 function taskAddress(name, params) {
