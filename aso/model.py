@@ -116,24 +116,41 @@ PAGES_STATES: dict[str, tuple[str, ...]] = {
     "publication_failures": PUBLICATION_FAILURES,  # failed blocks
 }
 RAN_TO_AN_END = ("done", "failed")  # outcomes of an attempt whose copy ran (not cancelled)
-# Why a file on its way waits, by its state: the status row's `waiting.why` (docs/status-api.md,
-# "Why a file waits"). `aso status` tells a queued file an operator's control holds back apart.
-WAITING_WHY: dict[str, str] = {
-    "new": "queued",  # for the submitter: its link's and sites' caps, the users' turns
-    "retry": "cool_off",  # a failed attempt's cool-off, until `retry_after`; then queued
-    "failed_attempt": "deciding",  # the retry manager decides: try again or give up
-    "submitted": "at_service",  # at the transfer service, in the job `job_id`
-    "kill_requested": "cancelling",  # its owner killed it: the monitor cancels it there
+# Why a file that is not finished waits: the status row's `waiting.why` (docs/status-api.md,
+# "Why a file waits"), by its `state` while the copy is on its way, then, once it is `done`, by
+# its publication and then its cleanup while they are due (with the `*_retry_after` of their
+# errors as `until`). `aso status` tells a queued file an operator's control holds back apart.
+WAITING_WHY: dict[str, dict[str, str]] = {
+    STATE: {
+        "new": "queued",  # for the submitter: its link's and sites' caps, the users' turns
+        "retry": "cool_off",  # a failed attempt's cool-off, until `retry_after`; then queued
+        "failed_attempt": "deciding",  # the retry manager decides: try again or give up
+        "submitted": "at_service",  # at the transfer service, in the job `job_id`
+        "kill_requested": "cancelling",  # its owner killed it: the monitor cancels it there
+    },
+    PUBLICATION: {
+        "pending": "block",  # for its block: full, or its oldest file waited long enough
+        "publication_error": "publication_retry",  # until `publication_retry_after`
+    },
+    CLEANUP: {
+        "pending": "cleanup",  # its temporary copy, for the cleaner to delete
+        "cleanup_error": "cleanup_retry",  # until `cleanup_retry_after`
+    },
 }
 HELD_BACK = "held_back"  # a queued file an operator's control holds back
-# How each reads, in `aso status` and on the pages (the pages' design document carries it).
+# How each reads, in `aso status` and on the pages (the pages' design document carries it); no
+# "," or ";" (`aso status` lists them with those).
 WAITING_WORDS: dict[str, str] = {
     "queued": "queued for its link",
     HELD_BACK: "held back by an operator",
     "cool_off": "cooling off after a failed attempt",
-    "deciding": "a failed attempt: retry or not, being decided",
+    "deciding": "failed an attempt: the retry manager decides what next",
     "at_service": "at the transfer service",
     "cancelling": "being cancelled",
+    "block": "copied and waiting for its block to be published",
+    "publication_retry": "copied and its publication tried again after a failure",
+    "cleanup": "copied and its temporary copy to be deleted",
+    "cleanup_retry": "copied and the deletion of its temporary copy tried again",
 }
 
 # The agents' work (the queue view couchapp/queue/views/work/map.js, which `aso db init` writes

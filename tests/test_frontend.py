@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+import types
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -1027,6 +1028,23 @@ def test_a_user_s_heavy_reads_have_a_share_of_the_store_s_time(
         assert call(url, pki, carol, "GET", grouped).status_code == 200
 
 
+def test_a_user_s_heavy_read_is_charged_its_whole_time_whatever_else_ends_meanwhile():
+    """Red team round 26: a heavy read was charged from the end of the last heavy read anyone
+    had, so other clients' heavy reads ending while alice's whole-view reads ran cut her charge
+    to nothing (her reads then held the view 100 % of the time, bob's p50 0.03 -> 8.3 s). Each
+    is charged from its sending to its answer."""
+    charged: list[tuple[str, float]] = []
+    front = types.SimpleNamespace(heavy_time=types.SimpleNamespace(
+        delay=lambda user, seconds: charged.append((user, seconds))))  # fmt: skip
+    started = time.monotonic() - 5.0
+    for _ in range(3):  # others' heavy reads, answered while hers runs
+        frontend_module.FrontEnd._heavy_done(front, "carol", time.monotonic() - 0.01)
+        frontend_module.FrontEnd._heavy_done(front, None, time.monotonic() - 0.01)
+    frontend_module.FrontEnd._heavy_done(front, "alice", started)
+    [seconds] = [spent for who, spent in charged if who == "alice"]
+    assert seconds >= 5.0
+
+
 def test_a_filtered_long_poll_catches_up_in_its_user_s_heavy_turn(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):
@@ -1275,10 +1293,10 @@ def test_a_user_s_long_polls_with_documents_are_paced_by_their_bytes(
     """Red team round 24: a long poll with documents from an old `since` answers at once, as a
     batch would, but was never charged to its user's heavy share: four of alice's kept the
     embedded store 85 % busy (82 answers, 2.8 GB in 30 s). Its answer's bytes are spent from
-    the share (POLL_DOC_BYTES a second of the store's time) and the next waits for it, 503
+    the share (DOC_BYTES a second of the store's time) and the next waits for it, 503
     past HEAVY_WAIT; another user's polls do not wait."""
     monkeypatch.setattr(frontend_module, "HEAVY_BURST", 1.0)
-    monkeypatch.setattr(frontend_module, "POLL_DOC_BYTES", 1000)  # ~1 s a request answered
+    monkeypatch.setattr(frontend_module, "DOC_BYTES", 1000)  # ~1 s a request answered
     config = frontend_config(store_config, pki, files_db, tmp_path)
     dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
     admin.db(files_db).bulk_write([sample_request("dave") for _ in range(20)])
@@ -1293,6 +1311,38 @@ def test_a_user_s_long_polls_with_documents_are_paced_by_their_bytes(
         assert spent.json()["error"] == "too_costly" and int(spent.headers["retry-after"]) > 30
         others = call(url, pki, carol, "GET", poll)
         assert others.status_code == 200 and others.json()["results"], others.text[:300]
+
+
+@pytest.mark.parametrize("read", ["by keys", "changes batch"])
+def test_a_user_s_reads_with_documents_are_paced_by_their_bytes(
+    running_reactor, store_config, pki, files_db, tmp_path, admin, monkeypatch, read
+):
+    """Red team round 26: reads that carry documents in batches were charged only the time the
+    store took to start its answer (alice: `_all_docs` by 100 keys with their documents, 57
+    MB/s; `_changes` batches of 500 or 1000 with documents, the store's memory to 1 GB). Their
+    bytes are spent from the user's heavy share as a long poll's are (DOC_BYTES a second of
+    the store's time), the next waits for it, 503 past HEAVY_WAIT; another user's go."""
+    monkeypatch.setattr(frontend_module, "HEAVY_BURST", 1.0)
+    monkeypatch.setattr(frontend_module, "DOC_BYTES", 1000)  # ~1 s a request answered
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    docs = [sample_request("dave") for _ in range(20)]
+    admin.db(files_db).bulk_write(docs)
+    keys = {"keys": [d["_id"] for d in docs]}
+    path, body = {
+        "by keys": (f"/{files_db}/_all_docs?include_docs=true", keys),
+        "changes batch": (f"/{files_db}/_changes?include_docs=true&since=0&limit=20", None),
+    }[read]
+    method = "POST" if body else "GET"
+    with frontend_in_process(running_reactor, config) as url:
+        first = call(url, pki, dave, method, path, json=body)
+        assert first.status_code == 200, first.text[:300]
+        assert len(first.content) > 1000 * (1 + frontend_module.HEAVY_WAIT / 4)
+        spent = call(url, pki, dave, method, path, json=body)
+        assert spent.status_code == 503, spent.text[:300]
+        assert spent.json()["error"] == "too_costly" and int(spent.headers["retry-after"]) > 30
+        others = call(url, pki, carol, method, path, json=body)
+        assert others.status_code == 200, others.text[:300]
 
 
 def test_a_long_poll_s_answer_holds_its_turn_until_its_client_has_read_it(
@@ -1715,6 +1765,17 @@ def test_a_browser_with_a_certificate_opens_the_pages_through_the_front_end(
         else:
             assert response is not None and response.status == 401
             assert "certificate" in response.json()["reason"]
+
+
+def test_every_answer_says_its_content_type_is_not_to_be_sniffed(frontend, pki, files_db):
+    """Red team round 26: a 400 quoting the request's query (a `<script>` in a parameter's
+    name) went out as JSON without nosniff. Every answer, refusals and the store's, says it."""
+    dave = cert_files(pki, "dave")
+    for path in (f"/{files_db}/_all_docs?<script>alert(1)</script>=1", f"/{files_db}", "/_session"):
+        answer = call(frontend, pki, dave, "GET", path)
+        assert answer.headers["x-content-type-options"] == "nosniff", (path, answer.status_code)
+    anonymous = requests.get(frontend + "/_session", verify=str(pki.ca_file), timeout=30)
+    assert anonymous.headers["x-content-type-options"] == "nosniff"
 
 
 def test_only_an_operator_sets_a_control_through_the_front_end(frontend, pki, files_db):

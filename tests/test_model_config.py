@@ -282,3 +282,16 @@ def test_uploads_are_judged_from_many_threads_at_once():
     with ThreadPoolExecutor(8) as pool:
         verdicts = set(pool.map(judge, range(400)))
     assert verdicts == {(None, "[schema] doc.colour is not a field of the schema")}
+
+
+def test_every_file_not_finished_has_a_reason_to_wait_and_words_for_it():
+    """model.WAITING_WHY names a reason for every state on its way and every due publication
+    and cleanup of a copied file; each reason (and held_back) has its words, which `aso status`
+    can list with ";" and ","."""
+    assert set(model.WAITING_WHY[model.STATE]) == set(model.ON_ITS_WAY)
+    assert set(model.WAITING_WHY[model.PUBLICATION]) == set(model.PUBLICATION_DUE)
+    assert set(model.WAITING_WHY[model.CLEANUP]) == set(model.CLEANUP_DUE)
+    reasons = {why for by in model.WAITING_WHY.values() for why in by.values()}
+    assert len(reasons) == sum(len(by) for by in model.WAITING_WHY.values())  # each its own
+    assert set(model.WAITING_WORDS) == reasons | {model.HELD_BACK}
+    assert not any("," in words or ";" in words for words in model.WAITING_WORDS.values())

@@ -134,7 +134,7 @@ def status_cmd(
     print_table(("axis", "state", "files"), rows, title=title)
     print(f"{answer.on_its_way} files on their way; done: {_duration(answer.eta, answer.eta_note)}")
     if waiting := queries.waiting_counts(answer.files):
-        reasons = ", ".join(f"{n} {model.WAITING_WORDS[why]}" for why, n in sorted(waiting.items()))
+        reasons = "; ".join(f"{n} {model.WAITING_WORDS[why]}" for why, n in sorted(waiting.items()))
         print(f"waiting: {reasons}")
     for says, n in sorted(answer.held_back.items()):
         print(f"{n} files held back, not started until an operator allows it: {says}")

@@ -188,19 +188,23 @@ SCHEMAS: dict[str, Any] = {
             },
             "waiting": {
                 "type": ["object", "null"],
-                "description": 'why a file on its way waits (docs/status-api.md, "Why a file '
-                'waits"); null once its state is final',
+                "description": 'why a file not finished waits (docs/status-api.md, "Why a '
+                'file waits"); null once it is finished, or stopped (failed, killed)',
                 "additionalProperties": False,
                 "required": ["why", "since", "until", "job_id"],
                 "properties": {
-                    "why": {"enum": sorted(set(model.WAITING_WHY.values()))},
+                    "why": {
+                        "enum": sorted(
+                            {w for by in model.WAITING_WHY.values() for w in by.values()}
+                        )
+                    },
                     "since": {
                         "type": "number",
-                        "description": "epoch seconds: its last change of state",
+                        "description": "epoch seconds: its last change on that axis",
                     },
                     "until": {
                         "type": ["number", "null"],
-                        "description": "epoch seconds: the end of a cool-off",
+                        "description": "epoch seconds: the end of a cool-off or a retry's backoff",
                     },
                     "job_id": {
                         "type": ["string", "null"],

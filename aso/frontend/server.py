@@ -31,6 +31,7 @@ import base64
 import collections
 import dataclasses
 import faulthandler
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -144,11 +145,12 @@ HEAVY_STORE_CAP = 300.0  # seconds a user's heavy read holds its turn for a stor
 # of it p50 0.05 → 13 s). A read that would wait longer than HEAVY_WAIT is refused, with when.
 HEAVY_SHARE = 0.25
 HEAVY_BURST = 20.0
-# A user's long poll with documents answers at once from an old `since`, as a batch would, in
-# the user's queue but outside the share: its answer's bytes are spent from it, one second of
-# the store's time per POLL_DOC_BYTES (the embedded store answered ~110 MB of large requests a
-# second: four such polls had kept it 85 % busy, round 24).
-POLL_DOC_BYTES = 8 << 20
+# The bytes of a user's reads with documents (batches, reads by keys, long polls: a long poll
+# answers at once from an old `since`, as a batch would) are spent from the user's heavy share,
+# one second of the store's time per DOC_BYTES, beside the time the store took to start its
+# answer (the embedded store answered ~110 MB of large requests a second: four such polls had
+# kept it 85 % busy, round 24; reads by keys 57 MB/s, round 26).
+DOC_BYTES = 8 << 20
 SPENT_REASON = (
     "this user's heavy reads have held the store {share:.0%} of the time, their share: the "
     "next may go in {wait:.0f} s (ask for less at once: a narrower key range, a limit)"
@@ -501,9 +503,15 @@ class _Relay(protocol.Protocol):
     ends), and ends the store's side when the client goes away: the embedded store never
     ends a feed itself (EMBEDDED_FEED_NEVER_TIMES_OUT)."""
 
-    def __init__(self, request: server.Request, paused: Callable[[], None] | None = None):
-        self.request, self.paused = request, paused
+    def __init__(
+        self,
+        request: server.Request,
+        paused: Callable[[], None] | None = None,
+        counted: Callable[[int], None] | None = None,
+    ):
+        self.request, self.paused, self.counted = request, paused, counted
         self.gone = False
+        self.received = 0  # bytes of the store's answer (`counted` gets them at its end)
 
     def connectionMade(self) -> None:
         self.request.notifyFinish().addErrback(self._client_gone)
@@ -522,10 +530,13 @@ class _Relay(protocol.Protocol):
         cast(_Producer, self.transport).stopProducing()
 
     def dataReceived(self, data: bytes) -> None:
+        self.received += len(data)
         if not self.gone:
             self.request.write(data)
 
     def connectionLost(self, reason: Any = None) -> None:
+        if self.counted is not None:
+            self.counted(self.received)
         if self.request.producer is not None and self.request.channel is not None:
             self.request.unregisterProducer()
         if self.gone or self.request.finished:
@@ -605,9 +616,16 @@ class _Collect(protocol.Protocol):
     """Reads a store answer's body whole, then hands it on; `drop` ends the store's side before
     that (the connection is not put back in a pool)."""
 
-    def __init__(self, whole: Any, too_large: Any = None, limit: int = MAX_POLL_BYTES):
+    def __init__(
+        self,
+        whole: Any,
+        too_large: Any = None,
+        limit: int = MAX_POLL_BYTES,
+        counted: Callable[[int], None] | None = None,
+    ):
         self.whole, self.parts, self.dropped = whole, [b""], False
         self.too_large, self.size, self.limit = too_large, 0, limit
+        self.counted = counted  # gets the bytes read, whole or cut (the store's work either way)
 
     def dataReceived(self, data: bytes) -> None:
         if self.dropped:
@@ -616,6 +634,8 @@ class _Collect(protocol.Protocol):
         if self.size > self.limit and self.too_large is not None:
             self.drop()  # what a long poll carries is held here whole: bounded
             self.parts = []
+            if self.counted is not None:
+                self.counted(self.size)
             self.too_large()
             return
         self.parts.append(data)
@@ -628,6 +648,8 @@ class _Collect(protocol.Protocol):
     def connectionLost(self, reason: Any = None) -> None:
         if self.dropped:
             return
+        if self.counted is not None:
+            self.counted(self.size)
         if reason is None or reason.check(client.ResponseDone, http.PotentialDataLoss):
             self.whole(b"".join(self.parts))
         else:
@@ -1357,7 +1379,6 @@ class FrontEnd(resource.Resource):
         self.writes = Slots(reactor, 1, "a user's writes at the store", each=WRITES_PER_USER)
         self.heavy_turns = Slots(reactor, 1, "a user's heavy reads")
         self.heavy_time = Pace(reactor, HEAVY_SHARE, HEAVY_BURST)  # seconds at the store
-        self.heavy_done_at = 0.0  # when the store last answered a heavy read (monotonic)
         self.shared = shared_reads.SharedReads()  # operators' costly reduce reads
         self.reads = Slots(reactor, 1, "a user's reads at the store", each=READS_PER_USER)
         self.pace = Pace(reactor, config.frontend.user_docs_per_second, limits.MAX_DOCS)
@@ -1391,6 +1412,9 @@ class FrontEnd(resource.Resource):
 
     def render(self, request: server.Request) -> Any:
         request.responseHeaders.removeHeader(b"server")  # Twisted's name and version
+        # Every answer is read as the type it says: an error's JSON that quotes a request is
+        # never sniffed into a page (round 26).
+        request.responseHeaders.setRawHeaders(b"x-content-type-options", [b"nosniff"])
         _measure(request)
         _watch_client(request)
         channel = cast(_Channel, request.channel)  # every request comes through _Site
@@ -1960,9 +1984,12 @@ class FrontEnd(resource.Resource):
         if lead is not None:
             lead.sent_at = self.shared.clock()
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
+        counted = None
         if made.heavy and made.poll_ms is None:
             charged = who.name if isinstance(release, Turn) and release.shares else None
             sent.addBoth(_after, lambda: self._heavy_done(charged, sent_at))
+            if charged is not None and made.with_docs:
+                counted = functools.partial(self._docs_read, charged)
         if isinstance(release, Turn) and release.shares and made.poll_ms is None:
             self._bound_work(sent, request, release)
         else:
@@ -1975,20 +2002,23 @@ class FrontEnd(resource.Resource):
             paced = made.with_docs and _user_only(who)
             self._poll(sent, request, made, _user_only(who), who.name if paced else None)
         elif batch:
-            self._whole(sent, request, head, read_whole=share_back)
+            self._whole(sent, request, head, read_whole=share_back, counted=counted)
         else:
-            sent.addCallback(self._relay, request, share_back)
+            sent.addCallback(self._relay, request, share_back, counted)
         sent.addErrback(self._upstream_failed, request)
 
+    def _docs_read(self, user: str, size: int) -> None:
+        """A user's read with documents answered: its bytes are spent from the user's heavy
+        share too (DOC_BYTES), whether the client took them or not."""
+        self.heavy_time.delay(user, size / DOC_BYTES)
+
     def _heavy_done(self, user: str | None, sent_at: float) -> None:
-        """A heavy read answered: its time at the store is spent from its user's share (a
-        user's). The embedded store answers one view's reads one after another, so a read's own
-        time is counted from the end of the heavy read answered before it, if that came later
-        than its sending: a user whose read waited behind another's is not charged the wait."""
-        now = time.monotonic()
+        """A heavy read answered: its whole time at the store, from its sending to its answer,
+        is spent from its user's share (a user's). Counted from the end of whichever heavy read
+        was answered before it, any other client's heavy reads ending while hers ran had cut
+        her charge to nothing (round 26); a read that waited behind another's pays the wait."""
         if user is not None:
-            self.heavy_time.delay(user, now - max(sent_at, self.heavy_done_at))
-        self.heavy_done_at = now
+            self.heavy_time.delay(user, time.monotonic() - sent_at)
 
     def _bound_work(self, sent: defer.Deferred[Any], request: server.Request, turn: Turn) -> None:
         """A user's heavy read holds its turn while the store works for it, whatever its
@@ -2102,6 +2132,7 @@ class FrontEnd(resource.Resource):
         head: str | None = None,
         then: Callable[[], None] | None = None,
         read_whole: Callable[[], None] | None = None,
+        counted: Callable[[int], None] | None = None,
     ) -> None:
         """A user's `_changes` batch, read whole (at most MAX_POLL_BYTES, as a long poll's) and
         sent without the store's own rows, ending at `head` if it found nothing (settled).
@@ -2121,7 +2152,7 @@ class FrontEnd(resource.Resource):
                 kept.addCallback(lambda rows: _send_whole(request, response, rows, self.reactor))
                 kept.addErrback(self._upstream_failed, request)
 
-            collector = _Collect(whole, lambda: _poll_too_large(request))
+            collector = _Collect(whole, lambda: _poll_too_large(request), counted=counted)
             request.notifyFinish().addErrback(lambda _: collector.drop())
             response.deliverBody(collector)
 
@@ -2143,7 +2174,7 @@ class FrontEnd(resource.Resource):
         paced: str | None = None,
     ) -> None:
         """A long poll, bounded: its answer is read whole and sent once it is complete (its
-        bytes spent from the heavy share of the user `paced`, POLL_DOC_BYTES); at its
+        bytes spent from the heavy share of the user `paced`, DOC_BYTES); at its
         timeout it ends as CouchDB ends one (COUCHDB_FEED_ENDS_AT_TIMEOUT), with no results
         and the sequence it was asked from, on both stores: the embedded store never ends a
         long poll itself (EMBEDDED_FEED_NEVER_TIMES_OUT) and sends the head of its answer
@@ -2165,7 +2196,7 @@ class FrontEnd(resource.Resource):
             nonlocal ended
             ended = True
             if paced is not None and body is not None:  # the store's work, read or not
-                self.heavy_time.delay(paced, len(body) / POLL_DOC_BYTES)
+                self.heavy_time.delay(paced, len(body) / DOC_BYTES)
             for timer in timers:
                 if timer.active():
                     timer.cancel()
@@ -2235,7 +2266,11 @@ class FrontEnd(resource.Resource):
         request.notifyFinish().addBoth(lambda _: [t.cancel() for t in timers if t.active()])
 
     def _relay(
-        self, response: Any, request: server.Request, paused: Callable[[], None] | None = None
+        self,
+        response: Any,
+        request: server.Request,
+        paused: Callable[[], None] | None = None,
+        counted: Callable[[int], None] | None = None,
     ) -> None:
         if _client_gone(request):
             response.deliverBody(_Dropped())
@@ -2244,7 +2279,7 @@ class FrontEnd(resource.Resource):
         _copy_headers(response, request)
         lead = getattr(request, SHARED_READ, None)
         if lead is None:
-            response.deliverBody(_Relay(request, paused))
+            response.deliverBody(_Relay(request, paused, counted))
         else:
             response.deliverBody(_KeptRelay(request, paused, response, lead, self.shared.clock))
 

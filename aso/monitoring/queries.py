@@ -59,8 +59,8 @@ class FileStatus:
     cleanup_error: str | None = None
     publication_error: str | None = None
     created: float = 0.0
-    # Why a file on its way waits: {why, since, until, job_id} (aso/model.py WAITING_WHY); None
-    # once its state is final
+    # Why a file not finished waits: {why, since, until, job_id} (aso/model.py WAITING_WHY);
+    # None once it is finished, or stopped
     waiting: dict[str, Any] | None = None
 
     @property

@@ -4,8 +4,10 @@ function (doc) {
   // aso/model.py job_order). Page with start_key = the last row's key and skip=1. The value is
   // the status row of docs/status-api.md: what a client shows of a file. The failure is the
   // current one only (FAILING states); a copied or resubmitted file shows none.
-  // `waiting`: why a file on its way waits (aso/model.py WAITING_WHY), since when (its last
-  // change of state), until when (a cool-off), in which job (at the service); null once final.
+  // `waiting`: why a file not finished waits (aso/model.py WAITING_WHY): by its state while the
+  // copy is on its way, once done by its publication, then its cleanup, while they are due;
+  // since when (its last change on that axis, or its copy), until when (a cool-off, a retry), in which job
+  // (at the service); null once finished, or stopped (failed, killed: its owner's to resubmit).
   if (doc.type !== 'transfer_request') { return; }
   var failing = /* aso/model.py FAILING */ null;
   var publicationFailures = /* aso/model.py PUBLICATION_FAILURES */ null;
@@ -13,15 +15,27 @@ function (doc) {
   var atTheService = /* aso/model.py AT_THE_SERVICE */ null;
   var job = /^[0-9]{1,15}$/.test(doc.job_id) ? Number(doc.job_id) : doc.job_id;
   var failed = failing.indexOf(doc.state) !== -1;
-  var waiting = null;
-  if (Object.prototype.hasOwnProperty.call(waitingWhy, doc.state)) {
-    var history = doc.history || [], since = doc.created;
+  function sinceOn(axis) {
+    var history = doc.history || [];
     for (var i = history.length - 1; i >= 0; i--) {
-      if (history[i].axis === 'state') { since = history[i].at; break; }
+      if (history[i].axis === axis) { return history[i].at; }
     }
-    waiting = {why: waitingWhy[doc.state], since: since,
-      until: doc.state === 'retry' ? (doc.retry_after || null) : null,
-      job_id: atTheService.indexOf(doc.state) !== -1 ? ((doc.transfer || {}).job_id || null) : null};
+    return doc.created;
+  }
+  // A copied file waits on its publication or cleanup since its copy, or their last change.
+  function since(axis) {
+    return axis === 'state' ? sinceOn(axis) : Math.max(sinceOn(axis), sinceOn('state'));
+  }
+  function has(table, key) { return Object.prototype.hasOwnProperty.call(table, key); }
+  var waiting = null, until = {retry: 'retry_after', publication_error: 'publication_retry_after',
+    cleanup_error: 'cleanup_retry_after'};
+  var axes = doc.state === 'done' ? ['publication', 'cleanup'] : ['state'];
+  for (var a = 0; a < axes.length && !waiting; a++) {
+    var value = doc[axes[a]];
+    if (!has(waitingWhy[axes[a]], value)) { continue; }
+    waiting = {why: waitingWhy[axes[a]][value], since: since(axes[a]),
+      until: has(until, value) ? (doc[until[value]] || null) : null,
+      job_id: atTheService.indexOf(value) !== -1 ? ((doc.transfer || {}).job_id || null) : null};
   }
   emit([doc.task, job, doc.file_type, doc._id], {
     rev: doc._rev, job_id: doc.job_id, job_retry: doc.job_retry || 0, user: doc.user,
