@@ -1896,7 +1896,8 @@ def test_answers_carry_none_of_the_store_s_own_headers(boundary):
     and no answer names the software that made it."""
     b = boundary
     doc = sample_request("alice")
-    own = {"content-type", "content-length", "transfer-encoding", "date", "connection"}
+    own = {"content-type", "content-length", "transfer-encoding", "date", "connection",
+           "x-content-type-options"}  # fmt: skip
     answers = [
         b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc),
         b.call("alice", "PUT", f"/{b.files}/{doc['_id']}", json=doc),  # a conflict
