@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pty
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +29,9 @@ from aso.agents.monitor import Monitor
 from aso.agents.publisher import Publisher
 from aso.agents.retry_manager import RetryManager
 from aso.agents.submitter import Submitter
+from aso.cli.common import shown
 from aso.config import Config, load, render
+from aso.model import OWNER, Change
 from aso.provision.designdocs import init_databases
 from aso.runtime import Runner
 from aso.sites import simulated
@@ -305,3 +308,48 @@ def test_config_keys_and_show_on_a_pipe_are_whole(world, tmp_path):
     rendered = render(load(str(path))).splitlines()
     assert any(len(line) > 80 for line in rendered)  # the long ones come out whole
     assert_whole(shown.stdout, [line for line in rendered if line.strip()])
+
+
+HOSTILE = (
+    "\x1b[2J\x1b]0;owned\x07\x1b]52;c;ZWNobyBwd25lZA==\x07[red]operator: run this[/red] [/bold] "
+    "\u202etxt.exe"
+)
+
+
+def test_what_a_user_wrote_is_shown_never_acted_on_by_a_terminal(world, accounts):
+    """Red team round 27: a reason alice wrote in her own request's history (a kill's) went raw to
+    the terminal of whoever ran `aso status --file` on it: it cleared the screen, set the title
+    and the clipboard (OSC 52), forged red text as rich markup, and an unbalanced tag crashed
+    the command. Listings show control characters and text-reordering marks as visible
+    escapes and never parse a value as markup, on a pipe and on a terminal."""
+    owner = accounts["alice"].db(world.config.store.files_db)
+    doc = sample_request("alice", task="261125_130003:alice_hostile", job_id="1")
+    doc["_rev"] = owner.create(doc)
+    owner.put(model.transition(doc, [Change(model.STATE, "killed", "alice", HOSTILE)], OWNER))
+    escaped = shown(HOSTILE)
+    assert "\x1b" not in escaped and "\\x1b]52;c;" in escaped and "\\u202e" in escaped
+    on_a_pipe = piped("status", "--file", doc["_id"], config=world.path)
+    assert on_a_pipe.returncode == 0, on_a_pipe.stderr
+    assert escaped in on_a_pipe.stdout and "\x1b" not in on_a_pipe.stdout
+    # On a terminal (a pseudo-terminal): rich draws the table; nothing of hers is acted on.
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("ASO_CONFIG",)}
+    env.update(COLUMNS="400", TERM="xterm-256color")
+    argv = [ASO, "--config", str(world.path), "status", "--file", doc["_id"]]
+    run = subprocess.run(argv, stdout=secondary, stderr=subprocess.PIPE, timeout=120, env=env)
+    os.close(secondary)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(primary)
+    assert run.returncode == 0, run.stderr
+    text = out.decode(errors="replace")
+    for acted_on in ("\x1b]52", "\x1b]0;", "\x1b[2J", "\u202e"):
+        assert acted_on not in text, acted_on
+    assert "[red]operator: run this[/red]" in text.replace("\r\n", "").replace("\n", "")

@@ -1345,6 +1345,35 @@ def test_a_user_s_reads_with_documents_are_paced_by_their_bytes(
         assert others.status_code == 200, others.text[:300]
 
 
+def test_a_filtered_long_poll_s_catch_up_waits_for_its_user_s_share_and_is_charged(
+    running_reactor, store_config, pki, files_db, tmp_path, admin, monkeypatch
+):
+    """Red team round 27: a user's filtered long poll from an old `since` is first asked as a
+    batch, which scanned the feed without waiting for the user's share nor being charged (alice's
+    share spent, ten of them still answered 67 MB), and whose scans, cut at the poll's end,
+    piled up at the store. It waits for the share as a batch does (503 too_costly once spent),
+    and its time and bytes are spent from it."""
+    monkeypatch.setattr(frontend_module, "HEAVY_BURST", 1.0)
+    monkeypatch.setattr(frontend_module, "DOC_BYTES", 1000)  # ~1 s a request answered
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    docs = [sample_request("dave") for _ in range(20)]
+    admin.db(files_db).bulk_write(docs)
+    poll = f"/{files_db}/_changes?feed=longpoll&filter=_doc_ids&include_docs=true&since=0"
+    body = {"doc_ids": [d["_id"] for d in docs]}
+    with frontend_in_process(running_reactor, config) as url:
+        first = call(url, pki, dave, "POST", poll + "&timeout=5000", json=body)
+        assert first.status_code == 200 and first.json()["results"], first.text[:300]
+        assert len(first.content) > 1000 * (1 + frontend_module.HEAVY_WAIT / 4)
+        spent = call(url, pki, dave, "POST", poll + "&timeout=1", json=body)
+        assert spent.status_code == 503, spent.text[:300]
+        assert spent.json()["error"] == "too_costly" and int(spent.headers["retry-after"]) > 30
+        batch = f"/{files_db}/_changes?filter=_doc_ids&since=0&limit=5"
+        assert call(url, pki, dave, "POST", batch, json=body).status_code == 503  # as a batch
+        others = call(url, pki, carol, "POST", poll + "&timeout=5000", json=body)
+        assert others.status_code == 200 and others.json()["results"], others.text[:300]
+
+
 def test_a_long_poll_s_answer_holds_its_turn_until_its_client_has_read_it(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, TypeVar, cast
@@ -13,6 +14,7 @@ from typing import Annotated, Any, TypeVar, cast
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from aso import config as aso_config
 from aso.config import Config
@@ -127,24 +129,39 @@ def print_more(total: int, shown: int, json_out: bool = False) -> None:
     print(line, file=sys.stderr if json_out else sys.stdout)
 
 
+# What a terminal would act on rather than show: control characters (C0, DEL, C1: escape
+# sequences that clear the screen, set the clipboard, forge links) and the marks that reorder
+# text (bidirectional overrides and isolates).
+_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(value: Any) -> str:
+    """A value as a listing shows it: its text, with what a terminal would act on written as a
+    visible escape (\\x1b, \\u202e). Users write the reasons, LFNs and names listings show
+    (round 27: a history entry's reason cleared an operator's screen and set his clipboard)."""
+    text = "" if value is None else str(value)
+    return _UNSHOWABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def print_table(
     columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None
 ) -> None:
     """A listing: a table on a terminal; on a pipe or in a file, tab-separated lines with a
     header first (the title, if any, as a `# ` line), every value whole, so that scripts get
-    what a person sees without the table's cut-off cells."""
-    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    what a person sees without the table's cut-off cells. Every value is `shown`, and a table's
+    cells are text, never markup."""
+    cells = [[shown(v) for v in row] for row in rows]
     if sys.stdout.isatty():
-        table = Table(*columns, title=title)
+        table = Table(*columns, title=Text(shown(title)) if title else None)
         for row in cells:
-            table.add_row(*row)
+            table.add_row(*(Text(v) for v in row))
         Console().print(table)
         return
     if title:
-        print(f"# {title}")
+        print(f"# {shown(title)}")
     print("\t".join(columns))
     for row in cells:
-        print("\t".join(v.replace("\t", " ").replace("\n", " ") for v in row))
+        print("\t".join(row))
 
 
 def resolve_id(db: Database, given: str) -> str:

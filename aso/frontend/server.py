@@ -2066,6 +2066,38 @@ class FrontEnd(resource.Resource):
         (it moves on only at a change of the ids): four polls from 0 had kept it 83% busy."""
         if _client_gone(request):
             return
+        # The catch-up is a filtered batch and costs what one costs: it waits for its user's
+        # share of the store's time, its time and bytes are spent from it, and its turn is held
+        # until the store has answered, whatever the client does (round 27: polls with a timeout
+        # of 1 ms had left scans of the whole feed running at the store, uncharged, 57 s of
+        # them piled up after one minute). CouchDB's feed moves on by itself: a poll as asked,
+        # after the same wait.
+        asked_at = time.monotonic()
+        try:
+            share = self._share_wait(who.name)
+        except Spent:
+            self._failed(Failure(), request)
+            return
+        if share > 0:
+
+            def go(_: Any) -> None:
+                self._caught_up_from(request, who, headers, _less_time(made, asked_at), head)
+
+            task.deferLater(self.reactor, share, lambda: None).addCallback(go)
+            return
+        self._caught_up_from(request, who, headers, made, head)
+
+    def _caught_up_from(
+        self,
+        request: server.Request,
+        who: Mapped,
+        headers: dict[bytes, list[bytes]],
+        made: gate.Forward,
+        head: str,
+    ) -> None:
+        """_catch_up, within its user's share."""
+        if _client_gone(request):
+            return
         waiting = gate.with_since(made, head)
         if not (sequences.is_number(head) and sequences.is_number(made.since or "")):
             self._wait_from(request, who, headers, made, head)  # CouchDB's feed moves on
@@ -2081,29 +2113,40 @@ class FrontEnd(resource.Resource):
             if _client_gone(request):  # notifyFinish would never fire: given back now
                 release()
                 return
-            once = _Once(release)
-            request.notifyFinish().addBoth(lambda _: once())
             batch = gate.as_batch(made)
+            sent_at = time.monotonic()
             sent = self.agent.request(batch.method, self.store_url + batch.target,
                                       Headers(headers), _producer_of(batch))  # fmt: skip
-            request.notifyFinish().addErrback(lambda _: sent.cancel())
-            # Within the poll's own time: a batch the store is slow to answer ends the poll
-            # quiet, from where it was asked.
+            cap = self.reactor.callLater(HEAVY_STORE_CAP, sent.cancel)
+
+            def quiet() -> None:
+                # The poll's time is out: its client has its quiet answer, from where it asked;
+                # the store's work goes on in the user's turn.
+                if not request.finished and not _client_gone(request):
+                    _answer_json(request, 200, _quiet_body(made))
+
             left = poll_time - (time.monotonic() - asked_at)
-            sent.addTimeout(max(left, 0.001) + POLL_GRACE, self.reactor, _store_busy)
+            timer = self.reactor.callLater(max(left, 0.001) + POLL_GRACE, quiet)
+
+            def store_done() -> None:
+                for pending in (cap, timer):
+                    if pending.active():
+                        pending.cancel()
+                self._heavy_done(who.name, sent_at)
+                release()
+
+            done = _Once(store_done)
+            sent.addErrback(_after, done)
 
             def wait_from_head() -> None:
                 self._wait_from(request, who, headers, _less_time(waiting, asked_at), head)
 
-            # Given back once the batch is read whole, found something or not: a client that
-            # did not read the answer had held it until it left (its poll slot bounds what it
-            # keeps in memory).
-            self._whole(sent, request, head, then=wait_from_head, read_whole=once)
-            sent.addErrback(_ends_quiet, request, made)
+            self._whole(sent, request, head, then=wait_from_head, read_whole=done,
+                        counted=functools.partial(self._docs_read, who.name),
+                        whatever_the_client=True)  # fmt: skip
+            sent.addErrback(_quiet_if_open, request, made)
             sent.addErrback(self._upstream_failed, request)
 
-        # The batch costs what a filtered batch costs: it takes a heavy read's turn, within
-        # the poll's time (polls with a short timeout had been batches without a turn).
         self._poll_turn(self.heavy, request, who, made, taken)
 
     def _wait_from(
@@ -2133,16 +2176,21 @@ class FrontEnd(resource.Resource):
         then: Callable[[], None] | None = None,
         read_whole: Callable[[], None] | None = None,
         counted: Callable[[int], None] | None = None,
+        whatever_the_client: bool = False,
     ) -> None:
         """A user's `_changes` batch, read whole (at most MAX_POLL_BYTES, as a long poll's) and
         sent without the store's own rows, ending at `head` if it found nothing (settled).
         `then`: called instead when it found nothing (a long poll goes on from `head`);
-        `read_whole`: called once the store's answer is read whole."""
+        `read_whole`: called once the store's answer is read whole (or cut as too large);
+        `whatever_the_client`: read to its end even once the client has left or had its answer
+        (the embedded store goes on with a batch whose reader left: its user's turn waits)."""
 
         def answered(response: Any) -> None:
             def whole(body: bytes) -> None:
                 if read_whole is not None:
                     read_whole()
+                if request.finished or _client_gone(request):
+                    return
                 if then is not None and response.code == 200 and _quiet_seq(body) is not None:
                     then()
                     return
@@ -2152,8 +2200,15 @@ class FrontEnd(resource.Resource):
                 kept.addCallback(lambda rows: _send_whole(request, response, rows, self.reactor))
                 kept.addErrback(self._upstream_failed, request)
 
-            collector = _Collect(whole, lambda: _poll_too_large(request), counted=counted)
-            request.notifyFinish().addErrback(lambda _: collector.drop())
+            def too_large() -> None:
+                if read_whole is not None:
+                    read_whole()
+                if not request.finished:
+                    _poll_too_large(request)
+
+            collector = _Collect(whole, too_large, counted=counted)
+            if not whatever_the_client:
+                request.notifyFinish().addErrback(lambda _: collector.drop())
             response.deliverBody(collector)
 
         sent.addCallback(answered)
@@ -2359,6 +2414,14 @@ def _less_time(made: gate.Forward, since: float) -> gate.Forward:
     assert made.poll_ms is not None
     spent = int((time.monotonic() - since) * 1000)
     return dataclasses.replace(made, poll_ms=max(made.poll_ms - spent, 0))
+
+
+def _quiet_if_open(failure: Any, request: server.Request, made: gate.Forward) -> None:
+    """A catch-up's store call that failed once its client had its answer (or left): nothing
+    more to tell; else the failure goes on."""
+    if request.finished or _client_gone(request):
+        return None
+    return cast(None, failure)
 
 
 def _ends_quiet(failure: Any, request: server.Request, made: gate.Forward) -> None:
