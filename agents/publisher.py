@@ -250,10 +250,9 @@ class Publisher(Agent):
         for doc in docs:
             log.debug("file %s: %s", doc["_id"], reasons[doc["_id"]])
         ctx.count("unconfirmed", len(docs))
-        disproved = [doc for doc in docs if findings[doc["_id"]].verdict == DIFFERENT]
-        unchecked_docs = [doc for doc in docs if findings[doc["_id"]].verdict != DIFFERENT]
-        given_up = self.record_errors(disproved, reasons, None, False, ctx)
-        given_up += self.record_errors(unchecked_docs, reasons, None, True, ctx)
+        given_up = self.record_errors(
+            docs, reasons, None, lambda doc: findings[doc["_id"]].verdict != DIFFERENT, ctx
+        )
         found = what_was_found(findings, docs)
         log.warning(
             "%d files not published, not confirmed at their destination (%s)%s",
@@ -392,7 +391,7 @@ class Publisher(Agent):
         """A block the catalog refused or failed: its files' publication errors."""
         reason = str(exc)[: request.MAX_REASON]
         given_up = self.record_errors(
-            docs, {doc["_id"]: reason for doc in docs}, name, exc.retryable, ctx
+            docs, {doc["_id"]: reason for doc in docs}, name, lambda _: exc.retryable, ctx
         )
         kind = "conflict" if isinstance(exc, BlockConflict) else "error"
         log.warning(
@@ -409,19 +408,20 @@ class Publisher(Agent):
         docs: list[dict[str, Any]],
         reasons: Mapping[str, str],
         block: str | None,
-        retryable: bool,
+        retryable: Callable[[Mapping[str, Any]], bool],
         ctx: Cycle,
     ) -> int:
         """`publication_error` (each file with its reason) with a next try after a backoff;
-        `publication_failed` in the same one write when the error cannot heal or this was the
-        last of `publisher.max_attempts`. Returns how many were given up."""
+        `publication_failed` in the same one write when its error cannot heal (`retryable`
+        says, file by file) or this was the last of `publisher.max_attempts`. Returns how many
+        were given up."""
         settings = self.config.publisher
         by, now = self.instance, ctx.now
 
         def attempt(doc: Mapping[str, Any]) -> dict[str, Any]:
             attempts = failures_since_reset(doc) + 1
             reason = reasons[doc["_id"]]
-            if not retryable or attempts >= settings.max_attempts:
+            if not retryable(doc) or attempts >= settings.max_attempts:
                 return request.publication_refused(doc, by, now, reason, attempts, block)
             delay = min(settings.max_delay, settings.base_delay * 2 ** (attempts - 1))
             retry_after = round(now + delay, 3)

@@ -103,6 +103,8 @@ class Submitter(Agent):
         """The files ready to start that no operator's control holds back (a banned or draining
         site in their direction, a banned user); the others wait as they are. Controls that
         cannot be read hold back everything: a ban may be in force."""
+        if not ready:
+            return ready  # nothing to hold back: no read of the controls
         try:
             found = controls_of(read_controls(self.db))
         except StoreError as exc:

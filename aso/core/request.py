@@ -303,17 +303,8 @@ def publication_failed_attempt(
 ) -> Doc:
     """A publication of `block` the catalog refused or failed, or of a file not confirmed at
     its destination (no block): `publication_error`, tried again after `retry_after`."""
-    return _transitioned(
-        doc,
-        PUBLICATION,
-        "publication_error",
-        by,
-        now,
-        reason,
-        publication_attempts=attempts,
-        publication_block=block,
-        publication_error=reason[:MAX_REASON],
-        publication_retry_after=retry_after,
+    return _publication_ended(
+        doc, "publication_error", by, now, reason, attempts, block, retry_after
     )
 
 
@@ -322,17 +313,30 @@ def publication_refused(
 ) -> Doc:
     """A publication that trying again cannot heal (the destination disproves the file, the
     catalog refuses it for good): `publication_failed` at once, with the reason."""
+    return _publication_ended(doc, "publication_failed", by, now, reason, attempts, block, None)
+
+
+def _publication_ended(
+    doc: Mapping[str, Any],
+    to: str,
+    by: str,
+    now: float,
+    reason: str,
+    attempts: int,
+    block: str | None,
+    retry_after: float | None,
+) -> Doc:
     return _transitioned(
         doc,
         PUBLICATION,
-        "publication_failed",
+        to,
         by,
         now,
         reason,
         publication_attempts=attempts,
         publication_block=block,
         publication_error=reason[:MAX_REASON],
-        publication_retry_after=None,
+        publication_retry_after=retry_after,
     )
 
 

@@ -1774,17 +1774,30 @@ class FrontEnd(resource.Resource):
         """A user's long poll with documents waits, within its own time, until the user's
         heavy reads are within their share (its answer's bytes are spent from it: _poll); past
         HEAVY_WAIT, 503. It takes no heavy read's turn: it may wait a minute for a change."""
+        setattr(request, PACED, True)
+        self._within_share(
+            request, who, made, lambda less: self.forward(request, who, identity, less)
+        )
+
+    def _within_share(
+        self,
+        request: server.Request,
+        who: Mapped,
+        made: gate.Forward,
+        then: Callable[[gate.Forward], None],
+    ) -> None:
+        """`then(made)`, the time waited taken off its poll's, once the user's heavy reads are
+        back within their share (a client gone meanwhile: never); past HEAVY_WAIT, 503."""
         asked_at = time.monotonic()
         try:
             seconds = self._share_wait(who.name)
         except Spent:
             self._failed(Failure(), request)
             return
-        setattr(request, PACED, True)
 
         def go(_: Any) -> None:
             if not _client_gone(request):
-                self.forward(request, who, identity, _less_time(made, asked_at))
+                then(_less_time(made, asked_at))
 
         task.deferLater(self.reactor, seconds, lambda: None).addCallback(go)
 
@@ -2072,20 +2085,9 @@ class FrontEnd(resource.Resource):
         # of 1 ms had left scans of the whole feed running at the store, uncharged, 57 s of
         # them piled up after one minute). CouchDB's feed moves on by itself: a poll as asked,
         # after the same wait.
-        asked_at = time.monotonic()
-        try:
-            share = self._share_wait(who.name)
-        except Spent:
-            self._failed(Failure(), request)
-            return
-        if share > 0:
-
-            def go(_: Any) -> None:
-                self._caught_up_from(request, who, headers, _less_time(made, asked_at), head)
-
-            task.deferLater(self.reactor, share, lambda: None).addCallback(go)
-            return
-        self._caught_up_from(request, who, headers, made, head)
+        self._within_share(
+            request, who, made, lambda less: self._caught_up_from(request, who, headers, less, head)
+        )
 
     def _caught_up_from(
         self,
