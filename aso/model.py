@@ -592,6 +592,64 @@ def control_id(kind: str, name: str) -> str:
     return f"control:{kind}:{name}"
 
 
+# --- holds ------------------------------------------------------------------------------------
+# A destination that refused a user's files for lack of room or of permission: that user's files
+# for it wait held (neither failed nor spending attempts) until the destination passes a check,
+# its user or an operator releases or cancels the hold, or its deadline passes. One document per
+# destination and user: the retry manager starts it, the hold checker checks the destination
+# again on a backoff and releases or expires it; each state kept in its history.
+HOLD_TYPE = "hold"
+HOLD_CLASSES = ("quota", "permission")  # aso.transfer.errors.QUOTA, PERMISSION
+HOLD_ACTIVE, HOLD_RELEASED, HOLD_CANCELLED, HOLD_EXPIRED = "active", "released", "cancelled", "expired"
+HOLD_STATES = (HOLD_ACTIVE, HOLD_RELEASED, HOLD_CANCELLED, HOLD_EXPIRED)
+# A hold that ended so: the files it held fail, with its class and reason.
+HOLD_FAILS = (HOLD_CANCELLED, HOLD_EXPIRED)
+# What a hold's own user may do to it while it holds: release it (try now) or cancel it (fail
+# the files it holds).
+HOLD_OWNER_STATES = (HOLD_RELEASED, HOLD_CANCELLED)
+MAX_HOLD_HISTORY = 500
+# What only the agents and operators change in a hold (its user changes its state entry only).
+HOLD_KEPT_BY_OWNER = (
+    "type", "site", "user", "error_class", "path", "needs", "free", "since", "checks", "next_check",
+)
+_HOLD_ENTRY: dict[str, Any] = {
+    "state": {"type": "string", "enum": list(HOLD_STATES)},
+    "reason": {"type": "string", "max": 1024},
+    "by": {"type": "string", "max": 200},
+    "at": _EPOCH,
+}
+HOLD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "type", "site", "user", "error_class", "path", "needs", "free", "since", "checks",
+        "next_check", *_HOLD_ENTRY, "history",
+    ],
+    "fields": {
+        "type": {"type": "string", "enum": [HOLD_TYPE]},
+        "site": {"type": "string", "pattern": SITE_PATTERN},
+        "user": _NAME,
+        "error_class": {"type": "string", "enum": list(HOLD_CLASSES)},
+        "path": {"type": "string", "pattern": LFN_PATTERN, "max": 1024},  # the checked directory
+        "needs": _COUNT,  # bytes: the largest file it held
+        "free": {"type": ["integer", "null"], "min": 0},  # bytes free at the last check
+        "since": _EPOCH,
+        "checks": _COUNT,
+        "next_check": _EPOCH,
+        **_HOLD_ENTRY,
+        "history": {
+            "type": "array",
+            "max_items": MAX_HOLD_HISTORY,
+            "items": {"type": "object", "required": list(_HOLD_ENTRY), "fields": _HOLD_ENTRY},
+        },
+    },
+}
+HOLD_ID_PATTERN = r"^hold:T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}:[^\s:]{1,200}$"
+
+
+def hold_id(site: str, user: str) -> str:
+    return f"hold:{site}:{user}"
+
+
 # --- errors ----------------------------------------------------------------------------------
 class ModelError(ValueError):
     """A document or a change breaks the model; the message names the rule."""
@@ -813,6 +871,12 @@ def validation_model() -> dict[str, Any]:
         "operator_schemas": {CONTROL_TYPE: CONTROL_SCHEMA},
         "operator_id_patterns": {CONTROL_TYPE: CONTROL_ID_PATTERN},
         "control_modes": CONTROL_MODES,
+        "hold_type": HOLD_TYPE,
+        "hold_schema": HOLD_SCHEMA,
+        "hold_id_pattern": HOLD_ID_PATTERN,
+        "hold_active": HOLD_ACTIVE,
+        "hold_owner_states": list(HOLD_OWNER_STATES),
+        "hold_kept_by_owner": list(HOLD_KEPT_BY_OWNER),
         "max_doc_chars": MAX_DOC_CHARS,
         "max_string": MAX_STRING,
         "max_safe_integer": MAX_SAFE_INTEGER,

@@ -104,6 +104,28 @@ def pfn(config: Config, site: str, lfn: str, protocol: str | None = None) -> str
     return f"{SCHEMES[protocol]}://{parts.netloc}{path}"
 
 
+def space_url(config: Config, url: str) -> str | None:
+    """The root:// URL of the same file or directory as `url` (a PFN) at the site whose
+    endpoint `url` names: free space is asked over XRootD (`xrdfs query space`, gfal2's
+    `spacetoken` attribute); XrdHttp answers no WebDAV quota property. None: no site of the
+    catalogue has that endpoint and a root_url."""
+    parts = urlsplit(url)
+    for conf in config.sites.values():
+        for endpoint in (conf.root_url, conf.http_url):
+            where = urlsplit(endpoint) if endpoint else None
+            if not conf.root_url or where is None or where.netloc != parts.netloc:
+                continue
+            base = where.path.strip("/")
+            path = "/" + parts.path.lstrip("/")
+            if base and not path.startswith(f"/{base}/"):
+                continue
+            namespace = path[len(base) + 1 :] if base else path
+            root = urlsplit(conf.root_url)
+            root_base = root.path.strip("/")
+            return f"root://{root.netloc}/{'/' + root_base if root_base else ''}{namespace}"
+    return None
+
+
 def link_protocol(config: Config, source: str, destination: str) -> str:
     """The protocol both ends of a copy use: a third-party copy needs one protocol on both.
 

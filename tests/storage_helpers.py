@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from aso.config import Config, SiteConfig
 from aso.local.stores import distinct_free_ports
-from aso.local.xrootd import EmbeddedStorage, Keeper
+from aso.local.xrootd import EmbeddedStorage, Keeper, export_path, run_as
 
 
 @contextmanager
@@ -57,6 +58,28 @@ def running_storage(config: Config) -> Iterator[EmbeddedStorage]:
         yield storage
     finally:
         storage.stop()
+
+
+@contextmanager
+def small_area(config: Config, site: str, lfn_dir: str, size: int) -> Iterator[Path]:
+    """`lfn_dir` at an embedded `site` on a file system of `size` bytes (a tmpfs the servers'
+    account owns): a destination that fills up, as a user's quota does. Needs the right to
+    mount (root, as `make test` runs here); where it is missing the test is skipped."""
+    import pytest
+
+    path = export_path(config, site, lfn_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    owner = run_as()
+    options = f"size={size},uid={owner.uid},gid={owner.gid},mode=0755"
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 class Watchdog(threading.Thread):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import errno
 import os
 import shutil
@@ -39,7 +40,9 @@ from aso.local.xrootd import (
     subject_hash,
     write_file,
 )
-from tests.storage_helpers import reachable_tmp_dir, storage_config
+from aso.transfer import errors
+from aso.transfer.gfal_copier import GfalCopier
+from tests.storage_helpers import reachable_tmp_dir, small_area, storage_config
 
 SOURCE, DESTINATION, THIRD = "T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"
 
@@ -273,6 +276,41 @@ def test_wrong_expected_checksum_fails_the_copy(storage: EmbeddedStorage, gfal2:
     with pytest.raises(gfal2.GError) as failure:
         _copy(config, src, dst, adler32="0badc0de")
     assert failure.value.code == errno.EIO and "CHECKSUM MISMATCH" in failure.value.message
+
+
+@pytest.mark.parametrize("protocol", ["http", "root"])
+def test_a_copy_into_a_full_destination_is_told_quota_and_leaves_nothing(
+    storage: EmbeddedStorage, gfal2: Any, protocol: str
+) -> None:
+    """XRootD's third-party copies into a full file system end as a checksum mismatch and leave
+    the part that fitted: the copier removes it and, the destination having less room than the
+    file, reports `quota` with the figures (a full destination is held, not retried)."""
+    config = dataclasses.replace(storage.config)
+    config.sites = {
+        name: dataclasses.replace(site, protocol=protocol) for name, site in config.sites.items()
+    }
+    stored = write_file(config, SOURCE, _lfn(), 100_000)
+    area = f"/store/user/alice/full{uuid.uuid4().hex[:8]}"
+    with small_area(config, DESTINATION, area, 64 * 1024) as path:
+        destination_lfn = f"{area}/sub/f.root"
+        entry = {
+            "source": sites.pfn(config, SOURCE, stored.lfn),
+            "destination": sites.pfn(config, DESTINATION, destination_lfn),
+            "size": stored.size,
+            "adler32": stored.adler32,
+        }
+        result = GfalCopier(config).copy(entry, {}, lambda: False)
+        assert (result.state, result.error_class) == ("failed", errors.QUOTA), result
+        assert "65536 bytes free, the file needs 100000" in (result.reason or ""), result
+        assert not [p for p in path.rglob("*") if p.is_file()], "a partial copy was left"
+        fits = write_file(config, SOURCE, _lfn(), 1000)
+        entry = {
+            **entry,
+            "source": sites.pfn(config, SOURCE, fits.lfn),
+            "size": fits.size,
+            "adler32": fits.adler32,
+        }
+        assert GfalCopier(config).copy(entry, {}, lambda: False).state == "done"
 
 
 @pytest.mark.parametrize("protocol", ["https", "root"])

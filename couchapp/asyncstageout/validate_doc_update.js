@@ -159,6 +159,55 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
   }
 
+  function isHold(doc) {
+    return doc.type === model.hold_type;
+  }
+
+  // A hold: its id names its destination and user; its history keeps every state it had, the
+  // last one being its state; a check that changes nothing adds no entry.
+  function checkHold() {
+    if (!isHold(newDoc)) { refuse('hold', 'a hold stays a hold'); }
+    schema.checkObject('doc', newDoc, model.hold_schema);
+    if (!(new RegExp(model.hold_id_pattern)).test(newDoc._id) ||
+        newDoc._id !== 'hold:' + newDoc.site + ':' + newDoc.user) {
+      refuse('schema', 'doc._id must be hold:' + newDoc.site + ':' + newDoc.user);
+    }
+    var history = newDoc.history, old = (oldDoc && oldDoc.history) || [], i;
+    var last = history[history.length - 1], fields = ['state', 'reason', 'by', 'at'];
+    for (i = 0; i < fields.length; i++) {
+      if (!last || last[fields[i]] !== newDoc[fields[i]]) { refuse('hold', 'the last history entry is the state itself'); }
+    }
+    if (history.length !== old.length && history.length !== old.length + 1) {
+      refuse('hold', 'a change adds at most one history entry');
+    }
+    for (i = 0; i < old.length; i++) {
+      if (!same(history[i], old[i])) { refuse('hold', 'history entries cannot be changed'); }
+    }
+  }
+
+  // What a hold's own user may do: release or cancel it while it holds, in their own name, with
+  // the store's time; nothing else of it changes.
+  function checkOwnerHoldChange() {
+    if (!userCtx.name || newDoc.user !== userCtx.name) {
+      refuse('hold', 'user ' + JSON.stringify(userCtx.name) + ' may not change a hold of user ' + JSON.stringify(newDoc.user));
+    }
+    if (!oldDoc) { refuse('hold', 'holds are started by the agents'); }
+    if (oldDoc.state !== model.hold_active) { refuse('hold', 'only a hold in force may be released or cancelled'); }
+    if (model.hold_owner_states.indexOf(newDoc.state) === -1) {
+      refuse('hold', "a hold's user may release or cancel it, not set it " + newDoc.state);
+    }
+    for (var i = 0; i < model.hold_kept_by_owner.length; i++) {
+      var field = model.hold_kept_by_owner[i];
+      if (!same(newDoc[field], oldDoc[field])) { refuse('hold', field + ' is the agents\' to change'); }
+    }
+    if (newDoc.by !== userCtx.name) {
+      refuse('hold', 'a change is recorded by its user, ' + userCtx.name + ', not ' + JSON.stringify(newDoc.by));
+    }
+    if (newDoc.history.length !== oldDoc.history.length + 1) { refuse('hold', 'a change adds one history entry'); }
+    var late = stampRefusal('at', newDoc.at);
+    if (late) { refuse('time', late); }
+  }
+
   function isAgentDoc(doc) {
     return typeof doc.type === 'string' && has(model.agent_schemas, doc.type);
   }
@@ -218,6 +267,12 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var operatorType = isOperatorDoc(newDoc) ? newDoc.type : oldDoc.type;
     if (!isAdmin) { refuse('operator-doc', 'only operators write ' + operatorType + ' documents'); }
     checkControl();
+    return;
+  }
+  // Holds: the agents start, check and end them, operators too; their user releases or cancels.
+  if (isHold(newDoc) || (oldDoc && isHold(oldDoc))) {
+    checkHold();
+    if (!isAdmin && !isAgent) { checkOwnerHoldChange(); }
     return;
   }
   schema.checkRequest(newDoc, !oldDoc);
