@@ -16,6 +16,7 @@ AGENTS = {
     "publisher": "aso.agents.publisher:Publisher",
     "reconciler": "aso.agents.reconciler:Reconciler",
     "analytics": "aso.agents.analytics:Analytics",
+    "hold-checker": "aso.agents.hold_checker:HoldChecker",
 }
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from aso import faults, metrics
 from aso.config import Config
-from aso.core import request
+from aso.core import holds, request
 from aso.core.controls import Setting, controls_of, held_back
 from aso.core.submission import (
     batches_of,
@@ -51,7 +51,7 @@ from aso.core.submission import (
     ready_to_submit,
 )
 from aso.model import IN_FLIGHT, STATE
-from aso.monitoring.queries import read_controls
+from aso.monitoring.queries import read_controls, read_holds
 from aso.runtime import Agent, Cycle
 from aso.store import Server, StoreError, rev_order
 from aso.transfer import open_service
@@ -86,10 +86,17 @@ class Submitter(Agent):
 
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts(
-            "jobs", "submitted", "conflicts", "refused", "deferred", "set_aside", "held_back"
+            "jobs", "submitted", "conflicts", "refused", "deferred", "set_aside", "held_back",
+            "held", "hold_failed",
         )  # fmt: skip
         ctx.count("leases_shortened", self.shorten_predecessors_leases(ctx))
-        new = self.not_held_back([d for d in ctx.work if ready_to_submit(d, ctx.now)], ctx)
+        # Held files wait on their hold, not on their cool-off: a release lets them go at once.
+        ready = [
+            d
+            for d in ctx.work
+            if ready_to_submit(d, ctx.now) or holds.held_request(d, self.config.holds)
+        ]
+        new = self.not_held(self.not_held_back(ready, ctx), ctx)
         if not new:
             return
         caps = caps_for(self.config, ctx.partition.size)
@@ -129,6 +136,41 @@ class Submitter(Agent):
         for control, files in held.items():
             metrics.HELD_BACK.labels(control.kind, control.name, control.mode).set(files)
         ctx.count("held_back", sum(held.values()))
+        return free
+
+    def not_held(self, ready: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """The files ready to start that no hold keeps back (their destination refused their
+        user for room or permission: they wait until the hold ends); the files of a hold that
+        was cancelled or passed its deadline fail with it. Holds that cannot be read keep
+        back nothing: a full destination refuses the copy again, which holds it again."""
+        metrics.HELD.clear()
+        if not ready or not self.config.holds.enabled:
+            return ready
+        try:
+            found = holds.holds_of(
+                read_holds(self.db, {(d["destination"], d["user"]) for d in ready})
+            )
+        except StoreError as exc:
+            log.warning("holds not read (%s): none keeps files back this cycle", exc)
+            return [d for d in ready if ready_to_submit(d, ctx.now)]
+        free, ending, held = [], [], Counter[tuple[str, str]]()
+        for doc in ready:
+            hold = holds.holding(doc, found)
+            if hold is not None:
+                held[hold.site, hold.error_class] += 1
+                log.debug("file %s held: %s", doc["_id"], hold.says())
+                continue
+            ended = holds.ended_holding(doc, found)
+            if ended is None:
+                if ready_to_submit(doc, ctx.now) or holds.released(doc, found):
+                    free.append(doc)
+                continue
+            why = holds.failure_reason(ended)
+            ending.append(request.hold_ended(doc, self.instance, ctx.now, why, ended.error_class))
+        for (site, error_class), files in held.items():
+            metrics.HELD.labels(site, error_class).set(files)
+        ctx.count("held", sum(held.values()))
+        ctx.count("hold_failed", len(ctx.write(ending)))
         return free
 
     def shorten_predecessors_leases(self, ctx: Cycle) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
-from aso.core import controls
+from aso.core import controls, holds
 from aso.model import STATE, Change
 from aso.monitoring import queries
 from aso.store import Conflict, Database
@@ -129,3 +129,27 @@ def set_control(
             continue  # another operator's write meanwhile: on top of theirs
         return doc
     raise Conflict(409, "conflict", f"{kind} {name}: changed by others {ROUNDS} times in a row")
+
+
+# --- holds -------------------------------------------------------------------------------------
+class NotHeld(ValueError):
+    """The hold asked for does not hold (there is none, or it was released or ended)."""
+
+
+def end_hold(
+    db: Database, site: str, user: str, state: str, reason: str, by: str, at: float
+) -> dict[str, Any]:
+    """Release or cancel the hold of `user`'s files at `site` (its user's write, or an
+    operator's: the store refuses anyone else); the document as written."""
+    for _ in range(ROUNDS):
+        current = db.get(model.hold_id(site, user))
+        if current is None or current.get("state") != model.HOLD_ACTIVE:
+            said = "no hold" if current is None else f"the hold is {current.get('state')}"
+            raise NotHeld(f"{user}'s files at {site} are not held: {said}")
+        doc = holds.ended(current, state, reason, by, at, by_owner=True)
+        try:
+            doc["_rev"] = db.put(doc)
+        except Conflict:
+            continue  # the hold checker's or another's write meanwhile: decide again
+        return doc
+    raise Conflict(409, "conflict", f"hold of {user} at {site}: changed {ROUNDS} times in a row")

@@ -328,6 +328,27 @@ class RetryConfig:
 
 
 @dataclass
+class HoldsConfig:
+    enabled: bool = _key(
+        True,
+        "A user's files for a destination that refused them for room (quota) or permission wait"
+        " held, keeping their attempts, until the destination passes a check; false: such a"
+        " failure fails the file at once.",
+    )
+    deadline: float = _key(
+        604800.0, "Seconds a file may wait held (from its first such failure) before it fails."
+    )
+    first_check: float = _key(
+        60.0,
+        "Seconds from a hold's start to the first check of its destination; doubles after each.",
+    )
+    max_check_interval: float = _key(
+        3600.0, "Longest wait in seconds between two checks of a hold."
+    )
+    interval: float = _key(10.0, "Seconds between two looks of the hold checker at the holds due.")
+
+
+@dataclass
 class CleanerConfig:
     max_per_site: int = _key(
         8,
@@ -450,6 +471,7 @@ class AgentsConfig:
             "publisher": 1,
             "analytics": 1,
             "reconciler": 1,
+            "hold-checker": 1,
         },
         "How many instances of each agent `aso run` starts.",
     )
@@ -595,6 +617,7 @@ class Config:
     fts3: Fts3Config = field(default_factory=Fts3Config)
     sim: SimConfig = field(default_factory=SimConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
+    holds: HoldsConfig = field(default_factory=HoldsConfig)
     cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     publisher: PublisherConfig = field(default_factory=PublisherConfig)
     dbs: DbsConfig = field(default_factory=DbsConfig)
@@ -773,6 +796,9 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("publisher.catalog is dbs but dbs.url is empty")
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
+    holds = config.holds
+    if min(holds.deadline, holds.first_check, holds.max_check_interval, holds.interval) <= 0:
+        raise bad("holds.deadline, first_check, max_check_interval and interval must be above 0")
     if config.embedded.compact_interval < 0:
         raise bad("embedded.compact_interval must be 0 (never) or more seconds")
     if config.storage.hang_timeout < 0:

@@ -1,18 +1,20 @@
-"""File operations at the sites, behind one small interface: size and checksum of a file, and
-deletion. `GfalFiles` does them with gfal2 on real storage; `SimFiles` for the simulator's sites
-(`sim://` URLs), where no data exists (every destination is "there", every deletion succeeds and
-is recorded: the simulator moves no data, so its destinations confirm whatever a request says).
-`open_files(config)` gives `SiteFiles`, which picks one by the URL's scheme, as the site
-catalogue spells the URL (aso/sites.py). `Confirmer` looks at many destinations at once, a few at
-a time at each site.
+"""File operations at the sites, behind one small interface: size and checksum of a file,
+deletion, free space and a probe write (a hold's check). `GfalFiles` does them with gfal2 on
+real storage; `SimFiles` for the simulator's sites (`sim://` URLs), where no data exists (every
+destination is "there", every deletion succeeds and is recorded: the simulator moves no data, so
+its destinations confirm whatever a request says). `open_files(config)` gives `SiteFiles`, which
+picks one by the URL's scheme, as the site catalogue spells the URL (aso/sites.py). `Confirmer`
+looks at many destinations at once, a few at a time at each site.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ log = logging.getLogger("aso.files")
 
 MISSING = "no such file"  # what `mismatch` says of a missing file
 LOOKS_PER_SITE = 8  # looks (stat + checksum) at once at one site, in each process that looks
+PROBE_PREFIX = ".aso-probe-"  # name of the small file a hold's check writes and deletes
 LATE_FINDING_TTL = 600.0  # seconds a look not waited for stays good for a later call
 
 
@@ -51,6 +54,13 @@ class Files(Protocol):
 
     def delete(self, url: str) -> bool:
         """Delete a file: True if deleted, False if it was not there."""
+
+    def free_space(self, url: str) -> int | None:
+        """Bytes free where `url` is or would be written; None: the storage does not say."""
+
+    def probe(self, directory: str) -> str | None:
+        """Write a small file under `directory` (a URL) and delete it again, as a copy there
+        would: None if it could, else what the storage said."""
 
 
 def mismatch(info: FileInfo | None, size: int, adler32: str) -> str | None:
@@ -109,6 +119,27 @@ class GfalFiles:
                 return False
             raise self._error("deletion of", url, exc) from None
 
+    def free_space(self, url: str) -> int | None:
+        return gfal2client.free_space(self._ctx(), self.config, url)
+
+    def probe(self, directory: str) -> str | None:
+        ctx = self._ctx()
+        target = f"{directory.rstrip('/')}/{PROBE_PREFIX}{uuid.uuid4().hex}"
+        with tempfile.NamedTemporaryFile(prefix="aso-probe-") as local:
+            local.write(b"aso probe\n")
+            local.flush()
+            params = gfal2client.transfer_parameters(ctx, overwrite=True)
+            params.set_checksum(self.gfal2.checksum_mode.none, "", "")
+            try:
+                ctx.filecopy(params, f"file://{local.name}", target)
+            except self.gfal2.GError as exc:
+                return f"[{exc.code}] {exc.message}"
+        try:
+            ctx.unlink(target)
+        except self.gfal2.GError as exc:
+            log.warning("probe file %s written but not deleted: %s", target, exc.message)
+        return None
+
 
 @dataclass
 class SimFiles:
@@ -122,6 +153,12 @@ class SimFiles:
     def delete(self, url: str) -> bool:
         self.deleted.append(url)
         return True
+
+    def free_space(self, url: str) -> int | None:
+        return None
+
+    def probe(self, directory: str) -> str | None:
+        return None
 
 
 def simulated(url: str) -> bool:
@@ -144,6 +181,12 @@ class SiteFiles:
 
     def delete(self, url: str) -> bool:
         return self._for(url).delete(url)
+
+    def free_space(self, url: str) -> int | None:
+        return self._for(url).free_space(url)
+
+    def probe(self, directory: str) -> str | None:
+        return self._for(directory).probe(directory)
 
 
 def open_files(config: Config) -> Files:

@@ -23,10 +23,13 @@ Measured reasons (docs/design.md, "Real storage on one machine", and the notes b
 
 from __future__ import annotations
 
+import json
 import os
 from types import ModuleType
 from typing import Any, cast
+from urllib.parse import urlsplit
 
+from aso import sites
 from aso.config import Config
 from aso.grid.certs import tls_files
 
@@ -130,3 +133,28 @@ class TransferEvents:
     def third_party(self) -> bool:
         """Whether the data went from storage to storage, not through this client."""
         return bool(self.types) and self.types[-1].startswith("3rd")
+
+
+# Directories up from a path asked for their free space (the first that exists answers).
+SPACE_LEVELS = 12
+
+
+def free_space(ctx: Any, config: Config, url: str) -> int | None:
+    """Bytes free where `url` is or would be written, as its storage reports them (XRootD's
+    space query, gfal2's `spacetoken` attribute, asked of the nearest existing directory from
+    `url` up); None: not reported (no root:// endpoint, or the storage says nothing)."""
+    gfal2 = import_gfal2(config)
+    query = sites.space_url(config, url)
+    for _ in range(SPACE_LEVELS):
+        if query is None or not urlsplit(query).path.strip("/"):
+            return None
+        try:
+            tokens = json.loads(ctx.getxattr(query, "spacetoken"))
+        except (gfal2.GError, ValueError):
+            query = query.rstrip("/").rsplit("/", 1)[0]
+            continue
+        spaces = tokens if isinstance(tokens, list) else [tokens]
+        free = [s.get("unusedsize") for s in spaces if isinstance(s, dict)]
+        known = [f for f in free if isinstance(f, int) and f >= 0]
+        return min(known) if known else None
+    return None

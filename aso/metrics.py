@@ -129,6 +129,12 @@ HELD_BACK = Gauge(
     " holds them.",
     ["kind", "name", "mode"],
 )
+HELD = Gauge(
+    "aso_files_held",
+    "Files ready to start that a hold kept back in the submitter's last cycle (a destination"
+    " without room or permission for their user), by destination and class.",
+    ["site", "error_class"],
+)
 AGENT_INFO = Gauge(
     "aso_agent_info", "This process's agent and instance.", ["agent", "instance", "host"]
 )

@@ -138,11 +138,13 @@ WAITING_WHY: dict[str, dict[str, str]] = {
     },
 }
 HELD_BACK = "held_back"  # a queued file an operator's control holds back
+HELD = "held"  # a file its destination refused for room or permission (aso/core/holds.py)
 # How each reads, in `aso status` and on the pages (the pages' design document carries it); no
 # "," or ";" (`aso status` lists them with those).
 WAITING_WORDS: dict[str, str] = {
     "queued": "queued for its link",
     HELD_BACK: "held back by an operator",
+    HELD: "held: its destination has no room or no permission for it",
     "cool_off": "cooling off after a failed attempt",
     "deciding": "failed an attempt: the retry manager decides what next",
     "at_service": "at the transfer service",
@@ -188,6 +190,9 @@ TRANSITIONS: dict[str, dict[tuple[str, str], frozenset[str]]] = {
         ("failed_attempt", "retry"): _A,  # retry manager: try again after a cool-off
         ("failed_attempt", "failed"): _A,  # retry manager: permanent error / out of attempts
         ("retry", "new"): _A,  # earlier retry managers: cool-off over
+        # submitter: a hold cancelled or past its deadline fails the files it held
+        ("new", "failed"): _A,
+        ("retry", "failed"): _A,
         ("kill_requested", "killed"): _A,  # monitor: cancelled at the service
         ("kill_requested", "done"): _A,  # the copy finished before the cancel took effect
         ("new", "killed"): _O,  # nothing in flight: the user's kill is immediate
@@ -600,7 +605,12 @@ def control_id(kind: str, name: str) -> str:
 # again on a backoff and releases or expires it; each state kept in its history.
 HOLD_TYPE = "hold"
 HOLD_CLASSES = ("quota", "permission")  # aso.transfer.errors.QUOTA, PERMISSION
-HOLD_ACTIVE, HOLD_RELEASED, HOLD_CANCELLED, HOLD_EXPIRED = "active", "released", "cancelled", "expired"
+HOLD_ACTIVE, HOLD_RELEASED, HOLD_CANCELLED, HOLD_EXPIRED = (
+    "active",
+    "released",
+    "cancelled",
+    "expired",
+)
 HOLD_STATES = (HOLD_ACTIVE, HOLD_RELEASED, HOLD_CANCELLED, HOLD_EXPIRED)
 # A hold that ended so: the files it held fail, with its class and reason.
 HOLD_FAILS = (HOLD_CANCELLED, HOLD_EXPIRED)
@@ -610,7 +620,16 @@ HOLD_OWNER_STATES = (HOLD_RELEASED, HOLD_CANCELLED)
 MAX_HOLD_HISTORY = 500
 # What only the agents and operators change in a hold (its user changes its state entry only).
 HOLD_KEPT_BY_OWNER = (
-    "type", "site", "user", "error_class", "path", "needs", "free", "since", "checks", "next_check",
+    "type",
+    "site",
+    "user",
+    "error_class",
+    "path",
+    "needs",
+    "free",
+    "since",
+    "checks",
+    "next_check",
 )
 _HOLD_ENTRY: dict[str, Any] = {
     "state": {"type": "string", "enum": list(HOLD_STATES)},
@@ -621,8 +640,18 @@ _HOLD_ENTRY: dict[str, Any] = {
 HOLD_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
-        "type", "site", "user", "error_class", "path", "needs", "free", "since", "checks",
-        "next_check", *_HOLD_ENTRY, "history",
+        "type",
+        "site",
+        "user",
+        "error_class",
+        "path",
+        "needs",
+        "free",
+        "since",
+        "checks",
+        "next_check",
+        *_HOLD_ENTRY,
+        "history",
     ],
     "fields": {
         "type": {"type": "string", "enum": [HOLD_TYPE]},

@@ -74,6 +74,10 @@ COMMANDS = [
     ["user", "ban"],
     ["user", "allow"],
     ["user", "list"],
+    ["hold"],
+    ["hold", "list"],
+    ["hold", "release"],
+    ["hold", "cancel"],
 ]
 
 
@@ -158,7 +162,8 @@ def test_each_command_meeting_a_store_that_is_down_exits_75(tmp_path, command):
 
 # The panels of `aso --help`, in their order, and the commands of each.
 HELP_PANELS = {
-    "For users and clients": {"status", "upload", "kill", "resubmit", "publish", "request"},
+    "For users and clients": {"status", "upload", "kill", "resubmit", "publish", "request",
+                              "hold"},
     "For operators": {"run", "config", "store", "db", "storage", "catalog", "reconcile", "stats",
                       "certs", "metrics", "site", "user"},
     "The service's processes, the demo and the simulator": {"agent", "frontend", "demo", "sim"},

@@ -293,5 +293,5 @@ def test_every_file_not_finished_has_a_reason_to_wait_and_words_for_it():
     assert set(model.WAITING_WHY[model.CLEANUP]) == set(model.CLEANUP_DUE)
     reasons = {why for by in model.WAITING_WHY.values() for why in by.values()}
     assert len(reasons) == sum(len(by) for by in model.WAITING_WHY.values())  # each its own
-    assert set(model.WAITING_WORDS) == reasons | {model.HELD_BACK}
+    assert set(model.WAITING_WORDS) == reasons | {model.HELD_BACK, model.HELD}
     assert not any("," in words or ";" in words for words in model.WAITING_WORDS.values())

@@ -59,6 +59,8 @@ def waiting_text(waiting: dict[str, Any] | None) -> str:
         words.append(f"(job {waiting['job_id']})")
     if waiting.get("control"):
         words.append(f"({waiting['control']})")
+    if waiting.get("hold"):
+        words.append(f"({waiting['hold']})")
     return " ".join(words)
 
 
@@ -138,6 +140,9 @@ def status_cmd(
         print(f"waiting: {reasons}")
     for says, n in sorted(answer.held_back.items()):
         print(f"{n} files held back, not started until an operator allows it: {says}")
+    for says, n in sorted(answer.held.items()):
+        print(f"{n} files held ({says}): they go once the destination passes a look; "
+              "`aso hold release SITE` tries now, `aso hold cancel SITE` fails them")  # fmt: skip
     stopped = sum(answer.counts.get("state", {}).get(s, 0) for s in model.NEVER_COPIED)
     if stopped:
         print(
@@ -180,6 +185,9 @@ def _file_story(
     events = queries.timeline(doc, job_url)
     shown = first_rows(events, wanted)
     row = queries.status_row(db, doc)
+    if row is not None:
+        queries.held_back_counts(db, [row])  # what holds it back, in its `waiting`
+        queries.held_counts(db, [row])
     waiting = row.waiting if row else None
     if json_out:
         console.print_json(

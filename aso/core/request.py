@@ -206,6 +206,22 @@ def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     )
 
 
+def hold_ended(doc: Mapping[str, Any], by: str, now: float, reason: str, error_class: str) -> Doc:
+    """A waiting file whose hold was cancelled or passed its deadline: `failed`, with the hold's
+    class and reason (its owner may resubmit it)."""
+    return _transitioned(
+        doc,
+        STATE,
+        "failed",
+        by,
+        now,
+        reason,
+        retry_after=None,
+        failure_reason=reason[:MAX_REASON],
+        error_class=error_class,
+    )
+
+
 def set_aside(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     """A file an agent could not act on (aso.runtime.set_aside_reason): its attempt ends with
     class unprocessable, which the retry manager takes as permanent; a file already waiting for

@@ -80,6 +80,32 @@ def transfer_request() -> dict[str, Any]:
     return schema
 
 
+def hold() -> dict[str, Any]:
+    """components/schemas/Hold: a hold document (aso/core/holds.py) with the store's members."""
+    schema = json_schema(model.HOLD_SCHEMA)
+    schema["properties"] = {
+        "_id": {"type": "string", "pattern": model.HOLD_ID_PATTERN,
+                "description": "hold:SITE:USER"},
+        "_rev": {"type": "string", "pattern": routes.REV_PATTERN,
+                 "description": "the revision an update is based on"},
+        **schema["properties"],
+    }  # fmt: skip
+    schema["required"] = ["_id", *schema["required"]]
+    schema["description"] = (
+        "A destination that refused its user's files for room or permission: the agents start, "
+        "check and end it; its user may set `state` to released or cancelled while it is "
+        'active, adding that entry to `history` (docs/status-api.md, "Held files")'
+    )
+    return schema
+
+
+USER_DOCUMENT = {
+    "description": "what a user writes by id: a transfer request, or a hold on their files",
+    "oneOf": [{"$ref": "#/components/schemas/TransferRequest"},
+              {"$ref": "#/components/schemas/Hold"}],
+}  # fmt: skip
+
+
 # -- the description -----------------------------------------------------------------------------
 INFO = {
     "title": "ASO front end",
@@ -196,6 +222,7 @@ SCHEMAS: dict[str, Any] = {
                     "why": {
                         "enum": sorted(
                             {w for by in model.WAITING_WHY.values() for w in by.values()}
+                            | {model.HELD}
                         )
                     },
                     "since": {
@@ -209,6 +236,13 @@ SCHEMAS: dict[str, Any] = {
                     "job_id": {
                         "type": ["string", "null"],
                         "description": "the job at the transfer service",
+                    },
+                    "hold": {
+                        "type": "string",
+                        "pattern": model.HOLD_ID_PATTERN,
+                        "description": "held: the id of its hold (hold:SITE:USER), a document "
+                        "its user reads and may release or cancel (docs/status-api.md, "
+                        '"Held files")',
                     },
                 },
             },
@@ -460,7 +494,8 @@ def description(config: Config | None = None) -> dict[str, Any]:
                                 "certificate or proxy; its DN must be in the grid-mapfile"}},
             "parameters": shared,
             "responses": RESPONSES,
-            "schemas": {**SCHEMAS, "TransferRequest": transfer_request()},
+            "schemas": {**SCHEMAS, "TransferRequest": transfer_request(), "Hold": hold(),
+                        "UserDocument": USER_DOCUMENT},
         },
     }  # fmt: skip
 

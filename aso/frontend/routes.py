@@ -262,6 +262,10 @@ class Listed(Value):
 REV = Text(REV_PATTERN, "a revision N-<32 hex digits> as the store handed it out")
 SEQ = Text(SEQ_PATTERN, "an update sequence as the store handed it out, 0 or now")
 REQUEST_ID = Text(model.DOC_ID_PATTERN, "a request id: sha256 of its source LFN, 64 hex digits")
+USER_DOC_ID = Text(
+    f"^(?:{model.DOC_ID_PATTERN[1:-1]}|{model.HOLD_ID_PATTERN[1:-1]})$",
+    "a request id (sha256 of its source LFN, 64 hex digits) or a hold's id (hold:SITE:USER)",
+)
 DOC_ID = Text(
     DOC_ID_PATTERN, "a document id of ASO's, not starting with _ (at most 512 characters)"
 )
@@ -822,6 +826,11 @@ def _db_routes(db: Db) -> list[Route]:
         request = Document(ids=REQUEST_ID, schema_ref="#/components/schemas/TransferRequest",
                            max_chars=model.MAX_DOC_CHARS,
                            max_members=len(model.REQUEST_SCHEMA["fields"]) + 2)  # fmt: skip
+        # A user's one document by id: a request, or a hold on their files to release or cancel.
+        own = Document(ids=USER_DOC_ID, schema_ref="#/components/schemas/UserDocument",
+                       max_chars=model.MAX_DOC_CHARS,
+                       max_members=max(len(model.REQUEST_SCHEMA["fields"]),
+                                       len(model.HOLD_SCHEMA["fields"])) + 2)  # fmt: skip
         users = frozenset({USER})
         routes += [
             Route(
@@ -837,11 +846,12 @@ def _db_routes(db: Db) -> list[Route]:
             Route(
                 "writeRequest",
                 "PUT",
-                (n, Var("doc_id", REQUEST_ID)),
+                (n, Var("doc_id", USER_DOC_ID)),
                 users,
                 "Create a request, or update it (with _rev) as the rules allow: kill, "
-                "resubmit, reset a failed publication, renew for a job retry.",
-                body=request,
+                "resubmit, reset a failed publication, renew for a job retry; or release or "
+                "cancel a hold on the user's files (a Hold, with _rev).",
+                body=own,
                 kind="create",
                 tag=tag,
             ),
@@ -958,7 +968,9 @@ def served_to(routes: Sequence[Route], audience: str) -> list[Route]:
 def describe(value: Value) -> str:
     """A parameter's type in words, for docs/security.md's tables."""
     named = {REV: "a revision", SEQ: "an update sequence", DOC_ID: "a document id (no leading _)",
-             REQUEST_ID: "a request id (64 hex)", STRING_KEY: "a JSON string",
+             REQUEST_ID: "a request id (64 hex)",
+             USER_DOC_ID: "a request id (64 hex) or a hold's id (hold:SITE:USER)",
+             STRING_KEY: "a JSON string",
              DOCUMENT_KEY: "a JSON string not starting with _"}  # fmt: skip
     for known, words in named.items():
         if value is known:

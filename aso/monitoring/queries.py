@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from aso import model
 from aso.core.controls import controls_of, holding
+from aso.core.holds import holds_of
 from aso.limits import LIGHT_LOOKUPS
-from aso.model import AXES, HELD_BACK, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
+from aso.model import AXES, HELD, HELD_BACK, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
 from aso.store import Database, StoreError
 
 DDOC = "asyncstageout"
@@ -81,6 +83,8 @@ class TaskStatus:
     seq: str = ""  # the store's sequence before the files were read: the next poll's `since`
     # files waiting to start that an operator's control holds back, by what it says
     held_back: dict[str, int] = field(default_factory=dict)
+    # files waiting to start that a hold keeps back, by what the hold says
+    held: dict[str, int] = field(default_factory=dict)
 
     @property
     def exists(self) -> bool:
@@ -315,6 +319,24 @@ def read_controls(db: Database) -> list[dict[str, Any]]:
     return db.all_docs(CONTROL_PREFIX, CONTROL_PREFIX + "\ufff0", limit=MAX_CONTROLS)
 
 
+HOLD_PREFIX = "hold:"
+MAX_HOLDS = 10_000  # hold documents read at once (one per destination and user ever held)
+
+
+def all_holds(db: Database) -> list[dict[str, Any]]:
+    """Every hold document, in force or ended (aso/core/holds.py)."""
+    docs = db.all_docs(HOLD_PREFIX, HOLD_PREFIX + "\ufff0", limit=MAX_HOLDS)
+    return [d for d in docs if d.get("type") == model.HOLD_TYPE]
+
+
+def read_holds(db: Database, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The hold documents (aso/core/holds.py) of these (destination, user) pairs that exist."""
+    ids = sorted({model.hold_id(site, user) for site, user in pairs})
+    if not ids:
+        return []
+    return [doc for doc in db.get_many(ids).values() if doc is not None]
+
+
 def held_back_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     """How many of the files waiting to start an operator's control holds back, by what the
     control says; each such file's `waiting` says so too (`held_back`, with the control). Empty
@@ -336,6 +358,30 @@ def held_back_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     return dict(held)
 
 
+def held_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
+    """How many of the files waiting to start a hold keeps back (their destination refused
+    their user for room or permission), by what the hold says; each such file's `waiting`
+    says so too (`held`, with the hold's id and its next look as `until`). Empty when the holds
+    cannot be read: the status goes on without them."""
+    waiting = [f for f in files if f.state in TO_SUBMIT]
+    if not waiting:
+        return {}
+    try:
+        found = holds_of(read_holds(db, {(f.destination, f.user) for f in waiting}))
+    except StoreError:
+        return {}
+    held: dict[str, int] = defaultdict(int)
+    for f in waiting:
+        hold = found.get((f.destination, f.user))
+        if hold is None or not hold.holds:
+            continue
+        held[hold.says()] += 1
+        if f.waiting is not None:
+            f.waiting = {**f.waiting, "why": HELD, "until": hold.next_check,
+                         "hold": model.hold_id(hold.site, hold.user)}  # fmt: skip
+    return dict(held)
+
+
 def waiting_counts(files: list[FileStatus]) -> dict[str, int]:
     """How many of the files on their way wait for each reason (their `waiting.why`)."""
     return dict(Counter(f.waiting["why"] for f in files if f.waiting))
@@ -349,6 +395,7 @@ def task_status(
     counts = counts_of(files) if job else task_counts(db, task)
     status = TaskStatus(task, job, files, counts, seq=seq)
     status.held_back = held_back_counts(db, files)
+    status.held = held_counts(db, files)
     if files:
         now = time.time() if now is None else now
         links = sorted({(f.source, f.destination) for f in files if f.state in ON_ITS_WAY})

@@ -8,16 +8,14 @@ and the check that the copy really was third-party.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
-from aso import gfal2client, sites
+from aso import gfal2client
 from aso.config import Config
 from aso.transfer import errors
 from aso.transfer.base import CANCELED, DONE, FAILED
@@ -26,7 +24,6 @@ log = logging.getLogger("aso.transfer.gfal")
 
 CHECKSUM_TRIES = 3  # asks for a destination's checksum after a copy
 CHECKSUM_RETRY_DELAY = 0.5  # seconds between two asks
-SPACE_LEVELS = 12  # directories up from a destination asked for its free space
 # Failures after which the destination is not touched: the file there is not this copy's, or
 # the storage does not answer (another call would wait out its timeout again).
 UNTOUCHED_AFTER = (errors.DESTINATION_EXISTS, errors.TIMEOUT)
@@ -130,31 +127,13 @@ class GfalCopier:
         except self.gfal2.GError as exc:
             log.debug("nothing removed at %s after a failed copy: %s", url, exc.message)
 
-    def free_space(self, url: str) -> int | None:
-        """Bytes free where `url` would be written, as its storage reports them (XRootD: the
-        file system of the nearest existing directory up from it); None: not reported."""
-        query = sites.space_url(self.config, url)
-        for _ in range(SPACE_LEVELS):
-            if query is None or not urlsplit(query).path.strip("/"):
-                return None
-            query = query.rsplit("/", 1)[0]
-            try:
-                tokens = json.loads(self.context().getxattr(query, "spacetoken"))
-            except (self.gfal2.GError, ValueError):
-                continue
-            spaces = tokens if isinstance(tokens, list) else [tokens]
-            free = [s.get("unusedsize") for s in spaces if isinstance(s, dict)]
-            known = [f for f in free if isinstance(f, int)]
-            return min(known) if known else None
-        return None
-
     def diagnosed(self, entry: Mapping[str, Any], reason: str, error_class: str) -> CopyResult:
         """A failed copy's result, told `quota` when its destination has less room than the
         file: a full destination makes XRootD's third-party copies end as a checksum mismatch
         or a cut connection, never as ENOSPC, and a full destination is held, not retried."""
         if error_class in UNTOUCHED_AFTER or error_class in (errors.QUOTA, errors.SOURCE_MISSING):
             return CopyResult(FAILED, reason, error_class)
-        free = self.free_space(entry["destination"])
+        free = gfal2client.free_space(self.context(), self.config, entry["destination"])
         size = int(entry.get("size") or 0)
         if free is not None and free < size:
             return CopyResult(

@@ -163,8 +163,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     return doc.type === model.hold_type;
   }
 
-  // A hold: its id names its destination and user; its history keeps every state it had, the
-  // last one being its state; a check that changes nothing adds no entry.
+  // A hold: its id names its destination and user; the last entry of its history is its state
+  // (the agents keep the latest MAX_HOLD_HISTORY; its user only adds one, below).
   function checkHold() {
     if (!isHold(newDoc)) { refuse('hold', 'a hold stays a hold'); }
     schema.checkObject('doc', newDoc, model.hold_schema);
@@ -172,16 +172,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
         newDoc._id !== 'hold:' + newDoc.site + ':' + newDoc.user) {
       refuse('schema', 'doc._id must be hold:' + newDoc.site + ':' + newDoc.user);
     }
-    var history = newDoc.history, old = (oldDoc && oldDoc.history) || [], i;
-    var last = history[history.length - 1], fields = ['state', 'reason', 'by', 'at'];
-    for (i = 0; i < fields.length; i++) {
+    var history = newDoc.history, last = history[history.length - 1];
+    var fields = ['state', 'reason', 'by', 'at'];
+    for (var i = 0; i < fields.length; i++) {
       if (!last || last[fields[i]] !== newDoc[fields[i]]) { refuse('hold', 'the last history entry is the state itself'); }
-    }
-    if (history.length !== old.length && history.length !== old.length + 1) {
-      refuse('hold', 'a change adds at most one history entry');
-    }
-    for (i = 0; i < old.length; i++) {
-      if (!same(history[i], old[i])) { refuse('hold', 'history entries cannot be changed'); }
     }
   }
 
@@ -203,7 +197,11 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (newDoc.by !== userCtx.name) {
       refuse('hold', 'a change is recorded by its user, ' + userCtx.name + ', not ' + JSON.stringify(newDoc.by));
     }
-    if (newDoc.history.length !== oldDoc.history.length + 1) { refuse('hold', 'a change adds one history entry'); }
+    var history = newDoc.history, old = oldDoc.history;
+    if (history.length !== old.length + 1) { refuse('hold', 'a change adds one history entry'); }
+    for (i = 0; i < old.length; i++) {
+      if (!same(history[i], old[i])) { refuse('hold', 'history entries cannot be changed'); }
+    }
     var late = stampRefusal('at', newDoc.at);
     if (late) { refuse('time', late); }
   }

@@ -1257,14 +1257,43 @@ function task(name) {
     var nav = [];
     if (from) { nav.push(el('a', {href: taskAddress(name, {state: filter}), id: 'previous'}, ['← first files']), ' '); }
     if (next) { nav.push(el('a', {href: taskAddress(name, {state: filter, from: JSON.stringify(next)}), id: 'next'}, ['next →'])); }
-    return [el('h2', {}, ['Task ' + name]),
-      table('task-counts', ['axis', 'files per state (' + total + ' in all)'], countRows)].concat(
-      countedAgo('task-counted', got[0]), [
-      el('p', {'class': 'choices'}, ['show ', select, ' — ' + matching + ' files' +
-        (page.length < matching ? ', ' + page.length + ' on this page' : '')]),
-      table('files', ['job', 'type', 'file (its page)', 'size', 'state', 'cleanup', 'publication',
-        'attempts', 'last change (UTC)', 'current failure', 'waiting'], rows),
-      el('p', {}, nav)]);
+    return holdsOf(page).then(function (holds) {
+      return [el('h2', {}, ['Task ' + name]),
+        table('task-counts', ['axis', 'files per state (' + total + ' in all)'], countRows)].concat(
+        countedAgo('task-counted', got[0]), holds, [
+        el('p', {'class': 'choices'}, ['show ', select, ' — ' + matching + ' files' +
+          (page.length < matching ? ', ' + page.length + ' on this page' : '')]),
+        table('files', ['job', 'type', 'file (its page)', 'size', 'state', 'cleanup', 'publication',
+          'attempts', 'last change (UTC)', 'current failure', 'waiting'], rows),
+        el('p', {}, nav)]);
+    });
+  });
+}
+
+// The holds that keep files of this page waiting (their status rows name them: waiting.hold), as
+// a table: where, whose, why, the free space last seen, since when and the next look. A hold
+// that cannot be read is left out (the files still say `held`).
+function holdsOf(page) {
+  var ids = [];
+  page.forEach(function (r) {
+    var hold = (r.value.waiting || {}).hold;
+    if (hold && ids.indexOf(hold) === -1) { ids.push(hold); }
+  });
+  if (!ids.length) { return Promise.resolve([]); }
+  return Promise.all(ids.map(function (id) {
+    return get('/' + SETTINGS.files_db + '/' + encodeURIComponent(id)).catch(function () { return null; });
+  })).then(function (docs) {
+    var rows = docs.filter(function (d) { return d && d.type === 'hold'; }).map(function (d) {
+      return el('tr', {'data-hold': d._id, 'data-state': d.state}, [
+        el('td', {}, [d.site]), el('td', {}, [d.user]), el('td', {}, [d.state]), el('td', {}, [d.error_class]),
+        el('td', {'class': 'n'}, [d.free === null ? '' : bytes(d.free)]), el('td', {'class': 'n'}, [bytes(d.needs)]),
+        el('td', {}, [when(d.since)]), el('td', {}, [d.state === 'active' ? when(d.next_check) : '']),
+        el('td', {}, [d.reason])]);
+    });
+    if (!rows.length) { return []; }
+    return [el('h3', {}, ['Held: destinations without room or permission for these files']),
+      table('holds', ['site', 'user', 'state', 'class', 'free', 'needed', 'since (UTC)', 'next look (UTC)', 'reason'], rows),
+      el('p', {}, ['Its user releases a hold (`aso hold release SITE`) or cancels it (`aso hold cancel SITE`).'])];
   });
 }
 
@@ -1276,6 +1305,7 @@ function waitingText(waiting) {
   words = [words, 'since ' + when(waiting.since)];
   if (waiting.until) { words.push('until ' + when(waiting.until)); }
   if (waiting.job_id) { words.push('(job ' + waiting.job_id + ')'); }
+  if (waiting.hold) { words.push('(' + waiting.hold + ')'); }
   return words.join(' ');
 }
 

@@ -7,12 +7,15 @@ function (doc) {
   // `waiting`: why a file not finished waits (aso/model.py WAITING_WHY): by its state while the
   // copy is on its way, once done by its publication, then its cleanup, while they are due;
   // since when (its last change on that axis, or its copy), until when (a cool-off, a retry), in which job
-  // (at the service); null once finished, or stopped (failed, killed: its owner's to resubmit).
+  // (at the service), which hold (held); null once finished, or stopped (failed, killed: its
+  // owner's to resubmit).
   if (doc.type !== 'transfer_request') { return; }
   var failing = /* aso/model.py FAILING */ null;
   var publicationFailures = /* aso/model.py PUBLICATION_FAILURES */ null;
   var waitingWhy = /* aso/model.py WAITING_WHY */ null;
   var atTheService = /* aso/model.py AT_THE_SERVICE */ null;
+  var holdClasses = /* aso/model.py HOLD_CLASSES */ null;
+  var held = /* aso/model.py HELD */ null;
   var job = /^[0-9]{1,15}$/.test(doc.job_id) ? Number(doc.job_id) : doc.job_id;
   var failed = failing.indexOf(doc.state) !== -1;
   function sinceOn(axis) {
@@ -36,6 +39,12 @@ function (doc) {
     waiting = {why: waitingWhy[axes[a]][value], since: since(axes[a]),
       until: has(until, value) ? (doc[until[value]] || null) : null,
       job_id: atTheService.indexOf(value) !== -1 ? ((doc.transfer || {}).job_id || null) : null};
+  }
+  // A file its destination refused for room or permission waits held, until its hold (the
+  // document `hold`, e.g. hold:T2_CH_CERN:alice) ends; `until` is its next look.
+  if (waiting && doc.state === 'retry' && holdClasses.indexOf(doc.error_class) !== -1) {
+    waiting.why = held;
+    waiting.hold = 'hold:' + doc.destination + ':' + doc.user;
   }
   emit([doc.task, job, doc.file_type, doc._id], {
     rev: doc._rev, job_id: doc.job_id, job_retry: doc.job_retry || 0, user: doc.user,

@@ -1,0 +1,109 @@
+"""Hold checker: looks again, on a backoff, at the destinations that hold a user's files for want
+of room or permission (aso/core/holds.py), and ends each hold by itself when its destination
+passes (released: the submitter takes its files again) or when its deadline has passed
+(expired: the submitter fails its files).
+
+A look asks the destination's storage for its free space where it reports it (XRootD's space
+query) and, for a permission or where no free space is reported, writes a small probe file in
+the held directory and deletes it again (aso/files.py), with the credentials the copies use.
+
+The agent has no work kinds: every `holds.interval` seconds the first live instance reads the
+holds and looks at those due. Each hold is written read-decide-write (a release by its user or
+an operator meanwhile wins: the look is decided again on the fresh document).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aso import model, sites
+from aso.config import Config
+from aso.core import holds
+from aso.files import Files, open_files
+from aso.monitoring.queries import all_holds
+from aso.runtime import Cycle, PeriodicAgent
+from aso.store import Server, StoreError
+
+log = logging.getLogger("aso.agent.hold_checker")
+
+
+class HoldChecker(PeriodicAgent):
+    name = "hold-checker"
+    kinds = ()
+
+    def __init__(
+        self,
+        config: Config,
+        instance: str | None = None,
+        files: Files | None = None,
+        *,
+        server: Server | None = None,
+    ):
+        super().__init__(config, instance, server=server)
+        self.files = files or open_files(config)
+
+    @property
+    def interval(self) -> float:
+        return self.config.holds.interval
+
+    def cycle(self, ctx: Cycle) -> None:
+        report = ctx.counts("holds", "looked", "released", "expired", "still_held")
+        if not self.take_turn(ctx.partition):
+            return
+        active = [d for d in all_holds(self.db) if d["state"] == model.HOLD_ACTIVE]
+        report["holds"] = len(active)
+        looks = {}
+        for doc in active:
+            hold = holds.hold_of(doc)
+            if holds.due(hold, ctx.now) or ctx.now - hold.since > self.config.holds.deadline:
+                looks[doc["_id"]] = self.look(hold)
+                ctx.alive()
+        report["looked"] = len(looks)
+        if not looks:
+            return
+
+        def decide(current: dict[str, Any]) -> dict[str, Any] | None:
+            if current.get("state") != model.HOLD_ACTIVE:
+                return None  # released or cancelled meanwhile by its user or an operator
+            return holds.checked(
+                current, looks[current["_id"]], self.instance, ctx.now, self.config.holds
+            )
+
+        try:
+            outcome = self.db.write_decided([d for d in active if d["_id"] in looks], decide)
+        except StoreError as exc:
+            log.warning("hold checks not written (%s): looked at again next cycle", exc)
+            return
+        for doc in outcome.written:
+            state = doc["state"]
+            report["still_held" if state == model.HOLD_ACTIVE else state] += 1
+            if state == model.HOLD_ACTIVE:
+                log.debug("hold %s still: %s", doc["_id"], holds.hold_of(doc).says())
+            else:
+                log.info("hold %s %s: %s", doc["_id"], state, doc["history"][-1]["reason"])
+        log.info(
+            "holds: %d in force, %d looked at: %d released, %d expired, %d still held",
+            report["holds"], report["looked"], report["released"], report["expired"],
+            report["still_held"],
+        )  # fmt: skip
+
+    def look(self, hold: holds.Hold) -> holds.Look:
+        """What the hold's destination says now: free space, and a probe write when that does
+        not settle it. A storage that fails to answer is a look that did not pass."""
+        try:
+            directory = sites.pfn(self.config, hold.site, hold.path)
+        except sites.SiteError as exc:
+            return holds.Look(None, f"cannot be checked: {exc}", probed=True)
+        try:
+            free = self.files.free_space(directory)
+        except Exception as exc:  # a storage's error is a look that did not pass
+            free = None
+            log.debug("free space at %s not known: %s", directory, exc)
+        if not holds.needs_probe(hold, free):
+            return holds.Look(free)
+        try:
+            error = self.files.probe(directory)
+        except Exception as exc:
+            error = str(exc)
+        return holds.Look(free, error, probed=True)

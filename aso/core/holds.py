@@ -1,0 +1,254 @@
+"""Holds, as plain functions over documents: a destination that refused a user's files for lack
+of room (quota) or of permission holds that user's files for it instead of failing them (one
+`hold` document per destination and user, aso/model.py). The retry manager starts a hold
+(`started`), the submitter keeps its files back while it holds (`holding`) and fails them once it
+was cancelled or expired (`ended_holding`), the hold checker looks at the destination again on a
+backoff (`verdict`, `checked`), its user or an operator releases or cancels it (`ended`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aso import model
+from aso.config import HoldsConfig
+from aso.model import HOLD_ACTIVE, HOLD_CANCELLED, HOLD_EXPIRED, HOLD_RELEASED, STATE
+
+QUOTA, PERMISSION = model.HOLD_CLASSES
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One hold document, as the agents and the status read it."""
+
+    site: str
+    user: str
+    error_class: str
+    state: str
+    reason: str
+    since: float
+    next_check: float
+    free: int | None
+    needs: int
+    path: str
+    by: str
+    at: float
+
+    @property
+    def holds(self) -> bool:
+        return self.state == HOLD_ACTIVE
+
+    def says(self) -> str:
+        """One line for a person: what holds, where, the figures and the next check."""
+        what = "no room" if self.error_class == QUOTA else "no permission"
+        free = "" if self.free is None else f", {self.free} bytes free of {self.needs} needed"
+        return f"{what} for {self.user} at {self.site}{free}: {self.reason}"
+
+
+def hold_of(doc: Mapping[str, Any]) -> Hold:
+    return Hold(
+        doc["site"], doc["user"], doc["error_class"], doc["state"], doc["reason"], doc["since"],
+        doc["next_check"], doc["free"], doc["needs"], doc["path"], doc["by"], doc["at"],
+    )  # fmt: skip
+
+
+def holds_of(docs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Hold]:
+    """Every hold among `docs`, in force or ended, by (destination, user)."""
+    found = {}
+    for doc in docs:
+        if doc.get("type") == model.HOLD_TYPE:
+            hold = hold_of(doc)
+            found[hold.site, hold.user] = hold
+    return found
+
+
+def is_held_class(error_class: str | None, config: HoldsConfig) -> bool:
+    """Whether a failure of this class holds its file rather than failing or retrying it."""
+    return config.enabled and error_class in model.HOLD_CLASSES
+
+
+def held_request(doc: Mapping[str, Any], config: HoldsConfig) -> bool:
+    """Whether the retry manager's decision on this request held it (waiting in `retry`)."""
+    return doc.get(STATE) == "retry" and is_held_class(doc.get("error_class"), config)
+
+
+def holding(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> Hold | None:
+    """The hold in force on a request's destination for its user, if any."""
+    hold = holds.get((doc["destination"], doc["user"]))
+    return hold if hold is not None and hold.holds else None
+
+
+def released(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> bool:
+    """Whether the hold that held this request was released after it came to wait: it goes
+    now, whatever is left of its cool-off."""
+    hold = holds.get((doc["destination"], doc["user"]))
+    return hold is not None and hold.state == HOLD_RELEASED and waiting_since(doc) <= hold.at
+
+
+def waiting_since(doc: Mapping[str, Any]) -> float:
+    """When a request last entered its copy state (`new` at creation or resubmission, `retry`
+    after a failed attempt)."""
+    entries = [h for h in doc.get("history") or [] if h.get("axis") == STATE]
+    return float(entries[-1]["at"]) if entries else float(doc.get("created") or 0.0)
+
+
+def ended_holding(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> Hold | None:
+    """The cancelled or expired hold that held this waiting request when it ended: the request
+    fails with it. A request that came to wait after that end (a resubmission, a new upload)
+    is not held by it any more."""
+    hold = holds.get((doc["destination"], doc["user"]))
+    if hold is None or hold.state not in model.HOLD_FAILS:
+        return None
+    return hold if waiting_since(doc) <= hold.at else None
+
+
+def failure_reason(hold: Hold) -> str:
+    ended = "cancelled by " + hold.by if hold.state == HOLD_CANCELLED else "past its deadline"
+    return f"held ({hold.error_class} at {hold.site}) and the hold {ended}: {hold.reason}"
+
+
+def held_since(doc: Mapping[str, Any]) -> float | None:
+    """When this request's first attempt since its last resubmission failed with a holding
+    class (a per-file deadline runs from it), or None."""
+    from aso.retry import attempts_since_resubmission
+
+    ends = [
+        a.get("ended") or a.get("submitted") or 0.0
+        for a in attempts_since_resubmission(doc)
+        if a.get("error_class") in model.HOLD_CLASSES
+    ]
+    return min(ends) if ends else None
+
+
+def past_deadline(doc: Mapping[str, Any], config: HoldsConfig, now: float) -> bool:
+    since = held_since(doc)
+    return since is not None and now - since > config.deadline
+
+
+def _entry(state: str, reason: str, by: str, at: float) -> dict[str, Any]:
+    return {"state": state, "reason": reason[:1024], "by": by, "at": at}
+
+
+# Entries an agent's write keeps: the latest, with room left for its user's release or cancel.
+KEPT_ENTRIES = model.MAX_HOLD_HISTORY - 10
+
+
+def _with(
+    history: Iterable[Mapping[str, Any]], entry: dict[str, Any], keep: int = KEPT_ENTRIES
+) -> list[Any]:
+    return [*list(history)[-(keep - 1) :], entry]
+
+
+def started(
+    current: Mapping[str, Any] | None,
+    *,
+    site: str,
+    user: str,
+    error_class: str,
+    reason: str,
+    path: str,
+    needs: int,
+    by: str,
+    now: float,
+    config: HoldsConfig,
+) -> dict[str, Any] | None:
+    """The hold document after a file of `user` failed at `site` with a holding class: a new
+    hold, one that had ended started again, or the one in force needing more room; None: the
+    one in force says it already."""
+    if current is not None and current["state"] == HOLD_ACTIVE:
+        if needs <= current["needs"] and error_class == current["error_class"]:
+            return None
+        return {**current, "needs": max(needs, current["needs"]), "error_class": error_class}
+    entry = _entry(HOLD_ACTIVE, reason, by, now)
+    doc: dict[str, Any] = {
+        "_id": model.hold_id(site, user),
+        "type": model.HOLD_TYPE,
+        "site": site,
+        "user": user,
+        "error_class": error_class,
+        "path": path,
+        "needs": needs,
+        "free": None,
+        "since": now,
+        "checks": 0,
+        "next_check": round(now + config.first_check, 3),
+        **entry,
+        "history": _with((current or {}).get("history") or [], entry),
+    }
+    if current is not None:
+        doc["_rev"] = current["_rev"]
+    return doc
+
+
+def ended(
+    current: Mapping[str, Any],
+    state: str,
+    reason: str,
+    by: str,
+    now: float,
+    *,
+    by_owner: bool = False,
+) -> dict[str, Any]:
+    """The hold released, cancelled or expired, with who and why in its history (its user's
+    change adds its entry to all the earlier ones, as the validation wants)."""
+    entry = _entry(state, reason, by, now)
+    keep = model.MAX_HOLD_HISTORY if by_owner else KEPT_ENTRIES
+    return {**current, **entry, "history": _with(current["history"], entry, keep)}
+
+
+@dataclass(frozen=True)
+class Look:
+    """What a look at a held destination found: bytes free (None: not reported) and the error of
+    a probe write (None: written, or not tried)."""
+
+    free: int | None
+    probe_error: str | None = None
+    probed: bool = False
+
+
+def verdict(hold: Hold, look: Look) -> str | None:
+    """Why the destination still cannot take the hold's files, or None: it can. Room is judged
+    from the free space its storage reports, where it does; otherwise (and for a permission)
+    from a probe write."""
+    if hold.error_class == QUOTA and look.free is not None:
+        if look.free < hold.needs:
+            return f"{look.free} bytes free, {hold.needs} needed"
+        return None
+    if not look.probed:
+        return "not checked"
+    return look.probe_error
+
+
+def needs_probe(hold: Hold, free: int | None) -> bool:
+    """Whether a look must also try a probe write: a permission, or room not reported."""
+    return hold.error_class == PERMISSION or free is None
+
+
+def checked(
+    current: Mapping[str, Any], look: Look, by: str, now: float, config: HoldsConfig
+) -> dict[str, Any]:
+    """The hold after a look at its destination: released when it passes, expired once past its
+    deadline, else checked again later (doubling, up to `max_check_interval`)."""
+    hold = hold_of(current)
+    still = verdict(hold, look)
+    looked = {**current, "free": look.free}
+    if still is None:
+        return ended(
+            looked, HOLD_RELEASED, f"the destination passed a check: {_figures(look)}", by, now
+        )
+    if now - hold.since > config.deadline:
+        return ended(looked, HOLD_EXPIRED, f"held past its deadline: {still}", by, now)
+    checks = current["checks"] + 1
+    delay = min(config.max_check_interval, config.first_check * 2**checks)
+    return {**looked, "checks": checks, "next_check": round(now + delay, 3)}
+
+
+def _figures(look: Look) -> str:
+    if look.free is not None:
+        return f"{look.free} bytes free"
+    return "a probe file was written"
+
+
+def due(hold: Hold, now: float) -> bool:
+    return hold.holds and hold.next_check <= now
