@@ -1807,6 +1807,61 @@ def test_every_answer_says_its_content_type_is_not_to_be_sniffed(frontend, pki, 
     assert anonymous.headers["x-content-type-options"] == "nosniff"
 
 
+def test_a_user_ends_only_their_own_hold_through_the_front_end(frontend, pki, files_db, admin):
+    """A hold (started by the agents) is released or cancelled by its user through the front
+    end's typed route; another user's write of it is refused, as is a user's start of a hold,
+    whatever route it takes; an operator ends anyone's."""
+    from aso.config import HoldsConfig
+    from aso.core import holds
+
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    operator = cert_files(pki, "operator-x")
+    agents = admin.db(files_db)
+    now = time.time()
+
+    def start(user: str) -> dict:
+        doc = holds.started(None, site="T2_DE_DESY", user=user, error_class="quota",
+                            reason="no space left", path=f"/store/user/{user}", needs=10,
+                            by="agent", now=now, config=HoldsConfig())  # fmt: skip
+        assert doc is not None
+        doc["_rev"] = agents.put(doc)
+        return doc
+
+    daves, carols = start("dave"), start("carol")
+    path = f"/{files_db}/{daves['_id']}"
+    # carol neither ends dave's hold nor starts one, by any route.
+    theirs = holds.ended(daves, model.HOLD_RELEASED, "mine", "carol", time.time(), by_owner=True)
+    fresh = {k: v for k, v in start_doc(carols, "T2_IT_Pisa").items() if k != "_rev"}
+    for method, target, body in [
+        ("PUT", path, theirs),
+        ("POST", f"/{files_db}", theirs),
+        ("POST", f"/{files_db}/_bulk_docs", {"docs": [theirs]}),
+        ("PUT", f"/{files_db}/{fresh['_id']}", fresh),
+        ("DELETE", f"{path}?rev={daves['_rev']}", None),
+    ]:
+        answer = call(frontend, pki, carol, method, target, json=body)
+        assert answer.status_code in (400, 403, 405), (method, target, answer.text[:300])
+        assert answer.json()["reason"], answer.text[:300]
+    assert agents.get(daves["_id"])["_rev"] == daves["_rev"]
+    # dave reads his hold and cancels it; an operator releases carol's.
+    seen = call(frontend, pki, dave, "GET", path)
+    assert seen.status_code == 200 and seen.json()["state"] == model.HOLD_ACTIVE
+    cancel = holds.ended(seen.json(), model.HOLD_CANCELLED, "enough", "dave", time.time(),
+                         by_owner=True)  # fmt: skip
+    taken = call(frontend, pki, dave, "PUT", path, json=cancel)
+    assert taken.status_code == 201, taken.text[:300]
+    assert agents.get(daves["_id"])["state"] == model.HOLD_CANCELLED
+    release = holds.ended(carols, model.HOLD_RELEASED, "room added", "operator-x", time.time(),
+                          by_owner=True)  # fmt: skip
+    taken = call(frontend, pki, operator, "PUT", f"/{files_db}/{carols['_id']}", json=release)
+    assert taken.status_code == 201, taken.text[:300]
+
+
+def start_doc(hold: dict, site: str) -> dict:
+    """`hold` as if started at another site (an agent's document, written by someone else)."""
+    return {**hold, "_id": model.hold_id(site, hold["user"]), "site": site}
+
+
 def test_only_an_operator_sets_a_control_through_the_front_end(frontend, pki, files_db):
     """A user's write of an operator's control (a site ban) is refused whatever its route; an
     operator's is taken, and the user reads it (why their files wait)."""

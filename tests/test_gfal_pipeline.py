@@ -25,18 +25,22 @@ from typing import Any
 import pytest
 
 from aso.agents.gfal_worker import GfalWorker
+from aso.agents.hold_checker import HoldChecker
 from aso.agents.monitor import Monitor
 from aso.agents.retry_manager import RetryManager
 from aso.agents.submitter import Submitter
 from aso.config import Config
+from aso.core import holds
 from aso.local.xrootd import EmbeddedStorage, export_path, write_file
-from aso.model import STATE
+from aso.model import STATE, hold_id
+from aso.monitoring import queries
 from aso.runtime import Runner
 from aso.store import Server
 from aso.upload import judged_request
 from tests.conftest import DESTINATION, SOURCES, write_config
 from tests.pipeline_helpers import assert_each_file_in_one_job, jobs_of, run_until, states
-from tests.storage_helpers import assert_never_copied_twice_at_once
+from tests.storage_helpers import assert_never_copied_twice_at_once, small_area, storage_copies
+from tests.test_cli import aso
 
 ASO = str(Path(sys.executable).parent / "aso")
 
@@ -428,3 +432,68 @@ def test_worker_killed_mid_copy_leaves_nothing_copied_twice(gfal_config, account
     for doc in docs:  # byte for byte at the destination
         copied = export_path(gfal_config, DESTINATION, doc["destination_lfn"]).read_bytes()
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+
+
+def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
+    gfal_config, accounts, admin
+):
+    """A user's area at the destination fills up mid-task (a small file system of its own, as a
+    quota): no file fails; the files that do not fit wait held, with the reason and the room
+    the storage reports, in `aso status`; once room is freed (the test deletes a file) the hold
+    checker releases the hold at its next look and every file completes, each copied once."""
+    config = dataclasses.replace(
+        gfal_config,
+        holds=dataclasses.replace(
+            gfal_config.holds, first_check=0.5, max_check_interval=1.0, interval=0.2
+        ),
+        retry=dataclasses.replace(gfal_config.retry, base_delay=0.2, jitter=0.0),
+    )
+    db = admin.db(config.store.files_db)
+    with small_area(config, DESTINATION, "/store/user/alice", 1 << 20) as area:
+        filler = area / "filler.root"
+        filler.write_bytes(os.urandom(700 << 10))
+        docs = put_files(config, accounts, 8, sizes=(120 << 10, 120 << 10), users=("alice",))
+        ids = [d["_id"] for d in docs]
+        task = docs[0]["task"]
+        runners = [*agents(config), Runner(RetryManager(config, "r1")),
+                   Runner(HoldChecker(config, "h1"))]  # fmt: skip
+        key = hold_id(DESTINATION, "alice")
+
+        def held() -> bool:
+            counts = states(db, ids)
+            hold = db.get(key)
+            waiting = counts["done"] + counts["retry"] == len(ids) and counts["retry"] > 0
+            return waiting and hold is not None and hold["state"] == "active" and hold["checks"]
+
+        try:
+            run_until(held, runners, 120, lambda: states(db, ids))
+            status = queries.task_status(db, task)
+            hold = holds.hold_of(db.get(key))
+            assert hold.error_class == "quota" and hold.free is not None
+            assert hold.free < hold.needs == 120 << 10
+            assert status.held == {hold.says(): states(db, ids)["retry"]}
+            assert "bytes free" in hold.says()
+            shown = aso("status", task, "--summary", config=write_config(config))
+            assert f"files held (no room for alice at {DESTINATION}" in shown.stdout, shown.stdout
+            filler.unlink()
+            run_until(lambda: states(db, ids) == Counter(done=8), runners, 120,
+                      lambda: states(db, ids))  # fmt: skip
+        finally:
+            runners[2].agent.close()
+        stored = db.get_many(ids).values()
+        assert all(d.get("error_class") in (None, "quota") for d in stored)
+        assert db.get(key)["state"] == "released"
+        for doc in docs:
+            copied = export_path(config, DESTINATION, doc["destination_lfn"]).read_bytes()
+            assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+        # Copied once each: one copy that succeeded (XRootD logs no end of a copy it could not
+        # write), and no two runs of a file at once over all its jobs.
+        copies = storage_copies(config, DESTINATION)
+        for doc in docs:
+            events = copies[doc["destination_lfn"]]
+            assert events[-1] == "TRANSFER_SUCCESS" and events.count("TRANSFER_SUCCESS") == 1
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for job in jobs_of(admin, config):
+            for file_id, entry in job["files"].items():
+                runs.setdefault(file_id, []).extend(entry.get("runs", []))
+        assert set(runs) == set(ids) and not any(overlapping(r) for r in runs.values())

@@ -49,7 +49,8 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from aso import jsvalues as js
 from aso import model
 from aso import upload as upload_module
-from aso.config import Config
+from aso.config import Config, HoldsConfig
+from aso.core import holds
 from aso.frontend import gate, openapi, routes, sequences
 from aso.local.pki import Pki
 from aso.local.stores import free_port
@@ -387,6 +388,69 @@ def test_generated_updates_and_transitions_are_judged_as_the_model_judges_them(
         event(f"deletion {delete(store, sessions[who], who, new)}")
     else:
         event(f"update {check_write(store, sessions[who], who, new)}")
+
+
+@st.composite
+def hold_changes(draw: st.DrawFn, stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A change of a stored hold in force by its user, another user or an agent: ended in any
+    state by anyone at any time, fields edited or mutated, history cut or forged, on the
+    current revision or a replayed one, or deleted."""
+    who = draw(st.sampled_from(["alice", "alice", "bob", "agent"]))
+    if draw(st.integers(0, 9)) == 0:
+        return who, {"_id": stored["_id"], "_rev": stored["_rev"], "_deleted": True}
+    state = draw(st.sampled_from(model.HOLD_STATES))
+    by = draw(st.sampled_from([who, "alice", "bob", "operator"]))
+    at = time.time() + draw(st.sampled_from([0.0, 0.0, -1e5, 1e5]))
+    current = {k: v for k, v in stored.items() if k != "_old_rev"}
+    new = holds.ended(current, state, draw(texts), by, at, by_owner=True)
+    tweak = draw(st.sampled_from(["none", "none", "cut", "forge", "edit", "mutate", "start"]))
+    if tweak == "cut":
+        new["history"] = new["history"][1:]
+    elif tweak == "forge":
+        new["history"][0] = {**new["history"][0], "by": "bob"}
+    elif tweak == "edit":
+        new[draw(st.sampled_from(sorted(model.HOLD_SCHEMA["fields"])))] = draw(json_values)
+    elif tweak == "mutate":
+        new = draw(mutated(new))
+    elif tweak == "start":
+        site = draw(st.sampled_from(["T2_IT_Pisa", "T2_CH_CERN"]))
+        new = {**new, "_id": model.hold_id(site, new["user"]), "site": site}
+        new.pop("_rev", None)
+    if tweak != "start":
+        rev = draw(st.sampled_from(["current", "current", "replay"]))
+        new["_rev"] = stored["_rev"] if rev == "current" else stored["_old_rev"]
+    event(f"hold change: {who}, {state}, {tweak}")
+    return who, new
+
+
+@given(data=st.data())
+def test_generated_hold_changes_are_judged_as_the_model_judges_them(store, sessions, data):
+    """A hold in force (an agent's): whatever its user, another user or an agent writes of it,
+    the store judges it as validate_doc_update does in QuickJS, reason for reason; no 500; a
+    refused write leaves it as it was; what a user had accepted only ends it, in their name."""
+    site = "T2_DE_DESY"
+    hold = holds.started(None, site=site, user="alice", error_class="quota", reason="full",
+                         path="/store/user/alice", needs=10, by="agent", now=time.time(),
+                         config=HoldsConfig())  # fmt: skip
+    assert hold is not None
+    db = store.admin.db(store.db)
+    current = db.get(hold["_id"])
+    if current is not None:
+        hold["_rev"] = current["_rev"]
+    first = db.put(hold)  # twice: an older revision to replay
+    second = db.put({**hold, "_rev": first, "checks": 1})
+    stored = {**db.get(hold["_id"]), "_old_rev": first}
+    assert stored["_rev"] == second
+    who, new = data.draw(hold_changes(stored), label="change")
+    if new.get("_deleted") is True:
+        event(f"hold deletion {delete(store, sessions[who], who, new)}")
+        return
+    outcome = check_write(store, sessions[who], who, new)
+    event(f"hold change {outcome}")
+    if outcome == "accepted" and who == "alice":
+        after = store.doc(new["_id"])
+        assert after is not None and after["state"] in model.HOLD_OWNER_STATES
+        assert after["by"] == "alice" and after["history"][:-1] == stored["history"]
 
 
 def test_a_member_named_like_an_object_method_is_judged_not_crashed_on(store, sessions):

@@ -384,6 +384,7 @@ def test_run_demo_restart_and_clean_stop(service):
         "cleaner",
         "analytics",
         "reconciler",
+        "hold-checker",
         "publisher",
     }
 
