@@ -27,7 +27,8 @@ from aso.agents.monitor import Monitor
 from aso.agents.publisher import Publisher
 from aso.agents.retry_manager import RetryManager
 from aso.agents.submitter import Submitter
-from aso.config import Config
+from aso.config import Config, HoldsConfig
+from aso.core import holds
 from aso.monitoring import summaries
 from aso.provision.designdocs import init_databases, pages_url
 from aso.runtime import Runner
@@ -959,6 +960,38 @@ def test_the_agents_page_lists_the_operators_controls_in_force(scene: Scene) -> 
         "user:bob": ["user", "bob", "ban", "both", "2001-09-09 01:47:40", "admin", "proxy leaked"],
     }  # fmt: skip
     assert page.locator("table#controls b").count() == 0  # the reason is text, never markup
+
+
+def test_the_task_page_lists_the_holds_its_files_wait_on(scene: Scene) -> None:
+    """A file its destination refused for room waits held: its row says so and names the hold,
+    and the page lists the hold with the room last seen, the next look and the storage's reason
+    (as text, never markup)."""
+    page, db = scene.page, scene.db
+    task = "261207_110000:alice_held"
+    doc = sample_request("alice", task=task, source=LINKS[0][0], destination=LINKS[0][1])
+    db.put(doc)
+    stored = db.get(doc["_id"])
+    at = stored["created"] + 1
+    entry = {"axis": model.STATE, "from": "new", "to": "retry", "at": at, "by": "agent",
+             "reason": "held: quota at T2_DE_DESY"}  # fmt: skip
+    db.put({**stored, "state": "retry", "error_class": "quota", "retry_after": at + 60,
+            "failure_reason": "no space left", "history": [*stored["history"], entry],
+            "last_update": at})  # fmt: skip
+    hold = holds.started(None, site=LINKS[0][1], user="alice", error_class="quota",
+                         reason="no <b>space</b> left", path="/store/user/alice", needs=2048,
+                         by="agent", now=1e9, config=HoldsConfig())  # fmt: skip
+    assert hold is not None
+    db.put({**hold, "free": 1024})
+    assert scene.loaded(f"#task/{quote(task)}", "table#holds") <= MAX_REQUESTS
+    why = page.locator("#files tbody tr td[data-column='waiting']")
+    assert why.get_attribute("data-why") == model.HELD
+    assert f"({hold['_id']})" in why.inner_text()
+    [row] = page.locator("table#holds tbody tr").all()
+    assert row.get_attribute("data-hold") == hold["_id"]
+    cells = [c.inner_text() for c in row.locator("td").all()]
+    assert cells[:4] == [LINKS[0][1], "alice", "active", "quota"]
+    assert cells[6:] == ["2001-09-09 01:46:40", "2001-09-09 01:47:40", "no <b>space</b> left"]
+    assert page.locator("table#holds b").count() == 0
 
 
 def test_what_is_not_there_is_said_in_words(scene: Scene) -> None:
