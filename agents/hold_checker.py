@@ -3,9 +3,11 @@ of room or permission (aso/core/holds.py), and ends each hold by itself when its
 passes (released: the submitter takes its files again) or when its deadline has passed
 (expired: the submitter fails its files).
 
-A look asks the destination's storage for its free space where it reports it (XRootD's space
-query) and, for a permission or where no free space is reported, writes a small probe file in
-the held directory and deletes it again (aso/files.py), with the credentials the copies use.
+A look at a user's hold asks the destination's storage for its free space where it reports it
+(XRootD's space query) and, for a permission or where no free space is reported, writes a small
+probe file in the held directory and deletes it again (aso/files.py), with the credentials the
+copies use; a look at a site's hold asks whether the storage answers at all. Looks run at once,
+each bounded by `holds.look_timeout`.
 
 The agent has no work kinds: every `holds.interval` seconds the first live instance reads the
 holds and looks at those due. Each hold is written read-decide-write (a release by its user or
@@ -15,6 +17,7 @@ an operator meanwhile wins: the look is decided again on the fresh document).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from aso import model, sites
@@ -26,6 +29,7 @@ from aso.runtime import Cycle, PeriodicAgent
 from aso.store import Server, StoreError
 
 log = logging.getLogger("aso.agent.hold_checker")
+LOOKS_AT_ONCE = 8  # destinations looked at at once
 
 
 class HoldChecker(PeriodicAgent):
@@ -42,6 +46,8 @@ class HoldChecker(PeriodicAgent):
     ):
         super().__init__(config, instance, server=server)
         self.files = files or open_files(config)
+        self.pool = ThreadPoolExecutor(max_workers=LOOKS_AT_ONCE, thread_name_prefix="hold-look")
+        self.pending: dict[str, Future[holds.Look]] = {}  # hold id → its look under way
 
     @property
     def interval(self) -> float:
@@ -53,12 +59,14 @@ class HoldChecker(PeriodicAgent):
             return
         active = [d for d in all_holds(self.db) if d["state"] == model.HOLD_ACTIVE]
         report["holds"] = len(active)
-        looks = {}
-        for doc in active:
-            hold = holds.hold_of(doc)
-            if holds.due(hold, ctx.now) or ctx.now - hold.since > self.config.holds.deadline:
-                looks[doc["_id"]] = self.look(hold)
-                ctx.alive()
+        due = {
+            doc["_id"]: hold
+            for doc in active
+            if holds.due(hold := holds.hold_of(doc), ctx.now)
+            or ctx.now - hold.since > self.config.holds.deadline
+        }
+        looks = self.look_all(due)
+        ctx.alive()
         report["looked"] = len(looks)
         if not looks:
             return
@@ -88,13 +96,39 @@ class HoldChecker(PeriodicAgent):
             report["still_held"],
         )  # fmt: skip
 
+    def look_all(self, due: dict[str, holds.Hold]) -> dict[str, holds.Look]:
+        """Look at every hold due at once, each for at most `holds.look_timeout` seconds: a
+        storage that does not answer in time is a look that did not pass (its call goes on in
+        its thread until the storage client's own timeout; that hold is not looked at again
+        before it ends)."""
+        timeout = self.config.holds.look_timeout
+        futures = {
+            key: self.pool.submit(self.look, hold)
+            for key, hold in due.items()
+            if key not in self.pending or self.pending[key].done()
+        }
+        self.pending.update(futures)
+        wait(futures.values(), timeout=timeout)
+        looks = {}
+        for key, future in futures.items():
+            if not future.done():
+                looks[key] = holds.Look(None, f"no answer within {timeout:g} s", probed=True)
+            elif future.exception() is not None:
+                looks[key] = holds.Look(None, f"not looked at: {future.exception()}", probed=True)
+            else:
+                looks[key] = future.result()
+        return looks
+
     def look(self, hold: holds.Hold) -> holds.Look:
-        """What the hold's destination says now: free space, and a probe write when that does
-        not settle it. A storage that fails to answer is a look that did not pass."""
+        """What the hold's destination says now: for a site's hold whether it answers at all;
+        for a user's, its free space, and a probe write when that does not settle it. A storage
+        that fails to answer is a look that did not pass."""
         try:
             directory = sites.pfn(self.config, hold.site, hold.path)
         except sites.SiteError as exc:
             return holds.Look(None, f"cannot be checked: {exc}", probed=True)
+        if not hold.user:
+            return holds.Look(None, self.files.reachable(directory), probed=True)
         try:
             free = self.files.free_space(directory)
         except Exception as exc:  # a storage's error is a look that did not pass
@@ -107,3 +141,6 @@ class HoldChecker(PeriodicAgent):
         except Exception as exc:
             error = str(exc)
         return holds.Look(free, error, probed=True)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

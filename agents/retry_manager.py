@@ -24,6 +24,7 @@ from aso import model
 from aso.config import Config, HoldsConfig
 from aso.core import holds, request
 from aso.model import STATE
+from aso.monitoring.queries import read_holds
 from aso.retry import RetryPolicy, load_policy
 from aso.runtime import Agent, Cycle
 from aso.store import Server, StoreError
@@ -33,37 +34,53 @@ log = logging.getLogger("aso.agent.retry_manager")
 
 
 def decided(
-    doc: Mapping[str, Any], policy: RetryPolicy, by: str, now: float, config: HoldsConfig
+    doc: Mapping[str, Any],
+    policy: RetryPolicy,
+    by: str,
+    now: float,
+    config: HoldsConfig,
+    held_sites: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """The document after the decision on its failed attempt: held (a destination without room
-    or permission for its user: it waits without spending an attempt, until its hold ends or
-    its deadline passes), else as the policy decides."""
-    error_class = doc.get("error_class")
-    if holds.is_held_class(error_class, config):
+    """The document after the decision on its failed attempt: held (its destination had no
+    room or permission for its user, or stopped answering everyone: `held_sites`), waiting
+    without spending an attempt until its hold ends or its deadline passes; else as the policy
+    decides."""
+    what = holds.holds_what(doc, config, held_sites)
+    if what is not None:
         reason = doc.get("failure_reason") or ""
         if holds.past_deadline(doc, config, now):
             return request.given_up(
                 doc, by, now, f"held past its deadline ({config.deadline:g} s): {reason}"
             )
-        held = f"held: {error_class} at {doc['destination']}: {reason}"
-        return request.retry_scheduled(doc, by, now, config.first_check, held)
+        where = doc["destination"] if what == holds.USER else f"{doc['destination']} (its site)"
+        said = f"held: {doc.get('error_class')} at {where}: {reason}"
+        return request.held(doc, by, now, config.first_check, said)
     decision = policy.decide(doc, now)
     if decision.retry:
         return request.retry_scheduled(doc, by, now, decision.delay, decision.reason)
     return request.given_up(doc, by, now, decision.reason)
 
 
-def hold_starts(docs: list[dict[str, Any]], config: HoldsConfig) -> dict[str, dict[str, Any]]:
-    """What each hold to start or widen says, by hold id: the held requests' destination, user,
-    class, reason, directory and the largest size among them."""
+def hold_starts(
+    docs: list[dict[str, Any]], config: HoldsConfig, tripped: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
+    """What each hold to start or widen says, by hold id: a user's from the held requests
+    (destination, user, class, reason, directory and the largest size among them); a site's
+    from its breaker's reason (`tripped`: site → why)."""
     starts: dict[str, dict[str, Any]] = {}
     for doc in docs:
         if not holds.held_request(doc, config):
             continue
-        key = model.hold_id(doc["destination"], doc["user"])
-        start = starts.setdefault(key, {
-            "site": doc["destination"], "user": doc["user"], "error_class": doc["error_class"],
-            "reason": doc.get("failure_reason") or doc["error_class"],
+        what = holds.holds_what(doc, config, tripped)
+        site = doc["destination"]
+        if what == holds.SITE and site in tripped:
+            user, reason = "", tripped[site]
+        elif what == holds.USER:
+            user, reason = doc["user"], doc.get("failure_reason") or doc["error_class"]
+        else:
+            continue  # held by a site's hold in force
+        start = starts.setdefault(model.hold_id(site, user), {
+            "site": site, "user": user, "error_class": doc["error_class"], "reason": reason,
             "path": posixpath.dirname(doc["destination_lfn"]), "needs": 0,
         })  # fmt: skip
         start["needs"] = max(start["needs"], int(doc.get("size") or 0))
@@ -79,18 +96,26 @@ class RetryManager(Agent):
     ):
         super().__init__(config, instance, server=server)
         self.policy = load_policy(config.retry)
+        self.breaker = holds.Breaker(config.holds)
 
-    observes = True  # the policy may learn from every outcome (aso/retry.py)
+    observes = True  # the policy and the breaker learn from every outcome
 
     def observe(self, doc: Mapping[str, Any]) -> None:
         self.policy.observe(doc)
+        self.breaker.observe(doc)
+
+    def forget(self) -> None:
+        self.breaker.forget()
 
     def cycle(self, ctx: Cycle) -> None:
         now = ctx.now
+        tripped, held_sites = self.sites_held(ctx)
         updates = []
         for doc in ctx.work:
             # The policy is a plug-in: an error of its on one file is that file's alone.
-            updated = ctx.acted_on(decided, doc, self.policy, self.instance, now, self.config.holds)
+            updated = ctx.acted_on(
+                decided, doc, self.policy, self.instance, now, self.config.holds, held_sites
+            )
             if updated is not None:
                 updates.append(updated)
         report = ctx.counts("retry", "failed", "held", "conflicts")
@@ -104,11 +129,31 @@ class RetryManager(Agent):
                 doc[STATE],
                 doc["history"][-1].get("reason", ""),
             )
-        starts = hold_starts(written, self.config.holds)
         report["held"] = sum(1 for d in written if holds.held_request(d, self.config.holds))
         report["retry"] -= report["held"]
+        starts = hold_starts(written, self.config.holds, tripped)
         if starts:
             self.start_holds(starts, ctx)
+
+    def sites_held(self, ctx: Cycle) -> tuple[dict[str, str], frozenset[str]]:
+        """The destinations of this cycle's failures whose breaker tripped (site → why), and
+        those that a site's hold holds or whose breaker tripped: their files are held."""
+        config = self.config.holds
+        failing = {
+            d["destination"]
+            for d in ctx.work
+            if config.enabled and d.get("error_class") in model.SITE_HOLD_CLASSES
+        }
+        if not failing:
+            return {}, frozenset()
+        tripped = {s: why for s in failing if (why := self.breaker.tripped(s, ctx.now))}
+        try:
+            found = holds.holds_of(read_holds(self.db, [(site, "") for site in failing]))
+        except StoreError as exc:
+            log.warning("sites' holds not read (%s): the breakers alone decide", exc)
+            found = {}
+        in_force = {site for (site, _), hold in found.items() if hold.holds}
+        return tripped, frozenset(in_force | set(tripped))
 
     def start_holds(self, starts: dict[str, dict[str, Any]], ctx: Cycle) -> None:
         """Start (or widen) the holds of this cycle's held files: one write per hold, read

@@ -147,9 +147,8 @@ class Submitter(Agent):
         if not ready or not self.config.holds.enabled:
             return ready
         try:
-            found = holds.holds_of(
-                read_holds(self.db, {(d["destination"], d["user"]) for d in ready})
-            )
+            pairs = {(d["destination"], who) for d in ready for who in (d["user"], "")}
+            found = holds.holds_of(read_holds(self.db, pairs))
         except StoreError as exc:
             log.warning("holds not read (%s): none keeps files back this cycle", exc)
             return [d for d in ready if ready_to_submit(d, ctx.now)]

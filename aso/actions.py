@@ -139,13 +139,15 @@ class NotHeld(ValueError):
 def end_hold(
     db: Database, site: str, user: str, state: str, reason: str, by: str, at: float
 ) -> dict[str, Any]:
-    """Release or cancel the hold of `user`'s files at `site` (its user's write, or an
-    operator's: the store refuses anyone else); the document as written."""
+    """Release or cancel the hold of `user`'s files at `site` (no `user`: the site's hold of
+    everyone's), its user's write or an operator's (the store refuses anyone else); the
+    document as written."""
     for _ in range(ROUNDS):
         current = db.get(model.hold_id(site, user))
         if current is None or current.get("state") != model.HOLD_ACTIVE:
             said = "no hold" if current is None else f"the hold is {current.get('state')}"
-            raise NotHeld(f"{user}'s files at {site} are not held: {said}")
+            whose = f"{user}'s" if user else "every user's"
+            raise NotHeld(f"{whose} files at {site} are not held: {said}")
         doc = holds.ended(current, state, reason, by, at, by_owner=True)
         try:
             doc["_rev"] = db.put(doc)

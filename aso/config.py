@@ -346,6 +346,16 @@ class HoldsConfig:
         3600.0, "Longest wait in seconds between two checks of a hold."
     )
     interval: float = _key(10.0, "Seconds between two looks of the hold checker at the holds due.")
+    look_timeout: float = _key(
+        30.0, "Seconds a look at a held destination may take; one longer did not pass."
+    )
+    breaker_failures: int = _key(
+        10,
+        "Attempts to one destination failing without an answer (connection, timeout), none"
+        " succeeding since, that hold every user's files for it (a site's hold).",
+    )
+    breaker_users: int = _key(2, "Users those attempts must be of, at least.")
+    breaker_window: float = _key(300.0, "Seconds within which those attempts failed.")
 
 
 @dataclass
@@ -797,8 +807,10 @@ def _check_values(config: Config, label: str) -> None:
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     holds = config.holds
-    if min(holds.deadline, holds.first_check, holds.max_check_interval, holds.interval) <= 0:
-        raise bad("holds.deadline, first_check, max_check_interval and interval must be above 0")
+    timings = (holds.deadline, holds.first_check, holds.max_check_interval, holds.interval,
+               holds.look_timeout, holds.breaker_window)  # fmt: skip
+    if min(timings) <= 0 or min(holds.breaker_failures, holds.breaker_users) < 1:
+        raise bad("holds' seconds must be above 0 and holds.breaker_failures, _users at least 1")
     if config.embedded.compact_interval < 0:
         raise bad("embedded.compact_interval must be 0 (never) or more seconds")
     if config.storage.hang_timeout < 0:

@@ -62,6 +62,9 @@ class Files(Protocol):
         """Write a small file under `directory` (a URL) and delete it again, as a copy there
         would: None if it could, else what the storage said."""
 
+    def reachable(self, url: str) -> str | None:
+        """Ask the storage about `url`: None if it answered (whatever it said), else why not."""
+
 
 def mismatch(info: FileInfo | None, size: int, adler32: str) -> str | None:
     if info is None:
@@ -122,6 +125,14 @@ class GfalFiles:
     def free_space(self, url: str) -> int | None:
         return gfal2client.free_space(self._ctx(), self.config, url)
 
+    def reachable(self, url: str) -> str | None:
+        try:
+            self._ctx().stat(url)
+        except self.gfal2.GError as exc:
+            if errors.classify(exc.code, exc.message) in (errors.CONNECTION, errors.TIMEOUT):
+                return f"[{exc.code}] {exc.message}"
+        return None
+
     def probe(self, directory: str) -> str | None:
         ctx = self._ctx()
         target = f"{directory.rstrip('/')}/{PROBE_PREFIX}{uuid.uuid4().hex}"
@@ -160,6 +171,9 @@ class SimFiles:
     def probe(self, directory: str) -> str | None:
         return None
 
+    def reachable(self, url: str) -> str | None:
+        return None
+
 
 def simulated(url: str) -> bool:
     """A simulated site's file: no storage behind it, nothing to wait for."""
@@ -187,6 +201,9 @@ class SiteFiles:
 
     def probe(self, directory: str) -> str | None:
         return self._for(directory).probe(directory)
+
+    def reachable(self, url: str) -> str | None:
+        return self._for(url).reachable(url)
 
 
 def open_files(config: Config) -> Files:

@@ -356,6 +356,8 @@ ATTEMPT = {
         # The fence of a job the service did not know, before the file's next attempt
         # (aso.transfer.base.Fence): no such job can run, or its files had ended there.
         "fenced": {"type": ["string", "null"], "enum": ["absent", "ended", None]},
+        # Its destination was held for it (aso/core/holds.py): the attempt spends nothing.
+        "held": {"type": ["boolean", "null"]},
     },
 }
 
@@ -604,7 +606,11 @@ def control_id(kind: str, name: str) -> str:
 # destination and user: the retry manager starts it, the hold checker checks the destination
 # again on a backoff and releases or expires it; each state kept in its history.
 HOLD_TYPE = "hold"
+# A user's hold (hold:SITE:USER): the destination refused that user's files.
 HOLD_CLASSES = ("quota", "permission")  # aso.transfer.errors.QUOTA, PERMISSION
+# A site's hold (hold:SITE, every user's files): the destination stopped answering, for many
+# users' attempts at once (a circuit breaker).
+SITE_HOLD_CLASSES = ("connection", "timeout")  # aso.transfer.errors.CONNECTION, TIMEOUT
 HOLD_ACTIVE, HOLD_RELEASED, HOLD_CANCELLED, HOLD_EXPIRED = (
     "active",
     "released",
@@ -656,8 +662,8 @@ HOLD_SCHEMA: dict[str, Any] = {
     "fields": {
         "type": {"type": "string", "enum": [HOLD_TYPE]},
         "site": {"type": "string", "pattern": SITE_PATTERN},
-        "user": _NAME,
-        "error_class": {"type": "string", "enum": list(HOLD_CLASSES)},
+        "user": {"type": "string", "pattern": r"^([A-Za-z0-9_.@+-]{1,128})?$"},  # "": a site's
+        "error_class": {"type": "string", "enum": [*HOLD_CLASSES, *SITE_HOLD_CLASSES]},
         "path": {"type": "string", "pattern": LFN_PATTERN, "max": 1024},  # the checked directory
         "needs": _COUNT,  # bytes: the largest file it held
         "free": {"type": ["integer", "null"], "min": 0},  # bytes free at the last check
@@ -672,11 +678,12 @@ HOLD_SCHEMA: dict[str, Any] = {
         },
     },
 }
-HOLD_ID_PATTERN = r"^hold:T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}:[^\s:]{1,200}$"
+HOLD_ID_PATTERN = r"^hold:T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}(:[A-Za-z0-9_.@+-]{1,128})?$"
 
 
-def hold_id(site: str, user: str) -> str:
-    return f"hold:{site}:{user}"
+def hold_id(site: str, user: str = "") -> str:
+    """A user's hold of their files at a site, or with no user the site's hold of everyone's."""
+    return f"hold:{site}:{user}" if user else f"hold:{site}"
 
 
 # --- errors ----------------------------------------------------------------------------------

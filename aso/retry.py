@@ -103,8 +103,8 @@ class DefaultPolicy:
     def decide(self, doc: Mapping[str, Any], now: float) -> Decision:
         error_class = doc.get("error_class") or errors.UNKNOWN
         attempts = attempts_since_resubmission(doc)
-        # Attempts a full or forbidden destination refused held the file: they spend nothing.
-        n = max(1, sum(a.get("error_class") not in model.HOLD_CLASSES for a in attempts))
+        # Attempts its destination's hold held (aso/core/holds.py) spend nothing.
+        n = max(1, sum(not a.get("held") for a in attempts))
         if errors.is_permanent(error_class):
             return Decision(
                 False,

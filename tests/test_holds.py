@@ -27,6 +27,7 @@ from aso.model import HOLD_ACTIVE, HOLD_CANCELLED, HOLD_EXPIRED, HOLD_RELEASED, 
 from aso.monitoring import queries
 from aso.runtime import Runner
 from aso.store import Database, Forbidden
+from aso.transfer.sim import SimService
 from tests.conftest import PASSWORD, db_as, write_config
 from tests.pipeline_helpers import LINKS, run_until, states, upload
 from tests.test_cli import aso, one_line_error
@@ -61,6 +62,10 @@ class Storage:
 
     def probe(self, directory: str) -> str | None:
         self.looked.append(f"probe {directory}")
+        return self.probe_error
+
+    def reachable(self, url: str) -> str | None:
+        self.looked.append(f"reachable {url}")
         return self.probe_error
 
 
@@ -283,3 +288,67 @@ def test_its_user_releases_or_cancels_a_hold_and_nobody_else_but_an_operator(
     assert db.get(hold_id("T2_DE_DESY", "bob"))["by"] == "operator"
     with pytest.raises(NotHeld):
         end_hold(operator, "T2_DE_DESY", "bob", HOLD_RELEASED, "again", "operator", time.time())
+
+
+def test_a_destination_that_stops_answering_everyone_holds_every_user_s_files(
+    sim_config, accounts, admin, tmp_path
+):
+    """Many users' attempts to one destination fail without an answer (connection refused): its
+    breaker trips and a site's hold holds everyone's files for it, spending no attempt (one
+    each here: any failure not held would fail the file); a user cannot end it; once the site
+    answers a look again the hold is released and every file completes."""
+    sim = dataclasses.replace(
+        sim_config.sim, outages=[{"site": "T2_DE_DESY", "start": 0, "end": 8}]
+    )
+    settings = {"first_check": 0.2, "max_check_interval": 0.4, "interval": 0.1,
+                "breaker_failures": 4, "breaker_users": 2}  # fmt: skip
+    config = dataclasses.replace(
+        sim_config, sim=sim, holds=dataclasses.replace(sim_config.holds, **settings),
+        retry=dataclasses.replace(sim_config.retry, max_attempts=1),
+    )  # fmt: skip
+    db = admin.db(config.store.files_db)
+    task = "261207_100500:alice_down"
+    ids = upload(accounts, config, 3, users=("alice",), links=LINKS[:2], task=task)
+    ids += upload(accounts, config, 3, users=("bob",), links=LINKS[:2], task="261207_100500:bob_d")
+    runners = [Runner(Submitter(config, "s1")), Runner(Monitor(config, "m1")),
+               Runner(RetryManager(config, "r1"))]  # fmt: skip
+    key = hold_id("T2_DE_DESY")
+    run_until(lambda: states(db, ids) == Counter(retry=6) and db.get(key) is not None, runners,
+              describe=lambda: states(db, ids))  # fmt: skip
+    hold = db.get(key)
+    assert (hold["user"], hold["state"], hold["error_class"]) == ("", HOLD_ACTIVE, "connection")
+    assert "attempts of 2 users there failed without an answer" in hold["reason"]
+    assert all(d["attempts"][-1]["held"] for d in db.get_many(ids).values())
+    status = queries.task_status(db, task)
+    assert status.held == {holds.hold_of(hold).says(): 3}
+    assert {f.waiting["hold"] for f in status.files} == {key}
+    report = step_until(runners[0], lambda r: r.get("held") == 6)
+    assert report["submitted"] == 0
+
+    # Nobody but an operator ends a site's hold; a look that finds no answer keeps it.
+    for user in ("alice", "bob"):
+        mine = holds.ended(hold, HOLD_RELEASED, "mine", user, time.time(), by_owner=True)
+        with pytest.raises(Forbidden, match="may not change a hold of user"):
+            db_as(accounts, user, config.store.files_db).put(mine)
+    down = Storage(free=None, probe_error="[111] Connection refused")
+    kept = step_checker(Runner(HoldChecker(config, "h1", files=down)), db, key,
+                        lambda d: d["checks"] >= 1)  # fmt: skip
+    assert kept["state"] == HOLD_ACTIVE and down.looked[0].startswith("reachable ")
+    listed = aso("hold", "list", "--site", "T2_DE_DESY", config=write_config(config))
+    [row] = [line.split("\t") for line in listed.stdout.splitlines()[1:]]
+    assert row[:4] == ["T2_DE_DESY", "(everyone)", "active", "connection"], listed.stdout
+    as_bob = write_config(dataclasses.replace(
+        config, source=tmp_path / "bob.toml",
+        store=dataclasses.replace(config.store, user="bob", password=PASSWORD)))  # fmt: skip
+    refused = aso("hold", "release", "T2_DE_DESY", "--everyone", config=as_bob)
+    assert refused.returncode == 1 and "may not change a hold" in one_line_error(refused)
+
+    # It answers again (the outage over): released, every file done, none failed.
+    time.sleep(max(0.0, 8.5 - (time.time() - SimService(admin.db(config.store.transfers_db),
+                                                       config.sim).epoch)))  # fmt: skip
+    up = Storage(free=None)
+    released = step_checker(Runner(HoldChecker(config, "h1", files=up)), db, key,
+                            lambda d: d["state"] != HOLD_ACTIVE)  # fmt: skip
+    assert released["state"] == HOLD_RELEASED
+    run_until(lambda: states(db, ids) == Counter(done=6), runners,
+              describe=lambda: states(db, ids))  # fmt: skip

@@ -974,9 +974,12 @@ def test_the_task_page_lists_the_holds_its_files_wait_on(scene: Scene) -> None:
     at = stored["created"] + 1
     entry = {"axis": model.STATE, "from": "new", "to": "retry", "at": at, "by": "agent",
              "reason": "held: quota at T2_DE_DESY"}  # fmt: skip
+    attempt = {"job_id": "j1", "service": "sim", "submitted": at, "ended": at,
+               "outcome": "failed", "reason": "no space left", "error_class": "quota",
+               "held": True}  # fmt: skip
     db.put({**stored, "state": "retry", "error_class": "quota", "retry_after": at + 60,
             "failure_reason": "no space left", "history": [*stored["history"], entry],
-            "last_update": at})  # fmt: skip
+            "attempts": [attempt], "last_update": at})  # fmt: skip
     hold = holds.started(None, site=LINKS[0][1], user="alice", error_class="quota",
                          reason="no <b>space</b> left", path="/store/user/alice", needs=2048,
                          by="agent", now=1e9, config=HoldsConfig())  # fmt: skip

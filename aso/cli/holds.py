@@ -35,6 +35,13 @@ UserOpt = Annotated[
     str, typer.Option("--user", "-u", help="Whose hold (default: you; others: operators only).")
 ]
 ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="Why (recorded in the hold).")]
+EveryoneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--everyone", help="The site's hold of every user's files (no answer: operators only)."
+    ),
+]
+EVERYONE = "(everyone)"  # how a listing shows a site's hold's user
 
 
 @hold_app.command("list")
@@ -69,28 +76,31 @@ def hold_list(
         hold = holds.hold_of(doc)
         free = "" if hold.free is None else str(hold.free)
         check = utc_time(hold.next_check) if hold.holds else ""
-        rows.append((hold.site, hold.user, hold.state, hold.error_class, utc_time(hold.since),
-                     free, str(hold.needs), check, hold.reason))  # fmt: skip
+        rows.append((hold.site, hold.user or EVERYONE, hold.state, hold.error_class,
+                     utc_time(hold.since), free, str(hold.needs), check, hold.reason))  # fmt: skip
     headers = ["site", "user", "state", "class", "since", "free", "needs", "next check", "reason"]
     print_table(headers, rows)
 
 
-def _end(ctx: typer.Context, site: str, user: str, state: str, reason: str) -> None:
+def _end(ctx: typer.Context, site: str, user: str, everyone: bool, state: str, reason: str) -> None:
     config = config_of(ctx)
     if site not in config.sites:
         raise UsageError(f"{site} is not a site of the catalogue (sites.* in the config)")
     if user and not re.fullmatch(model.NAME_PATTERN, user):
         raise UsageError(f"{user!r} is not a user name")
+    if user and everyone:
+        raise UsageError("--user and --everyone together: a hold is a user's or the site's")
     server = Server.from_config(config)
     by = acting_name(config, server)
-    whose = user or by
+    whose = "" if everyone else user or by
     db = server.db(config.store.files_db)
     said = reason.strip() or f"{state} by {by}"
     try:
         actions.end_hold(db, site, whose, state, said, by, round(time.time(), 3))
     except actions.NotHeld as exc:
         raise UsageError(str(exc)) from None
-    console.print(f"hold of {whose}'s files at {site}: {state} (by {by}: {said})")
+    owner = f"{whose}'s" if whose else "every user's"
+    console.print(f"hold of {owner} files at {site}: {state} (by {by}: {said})")
     if state == model.HOLD_RELEASED:
         console.print("its files are tried again at the submitter's next cycle")
     else:
@@ -101,16 +111,24 @@ def _end(ctx: typer.Context, site: str, user: str, state: str, reason: str) -> N
 
 @hold_app.command("release")
 def hold_release(
-    ctx: typer.Context, site: SiteArg, user: UserOpt = "", reason: ReasonOpt = ""
+    ctx: typer.Context,
+    site: SiteArg,
+    user: UserOpt = "",
+    everyone: EveryoneOpt = False,
+    reason: ReasonOpt = "",
 ) -> None:
     """Release a hold: its files are tried again now (a destination still full holds them
     again)."""
-    _end(ctx, site, user, model.HOLD_RELEASED, reason)
+    _end(ctx, site, user, everyone, model.HOLD_RELEASED, reason)
 
 
 @hold_app.command("cancel")
 def hold_cancel(
-    ctx: typer.Context, site: SiteArg, user: UserOpt = "", reason: ReasonOpt = ""
+    ctx: typer.Context,
+    site: SiteArg,
+    user: UserOpt = "",
+    everyone: EveryoneOpt = False,
+    reason: ReasonOpt = "",
 ) -> None:
     """Cancel a hold: the files it holds fail now, with its class and reason."""
-    _end(ctx, site, user, model.HOLD_CANCELLED, reason)
+    _end(ctx, site, user, everyone, model.HOLD_CANCELLED, reason)

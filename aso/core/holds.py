@@ -1,14 +1,18 @@
 """Holds, as plain functions over documents: a destination that refused a user's files for lack
-of room (quota) or of permission holds that user's files for it instead of failing them (one
-`hold` document per destination and user, aso/model.py). The retry manager starts a hold
-(`started`), the submitter keeps its files back while it holds (`holding`) and fails them once it
-was cancelled or expired (`ended_holding`), the hold checker looks at the destination again on a
-backoff (`verdict`, `checked`), its user or an operator releases or cancels it (`ended`)."""
+of room (quota) or of permission holds that user's files for it instead of failing them (a
+user's hold, `hold:SITE:USER`); a destination that stopped answering many users' attempts at once
+holds everyone's files for it (a site's hold, `hold:SITE`: the `Breaker` trips). The retry
+manager starts a hold (`started`) and marks the attempts it holds (they spend nothing), the
+submitter keeps the files back while a hold holds them (`holding`) and fails them once it was
+cancelled or expired (`ended_holding`), the hold checker looks at the destination again on a
+backoff (`verdict`, `checked`), its user (a user's hold) or an operator releases or cancels it
+(`ended`)."""
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
@@ -16,6 +20,7 @@ from aso.config import HoldsConfig
 from aso.model import HOLD_ACTIVE, HOLD_CANCELLED, HOLD_EXPIRED, HOLD_RELEASED, STATE
 
 QUOTA, PERMISSION = model.HOLD_CLASSES
+USER, SITE = "user", "site"  # what a failure holds: its user's files there, or everyone's
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,9 @@ class Hold:
         return self.state == HOLD_ACTIVE
 
     def says(self) -> str:
-        """One line for a person: what holds, where, the figures and the next check."""
+        """One line for a person: what holds, where, the figures."""
+        if not self.user:
+            return f"no answer from {self.site} (every user's files): {self.reason}"
         what = "no room" if self.error_class == QUOTA else "no permission"
         free = "" if self.free is None else f", {self.free} bytes free of {self.needs} needed"
         return f"{what} for {self.user} at {self.site}{free}: {self.reason}"
@@ -64,26 +71,53 @@ def holds_of(docs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Hold]:
 
 
 def is_held_class(error_class: str | None, config: HoldsConfig) -> bool:
-    """Whether a failure of this class holds its file rather than failing or retrying it."""
+    """Whether a failure of this class holds its user's files at its destination."""
     return config.enabled and error_class in model.HOLD_CLASSES
+
+
+def holds_what(
+    doc: Mapping[str, Any], config: HoldsConfig, held_sites: Iterable[str] = ()
+) -> str | None:
+    """What a failed attempt holds: its user's files at its destination (no room, no
+    permission), everyone's (no answer, at a destination a site's hold holds or whose breaker
+    tripped: `held_sites`), or nothing (None: the retry policy decides)."""
+    error_class = doc.get("error_class")
+    if is_held_class(error_class, config):
+        return USER
+    if (
+        config.enabled
+        and error_class in model.SITE_HOLD_CLASSES
+        and doc["destination"] in set(held_sites)
+    ):
+        return SITE
+    return None
 
 
 def held_request(doc: Mapping[str, Any], config: HoldsConfig) -> bool:
     """Whether the retry manager's decision on this request held it (waiting in `retry`)."""
-    return doc.get(STATE) == "retry" and is_held_class(doc.get("error_class"), config)
+    attempts = doc.get("attempts") or []
+    return (
+        config.enabled and doc.get(STATE) == "retry" and bool(attempts and attempts[-1].get("held"))
+    )
+
+
+def _holds_of(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> list[Hold]:
+    """The user's hold and the site's hold at the request's destination, those that exist."""
+    keys = ((doc["destination"], doc["user"]), (doc["destination"], ""))
+    return [holds[k] for k in keys if k in holds]
 
 
 def holding(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> Hold | None:
-    """The hold in force on a request's destination for its user, if any."""
-    hold = holds.get((doc["destination"], doc["user"]))
-    return hold if hold is not None and hold.holds else None
+    """The hold in force on a request's destination, its user's or the site's, if any."""
+    return next((h for h in _holds_of(doc, holds) if h.holds), None)
 
 
 def released(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> bool:
-    """Whether the hold that held this request was released after it came to wait: it goes
+    """Whether a hold that held this request was released after it came to wait: it goes
     now, whatever is left of its cool-off."""
-    hold = holds.get((doc["destination"], doc["user"]))
-    return hold is not None and hold.state == HOLD_RELEASED and waiting_since(doc) <= hold.at
+    return any(
+        h.state == HOLD_RELEASED and waiting_since(doc) <= h.at for h in _holds_of(doc, holds)
+    )
 
 
 def waiting_since(doc: Mapping[str, Any]) -> float:
@@ -97,10 +131,14 @@ def ended_holding(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold])
     """The cancelled or expired hold that held this waiting request when it ended: the request
     fails with it. A request that came to wait after that end (a resubmission, a new upload)
     is not held by it any more."""
-    hold = holds.get((doc["destination"], doc["user"]))
-    if hold is None or hold.state not in model.HOLD_FAILS:
-        return None
-    return hold if waiting_since(doc) <= hold.at else None
+    return next(
+        (
+            h
+            for h in _holds_of(doc, holds)
+            if h.state in model.HOLD_FAILS and waiting_since(doc) <= h.at
+        ),
+        None,
+    )
 
 
 def failure_reason(hold: Hold) -> str:
@@ -109,14 +147,14 @@ def failure_reason(hold: Hold) -> str:
 
 
 def held_since(doc: Mapping[str, Any]) -> float | None:
-    """When this request's first attempt since its last resubmission failed with a holding
-    class (a per-file deadline runs from it), or None."""
+    """When this request's first held attempt since its last resubmission ended (a per-file
+    deadline runs from it), or None."""
     from aso.retry import attempts_since_resubmission
 
     ends = [
         a.get("ended") or a.get("submitted") or 0.0
         for a in attempts_since_resubmission(doc)
-        if a.get("error_class") in model.HOLD_CLASSES
+        if a.get("held")
     ]
     return min(ends) if ends else None
 
@@ -153,11 +191,11 @@ def started(
     now: float,
     config: HoldsConfig,
 ) -> dict[str, Any] | None:
-    """The hold document after a file of `user` failed at `site` with a holding class: a new
-    hold, one that had ended started again, or the one in force needing more room; None: the
-    one in force says it already."""
+    """The hold document after a file of `user` failed at `site` with a holding class (no
+    `user`: the site's, for everyone's files): a new hold, one that had ended started again, or
+    a user's in force needing more room; None: the one in force says it already."""
     if current is not None and current["state"] == HOLD_ACTIVE:
-        if needs <= current["needs"] and error_class == current["error_class"]:
+        if not user or (needs <= current["needs"] and error_class == current["error_class"]):
             return None
         return {**current, "needs": max(needs, current["needs"]), "error_class": error_class}
     entry = _entry(HOLD_ACTIVE, reason, by, now)
@@ -252,3 +290,54 @@ def _figures(look: Look) -> str:
 
 def due(hold: Hold, now: float) -> bool:
     return hold.holds and hold.next_check <= now
+
+
+@dataclass
+class Breaker:
+    """A circuit breaker per destination, fed every request that changes (the changes feed):
+    it trips when at least `holds.breaker_failures` attempts of at least `holds.breaker_users`
+    users failed without an answer (connection, timeout) within `holds.breaker_window`
+    seconds, none having succeeded there since the first of them."""
+
+    config: HoldsConfig
+    # destination → (end, failed without an answer?, user) of recent attempts, in feed order
+    outcomes: dict[str, deque[tuple[float, bool, str]]] = field(
+        default_factory=lambda: defaultdict(deque)
+    )
+    seen: dict[str, int] = field(default_factory=dict)  # request id → attempts counted
+
+    def observe(self, doc: Mapping[str, Any]) -> None:
+        if doc.get("type") != model.REQUEST_TYPE or "destination" not in doc:
+            return
+        ended = [a for a in doc.get("attempts") or [] if a.get("outcome") in model.RAN_TO_AN_END]
+        for attempt in ended[self.seen.get(doc["_id"], 0) :]:
+            unanswered = (
+                attempt["outcome"] == "failed"
+                and attempt.get("error_class") in model.SITE_HOLD_CLASSES
+            )
+            self.outcomes[doc["destination"]].append(
+                (attempt.get("ended") or 0.0, unanswered, doc["user"])
+            )
+        self.seen[doc["_id"]] = len(ended)
+
+    def tripped(self, site: str, now: float) -> str | None:
+        """Why the destination counts as not answering (the hold's reason), or None."""
+        window = self.outcomes.get(site)
+        if not window:
+            return None
+        while window and window[0][0] < now - self.config.breaker_window:
+            window.popleft()
+        failing: list[tuple[float, bool, str]] = []
+        for outcome in sorted(window):
+            failing = [*failing, outcome] if outcome[1] else []
+        users = {user for _, _, user in failing}
+        if len(failing) < self.config.breaker_failures or len(users) < self.config.breaker_users:
+            return None
+        return (
+            f"{len(failing)} attempts of {len(users)} users there failed without an answer "
+            f"within {self.config.breaker_window:g} s, none succeeding since"
+        )
+
+    def forget(self) -> None:
+        self.outcomes.clear()
+        self.seen.clear()

@@ -192,6 +192,17 @@ def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, r
     return moved
 
 
+def held(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str) -> Doc:
+    """A failed attempt its destination's hold holds (aso/core/holds.py): in `retry` as after
+    any failure, the attempt marked `held` so that it spends nothing of the file's budget."""
+    moved = retry_scheduled(doc, by, now, delay, reason)
+    attempts = list(moved.get("attempts") or [])
+    if attempts:
+        attempts[-1] = {**attempts[-1], "held": True}
+    moved["attempts"] = attempts
+    return moved
+
+
 def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     """A failed attempt that ends the request: `failed` for good, with the reason."""
     return _transitioned(

@@ -21,6 +21,7 @@ from typing import Any
 
 from aso import model
 from aso.core.controls import controls_of, holding
+from aso.core.holds import holding as holding_file
 from aso.core.holds import holds_of
 from aso.limits import LIGHT_LOOKUPS
 from aso.model import AXES, HELD, HELD_BACK, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
@@ -367,13 +368,14 @@ def held_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     if not waiting:
         return {}
     try:
-        found = holds_of(read_holds(db, {(f.destination, f.user) for f in waiting}))
+        pairs = {(f.destination, who) for f in waiting for who in (f.user, "")}
+        found = holds_of(read_holds(db, pairs))
     except StoreError:
         return {}
     held: dict[str, int] = defaultdict(int)
     for f in waiting:
-        hold = found.get((f.destination, f.user))
-        if hold is None or not hold.holds:
+        hold = holding_file({"destination": f.destination, "user": f.user}, found)
+        if hold is None:
             continue
         held[hold.says()] += 1
         if f.waiting is not None:

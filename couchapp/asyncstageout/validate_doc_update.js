@@ -168,9 +168,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
   function checkHold() {
     if (!isHold(newDoc)) { refuse('hold', 'a hold stays a hold'); }
     schema.checkObject('doc', newDoc, model.hold_schema);
-    if (!(new RegExp(model.hold_id_pattern)).test(newDoc._id) ||
-        newDoc._id !== 'hold:' + newDoc.site + ':' + newDoc.user) {
-      refuse('schema', 'doc._id must be hold:' + newDoc.site + ':' + newDoc.user);
+    var id = 'hold:' + newDoc.site + (newDoc.user ? ':' + newDoc.user : '');
+    if (!(new RegExp(model.hold_id_pattern)).test(newDoc._id) || newDoc._id !== id) {
+      refuse('schema', 'doc._id must be ' + id);
     }
     var history = newDoc.history, last = history[history.length - 1];
     var fields = ['state', 'reason', 'by', 'at'];

@@ -40,11 +40,13 @@ function (doc) {
       until: has(until, value) ? (doc[until[value]] || null) : null,
       job_id: atTheService.indexOf(value) !== -1 ? ((doc.transfer || {}).job_id || null) : null};
   }
-  // A file its destination refused for room or permission waits held, until its hold (the
-  // document `hold`, e.g. hold:T2_CH_CERN:alice) ends; `until` is its next look.
-  if (waiting && doc.state === 'retry' && holdClasses.indexOf(doc.error_class) !== -1) {
+  // A file whose last attempt its destination's hold held waits held until the hold ends: its
+  // user's (no room or permission: hold:T2_CH_CERN:alice) or its site's (no answer: hold:T2_CH_CERN).
+  var attempts = doc.attempts || [], last = attempts[attempts.length - 1];
+  if (waiting && doc.state === 'retry' && last && last.held === true) {
     waiting.why = held;
-    waiting.hold = 'hold:' + doc.destination + ':' + doc.user;
+    waiting.hold = 'hold:' + doc.destination +
+      (holdClasses.indexOf(doc.error_class) !== -1 ? ':' + doc.user : '');
   }
   emit([doc.task, job, doc.file_type, doc._id], {
     rev: doc._rev, job_id: doc.job_id, job_retry: doc.job_retry || 0, user: doc.user,
