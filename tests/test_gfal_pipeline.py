@@ -497,3 +497,67 @@ def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
             for file_id, entry in job["files"].items():
                 runs.setdefault(file_id, []).extend(entry.get("runs", []))
         assert set(runs) == set(ids) and not any(overlapping(r) for r in runs.values())
+
+
+def test_a_destination_down_holds_everyone_s_files_while_the_others_go_on(
+    gfal_config, accounts, admin, storage, watchdog
+):
+    """A destination whose server is down (connection refused): many users' copies failing so
+    trip its breaker and its site's hold holds every file for it, spending no attempt; the
+    files for another destination go on meanwhile; a look finds it still down and keeps the
+    hold; once its server is back the hold is released and every file completes."""
+    config = dataclasses.replace(
+        gfal_config,
+        gfal=dataclasses.replace(gfal_config.gfal, retries=0),
+        holds=dataclasses.replace(
+            gfal_config.holds, first_check=0.5, max_check_interval=1.0, interval=0.2,
+            look_timeout=5.0, breaker_failures=2, breaker_users=2,
+        ),
+        retry=dataclasses.replace(gfal_config.retry, base_delay=0.2, jitter=0.0),
+    )  # fmt: skip
+    down = put_files(config, accounts, 2, sizes=(64 << 10, 64 << 10))  # alice's and bob's
+    elsewhere = []
+    for i in range(4):
+        lfn = f"/store/temp/user/alice.abc/task/{uuid.uuid4().hex[:8]}/other_{i}.root"
+        stored = write_file(config, SOURCES[0], lfn, 32 << 10)
+        elsewhere.append(judged_request(
+            user="alice", task="261207_120000:alice_elsewhere", job_id=str(i),
+            source=SOURCES[0], destination=SOURCES[1], source_lfn=lfn,
+            destination_lfn=lfn.replace("/store/temp/user/alice.abc", "/store/user/alice"),
+            size=stored.size, adler32=stored.adler32))  # fmt: skip
+    db = admin.db(config.store.files_db)
+    ids, others = [d["_id"] for d in down], [d["_id"] for d in elsewhere]
+    runners = [*agents(config), Runner(RetryManager(config, "r1")),
+               Runner(HoldChecker(config, "h1"))]  # fmt: skip
+    key = hold_id(DESTINATION)
+    embedded = EmbeddedStorage(storage)
+    only_destination = EmbeddedStorage(
+        dataclasses.replace(storage, sites={DESTINATION: storage.sites[DESTINATION]})
+    )
+    try:
+        with watchdog.paused():
+            only_destination.stop()
+            try:
+                assert all(r.ok for r in accounts["alice"].db(config.store.files_db)
+                           .bulk_write(elsewhere))  # fmt: skip
+
+                def held() -> bool:
+                    hold = db.get(key)
+                    return (
+                        hold is not None and hold["checks"] >= 1
+                        and states(db, ids) == Counter(retry=len(ids))
+                        and states(db, others) == Counter(done=len(others))
+                    )  # fmt: skip
+
+                run_until(held, runners, 120, lambda: (states(db, ids), states(db, others)))
+                hold = db.get(key)
+                assert (hold["state"], hold["user"], hold["error_class"]) == (
+                    "active", "", "connection")  # fmt: skip
+                assert all(d["attempts"][-1]["held"] for d in db.get_many(ids).values())
+            finally:
+                embedded.start()
+        run_until(lambda: states(db, ids) == Counter(done=len(ids)), runners, 120,
+                  lambda: states(db, ids))  # fmt: skip
+    finally:
+        runners[2].agent.close()
+    assert db.get(key)["state"] == "released"
