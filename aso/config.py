@@ -451,6 +451,11 @@ class AgentsConfig:
     feed_relay_changes: int = _key(
         20000, "Changes the feed relay keeps in memory for agents that read behind."
     )
+    feed_relay_bytes: int = _key(
+        256 << 20,
+        "Most the changes the feed relay keeps weigh, as JSON text: fewer changes are kept when"
+        " requests are large (an agent further behind starts again from the queue view).",
+    )
     feed_interval: float = _key(
         1.0,
         "Least seconds between two reads of the changes feed by one agent instance: under load"
@@ -830,6 +835,8 @@ def _check_store_and_front_end(config: Config, bad: Callable[[str], ConfigError]
         raise bad(f"store.feed_timeout must be above 0 and at most {MAX_FEED_TIMEOUT:g} seconds")
     if config.agents.feed_relay_changes < 100:
         raise bad("agents.feed_relay_changes must be at least 100")
+    if config.agents.feed_relay_bytes < 1 << 20:
+        raise bad("agents.feed_relay_bytes must be at least 1 MiB (1048576)")
     if config.agents.feed_interval < 0:
         raise bad("agents.feed_interval must be 0 or more seconds")
     if config.store.auth == "x509" and not config.store.url.startswith("https://"):

@@ -5,7 +5,8 @@ Every agent keeps its work from the files database's `_changes` feed with the do
 send every written document six times over: on CouchDB ~30 document reads per file at 16x
 design, on the embedded store a fifth of its time in LevelDB gets (docs/performance.md). The
 relay reads the feed once, with the documents, keeps the latest `agents.feed_relay_changes`
-changes in memory (each serialised once) and serves them to the host's agents:
+changes in memory (each serialised once; at most `agents.feed_relay_bytes` of them) and serves
+them to the host's agents:
 
     GET /{db}/_relay_position                  → {"seq": the relay's latest position}
     GET /{db}/_changes?since=S&limit=N&timeout=MS
@@ -76,10 +77,14 @@ class StoreFeed:
 
 # -- the relay -------------------------------------------------------------------------------------
 class ChangeLog:
-    """The latest changes, each kept as its JSON text, and where each position lies."""
+    """The latest changes, each kept as its JSON text, and where each position lies: at most
+    `capacity` changes and `capacity_chars` characters of them (a user's large requests, each
+    written ~4 times by the agents, had grown `aso run` by 900 MB within the count alone)."""
 
-    def __init__(self, capacity: int, start: str):
+    def __init__(self, capacity: int, start: str, capacity_chars: int = 1 << 62):
         self.capacity = capacity
+        self.capacity_chars = capacity_chars
+        self.chars = 0  # of the changes kept
         self.entries: deque[tuple[str, str]] = deque()  # (seq, the change as JSON)
         self.first = 0  # absolute index of entries[0]
         self.positions: dict[str, int] = {start: -1}  # seq → absolute index of its change
@@ -91,13 +96,19 @@ class ChangeLog:
             for change in results:
                 seq = str(change["seq"])
                 index = self.first + len(self.entries)
-                self.entries.append((seq, json.dumps(change, separators=(",", ":"))))
+                text = json.dumps(change, separators=(",", ":"))
+                self.entries.append((seq, text))
+                self.chars += len(text)
                 self.positions[seq] = index
             if results:
                 self.positions.setdefault(last_seq, self.first + len(self.entries) - 1)
                 self.latest = last_seq
-            while len(self.entries) > self.capacity:
-                seq, _ = self.entries.popleft()
+            # The latest change stays, whatever its size: the relay's position is after it.
+            while len(self.entries) > 1 and (
+                len(self.entries) > self.capacity or self.chars > self.capacity_chars
+            ):
+                seq, text = self.entries.popleft()
+                self.chars -= len(text)
                 self.positions.pop(seq, None)
                 self.first += 1
             # Positions before the first change kept are gone (a start that saw no change too).
@@ -178,7 +189,8 @@ class FeedRelay:
         return "0"
 
     def _follow(self) -> None:
-        self.log = ChangeLog(self.config.agents.feed_relay_changes, self._position())
+        agents = self.config.agents
+        self.log = ChangeLog(agents.feed_relay_changes, self._position(), agents.feed_relay_bytes)
         self.last_poll = time.monotonic()
         since = self.log.latest
         while not self.stop_event.is_set():

@@ -312,30 +312,19 @@ def test_config_keys_and_show_on_a_pipe_are_whole(world, tmp_path):
 
 HOSTILE = (
     "\x1b[2J\x1b]0;owned\x07\x1b]52;c;ZWNobyBwd25lZA==\x07[red]operator: run this[/red] [/bold] "
-    "\u202etxt.exe"
+    "\u202etxt.exe \x9b2J\x9d0;c1\x07 a\u200bb\u2060c\u2028d\u2029e"
 )
+# What a terminal acts on or shows as nothing, of HOSTILE: none of it may reach one raw.
+RAW = ("\x1b]52", "\x1b]0;", "\x1b[2J", "\u202e", "\x9b", "\x9d", "\u200b", "\u2060", "\u2028",
+       "\u2029")  # fmt: skip
 
 
-def test_what_a_user_wrote_is_shown_never_acted_on_by_a_terminal(world, accounts):
-    """Red team round 27: a reason alice wrote in her own request's history (a kill's) went raw to
-    the terminal of whoever ran `aso status --file` on it: it cleared the screen, set the title
-    and the clipboard (OSC 52), forged red text as rich markup, and an unbalanced tag crashed
-    the command. Listings show control characters and text-reordering marks as visible
-    escapes and never parse a value as markup, on a pipe and on a terminal."""
-    owner = accounts["alice"].db(world.config.store.files_db)
-    doc = sample_request("alice", task="261125_130003:alice_hostile", job_id="1")
-    doc["_rev"] = owner.create(doc)
-    owner.put(model.transition(doc, [Change(model.STATE, "killed", "alice", HOSTILE)], OWNER))
-    escaped = shown(HOSTILE)
-    assert "\x1b" not in escaped and "\\x1b]52;c;" in escaped and "\\u202e" in escaped
-    on_a_pipe = piped("status", "--file", doc["_id"], config=world.path)
-    assert on_a_pipe.returncode == 0, on_a_pipe.stderr
-    assert escaped in on_a_pipe.stdout and "\x1b" not in on_a_pipe.stdout
-    # On a terminal (a pseudo-terminal): rich draws the table; nothing of hers is acted on.
+def on_a_terminal(*args: str, config: Any) -> str:
+    """What `aso ARGS` writes to a (pseudo-)terminal."""
     primary, secondary = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k not in ("ASO_CONFIG",)}
     env.update(COLUMNS="400", TERM="xterm-256color")
-    argv = [ASO, "--config", str(world.path), "status", "--file", doc["_id"]]
+    argv = [ASO, "--config", str(config), *args]
     run = subprocess.run(argv, stdout=secondary, stderr=subprocess.PIPE, timeout=120, env=env)
     os.close(secondary)
     out = b""
@@ -349,7 +338,34 @@ def test_what_a_user_wrote_is_shown_never_acted_on_by_a_terminal(world, accounts
         out += chunk
     os.close(primary)
     assert run.returncode == 0, run.stderr
-    text = out.decode(errors="replace")
-    for acted_on in ("\x1b]52", "\x1b]0;", "\x1b[2J", "\u202e"):
+    return out.decode(errors="replace")
+
+
+def test_what_a_user_wrote_is_shown_never_acted_on_by_a_terminal(world, accounts):
+    """Red team round 27: a reason alice wrote in her own request's history (a kill's) went raw to
+    the terminal of whoever ran `aso status --file` on it: it cleared the screen, set the title
+    and the clipboard (OSC 52), forged red text as rich markup, and an unbalanced tag crashed
+    the command. Listings show control, format and separator characters as visible escapes
+    and never parse a value as markup, on a pipe and on a terminal; JSON escapes all but
+    ASCII (round 28)."""
+    owner = accounts["alice"].db(world.config.store.files_db)
+    doc = sample_request("alice", task="261125_130003:alice_hostile", job_id="1")
+    doc["_rev"] = owner.create(doc)
+    owner.put(model.transition(doc, [Change(model.STATE, "killed", "alice", HOSTILE)], OWNER))
+    escaped = shown(HOSTILE)
+    assert "\x1b" not in escaped and "\\x1b]52;c;" in escaped and "\\u202e" in escaped
+    assert [c for c in RAW if c in escaped] == [] and "\\u200b" in escaped
+    on_a_pipe = piped("status", "--file", doc["_id"], config=world.path)
+    assert on_a_pipe.returncode == 0, on_a_pipe.stderr
+    assert escaped in on_a_pipe.stdout and "\x1b" not in on_a_pipe.stdout
+    # On a terminal (a pseudo-terminal): rich draws the table; nothing of hers is acted on,
+    # in the table nor as JSON (round 28: --json and `request show` passed C1 controls,
+    # text-reordering marks and separators raw).
+    for args in (["status", "--file", doc["_id"], "--json"], ["request", "show", doc["_id"]]):
+        raw = on_a_terminal(*args, config=world.path)
+        assert [c for c in RAW if c in raw] == [], args
+        assert "\\u202e" in raw, args
+    text = on_a_terminal("status", "--file", doc["_id"], config=world.path)
+    for acted_on in RAW:
         assert acted_on not in text, acted_on
     assert "[red]operator: run this[/red]" in text.replace("\r\n", "").replace("\n", "")

@@ -15,7 +15,7 @@ import requests
 
 from aso import feedrelay
 from aso.config import Config
-from aso.feedrelay import FeedGap, FeedRelay, RelayFeed, StoreFeed
+from aso.feedrelay import ChangeLog, FeedGap, FeedRelay, RelayFeed, StoreFeed
 from aso.store import Database
 from aso.workqueue import SUBMIT, ChangesWorkSet
 from tests.conftest import PASSWORD, db_as, free_port, sample_request
@@ -129,6 +129,24 @@ def test_a_position_the_relay_no_longer_holds_starts_the_work_set_again(relay_co
         assert workset.since != old and workset.since.startswith("relay:")
     finally:
         relay.stop()
+
+
+def test_the_relay_keeps_at_most_its_bytes_of_changes():
+    """Large requests (a user's 66 kB ones, each written ~4 times by the agents) had grown `aso
+    run` by 900 MB within the count of changes alone: the log keeps at most `capacity_chars` of
+    them, the newest always, and an agent behind what it dropped gets a gap."""
+    log = ChangeLog(20_000, "0", capacity_chars=100_000)
+    big = "x" * 10_000
+    for n in range(1, 51):
+        log.append([{"seq": str(n), "id": f"d{n}", "doc": {"pad": big}}], str(n))
+    assert log.chars <= 100_000 and 5 <= len(log.entries) <= 10
+    assert log.chars == sum(len(text) for _, text in log.entries)
+    with pytest.raises(FeedGap):
+        log.after("1", 10, 0.0)
+    texts, last = log.after(log.entries[0][0], 100, 0.0)
+    assert len(texts) == len(log.entries) - 1 and last == "50"
+    log.append([{"seq": "51", "id": "huge", "doc": {"pad": "y" * 500_000}}], "51")
+    assert [seq for seq, _ in log.entries] == ["51"]  # the newest stays, whatever its size
 
 
 def test_only_the_agent_account_is_answered(relay, relay_config):

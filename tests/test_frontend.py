@@ -1216,6 +1216,27 @@ def test_a_catch_up_that_found_changes_gives_its_turn_back_once_read_from_the_st
             sock.close()
 
 
+def test_a_changes_batch_without_a_limit_is_one_page(frontend, pki, files_db, admin):
+    """A `_changes` batch that names no limit answers a page of at most 1000 changes, the next
+    from its last_seq (a user's had answered a whole feed of 24,211 changes in one read)."""
+    docs = [sample_request("carol", task="261207_130000:carol_many") for _ in range(1100)]
+    assert all(r.ok for r in admin.db(files_db).bulk_write(docs))
+    carol = cert_files(pki, "carol")
+    seen: set[str] = set()
+    since: Any = 0
+    pages = 0
+    while True:
+        answer = call(frontend, pki, carol, "GET", f"/{files_db}/_changes?since={since}")
+        assert answer.status_code == 200, answer.text[:300]
+        results = answer.json()["results"]
+        assert len(results) <= 1000
+        if not results:
+            break
+        seen.update(r["id"] for r in results)
+        since, pages = answer.json()["last_seq"], pages + 1
+    assert pages >= 2 and {d["_id"] for d in docs} <= seen
+
+
 def test_unread_changes_batches_do_not_hold_the_shared_heavy_slots(
     running_reactor, store_config, pki, files_db, tmp_path, monkeypatch
 ):

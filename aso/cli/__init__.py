@@ -41,6 +41,7 @@ from aso.cli.common import (
     UsageError,
     acting_name,
     line_console,
+    print_json,
     print_more,
     print_table,
     resolve_id,
@@ -254,7 +255,7 @@ def store_status(
              "data_dir": str(s.data_dir)}
             for s in statuses
         ]  # fmt: skip
-        console.print_json(data={"engine": store.engine, "nodes": nodes})
+        print_json(console, {"engine": store.engine, "nodes": nodes})
     else:
         for status in statuses:
             pid = f"pid {status.pid}" if status.pid else "not started by this config"
@@ -427,13 +428,14 @@ def _request_of_options(
 
 def _print_upload(report: UploadReport, json_out: bool) -> None:
     if json_out:
-        console.print_json(
+        print_json(
+            console,
             data={
                 "recorded": report.recorded,
                 "already": report.already,
                 "renewed": report.renewed,
                 "refused": report.refused,
-            }
+            },
         )
         return
     renewed = f", {len(report.renewed)} renewed by a job retry" if report.renewed else ""
@@ -455,7 +457,7 @@ def request_show(
     doc = db.get(resolve_id(db, doc_id))
     if doc is None:
         raise NotFound(f"no request {doc_id}")
-    console.print_json(data=doc)
+    print_json(console, doc)
 
 
 REQUEST_COLUMNS = ("id", "task", "job", "type", "state", "cleanup", "publication")
@@ -498,7 +500,7 @@ def request_list(
             for d in result.docs()
         ]  # fmt: skip
     if json_out:
-        console.print_json(data={"total": total, "requests": rows})
+        print_json(console, {"total": total, "requests": rows})
         print_more(total, len(rows), json_out=True)
         return
     print_table(REQUEST_COLUMNS, [[r["id"][:12], *list(r.values())[1:]] for r in rows])
@@ -570,19 +572,20 @@ def _user_action(
     if not (report.changed or report.unchanged or report.refused):
         message = f"no requests for task {task}" + (f" job {job}" if job else "")
         if json_out:
-            console.print_json(
-                data={"changed": {}, "unchanged": {}, "refused": {}, "message": message}
+            print_json(
+                console, data={"changed": {}, "unchanged": {}, "refused": {}, "message": message}
             )
         else:
             console.print(message)
         return
     if json_out:
-        console.print_json(
+        print_json(
+            console,
             data={
                 "changed": report.changed,
                 "unchanged": report.unchanged,
                 "refused": report.refused,
-            }
+            },
         )
     else:
         counts: dict[str, int] = {}

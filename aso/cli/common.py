@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, TypeVar, cast
 
@@ -129,18 +129,35 @@ def print_more(total: int, shown: int, json_out: bool = False) -> None:
     print(line, file=sys.stderr if json_out else sys.stdout)
 
 
-# What a terminal would act on rather than show: control characters (C0, DEL, C1: escape
-# sequences that clear the screen, set the clipboard, forge links) and the marks that reorder
-# text (bidirectional overrides and isolates).
-_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# What a terminal would act on, or shows as nothing: control characters (C0, DEL, C1: escape
+# sequences that clear the screen, set the clipboard, forge links), format characters (the
+# marks that reorder text, zero-width ones) and line and paragraph separators: Unicode's
+# categories Cc, Cf, Zl and Zp, whatever their code point.
+_UNSHOWABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _showable(char: str) -> str:
+    if unicodedata.category(char) in _UNSHOWABLE_CATEGORIES:
+        return char.encode("unicode_escape").decode("ascii")
+    return char
 
 
 def shown(value: Any) -> str:
-    """A value as a listing shows it: its text, with what a terminal would act on written as a
-    visible escape (\\x1b, \\u202e). Users write the reasons, LFNs and names listings show
-    (round 27: a history entry's reason cleared an operator's screen and set his clipboard)."""
+    """A value as a listing shows it: its text, with what a terminal would act on or show as
+    nothing written as a visible escape (\\x1b, \\u202e, \\u200b). Users write the reasons,
+    LFNs and names listings show (round 27: a history entry's reason cleared an operator's
+    screen and set his clipboard)."""
     text = "" if value is None else str(value)
-    return _UNSHOWABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(_showable(char) for char in text)
+
+
+def print_json(console: Console, data: Any) -> None:
+    """JSON for scripts, every character beyond ASCII written as its escape (\\u009b, \\u202e):
+    what users wrote reaches the terminal a script's output is read on as text (round 28: a
+    reason's C1 controls and text-reordering marks went out raw through --json)."""
+    console.print_json(data=data, ensure_ascii=True)
 
 
 def print_table(

@@ -9,7 +9,6 @@ earlier setting, who made it, when and why (aso/core/controls.py, docs/usage.md)
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import Annotated
@@ -22,6 +21,7 @@ from aso.cli.common import (
     acting_name,
     config_of,
     line_console,
+    print_json,
     print_table,
     utc_time,
 )
@@ -78,7 +78,7 @@ def _list(ctx: typer.Context, kind: str, as_json: bool, history: bool) -> None:
     docs = [d for d in read_controls(db) if d.get("kind") == kind]
     if as_json:
         keep = ("name", "mode", "direction", "reason", "by", "at", "history")
-        console.print_json(json.dumps([{k: d[k] for k in keep} for d in docs]))
+        print_json(console, [{k: d[k] for k in keep} for d in docs])
         return
     if not docs:
         console.print(f"no {kind} has been banned, drained or allowed")

@@ -10,7 +10,6 @@ the store refuses anyone else (docs/usage.md, "Held files").
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import Annotated
@@ -18,7 +17,15 @@ from typing import Annotated
 import typer
 
 from aso import actions, model
-from aso.cli.common import UsageError, acting_name, config_of, line_console, print_table, utc_time
+from aso.cli.common import (
+    UsageError,
+    acting_name,
+    config_of,
+    line_console,
+    print_json,
+    print_table,
+    utc_time,
+)
 from aso.core import holds
 from aso.monitoring.queries import all_holds
 from aso.store import Server
@@ -66,7 +73,7 @@ def hold_list(
         and (not site or d["site"] == site)
     ]
     if as_json:
-        console.print_json(json.dumps([{k: v for k, v in d.items() if k[0] != "_"} for d in docs]))
+        print_json(console, [{k: v for k, v in d.items() if k[0] != "_"} for d in docs])
         return
     if not docs:
         console.print("no files are held" if not everything else "no hold has been recorded")

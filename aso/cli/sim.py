@@ -3,14 +3,13 @@ registers `sim_cmd`. It needs no config file: the run writes its own into its wo
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from aso.cli.common import line_console
+from aso.cli.common import line_console, print_json
 from aso.config import DISTRIBUTIONS, ENGINES, one_of
 
 console = line_console()
@@ -290,7 +289,7 @@ def _chaos_plan(
 
 def _show(report: Any, workdir: Path, json_out: bool) -> None:
     if json_out:
-        console.print_json(json.dumps(report.to_dict()))
+        print_json(console, report.to_dict())
         return
     console.print(report.summary_line(), markup=False, highlight=False)
     for line in report.extra_lines():

@@ -16,6 +16,7 @@ from aso.cli.common import (
     UsageError,
     first_rows,
     line_console,
+    print_json,
     print_more,
     print_table,
     resolve_id,
@@ -121,7 +122,7 @@ def status_cmd(
     if json_out:
         data = answer.to_json()
         data.update(total=len(answer.files), files=data["files"][: len(files)])
-        console.print_json(data=data)
+        print_json(console, data)
         print_more(len(answer.files), len(files), json_out=True)
         return
     if not answer.exists:
@@ -162,7 +163,7 @@ def _changes(db: Database, task: str, since: str, json_out: bool, wanted: int | 
     shown = first_rows(changed, wanted)
     if json_out:
         files = [dataclasses.asdict(f) for f in shown]
-        console.print_json(data={"task": task, "since": since, "seq": seq, "total": len(changed),
+        print_json(console, {"task": task, "since": since, "seq": seq, "total": len(changed),
                                  "files": files})  # fmt: skip
         print_more(len(changed), len(shown), json_out=True)
         return
@@ -178,7 +179,7 @@ def _file_story(
     doc = db.get(doc_id)
     if doc is None or doc.get("type") != "transfer_request":
         if json_out:
-            console.print_json(data={"id": doc_id, "events": [], "message": "no such request"})
+            print_json(console, {"id": doc_id, "events": [], "message": "no such request"})
         else:
             console.print(f"no request {doc_id}")
         raise typer.Exit(1)
@@ -190,7 +191,8 @@ def _file_story(
         queries.held_counts(db, [row])
     waiting = row.waiting if row else None
     if json_out:
-        console.print_json(
+        print_json(
+            console,
             data={
                 "id": doc_id,
                 "task": doc["task"],
@@ -202,7 +204,7 @@ def _file_story(
                 "waiting": waiting,
                 "total": len(events),
                 "events": [e.__dict__ for e in shown],
-            }
+            },
         )
         print_more(len(events), len(shown), json_out=True)
         return

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from aso.cli.common import config_of as _config
-from aso.cli.common import line_console
+from aso.cli.common import line_console, print_json
 from aso.local.xrootd import EmbeddedStorage
 
 console = line_console()  # one line per site, however long
@@ -53,7 +53,7 @@ def storage_status(
              "answering": s.answering, "export": None if s.export is None else str(s.export)}
             for s in statuses
         ]  # fmt: skip
-        console.print_json(data={"sites": sites})
+        print_json(console, {"sites": sites})
     else:
         for status in statuses:
             _print(status.line())

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from aso.cli.common import config_of, line_console, print_table
+from aso.cli.common import config_of, line_console, print_json, print_table
 from aso.provision import store_check
 from aso.store import Server, Settings, Unauthorized, redact
 
@@ -80,7 +80,7 @@ def store_check_cmd(
         ) from None
     findings = store_check.analyse(answers, expected)
     if json_out:
-        console.print_json(data=store_check.as_json(answers, findings))
+        print_json(console, store_check.as_json(answers, findings))
     else:
         print_findings(findings)
     raise typer.Exit(store_check.exit_code(findings))

@@ -329,6 +329,11 @@ def _build(
         except sequences.Invalid as exc:
             return _bad(f"since must be {exc}")
     longpoll = route.kind == "poll" and given.get("feed") == "longpoll"
+    if route.kind == "poll" and not longpoll and "limit" not in given:
+        # A batch without a limit had answered the whole feed (24,211 changes, 3.4 MB): a page
+        # at most, the next from its last_seq, as docs/frontend.md says.
+        params["limit"] = routes.MAX_DOC_ROWS
+        given = {**given, "limit": routes.MAX_DOC_ROWS}
     # A page at most, the next from its last_seq: a long poll without a limit had answered a
     # whole feed, read whole by the front end, without a heavy read's turn. A user's, from an
     # old `since`, answers at once as a batch would, in a poll's slot: a light batch's page.
