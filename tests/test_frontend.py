@@ -1366,6 +1366,43 @@ def test_a_user_s_reads_with_documents_are_paced_by_their_bytes(
         assert others.status_code == 200, others.text[:300]
 
 
+@pytest.mark.parametrize("read", ["page", "database", "poll from now"])
+def test_a_user_s_other_reads_are_paced_by_their_share_of_the_store(
+    running_reactor, store_config, pki, files_db, tmp_path, monkeypatch, read
+):
+    """Red team round 28: a user's reads that are not heavy (pages of a view, the database's
+    information, long polls without documents that end at once) went four at a time and were
+    never charged: one user kept the embedded store ~100 % busy, bob's page 75 times slower.
+    Each spends its cost of the user's light share before it goes (a long poll more), a page
+    also what it took beyond; the next waits for it, 503 `too_costly` past HEAVY_WAIT; another
+    user's go at once."""
+    monkeypatch.setattr(frontend_module, "LIGHT_BURST", 1.0)
+    monkeypatch.setattr(frontend_module, "LIGHT_COST", 0.5)
+    monkeypatch.setattr(frontend_module, "POLL_COST", 0.5)
+    monkeypatch.setattr(frontend_module, "LIGHT_SHARE", 0.01)  # a read's cost: 50 s to earn
+    config = frontend_config(store_config, pki, files_db, tmp_path)
+    dave, carol = cert_files(pki, "dave"), cert_files(pki, "carol")
+    path = {
+        "page": f"/{files_db}/_design/asyncstageout/_view/by_task?limit=10",
+        "database": f"/{files_db}",
+        "poll from now": f"/{files_db}/_changes?feed=longpoll&since=now&timeout=100",
+    }[read]
+    with frontend_in_process(running_reactor, config) as url:
+        warm = call(url, pki, carol, "GET", path)  # the view built: dave pays his reads alone
+        assert warm.status_code == 200, warm.text[:300]
+        for _ in range(2):  # the burst: at once
+            started = time.monotonic()
+            answer = call(url, pki, dave, "GET", path)
+            assert answer.status_code == 200, answer.text[:300]
+            assert time.monotonic() - started < 15
+        spent = call(url, pki, dave, "GET", path)
+        assert spent.status_code == 503, spent.text[:300]
+        assert spent.json()["error"] == "too_costly" and "reads have held" in spent.json()["reason"]
+        assert int(spent.headers["retry-after"]) > frontend_module.HEAVY_WAIT
+        others = call(url, pki, carol, "GET", path)
+        assert others.status_code == 200, others.text[:300]
+
+
 def test_a_filtered_long_poll_s_catch_up_waits_for_its_user_s_share_and_is_charged(
     running_reactor, store_config, pki, files_db, tmp_path, admin, monkeypatch
 ):

@@ -155,6 +155,21 @@ SPENT_REASON = (
     "this user's heavy reads have held the store {share:.0%} of the time, their share: the "
     "next may go in {wait:.0f} s (ask for less at once: a narrower key range, a limit)"
 )
+# A user's other reads and long polls hold the store at most LIGHT_SHARE of the time too: each
+# spends LIGHT_COST (a long poll POLL_COST) of an allowance of at most LIGHT_BURST seconds,
+# refilled at LIGHT_SHARE a second, before it goes, and a read what it took at the store beyond
+# that once answered (FrontEnd._light_paced). Four at a time and never charged, one user's
+# pages of 1,000 rows and polls that end at once had kept the embedded store ~100 % busy (bob's
+# page 75 times slower, round 28); a status client's long poll a minute costs nothing of it.
+LIGHT_SHARE = 0.25
+LIGHT_BURST = 20.0
+LIGHT_COST = 0.005
+POLL_COST = 0.05
+LIGHT_SPENT_REASON = (
+    "this user's reads have held the store {share:.0%} of the time, their share: the next may "
+    "go in {wait:.0f} s (ask less often: pages with a larger limit, long polls with a longer "
+    "timeout)"
+)
 USER_HEAVY_WORK_REASON = (
     "this read takes the store longer than a user's heavy read may ({:g} s) and was stopped: "
     "ask for less at once (a narrower key range, a limit, a group_level)"
@@ -196,12 +211,12 @@ class Busy(Exception):
 
 
 class Spent(Exception):
-    """A user's heavy reads have had their share of the store's time: the next may go in
-    `seconds`."""
+    """A user's heavy reads (or their other reads: `reason` LIGHT_SPENT_REASON) have had their
+    share of the store's time: the next may go in `seconds`."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, reason: str = SPENT_REASON, share: float = HEAVY_SHARE):
         super().__init__(seconds)
-        self.seconds = seconds
+        self.seconds, self.reason, self.share = seconds, reason, share
 
 
 class Slots:
@@ -1379,6 +1394,7 @@ class FrontEnd(resource.Resource):
         self.writes = Slots(reactor, 1, "a user's writes at the store", each=WRITES_PER_USER)
         self.heavy_turns = Slots(reactor, 1, "a user's heavy reads")
         self.heavy_time = Pace(reactor, HEAVY_SHARE, HEAVY_BURST)  # seconds at the store
+        self.light_time = Pace(reactor, LIGHT_SHARE, LIGHT_BURST)  # the other reads' seconds
         self.shared = shared_reads.SharedReads()  # operators' costly reduce reads
         self.reads = Slots(reactor, 1, "a user's reads at the store", each=READS_PER_USER)
         self.pace = Pace(reactor, config.frontend.user_docs_per_second, limits.MAX_DOCS)
@@ -1587,7 +1603,8 @@ class FrontEnd(resource.Resource):
         if failure.check(Spent):
             wait = math.ceil(failure.value.seconds)
             request.setHeader(b"retry-after", b"%d" % wait)
-            _answer(request, 503, "too_costly", SPENT_REASON.format(share=HEAVY_SHARE, wait=wait))
+            spent = failure.value
+            _answer(request, 503, "too_costly", spent.reason.format(share=spent.share, wait=wait))
             return
         if failure.check(Refused):
             refused = failure.value
@@ -1615,6 +1632,9 @@ class FrontEnd(resource.Resource):
             headers[b"content-type"] = [b"application/json"]
         producer = _producer_of(made)
         log.debug("%s %s %s as %s", who.name, _method(request), _path(request), ",".join(who.roles))
+        if _light_cost(made) and _user_only(who) and not _holds(request, LIGHT_PACED):
+            self._light_paced(request, who, identity, made)
+            return
         if made.nodes - self.store_nodes:
             self._check_nodes(request, who, headers, made)
             return
@@ -1748,6 +1768,34 @@ class FrontEnd(resource.Resource):
         documents = max(made.documents, 1, len(made.body or b"") / limits.PACED_DOC_BYTES)
         self._in_turn(request, who, self.writes, WRITE_SLOT, paced,
                       lambda: self.pace.delay(who.name, documents))  # fmt: skip
+
+    def _light_paced(
+        self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
+    ) -> None:
+        """A user's read that is not heavy (a page, a batch of few changes, a long poll without
+        documents) spends its cost from the user's light share (LIGHT_SHARE) and waits until
+        the share holds it, within a long poll's own time; past HEAVY_WAIT, 503. What a read
+        takes at the store beyond its cost is spent once it is answered (_send)."""
+        setattr(request, LIGHT_PACED, True)
+        asked_at = time.monotonic()
+        seconds = self.light_time.delay(who.name, _light_cost(made))
+        if seconds > HEAVY_WAIT:
+            self._failed(Failure(Spent(seconds, LIGHT_SPENT_REASON, LIGHT_SHARE)), request)
+            return
+
+        def go(_: Any) -> None:
+            if not _client_gone(request):
+                waited = made if made.poll_ms is None else _less_time(made, asked_at)
+                self.forward(request, who, identity, waited)
+
+        later = task.deferLater(self.reactor, seconds, lambda: None).addCallback(go)
+        later.addErrback(self._failed, request)
+
+    def _light_done(self, user: str, sent_at: float, cost: float) -> None:
+        """A light read answered: what it took at the store beyond the cost it paid to go."""
+        extra = time.monotonic() - sent_at - cost
+        if extra > 0:
+            self.light_time.delay(user, extra)
 
     def _heavy_paced(
         self, request: server.Request, who: Mapped, identity: dict[bytes, bytes], made: gate.Forward
@@ -1998,6 +2046,9 @@ class FrontEnd(resource.Resource):
             lead.sent_at = self.shared.clock()
         sent = via.request(made.method, self.store_url + made.target, Headers(headers), producer)
         counted = None
+        if _holds(request, LIGHT_PACED) and made.poll_ms is None:
+            cost = _light_cost(made)
+            sent.addBoth(_after, lambda: self._light_done(who.name, sent_at, cost))
         if made.heavy and made.poll_ms is None:
             charged = who.name if isinstance(release, Turn) and release.shares else None
             sent.addBoth(_after, lambda: self._heavy_done(charged, sent_at))
@@ -2444,6 +2495,7 @@ def _quiet_body(made: gate.Forward) -> bytes:
 WRITE_SLOT, POLL_SLOT, READ_SLOT = "aso_write_slot", "aso_poll_slot", "aso_read_slot"
 SHARED_READ = "aso_shared_read"  # the Lead of an operator's reduce read (FrontEnd._shared_read)
 PACED = "aso_heavy_paced"  # a user's heavy read: its turn taken, its share of the store waited for
+LIGHT_PACED = "aso_light_paced"  # a user's other read: its cost spent from the light share
 BIG_WRITE = "aso_big_write"  # a user's large write: its large body's slot taken again to send it
 
 
@@ -2603,6 +2655,17 @@ def _gate_check(
         cast(_BoundedRequest, request).aso_content_type,
     )
     return checks.check(who.name, asked)
+
+
+def _light_cost(made: gate.Forward) -> float:
+    """What a read pays of its user's light share to go (0: not paced by it): a long poll
+    without documents POLL_COST, any other read that is not heavy LIGHT_COST. Heavy reads and
+    reads with documents are paced by the heavy share, writes by their documents."""
+    if made.route.kind not in READS or made.with_docs:
+        return 0.0
+    if made.poll_ms is not None:
+        return POLL_COST
+    return 0.0 if made.heavy else LIGHT_COST
 
 
 def _after(result: T, done: Callable[[], None]) -> T:
