@@ -257,6 +257,12 @@ class StorageConfig:
 class GfalConfig:
     workers: int = _key(16, "Copies run at once by one gfal worker process.")
     timeout: int = _key(3600, "Seconds one copy may take.")
+    operation_timeout: int = _key(
+        120,
+        "Seconds one HTTP request to a storage may stay unanswered (a look, a deletion, a step"
+        " of a copy; a third-party copy's progress markers keep it going): a storage that takes"
+        " connections and answers none costs a copy a few of these.",
+    )
     poll_interval: float = _key(2.0, "Seconds between two looks for new jobs.")
     retries: int = _key(
         2, "Copies retried in place after a connection failure or timeout (a storage restarting)."

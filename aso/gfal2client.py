@@ -13,8 +13,9 @@ Measured reasons (docs/design.md, "Real storage on one machine", and the notes b
   third-party copy take ~0.15 s instead of ~0.012 s. Pointing it at the embedded CA's file
   removes that cost; OpenSSL still finds the system CAs through its hashed directory
   (SSL_CERT_DIR, by default /usr/lib/ssl/certs), looked up by hash only when needed.
-- HTTP plugin: OPERATION_TIMEOUT (a stalled request blocked a thread > 10 min without it; it
-  does not bound a third-party copy, whose server sends progress markers), the headers
+- HTTP plugin: OPERATION_TIMEOUT (`gfal.operation_timeout`: a stalled request blocked a thread
+  > 10 min without it; it does not bound a third-party copy, whose server sends progress
+  markers; a frozen destination cost a copy two of them, 10 s at 5 s, measured), the headers
   `Credential: none` and `X-No-Delegate: true` (else the servers want a delegated proxy) and
   RETRIEVE_BEARER_TOKEN off (no token service here). Without the headers gfal2 silently fell
   back to streaming the data through the client: stream copies between two HTTP endpoints are
@@ -39,7 +40,6 @@ XRD_ENVIRONMENT = {
     "XRD_REQUESTTIMEOUT": "120",  # seconds for one request (a checksum of a big file included)
     "XRD_STREAMTIMEOUT": "60",  # seconds a stream with requests in flight may stay silent
 }
-HTTP_OPERATION_TIMEOUT = 120
 HTTP_HEADERS = ["Credential: none", "X-No-Delegate: true"]
 
 
@@ -91,7 +91,7 @@ def new_context(config: Config, *, allow_streaming: bool = False) -> Any:
     endpoints (uploads and downloads are always streamed)."""
     gfal2 = import_gfal2(config)
     ctx = gfal2.creat_context()
-    ctx.set_opt_integer("HTTP PLUGIN", "OPERATION_TIMEOUT", HTTP_OPERATION_TIMEOUT)
+    ctx.set_opt_integer("HTTP PLUGIN", "OPERATION_TIMEOUT", config.gfal.operation_timeout)
     ctx.set_opt_string_list("HTTP PLUGIN", "HEADERS", HTTP_HEADERS)
     ctx.set_opt_boolean("HTTP PLUGIN", "RETRIEVE_BEARER_TOKEN", False)
     ctx.set_opt_boolean("HTTP PLUGIN", "ENABLE_STREAM_COPY", allow_streaming)

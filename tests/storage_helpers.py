@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -68,8 +69,11 @@ def small_area(config: Config, site: str, lfn_dir: str, size: int) -> Iterator[P
     import pytest
 
     path = export_path(config, site, lfn_dir)
-    path.mkdir(parents=True, exist_ok=True)
     owner = run_as()
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    for directory in reversed(missing):  # the servers' own, as they would have made them
+        directory.mkdir()
+        os.chown(directory, owner.uid, owner.gid)
     options = f"size={size},uid={owner.uid},gid={owner.gid},mode=0755"
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True

@@ -557,7 +557,59 @@ def test_a_destination_down_holds_everyone_s_files_while_the_others_go_on(
             finally:
                 embedded.start()
         run_until(lambda: states(db, ids) == Counter(done=len(ids)), runners, 120,
-                  lambda: states(db, ids))  # fmt: skip
+                  lambda: (states(db, ids), db.get(key)))  # fmt: skip
     finally:
         runners[2].agent.close()
     assert db.get(key)["state"] == "released"
+
+
+def test_a_frozen_destination_costs_a_few_request_timeouts_and_is_held_for_everyone(
+    gfal_config, accounts, admin, watchdog
+):
+    """A destination that takes connections and answers none (its XRootD frozen, SIGSTOP): a
+    copy to it ends after a few of `gfal.operation_timeout` (5 s here), as a timeout; many
+    users' copies failing so hold every file for it; a look finds no answer within
+    `holds.look_timeout` and keeps the hold; once it answers again, every file completes."""
+    config = dataclasses.replace(
+        gfal_config,
+        gfal=dataclasses.replace(gfal_config.gfal, operation_timeout=5, retries=0),
+        holds=dataclasses.replace(
+            gfal_config.holds, first_check=0.5, max_check_interval=1.0, interval=0.2,
+            look_timeout=2.0, breaker_failures=2, breaker_users=2,
+        ),
+        retry=dataclasses.replace(gfal_config.retry, base_delay=0.2, jitter=0.0),
+    )  # fmt: skip
+    frozen = put_files(config, accounts, 2, sizes=(64 << 10, 64 << 10))  # alice's and bob's
+    db = admin.db(config.store.files_db)
+    ids = [d["_id"] for d in frozen]
+    runners = [*agents(config), Runner(RetryManager(config, "r1")),
+               Runner(HoldChecker(config, "h1"))]  # fmt: skip
+    key = hold_id(DESTINATION)
+    [site] = [s for s in watchdog.storage.status() if s.site == DESTINATION]
+    try:
+        with watchdog.paused():
+            os.kill(site.pid, signal.SIGSTOP)
+            try:
+
+                def held() -> bool:
+                    hold = db.get(key)
+                    looked = hold is not None and hold["checks"] >= 1
+                    return looked and states(db, ids) == Counter(retry=len(ids))
+
+                run_until(held, runners, 180, lambda: states(db, ids))
+                hold = db.get(key)
+                assert (hold["state"], hold["user"], hold["error_class"]) == (
+                    "active", "", "timeout")  # fmt: skip
+            finally:
+                os.kill(site.pid, signal.SIGCONT)
+        run_until(lambda: states(db, ids) == Counter(done=len(ids)), runners, 120,
+                  lambda: (states(db, ids), db.get(key)))  # fmt: skip
+    finally:
+        runners[2].agent.close()
+    assert db.get(key)["state"] == "released"
+    failed = [
+        a for d in db.get_many(ids).values() for a in d["attempts"] if a["outcome"] == "failed"
+    ]
+    assert failed and all(a["held"] and a["error_class"] == "timeout" for a in failed)
+    # Each attempt that met the frozen destination ended within a few request timeouts.
+    assert all(a["ended"] - a["submitted"] < 4 * 5 + 10 for a in failed)

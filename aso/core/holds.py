@@ -273,7 +273,11 @@ def checked(
     looked = {**current, "free": look.free}
     if still is None:
         return ended(
-            looked, HOLD_RELEASED, f"the destination passed a check: {_figures(look)}", by, now
+            looked,
+            HOLD_RELEASED,
+            f"the destination passed a check: {_figures(hold, look)}",
+            by,
+            now,
         )
     if now - hold.since > config.deadline:
         return ended(looked, HOLD_EXPIRED, f"held past its deadline: {still}", by, now)
@@ -282,7 +286,9 @@ def checked(
     return {**looked, "checks": checks, "next_check": round(now + delay, 3)}
 
 
-def _figures(look: Look) -> str:
+def _figures(hold: Hold, look: Look) -> str:
+    if not hold.user:
+        return "it answers"
     if look.free is not None:
         return f"{look.free} bytes free"
     return "a probe file was written"
