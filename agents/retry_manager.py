@@ -23,11 +23,13 @@ from typing import Any
 from aso import model
 from aso.config import Config, HoldsConfig
 from aso.core import holds, request
+from aso.core.submission import deadline_reason, past_deadline
 from aso.model import STATE
 from aso.monitoring.queries import read_holds
 from aso.retry import RetryPolicy, load_policy
 from aso.runtime import Agent, Cycle
 from aso.store import Server, StoreError
+from aso.transfer import errors
 from aso.workqueue import DECIDE
 
 log = logging.getLogger("aso.agent.retry_manager")
@@ -40,11 +42,14 @@ def decided(
     now: float,
     config: HoldsConfig,
     held_sites: frozenset[str] = frozenset(),
+    deadline: float = 0.0,
 ) -> dict[str, Any]:
-    """The document after the decision on its failed attempt: held (its destination had no
-    room or permission for its user, or stopped answering everyone: `held_sites`), waiting
-    without spending an attempt until its hold ends or its deadline passes; else as the policy
-    decides."""
+    """The document after the decision on its failed attempt: failed as expired past its own
+    `deadline` (transfer.deadline); held (its destination had no room or permission for its
+    user, or stopped answering everyone: `held_sites`), waiting without spending an attempt
+    until its hold ends or its deadline passes; else as the policy decides."""
+    if past_deadline(doc, deadline, now):
+        return request.stopped_waiting(doc, by, now, deadline_reason(doc, deadline), errors.EXPIRED)
     what = holds.holds_what(doc, config, held_sites)
     if what is not None:
         reason = doc.get("failure_reason") or ""
@@ -114,8 +119,9 @@ class RetryManager(Agent):
         for doc in ctx.work:
             # The policy is a plug-in: an error of its on one file is that file's alone.
             updated = ctx.acted_on(
-                decided, doc, self.policy, self.instance, now, self.config.holds, held_sites
-            )
+                decided, doc, self.policy, self.instance, now, self.config.holds, held_sites,
+                self.config.transfer.deadline,
+            )  # fmt: skip
             if updated is not None:
                 updates.append(updated)
         report = ctx.counts("retry", "failed", "held", "conflicts")

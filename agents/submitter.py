@@ -44,9 +44,11 @@ from aso.core.controls import Setting, controls_of, held_back
 from aso.core.submission import (
     batches_of,
     caps_for,
+    deadline_reason,
     file_transfer,
     job_request,
     link_of,
+    past_deadline,
     plan_jobs,
     ready_to_submit,
 )
@@ -54,7 +56,7 @@ from aso.model import IN_FLIGHT, STATE
 from aso.monitoring.queries import read_controls, read_holds
 from aso.runtime import Agent, Cycle
 from aso.store import Server, StoreError, rev_order
-from aso.transfer import open_service
+from aso.transfer import errors, open_service
 from aso.transfer.base import FileTransfer, JobRefused, JobRequest, TransferError
 from aso.workqueue import ACTIVE, SUBMIT
 
@@ -87,7 +89,7 @@ class Submitter(Agent):
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts(
             "jobs", "submitted", "conflicts", "refused", "deferred", "set_aside", "held_back",
-            "held", "hold_failed",
+            "held", "hold_failed", "expired",
         )  # fmt: skip
         ctx.count("leases_shortened", self.shorten_predecessors_leases(ctx))
         # Held files wait on their hold, not on their cool-off: a release lets them go at once.
@@ -96,7 +98,7 @@ class Submitter(Agent):
             for d in ctx.work
             if ready_to_submit(d, ctx.now) or holds.held_request(d, self.config.holds)
         ]
-        new = self.not_held(self.not_held_back(ready, ctx), ctx)
+        new = self.not_held(self.not_held_back(self.not_expired(ready, ctx), ctx), ctx)
         if not new:
             return
         caps = caps_for(self.config, ctx.partition.size)
@@ -105,6 +107,19 @@ class Submitter(Agent):
         plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
         for batch in batches_of(plans, FILES_PER_BATCH):
             self.submit_jobs(batch, ctx)
+
+    def not_expired(self, ready: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """The files waiting to start within their deadline (`transfer.deadline` from their
+        creation); the others fail, class expired, whatever else holds them."""
+        deadline = self.config.transfer.deadline
+        late = [d for d in ready if past_deadline(d, deadline, ctx.now)]
+        if not late:
+            return ready
+        ended = [request.stopped_waiting(d, self.instance, ctx.now, deadline_reason(d, deadline),
+                                         errors.EXPIRED) for d in late]  # fmt: skip
+        ctx.count("expired", len(ctx.write(ended)))
+        gone = {d["_id"] for d in late}
+        return [d for d in ready if d["_id"] not in gone]
 
     def not_held_back(self, ready: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         """The files ready to start that no operator's control holds back (a banned or draining
@@ -165,7 +180,9 @@ class Submitter(Agent):
                     free.append(doc)
                 continue
             why = holds.failure_reason(ended)
-            ending.append(request.hold_ended(doc, self.instance, ctx.now, why, ended.error_class))
+            ending.append(
+                request.stopped_waiting(doc, self.instance, ctx.now, why, ended.error_class)
+            )
         for (site, error_class), files in held.items():
             metrics.HELD.labels(site, error_class).set(files)
         ctx.count("held", sum(held.values()))

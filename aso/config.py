@@ -191,6 +191,12 @@ class TransferConfig:
     max_time_in_queue: int = _key(
         21600, "Seconds a job may wait at the transfer service before it gives up."
     )
+    deadline: float = _key(
+        2592000.0,
+        "Seconds from a request's creation (or last resubmission) within which it is to be"
+        " copied: past it, a file still waiting (queued, cooling off, held) fails with class"
+        " expired. 0: none.",
+    )
     status_interval: float = _key(
         2.0, "Seconds between two status polls of the transfer service while files are in it."
     )

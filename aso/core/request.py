@@ -217,9 +217,12 @@ def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     )
 
 
-def hold_ended(doc: Mapping[str, Any], by: str, now: float, reason: str, error_class: str) -> Doc:
-    """A waiting file whose hold was cancelled or passed its deadline: `failed`, with the hold's
-    class and reason (its owner may resubmit it)."""
+def stopped_waiting(
+    doc: Mapping[str, Any], by: str, now: float, reason: str, error_class: str
+) -> Doc:
+    """A file given up while it waited (`new`, `retry`, or a failed attempt): its hold was
+    cancelled or passed its deadline, or its own deadline passed (errors.EXPIRED): `failed`,
+    with the class and reason (its owner may resubmit it)."""
     return _transitioned(
         doc,
         STATE,

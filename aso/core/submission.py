@@ -7,12 +7,13 @@ inside a link users take turns and each user's files go by priority, then age; a
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aso import sites
+from aso import model, sites
 from aso.config import Config
 from aso.model import IN_FLIGHT, STATE, TO_SUBMIT
 from aso.transfer import errors
@@ -39,6 +40,30 @@ def ready_to_submit(doc: Mapping[str, Any], now: float) -> bool:
     """A file to submit now: `new`, or `retry` with its cool-off over."""
     state = doc[STATE]
     return state in TO_SUBMIT and (state == "new" or (doc.get("retry_after") or 0) <= now)
+
+
+def deadline_start(doc: Mapping[str, Any]) -> float:
+    """Where a request's deadline counts from: its creation, or its owner's last resubmission."""
+    resubmitted = [
+        h["at"]
+        for h in doc.get("history") or []
+        if h.get("axis") == STATE and h.get("from") in model.NEVER_COPIED and h.get("to") == "new"
+    ]
+    return float(max([doc["created"], *resubmitted]))
+
+
+def past_deadline(doc: Mapping[str, Any], deadline: float, now: float) -> bool:
+    """Whether a request was not copied within `deadline` seconds of its creation or last
+    resubmission (0: no deadline)."""
+    return deadline > 0 and now > deadline_start(doc) + deadline
+
+
+def deadline_reason(doc: Mapping[str, Any], deadline: float) -> str:
+    ends = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(deadline_start(doc) + deadline))
+    return (
+        f"not copied within its deadline ({deadline:g} s from its creation or resubmission, "
+        f"{ends} UTC)"
+    )
 
 
 def link_of(doc: Mapping[str, Any]) -> str:
@@ -97,6 +122,7 @@ def fair_order(docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     for doc in docs:
         by_user[doc["user"]].append(doc)
     queues = [
+        # The oldest first: the nearest its deadline (transfer.deadline from its creation).
         sorted(files, key=lambda d: (-d.get("priority", 0), d["created"], d["_id"]))
         for _, files in sorted(by_user.items())
     ]

@@ -23,6 +23,8 @@ UNKNOWN = "unknown"
 # An agent could not act on the request at all (a site its configuration lacks, an agent's own
 # error): set aside so that it cannot stop the agent again; the reason says why.
 UNPROCESSABLE = "unprocessable"
+# Not copied within its deadline (transfer.deadline from its creation): given up.
+EXPIRED = "expired"
 
 CLASSES = (
     SOURCE_MISSING,
@@ -37,10 +39,13 @@ CLASSES = (
     LOST,
     UNKNOWN,
     UNPROCESSABLE,
+    EXPIRED,
 )
 # Trying again cannot help (a checksum mismatch becomes permanent when it repeats: the retry
 # manager's call, from the history).
-PERMANENT = frozenset({SOURCE_MISSING, DESTINATION_EXISTS, PERMISSION, QUOTA, UNPROCESSABLE})
+PERMANENT = frozenset(
+    {SOURCE_MISSING, DESTINATION_EXISTS, PERMISSION, QUOTA, UNPROCESSABLE, EXPIRED}
+)
 
 XROOTD_FILE_SOURCE_MISSING = 3011  # a raw XRootD code gfal2 passes through for file:// sources
 
