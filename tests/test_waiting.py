@@ -71,7 +71,10 @@ def test_every_file_on_its_way_says_why_it_waits(sim_config, accounts, admin, tm
         outages=[{"link": f"{LINKS[2][0]}>{LINKS[2][1]}", "start": 0, "end": 1e9}],
     )
     retry = dataclasses.replace(sim_config.retry, base_delay=600.0, jitter=0.0)
-    config = dataclasses.replace(sim_config, sim=sim, retry=retry, source=tmp_path / "aso.toml")
+    fts3 = dataclasses.replace(sim_config.fts3, monitor_url="https://fts.example/job/{job_id}")
+    config = dataclasses.replace(
+        sim_config, sim=sim, retry=retry, fts3=fts3, source=tmp_path / "aso.toml"
+    )
     db = admin.db(config.store.files_db)
     owner = owner_db(accounts, config)
     # At the service (links 0 and 1), failing at once (link 2): then cool-off and deciding.
@@ -121,6 +124,15 @@ def test_every_file_on_its_way_says_why_it_waits(sim_config, accounts, admin, tm
         "held_back": 1, "block": 1, "publication_retry": 1, "cleanup": 1, "cleanup_retry": 1,
     }  # fmt: skip
     assert retried[0]["_id"] in docs
+    # A queued file says what it waits behind on its link: every user's files there.
+    [waiting_row] = [rows[i] for i in queued if rows[i].waiting["why"] == "queued"]
+    link = (waiting_row.source, waiting_row.destination)
+    on_link = [d for d in db.get_many(going + more + queued).values()
+               if (d["source"], d["destination"]) == link]  # fmt: skip
+    assert waiting_row.waiting["link_waiting"] == sum(d[STATE] in model.TO_SUBMIT for d in on_link)
+    assert waiting_row.waiting["link_active"] == sum(
+        d[STATE] in model.AT_THE_SERVICE for d in on_link
+    )
 
     # The rows as served match docs/openapi.yaml; a final file has no reason to wait.
     start, end = queries.task_range(TASK)
@@ -148,3 +160,9 @@ def test_every_file_on_its_way_says_why_it_waits(sim_config, accounts, admin, tm
     story = aso("status", "--file", retried[0]["_id"], config=path)
     assert "now: cooling off after a failed attempt since " in story.stdout
     assert " until " in story.stdout.splitlines()[-1]
+    at_service = next(d for d in docs.values() if d[STATE] == "submitted")
+    story = aso("status", "--file", at_service["_id"], config=path)
+    job = at_service["transfer"]["job_id"]
+    assert f"(job {job} https://fts.example/job/{job})" in story.stdout.splitlines()[-1]
+    listed = aso("status", TASK, config=path).stdout
+    assert "waiting to start on its link" in listed

@@ -46,8 +46,10 @@ FILE_COLUMNS = (
 )  # fmt: skip
 
 
-def waiting_text(waiting: dict[str, Any] | None) -> str:
-    """One file's `waiting`, as a person reads it: why, since when, until when, which job."""
+def waiting_text(waiting: dict[str, Any] | None, job_url: str = "") -> str:
+    """One file's `waiting`, as a person reads it: why, since when, until when, behind how
+    many on its link, which job (and its page at the transfer service's monitor: `job_url`,
+    `fts3.monitor_url`)."""
     if not waiting:
         return ""
     words = [
@@ -56,8 +58,12 @@ def waiting_text(waiting: dict[str, Any] | None) -> str:
     ]
     if waiting.get("until"):
         words.append(f"until {utc_time(waiting['until'])}")
+    if "link_waiting" in waiting:
+        words.append(f"({waiting['link_waiting']} waiting to start on its link, "
+                     f"{waiting['link_active']} in transfer)")  # fmt: skip
     if waiting.get("job_id"):
-        words.append(f"(job {waiting['job_id']})")
+        link = f" {job_url.replace('{job_id}', waiting['job_id'])}" if job_url else ""
+        words.append(f"(job {waiting['job_id']}{link})")
     if waiting.get("control"):
         words.append(f"({waiting['control']})")
     if waiting.get("hold"):
@@ -189,6 +195,7 @@ def _file_story(
     if row is not None:
         queries.held_back_counts(db, [row])  # what holds it back, in its `waiting`
         queries.held_counts(db, [row])
+        queries.link_queues(db, [row])
     waiting = row.waiting if row else None
     if json_out:
         print_json(
@@ -214,4 +221,4 @@ def _file_story(
     )
     print_more(len(events), len(shown))
     if waiting:
-        print(f"now: {waiting_text(waiting)}")
+        print(f"now: {waiting_text(waiting, job_url)}")

@@ -24,7 +24,16 @@ from aso.core.controls import controls_of, holding
 from aso.core.holds import holding as holding_file
 from aso.core.holds import holds_of
 from aso.limits import LIGHT_LOOKUPS
-from aso.model import AXES, HELD, HELD_BACK, ON_ITS_WAY, STATE, TO_SUBMIT, job_order
+from aso.model import (
+    AT_THE_SERVICE,
+    AXES,
+    HELD,
+    HELD_BACK,
+    ON_ITS_WAY,
+    STATE,
+    TO_SUBMIT,
+    job_order,
+)
 from aso.store import Database, StoreError
 
 DDOC = "asyncstageout"
@@ -384,6 +393,26 @@ def held_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     return dict(held)
 
 
+def link_queues(db: Database, files: list[FileStatus]) -> None:
+    """What each queued file waits behind on its link: how many of the link's files wait to
+    start (every user's, in its `waiting` as `link_waiting`) and how many are in transfer
+    (`link_active`), one read of the links view per link. Left out when it cannot be read."""
+    queued = [f for f in files if f.waiting and f.waiting["why"] == "queued"]
+    for source, destination in sorted({(f.source, f.destination) for f in queued}):
+        try:
+            rows = db.view(DDOC, "links", start_key=[source, destination, "state"],
+                           end_key=[source, destination, "state", {}], reduce=True,
+                           group_level=4).rows  # fmt: skip
+        except StoreError:
+            return
+        counts = {row["key"][3]: int(row["value"]) for row in rows}
+        behind = sum(counts.get(s, 0) for s in TO_SUBMIT)
+        active = sum(counts.get(s, 0) for s in AT_THE_SERVICE)
+        for f in queued:
+            if (f.source, f.destination) == (source, destination) and f.waiting is not None:
+                f.waiting = {**f.waiting, "link_waiting": behind, "link_active": active}
+
+
 def waiting_counts(files: list[FileStatus]) -> dict[str, int]:
     """How many of the files on their way wait for each reason (their `waiting.why`)."""
     return dict(Counter(f.waiting["why"] for f in files if f.waiting))
@@ -398,6 +427,7 @@ def task_status(
     status = TaskStatus(task, job, files, counts, seq=seq)
     status.held_back = held_back_counts(db, files)
     status.held = held_counts(db, files)
+    link_queues(db, files)
     if files:
         now = time.time() if now is None else now
         links = sorted({(f.source, f.destination) for f in files if f.state in ON_ITS_WAY})
