@@ -50,16 +50,15 @@ def decided(
     until its hold ends or its deadline passes; else as the policy decides."""
     if past_deadline(doc, deadline, now):
         return request.stopped_waiting(doc, by, now, deadline_reason(doc, deadline), errors.EXPIRED)
-    what = holds.holds_what(doc, config, held_sites)
-    if what is not None:
+    hold = holds.holding_id(doc, config, held_sites)
+    if hold is not None:
         reason = doc.get("failure_reason") or ""
         if holds.past_deadline(doc, config, now):
             return request.given_up(
                 doc, by, now, f"held past its deadline ({config.deadline:g} s): {reason}"
             )
-        where = doc["destination"] if what == holds.USER else f"{doc['destination']} (its site)"
-        said = f"held: {doc.get('error_class')} at {where}: {reason}"
-        return request.held(doc, by, now, config.first_check, said)
+        said = f"held by {hold}: {doc.get('error_class')}: {reason}"
+        return request.held(doc, by, now, config.first_check, said, hold)
     decision = policy.decide(doc, now)
     if decision.retry:
         return request.retry_scheduled(doc, by, now, decision.delay, decision.reason)
@@ -69,22 +68,20 @@ def decided(
 def hold_starts(
     docs: list[dict[str, Any]], config: HoldsConfig, tripped: Mapping[str, str]
 ) -> dict[str, dict[str, Any]]:
-    """What each hold to start or widen says, by hold id: a user's from the held requests
+    """What each hold to start or widen says, by hold id: a user's from the requests it held
     (destination, user, class, reason, directory and the largest size among them); a site's
     from its breaker's reason (`tripped`: site → why)."""
     starts: dict[str, dict[str, Any]] = {}
     for doc in docs:
         if not holds.held_request(doc, config):
             continue
-        what = holds.holds_what(doc, config, tripped)
-        site = doc["destination"]
-        if what == holds.SITE and site in tripped:
-            user, reason = "", tripped[site]
-        elif what == holds.USER:
-            user, reason = doc["user"], doc.get("failure_reason") or doc["error_class"]
-        else:
+        key = doc["attempts"][-1]["held"]
+        hold = next((h for h in holds.hold_keys(doc) if model.hold_id(*h) == key), None)
+        if hold is None or (not hold[1] and hold[0] not in tripped):
             continue  # held by a site's hold in force
-        start = starts.setdefault(model.hold_id(site, user), {
+        site, user = hold
+        reason = tripped[site] if not user else doc.get("failure_reason") or doc["error_class"]
+        start = starts.setdefault(key, {
             "site": site, "user": user, "error_class": doc["error_class"], "reason": reason,
             "path": posixpath.dirname(doc["destination_lfn"]), "needs": 0,
         })  # fmt: skip
@@ -146,9 +143,10 @@ class RetryManager(Agent):
         those that a site's hold holds or whose breaker tripped: their files are held."""
         config = self.config.holds
         failing = {
-            d["destination"]
+            site
             for d in ctx.work
             if config.enabled and d.get("error_class") in model.SITE_HOLD_CLASSES
+            for site in (d["source"], d["destination"])
         }
         if not failing:
             return {}, frozenset()

@@ -162,7 +162,7 @@ class Submitter(Agent):
         if not ready or not self.config.holds.enabled:
             return ready
         try:
-            pairs = {(d["destination"], who) for d in ready for who in (d["user"], "")}
+            pairs = {key for d in ready for key in holds.hold_keys(d)}
             found = holds.holds_of(read_holds(self.db, pairs))
         except StoreError as exc:
             log.warning("holds not read (%s): none keeps files back this cycle", exc)

@@ -356,8 +356,9 @@ ATTEMPT = {
         # The fence of a job the service did not know, before the file's next attempt
         # (aso.transfer.base.Fence): no such job can run, or its files had ended there.
         "fenced": {"type": ["string", "null"], "enum": ["absent", "ended", None]},
-        # Its destination was held for it (aso/core/holds.py): the attempt spends nothing.
-        "held": {"type": ["boolean", "null"]},
+        # The hold that held it (aso/core/holds.py, its id: hold:SITE:USER or hold:SITE): the
+        # attempt spends nothing of the file's budget.
+        "held": {"type": ["string", "null"], "max": 300},
     },
 }
 

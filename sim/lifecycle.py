@@ -80,7 +80,15 @@ from aso.upload import upload
 
 log = logging.getLogger("aso.sim")
 
-AGENTS = ("submitter", "monitor", "retry-manager", "cleaner", "publisher", "analytics")
+AGENTS = (
+    "submitter",
+    "monitor",
+    "retry-manager",
+    "cleaner",
+    "publisher",
+    "analytics",
+    "hold-checker",
+)
 HOST_ID = "sim"
 DATABASES = ("files_db", "transfers_db", "catalog_db", "stats_db")
 SHORT_DB = {
@@ -169,6 +177,14 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     ]
     config.retry.base_delay = wall(plan.retry_delay)
     config.retry.max_delay = wall(3600.0)
+    # Holds run on simulated time too: a look a simulated minute after a hold starts, then
+    # every few, the breaker's window and the holds' deadline as the service's.
+    config.holds.first_check = wall(60.0)
+    config.holds.max_check_interval = wall(600.0)
+    config.holds.interval = min(config.holds.interval, wall(60.0))
+    config.holds.breaker_window = wall(config.holds.breaker_window)
+    config.holds.deadline = wall(config.holds.deadline)
+    config.holds.look_timeout = max(1.0, wall(config.holds.look_timeout))
     config.cleaner.base_delay = wall(60.0)
     config.cleaner.max_delay = wall(3600.0)
     config.publisher.block_closure_timeout = wall(plan.block_timeout)

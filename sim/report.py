@@ -298,6 +298,10 @@ class Analysis:
         self.latency: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         self.error_classes: Counter[str] = Counter()  # failed attempts by class
         self.events: list[tuple[float, int]] = []  # (simulated time, ±1) of the backlog
+        # Files a hold held (aso/core/holds.py): held attempts by class, and each file's
+        # simulated seconds held (from each held attempt's end to its next attempt's start).
+        self.held_attempts: Counter[str] = Counter()
+        self.held_seconds: list[float] = []
 
     def sim(self, t: float) -> float:
         return (t - self.t0) * self.compression
@@ -308,9 +312,18 @@ class Analysis:
     def add(self, doc: Mapping[str, Any]) -> None:
         created = float(doc["created"])
         self.counts["injected"][self.index(created)] += 1
-        for attempt in doc.get("attempts", []):
+        attempts = doc.get("attempts", [])
+        held = 0.0
+        for i, attempt in enumerate(attempts):
             if attempt.get("outcome") == "failed":
                 self.error_classes[attempt.get("error_class") or "unknown"] += 1
+            if attempt.get("held"):
+                self.held_attempts[attempt.get("error_class") or "unknown"] += 1
+                later = attempts[i + 1]["submitted"] if i + 1 < len(attempts) else None
+                ended = attempt.get("ended") or attempt["submitted"]
+                held += max(0.0, (later if later is not None else ended) - ended)
+        if any(a.get("held") for a in attempts):
+            self.held_seconds.append(held * self.compression)
         in_backlog = False
         done_at = None
         for entry in doc.get("history", []):
@@ -760,6 +773,11 @@ class Report:
                 for sample in self.samples
             ],
             "failed_attempts_by_class": dict(self.analysis.error_classes.most_common()),
+            "holds": {
+                "files": len(self.analysis.held_seconds),
+                "held_attempts_by_class": dict(self.analysis.held_attempts.most_common()),
+                "held_seconds": percentiles(self.analysis.held_seconds),
+            },
             "accounting": self.accounting.to_dict(),
             "chaos": self.chaos,
             "hosts": self.hosts,
@@ -805,6 +823,13 @@ class Report:
             if lag["p95"] > self.plan.interval:
                 line += " (more than an injection interval: the uploads limit this run)"
             lines.append(line)
+        if self.analysis.held_seconds:
+            held = percentiles(self.analysis.held_seconds)
+            classes = ", ".join(f"{c} {n}" for c, n in self.analysis.held_attempts.most_common())
+            lines.append(
+                f"holds: {len(self.analysis.held_seconds)} files held ({classes} attempts held), "
+                f"held p50/p95 {held['p50']}/{held['p95']} s"
+            )
         if self.store_profile:
             lines.append(profile_line(self.store_profile))
         if self.chaos is not None:
@@ -908,7 +933,10 @@ def _slope(points: Sequence[tuple[float, float]]) -> float:
 
 def _outage_text(outage: Mapping[str, Any]) -> str:
     what = f"site {outage['site']}" if "site" in outage else f"link {outage.get('link')}"
-    return f"{what} {outage['start']:.0f}-{outage['end']:.0f} s"
+    how = {"timeout": " frozen", "quota": " full", "permission": f" refusing {outage.get('user')}"}
+    return (
+        f"{what}{how.get(outage.get('class', ''), '')} {outage['start']:.0f}-{outage['end']:.0f} s"
+    )
 
 
 def _fmt(p: Mapping[str, float | None]) -> str:

@@ -121,7 +121,9 @@ def test_a_full_destination_holds_its_files_and_a_look_with_room_releases_them(
     assert [h["state"] for h in hold["history"]] == [HOLD_ACTIVE]
     docs = db.get_many(ids).values()
     assert all(d["error_class"] == "quota" and len(d["attempts"]) == 1 for d in docs)
-    assert all(d["history"][-1]["reason"].startswith("held: quota at T2_DE_DESY") for d in docs)
+    held_by = f"held by {key}: quota"
+    assert all(d["history"][-1]["reason"].startswith(held_by) for d in docs)
+    assert all(d["attempts"][-1]["held"] == key for d in docs)
 
     # While it holds, nothing starts: the cool-offs end, the files stay, a new upload waits too.
     time.sleep(0.3)
@@ -318,7 +320,7 @@ def test_a_destination_that_stops_answering_everyone_holds_every_user_s_files(
     hold = db.get(key)
     assert (hold["user"], hold["state"], hold["error_class"]) == ("", HOLD_ACTIVE, "connection")
     assert "attempts of 2 users there failed without an answer" in hold["reason"]
-    assert all(d["attempts"][-1]["held"] for d in db.get_many(ids).values())
+    assert all(d["attempts"][-1]["held"] == key for d in db.get_many(ids).values())
     status = queries.task_status(db, task)
     assert status.held == {holds.hold_of(hold).says(): 3}
     assert {f.waiting["hold"] for f in status.files} == {key}

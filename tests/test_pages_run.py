@@ -973,10 +973,10 @@ def test_the_task_page_lists_the_holds_its_files_wait_on(scene: Scene) -> None:
     stored = db.get(doc["_id"])
     at = stored["created"] + 1
     entry = {"axis": model.STATE, "from": "new", "to": "retry", "at": at, "by": "agent",
-             "reason": "held: quota at T2_DE_DESY"}  # fmt: skip
+             "reason": "held by hold:T2_DE_DESY:alice: quota: no space left"}  # fmt: skip
     attempt = {"job_id": "j1", "service": "sim", "submitted": at, "ended": at,
                "outcome": "failed", "reason": "no space left", "error_class": "quota",
-               "held": True}  # fmt: skip
+               "held": "hold:T2_DE_DESY:alice"}  # fmt: skip
     db.put({**stored, "state": "retry", "error_class": "quota", "retry_after": at + 60,
             "failure_reason": "no space left", "history": [*stored["history"], entry],
             "attempts": [attempt], "last_update": at})  # fmt: skip

@@ -233,6 +233,42 @@ def test_a_short_run_accounts_for_every_file(tmp_path, store_config, admin):
     assert not [name for name in store_admin.all_dbs(admin) if "_sim" in name]
 
 
+def test_a_run_with_a_full_a_frozen_and_a_forbidding_destination_holds_and_loses_nothing(
+    tmp_path,
+):
+    """`aso sim --quota/--frozen/--forbid`: a destination full, one frozen and one refusing a
+    user for part of the run. Their files wait held (a user's holds for room and permission, a
+    site's hold once the frozen one's breaker trips) and complete after the faults end; no file
+    fails for room or permission; the accounting is exact; the report says what was held."""
+    faults = [
+        {"site": "T2_SM_Site001", "class": "quota", "start": 40.0, "end": 120.0},
+        {"site": "T2_SM_Site002", "class": "timeout", "start": 40.0, "end": 120.0},
+        *({"site": f"T2_SM_Site00{n}", "user": "simuser0003", "class": "permission",
+           "start": 40.0, "end": 120.0} for n in range(4)),
+    ]  # fmt: skip
+    plan = Plan(
+        scale=3, users=10, sites=4, interval=10.0, duration=200.0, compression=10.0,
+        mean_duration=10.0, failure_rate=0.0, retry_delay=10.0, block_timeout=30.0,
+        jobs_per_task=(5, 20), outages=faults,
+    )  # fmt: skip
+    options = RunOptions(
+        workdir=tmp_path / "faults", sample_every=1.0, drain_timeout=300.0, bucket=20.0,
+        measure_ceiling=False, progress=False,
+    )  # fmt: skip
+    report = run_simulation(plan, options)
+    accounting = report.accounting
+    assert accounting.exact, accounting.problems()
+    held = report.analysis.held_attempts
+    assert held["quota"] > 0 and held["permission"] > 0, held
+    assert held["timeout"] > 0, (held, report.analysis.error_classes)  # the breaker tripped
+    assert accounting.outcomes["failed"] == 0, accounting.outcomes
+    data = json.loads((options.workdir / "report" / "report.json").read_text())
+    assert data["holds"]["files"] == len(report.analysis.held_seconds) > 0
+    assert data["holds"]["held_seconds"]["p50"] > 0
+    [line] = [line for line in report.extra_lines() if line.startswith("holds: ")]
+    assert "files held" in line
+
+
 def test_the_store_is_profiled_over_the_injection(tmp_path):
     """`--profile-store` on a store of the run's own: the embedded store's CPU profile by
     kind of work (its busy time shared out), or CouchDB's counters per file injected."""
@@ -371,6 +407,9 @@ def test_a_chaos_run_loses_nothing(tmp_path):
         (["--duration", "soon"], "not a duration"),
         (["--instances", "submitter=0"], "expected AGENT=N"),
         (["--outage", "T2_X:5m-1m"], "SITE:START-END"),
+        (["--forbid", "T2_X:1m-5m"], "USER@SITE:START-END"),
+        (["--quota", "alice@T2_X:1m-5m"], "expected SITE:START-END"),
+        (["--frozen", "T2_X:1m"], "SITE:START-END"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_message(args, message):

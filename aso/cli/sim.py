@@ -40,18 +40,28 @@ def parse_instances(values: list[str]) -> dict[str, int]:
     return counts
 
 
-def parse_outage(value: str) -> dict[str, float | str]:
-    site, _, span = value.partition(":")
+def parse_outage(value: str, error_class: str = "connection") -> dict[str, float | str]:
+    """SITE:START-END (a site down, or with `error_class` frozen: timeout, full: quota), or
+    USER@SITE:START-END (a site refusing a user: permission), in simulated time."""
+    where, _, span = value.partition(":")
+    user, _, site = where.rpartition("@")
     start, _, end = span.partition("-")
     try:
         begin, finish = parse_duration(start), parse_duration(end)
     except typer.BadParameter:
         begin = finish = -1.0
-    if not site or begin < 0 or finish <= begin:
+    wanted = "USER@SITE:START-END" if error_class == "permission" else "SITE:START-END"
+    if not site or begin < 0 or finish <= begin or bool(user) != (error_class == "permission"):
         raise typer.BadParameter(
-            f"{value!r}: expected SITE:START-END in simulated time, e.g. T2_SM_Site003:10m-20m"
+            f"{value!r}: expected {wanted} in simulated time, e.g. "
+            f"{'alice@' if user or error_class == 'permission' else ''}T2_SM_Site003:10m-20m"
         )
-    return {"site": site, "start": begin, "end": finish}
+    outage: dict[str, float | str] = {"site": site, "start": begin, "end": finish}
+    if error_class != "connection":
+        outage["class"] = error_class
+    if user:
+        outage["user"] = user
+    return outage
 
 
 def sim_cmd(
@@ -88,6 +98,18 @@ def sim_cmd(
     outage: Annotated[
         list[str] | None,
         typer.Option(help="A site outage SITE:START-END in simulated time (repeatable)."),
+    ] = None,
+    frozen: Annotated[
+        list[str] | None,
+        typer.Option(help="A site frozen (copies time out) SITE:START-END (repeatable)."),
+    ] = None,
+    quota: Annotated[
+        list[str] | None,
+        typer.Option(help="A destination full (quota) SITE:START-END (repeatable)."),
+    ] = None,
+    forbid: Annotated[
+        list[str] | None,
+        typer.Option(help="A destination refusing a user USER@SITE:START-END (repeatable)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of every random draw.")] = 1,
     instances: Annotated[
@@ -195,7 +217,12 @@ def sim_cmd(
             transfer_timeout=transfer_timeout,
             retry_delay=retry_delay,
             block_timeout=block_timeout,
-            outages=[parse_outage(o) for o in outage or []],
+            outages=[
+                *(parse_outage(o) for o in outage or []),
+                *(parse_outage(o, "timeout") for o in frozen or []),
+                *(parse_outage(o, "quota") for o in quota or []),
+                *(parse_outage(o, "permission") for o in forbid or []),
+            ],
             seed=seed,
         )
     except ValueError as exc:

@@ -20,7 +20,6 @@ from aso.config import HoldsConfig
 from aso.model import HOLD_ACTIVE, HOLD_CANCELLED, HOLD_EXPIRED, HOLD_RELEASED, STATE
 
 QUOTA, PERMISSION = model.HOLD_CLASSES
-USER, SITE = "user", "site"  # what a failure holds: its user's files there, or everyone's
 
 
 @dataclass(frozen=True)
@@ -75,22 +74,20 @@ def is_held_class(error_class: str | None, config: HoldsConfig) -> bool:
     return config.enabled and error_class in model.HOLD_CLASSES
 
 
-def holds_what(
+def holding_id(
     doc: Mapping[str, Any], config: HoldsConfig, held_sites: Iterable[str] = ()
 ) -> str | None:
-    """What a failed attempt holds: its user's files at its destination (no room, no
-    permission), everyone's (no answer, at a destination a site's hold holds or whose breaker
-    tripped: `held_sites`), or nothing (None: the retry policy decides)."""
+    """The hold a failed attempt is held by: its user's at its destination (no room, no
+    permission), or a site's (no answer, at its destination or its source that a site's hold
+    holds or whose breaker tripped: `held_sites`); None: not held (the retry policy decides)."""
     error_class = doc.get("error_class")
     if is_held_class(error_class, config):
-        return USER
-    if (
-        config.enabled
-        and error_class in model.SITE_HOLD_CLASSES
-        and doc["destination"] in set(held_sites)
-    ):
-        return SITE
-    return None
+        return model.hold_id(doc["destination"], doc["user"])
+    if not config.enabled or error_class not in model.SITE_HOLD_CLASSES:
+        return None
+    sites = set(held_sites)
+    site = next((s for s in (doc["destination"], doc["source"]) if s in sites), None)
+    return None if site is None else model.hold_id(site)
 
 
 def held_request(doc: Mapping[str, Any], config: HoldsConfig) -> bool:
@@ -101,10 +98,15 @@ def held_request(doc: Mapping[str, Any], config: HoldsConfig) -> bool:
     )
 
 
+def hold_keys(doc: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(site, user) of the holds that may hold a request: its user's at its destination, and
+    the sites' of its destination and its source."""
+    return (doc["destination"], doc["user"]), (doc["destination"], ""), (doc["source"], "")
+
+
 def _holds_of(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> list[Hold]:
-    """The user's hold and the site's hold at the request's destination, those that exist."""
-    keys = ((doc["destination"], doc["user"]), (doc["destination"], ""))
-    return [holds[k] for k in keys if k in holds]
+    """The holds that may hold the request (`hold_keys`), those that exist."""
+    return [holds[k] for k in hold_keys(doc) if k in holds]
 
 
 def holding(doc: Mapping[str, Any], holds: Mapping[tuple[str, str], Hold]) -> Hold | None:
@@ -300,13 +302,13 @@ def due(hold: Hold, now: float) -> bool:
 
 @dataclass
 class Breaker:
-    """A circuit breaker per destination, fed every request that changes (the changes feed):
-    it trips when at least `holds.breaker_failures` attempts of at least `holds.breaker_users`
-    users failed without an answer (connection, timeout) within `holds.breaker_window`
-    seconds, none having succeeded there since the first of them."""
+    """A circuit breaker per site, fed every request that changes (the changes feed): it trips
+    when at least `holds.breaker_failures` attempts from or to it of at least
+    `holds.breaker_users` users failed without an answer (connection, timeout) within
+    `holds.breaker_window` seconds, none having succeeded there since the first of them."""
 
     config: HoldsConfig
-    # destination → (end, failed without an answer?, user) of recent attempts, in feed order
+    # site → (end, failed without an answer?, user) of recent attempts from or to it
     outcomes: dict[str, deque[tuple[float, bool, str]]] = field(
         default_factory=lambda: defaultdict(deque)
     )
@@ -321,13 +323,14 @@ class Breaker:
                 attempt["outcome"] == "failed"
                 and attempt.get("error_class") in model.SITE_HOLD_CLASSES
             )
-            self.outcomes[doc["destination"]].append(
-                (attempt.get("ended") or 0.0, unanswered, doc["user"])
-            )
+            # Which end did not answer is not known: both ends count it, and a copy done
+            # answers for both.
+            for site in {doc["source"], doc["destination"]}:
+                self.outcomes[site].append((attempt.get("ended") or 0.0, unanswered, doc["user"]))
         self.seen[doc["_id"]] = len(ended)
 
     def tripped(self, site: str, now: float) -> str | None:
-        """Why the destination counts as not answering (the hold's reason), or None."""
+        """Why the site counts as not answering (its hold's reason), or None."""
         window = self.outcomes.get(site)
         if not window:
             return None

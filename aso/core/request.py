@@ -192,13 +192,14 @@ def retry_scheduled(doc: Mapping[str, Any], by: str, now: float, delay: float, r
     return moved
 
 
-def held(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str) -> Doc:
-    """A failed attempt its destination's hold holds (aso/core/holds.py): in `retry` as after
-    any failure, the attempt marked `held` so that it spends nothing of the file's budget."""
+def held(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str, hold: str) -> Doc:
+    """A failed attempt a hold holds (aso/core/holds.py; `hold` its id): in `retry` as after
+    any failure, the attempt marked `held` with it so that it spends nothing of the file's
+    budget, and its status row names the hold."""
     moved = retry_scheduled(doc, by, now, delay, reason)
     attempts = list(moved.get("attempts") or [])
     if attempts:
-        attempts[-1] = {**attempts[-1], "held": True}
+        attempts[-1] = {**attempts[-1], "held": hold}
     moved["attempts"] = attempts
     return moved
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from aso import model
 from aso.core.controls import controls_of, holding
+from aso.core.holds import hold_keys, holds_of
 from aso.core.holds import holding as holding_file
-from aso.core.holds import holds_of
 from aso.limits import LIGHT_LOOKUPS
 from aso.model import (
     AT_THE_SERVICE,
@@ -377,13 +377,13 @@ def held_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     if not waiting:
         return {}
     try:
-        pairs = {(f.destination, who) for f in waiting for who in (f.user, "")}
-        found = holds_of(read_holds(db, pairs))
+        ends = [{"source": f.source, "destination": f.destination, "user": f.user} for f in waiting]
+        found = holds_of(read_holds(db, {key for end in ends for key in hold_keys(end)}))
     except StoreError:
         return {}
     held: dict[str, int] = defaultdict(int)
-    for f in waiting:
-        hold = holding_file({"destination": f.destination, "user": f.user}, found)
+    for f, end in zip(waiting, ends, strict=True):
+        hold = holding_file(end, found)
         if hold is None:
             continue
         held[hold.says()] += 1

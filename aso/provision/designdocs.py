@@ -100,7 +100,6 @@ TABLES: dict[str, Any] = {
     "/* aso/model.py REQUEST_TYPE */ null": model.REQUEST_TYPE,
     "/* aso/model.py WAITING_WHY */ null": model.WAITING_WHY,
     "/* aso/model.py AT_THE_SERVICE */ null": list(model.AT_THE_SERVICE),
-    "/* aso/model.py HOLD_CLASSES */ null": list(model.HOLD_CLASSES),
     "/* aso/model.py HELD */ null": model.HELD,
     "/* aso/monitoring/statistics.py ENDED_STATES */ null": list(statistics.ENDED_STATES),
     "/* aso/monitoring/statistics.py COLUMNS */ null": list(statistics.COLUMNS),

@@ -7,8 +7,10 @@ with mean `sim.mean_duration` (one longer than `sim.timeout` fails as a timeout)
 with probability `sim.link_failure_rates["SRC>DST"]` (else `sim.failure_rate`) and a class
 drawn from `sim.failure_classes`, and failures for the files in flight at a site during one of
 `sim.outages` (seconds after the simulation's epoch, recorded once in the job table so that all
-processes share it): an outage of a `site` (its storage is down: connection refused) or of a
-`link` ("SRC>DST", shell wildcards allowed, e.g. "T2_SM_Site001>*": the service fails it).
+processes share it): an outage of a `site` (its storage is down: connection refused; with
+`class` timeout frozen, quota full, or with a `user` and class permission refusing that user)
+or of a `link` ("SRC>DST", shell wildcards allowed, e.g. "T2_SM_Site001>*": the service fails
+it). `fault_at` tells the hold checker what a look at a simulated site finds.
 
 Since a file's copy is a function of its job document, `copies(doc)` gives what the service
 did with each file (start and end, a cancel included): the simulator checks from it that no
@@ -50,6 +52,27 @@ class Fate:
     end: float
     error_class: str | None
     reason: str | None
+
+
+def fault_of(outage: Mapping[str, Any]) -> tuple[str, str]:
+    """(error class, reason) of a copy an outage at a site fails: down (connection refused,
+    the default), frozen (a timeout), full (quota) or forbidding a user (permission)."""
+    site, error_class = outage.get("site"), outage.get("class", errors.CONNECTION)
+    reasons = {
+        errors.CONNECTION: f"simulated outage of {site}: connection refused",
+        errors.TIMEOUT: f"simulated frozen {site}: no answer within the copy's timeout",
+        errors.QUOTA: f"simulated full {site}: no space left on device",
+        errors.PERMISSION: f"simulated {site} refusing {outage.get('user')}: permission denied",
+    }
+    return error_class, reasons.get(error_class, f"simulated fault of {site} ({error_class})")
+
+
+def _whole_site(outage: Mapping[str, Any]) -> bool:
+    """An outage of a whole site (down or frozen) fails copies from it too; a full or
+    forbidding destination only copies to it."""
+    return outage.get("class", errors.CONNECTION) in (errors.CONNECTION, errors.TIMEOUT) and (
+        outage.get("user") is None
+    )
 
 
 def _rng(seed: int, *parts: str) -> random.Random:
@@ -140,15 +163,31 @@ class SimService(JobTableService):
                 continue
             at = max(start, o_start)
             site = outage.get("site")
-            if site is not None and site in (doc["source_site"], doc["destination_site"]):
-                return Fate(
-                    start, at, errors.CONNECTION, f"simulated outage of {site}: connection refused"
-                )
+            if site is not None and self._hits(outage, doc["destination_site"], doc.get("user")):
+                return Fate(start, at, *fault_of(outage))
+            if site is not None and site == doc["source_site"] and _whole_site(outage):
+                return Fate(start, at, *fault_of(outage))
             pattern = outage.get("link")
             if pattern is not None and fnmatch.fnmatchcase(link, pattern):
                 return Fate(
                     start, at, errors.SERVICE, f"simulated failure of link {link} at the service"
                 )
+        return None
+
+    @staticmethod
+    def _hits(outage: Mapping[str, Any], destination: str, user: str | None) -> bool:
+        """Whether an outage at a site fails a copy to it (a user's fault: that user's only)."""
+        return outage.get("site") == destination and outage.get("user") in (None, user)
+
+    def fault_at(self, site: str, user: str, now: float) -> str | None:
+        """What a look at `site` (for `user`'s files; "" for everyone's) finds at `now`: the
+        reason of an outage in force there, or None (it answers, with room and permission)."""
+        for outage in self.config.outages:
+            o_start = self.epoch + float(outage.get("start", 0))
+            o_end = self.epoch + float(outage.get("end", 0))
+            whose = outage.get("user")
+            if o_start <= now < o_end and outage.get("site") == site and whose in (None, user):
+                return fault_of(outage)[1]
         return None
 
     def copies(self, doc: Mapping[str, Any]) -> dict[str, tuple[float, float]]:

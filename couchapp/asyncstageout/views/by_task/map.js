@@ -14,7 +14,6 @@ function (doc) {
   var publicationFailures = /* aso/model.py PUBLICATION_FAILURES */ null;
   var waitingWhy = /* aso/model.py WAITING_WHY */ null;
   var atTheService = /* aso/model.py AT_THE_SERVICE */ null;
-  var holdClasses = /* aso/model.py HOLD_CLASSES */ null;
   var held = /* aso/model.py HELD */ null;
   var job = /^[0-9]{1,15}$/.test(doc.job_id) ? Number(doc.job_id) : doc.job_id;
   var failed = failing.indexOf(doc.state) !== -1;
@@ -40,13 +39,13 @@ function (doc) {
       until: has(until, value) ? (doc[until[value]] || null) : null,
       job_id: atTheService.indexOf(value) !== -1 ? ((doc.transfer || {}).job_id || null) : null};
   }
-  // A file whose last attempt its destination's hold held waits held until the hold ends: its
-  // user's (no room or permission: hold:T2_CH_CERN:alice) or its site's (no answer: hold:T2_CH_CERN).
+  // A file whose last attempt a hold held waits held until the hold ends: its user's at its
+  // destination (no room or permission: hold:T2_CH_CERN:alice) or a site's (no answer:
+  // hold:T2_CH_CERN), the one the attempt names.
   var attempts = doc.attempts || [], last = attempts[attempts.length - 1];
-  if (waiting && doc.state === 'retry' && last && last.held === true) {
+  if (waiting && doc.state === 'retry' && last && typeof last.held === 'string') {
     waiting.why = held;
-    waiting.hold = 'hold:' + doc.destination +
-      (holdClasses.indexOf(doc.error_class) !== -1 ? ':' + doc.user : '');
+    waiting.hold = last.held;
   }
   emit([doc.task, job, doc.file_type, doc._id], {
     rev: doc._rev, job_id: doc.job_id, job_retry: doc.job_retry || 0, user: doc.user,
