@@ -647,16 +647,7 @@ _HOLD_ENTRY: dict[str, Any] = {
 HOLD_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
-        "type",
-        "site",
-        "user",
-        "error_class",
-        "path",
-        "needs",
-        "free",
-        "since",
-        "checks",
-        "next_check",
+        *HOLD_KEPT_BY_OWNER,
         *_HOLD_ENTRY,
         "history",
     ],

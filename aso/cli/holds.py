@@ -116,26 +116,27 @@ def _end(ctx: typer.Context, site: str, user: str, everyone: bool, state: str, r
         )
 
 
-@hold_app.command("release")
-def hold_release(
-    ctx: typer.Context,
-    site: SiteArg,
-    user: UserOpt = "",
-    everyone: EveryoneOpt = False,
-    reason: ReasonOpt = "",
-) -> None:
-    """Release a hold: its files are tried again now (a destination still full holds them
-    again)."""
-    _end(ctx, site, user, everyone, model.HOLD_RELEASED, reason)
+def _ending(state: str, name: str, doc: str) -> None:
+    """`aso hold release` and `aso hold cancel`: the same options, another end."""
+
+    def command(
+        ctx: typer.Context,
+        site: SiteArg,
+        user: UserOpt = "",
+        everyone: EveryoneOpt = False,
+        reason: ReasonOpt = "",
+    ) -> None:
+        _end(ctx, site, user, everyone, state, reason)
+
+    command.__doc__ = doc
+    hold_app.command(name)(command)
 
 
-@hold_app.command("cancel")
-def hold_cancel(
-    ctx: typer.Context,
-    site: SiteArg,
-    user: UserOpt = "",
-    everyone: EveryoneOpt = False,
-    reason: ReasonOpt = "",
-) -> None:
-    """Cancel a hold: the files it holds fail now, with its class and reason."""
-    _end(ctx, site, user, everyone, model.HOLD_CANCELLED, reason)
+_ending(
+    model.HOLD_RELEASED,
+    "release",
+    "Release a hold: its files are tried again now (a destination still full holds them again).",
+)
+_ending(
+    model.HOLD_CANCELLED, "cancel", "Cancel a hold: the files it holds fail now, with its reason."
+)

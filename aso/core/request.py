@@ -204,8 +204,9 @@ def held(doc: Mapping[str, Any], by: str, now: float, delay: float, reason: str,
     return moved
 
 
-def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
-    """A failed attempt that ends the request: `failed` for good, with the reason."""
+def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str, **class_: Any) -> Doc:
+    """A failed attempt that ends the request: `failed` for good, with the reason (and
+    `error_class=` where it is not its last attempt's)."""
     return _transitioned(
         doc,
         STATE,
@@ -215,6 +216,7 @@ def given_up(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
         reason,
         retry_after=None,
         failure_reason=reason[:MAX_REASON],
+        **class_,
     )
 
 
@@ -224,17 +226,7 @@ def stopped_waiting(
     """A file given up while it waited (`new`, `retry`, or a failed attempt): its hold was
     cancelled or passed its deadline, or its own deadline passed (errors.EXPIRED): `failed`,
     with the class and reason (its owner may resubmit it)."""
-    return _transitioned(
-        doc,
-        STATE,
-        "failed",
-        by,
-        now,
-        reason,
-        retry_after=None,
-        failure_reason=reason[:MAX_REASON],
-        error_class=error_class,
-    )
+    return given_up(doc, by, now, reason, error_class=error_class)
 
 
 def set_aside(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:

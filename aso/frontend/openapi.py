@@ -66,12 +66,11 @@ def _object(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def transfer_request() -> dict[str, Any]:
-    """components/schemas/TransferRequest: the model's schema with the store's members."""
-    schema = json_schema(model.REQUEST_SCHEMA)
+def stored(spec: dict[str, Any], id_pattern: str, id_says: str) -> dict[str, Any]:
+    """A model's schema as JSON Schema, with the store's members `_id` and `_rev`."""
+    schema = json_schema(spec)
     schema["properties"] = {
-        "_id": {"type": "string", "pattern": model.DOC_ID_PATTERN,
-                "description": "sha256 of source_lfn, hex"},
+        "_id": {"type": "string", "pattern": id_pattern, "description": id_says},
         "_rev": {"type": "string", "pattern": routes.REV_PATTERN,
                  "description": "the revision an update is based on"},
         **schema["properties"],
@@ -80,17 +79,14 @@ def transfer_request() -> dict[str, Any]:
     return schema
 
 
+def transfer_request() -> dict[str, Any]:
+    """components/schemas/TransferRequest: the model's schema with the store's members."""
+    return stored(model.REQUEST_SCHEMA, model.DOC_ID_PATTERN, "sha256 of source_lfn, hex")
+
+
 def hold() -> dict[str, Any]:
     """components/schemas/Hold: a hold document (aso/core/holds.py) with the store's members."""
-    schema = json_schema(model.HOLD_SCHEMA)
-    schema["properties"] = {
-        "_id": {"type": "string", "pattern": model.HOLD_ID_PATTERN,
-                "description": "hold:SITE:USER"},
-        "_rev": {"type": "string", "pattern": routes.REV_PATTERN,
-                 "description": "the revision an update is based on"},
-        **schema["properties"],
-    }  # fmt: skip
-    schema["required"] = ["_id", *schema["required"]]
+    schema = stored(model.HOLD_SCHEMA, model.HOLD_ID_PATTERN, "hold:SITE:USER or hold:SITE")
     schema["description"] = (
         "A destination that refused its user's files for room or permission: the agents start, "
         "check and end it; its user may set `state` to released or cancelled while it is "
