@@ -85,6 +85,7 @@ class GfalWorker(Agent):
             max_workers=config.gfal.workers, thread_name_prefix="gfal-copy"
         )
         self.running: dict[tuple[str, str], Future[None]] = {}  # (job, file) → copy
+        self.sites_of: dict[str, tuple[str, str]] = {}  # job → (source, destination) site
         self.leases: dict[str, float] = {}  # job → lease end we hold
         self.stop_copies = threading.Event()
         self.lock = threading.Lock()
@@ -105,6 +106,8 @@ class GfalWorker(Agent):
         now = time.time() if now is None else now
         report = {"claimed": 0, "started": 0, "renewed": 0}
         self.renew_leases(report)
+        copying = self.jobs_copying()
+        self.sites_of = {j: s for j, s in self.sites_of.items() if j in self.leases or j in copying}
         free = self.config.gfal.workers - self.copies_running()
         # Our own jobs first: their files beyond the free slots wait here for a slot.
         held = [doc for doc in self.jobs.get_many(list(self.leases)).values() if doc]
@@ -160,6 +163,13 @@ class GfalWorker(Agent):
             )
 
     def start_files(self, doc: Mapping[str, Any], free: int) -> int:
+        """Start the job's pending copies in at most `free` slots, and no more than
+        `gfal.per_site` copies from or to one site at once: copies waiting on a site that does
+        not answer had held every slot, and the copies between two good sites waited behind
+        them (round 29)."""
+        sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
+        self.sites_of[doc["_id"]] = sites
+        free = min(free, *(self.config.gfal.per_site - self.running_at(site) for site in sites))
         started = 0
         for file_id, entry in sorted(doc["files"].items(), key=lambda kv: kv[1]["index"]):
             if started >= free:
@@ -196,6 +206,11 @@ class GfalWorker(Agent):
     def copies_running(self) -> int:
         with self.lock:
             return len(self.running)
+
+    def running_at(self, site: str) -> int:
+        """Copies running from or to `site`."""
+        with self.lock:
+            return sum(site in self.sites_of.get(job_id, ()) for job_id, _ in self.running)
 
     def jobs_copying(self) -> set[str]:
         with self.lock:

@@ -262,6 +262,11 @@ class StorageConfig:
 @dataclass
 class GfalConfig:
     workers: int = _key(16, "Copies run at once by one gfal worker process.")
+    per_site: int = _key(
+        8,
+        "Copies from or to one site that one gfal worker runs at once: a site that does not"
+        " answer holds at most these of its slots.",
+    )
     timeout: int = _key(3600, "Seconds one copy may take.")
     operation_timeout: int = _key(
         120,
@@ -500,7 +505,8 @@ class AgentsConfig:
             "reconciler": 1,
             "hold-checker": 1,
         },
-        "How many instances of each agent `aso run` starts.",
+        "How many instances of each agent `aso run` starts (an agent the file does not name:"
+        " its default here; 0: none).",
     )
     log_dir: str = _key("var/log", "Directory of the agents' log files under `aso run`.", path=True)
 
@@ -743,6 +749,9 @@ def from_dict(data: dict[str, Any], source: Path | None = None) -> Config:
             table[entry] = kind()
             _fill(table[entry], entry_values, label, f"{section_name}.{entry}")
         setattr(config, section_name, table)
+    # The agents a file's [agents.instances] does not name run their default count: a config
+    # written before an agent existed would never start it (round 29: no hold checker ran).
+    config.agents.instances = {**AgentsConfig().instances, **config.agents.instances}
     _check_values(config, label)
     return config
 
@@ -766,6 +775,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "store.files_q": (1, 64),
     "couchdb.nodes": (1, 9),
     "transfer.max_files_per_job": (1, 1000),
+    "gfal.per_site": (1, 100_000),
     "transfer.priority": (1, 5),
     "publisher.blocks_per_call": (1, 1000),
     "publisher.max_block_bytes": (MIN_BLOCK_BYTES, MAX_WRITTEN_DOC_CHARS // 2),

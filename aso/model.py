@@ -144,7 +144,7 @@ HELD = "held"  # a file its destination refused for room or permission (aso/core
 WAITING_WORDS: dict[str, str] = {
     "queued": "queued for its link",
     HELD_BACK: "held back by an operator",
-    HELD: "held: its destination has no room or no permission for it",
+    HELD: "held: its destination has no room or permission for it or a site does not answer",
     "cool_off": "cooling off after a failed attempt",
     "deciding": "failed an attempt: the retry manager decides what next",
     "at_service": "at the transfer service",

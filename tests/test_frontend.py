@@ -442,6 +442,36 @@ def aso_with(config: Config, grid: dict[str, str], *args: str) -> subprocess.Com
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
+def test_aso_hold_through_the_front_end_lists_and_releases_a_user_s_own_holds(
+    client_config, pki, admin, files_db
+):
+    """Round 29: `aso hold list` read every hold with its document in one read of 10,000,
+    which the front end refuses (a read with documents is a page of at most 1000): it failed
+    for every client of the front end. It reads page by page; a user releases their own hold
+    with it and cannot end another's."""
+    from aso.config import HoldsConfig
+    from aso.core import holds
+
+    agents = admin.db(files_db)
+    for user in ("carol", "dave"):
+        doc = holds.started(None, site="T2_DE_DESY", user=user, error_class="quota",
+                            reason="no space left", path=f"/store/user/{user}", needs=10,
+                            by="agent", now=time.time(), config=HoldsConfig())  # fmt: skip
+        assert doc is not None
+        agents.put(doc)
+    cadir = {"X509_CERT_DIR": str(pki.capath)}
+    carol = cadir | {"X509_USER_PROXY": str(pki.proxy_file(pki.user("carol")))}
+    listed = aso_with(client_config, carol, "hold", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert {line.split("\t")[1] for line in listed.stdout.splitlines()[1:]} == {"carol", "dave"}
+    theirs = aso_with(client_config, carol, "hold", "release", "T2_DE_DESY", "--user", "dave")
+    assert theirs.returncode == 1 and "may not change a hold of user" in theirs.stderr
+    mine = aso_with(client_config, carol, "hold", "release", "T2_DE_DESY")
+    assert mine.returncode == 0, mine.stderr
+    assert agents.get(model.hold_id("T2_DE_DESY", "carol"))["state"] == model.HOLD_RELEASED
+    assert agents.get(model.hold_id("T2_DE_DESY", "dave"))["state"] == model.HOLD_ACTIVE
+
+
 def upload_args(user: str, task: str) -> list[str]:
     token = uuid.uuid4().hex[:8]
     path = f"/{user}/fe/{token}.root"

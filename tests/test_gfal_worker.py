@@ -232,6 +232,29 @@ def test_a_worker_stopped_cleanly_hands_its_copies_and_jobs_back(sim_config: Con
         assert {e["state"] for e in doc["files"].values()} == {DONE}
 
 
+def test_copies_waiting_on_one_site_leave_slots_for_the_others(sim_config: Config) -> None:
+    """Round 29: copies from a site that did not answer held all of a worker's 16 slots; the
+    copies between two good sites waited behind them. At most `gfal.per_site` copies from or
+    to one site run at once: the others start beside them."""
+    import dataclasses
+
+    config = dataclasses.replace(sim_config, gfal=dataclasses.replace(
+        sim_config.gfal, workers=6, per_site=4))  # fmt: skip
+    stuck = submit(config, jobs=1, files=10)  # T2_CH_CERN → T2_DE_DESY: they never end
+    other = dataclasses.replace(job(99, 2), source_site="T2_IT_Pisa", destination_site="T2_US_MIT")
+    [elsewhere] = job_table(config).create_many([other])
+    slow = UntilCancelled()
+    worker = GfalWorker(config, "w-sites", copier=slow)
+    try:
+        worker.work_once()
+        wait_for(lambda: slow.started >= 6, 30, "six copies to start")
+        assert worker.running_at("T2_CH_CERN") == 4 and worker.running_at("T2_DE_DESY") == 4
+        assert worker.running_at("T2_IT_Pisa") == 2  # the other site's copies go beside them
+        assert stuck and elsewhere
+    finally:
+        worker.close()
+
+
 def test_a_user_cancel_is_not_handed_back(sim_config: Config) -> None:
     """A copy cancelled because its owner asked ends `canceled`, stopping worker or not."""
     [job_id] = submit(sim_config, jobs=1, files=1)

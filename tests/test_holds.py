@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -21,7 +22,7 @@ from aso.agents.hold_checker import HoldChecker
 from aso.agents.monitor import Monitor
 from aso.agents.retry_manager import RetryManager
 from aso.agents.submitter import Submitter
-from aso.config import Config
+from aso.config import Config, HoldsConfig
 from aso.core import holds
 from aso.model import HOLD_ACTIVE, HOLD_CANCELLED, HOLD_EXPIRED, HOLD_RELEASED, hold_id
 from aso.monitoring import queries
@@ -354,3 +355,41 @@ def test_a_destination_that_stops_answering_everyone_holds_every_user_s_files(
     assert released["state"] == HOLD_RELEASED
     run_until(lambda: states(db, ids) == Counter(done=6), runners,
               describe=lambda: states(db, ids))  # fmt: skip
+
+
+def test_the_breaker_blames_the_end_a_failure_names_and_needs_two_users():
+    """Round 29: failures from a dead source were counted against the destination its users
+    chose, which two users could trip for everyone. A failure counts for the site its reason
+    names (SOURCE or DESTINATION, or the site), a copy done or failed otherwise answers for
+    both ends, and one user's failures alone trip nothing."""
+    config = dataclasses.replace(
+        HoldsConfig(), breaker_failures=3, breaker_users=2, breaker_window=100.0
+    )
+    breaker = holds.Breaker(config)
+    now = 1000.0
+
+    def attempt(
+        user: str,
+        reason: str,
+        outcome: str = "failed",
+        error_class: str | None = "connection",
+        at: float = now,
+    ) -> None:
+        doc = {"type": model.REQUEST_TYPE, "_id": uuid.uuid4().hex, "user": user,
+               "source": "T2_IT_Pisa", "destination": "T2_CH_CERN",
+               "attempts": [{"outcome": outcome, "ended": at, "reason": reason,
+                             "error_class": error_class}]}  # fmt: skip
+        breaker.observe(doc)
+
+    for user in ("alice", "alice", "alice"):
+        attempt(user, "[112] SOURCE CHECKSUM (Neon): Could not read status line")
+    assert breaker.tripped("T2_IT_Pisa", now) is None  # one user's
+    attempt("bob", "[112] SOURCE CHECKSUM (Neon): Connection reset by peer")
+    assert "failed without an answer" in (breaker.tripped("T2_IT_Pisa", now) or "")
+    assert breaker.tripped("T2_CH_CERN", now) is None  # the destination answered nothing wrong
+    for user in ("alice", "bob", "carol"):
+        attempt(user, "TRANSFER timed out")  # names neither end: counted for none
+    assert breaker.tripped("T2_CH_CERN", now) is None
+    attempt("carol", "", outcome="done", error_class=None, at=now + 1)  # both ends answered
+    assert breaker.tripped("T2_IT_Pisa", now) is None
+    assert breaker.tripped("T2_IT_Pisa", now + 1000) is None  # and old failures fall out

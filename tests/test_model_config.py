@@ -295,3 +295,14 @@ def test_every_file_not_finished_has_a_reason_to_wait_and_words_for_it():
     assert len(reasons) == sum(len(by) for by in model.WAITING_WHY.values())  # each its own
     assert set(model.WAITING_WORDS) == reasons | {model.HELD_BACK, model.HELD}
     assert not any("," in words or ";" in words for words in model.WAITING_WORDS.values())
+
+
+def test_an_agent_a_file_does_not_name_runs_its_default_count(tmp_path):
+    """Round 29: a config written before the hold checker existed named seven agents in
+    [agents.instances], which replaced the built-in table: `aso run` never started the hold
+    checker, and no hold was looked at again. Agents a file does not name run their default."""
+    path = tmp_path / "aso.toml"
+    path.write_text("[agents.instances]\nsubmitter = 2\nreconciler = 0\n")
+    instances = aso_config.load(str(path)).agents.instances
+    assert instances["submitter"] == 2 and instances["reconciler"] == 0
+    assert instances["hold-checker"] == 1 and instances["monitor"] == 1

@@ -511,7 +511,7 @@ def test_run_starts_again_an_agent_stuck_past_its_hang_timeout(tmp_path):
     black_hole.listen(64)  # connections complete in the kernel; nobody ever answers
     config = make_config(tmp_path, black_hole.getsockname()[1], read_timeout=600.0, retries=0)
     config.agents.hang_timeout = 2.0
-    config.agents.instances = {"retry-manager": 1}
+    config.agents.instances = {**dict.fromkeys(config.agents.instances, 0), "retry-manager": 1}
     config.agents.log_dir = str(tmp_path / "log")
     write_config(config)
     run = subprocess.Popen(

@@ -24,6 +24,7 @@ from aso.cli.common import (
     utc_time,
 )
 from aso.cli.common import config_of as _config
+from aso.core import holds
 from aso.monitoring import queries
 from aso.store import Database, Server
 
@@ -148,6 +149,9 @@ def status_cmd(
     for says, n in sorted(answer.held_back.items()):
         print(f"{n} files held back, not started until an operator allows it: {says}")
     for says, n in sorted(answer.held.items()):
+        if says.startswith(holds.NO_ANSWER):  # a site's hold: operators' to end
+            print(f"{n} files held ({says}): they go once the site answers a look again")
+            continue
         print(f"{n} files held ({says}): they go once the destination passes a look; "
               "`aso hold release SITE` tries now, `aso hold cancel SITE` fails them")  # fmt: skip
     stopped = sum(answer.counts.get("state", {}).get(s, 0) for s in model.NEVER_COPIED)

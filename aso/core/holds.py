@@ -18,8 +18,10 @@ from typing import Any
 from aso import model
 from aso.config import HoldsConfig
 from aso.model import HOLD_ACTIVE, HOLD_CANCELLED, HOLD_EXPIRED, HOLD_RELEASED, STATE
+from aso.transfer import errors
 
 QUOTA, PERMISSION = model.HOLD_CLASSES
+NO_ANSWER = "no answer from"  # how a site's hold says itself
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Hold:
     def says(self) -> str:
         """One line for a person: what holds, where, the figures."""
         if not self.user:
-            return f"no answer from {self.site} (every user's files): {self.reason}"
+            return f"{NO_ANSWER} {self.site} (every user's files): {self.reason}"
         what = "no room" if self.error_class == QUOTA else "no permission"
         free = "" if self.free is None else f", {self.free} bytes free of {self.needs} needed"
         return f"{what} for {self.user} at {self.site}{free}: {self.reason}"
@@ -303,9 +305,10 @@ def due(hold: Hold, now: float) -> bool:
 @dataclass
 class Breaker:
     """A circuit breaker per site, fed every request that changes (the changes feed): it trips
-    when at least `holds.breaker_failures` attempts from or to it of at least
-    `holds.breaker_users` users failed without an answer (connection, timeout) within
-    `holds.breaker_window` seconds, none having succeeded there since the first of them."""
+    when at least `holds.breaker_failures` attempts of at least `holds.breaker_users` users
+    failed without an answer (connection, timeout) from that site, as their reasons say (the
+    step that failed: SOURCE or DESTINATION, errors.failing_end), within
+    `holds.breaker_window` seconds, no copy from or to it having ended since the first."""
 
     config: HoldsConfig
     # site → (end, failed without an answer?, user) of recent attempts from or to it
@@ -323,10 +326,17 @@ class Breaker:
                 attempt["outcome"] == "failed"
                 and attempt.get("error_class") in model.SITE_HOLD_CLASSES
             )
-            # Which end did not answer is not known: both ends count it, and a copy done
-            # answers for both.
-            for site in {doc["source"], doc["destination"]}:
-                self.outcomes[site].append((attempt.get("ended") or 0.0, unanswered, doc["user"]))
+
+            ended_at, user = attempt.get("ended") or 0.0, doc["user"]
+            if not unanswered:  # a copy done, or failed otherwise: both ends answered
+                for site in {doc["source"], doc["destination"]}:
+                    self.outcomes[site].append((ended_at, False, user))
+                continue
+            # Only the end the failure names counts it: a dead source had held every file for
+            # the destination its users chose (round 29); a failure that names neither, none.
+            site = errors.failing_end(attempt.get("reason"), doc["source"], doc["destination"])
+            if site is not None:
+                self.outcomes[site].append((ended_at, True, user))
         self.seen[doc["_id"]] = len(ended)
 
     def tripped(self, site: str, now: float) -> str | None:

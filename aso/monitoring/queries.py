@@ -330,13 +330,23 @@ def read_controls(db: Database) -> list[dict[str, Any]]:
 
 
 HOLD_PREFIX = "hold:"
-MAX_HOLDS = 10_000  # hold documents read at once (one per destination and user ever held)
+MAX_HOLDS = 10_000  # hold documents read at most (one per destination and user ever held)
+HOLD_PAGE = 1000  # a read with documents through the front end is a page of at most 1000
 
 
 def all_holds(db: Database) -> list[dict[str, Any]]:
-    """Every hold document, in force or ended (aso/core/holds.py)."""
-    docs = db.all_docs(HOLD_PREFIX, HOLD_PREFIX + "\ufff0", limit=MAX_HOLDS)
-    return [d for d in docs if d.get("type") == model.HOLD_TYPE]
+    """Every hold document, in force or ended (aso/core/holds.py), page by page: each page
+    starts at the last id of the one before (round 29: one read of 10,000 with their
+    documents was refused by the front end, and `aso hold list` with it)."""
+    found: dict[str, dict[str, Any]] = {}
+    first = HOLD_PREFIX
+    while len(found) < MAX_HOLDS:
+        page = db.all_docs(first, HOLD_PREFIX + "\ufff0", limit=HOLD_PAGE)
+        found.update((d["_id"], d) for d in page)
+        if len(page) < HOLD_PAGE:
+            break
+        first = page[-1]["_id"]
+    return [d for d in found.values() if d.get("type") == model.HOLD_TYPE]
 
 
 def read_holds(db: Database, pairs: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:

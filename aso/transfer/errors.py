@@ -118,3 +118,21 @@ def classify(code: int | None = None, message: str | None = None) -> str:
 
 def is_permanent(error_class: str | None) -> bool:
     return error_class in PERMANENT
+
+
+# Which end of a copy a failure names: gfal2 and FTS3 prefix the step ("SOURCE CHECKSUM",
+# "DESTINATION OVERWRITE", "... (destination)"); the simulator names the site.
+_SOURCE_SAYS = re.compile(r"\bSOURCE\b|\(source\)")
+_DESTINATION_SAYS = re.compile(r"\bDESTINATION\b|\(destination\)")
+
+
+def failing_end(reason: str | None, source: str, destination: str) -> str | None:
+    """The site a failure's reason blames, `source` or `destination`; None when it names
+    neither or both (a failure of the copy itself, or of the service)."""
+    text = reason or ""
+    by_step = {source: bool(_SOURCE_SAYS.search(text)),
+               destination: bool(_DESTINATION_SAYS.search(text))}  # fmt: skip
+    if by_step[source] != by_step[destination]:
+        return source if by_step[source] else destination
+    named = [site for site in (source, destination) if re.search(rf"\b{re.escape(site)}\b", text)]
+    return named[0] if len(named) == 1 else None
