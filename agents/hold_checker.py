@@ -17,18 +17,16 @@ an operator meanwhile wins: the look is decided again on the fresh document).
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from aso import model, sites
 from aso.config import Config
 from aso.core import holds
-from aso.files import Files, open_files, simulated
+from aso.files import Files, open_files
 from aso.monitoring.queries import all_holds
 from aso.runtime import Cycle, PeriodicAgent
 from aso.store import Server, StoreError
-from aso.transfer.sim import SimService
 
 log = logging.getLogger("aso.agent.hold_checker")
 LOOKS_AT_ONCE = 8  # destinations looked at at once
@@ -47,13 +45,6 @@ class HoldChecker(PeriodicAgent):
         server: Server | None = None,
     ):
         super().__init__(config, instance, server=server)
-        # The simulator's sites have no storage: what a look finds there is its faults'
-        # (sim.outages), unless a test gives the looks' answers (`files`).
-        self.sim = (
-            SimService(self.server.db(config.store.transfers_db), config.sim)
-            if config.transfer.backend == "sim" and files is None
-            else None
-        )
         self.files = files or open_files(config)
         self.pool = ThreadPoolExecutor(max_workers=LOOKS_AT_ONCE, thread_name_prefix="hold-look")
         self.pending: dict[str, Future[holds.Look]] = {}  # hold id → its look under way
@@ -136,8 +127,6 @@ class HoldChecker(PeriodicAgent):
             directory = sites.pfn(self.config, hold.site, hold.path)
         except sites.SiteError as exc:
             return holds.Look(None, f"cannot be checked: {exc}", probed=True)
-        if self.sim is not None and simulated(directory):
-            return holds.Look(None, self.sim.fault_at(hold.site, hold.user, time.time()), True)
         if not hold.user:
             return holds.Look(None, self.files.reachable(directory), probed=True)
         try:

@@ -15,10 +15,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from aso import gfal2client
 from aso.config import Config
@@ -154,9 +155,12 @@ class GfalFiles:
 
 @dataclass
 class SimFiles:
-    """No data: destinations are as the requests say, deletions are recorded."""
+    """No data: destinations are as the requests say, deletions are recorded. A look at a
+    site (a hold's probe, whether it answers) finds what the simulator's faults say there
+    (`faults`: site, user, now → the fault's reason; aso.transfer.sim.SimService.fault_at)."""
 
     deleted: list[str] = field(default_factory=list)
+    faults: Callable[[str, str, float], str | None] | None = None
 
     def confirm(self, url: str, size: int, adler32: str) -> str | None:
         return None
@@ -169,10 +173,21 @@ class SimFiles:
         return None
 
     def probe(self, directory: str) -> str | None:
-        return None
+        return self._fault(directory, _user_of(directory))
 
     def reachable(self, url: str) -> str | None:
-        return None
+        return self._fault(url, "")
+
+    def _fault(self, url: str, user: str) -> str | None:
+        if self.faults is None:
+            return None
+        return self.faults(urlsplit(url).netloc, user, time.time())
+
+
+def _user_of(url: str) -> str:
+    """The user whose area a simulated URL is in (/store/user/NAME/...), or ""."""
+    parts = urlsplit(url).path.split("/")
+    return parts[3] if len(parts) > 3 and parts[1:3] == ["store", "user"] else ""
 
 
 def simulated(url: str) -> bool:
@@ -184,7 +199,7 @@ class SiteFiles:
     """The file operations of any site: `sim://` URLs to SimFiles, the others to gfal2."""
 
     def __init__(self, config: Config):
-        self.sim = SimFiles()
+        self.sim = SimFiles(faults=_simulated_faults(config))
         self.gfal = GfalFiles(config)
 
     def _for(self, url: str) -> Files:
@@ -204,6 +219,26 @@ class SiteFiles:
 
     def reachable(self, url: str) -> str | None:
         return self._for(url).reachable(url)
+
+
+def _simulated_faults(config: Config) -> Callable[[str, str, float], str | None] | None:
+    """The simulator's faults (sim.outages), read where its service keeps its epoch; None
+    without the sim back end."""
+    if config.transfer.backend != "sim":
+        return None
+    from aso.store import Server
+    from aso.transfer.sim import SimService
+
+    service: SimService | None = None
+
+    def fault_at(site: str, user: str, now: float) -> str | None:
+        nonlocal service
+        if service is None:  # at the first look: most users of Files never look
+            jobs = Server.from_config(config, account="agent").db(config.store.transfers_db)
+            service = SimService(jobs, config.sim)
+        return service.fault_at(site, user, now)
+
+    return fault_at
 
 
 def open_files(config: Config) -> Files:
