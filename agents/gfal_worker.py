@@ -31,6 +31,8 @@ from typing import Any
 
 from aso import faults
 from aso.config import Config
+from aso.core import holds
+from aso.monitoring.queries import read_holds
 from aso.runtime import Agent, Cycle
 from aso.store import Conflict, Server, StoreError
 from aso.transfer import errors
@@ -86,6 +88,7 @@ class GfalWorker(Agent):
         )
         self.running: dict[tuple[str, str], Future[None]] = {}  # (job, file) → copy
         self.sites_of: dict[str, tuple[str, str]] = {}  # job → (source, destination) site
+        self.held_sites: set[str] = set()  # sites a site's hold holds (read each round)
         self.leases: dict[str, float] = {}  # job → lease end we hold
         self.stop_copies = threading.Event()
         self.lock = threading.Lock()
@@ -108,6 +111,7 @@ class GfalWorker(Agent):
         self.renew_leases(report)
         copying = self.jobs_copying()
         self.sites_of = {j: s for j, s in self.sites_of.items() if j in self.leases or j in copying}
+        self.read_held_sites()
         free = self.config.gfal.workers - self.copies_running()
         # Our own jobs first: their files beyond the free slots wait here for a slot.
         held = [doc for doc in self.jobs.get_many(list(self.leases)).values() if doc]
@@ -164,9 +168,9 @@ class GfalWorker(Agent):
 
     def start_files(self, doc: Mapping[str, Any], free: int) -> int:
         """Start the job's pending copies in at most `free` slots, and no more than
-        `gfal.per_site` copies from or to one site at once: copies waiting on a site that does
-        not answer had held every slot, and the copies between two good sites waited behind
-        them (round 29)."""
+        `gfal.per_site` copies from or to one site at once (`running_at`): copies waiting on a
+        site that does not answer had held every slot, and the copies between two good sites
+        waited behind them (round 29)."""
         sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
         self.sites_of[doc["_id"]] = sites
         free = min(free, *(self.config.gfal.per_site - self.running_at(site) for site in sites))
@@ -208,9 +212,23 @@ class GfalWorker(Agent):
             return len(self.running)
 
     def running_at(self, site: str) -> int:
-        """Copies running from or to `site`."""
+        """Copies running from or to `site`, but those whose other end a site's hold holds:
+        those wait on that end (round 30: copies hung on a dead source had used up the cap of
+        the good destination at their other end, whose other copies then waited 300-490 s)."""
         with self.lock:
-            return sum(site in self.sites_of.get(job_id, ()) for job_id, _ in self.running)
+            ends = [self.sites_of.get(job_id, ("", "")) for job_id, _ in self.running]
+        return sum(site in pair and not (set(pair) - {site}) & self.held_sites for pair in ends)
+
+    def read_held_sites(self) -> None:
+        """The sites of our jobs that a site's hold holds (aso/core/holds.py), read once a
+        round; none when they cannot be read."""
+        sites = {site for pair in self.sites_of.values() for site in pair if site}
+        try:
+            found = holds.holds_of(read_holds(self.db, [(site, "") for site in sites]))
+        except StoreError as exc:
+            log.debug("sites' holds not read: %s", exc)
+            found = {}
+        self.held_sites = {site for (site, _), hold in found.items() if hold.holds}
 
     def jobs_copying(self) -> set[str]:
         with self.lock:

@@ -72,6 +72,7 @@ FILES_PER_BATCH = 1000
 class Submitter(Agent):
     name = "submitter"
     kinds = (SUBMIT, ACTIVE)
+    waiting = ("held_back", "held", "deferred", "conflicts")
 
     def __init__(
         self, config: Config, instance: str | None = None, *, server: Server | None = None

@@ -135,7 +135,11 @@ class GfalFiles:
         return None
 
     def probe(self, directory: str) -> str | None:
-        ctx = self._ctx()
+        # An upload from this host: a streamed copy, which ASO's contexts otherwise refuse
+        # (round 30: every probe failed "TRANSFER STREAMED DISABLED"; no hold was released).
+        ctx = self.local.probe_ctx = getattr(self.local, "probe_ctx", None) or (
+            gfal2client.new_context(self.config, allow_streaming=True)
+        )
         target = f"{directory.rstrip('/')}/{PROBE_PREFIX}{uuid.uuid4().hex}"
         with tempfile.NamedTemporaryFile(prefix="aso-probe-") as local:
             local.write(b"aso probe\n")

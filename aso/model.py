@@ -356,9 +356,9 @@ ATTEMPT = {
         # The fence of a job the service did not know, before the file's next attempt
         # (aso.transfer.base.Fence): no such job can run, or its files had ended there.
         "fenced": {"type": ["string", "null"], "enum": ["absent", "ended", None]},
-        # The hold that held it (aso/core/holds.py, its id: hold:SITE:USER or hold:SITE): the
-        # attempt spends nothing of the file's budget.
-        "held": {"type": ["string", "null"], "max": 300},
+        # The hold that held it (aso/core/holds.py, its id: hold:SITE:USER or hold:SITE; true
+        # from a build before holds were named): the attempt spends nothing of the budget.
+        "held": {"type": ["string", "boolean", "null"], "max": 300},
     },
 }
 

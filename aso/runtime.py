@@ -320,6 +320,9 @@ class Agent:
 
     # Whether `observe` wants every document of the `_changes` feed (not only the work).
     observes = False
+    # Counts of a cycle's report that say what waits, not what was done: a cycle with only
+    # these waits for new work as an idle one does.
+    waiting: tuple[str, ...] = ()
     # Queue kinds whose requests `observe` is also given, from the queue view, whenever the
     # work set starts (after `forget`): what was written before the feed's start position.
     observed_kinds: tuple[str, ...] = ()
@@ -562,11 +565,12 @@ class Runner:
                 self.stop_event.wait(seconds)
         return report
 
-    @staticmethod
-    def _did_something(report: Mapping[str, Any]) -> bool:
-        return any(
-            isinstance(v, int) and v > 0 for k, v in report.items() if k not in ("work", "seconds")
-        )
+    def _did_something(self, report: Mapping[str, Any]) -> bool:
+        """Whether a cycle moved anything: counts of what waits (`Agent.waiting`: files held
+        back, held, deferred) are no work done (round 30: a submitter with held files cycled
+        67 times a second, each reading the holds)."""
+        quiet = ("work", "seconds", *self.agent.waiting)
+        return any(isinstance(v, int) and v > 0 for k, v in report.items() if k not in quiet)
 
     def _beat(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -251,6 +251,19 @@ def test_copies_waiting_on_one_site_leave_slots_for_the_others(sim_config: Confi
         assert worker.running_at("T2_CH_CERN") == 4 and worker.running_at("T2_DE_DESY") == 4
         assert worker.running_at("T2_IT_Pisa") == 2  # the other site's copies go beside them
         assert stuck and elsewhere
+        # Once a site's hold holds T2_CH_CERN, the copies hung there count against it alone:
+        # T2_DE_DESY's other copies may start (round 30: they had waited 300-490 s).
+        from aso.config import HoldsConfig
+        from aso.core import holds
+
+        hold = holds.started(None, site="T2_CH_CERN", user="", error_class="timeout",
+                             reason="no answer", path="/store/temp/race", needs=0, by="r1",
+                             now=time.time(), config=HoldsConfig())  # fmt: skip
+        assert hold is not None
+        worker.db.put(hold)
+        worker.read_held_sites()
+        assert worker.held_sites == {"T2_CH_CERN"}
+        assert worker.running_at("T2_DE_DESY") == 0 and worker.running_at("T2_CH_CERN") == 4
     finally:
         worker.close()
 

@@ -37,6 +37,7 @@ from aso.local.xrootd import (
     Keeper,
     StorageError,
     export_path,
+    run_as,
     subject_hash,
     write_file,
 )
@@ -311,6 +312,36 @@ def test_a_copy_into_a_full_destination_is_told_quota_and_leaves_nothing(
             "adler32": fits.adler32,
         }
         assert GfalCopier(config).copy(entry, {}, lambda: False).state == "done"
+
+
+@pytest.mark.parametrize("protocol", ["http", "root"])
+def test_a_probe_write_passes_where_a_copy_may_write_and_fails_where_it_may_not(
+    storage: EmbeddedStorage, gfal2: Any, protocol: str
+) -> None:
+    """A hold's look at a destination that reports no free space, or refused a permission:
+    a small file written there and deleted. Round 30: the probe was a streamed copy, which
+    ASO's contexts refused, so it failed everywhere and no such hold was ever released."""
+    from aso.files import PROBE_PREFIX, GfalFiles
+
+    config = dataclasses.replace(storage.config)
+    config.sites = {
+        name: dataclasses.replace(site, protocol=protocol) for name, site in config.sites.items()
+    }
+    files = GfalFiles(config)
+    area = f"/store/user/alice/probe{uuid.uuid4().hex[:8]}"
+    path = export_path(config, DESTINATION, area)
+    path.mkdir(parents=True)
+    owner = run_as()
+    for directory in (path, path.parent):
+        os.chown(directory, owner.uid, owner.gid)
+    assert files.probe(sites.pfn(config, DESTINATION, area)) is None
+    assert [p.name for p in path.iterdir() if p.name.startswith(PROBE_PREFIX)] == []  # deleted
+    path.chmod(0o555)  # the destination refuses the user's writes there
+    try:
+        refused = files.probe(sites.pfn(config, DESTINATION, area))
+        assert refused is not None and errors.classify(None, refused) == errors.PERMISSION, refused
+    finally:
+        path.chmod(0o755)
 
 
 @pytest.mark.parametrize("protocol", ["https", "root"])
