@@ -441,8 +441,11 @@ def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
     quota): no file fails; the files that do not fit wait held, with the reason and the room
     the storage reports, in `aso status`; once room is freed (the test deletes a file) the hold
     checker releases the hold at its next look and every file completes, each copied once."""
+    # One copy at a time: copies at once into a nearly full file system leave each other's
+    # partial files there, and a look at the free space between two removals may see room.
     config = dataclasses.replace(
         gfal_config,
+        gfal=dataclasses.replace(gfal_config.gfal, workers=1),
         holds=dataclasses.replace(
             gfal_config.holds, first_check=0.5, max_check_interval=1.0, interval=0.2
         ),
