@@ -131,6 +131,10 @@ def test_a_full_destination_holds_its_files_and_a_look_with_room_releases_them(
     later = upload(accounts, config, 1, users=("alice",), links=[CERN_DESY], task=task)
     report = step_until(runners[0], lambda r: r.get("held") == 4)
     assert report["submitted"] == 0, report
+    # Only holding files back is no work: the submitter waits as an idle one (round 30: it had
+    # cycled 67 times a second, each cycle reading the holds).
+    assert not runners[0]._did_something(report)
+    assert runners[0]._did_something({**report, "submitted": 1})
     assert states(db, ids + later) == Counter(retry=3, new=1)
     samples = {(s.labels["site"], s.labels["error_class"]): s.value
                for s in metrics.HELD.collect()[0].samples}  # fmt: skip
