@@ -454,22 +454,22 @@ def test_aso_hold_through_the_front_end_lists_and_releases_a_user_s_own_holds(
 
     agents = admin.db(files_db)
     for user in ("carol", "dave"):
-        doc = holds.started(None, site="T2_DE_DESY", user=user, error_class="quota",
+        doc = holds.started(None, site="T2_CH_CERN", user=user, error_class="quota",
                             reason="no space left", path=f"/store/user/{user}", needs=10,
                             by="agent", now=time.time(), config=HoldsConfig())  # fmt: skip
         assert doc is not None
         agents.put(doc)
     cadir = {"X509_CERT_DIR": str(pki.capath)}
     carol = cadir | {"X509_USER_PROXY": str(pki.proxy_file(pki.user("carol")))}
-    listed = aso_with(client_config, carol, "hold", "list")
+    listed = aso_with(client_config, carol, "hold", "list", "--site", "T2_CH_CERN")
     assert listed.returncode == 0, listed.stderr
     assert {line.split("\t")[1] for line in listed.stdout.splitlines()[1:]} == {"carol", "dave"}
-    theirs = aso_with(client_config, carol, "hold", "release", "T2_DE_DESY", "--user", "dave")
+    theirs = aso_with(client_config, carol, "hold", "release", "T2_CH_CERN", "--user", "dave")
     assert theirs.returncode == 1 and "may not change a hold of user" in theirs.stderr
-    mine = aso_with(client_config, carol, "hold", "release", "T2_DE_DESY")
+    mine = aso_with(client_config, carol, "hold", "release", "T2_CH_CERN")
     assert mine.returncode == 0, mine.stderr
-    assert agents.get(model.hold_id("T2_DE_DESY", "carol"))["state"] == model.HOLD_RELEASED
-    assert agents.get(model.hold_id("T2_DE_DESY", "dave"))["state"] == model.HOLD_ACTIVE
+    assert agents.get(model.hold_id("T2_CH_CERN", "carol"))["state"] == model.HOLD_RELEASED
+    assert agents.get(model.hold_id("T2_CH_CERN", "dave"))["state"] == model.HOLD_ACTIVE
 
 
 def upload_args(user: str, task: str) -> list[str]:
