@@ -24,6 +24,7 @@ Measured reasons (docs/design.md, "Real storage on one machine", and the notes b
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from types import ModuleType
@@ -145,12 +146,21 @@ def free_space(ctx: Any, config: Config, url: str) -> int | None:
     `url` up); None: not reported (no root:// endpoint, or the storage says nothing)."""
     gfal2 = import_gfal2(config)
     query = sites.space_url(config, url)
-    for _ in range(SPACE_LEVELS):
+    retried = False
+    for _ in range(SPACE_LEVELS + 1):
         if query is None or not urlsplit(query).path.strip("/"):
             return None
         try:
             tokens = json.loads(ctx.getxattr(query, "spacetoken"))
-        except (gfal2.GError, ValueError):
+        except gfal2.GError as exc:
+            # XRootD's client keeps one connection per server for the process: the first
+            # request after that server was restarted fails; it is asked once more.
+            if exc.code != errno.ENOENT and not retried:
+                retried = True
+                continue
+            query = query.rstrip("/").rsplit("/", 1)[0]
+            continue
+        except ValueError:
             query = query.rstrip("/").rsplit("/", 1)[0]
             continue
         spaces = tokens if isinstance(tokens, list) else [tokens]

@@ -115,7 +115,15 @@ class GfalCopier:
                 entry["destination"],
                 ", ".join(events.types) or "no transfer type reported",
             )
-        return CopyResult(DONE, checksum=self.destination_checksum(entry["destination"]))
+        checksum = self.destination_checksum(entry["destination"])
+        expected = normal_adler32(entry["adler32"])
+        if verify and checksum is not None and checksum != expected:
+            # gfal2 fell back to another copy mode that reported no error: a full destination
+            # left a truncated file (seen after another mode had failed on it).
+            self.remove_leftover(entry["destination"])
+            said = f"destination adler32 {checksum}, expected {expected}"
+            return self.diagnosed(entry, said, errors.CHECKSUM)
+        return CopyResult(DONE, checksum=checksum)
 
     def remove_leftover(self, url: str) -> None:
         """Remove what a failed copy left at its destination (an XRootD third-party copy into a
