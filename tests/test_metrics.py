@@ -120,7 +120,11 @@ def metrics_config(store_config: Config, admin: Server, tmp_path: Path) -> Itera
             poll_interval=0.3,
             heartbeat_interval=0.5,
             heartbeat_expiry=5.0,
-            instances={name: 1 for name in AGENTS},
+            # every other agent 0: one the file does not name runs its default count
+            instances={
+                **dict.fromkeys(store_config.agents.instances, 0),
+                **dict.fromkeys(AGENTS, 1),
+            },
             log_dir=str(tmp_path / "log"),
         ),
         metrics=dataclasses.replace(store_config.metrics, port=free_port()),
