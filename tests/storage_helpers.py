@@ -64,17 +64,23 @@ def running_storage(config: Config) -> Iterator[EmbeddedStorage]:
 @contextmanager
 def small_area(config: Config, site: str, lfn_dir: str, size: int) -> Iterator[Path]:
     """`lfn_dir` at an embedded `site` on a file system of `size` bytes (a tmpfs the servers'
-    account owns): a destination that fills up, as a user's quota does. Needs the right to
-    mount (root, as `make test` runs here); where it is missing the test is skipped."""
-    import pytest
-
+    account owns): a destination that fills up, as a user's quota does (`tmpfs`)."""
     path = export_path(config, site, lfn_dir)
     owner = run_as()
     missing = [p for p in [path, *path.parents] if not p.exists()]
     for directory in reversed(missing):  # the servers' own, as they would have made them
         directory.mkdir()
         os.chown(directory, owner.uid, owner.gid)
-    options = f"size={size},uid={owner.uid},gid={owner.gid},mode=0755"
+    with tmpfs(path, f"size={size},uid={owner.uid},gid={owner.gid},mode=0755"):
+        yield path
+
+
+@contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `path` with `options` for the test, unmounted afterwards. Needs the
+    right to mount (root, as `make test` runs here); where it is missing the test is skipped."""
+    import pytest
+
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
     )

@@ -21,23 +21,15 @@ from aso.provision.designdocs import init_databases
 from aso.store import Server, StoreError
 from aso.upload import judged_request, upload
 from tests.conftest import ENGINE, own_store
+from tests.storage_helpers import tmpfs
 
 
 @pytest.fixture()
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(mount, "size=6m"):
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def batch(token: str, k: int) -> list[dict]:
