@@ -22,6 +22,7 @@ import pytest
 
 from aso.agents.cleaner import Cleaner
 from aso.agents.gfal_worker import GfalWorker
+from aso.agents.hold_checker import HoldChecker
 from aso.agents.monitor import Monitor
 from aso.agents.publisher import Publisher
 from aso.agents.retry_manager import RetryManager
@@ -29,6 +30,7 @@ from aso.agents.submitter import Submitter
 from aso.catalog.embedded import EmbeddedCatalog
 from aso.local.xrootd import export_path, write_file
 from aso.model import CLEANUP, PUBLICATION, STATE
+from aso.monitoring.queries import all_holds
 from aso.provision.designdocs import init_catalog_db
 from aso.runtime import Runner
 from aso.store import admin as store_admin
@@ -51,6 +53,10 @@ def life_config(gfal_config, admin):
         retry=dataclasses.replace(gfal_config.retry, base_delay=0.5, jitter=0.0, max_attempts=6),
         cleaner=dataclasses.replace(gfal_config.cleaner, base_delay=0.5),
         gfal=dataclasses.replace(gfal_config.gfal, retries=1, retry_delay=0.3),
+        # The outage may trip the destination's breaker: its hold is looked at soon.
+        holds=dataclasses.replace(
+            gfal_config.holds, first_check=1.0, max_check_interval=2.0, interval=0.5
+        ),
     )
     yield config
     store_admin.delete_db(admin, name)
@@ -107,8 +113,17 @@ def all_agents(config) -> list[Runner]:
             RetryManager(config, "r1"),
             Cleaner(config, "c1"),
             Publisher(config, "p1"),
+            HoldChecker(config, "h1"),
         )
     ]
+
+
+def where_files_are(db, ids: list[str]) -> Counter:
+    """Files per (state, cleanup, publication, hold of the last attempt): where a run stopped."""
+    return Counter(
+        (d[STATE], d[CLEANUP], d[PUBLICATION], (d.get("attempts") or [{}])[-1].get("held"))
+        for d in db.get_many(ids).values()
+    )
 
 
 def settled(doc: dict[str, Any]) -> bool:
@@ -141,7 +156,8 @@ def test_three_hundred_files_end_where_they_should(life_config, accounts, admin,
         run_until(
             lambda: outage["done"] and all(settled(d) for d in db.get_many(ids).values()),
             runners,
-            timeout=300,
+            timeout=240,
+            describe=lambda: where_files_are(db, ids),
         )
     finally:
         for runner in runners:
@@ -167,6 +183,10 @@ def test_three_hundred_files_end_where_they_should(life_config, accounts, admin,
             assert doc["failure_reason"] == "checksum mismatch in 2 attempts"
         else:
             assert (doc[CLEANUP], doc[PUBLICATION]) == ("cleaned", "published")
+
+    # A hold the outage started (the destination's breaker) was released by a look, not
+    # left standing or failed.
+    assert all(h["state"] == "released" for h in all_holds(db)), all_holds(db)
 
     # The storage: the temp areas hold exactly the files that were not transferred.
     for doc_id, doc in stored.items():
