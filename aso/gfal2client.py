@@ -24,7 +24,6 @@ Measured reasons (docs/design.md, "Real storage on one machine", and the notes b
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from types import ModuleType
@@ -40,6 +39,9 @@ XRD_ENVIRONMENT = {
     "XRD_CONNECTIONRETRY": "1",  # connection attempts
     "XRD_REQUESTTIMEOUT": "120",  # seconds for one request (a checksum of a big file included)
     "XRD_STREAMTIMEOUT": "60",  # seconds a stream with requests in flight may stay silent
+    # Seconds a server that could not be reached stays failed without a new connection
+    # (1800 by default): a site back from an outage must answer the next look at once.
+    "XRD_STREAMERRORWINDOW": "0",
 }
 HTTP_HEADERS = ["Credential: none", "X-No-Delegate: true"]
 
@@ -146,21 +148,12 @@ def free_space(ctx: Any, config: Config, url: str) -> int | None:
     `url` up); None: not reported (no root:// endpoint, or the storage says nothing)."""
     gfal2 = import_gfal2(config)
     query = sites.space_url(config, url)
-    retried = False
-    for _ in range(SPACE_LEVELS + 1):
+    for _ in range(SPACE_LEVELS):
         if query is None or not urlsplit(query).path.strip("/"):
             return None
         try:
             tokens = json.loads(ctx.getxattr(query, "spacetoken"))
-        except gfal2.GError as exc:
-            # XRootD's client keeps one connection per server for the process: the first
-            # request after that server was restarted fails; it is asked once more.
-            if exc.code != errno.ENOENT and not retried:
-                retried = True
-                continue
-            query = query.rstrip("/").rsplit("/", 1)[0]
-            continue
-        except ValueError:
+        except (gfal2.GError, ValueError):
             query = query.rstrip("/").rsplit("/", 1)[0]
             continue
         spaces = tokens if isinstance(tokens, list) else [tokens]

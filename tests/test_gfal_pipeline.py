@@ -434,13 +434,6 @@ def test_worker_killed_mid_copy_leaves_nothing_copied_twice(gfal_config, account
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
 
 
-@pytest.mark.xfail(
-    reason="open: run after the module's tests that kill the agents or restart the destination,"
-    " the copies into the full file system end as checksum mismatches that are not told quota"
-    " (the free-space diagnosis is not reached or sees room), and the files fail; alone, the"
-    " test passes (session 14's closing note)",
-    strict=False,
-)
 def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
     gfal_config, accounts, admin
 ):

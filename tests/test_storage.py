@@ -344,6 +344,31 @@ def test_a_probe_write_passes_where_a_copy_may_write_and_fails_where_it_may_not(
         path.chmod(0o755)
 
 
+def test_a_site_back_from_an_outage_answers_the_next_space_query(
+    storage: EmbeddedStorage, gfal2: Any
+) -> None:
+    """A space query asked while the destination's server is down, then again once it is back,
+    in one process: the second is answered. XRootD's client otherwise keeps a server it could
+    not reach failed for XRD_STREAMERRORWINDOW (1800 s by default), and every look and
+    full-destination diagnosis in that time saw no free space reported."""
+    from aso.files import GfalFiles
+
+    config = storage.config
+    files = GfalFiles(config)
+    stored = write_file(config, DESTINATION, _lfn("/store/user/alice/outage"), 1000)
+    url = sites.pfn(config, DESTINATION, stored.lfn)
+    assert files.free_space(url) is not None
+    only_destination = EmbeddedStorage(
+        dataclasses.replace(config, sites={DESTINATION: config.sites[DESTINATION]})
+    )
+    only_destination.stop()
+    try:
+        assert files.free_space(url) is None
+    finally:
+        only_destination.start()
+    assert files.free_space(url) is not None
+
+
 @pytest.mark.parametrize("protocol", ["https", "root"])
 def test_missing_source_is_enoent(storage: EmbeddedStorage, gfal2: Any, protocol: str) -> None:
     config = storage.config
