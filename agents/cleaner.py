@@ -21,18 +21,19 @@ by source site.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, cast
 
 from aso import model
 from aso.config import Config
-from aso.core.cleanup import cleanup_recorded, due
+from aso.core.cleanup import cleanup_recorded, discardable, due
 from aso.deleter import Deleter
 from aso.files import Files, open_files
 from aso.model import CLEANUP
 from aso.runtime import Agent, Cycle
 from aso.store import Server
-from aso.workqueue import CLEAN
+from aso.workqueue import CLEAN, DISCARD, QueueView
 
 log = logging.getLogger("aso.agent.cleaner")
 
@@ -52,25 +53,49 @@ class Cleaner(Agent):
         super().__init__(config, instance, server=server)
         self.files = files or open_files(config)
         self.deleter = Deleter(config, self.files, self.name)
+        self.next_discard = 0.0  # monotonic time of the next look for failed files' copies
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return cast(str, doc["source"])
 
+    def due_without_work(self) -> bool:
+        return time.monotonic() >= self.next_discard
+
     def cycle(self, ctx: Cycle) -> None:
-        now = ctx.now
-        work = sorted((d for d in ctx.work if due(d, now)), key=lambda d: d["last_update"])
-        work = work[: self.config.cleaner.batch]
-        report = ctx.counts("cleaned", "cleanup_errors", "conflicts")
+        ctx.counts("cleaned", "cleanup_errors", "conflicts")
+        if self.due_without_work():
+            self.next_discard = time.monotonic() + self.config.cleaner.discard_interval
+            ctx.counts("discarded")
+            self.clean(ctx, self.past_their_grace(ctx), "discarded")
+        work = sorted((d for d in ctx.work if due(d, ctx.now)), key=lambda d: d["last_update"])
+        self.clean(ctx, work[: self.config.cleaner.batch], "cleaned")
+
+    def past_their_grace(self, ctx: Cycle) -> list[dict[str, Any]]:
+        """This instance's files never copied whose temporary copy outlived
+        `cleaner.failed_grace` (the queue view's "discard", oldest first)."""
+        settings = self.config.cleaner
+        found = QueueView(self.db).keyed_before(
+            DISCARD, ctx.now - settings.failed_grace, settings.batch * ctx.partition.size
+        )
+        mine = [d for d in found if ctx.partition.mine(self.partition_key(d))]
+        return [d for d in mine if discardable(d, ctx.now, settings.failed_grace)][
+            : settings.batch
+        ]
+
+    def clean(self, ctx: Cycle, work: list[dict[str, Any]], counted: str) -> None:
+        """Delete the temporary copies of `work` and record each outcome (`counted` names the
+        count of those deleted)."""
         if not work:
             return
+        now, report = ctx.now, ctx.counts(counted)
         outcomes = self.deleter.clean_all(work)
-        seen = {doc["_id"]: doc[CLEANUP] for doc in work}
+        seen = {doc["_id"]: (doc[model.STATE], doc[CLEANUP]) for doc in work}
 
         def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
-            # Read again after a conflict (a user's `aso publish --retry`, or the publisher):
-            # the outcome still holds while the file is done and its cleanup where this cycle
-            # found it.
-            if doc.get(model.STATE) != "done" or doc.get(CLEANUP) != seen[doc["_id"]]:
+            # Read again after a conflict (a user's `aso publish --retry` or resubmission, the
+            # publisher): the outcome still holds while the file's state and cleanup are where
+            # this cycle found them.
+            if (doc.get(model.STATE), doc.get(CLEANUP)) != seen[doc["_id"]]:
                 return None
             return cleanup_recorded(
                 doc, outcomes[doc["_id"]], self.instance, now, self.config.cleaner
@@ -79,7 +104,7 @@ class Cleaner(Agent):
         outcome = self.db.write_decided(work, decide)
         report["conflicts"] += len(outcome.not_written)
         for doc in outcome.written:
-            report["cleaned" if doc[CLEANUP] == "cleaned" else "cleanup_errors"] += 1
+            report[counted if doc[CLEANUP] == "cleaned" else "cleanup_errors"] += 1
             log.debug(
                 "file %s: temporary copy %s at %s: %s",
                 doc["_id"],

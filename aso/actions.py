@@ -82,10 +82,22 @@ def kill(db: Database, task: str, job: str | None, by: str) -> ActionReport:
     return _transition_all(db, task_requests(db, task, job), KILL, by, "killed by the user")
 
 
+DISCARDED = (
+    "its temporary copy was deleted after it failed (cleaner.failed_grace): only a job retry's"
+    " new file can be resubmitted"
+)
+
+
 def resubmit(db: Database, task: str, job: str | None, by: str) -> ActionReport:
-    return _transition_all(
-        db, task_requests(db, task, job), RESUBMIT, by, "resubmitted by the user"
+    """Failed and killed files back to `new`; one whose temporary copy the cleaner discarded
+    is refused (the store refuses it too), with why."""
+    docs = task_requests(db, task, job)
+    gone = {d["_id"] for d in docs if d[STATE] in RESUBMIT and d[model.CLEANUP] == "cleaned"}
+    report = _transition_all(
+        db, [d for d in docs if d["_id"] not in gone], RESUBMIT, by, "resubmitted by the user"
     )
+    report.refused.update((i, DISCARDED) for i in sorted(gone))
+    return report
 
 
 def republish(db: Database, task: str, job: str | None, by: str) -> ActionReport:

@@ -393,6 +393,15 @@ class CleanerConfig:
         60.0, "Seconds before a failed deletion is tried again; doubles each time."
     )
     max_delay: float = _key(3600.0, "Longest wait between two tries of a deletion.")
+    failed_grace: float = _key(
+        259200.0,
+        "Seconds after a file failed for good (or was killed) that its temporary copy is"
+        " deleted; until then its owner may resubmit it. Once deleted, only a job retry's new"
+        " file renews the request.",
+    )
+    discard_interval: float = _key(
+        600.0, "Seconds between two looks of the cleaner for failed files past their grace."
+    )
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from aso import sites
+from aso import model, sites
 from aso.config import Config
 from aso.core.cleanup import Outcome
 from aso.files import FileError, Files, Look
@@ -41,7 +41,9 @@ def clean_one(
 ) -> Outcome:
     """Confirm the destination, then delete the temporary copy; never the other way round.
     `confirmed`: the caller confirmed the destination in this cycle (the publisher, before
-    its catalog call; the monitor, before recording `done`): no second look."""
+    its catalog call; the monitor, before recording `done`): no second look. A file never
+    copied (failed for good, killed) has no copy of ours at its destination: its temporary
+    copy is discarded without a look (the cleaner, past `cleaner.failed_grace`)."""
     if not storejs.in_temp_area(doc["user"], doc["source_lfn"]):  # an admin-written request
         return Outcome(
             False, f"refused: {doc['source_lfn']} is not in {doc['user']}'s temporary area"
@@ -51,7 +53,7 @@ def clean_one(
     except sites.SiteError as exc:
         return Outcome(False, f"refused: {exc}")
     try:
-        if not confirmed:
+        if not confirmed and doc.get(model.STATE) not in model.NEVER_COPIED:
             wrong = files.confirm(
                 destination_url(config, doc),
                 doc["size"],
@@ -62,7 +64,10 @@ def clean_one(
         deleted = files.delete(temp)
     except FileError as exc:
         return Outcome(False, str(exc))
-    return Outcome(True, "temporary copy deleted" if deleted else "temporary copy already gone")
+    done = "temporary copy deleted" if deleted else "temporary copy already gone"
+    if doc.get(model.STATE) in model.NEVER_COPIED:
+        done += f" ({doc[model.STATE]} and not resubmitted: discarded)"
+    return Outcome(True, done)
 
 
 class Deleter:

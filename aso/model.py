@@ -168,10 +168,19 @@ WORK: dict[str, dict[str, tuple[str, ...]]] = {
     # publishes in the same write (one write for both axes instead of two).
     "clean": {STATE: ("done",), CLEANUP: CLEANUP_DUE, PUBLICATION: FINAL[PUBLICATION]},
     "publish": {STATE: ("done",), PUBLICATION: PUBLICATION_DUE},  # the publisher
+    # The cleaner, `cleaner.failed_grace` after the file failed for good or was killed (key:
+    # since when, state_since): its temporary copy is discarded.
+    "discard": {STATE: NEVER_COPIED, CLEANUP: CLEANUP_DUE},
 }
 
-# Transitions other than on the `state` axis are only legal while `state` is this value.
-AXIS_REQUIRES_STATE: dict[str, str | None] = {STATE: None, CLEANUP: "done", PUBLICATION: "done"}
+# Transitions other than on the `state` axis are only legal while `state` is one of these: a
+# copied file's publication and cleanup; the temporary copy of a file never copied, discarded
+# once `cleaner.failed_grace` has passed.
+AXIS_REQUIRES_STATE: dict[str, tuple[str, ...] | None] = {
+    STATE: None,
+    CLEANUP: ("done", *NEVER_COPIED),
+    PUBLICATION: ("done",),
+}
 
 _O, _A = frozenset({OWNER}), frozenset({AGENT})
 
@@ -237,6 +246,9 @@ OWNER_MUTABLE = (*AXES, "history", "last_update")
 # copied (failed or killed) with the new file's, as it resubmits it (docs/status-api.md, "Job
 # retries"); the validation allows exactly this.
 RENEWABLE = ("job_retry", "size", "checksum", "publish_info")
+# What a renewal also moves back, beside its state to `new`, and nothing else may: the
+# temporary copy the cleaner discarded after the failure is the job retry's new file.
+RENEWAL_MOVES: dict[str, tuple[str, str]] = {CLEANUP: ("cleaned", "pending")}
 # The fields whose values must lie in their owner's namespace (below): only a creation or a
 # renewal (RENEWABLE) sets them, and whoever does is judged by the owner's namespace.
 NAMESPACED = ("source_lfn", "destination_lfn", "publish_info")
@@ -763,10 +775,23 @@ def may_transition(axis: str, old: str, new: str, role: str) -> bool:
     return role in TRANSITIONS[axis].get((old, new), frozenset())
 
 
+def state_since(doc: Mapping[str, Any]) -> float:
+    """When the request reached its `state`: its last history entry of that axis (the queue
+    view's key of "discard", couchapp/queue/views/work/map.js)."""
+    for entry in reversed(doc.get("history") or []):
+        if isinstance(entry, Mapping) and entry.get("axis") == STATE:
+            at = entry.get("at")
+            if isinstance(at, int | float) and not isinstance(at, bool):
+                return float(at)
+    return float(doc.get("last_update") or 0)
+
+
 def is_final(doc: Mapping[str, Any]) -> bool:
-    """Nothing more will happen to this request: it may be purged by analytics."""
+    """Nothing more will happen to this request: it may be purged by analytics. A file never
+    copied is final once its temporary copy is gone (a purged request would leave it behind,
+    named by nothing)."""
     if doc.get(STATE) in NEVER_COPIED:
-        return True
+        return doc.get(CLEANUP) in FINAL[CLEANUP]
     return all(doc.get(axis) in FINAL[axis] for axis in AXES)
 
 
@@ -784,9 +809,11 @@ def transition(
     role: str,
     *,
     at: float | None = None,
+    renewal: bool = False,
     **fields: Any,
 ) -> dict[str, Any]:
-    """A copy of `doc` with the changes applied, history appended and `fields` set.
+    """A copy of `doc` with the changes applied, history appended and `fields` set; in an
+    owner's `renewal`, RENEWAL_MOVES are legal too.
 
     Raises TransitionError when `role` may not make one of the changes, exactly as the store
     would refuse it; callers write the result back with the revision they read.
@@ -797,13 +824,24 @@ def transition(
         old_value: Any = new.get(change.axis)  # any JSON value, or None when missing
         if change.axis not in AXES or change.to not in STATES[change.axis]:
             raise TransitionError(f"{change.axis} has no state {change.to!r}")
-        if not may_transition(change.axis, old_value, change.to, role):
+        renewing = (
+            renewal
+            and role == OWNER
+            and RENEWAL_MOVES.get(change.axis)
+            == (
+                old_value,
+                change.to,
+            )
+        )
+        if not renewing and not may_transition(change.axis, old_value, change.to, role):
             raise TransitionError(
                 f"{role} may not change {change.axis} from {old_value} to {change.to}"
             )
         required = AXIS_REQUIRES_STATE[change.axis]
-        if required and new.get(STATE) != required and role != ADMIN:
-            raise TransitionError(f"{change.axis} may only change while state is {required}")
+        if required and new.get(STATE) not in required and role != ADMIN and not renewing:
+            raise TransitionError(
+                f"{change.axis} may only change while state is {' or '.join(required)}"
+            )
         entry = {
             "axis": change.axis,
             "from": old_value,
@@ -925,6 +963,7 @@ def validation_model() -> dict[str, Any]:
         "owner_mutable": list(OWNER_MUTABLE),
         "immutable": list(IMMUTABLE),
         "renewable": list(RENEWABLE),
+        "renewal_moves": {axis: list(move) for axis, move in RENEWAL_MOVES.items()},
         "namespaced": list(NAMESPACED),
         "admin_roles": list(ADMIN_ROLES),
         "agent_role": AGENT_ROLE,

@@ -116,6 +116,9 @@ class Finding:
     repair: Repair | None = None  # None: reported only
     lost: bool = False  # a file is gone for good: a person must act (the job runs again)
     rev: str | None = None  # the document's revision when checked: a repair applies to it only
+    user: str | None = None  # whose file (an orphan temporary file: from its path)
+    size: int | None = None  # bytes of the file concerned, where known
+    age: float | None = None  # seconds since the file was last modified, where known
 
     @property
     def subject(self) -> str:
@@ -260,7 +263,7 @@ class CatalogState:
 
 
 # --- the checks: plain functions over data ---------------------------------------------------
-def _age(seconds: float) -> str:
+def age_text(seconds: float) -> str:
     if seconds >= 2 * 86400:
         return f"{seconds / 86400:.1f} d"
     if seconds >= 3600:
@@ -269,21 +272,29 @@ def _age(seconds: float) -> str:
 
 
 def stuck_axes(request: Request) -> list[str]:
-    """The axes of a request that still wait for an agent (a failed or killed request is over;
-    cleanup and publication only move once the copy is done)."""
+    """The axes of a request that still wait for an agent (cleanup and publication move once
+    the copy is done; a failed or killed request's cleanup, its temporary copy discarded
+    after `cleaner.failed_grace`)."""
     if request.state not in FINAL[STATE]:
         return [STATE]
     if request.state != "done":
-        return []
+        return [CLEANUP] if request.cleanup not in FINAL[CLEANUP] else []
     return [axis for axis in (CLEANUP, PUBLICATION) if getattr(request, axis) not in FINAL[axis]]
 
 
-def find_stuck(requests: Iterable[Request], now: float, stuck_after: float) -> list[Finding]:
-    """Requests whose last transition on a non-final axis is older than `stuck_after`."""
+def find_stuck(
+    requests: Iterable[Request], now: float, stuck_after: float, failed_grace: float = 0.0
+) -> list[Finding]:
+    """Requests whose last transition on a non-final axis is older than `stuck_after` (the
+    cleanup of a file never copied: than its grace and `stuck_after`, from its failure)."""
     findings = []
     for request in requests:
         for axis in stuck_axes(request):
-            age = now - request.since(axis)
+            if request.state in model.NEVER_COPIED:
+                since = max(request.since(STATE) + failed_grace, request.since(CLEANUP))
+            else:
+                since = request.since(axis)
+            age = now - since
             if age >= stuck_after:
                 findings.append(_stuck(request, axis, age, now))
     return findings
@@ -291,7 +302,7 @@ def find_stuck(requests: Iterable[Request], now: float, stuck_after: float) -> l
 
 def _stuck(request: Request, axis: str, age: float, now: float) -> Finding:
     value = getattr(request, axis)
-    detail = f"{axis} {value} for {_age(age)}"
+    detail = f"{axis} {value} for {age_text(age)}"
     repair = None
     if axis == STATE and value in model.AT_THE_SERVICE:
         to = "failed_attempt" if value == "submitted" else "killed"
@@ -308,10 +319,12 @@ def _stuck(request: Request, axis: str, age: float, now: float) -> Finding:
         )
     else:
         if axis == STATE and value == "retry" and (request.retry_after or 0) <= now:
-            detail += f", its cool-off ended {_age(now - (request.retry_after or 0))} ago"
+            detail += f", its cool-off ended {age_text(now - (request.retry_after or 0))} ago"
         if request.last_error and value in model.AFTER_AN_ERROR:
             detail += f"; last error: {request.last_error[:300]}"
         who = RESPONSIBLE.get((axis, value))
+        if axis == CLEANUP and request.state in model.NEVER_COPIED:
+            who = f"the cleaner, which discards the copies of {request.state} files (running?)"
         if who:
             detail += f"; up to {who}"
     return Finding(
@@ -349,14 +362,54 @@ def find_orphan_temp(
             Finding(
                 ORPHAN_TEMP,
                 f"no request names this temporary file ({f.size} bytes, "
-                f"last modified {_age(now - f.mtime)} ago)"
+                f"last modified {age_text(now - f.mtime)} ago)"
                 + ("" if deletable else "; not a valid LFN of the temp area: delete it by hand"),
                 path=f.lfn,
                 site=f.site,
                 repair=Repair(DELETE_TEMP, "delete the temporary file") if deletable else None,
+                user=temp_owner(f.lfn),
+                size=f.size,
+                age=round(now - f.mtime, 3),
             )
         )
     return findings
+
+
+def temp_owner(lfn: str) -> str:
+    """The user whose temporary area holds `lfn` (/store/temp/user/<name>.<hash>/...; the
+    hash has no dot), or "?" outside the users' temporary areas."""
+    if not lfn.startswith(model.TEMP_USER_AREA):
+        return "?"
+    area = lfn[len(model.TEMP_USER_AREA) :].split("/", 1)[0]
+    return area.rsplit(".", 1)[0] if "." in area else area
+
+
+@dataclass(frozen=True)
+class UserOrphans:
+    """One user's orphan temporary files: how many, their bytes, the oldest's age."""
+
+    user: str
+    files: int
+    bytes: int
+    oldest: float
+
+
+def orphans_by_user(findings: Iterable[Finding]) -> list[UserOrphans]:
+    """The orphan temporary files of the findings per user, most bytes first."""
+    files: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.kind == ORPHAN_TEMP:
+            files.setdefault(f.user or "?", []).append(f)
+    summary = [
+        UserOrphans(
+            user,
+            len(found),
+            sum(f.size or 0 for f in found),
+            max((f.age or 0.0) for f in found),
+        )
+        for user, found in files.items()
+    ]
+    return sorted(summary, key=lambda u: (-u.bytes, u.user))
 
 
 def leftover_candidates(
@@ -714,7 +767,9 @@ def reconcile(
     if CONFLICT in wanted:
         report.findings += find_conflicts(requests, now, 2 * config.transfer.lease)
     if STUCK in wanted:
-        report.findings += find_stuck(requests, now, settings.stuck_after)
+        report.findings += find_stuck(
+            requests, now, settings.stuck_after, config.cleaner.failed_grace
+        )
     if files is not None and any(k in wanted for k in STORAGE_KINDS):
         _check_storage(config, files, requests, wanted, now, report, alive)
     elif any(k in wanted for k in STORAGE_KINDS):

@@ -348,6 +348,11 @@ class Agent:
     def observe(self, doc: Mapping[str, Any]) -> None:
         """Every document of the `_changes` feed, when `observes` is set."""
 
+    def due_without_work(self) -> bool:
+        """Whether the next cycle runs even with no work of its kinds (a periodic pass of an
+        agent that follows the feed: the cleaner's discard of failed files' copies)."""
+        return False
+
     def forget(self) -> None:
         """The work set starts (again, after a gap in the feed): what `observe` learnt so far
         is replaced by what the queue view's `observed_kinds` and the feed tell from now on."""
@@ -535,7 +540,7 @@ class Runner:
         ]
         started = time.monotonic()
         report: dict[str, Any] = {}
-        if mine or not agent.kinds:
+        if mine or not agent.kinds or agent.due_without_work():
             ctx = self.context(mine)
             agent.cycle(ctx)
             report = ctx.report

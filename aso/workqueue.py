@@ -33,7 +33,7 @@ QUEUE_DDOC = "queue"
 QUEUE_VIEW = "work"
 
 KINDS = tuple(model.WORK)
-SUBMIT, ACTIVE, DECIDE, CLEAN, PUBLISH = KINDS
+SUBMIT, ACTIVE, DECIDE, CLEAN, PUBLISH, DISCARD = KINDS
 # The kinds of the requests still on their way: each state of model.ON_ITS_WAY is the work of
 # one of them (tests/test_workqueue.py holds the two lists together).
 ON_ITS_WAY_KINDS = tuple(
@@ -51,6 +51,8 @@ def work_key(kind: str, doc: Mapping[str, Any]) -> list[Any]:
         return [(doc.get("transfer") or {}).get("job_id", "")]
     if kind == DECIDE:
         return [doc["last_update"]]
+    if kind == DISCARD:
+        return [model.state_since(doc)]
     if kind == CLEAN:
         return [doc["source"]]
     return [doc["user"], (doc.get("publish_info") or {}).get("dataset", "")]  # PUBLISH
@@ -91,6 +93,20 @@ class QueueView:
             include_docs=True,
             reduce=False,
             freshness=freshness,
+        )
+        return result.docs()
+
+    def keyed_before(self, kind: str, before: float, limit: int) -> list[dict[str, Any]]:
+        """The requests of a kind keyed by a time (DECIDE: the last change; DISCARD: since
+        its state) at or before `before`, oldest first."""
+        result = self.db.view(
+            QUEUE_DDOC,
+            QUEUE_VIEW,
+            start_key=[kind],
+            end_key=[kind, before],
+            limit=limit,
+            include_docs=True,
+            reduce=False,
         )
         return result.docs()
 

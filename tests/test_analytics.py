@@ -26,6 +26,7 @@ from aso.agents.retry_manager import RetryManager
 from aso.agents.submitter import Submitter
 from aso.cli.stats import stats_cmd
 from aso.config import Config
+from aso.core import request
 from aso.model import STATE
 from aso.monitoring import purge, statistics, summaries
 from aso.provision import designdocs, storejs
@@ -50,6 +51,8 @@ def config(sim_config: Config, admin: Server) -> Config:
             failure_classes={"timeout": 1.0},
         ),
         analytics=dataclasses.replace(sim_config.analytics, batch=7),
+        # Failed and killed files are finished once their temporary copies are discarded.
+        cleaner=dataclasses.replace(sim_config.cleaner, failed_grace=0, discard_interval=0),
     )
     designdocs.init_stats_db(admin, config.store.stats_db)
     yield config
@@ -224,10 +227,13 @@ def test_a_purge_interrupted_at_any_step_counts_each_request_once(config, accoun
         agent_stats, rest, by="crashed-2", now=now + 0.001, counts=storejs.contribution
     )
     purge.delete(agent_db, second)
-    # Meanwhile the owner resubmits a failed request of the first batch before its deletion.
+    # Meanwhile a job retry's new file renews a failed request of the first batch before its
+    # deletion (its temporary copy was discarded: a plain resubmission is refused).
     owner = owner_db(accounts, config, failed["user"])
-    assert resubmit(owner, failed["task"], failed["job_id"], failed["user"]).changed
-    assert as_read(config, admin) != expected  # the resubmitted request left the live views
+    assert resubmit(owner, failed["task"], failed["job_id"], failed["user"]).refused
+    retry = dict(failed, job_retry=failed["job_retry"] + 1)
+    owner.put(request.renewed(owner.get(failed["_id"]), retry, failed["user"], time.time()))
+    assert as_read(config, admin) != expected  # the renewed request left the live views
 
     report = purged(agent_db, agent_stats, older_than=now, batch_size=100, by="a2")
     assert report.recovered == 2 and report.kept == 1

@@ -306,7 +306,7 @@ def legal_moves(stored: dict[str, Any]) -> list[tuple[str, str, str]]:
     moves = []
     for axis in AXES:
         needs = model.AXIS_REQUIRES_STATE[axis]
-        if needs and stored[STATE] != needs:
+        if needs and stored[STATE] not in needs:
             continue
         for (was, to), roles in model.TRANSITIONS[axis].items():
             if was == stored[axis]:

@@ -247,6 +247,8 @@ def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
     by_subject = {f.subject: f for f in report.findings}
     assert by_subject[stuck["_id"]].repair.action == reconcile.JOB_LOST
     assert by_subject[orphan].site == SOURCES[1]
+    assert (by_subject[orphan].user, by_subject[orphan].size) == ("alice", 400)
+    assert by_subject[orphan].age >= time.time() - old - 60
     assert by_subject[recopy["_id"]].repair.changes == (
         (STATE, "done", "new"),
         (CLEANUP, "cleaned", "pending"),
@@ -288,6 +290,9 @@ def test_reconciler_finds_each_disagreement_and_repairs_what_it_can(
     for title in cli_titles():
         assert title in result.stdout
     assert "8 disagreement(s)" in result.stdout and "1 file(s) LOST" in result.stdout
+    assert "Orphan temporary files by user" in result.stdout
+    oldest = reconcile.age_text(by_subject[orphan].age)
+    assert f"alice\t1\t400\t{oldest}" in result.stdout.splitlines()  # a pipe: tab-separated
     result = CliRunner().invoke(cli(config), ["reconcile", "--kind", "nonsense"])
     assert result.exit_code == 2
     result = CliRunner().invoke(cli(config), ["reconcile", "--fix", "--json"])
@@ -396,8 +401,16 @@ def test_stuck_is_judged_per_axis_from_the_history():
     [f] = reconcile.find_stuck([retry], now, HOUR)
     assert f.repair is None and "its cool-off ended 1.0 h ago" in f.detail, f.detail
     assert "up to the submitter" in f.detail, f.detail
-    failed = request(moves=[(STATE, "failed", 0.0)])
-    assert reconcile.find_stuck([failed], now, HOUR) == []
+    # A failed file's temporary copy is the cleaner's once its grace is over: stuck only when
+    # it is still there `stuck_after` later.
+    failed = request(moves=[(STATE, "failed", now - 2 * HOUR)])
+    assert reconcile.find_stuck([failed], now, HOUR, failed_grace=2 * HOUR) == []
+    [f] = reconcile.find_stuck([failed], now, HOUR, failed_grace=HOUR)
+    assert f.detail.startswith("cleanup pending for 1.0 h; up to the cleaner, which discards"), (
+        f.detail
+    )
+    gone = request(moves=[(STATE, "failed", 0.0), (CLEANUP, "cleaned", 1.0)])
+    assert reconcile.find_stuck([gone], now, HOUR) == []
 
 
 def test_a_published_file_in_another_block_gets_that_block_recorded():
@@ -475,3 +488,26 @@ def test_a_long_pass_keeps_the_agent_s_watchdog_from_firing(
     # once a page of documents, once a site listed, once a file checked
     assert len(armed) >= many + len(reconcile.storage_sites(rec_config)) + 1, armed
     assert set(armed) == {rec_config.agents.hang_timeout}
+
+
+def test_orphan_temporary_files_are_summed_up_per_user():
+    """`aso reconcile`'s table of each user's orphan temporary files: the owner from the path
+    (the hash of /store/temp/user/<name>.<hash>/ has no dot), files, bytes, the oldest's age;
+    most bytes first; a file outside the users' areas is "?"'s."""
+
+    def orphan(lfn: str, size: int, age: float) -> reconcile.Finding:
+        return reconcile.Finding(ORPHAN_TEMP, "x", path=lfn, site=SOURCES[0],
+                                 user=reconcile.temp_owner(lfn), size=size, age=age)  # fmt: skip
+
+    findings = [
+        orphan("/store/temp/user/alice.ab12/t/1.root", 100, 50.0),
+        orphan("/store/temp/user/alice.ab12/t/2.root", 300, 7200.0),
+        orphan("/store/temp/user/j.doe.x-9/t/1.root", 1000, 10.0),
+        orphan("/store/temp/other/1.root", 5, 1.0),
+        reconcile.Finding(STUCK, "not an orphan", request_id="r", size=10**9),
+    ]
+    assert reconcile.orphans_by_user(findings) == [
+        reconcile.UserOrphans("j.doe", 1, 1000, 10.0),
+        reconcile.UserOrphans("alice", 2, 400, 7200.0),
+        reconcile.UserOrphans("?", 1, 5, 1.0),
+    ]

@@ -112,16 +112,27 @@ def test_admin_may_make_any_change(files_db, accounts):
     assert admin_db.put(update)
 
 
-@pytest.mark.parametrize("axis", [CLEANUP, PUBLICATION])
-def test_cleanup_and_publication_only_move_once_the_copy_is_done(files_db, accounts, axis):
+@pytest.mark.parametrize(
+    ("axis", "state", "when"),
+    [
+        (CLEANUP, "submitted", "done or failed or killed"),
+        (PUBLICATION, "submitted", "done"),
+        (PUBLICATION, "failed", "done"),
+    ],
+)
+def test_cleanup_and_publication_only_move_once_the_copy_is_over(
+    files_db, accounts, axis, state, when
+):
+    """A copy's publication once it is done; its temporary copy's cleanup once it is done, or
+    given up (failed, killed: the cleaner discards it after `cleaner.failed_grace`)."""
     admin_db = db_as(accounts, "admin", files_db)
     doc = base_for(axis, "pending")
-    doc[STATE] = "submitted"
+    doc[STATE] = state
     doc["_rev"] = admin_db.create(doc)
     target = "cleaned" if axis == CLEANUP else "published"
     with pytest.raises(Forbidden) as err:
         db_as(accounts, "agent", files_db).put(changed(doc, axis, target, "agent"))
-    assert err.value.reason == f"[transition] {axis} may only change while state is done"
+    assert err.value.reason == f"[transition] {axis} may only change while state is {when}"
 
 
 def test_a_legal_chain_from_upload_to_published(files_db, accounts):
@@ -871,6 +882,10 @@ def test_deletion_rules(files_db, accounts):
     finished = sample_request("alice")
     finished[STATE] = "failed"
     finished_rev = admin.create(finished)
+    # Failed, its temporary copy still there: not finished (a purge would leave it behind).
+    with pytest.raises(Forbidden, match="agents may only delete finished requests"):
+        db_as(accounts, "agent", files_db).delete(finished["_id"], finished_rev)
+    finished_rev = admin.put(dict(finished, _rev=finished_rev, cleanup="cleaned"))
     with pytest.raises(Forbidden) as err:
         db_as(accounts, "alice", files_db).delete(live["_id"], live_rev)
     assert err.value.reason.startswith("[delete] only agents (finished requests) and admins")

@@ -10,6 +10,7 @@ finding was repaired), 1 when something disagrees or could not be checked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated, Any
 
@@ -100,6 +101,9 @@ def reconcile_cmd(
                 {
                     "total": len(report.findings),
                     "findings": [f.as_dict() for f in findings],
+                    "orphans_by_user": [
+                        dataclasses.asdict(u) for u in reconcile.orphans_by_user(report.findings)
+                    ],
                     "errors": report.errors,
                     "checked": report.checked,
                     "seconds": report.seconds,
@@ -152,6 +156,14 @@ def _fix(config: Config, server: Any, files: Any, report: reconcile.Report) -> l
         fixer.close()
 
 
+def _show_orphans(users: list[reconcile.UserOrphans]) -> None:
+    """Each user's orphan temporary files: count, bytes, the oldest's age."""
+    if not users:
+        return
+    rows = [(u.user, str(u.files), str(u.bytes), reconcile.age_text(u.oldest)) for u in users]
+    print_table(("user", "files", "bytes", "oldest"), rows, title="Orphan temporary files by user")
+
+
 def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool, wanted: int | None) -> None:
     results = {id(o.finding): o for o in outcomes}
     for kind, findings in report.by_kind().items():
@@ -174,6 +186,7 @@ def _show(report: reconcile.Report, outcomes: list[Any], fixed: bool, wanted: in
                    "repair: outcome" if fixed else "repair")  # fmt: skip
         print_table(columns, rows, title=f"{TITLES.get(kind, kind)} ({len(findings)})")
         print_more(len(findings), len(rows))
+    _show_orphans(reconcile.orphans_by_user(report.findings))
     for error in report.errors:
         err_console.print(f"not checked: {error}", markup=False, highlight=False)
     checked = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in report.checked.items())

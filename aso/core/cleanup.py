@@ -27,6 +27,17 @@ def due(doc: Mapping[str, Any], now: float) -> bool:
     )
 
 
+def discardable(doc: Mapping[str, Any], now: float, grace: float) -> bool:
+    """A file never copied (failed for good, or killed) whose temporary copy is still there,
+    `grace` seconds after it reached that state (model.WORK's "discard"): the copy goes."""
+    return (
+        doc.get(model.STATE) in model.NEVER_COPIED
+        and doc.get(CLEANUP) in model.CLEANUP_DUE
+        and model.state_since(doc) <= now - grace
+        and (doc.get("cleanup_retry_after") or 0) <= now
+    )
+
+
 def cleanable_at_done(doc: Mapping[str, Any], now: float) -> bool:
     """A file just recorded `done` whose temporary copy may go at once: its cleanup is due and
     no publication waits for it (model.WORK's "clean")."""

@@ -418,4 +418,7 @@ def renewed(doc: Mapping[str, Any], retry: Mapping[str, Any], by: str, now: floa
     job_retry, size, checksum and publication details."""
     fields = {k: retry[k] for k in model.RENEWABLE if k in retry}
     reason = f"job retry {retry['job_retry']}: a new file under the same LFN"
-    return model.transition(doc, [Change(STATE, "new", by, reason)], model.OWNER, at=now, **fields)
+    changes = [Change(STATE, "new", by, reason)]
+    if doc.get(CLEANUP) == "cleaned":  # the failed file's copy was discarded; this one is new
+        changes.append(Change(CLEANUP, "pending", by, reason))
+    return model.transition(doc, changes, model.OWNER, at=now, renewal=True, **fields)

@@ -211,7 +211,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   function isFinal(doc) {
-    if (model.never_copied.indexOf(doc.state) !== -1) { return true; }
+    // aso/model.py is_final: a file never copied, once its temporary copy is gone.
+    if (model.never_copied.indexOf(doc.state) !== -1) { return model.final.cleanup.indexOf(doc.cleanup) !== -1; }
     for (var i = 0; i < model.axes.length; i++) {
       var axis = model.axes[i];
       if (model.final[axis].indexOf(doc[axis]) === -1) { return false; }
@@ -365,6 +366,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var from = oldDoc[axis], to = newDoc[axis];
     if (from === to) { continue; }
     var allowed = model.transitions[axis][from + '>' + to];
+    var back = model.renewal_moves[axis];  // what a renewal also moves back (RENEWAL_MOVES)
+    var renewing = renewal && back && back[0] === from && back[1] === to;
+    if (renewing) { allowed = ['owner']; }
     if (!allowed) {
       refuse('transition', axis + ' cannot go from ' + from + ' to ' + to);
     }
@@ -372,8 +376,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
       refuse('transition', 'only ' + allowed.join(' or ') + ' may move ' + axis + ' from ' + from + ' to ' + to + ', not the ' + role);
     }
     var needs = model.axis_requires_state[axis];
-    if (needs && newDoc.state !== needs) {
-      refuse('transition', axis + ' may only change while state is ' + needs);
+    if (needs && needs.indexOf(newDoc.state) === -1 && !renewing) {
+      refuse('transition', axis + ' may only change while state is ' + needs.join(' or '));
     }
     entry = null;
     for (var h = 0; h < appended.length; h++) {
@@ -385,6 +389,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
   if (appended.length !== changed) {
     refuse('history', 'history gets exactly one entry per state change (' + changed + ' changes, ' + appended.length + ' entries)');
+  }
+  if (role === 'owner' && !renewal && newDoc.state === 'new' && newDoc.cleanup === 'cleaned') {
+    refuse('transition', 'its temporary copy was deleted after it failed (cleaner.failed_grace): only a job retry\'s new file can be resubmitted');
   }
   if (role === 'owner' && changed === 0) {
     refuse('owner', 'owners may only request a kill or a resubmission');

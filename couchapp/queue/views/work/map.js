@@ -10,11 +10,20 @@ function (doc) {
   var work = /* aso/model.py WORK */ null;
   if (doc.type !== 'transfer_request') { return; }
 
+  function stateSince() {  // when the file reached its state (aso/model.py state_since)
+    var history = doc.history || [];
+    for (var i = history.length - 1; i >= 0; i--) {
+      if (history[i] && history[i].axis === 'state' && typeof history[i].at === 'number') { return history[i].at; }
+    }
+    return doc.last_update;
+  }
+
   function keyOf(kind) {
     if (kind === 'submit') { return [doc.user, doc.source, doc.destination]; }
     if (kind === 'active') { return [doc.transfer ? doc.transfer.job_id : '']; }
     if (kind === 'decide') { return [doc.last_update]; }
     if (kind === 'clean') { return [doc.source]; }
+    if (kind === 'discard') { return [stateSince()]; }
     return [doc.user, doc.publish_info ? doc.publish_info.dataset : ''];  // publish
   }
 
