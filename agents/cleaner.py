@@ -78,9 +78,7 @@ class Cleaner(Agent):
             DISCARD, ctx.now - settings.failed_grace, settings.batch * ctx.partition.size
         )
         mine = [d for d in found if ctx.partition.mine(self.partition_key(d))]
-        return [d for d in mine if discardable(d, ctx.now, settings.failed_grace)][
-            : settings.batch
-        ]
+        return [d for d in mine if discardable(d, ctx.now, settings.failed_grace)][: settings.batch]
 
     def clean(self, ctx: Cycle, work: list[dict[str, Any]], counted: str) -> None:
         """Delete the temporary copies of `work` and record each outcome (`counted` names the
