@@ -35,11 +35,12 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from aso import faults, metrics
+from aso import faults, metrics, model, sites
 from aso.config import Config
-from aso.core import holds, request
+from aso.core import admission, holds, request
 from aso.core.controls import Setting, controls_of, held_back
 from aso.core.submission import (
     batches_of,
@@ -52,6 +53,7 @@ from aso.core.submission import (
     plan_jobs,
     ready_to_submit,
 )
+from aso.files import Files, open_files
 from aso.model import IN_FLIGHT, STATE
 from aso.monitoring.queries import read_controls, read_holds
 from aso.runtime import Agent, Cycle
@@ -67,6 +69,9 @@ log = logging.getLogger("aso.agent.submitter")
 SUBMIT_MARGIN = 120.0
 # Files whose jobs are intended, submitted and marked together (one bulk write each way).
 FILES_PER_BATCH = 1000
+SPACE_LOOKS = 4  # destinations asked for their free space at once
+SPACE_WAIT = 5.0  # seconds a cycle waits for those answers
+FRESH = 10.0  # seconds a destination's answer is recent enough to hold files on
 
 
 class Submitter(Agent):
@@ -80,12 +85,17 @@ class Submitter(Agent):
         super().__init__(config, instance, server=server)
         self.service = open_service(config, self.server)
         self.started = time.time()
+        self.rooms = admission.Rooms(config.holds.space_refresh)
+        self.files: Files | None = None  # opened at the first admission
+        self.space_pool = ThreadPoolExecutor(SPACE_LOOKS, thread_name_prefix="space")
+        self.space_looks: dict[admission.Key, Future[int | None]] = {}
 
     def partition_key(self, doc: Mapping[str, Any]) -> str:
         return link_of(doc)
 
     def close(self) -> None:
         self.service.close()
+        self.space_pool.shutdown(wait=False, cancel_futures=True)
 
     def cycle(self, ctx: Cycle) -> None:
         ctx.counts(
@@ -102,12 +112,88 @@ class Submitter(Agent):
         new = self.not_held(self.not_held_back(self.not_expired(ready, ctx), ctx), ctx)
         if not new:
             return
-        caps = caps_for(self.config, ctx.partition.size)
         # Links are mine alone; sites are shared: count site load over everyone's files.
         in_flight = [d for d in ctx.everything.values() if d[STATE] in IN_FLIGHT]
+        new = self.admitted(new, in_flight, ctx)
+        caps = caps_for(self.config, ctx.partition.size)
         plans = plan_jobs(new, in_flight, caps, self.config.transfer.max_files_per_job)
+        self.rooms.commit(doc for plan in plans for doc in plan)
         for batch in batches_of(plans, FILES_PER_BATCH):
             self.submit_jobs(batch, ctx)
+
+    def admitted(
+        self, ready: list[dict[str, Any]], in_flight: list[dict[str, Any]], ctx: Cycle
+    ) -> list[dict[str, Any]]:
+        """The files ready to start that fit the room their destination reports for their
+        user (aso/core/admission.py); the others wait held: the hold of their destination and
+        user starts, with the figures, and the hold checker releases it once there is room."""
+        settings = self.config.holds
+        if not ready or not settings.enabled or not settings.admission:
+            return ready
+        self.ask_for_room(ready, in_flight, ctx.now)
+        fits, refused = admission.admit(ready, self.rooms.known)
+        old = [k for r in refused if ctx.now - self.rooms.asked[k := (r.site, r.user)] > FRESH]
+        if old:  # files are held on what the destination says now (a hold released meanwhile)
+            self.rooms.forget(old)
+            self.ask_for_room(ready, in_flight, ctx.now)
+            fits, refused = admission.admit(ready, self.rooms.known)
+        if refused:
+            self.start_quota_holds(refused, ctx)
+            ctx.count("held", sum(len(r.files) for r in refused))
+        return fits
+
+    def ask_for_room(
+        self, ready: list[dict[str, Any]], in_flight: list[dict[str, Any]], now: float
+    ) -> None:
+        """Learn the room of the destinations and users of `ready` not asked for
+        `holds.space_refresh` seconds: each asked in a thread, waited for at most
+        SPACE_WAIT seconds in all (a frozen storage holds up only its own thread; until it
+        answers, its files are admitted as a storage that reports nothing)."""
+        first: dict[admission.Key, dict[str, Any]] = {}
+        for doc in ready:
+            first.setdefault(admission.key_of(doc), doc)
+        for key in self.rooms.stale(first, now):
+            if key not in self.space_looks:
+                self.space_looks[key] = self.space_pool.submit(self.free_space, first[key])
+        wait(self.space_looks.values(), timeout=SPACE_WAIT)
+        bytes_to = admission.on_its_way(in_flight)
+        for key, look in list(self.space_looks.items()):
+            if look.done():
+                del self.space_looks[key]
+                free = None if look.exception() else look.result()
+                self.rooms.learn(key, free, bytes_to.get(key, 0), now)
+
+    def free_space(self, doc: Mapping[str, Any]) -> int | None:
+        """The bytes free where `doc` would be written, as its destination reports them."""
+        if self.files is None:
+            self.files = open_files(self.config)
+        try:
+            url = sites.pfn(self.config, doc["destination"], doc["destination_lfn"])
+        except sites.SiteError:
+            return None
+        return self.files.free_space(url)
+
+    def start_quota_holds(self, refused: list[admission.Refused], ctx: Cycle) -> None:
+        """Start (or widen) the hold of each destination and user whose files do not fit."""
+        by_id = {model.hold_id(r.site, r.user): r for r in refused}
+
+        def decide(current: dict[str, Any]) -> dict[str, Any] | None:
+            r = by_id[current["_id"]]
+            return holds.started(
+                current if "_rev" in current else None, site=r.site, user=r.user,
+                error_class=errors.QUOTA, reason=r.reason(), path=r.path, needs=r.needs,
+                by=self.instance, now=ctx.now, config=self.config.holds, free=r.free,
+            )  # fmt: skip
+
+        try:
+            outcome = self.db.write_decided([{"_id": key} for key in by_id], decide)
+        except StoreError as exc:
+            log.warning("admission holds not written (%s): their files wait a cycle", exc)
+            return
+        for doc in outcome.written:
+            log.info("hold %s: %s", doc["_id"], holds.hold_of(doc).says())
+        for refusal in outcome.refused:
+            log.warning("hold %s not written: %s", refusal.id, refusal.reason)
 
     def not_expired(self, ready: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         """The files waiting to start within their deadline (`transfer.deadline` from their

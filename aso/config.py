@@ -366,6 +366,16 @@ class HoldsConfig:
     look_timeout: float = _key(
         30.0, "Seconds a look at a held destination may take; one longer did not pass."
     )
+    admission: bool = _key(
+        True,
+        "Before it sends a user's files to a destination, the submitter compares their bytes"
+        " with the room the destination reports for the user's area (less what is on its way"
+        " there); what cannot fit waits held, with the figures, instead of failing there.",
+    )
+    space_refresh: float = _key(
+        300.0,
+        "Seconds the submitter keeps a destination's reported free space before asking again.",
+    )
     breaker_failures: int = _key(
         10,
         "Attempts to one destination failing without an answer (connection, timeout), none"
@@ -844,7 +854,7 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     holds = config.holds
     timings = (holds.deadline, holds.first_check, holds.max_check_interval, holds.interval,
-               holds.look_timeout, holds.breaker_window)  # fmt: skip
+               holds.look_timeout, holds.breaker_window, holds.space_refresh)  # fmt: skip
     if min(timings) <= 0 or min(holds.breaker_failures, holds.breaker_users) < 1:
         raise bad("holds' seconds must be above 0 and holds.breaker_failures, _users at least 1")
     if config.embedded.compact_interval < 0:

@@ -11,7 +11,7 @@ import pytest
 
 from aso import model
 from aso.config import CleanerConfig
-from aso.core import cleanup, destination, publication, request, submission
+from aso.core import admission, cleanup, destination, publication, request, submission
 from aso.core.outcome import outcome
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.transfer import errors
@@ -190,3 +190,40 @@ def test_a_server_that_does_not_answer_is_no_permission_error(code, message, err
     """A timeout gfal2 reports under EACCES failed the file for good (permission is permanent):
     the text's timeout or refused connection wins over that code."""
     assert errors.classify(code, message) == error_class
+
+
+def test_admission_sends_what_fits_and_holds_the_rest_with_the_figures():
+    """What a destination reports free for a user, less the bytes on their way there and those
+    sent since it was asked, admits files in order; once one does not fit, none after it of
+    that destination and user goes; a destination that reports nothing admits everything."""
+
+    def files(user: str, destination: str, *sizes: int) -> list[dict[str, Any]]:
+        return [sample_request(user, destination=destination, size=s) for s in sizes]
+
+    rooms = admission.Rooms(refresh=300.0)
+    rooms.learn(("T2_A", "alice"), 1000, on_its_way=200, now=10.0)
+    rooms.learn(("T2_A", "bob"), None, on_its_way=0, now=10.0)  # not reported
+    alice = files("alice", "T2_A", 300, 400, 200, 50)
+    bob = files("bob", "T2_A", 10**9)
+    elsewhere = files("alice", "T2_B", 10**9)  # never asked
+    fits, refused = admission.admit([*alice, *bob, *elsewhere], rooms.known)
+    assert fits == [*alice[:2], *bob, *elsewhere]  # 300 + 400 of 800; 200 no more; 50 waits too
+    [held] = refused
+    assert (held.site, held.user, held.files, held.free, held.left) == (
+        "T2_A", "alice", alice[2:], 1000, 100)  # fmt: skip
+    assert held.needs == 200
+    assert held.reason() == (
+        "admission: 2 files need 250 bytes, the largest 200; the destination reports 1000"
+        " bytes free, 100 after the copies on their way"
+    )
+    # Sent: counted against the room until it is asked again.
+    rooms.commit(fits[:1])
+    assert rooms.known["T2_A", "alice"].left == 500
+    assert rooms.stale([("T2_A", "alice"), ("T2_B", "alice")], now=20.0) == [("T2_B", "alice")]
+    assert rooms.stale([("T2_A", "alice")], now=310.0) == [("T2_A", "alice")]
+    rooms.forget([("T2_A", "alice")])
+    assert rooms.stale([("T2_A", "alice")], now=20.0) == [("T2_A", "alice")]
+    assert admission.on_its_way([*alice[:2], *bob]) == {
+        ("T2_A", "alice"): 700,
+        ("T2_A", "bob"): 10**9,
+    }

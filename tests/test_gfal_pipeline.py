@@ -443,11 +443,17 @@ def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
     checker releases the hold at its next look and every file completes, each copied once."""
     # One copy at a time: copies at once into a nearly full file system leave each other's
     # partial files there, and a look at the free space between two removals may see room.
+    # No admission: the copies meet the full destination (as at a storage whose room changes
+    # between the submitter's look and the copy).
     config = dataclasses.replace(
         gfal_config,
         gfal=dataclasses.replace(gfal_config.gfal, workers=1),
         holds=dataclasses.replace(
-            gfal_config.holds, first_check=0.5, max_check_interval=1.0, interval=0.2
+            gfal_config.holds,
+            first_check=0.5,
+            max_check_interval=1.0,
+            interval=0.2,
+            admission=False,
         ),
         retry=dataclasses.replace(gfal_config.retry, base_delay=0.2, jitter=0.0),
     )
@@ -500,6 +506,60 @@ def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
             for file_id, entry in job["files"].items():
                 runs.setdefault(file_id, []).extend(entry.get("runs", []))
         assert set(runs) == set(ids) and not any(overlapping(r) for r in runs.values())
+
+
+def test_a_task_larger_than_its_destination_s_room_sends_what_fits_and_holds_the_rest(
+    gfal_config, accounts, admin
+):
+    """Admission: the destination reports the room left in alice's area (a small file system
+    of its own); the submitter sends the files that fit and holds the rest before any copy
+    (none fails for want of room), with the figures in `aso status`; once room is freed the
+    hold checker releases the hold and every file completes, each copied in one attempt."""
+    config = dataclasses.replace(
+        gfal_config,
+        holds=dataclasses.replace(
+            gfal_config.holds, first_check=0.5, max_check_interval=1.0, interval=0.2
+        ),
+    )
+    db = admin.db(config.store.files_db)
+    with small_area(config, DESTINATION, "/store/user/alice", 1 << 20) as area:
+        filler = area / "filler.root"
+        filler.write_bytes(os.urandom(700 << 10))
+        docs = put_files(config, accounts, 8, sizes=(120 << 10, 120 << 10), users=("alice",))
+        ids = [d["_id"] for d in docs]
+        task = docs[0]["task"]
+        runners = [*agents(config), Runner(RetryManager(config, "r1")),
+                   Runner(HoldChecker(config, "h1"))]  # fmt: skip
+        key = hold_id(DESTINATION, "alice")
+
+        def held() -> bool:
+            counts, hold = states(db, ids), db.get(key)
+            looked = hold is not None and hold["state"] == "active" and hold["checks"] >= 1
+            return looked and counts["done"] > 0 and counts["done"] + counts["new"] == len(ids)
+
+        try:
+            run_until(held, runners, 120, lambda: (states(db, ids), db.get(key)))
+            hold = holds.hold_of(db.get(key))
+            assert (hold.error_class, hold.needs) == ("quota", 120 << 10)
+            assert hold.reason.startswith("admission: ") and "bytes free" in hold.reason
+            assert hold.free is not None and hold.free < hold.needs  # the look found no room
+            waiting = states(db, ids)["new"]
+            assert queries.task_status(db, task).held == {hold.says(): waiting}
+            shown = aso("status", task, "--summary", config=write_config(config))
+            assert f"{waiting} files held (no room for alice at {DESTINATION}" in shown.stdout, (
+                shown.stdout
+            )
+            filler.unlink()
+            run_until(lambda: states(db, ids) == Counter(done=8), runners, 120,
+                      lambda: (states(db, ids), db.get(key)))  # fmt: skip
+        finally:
+            runners[2].agent.close()
+        assert db.get(key)["state"] == "released"
+        for doc in db.get_many(ids).values():
+            assert [a["outcome"] for a in doc["attempts"]] == ["done"], doc["attempts"]
+        for doc in docs:  # byte for byte, in the small file system still mounted
+            copied = export_path(config, DESTINATION, doc["destination_lfn"]).read_bytes()
+            assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
 
 
 def test_a_destination_down_holds_everyone_s_files_while_the_others_go_on(

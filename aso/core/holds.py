@@ -194,6 +194,7 @@ def started(
     by: str,
     now: float,
     config: HoldsConfig,
+    free: int | None = None,
 ) -> dict[str, Any] | None:
     """The hold document after a file of `user` failed at `site` with a holding class (no
     `user`: the site's, for everyone's files): a new hold, one that had ended started again, or
@@ -211,7 +212,7 @@ def started(
         "error_class": error_class,
         "path": path,
         "needs": needs,
-        "free": None,
+        "free": free,
         "since": now,
         "checks": 0,
         "next_check": round(now + config.first_check, 3),
