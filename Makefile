@@ -51,6 +51,7 @@ comma_list = $(subst $(space),$(,),$(strip $(1)))
 help:
 	@echo "make run    - set up and run ASO on its embedded defaults (store, storage, agents; Ctrl-C stops)"
 	@echo "make demo   - while 'make run' runs: write 200 files at two sites and follow their transfers"
+	@echo "              (FREEZE=SITE: that site's XRootD frozen for 60 s 10 s in, and how long files waited)"
 	@echo "make test   - set up and run the linter and the test suite on CouchDB and pouchdb-server at once"
 	@echo "make test-couchdb / test-pouchdb - the suite on one store only"
 	@echo "make test-fast - the tests that need no real store: the agents' decisions and cycles (on"
@@ -94,7 +95,7 @@ run: setup
 	$(ASO) --config $(CONFIG) run
 
 demo: $(ASO)
-	$(ASO) --config $(CONFIG) demo --files 200
+	$(ASO) --config $(CONFIG) demo --files 200 $(if $(FREEZE),--freeze $(FREEZE))
 
 # A `make run` of this checkout still running would start again what is stopped under it: it
 # is asked to stop first (SIGTERM: it stops its agents, storage and store; waited for until it

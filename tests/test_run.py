@@ -409,6 +409,34 @@ def test_run_demo_restart_and_clean_stop(service):
         Server(url, "admin", "run-test-admin", Settings(retries=0)).info()
 
 
+def test_a_demo_with_a_source_frozen_completes_and_says_how_long_each_waited(service):
+    """`aso demo --freeze SITE`: one of its sources' XRootD frozen (SIGSTOP) at once for 20 s
+    (`aso run` kills and starts again a site silent for `storage.hang_timeout`, 15 s here);
+    every file is done, and the run says how long the files from or to it and the others
+    waited (figures, not asserted: the machine is shared)."""
+    path, _process, base = service
+    demo = subprocess.run(
+        [ASO, "--config", str(path), "demo", "--files", "40", "--timeout", "240",
+         "--freeze", "T2_IT_Pisa", "--freeze-at", "0", "--freeze-for", "20"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo_failed(demo, base, path)
+    assert "40 of 40 done" in demo.stdout
+    assert re.search(r"froze T2_IT_Pisa \(pid \d+\) for 20 s", demo.stdout), demo.stdout
+    assert "# Seconds from request to copy done, T2_IT_Pisa frozen for 20 s" in demo.stdout
+    rows = [line.split("\t") for line in demo.stdout.splitlines() if "\t" in line]
+    waited = {row[0]: row[1:3] for row in rows if row[0] in ("from or to T2_IT_Pisa", "the others")}
+    assert waited == {"from or to T2_IT_Pisa": ["20", "20"], "the others": ["20", "20"]}
+    # Not an embedded site, or no time to freeze it: refused before anything is written.
+    for args, says in (
+        (["--freeze", "T2_NOWHERE"], "--freeze: T2_NOWHERE is not an embedded site"),
+        (["--freeze", "T2_IT_Pisa", "--freeze-for", "0"], "--freeze-for above 0"),
+    ):
+        refused = subprocess.run([ASO, "--config", str(path), "demo", "--files", "2", *args],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+
+
 def test_every_agent_killed_mid_work_loses_and_duplicates_nothing(service):
     """kill -9 of each agent in turn while 120 files move; `aso run` starts each again. In the
     end every file is done, cleaned and published once: checked from the documents, from the

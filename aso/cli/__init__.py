@@ -521,11 +521,23 @@ def demo_cmd(
             "a proxy of their own, or straight to the store (default: frontend.enabled).",
         ),
     ] = None,
+    freeze: Annotated[
+        str | None,
+        typer.Option(
+            help="An embedded site whose XRootD to freeze (SIGSTOP) during the run, to see the "
+            "files wait and complete; the run then says how long each group waited.",
+            show_default=False,
+        ),
+    ] = None,
+    freeze_at: Annotated[
+        float, typer.Option(help="Seconds after the upload the site is frozen.")
+    ] = 10.0,
+    freeze_for: Annotated[float, typer.Option(help="Seconds the site stays frozen.")] = 60.0,
 ) -> None:
     """Write files into two source sites' temp areas, upload their transfer requests for two
     users and follow them (needs `aso run` on the embedded defaults)."""
-    from aso.local.demo import DemoPlan, follow, through_frontend, write_and_upload
-    from aso.local.xrootd import write_file
+    from aso.local.demo import DemoPlan, Freeze, follow, through_frontend, waits, write_and_upload
+    from aso.local.xrootd import EmbeddedStorage, write_file
 
     config = _config(ctx)
     logging.getLogger("aso.upload").setLevel(logging.WARNING)  # a line per file is noise here
@@ -533,6 +545,14 @@ def demo_cmd(
     missing = [s for s in (*plan.sources, plan.destination) if s not in config.sites]
     if missing:
         raise UsageError(f"the site catalogue lacks {', '.join(missing)}")
+    freezer = None
+    if freeze is not None:
+        storage = EmbeddedStorage(config)
+        if freeze not in config.sites or not config.sites[freeze].embedded:
+            raise UsageError(f"--freeze: {freeze} is not an embedded site of the catalogue")
+        if freeze_at < 0 or freeze_for <= 0:
+            raise UsageError("--freeze-at must be 0 or more and --freeze-for above 0")
+        freezer = Freeze(freeze, freeze_at, freeze_for, storage.pid_of)
     if frontend is None:
         frontend = config.frontend.enabled
     if frontend:
@@ -550,9 +570,21 @@ def demo_cmd(
     )
     if not wait:
         return
-    counts = follow(db, ids, timeout, console=console)
+    try:
+        tick = freezer.tick if freezer is not None else None
+        counts = follow(db, ids, timeout, console=console, on_tick=tick)
+    finally:
+        if freezer is not None:
+            freezer.thaw()
     elapsed = time.monotonic() - started
     print_table(("state", "files"), [(state, n) for state, n in counts.most_common()])
+    if freezer is not None:
+        print_table(
+            ("files", "count", "done", "p50 s", "p95 s", "longest s"),
+            [w.row() for w in waits([d for d in db.get_many(ids).values() if d], freezer.site)],
+            title=f"Seconds from request to copy done, {freezer.site} frozen for "
+            f"{freezer.seconds:.0f} s",
+        )
     console.print(
         f"{counts['done']} of {files} done in {elapsed:.1f} s "
         f"({counts['done'] / elapsed:.1f} files/s)"

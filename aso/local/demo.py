@@ -8,7 +8,11 @@ became of them. It is how the README shows the pipeline working end to end.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import random
+import signal
 import time
 import uuid
 from collections import Counter
@@ -104,20 +108,110 @@ def write_and_upload(
     return [d["_id"] for d in docs], report
 
 
+@dataclass
+class Freeze:
+    """One embedded site's XRootD frozen (SIGSTOP: it takes connections and answers none)
+    from `start` seconds into the demo's run for `seconds`, then let go (SIGCONT): how ASO
+    rides out a storage that hangs. `aso run` may kill and start again a site frozen past
+    `storage.hang_timeout`; letting go of a server that is gone is nothing."""
+
+    site: str
+    start: float
+    seconds: float
+    pid_of: Callable[[str], int | None]
+    pid: int | None = None
+    thawed: bool = False
+
+    def tick(self, elapsed: float) -> str | None:
+        """Freeze or let go when it is time; what was done, for the console."""
+        if self.pid is None and not self.thawed and elapsed >= self.start:
+            self.pid = self.pid_of(self.site)
+            if self.pid is None:
+                self.thawed = True
+                return f"{self.site}: no server of ours runs, nothing frozen"
+            os.kill(self.pid, signal.SIGSTOP)
+            return f"froze {self.site} (pid {self.pid}) for {self.seconds:.0f} s"
+        if self.pid is not None and not self.thawed and elapsed >= self.start + self.seconds:
+            self.thaw()
+            return f"let {self.site} go again after {elapsed - self.start:.0f} s"
+        return None
+
+    def thaw(self) -> None:
+        if self.pid is not None and not self.thawed:
+            with contextlib.suppress(ProcessLookupError):  # killed meanwhile by `aso run`
+                os.kill(self.pid, signal.SIGCONT)
+        self.thawed = True
+
+
+@dataclass(frozen=True)
+class Waits:
+    """How long a group of the demo's files took from their request to their copy done."""
+
+    group: str
+    files: int
+    done: int
+    p50: float | None
+    p95: float | None
+    longest: float | None
+
+    def row(self) -> tuple[str, ...]:
+        def seconds(value: float | None) -> str:
+            return "-" if value is None else f"{value:.1f}"
+
+        figures = (self.p50, self.p95, self.longest)
+        return (self.group, str(self.files), str(self.done), *map(seconds, figures))
+
+
+def waits(docs: Sequence[Mapping[str, Any]], site: str) -> list[Waits]:
+    """The files from or to `site` and the others: how long each waited for its copy."""
+    groups: dict[str, list[Mapping[str, Any]]] = {f"from or to {site}": [], "the others": []}
+    for doc in docs:
+        touches = site in (doc["source"], doc["destination"])
+        groups[f"from or to {site}" if touches else "the others"].append(doc)
+    out = []
+    for group, members in groups.items():
+        took = sorted(_done_at(d) - float(d["created"]) for d in members if d["state"] == "done")
+        longest = took[-1] if took else None
+        p50, p95 = _quantile(took, 0.5), _quantile(took, 0.95)
+        out.append(Waits(group, len(members), len(took), p50, p95, longest))
+    return out
+
+
+def _done_at(doc: Mapping[str, Any]) -> float:
+    return max(float(h["at"]) for h in doc["history"] if h["axis"] == "state" and h["to"] == "done")
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank quantile of sorted `values`."""
+    if not values:
+        return None
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
 def follow(
-    db: Database, ids: Sequence[str], timeout: float, interval: float = 1.0, console: Any = None
+    db: Database,
+    ids: Sequence[str],
+    timeout: float,
+    interval: float = 1.0,
+    console: Any = None,
+    on_tick: Callable[[float], str | None] | None = None,
 ) -> Counter[str]:
-    """Wait until every request has ended (or `timeout`), with a progress bar."""
+    """Wait until every request has ended (or `timeout`), with a progress bar; `on_tick`
+    is called with the seconds since the start at each look (what it says is printed)."""
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("transfers ended", total=len(ids))
         while True:
+            said = on_tick(time.monotonic() - started) if on_tick else None
+            if said:
+                progress.console.print(said, markup=False, highlight=False)
             counts = Counter(doc[model.STATE] for doc in db.get_many(ids).values() if doc)
             ended = sum(counts[s] for s in ENDED)
             progress.update(

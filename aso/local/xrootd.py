@@ -442,6 +442,12 @@ class EmbeddedStorage:
             raise StorageError("xrdcp not found; install Debian's xrootd-client")
         return found
 
+    def pid_of(self, site: str) -> int | None:
+        """The pid of the embedded site's running server, without asking it anything (a
+        frozen server answers nothing)."""
+        server = self.servers.get(site)
+        return None if server is None else self._our_pid(server)
+
     def _our_pid(self, server: SiteServer) -> int | None:
         """The pid in the site's pid file if that process is an xrootd of this site's config."""
         program = Path(self.config.storage.xrootd).name
