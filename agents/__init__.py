@@ -17,6 +17,7 @@ AGENTS = {
     "reconciler": "aso.agents.reconciler:Reconciler",
     "analytics": "aso.agents.analytics:Analytics",
     "hold-checker": "aso.agents.hold_checker:HoldChecker",
+    "notifier": "aso.agents.notifier:Notifier",
 }
 
 

@@ -466,6 +466,21 @@ class AnalyticsConfig:
 
 
 @dataclass
+class NotifyConfig:
+    urls: list[str] = _key(
+        [],
+        "Where the notifier tells operators of holds (started, released, cancelled, expired):"
+        " apprise URLs (mailto://, json:// for a webhook, mmost:// for Mattermost, ...; they"
+        " may hold passwords). Empty: nobody is told.",
+        secret=True,
+    )
+    interval: float = _key(30.0, "Seconds between two looks of the notifier at the holds.")
+    max_age: float = _key(
+        3600.0, "Seconds after which an event not told yet is passed over (no storm of old news)."
+    )
+
+
+@dataclass
 class ReconcilerConfig:
     interval: float = _key(3600.0, "Seconds between two reconciliations by the reconciler agent.")
     stuck_after: float = _key(
@@ -523,6 +538,7 @@ class AgentsConfig:
             "analytics": 1,
             "reconciler": 1,
             "hold-checker": 1,
+            "notifier": 1,
         },
         "How many instances of each agent `aso run` starts (an agent the file does not name:"
         " its default here; 0: none).",
@@ -675,6 +691,7 @@ class Config:
     dbs: DbsConfig = field(default_factory=DbsConfig)
     analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -854,7 +871,8 @@ def _check_values(config: Config, label: str) -> None:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     holds = config.holds
     timings = (holds.deadline, holds.first_check, holds.max_check_interval, holds.interval,
-               holds.look_timeout, holds.breaker_window, holds.space_refresh)  # fmt: skip
+               holds.look_timeout, holds.breaker_window, holds.space_refresh,
+               config.notify.interval, config.notify.max_age)  # fmt: skip
     if min(timings) <= 0 or min(holds.breaker_failures, holds.breaker_users) < 1:
         raise bad("holds' seconds must be above 0 and holds.breaker_failures, _users at least 1")
     if config.embedded.compact_interval < 0:

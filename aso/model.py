@@ -637,8 +637,8 @@ HOLD_FAILS = (HOLD_CANCELLED, HOLD_EXPIRED)
 # the files it holds).
 HOLD_OWNER_STATES = (HOLD_RELEASED, HOLD_CANCELLED)
 MAX_HOLD_HISTORY = 500
-# What only the agents and operators change in a hold (its user changes its state entry only).
-HOLD_KEPT_BY_OWNER = (
+# What a hold always has.
+HOLD_REQUIRED = (
     "type",
     "site",
     "user",
@@ -650,6 +650,10 @@ HOLD_KEPT_BY_OWNER = (
     "checks",
     "next_check",
 )
+# What only the agents and operators change in a hold (its user changes its state entry only):
+# `notified` too, the time of the last entry the notifier told (a user resetting it would have
+# every entry told again).
+HOLD_KEPT_BY_OWNER = (*HOLD_REQUIRED, "notified")
 _HOLD_ENTRY: dict[str, Any] = {
     "state": {"type": "string", "enum": list(HOLD_STATES)},
     "reason": {"type": "string", "max": 1024},
@@ -659,7 +663,7 @@ _HOLD_ENTRY: dict[str, Any] = {
 HOLD_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
-        *HOLD_KEPT_BY_OWNER,
+        *HOLD_REQUIRED,
         *_HOLD_ENTRY,
         "history",
     ],
@@ -674,6 +678,7 @@ HOLD_SCHEMA: dict[str, Any] = {
         "since": _EPOCH,
         "checks": _COUNT,
         "next_check": _EPOCH,
+        "notified": _EPOCH,  # the notifier: `at` of the last history entry it told
         **_HOLD_ENTRY,
         "history": {
             "type": "array",

@@ -88,6 +88,7 @@ AGENTS = (
     "publisher",
     "analytics",
     "hold-checker",
+    "notifier",
 )
 HOST_ID = "sim"
 DATABASES = ("files_db", "transfers_db", "catalog_db", "stats_db")

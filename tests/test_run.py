@@ -385,6 +385,7 @@ def test_run_demo_restart_and_clean_stop(service):
         "analytics",
         "reconciler",
         "hold-checker",
+        "notifier",
         "publisher",
     }
 

@@ -221,6 +221,8 @@ def started(
     }
     if current is not None:
         doc["_rev"] = current["_rev"]
+        if "notified" in current:  # what the notifier told of the history it carries
+            doc["notified"] = current["notified"]
     return doc
 
 

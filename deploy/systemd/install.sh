@@ -17,7 +17,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 # The agents of agents/__init__.py AGENTS (tests/test_deploy.py keeps the two lists equal).
-AGENTS="submitter monitor gfal-worker retry-manager cleaner publisher reconciler analytics hold-checker"
+AGENTS="submitter monitor gfal-worker retry-manager cleaner publisher reconciler analytics hold-checker notifier"
 
 usage() { sed -n '4,9p' "$0" | sed 's/^# \{0,1\}//'; }
 

@@ -1,0 +1,178 @@
+"""The notifier against real local servers: an SMTP server (aiosmtpd) and a webhook receiver
+(an HTTP server) on free loopback ports, reached through apprise. Each event of a hold (held,
+released, ...) is told once to every URL; one that could not be sent is told once it can be;
+old events are passed over; a hold's user cannot make the notifier tell again; what a user
+wrote reaches a notice without control characters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from email import message_from_bytes
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+
+from aso import model
+from aso.actions import end_hold
+from aso.agents.notifier import Notifier
+from aso.config import Config
+from aso.core import holds
+from aso.runtime import Runner
+from aso.store import Forbidden
+from tests.conftest import db_as
+
+SITE = "T2_DE_DESY"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Mailbox:
+    """The SMTP server's handler: every message it was given."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(message_from_bytes(envelope.content))
+        return "250 OK"
+
+
+@pytest.fixture()
+def smtp() -> Iterator[tuple[Mailbox, int]]:
+    box, port = Mailbox(), free_port()
+    controller = Controller(box, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield box, port
+    finally:
+        controller.stop()
+
+
+@pytest.fixture()
+def webhook() -> Iterator[tuple[list[dict[str, Any]], HTTPServer]]:
+    posted: list[dict[str, Any]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            posted.append({"path": self.path, **json.loads(body)})
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", free_port()), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield posted, server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def notify_config(config: Config, smtp_port: int, hook_port: int) -> Config:
+    mail = (
+        f"mailto://127.0.0.1:{smtp_port}?smtp=127.0.0.1&mode=insecure"
+        "&from=aso@localhost&to=operators@localhost"
+    )
+    return dataclasses.replace(
+        config,
+        notify=dataclasses.replace(
+            config.notify, urls=[mail, f"json://127.0.0.1:{hook_port}/hooks/aso"], interval=0.01
+        ),
+    )
+
+
+def step(config: Config) -> dict[str, Any]:
+    notifier = Notifier(config, "n1")
+    runner = Runner(notifier)
+    report = runner.step(wait=False)
+    notifier.close()
+    return report
+
+
+def start_hold(config: Config, accounts: Any, reason: str) -> dict[str, Any]:
+    doc = holds.started(
+        None, site=SITE, user="alice", error_class="quota", reason=reason,
+        path="/store/user/alice/t", needs=1000, by="r-1", now=time.time(), config=config.holds,
+    )  # fmt: skip
+    assert doc is not None
+    doc["_rev"] = db_as(accounts, "agent", config.store.files_db).put(doc)
+    return doc
+
+
+def test_each_event_of_a_hold_is_told_once_by_mail_and_webhook(sim_config, accounts, smtp, webhook):
+    (box, smtp_port), (posted, hook) = smtp, webhook
+    config = notify_config(sim_config, smtp_port, hook.server_address[1])
+    # A reason the user's storage gave, with a terminal escape and a bidi override in it.
+    start_hold(config, accounts, "quota exceeded \x1b[31m\u202eevil")
+    assert step(config)["notices"] == 1
+    [mail] = box.messages
+    [hook_post] = posted
+    title = f"ASO: alice's files held at {SITE}"
+    assert mail["Subject"] == title == hook_post["title"]
+    assert hook_post["path"] == "/hooks/aso" and mail["To"] == "operators@localhost"
+    assert "quota exceeded ?[31m?evil" in hook_post["message"]
+    assert "\x1b" not in hook_post["message"] and "\u202e" not in hook_post["message"]
+    assert f"this one is {model.hold_id(SITE, 'alice')}" in hook_post["message"]
+    # Told once: nothing new, nothing sent again.
+    assert step(config)["notices"] == 0 and len(box.messages) == len(posted) == 1
+    # Its user releases it: that is the next event.
+    end_hold(db_as(accounts, "alice", config.store.files_db), SITE, "alice",
+             model.HOLD_RELEASED, "space freed", "alice", time.time())  # fmt: skip
+    assert step(config)["notices"] == 1
+    assert posted[-1]["title"] == f"ASO: alice's files released at {SITE}"
+    assert "space freed" in posted[-1]["message"] and len(box.messages) == 2
+
+
+def test_a_notice_not_sent_is_sent_once_it_can_be(sim_config, accounts, smtp):
+    box, smtp_port = smtp
+    down = free_port()  # nothing listens there
+    config = notify_config(sim_config, down, free_port())
+    config = dataclasses.replace(config, notify=dataclasses.replace(
+        config.notify, urls=config.notify.urls[:1]))  # fmt: skip
+    stored = start_hold(config, accounts, "quota exceeded")
+    failed = step(config)
+    assert (failed["notices"], failed["notice_failures"]) == (0, 1)
+    db = db_as(accounts, "admin", config.store.files_db)
+    assert "notified" not in db.get(stored["_id"])  # not recorded: tried again
+    config = notify_config(sim_config, smtp_port, free_port())
+    config = dataclasses.replace(config, notify=dataclasses.replace(
+        config.notify, urls=config.notify.urls[:1]))  # fmt: skip
+    assert step(config)["notices"] == 1 and len(box.messages) == 1
+    assert db.get(stored["_id"])["notified"] == stored["at"]
+
+
+def test_old_events_are_passed_over_and_a_user_cannot_have_them_told_again(
+    sim_config, accounts, smtp, webhook
+):
+    (box, smtp_port), (posted, hook) = smtp, webhook
+    config = notify_config(sim_config, smtp_port, hook.server_address[1])
+    stored = start_hold(config, accounts, "quota exceeded")
+    old = dataclasses.replace(config, notify=dataclasses.replace(config.notify, max_age=0.0))
+    time.sleep(0.05)
+    assert step(old)["notices"] == 0 and box.messages == posted == []
+    assert step(config)["notices"] == 1  # within the hour: told
+    alice = db_as(accounts, "alice", config.store.files_db)
+    current = alice.get(stored["_id"])
+    reset = holds.ended(current, model.HOLD_RELEASED, "again", "alice", time.time(), by_owner=True)
+    reset["notified"] = 0
+    with pytest.raises(Forbidden, match=r"\[hold\] notified is the agents' to change"):
+        alice.put(reset)
+    without = {k: v for k, v in reset.items() if k != "notified"}
+    with pytest.raises(Forbidden, match=r"\[hold\] notified is the agents' to change"):
+        alice.put(without)
