@@ -791,13 +791,22 @@ def state_since(doc: Mapping[str, Any]) -> float:
     return float(doc.get("last_update") or 0)
 
 
+def has_ended(doc: Mapping[str, Any]) -> bool:
+    """The file's life is over as its owner sees it: copied, its temporary copy gone and its
+    publication over, or never copied (failed, killed: its temporary copy is discarded later,
+    `cleaner.failed_grace`)."""
+    if doc.get(STATE) in NEVER_COPIED:
+        return True
+    return all(doc.get(axis) in FINAL[axis] for axis in AXES)
+
+
 def is_final(doc: Mapping[str, Any]) -> bool:
     """Nothing more will happen to this request: it may be purged by analytics. A file never
     copied is final once its temporary copy is gone (a purged request would leave it behind,
     named by nothing)."""
     if doc.get(STATE) in NEVER_COPIED:
         return doc.get(CLEANUP) in FINAL[CLEANUP]
-    return all(doc.get(axis) in FINAL[axis] for axis in AXES)
+    return has_ended(doc)
 
 
 @dataclass(frozen=True)

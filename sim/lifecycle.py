@@ -796,7 +796,7 @@ class Simulation:
                     chunk = waiting[start : start + 1000]
                     docs = db.get_many(chunk)
                     still += [
-                        i for i in chunk if (doc := docs[i]) is None or not model.is_final(doc)
+                        i for i in chunk if (doc := docs[i]) is None or not model.has_ended(doc)
                     ]
             except StoreError as exc:
                 log.warning("drain: the store did not answer (%s); trying again", exc)

@@ -43,7 +43,7 @@ MAX_P95_OVERHEAD = 300.0
 # -- accounting ----------------------------------------------------------------------------------
 def outcome(doc: Mapping[str, Any]) -> str:
     """The one final outcome of a request, or "unfinished"."""
-    if not model.is_final(doc):
+    if not model.has_ended(doc):
         return "unfinished"
     if doc[STATE] == "done":
         return "publication_failed" if doc[PUBLICATION] == "publication_failed" else "done"
@@ -521,7 +521,7 @@ def work_by_host(
         before = [h for h in history if h["at"] <= at]
         after = [h["at"] for h in history if h["at"] > at]
         touched = any(host_of(str(h.get("by", ""))) == dead for h in before)
-        was_final = bool(before) and model.is_final(_state_at(doc, before))
+        was_final = bool(before) and model.has_ended(_state_at(doc, before))
         if touched and not was_final and after:
             waits.append(min(after) - at)
     total = sum(moves.values())

@@ -114,7 +114,7 @@ def world(
     )]  # fmt: skip
     try:
         # The waiting task's files stay `new`: only the published task's are let through.
-        run_until(lambda: all(model.is_final(d) for d in db.get_many(ids).values()), runners, 120)
+        run_until(lambda: all(model.has_ended(d) for d in db.get_many(ids).values()), runners, 120)
     finally:
         for runner in runners:
             runner.agent.close()

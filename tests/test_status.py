@@ -333,7 +333,7 @@ def test_a_client_following_a_task_sees_every_final_state_once(pub_config, accou
     db = admin.db(pub_config.store.files_db)
 
     def finished() -> bool:
-        return all(model.is_final(d) for d in db.get_many(ids).values())
+        return all(model.has_ended(d) for d in db.get_many(ids).values())
 
     runners = [Runner(agent) for agent in (
         Submitter(pub_config, "s1"), Monitor(pub_config, "m1"), RetryManager(pub_config, "r1"),
