@@ -27,13 +27,14 @@ from typing import Any, cast
 
 from aso import model
 from aso.config import Config
+from aso.core import request
 from aso.core.cleanup import cleanup_recorded, discardable, due
 from aso.deleter import Deleter
 from aso.files import Files, open_files
 from aso.model import CLEANUP
 from aso.runtime import Agent, Cycle
 from aso.store import Server
-from aso.workqueue import CLEAN, DISCARD, QueueView
+from aso.workqueue import CLEAN, DISCARD, FIRST, RETRY, QueueView
 
 log = logging.getLogger("aso.agent.cleaner")
 
@@ -66,19 +67,39 @@ class Cleaner(Agent):
         if self.due_without_work():
             self.next_discard = time.monotonic() + self.config.cleaner.discard_interval
             ctx.counts("discarded")
-            self.clean(ctx, self.past_their_grace(ctx), "discarded")
+            self.clean(ctx, self.about_to_discard(self.past_their_grace(ctx), ctx), "discarded")
         work = sorted((d for d in ctx.work if due(d, ctx.now)), key=lambda d: d["last_update"])
         self.clean(ctx, work[: self.config.cleaner.batch], "cleaned")
 
     def past_their_grace(self, ctx: Cycle) -> list[dict[str, Any]]:
         """This instance's files never copied whose temporary copy outlived
-        `cleaner.failed_grace` (the queue view's "discard", oldest first)."""
-        settings = self.config.cleaner
-        found = QueueView(self.db).keyed_before(
-            DISCARD, ctx.now - settings.failed_grace, settings.batch * ctx.partition.size
+        `cleaner.failed_grace`, and those whose last try's backoff is over (the queue view's
+        "discard": each range holds only rows due, so no number of rows not due yet, a
+        user's whose deletions keep failing say, keeps the others waiting)."""
+        settings, queue = self.config.cleaner, QueueView(self.db)
+        limit = settings.batch * ctx.partition.size
+        found = queue.keyed_before(DISCARD, ctx.now, limit, RETRY) + queue.keyed_before(
+            DISCARD, ctx.now - settings.failed_grace, limit, FIRST
         )
         mine = [d for d in found if ctx.partition.mine(self.partition_key(d))]
         return [d for d in mine if discardable(d, ctx.now, settings.failed_grace)][: settings.batch]
+
+    def about_to_discard(self, docs: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
+        """The files whose discard is recorded as under way (`discarding`) before any is
+        deleted: a resubmission or a job retry's renewal is refused from then until its
+        outcome is written (one that came first wins: its file is not deleted)."""
+        if not docs:
+            return []
+        seen = {d["_id"]: (d[model.STATE], d[CLEANUP]) for d in docs}
+
+        def decide(doc: dict[str, Any]) -> dict[str, Any] | None:
+            if (doc.get(model.STATE), doc.get(CLEANUP)) != seen[doc["_id"]]:
+                return None
+            return request.discarding(doc, ctx.now)
+
+        outcome = self.db.write_decided(docs, decide)
+        ctx.count("conflicts", len(outcome.not_written))
+        return outcome.written
 
     def clean(self, ctx: Cycle, work: list[dict[str, Any]], counted: str) -> None:
         """Delete the temporary copies of `work` and record each outcome (`counted` names the

@@ -489,6 +489,9 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "cleanup_attempts": _COUNT,
         "cleanup_retry_after": {"type": ["number", "null"], "min": 0},
         "cleanup_error": {"type": ["string", "null"], "max": 4096},
+        # the cleaner's discard of a failed or killed file's temporary copy under way, since:
+        # no resubmission or renewal meanwhile (its file would be deleted under it)
+        "discarding": {"type": ["number", "null"], "min": 0},
         "publication_block": {"type": ["string", "null"], "max": 512},
         "publication_attempts": _COUNT,
         "publication_retry_after": {"type": ["number", "null"], "min": 0},
@@ -512,6 +515,7 @@ BOOKKEEPING: dict[str, Any] = {
     "cleanup_attempts": 0,
     "cleanup_retry_after": None,
     "cleanup_error": None,
+    "discarding": None,
     "publication_block": None,
     "publication_attempts": 0,
     "publication_retry_after": None,

@@ -34,6 +34,7 @@ QUEUE_VIEW = "work"
 
 KINDS = tuple(model.WORK)
 SUBMIT, ACTIVE, DECIDE, CLEAN, PUBLISH, DISCARD = KINDS
+FIRST, RETRY = "first", "retry"  # DISCARD's two key ranges (work_key)
 # The kinds of the requests still on their way: each state of model.ON_ITS_WAY is the work of
 # one of them (tests/test_workqueue.py holds the two lists together).
 ON_ITS_WAY_KINDS = tuple(
@@ -51,8 +52,10 @@ def work_key(kind: str, doc: Mapping[str, Any]) -> list[Any]:
         return [(doc.get("transfer") or {}).get("job_id", "")]
     if kind == DECIDE:
         return [doc["last_update"]]
-    if kind == DISCARD:
-        return [model.state_since(doc)]
+    if kind == DISCARD:  # a first try past the grace, or a retry once its backoff is over
+        if doc.get(model.CLEANUP) == "cleanup_error":
+            return [RETRY, doc.get("cleanup_retry_after") or 0]
+        return [FIRST, model.state_since(doc)]
     if kind == CLEAN:
         return [doc["source"]]
     return [doc["user"], (doc.get("publish_info") or {}).get("dataset", "")]  # PUBLISH
@@ -96,14 +99,17 @@ class QueueView:
         )
         return result.docs()
 
-    def keyed_before(self, kind: str, before: float, limit: int) -> list[dict[str, Any]]:
-        """The requests of a kind keyed by a time (DECIDE: the last change; DISCARD: since
-        its state) at or before `before`, oldest first."""
+    def keyed_before(
+        self, kind: str, before: float, limit: int, *prefix: str
+    ) -> list[dict[str, Any]]:
+        """The requests of a kind (and key `prefix`) keyed next by a time (DECIDE: the last
+        change; DISCARD: FIRST since its state, RETRY its backoff's end) at or before
+        `before`, oldest first."""
         result = self.db.view(
             QUEUE_DDOC,
             QUEUE_VIEW,
-            start_key=[kind],
-            end_key=[kind, before],
+            start_key=[kind, *prefix],
+            end_key=[kind, *prefix, before],
             limit=limit,
             include_docs=True,
             reduce=False,

@@ -17,6 +17,7 @@ import pytest
 from aso import model
 from aso.actions import DISCARDED
 from aso.agents.cleaner import Cleaner
+from aso.core import request
 from aso.local.xrootd import export_path, write_file
 from aso.model import AGENT, CLEANUP, OWNER, STATE, Change
 from aso.monitoring import purge
@@ -144,6 +145,11 @@ def test_a_discarded_file_is_renewed_only_by_a_job_retry(
         owner.put(reset)
     assert owner.get(failed["_id"]) == discarded
 
+    # A renewal that leaves its cleanup `cleaned`: its new file would never be deleted (round 31).
+    kept = request.renewed(discarded, {"job_retry": 1}, "alice", time.time())
+    kept = {**kept, CLEANUP: "cleaned", "history": kept["history"][:-1]}
+    with pytest.raises(Forbidden, match="its renewal sets cleanup back to pending"):
+        owner.put(kept)
     # A job retry wrote a new file under the same LFN: its upload renews the request.
     stored = write_file(config, SOURCES[0], failed["source_lfn"], os.urandom(3000))
     retry = judged_request(
@@ -158,3 +164,45 @@ def test_a_discarded_file_is_renewed_only_by_a_job_retry(
     assert (renewed[STATE], renewed[CLEANUP], renewed["job_retry"]) == ("new", "pending", 1)
     assert [(h["axis"], h["to"]) for h in renewed["history"][-2:]] == [
         (STATE, "new"), (CLEANUP, "pending")]  # fmt: skip
+
+
+def test_no_resubmission_or_renewal_while_its_copy_is_being_deleted(config, accounts):
+    """The cleaner records a discard as under way (`discarding`) before it deletes anything:
+    a resubmission or a job retry's renewal in between is refused (round 31: 150 of 150
+    resubmissions sent during a discard were taken, and their files deleted under them); the
+    outcome clears it."""
+    task = "261207_100002:alice_racing"
+    failed = never_copied(config, accounts, "failed", task)
+    owner = accounts["alice"].db(config.store.files_db)
+    agent = accounts["agent"].db(config.store.files_db)
+    started = request.discarding(agent.get(failed["_id"]), time.time())
+    started["_rev"] = agent.put(started)
+    resubmitted = model.transition(started, [Change(STATE, "new", "alice")], OWNER)
+    renewal = request.renewed(started, {"job_retry": 1}, "alice", time.time())
+    for doc in (resubmitted, renewal):
+        with pytest.raises(Forbidden, match="its temporary copy is being deleted"):
+            owner.put(doc)
+    time.sleep(GRACE + 0.2)
+    discarded, stored = clean(config, [failed["_id"]])  # a discard left under way is finished
+    assert discarded == 1 and stored[failed["_id"]]["discarding"] is None
+    assert stored[failed["_id"]][CLEANUP] == "cleaned" and not temp_exists(config, failed)
+
+
+def test_deletions_that_keep_failing_keep_no_other_file_waiting(config, accounts):
+    """Round 31: a user's 210 failed files whose temporary path could not be deleted filled
+    the cleaner's every batch with retries not yet due, and nobody else's copy was discarded.
+    A retry is read only once its backoff is over, apart from the first tries."""
+    config = dataclasses.replace(config, cleaner=dataclasses.replace(config.cleaner, batch=1))
+    task = "261207_100003:alice_blocking"
+    stuck = never_copied(config, accounts, "killed", task)
+    path = export_path(config, stuck["source"], stuck["source_lfn"])
+    path.unlink()
+    path.mkdir()  # a non-empty directory where the file was: its deletion fails
+    (path / "inside").write_bytes(b"x")
+    time.sleep(GRACE + 0.2)
+    later = never_copied(config, accounts, "failed", "261207_100004:alice_later")
+    time.sleep(GRACE + 0.2)
+    assert clean(config, [stuck["_id"]])[1][stuck["_id"]][CLEANUP] == "cleanup_error"
+    discarded, stored = clean(config, [stuck["_id"], later["_id"]])
+    assert discarded == 1 and stored[later["_id"]][CLEANUP] == "cleaned"
+    assert stored[stuck["_id"]][CLEANUP] == "cleanup_error"

@@ -395,6 +395,7 @@ AGENTS_BOOKKEEPING = {
     "cleanup_attempts": 3,
     "cleanup_retry_after": 9e9,
     "cleanup_error": "storage down",
+    "discarding": 9e9,
     "publication_block": "/P/bob-x-v1/USER#b",
     "publication_attempts": 3,
     "publication_retry_after": 9e9,

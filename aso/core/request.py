@@ -268,10 +268,21 @@ def recopy(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
 
 
 # --- the temporary copy (`cleanup`) -----------------------------------------------------------
+def discarding(doc: Mapping[str, Any], now: float) -> Doc:
+    """A failed or killed file whose temporary copy the cleaner is about to delete: no
+    resubmission or renewal until the outcome is recorded (validate_doc_update)."""
+    return model.transition(doc, [], AGENT, at=now, discarding=now)
+
+
+def _discard_over(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {"discarding": None} if doc.get("discarding") is not None else {}
+
+
 def cleaned(doc: Mapping[str, Any], by: str, now: float, reason: str) -> Doc:
     return _transitioned(
-        doc, CLEANUP, "cleaned", by, now, reason, cleanup_error=None, cleanup_retry_after=None
-    )
+        doc, CLEANUP, "cleaned", by, now, reason, cleanup_error=None, cleanup_retry_after=None,
+        **_discard_over(doc),
+    )  # fmt: skip
 
 
 def cleanup_failed(
@@ -291,6 +302,7 @@ def cleanup_failed(
         cleanup_attempts=attempts,
         cleanup_error=reason[:MAX_REASON],
         cleanup_retry_after=round(now + delay, 3),
+        **_discard_over(doc),
     )
 
 

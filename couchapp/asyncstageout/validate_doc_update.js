@@ -390,8 +390,18 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (appended.length !== changed) {
     refuse('history', 'history gets exactly one entry per state change (' + changed + ' changes, ' + appended.length + ' entries)');
   }
-  if (role === 'owner' && !renewal && newDoc.state === 'new' && newDoc.cleanup === 'cleaned') {
-    refuse('transition', 'its temporary copy was deleted after it failed (cleaner.failed_grace): only a job retry\'s new file can be resubmitted');
+  if (role === 'owner' && newDoc.state === 'new' && oldDoc.state !== 'new') {
+    // A file never copied whose temporary copy the cleaner deletes or deleted (aso/model.py
+    // RENEWAL_MOVES): not resubmitted; renewed by a job retry's new file once the deletion is over.
+    if (typeof oldDoc.discarding === 'number') {
+      refuse('transition', 'its temporary copy is being deleted (cleaner.failed_grace): try again in a minute');
+    }
+    if (!renewal && newDoc.cleanup === 'cleaned') {
+      refuse('transition', 'its temporary copy was deleted after it failed (cleaner.failed_grace): only a job retry\'s new file can be resubmitted');
+    }
+    if (renewal && newDoc.cleanup === 'cleaned') {
+      refuse('transition', 'a job retry\'s new file is a temporary copy to delete: its renewal sets cleanup back to pending');
+    }
   }
   if (role === 'owner' && changed === 0) {
     refuse('owner', 'owners may only request a kill or a resubmission');

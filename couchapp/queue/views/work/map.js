@@ -23,7 +23,9 @@ function (doc) {
     if (kind === 'active') { return [doc.transfer ? doc.transfer.job_id : '']; }
     if (kind === 'decide') { return [doc.last_update]; }
     if (kind === 'clean') { return [doc.source]; }
-    if (kind === 'discard') { return [stateSince()]; }
+    if (kind === 'discard') {  // a first try past the grace, or a retry once its backoff is over
+      return doc.cleanup === 'cleanup_error' ? ['retry', doc.cleanup_retry_after || 0] : ['first', stateSince()];
+    }
     return [doc.user, doc.publish_info ? doc.publish_info.dataset : ''];  // publish
   }
 
