@@ -29,9 +29,10 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from aso import faults
+from aso import faults, sites
 from aso.config import Config
 from aso.core import holds
+from aso.files import Files, open_files
 from aso.monitoring.queries import read_holds
 from aso.runtime import Agent, Cycle
 from aso.store import Conflict, Server, StoreError
@@ -43,6 +44,8 @@ from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_fi
 log = logging.getLogger("aso.agent.gfal_worker")
 
 RETRY_CLASSES = (errors.CONNECTION, errors.TIMEOUT)
+SITE_LOOKS = 4  # sites of stalled copies asked at once whether they answer
+SITE_LOOK_TIMEOUT = 5.0  # seconds a site has to answer before it counts as silent
 
 
 def claimable(doc: Mapping[str, Any], now: float, predecessor: str | None = None) -> bool:
@@ -76,8 +79,10 @@ class GfalWorker(Agent):
         *,
         copier: Copier | None = None,
         server: Server | None = None,
+        files: Files | None = None,
     ):
         super().__init__(config, instance, server=server)
+        self.files = files  # asks a stalled copy's sites whether they answer (opened then)
         self.jobs = JobStore(self.server.db(config.store.transfers_db), "gfal")
         self.lease = max(2.0, config.transfer.lease / 2)
         if copier is None:
@@ -89,6 +94,11 @@ class GfalWorker(Agent):
         self.running: dict[tuple[str, str], Future[None]] = {}  # (job, file) → copy
         self.sites_of: dict[str, tuple[str, str]] = {}  # job → (source, destination) site
         self.held_sites: set[str] = set()  # sites a site's hold holds (read each round)
+        self.silent_sites: set[str] = set()  # sites of stalled copies that did not answer
+        self.started_at: dict[tuple[str, str], float] = {}  # (job, file) → monotonic start
+        self.site_pool = ThreadPoolExecutor(SITE_LOOKS, thread_name_prefix="gfal-site-look")
+        self.site_asked: dict[str, float] = {}  # site → monotonic time of the last look
+        self.site_looks: dict[str, tuple[float, Future[bool]]] = {}  # site → (asked, answer)
         self.leases: dict[str, float] = {}  # job → lease end we hold
         self.stop_copies = threading.Event()
         self.lock = threading.Lock()
@@ -112,6 +122,7 @@ class GfalWorker(Agent):
         copying = self.jobs_copying()
         self.sites_of = {j: s for j, s in self.sites_of.items() if j in self.leases or j in copying}
         self.read_held_sites()
+        self.look_at_stalled_sites()
         free = self.config.gfal.workers - self.copies_running()
         # Our own jobs first: their files beyond the free slots wait here for a slot.
         held = [doc for doc in self.jobs.get_many(list(self.leases)).values() if doc]
@@ -197,11 +208,13 @@ class GfalWorker(Agent):
         future = self.pool.submit(self.run_copy, job_id, file_id)
         with self.lock:
             self.running[key] = future
+            self.started_at[key] = time.monotonic()
         future.add_done_callback(lambda _: self._copy_ended(key))
 
     def _copy_ended(self, key: tuple[str, str]) -> None:
         with self.lock:
             self.running.pop(key, None)
+            self.started_at.pop(key, None)
 
     def is_running(self, job_id: str, file_id: str) -> bool:
         with self.lock:
@@ -212,12 +225,53 @@ class GfalWorker(Agent):
             return len(self.running)
 
     def running_at(self, site: str) -> int:
-        """Copies running from or to `site`, but those whose other end a site's hold holds:
-        those wait on that end (round 30: copies hung on a dead source had used up the cap of
-        the good destination at their other end, whose other copies then waited 300-490 s)."""
+        """Copies running from or to `site`, but those whose other end a site's hold holds or
+        does not answer: those wait on that end (rounds 30 and 31: copies hung on a dead
+        source had used up the cap of the good destination at their other end, whose other
+        copies then waited minutes)."""
         with self.lock:
             ends = [self.sites_of.get(job_id, ("", "")) for job_id, _ in self.running]
-        return sum(site in pair and not (set(pair) - {site}) & self.held_sites for pair in ends)
+        waiting_on = self.held_sites | self.silent_sites
+        return sum(site in pair and not (set(pair) - {site}) & waiting_on for pair in ends)
+
+    def look_at_stalled_sites(self) -> None:
+        """Ask the sites of copies running longer than `gfal.stall_after` whether they answer
+        (a stat, in a thread of its own: a frozen storage holds up that thread only), each at
+        most every `stall_after` seconds; one that has not answered within SITE_LOOK_TIMEOUT
+        is silent until it answers again. A hung copy does not fail for minutes, so no
+        breaker would tell (round 31)."""
+        now, stall = time.monotonic(), self.config.gfal.stall_after
+        with self.lock:
+            stalled = [self.sites_of.get(job_id, ("", "")) for (job_id, _), t in
+                       self.started_at.items() if now - t > stall]  # fmt: skip
+        sites = {site for pair in stalled for site in pair if site}
+        for site, (asked, answer) in list(self.site_looks.items()):
+            if answer.done():
+                del self.site_looks[site]
+                if answer.exception() is None and answer.result():
+                    self.silent_sites.discard(site)
+                else:
+                    self.silent_sites.add(site)
+            elif now - asked > min(SITE_LOOK_TIMEOUT, stall):
+                self.silent_sites.add(site)
+        self.silent_sites &= sites | set(self.site_looks)
+        for site in sites - set(self.site_looks):
+            if now - self.site_asked.get(site, -stall) >= stall:
+                self.site_asked[site] = now
+                self.site_looks[site] = (now, self.site_pool.submit(self.site_answers, site))
+
+    def site_answers(self, site: str) -> bool:
+        """Whether `site`'s storage answers a stat of its endpoint (whatever it says)."""
+        if self.files is None:
+            self.files = open_files(self.config)
+        try:
+            url = sites.endpoint_url(self.config, site).rstrip("/") + "/"
+        except sites.SiteError:
+            return True
+        said = self.files.reachable(url)
+        if said is not None:
+            log.info("site %s does not answer: %s", site, said)
+        return said is None
 
     def read_held_sites(self) -> None:
         """The sites of our jobs that a site's hold holds (aso/core/holds.py), read once a
@@ -469,5 +523,6 @@ class GfalWorker(Agent):
 
     def close(self) -> None:
         self.stop_copies.set()
+        self.site_pool.shutdown(wait=False, cancel_futures=True)
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.release_leases()

@@ -267,6 +267,12 @@ class GfalConfig:
         "Copies from or to one site that one gfal worker runs at once: a site that does not"
         " answer holds at most these of its slots.",
     )
+    stall_after: float = _key(
+        30.0,
+        "Seconds a copy may run before the worker asks its two sites whether they answer; one"
+        " that does not (within 5 s) has the copies hung on it counted against it alone, not"
+        " against the good site at their other end.",
+    )
     timeout: int = _key(3600, "Seconds one copy may take.")
     operation_timeout: int = _key(
         120,

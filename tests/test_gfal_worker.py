@@ -3,6 +3,7 @@ threads share the table of running copies, and a busy machine may interleave the
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -265,6 +266,58 @@ def test_copies_waiting_on_one_site_leave_slots_for_the_others(sim_config: Confi
         assert worker.held_sites == {"T2_CH_CERN"}
         assert worker.running_at("T2_DE_DESY") == 0 and worker.running_at("T2_CH_CERN") == 4
     finally:
+        worker.close()
+
+
+class FrozenAt:
+    """Files whose `reachable` hangs for one site until let go (a frozen storage takes the
+    connection and answers nothing), and answers at once for the others."""
+
+    def __init__(self, site: str) -> None:
+        self.site, self.thawed = site, threading.Event()
+
+    def reachable(self, url: str) -> str | None:
+        if self.site in url and not self.thawed.wait(30):
+            return "timeout"
+        return None
+
+
+def test_copies_hung_on_a_site_that_does_not_answer_count_against_it_alone(
+    sim_config: Config,
+) -> None:
+    """Round 31: copies hung on a frozen source do not fail for minutes, so no breaker trips
+    and no site's hold tells the worker where they wait: they used up the good destination's
+    `gfal.per_site` (its other copies waited p50 115 s). The worker asks the sites of copies
+    running past `gfal.stall_after` whether they answer; the one that does not has them
+    counted against it alone, until it answers again."""
+    import dataclasses
+
+    config = dataclasses.replace(sim_config, gfal=dataclasses.replace(
+        sim_config.gfal, workers=6, per_site=4, stall_after=0.3))  # fmt: skip
+    assert submit(config, jobs=1, files=10)  # T2_CH_CERN → T2_DE_DESY: they never end
+    slow, frozen = UntilCancelled(), FrozenAt("T2_CH_CERN")
+    worker = GfalWorker(config, "w-silent", copier=slow, files=frozen)  # type: ignore[arg-type]
+    try:
+        worker.work_once()
+        wait_for(lambda: slow.started >= 4, 30, "four copies to start")
+        assert worker.running_at("T2_DE_DESY") == 4 and worker.silent_sites == set()
+
+        def silent() -> bool:
+            worker.look_at_stalled_sites()
+            return worker.silent_sites == {"T2_CH_CERN"}
+
+        wait_for(silent, 30, "T2_CH_CERN found silent")
+        assert worker.running_at("T2_DE_DESY") == 0 and worker.running_at("T2_CH_CERN") == 4
+        frozen.thawed.set()  # it answers again: its copies count against both ends once more
+
+        def answers() -> bool:
+            worker.look_at_stalled_sites()
+            return not worker.silent_sites
+
+        wait_for(answers, 30, "T2_CH_CERN answering again")
+        assert worker.running_at("T2_DE_DESY") == 4
+    finally:
+        frozen.thawed.set()
         worker.close()
 
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -342,6 +343,38 @@ def test_a_probe_write_passes_where_a_copy_may_write_and_fails_where_it_may_not(
         assert refused is not None and errors.classify(None, refused) == errors.PERMISSION, refused
     finally:
         path.chmod(0o755)
+
+
+@pytest.mark.parametrize("protocol", ["http", "root"])
+def test_a_site_s_endpoint_answers_a_stat_unless_it_is_frozen(
+    storage: EmbeddedStorage, gfal2: Any, protocol: str
+) -> None:
+    """The gfal worker's look at the sites of a stalled copy (agents/gfal_worker.py
+    site_answers): a stat of the endpoint answers at a running site; at a frozen one (its
+    XRootD stopped with SIGSTOP) it has not answered seconds later."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aso.files import GfalFiles
+
+    config = dataclasses.replace(storage.config)
+    config.sites = {
+        name: dataclasses.replace(site, protocol=protocol) for name, site in config.sites.items()
+    }
+    files = GfalFiles(config)
+    url = sites.endpoint_url(config, THIRD).rstrip("/") + "/"
+    assert files.reachable(url) is None
+    pid = storage.pid_of(THIRD)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    pool = ThreadPoolExecutor(1)
+    try:
+        look = pool.submit(files.reachable, url)
+        time.sleep(3)
+        assert not look.done()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        pool.shutdown(wait=True)
+    assert files.reachable(url) is None
 
 
 def test_a_site_back_from_an_outage_answers_the_next_space_query(
