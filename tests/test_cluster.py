@@ -22,7 +22,7 @@ from aso.config import Config
 from aso.local.couchdb import CouchDBCluster, node_url
 from aso.local.managed import local_store
 from aso.local.stores import free_ports
-from aso.model import AGENT, STATE, Change
+from aso.model import AGENT, CLEANUP, STATE, Change
 from aso.monitoring import purge
 from aso.store import Contested, Server, Settings
 from aso.transfer.base import ABSENT, CANCELED, FileTransfer, JobRequest, job_id_for
@@ -135,7 +135,9 @@ def test_a_purge_withdraws_the_conflicting_branches_of_what_it_deletes(files_db,
     agent = db_as(accounts, "agent", files_db)
     doc, _, low = conflicted(files_db, accounts, "1" * 32)
     winner = agent.get(doc["_id"])
-    final = model.transition(winner, [Change(STATE, "failed", "operator")], model.ADMIN)
+    # Failed, its temporary copy discarded: finished (model.is_final).
+    ended = [Change(STATE, "failed", "operator"), Change(CLEANUP, "cleaned", "operator")]
+    final = model.transition(winner, ended, model.ADMIN)
     final["_rev"] = db_as(accounts, "admin", files_db).put(final)
     assert agent.get_many([doc["_id"]], conflicts=True)[doc["_id"]]["_conflicts"] == [low]
     batch = {"requests": {doc["_id"]: {"rev": final["_rev"], "created": final["created"]}}}

@@ -15,6 +15,7 @@ from typing import Any
 from aso import model
 from aso.agents.retry_manager import RetryManager
 from aso.config import Config
+from aso.core import request
 from aso.model import AGENT, OWNER, STATE, Change
 from aso.provision import designdocs
 from aso.runtime import Runner
@@ -64,6 +65,9 @@ def play(config: Config, accounts: dict[str, Server], docs: list[dict[str, Any]]
     runner = Runner(manager)
     runner.clock = lambda: now
     manager.cycle(runner.context(QueueView(agent).docs(DECIDE), {}))
+    # The killed file's temporary copy discarded (cleaner.failed_grace): it is finished.
+    discarded = request.cleaned(agent.get(killed["_id"]), "c1", now, "temporary copy deleted")
+    agent.put(discarded)
     for who, doc_id in ((bob, docs[-1]["_id"]), (agent, killed["_id"])):  # refused; written
         gone = who.get(doc_id)
         answers.append(who.bulk_write([{"_id": doc_id, "_rev": gone["_rev"], "_deleted": True}]))

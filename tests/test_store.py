@@ -564,6 +564,9 @@ def test_every_view_of_every_design_document_builds_and_answers(files_db, accoun
         doc = sample_request("alice", publish=True, publish_info={"dataset": "/p/alice-v/USER"})
         doc[STATE] = state
         docs.append(doc)
+    # A failed file whose temporary copy the cleaner discarded: finished, purgeable.
+    discarded = sample_request("alice")
+    docs.append({**discarded, STATE: "failed", model.CLEANUP: "cleaned"})
     # A copy done in 20 s, as the monitor records it: the statistics' transfer times have a row.
     copied = sample_request("alice", publish=True, publish_info={"dataset": "/p/alice-v/USER"})
     lease = {"owner": "s1", "until": time.time() + 600, "key": "k1"}
