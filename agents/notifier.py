@@ -2,17 +2,19 @@
 expired, through a maintained notification library (apprise: e-mail, webhooks, Mattermost and
 many more), to the URLs of `notify.urls`.
 
-Every `notify.interval` seconds the first live instance reads the holds and sends, for each new
-entry of a hold's history (aso/core/notices.py), one notice to every URL; once sent, the hold
-records the entry's time (`notified`), written read-decide-write. A notice that could not be
-sent is tried again next cycle; one sent whose record could not be written may be sent again
-(at least once, never a storm: a hold's user cannot reset `notified`, and entries older than
-`notify.max_age` are passed over). Without URLs the agent does nothing.
+Every `notify.interval` seconds the first live instance reads the holds and sends, for each hold
+with new entries in its history (aso/core/notices.py), one notice of them to every URL, at most
+one per hold every `notify.min_interval` seconds (events meanwhile are told together in the
+next); once sent, the hold records the last entry's time (`notified`), read-decide-write. A
+notice that could not be sent is tried again next cycle; one sent whose record could not be
+written may be sent again (at least once, never a storm: a hold's user cannot reset `notified`,
+and entries older than `notify.max_age` are passed over). Without URLs the agent does nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from aso.config import Config
@@ -33,6 +35,7 @@ class Notifier(PeriodicAgent):
     ):
         super().__init__(config, instance, server=server)
         self.targets: Any = None  # the apprise.Apprise of notify.urls, made at the first notice
+        self.last_sent: dict[str, float] = {}  # hold id → monotonic time of its last notice
 
     @property
     def interval(self) -> float:
@@ -48,14 +51,20 @@ class Notifier(PeriodicAgent):
             log.warning("holds not read (%s): no notices this cycle", exc)
             return
         told: dict[str, float] = {}
+        settings, now = self.config.notify, time.monotonic()
         for doc in found:
-            for notice in notices.pending(doc, ctx.now, self.config.notify.max_age):
-                if not self.send(notice):
-                    report["notice_failures"] += 1
-                    break  # this hold's later events wait for this one: told in order
-                report["notices"] += 1
-                told[notice.hold_id] = notice.at
-                ctx.alive()
+            if now - self.last_sent.get(doc["_id"], -settings.min_interval) < settings.min_interval:
+                continue  # its events wait for the next notice, together
+            notice = notices.pending(doc, ctx.now, settings.max_age)
+            if notice is None:
+                continue
+            if not self.send(notice):
+                report["notice_failures"] += 1
+                continue
+            report["notices"] += 1
+            told[notice.hold_id] = notice.at
+            self.last_sent[notice.hold_id] = now
+            ctx.alive()
         if told:
             self.record([d for d in found if d["_id"] in told], told)
 

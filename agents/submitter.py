@@ -146,16 +146,20 @@ class Submitter(Agent):
         self, ready: list[dict[str, Any]], in_flight: list[dict[str, Any]], now: float
     ) -> None:
         """Learn the room of the destinations and users of `ready` not asked for
-        `holds.space_refresh` seconds: each asked in a thread, waited for at most
-        SPACE_WAIT seconds in all (a frozen storage holds up only its own thread; until it
-        answers, its files are admitted as a storage that reports nothing)."""
+        `holds.space_refresh` seconds: each asked in a thread, those asked this cycle waited
+        for at most SPACE_WAIT seconds in all (a frozen storage holds up only its own thread;
+        until it answers, its files are admitted as a storage that reports nothing)."""
         first: dict[admission.Key, dict[str, Any]] = {}
         for doc in ready:
             first.setdefault(admission.key_of(doc), doc)
+        asked = []
         for key in self.rooms.stale(first, now):
             if key not in self.space_looks:
                 self.space_looks[key] = self.space_pool.submit(self.free_space, first[key])
-        wait(self.space_looks.values(), timeout=SPACE_WAIT)
+                asked.append(self.space_looks[key])
+        # Only this cycle's questions are waited for (round 32: a frozen destination's looks,
+        # still pending, made every cycle wait 5 s).
+        wait(asked, timeout=SPACE_WAIT)
         bytes_to = admission.on_its_way(in_flight)
         for key, look in list(self.space_looks.items()):
             if look.done():

@@ -481,6 +481,10 @@ class NotifyConfig:
         secret=True,
     )
     interval: float = _key(30.0, "Seconds between two looks of the notifier at the holds.")
+    min_interval: float = _key(
+        300.0,
+        "Seconds between two notices about one hold: its events meanwhile are told together.",
+    )
     max_age: float = _key(
         3600.0, "Seconds after which an event not told yet is passed over (no storm of old news)."
     )
@@ -876,9 +880,10 @@ def _check_values(config: Config, label: str) -> None:
     if not 0 <= config.retry.jitter < 1 or config.retry.max_attempts < 1:
         raise bad("retry.jitter must be in [0, 1) and retry.max_attempts >= 1")
     holds = config.holds
+    notify = config.notify
     timings = (holds.deadline, holds.first_check, holds.max_check_interval, holds.interval,
                holds.look_timeout, holds.breaker_window, holds.space_refresh,
-               config.notify.interval, config.notify.max_age)  # fmt: skip
+               notify.interval, notify.max_age, notify.min_interval)  # fmt: skip
     if min(timings) <= 0 or min(holds.breaker_failures, holds.breaker_users) < 1:
         raise bad("holds' seconds must be above 0 and holds.breaker_failures, _users at least 1")
     if config.embedded.compact_interval < 0:

@@ -92,7 +92,10 @@ def notify_config(config: Config, smtp_port: int, hook_port: int) -> Config:
     return dataclasses.replace(
         config,
         notify=dataclasses.replace(
-            config.notify, urls=[mail, f"json://127.0.0.1:{hook_port}/hooks/aso"], interval=0.01
+            config.notify,
+            urls=[mail, f"json://127.0.0.1:{hook_port}/hooks/aso"],
+            interval=0.01,
+            min_interval=0.01,
         ),
     )
 
@@ -105,10 +108,10 @@ def step(config: Config) -> dict[str, Any]:
     return report
 
 
-def start_hold(config: Config, accounts: Any, reason: str) -> dict[str, Any]:
+def start_hold(config: Config, accounts: Any, reason: str, user: str = "alice") -> dict[str, Any]:
     doc = holds.started(
-        None, site=SITE, user="alice", error_class="quota", reason=reason,
-        path="/store/user/alice/t", needs=1000, by="r-1", now=time.time(), config=config.holds,
+        None, site=SITE, user=user, error_class="quota", reason=reason,
+        path=f"/store/user/{user}/t", needs=1000, by="r-1", now=time.time(), config=config.holds,
     )  # fmt: skip
     assert doc is not None
     doc["_rev"] = db_as(accounts, "agent", config.store.files_db).put(doc)
@@ -176,3 +179,46 @@ def test_old_events_are_passed_over_and_a_user_cannot_have_them_told_again(
     without = {k: v for k, v in reset.items() if k != "notified"}
     with pytest.raises(Forbidden, match=r"\[hold\] notified is the agents' to change"):
         alice.put(without)
+
+
+def test_a_hold_released_and_held_again_in_a_loop_is_one_notice_and_keeps_nobody_waiting(
+    sim_config, accounts, smtp, webhook
+):
+    """Round 32: alice released her own hold in a loop and admission held her file again at
+    once: every event was a notice (87 in 89 s), and bob's release was told 169 s late behind
+    them. A hold's events since its last notice are told in one, at most one per hold every
+    `notify.min_interval` seconds; each hold has its turn in every cycle."""
+    (box, smtp_port), (posted, hook) = smtp, webhook
+    config = notify_config(sim_config, smtp_port, hook.server_address[1])
+    config = dataclasses.replace(
+        config, notify=dataclasses.replace(config.notify, min_interval=3600.0)
+    )
+    agent = db_as(accounts, "agent", config.store.files_db)
+    alice = db_as(accounts, "alice", config.store.files_db)
+    stored = start_hold(config, accounts, "no room")
+    notifier = Notifier(config, "n1")
+    runner = Runner(notifier)
+    try:
+        assert runner.step(wait=False)["notices"] == 1  # held: told
+        for i in range(10):  # released by alice, held again by the agents, ten times
+            end_hold(alice, SITE, "alice", model.HOLD_RELEASED, f"mine {i}", "alice", time.time())
+            again = holds.started(
+                agent.get(stored["_id"]), site=SITE, user="alice", error_class="quota",
+                reason="no room", path="/store/user/alice/t", needs=1000, by="s-1",
+                now=time.time(), config=config.holds,
+            )  # fmt: skip
+            assert again is not None
+            agent.put(again)
+        start_hold(config, accounts, "no room either", user="bob")
+        report = runner.step(wait=False)
+        # bob's hold is told at once; alice's twenty events wait for the hour, together.
+        assert report["notices"] == 1 and posted[-1]["title"] == f"ASO: bob's files held at {SITE}"
+        notifier.last_sent.clear()  # the hour has passed
+        assert runner.step(wait=False)["notices"] == 1
+        body = posted[-1]["message"]
+        assert posted[-1]["title"] == f"ASO: alice's files held at {SITE}"
+        assert "Before it since the last notice: held 9x, released 10x." in body, body
+        assert runner.step(wait=False)["notices"] == 0
+        assert len(posted) == len(box.messages) == 3
+    finally:
+        notifier.close()

@@ -1,6 +1,7 @@
 """What the notifier tells operators, as plain functions over hold documents: each entry of a
-hold's history (started, released, cancelled, expired) is one event, told once; `notified` in
-the hold records the `at` of the last entry told. Entries older than `notify.max_age` when the
+hold's history (started, released, cancelled, expired) is one event, told once; the events of
+a hold since its last notice are told together, in one notice; `notified` in the hold records
+the `at` of the last entry told. Entries older than `notify.max_age` when the
 notifier first sees them are not told (a notifier started on a store full of old holds would
 send them all at once)."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,29 +50,36 @@ def when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
-def pending(doc: Mapping[str, Any], now: float, max_age: float) -> list[Notice]:
-    """The events of a hold not told yet (after `notified`), oldest first; entries older than
-    `max_age` are passed over."""
+def pending(doc: Mapping[str, Any], now: float, max_age: float) -> Notice | None:
+    """The hold's events not told yet (after `notified`; entries older than `max_age` passed
+    over), told in one notice: its latest, and how many came before it since the last notice
+    (round 32: a user releasing her hold in a loop, held again at once, had every event sent,
+    and other users' notices waited minutes behind them)."""
     told = float(doc.get("notified") or 0.0)
-    hold = holds.hold_of(doc)
+    entries = [
+        e
+        for e in doc.get("history") or []
+        if told < float(e["at"]) and float(e["at"]) >= now - max_age
+    ]
+    if not entries:
+        return None
+    hold, last = holds.hold_of(doc), entries[-1]
     who = f"{plain(hold.user)}'s files" if hold.user else "every user's files"
-    notices = []
-    for entry in doc.get("history") or []:
-        at = float(entry["at"])
-        if at <= told or at < now - max_age:
-            continue
-        word = EVENT_WORDS.get(entry["state"], plain(entry["state"]))
-        title = f"ASO: {who} {word} at {plain(hold.site)}"
-        body = "\n".join(
-            [
-                f"{title} ({plain(hold.error_class)}), {when(at)}, by {plain(entry['by'])}:",
-                plain(entry["reason"]),
-                f"now: {plain(hold.says())}",
-                f"`aso hold list` shows the holds; this one is {plain(doc['_id'])}.",
-            ]
-        )
-        notices.append(Notice(doc["_id"], at, title, body))
-    return notices
+    word = EVENT_WORDS.get(last["state"], plain(last["state"]))
+    title = f"ASO: {who} {word} at {plain(hold.site)}"
+    lines = [
+        f"{title} ({plain(hold.error_class)}), {when(float(last['at']))}, by {plain(last['by'])}.",
+        f'Reason given: "{plain(last["reason"])}"',
+    ]
+    if len(entries) > 1:
+        counts = Counter(EVENT_WORDS.get(e["state"], plain(e["state"])) for e in entries[:-1])
+        earlier = ", ".join(f"{word} {n}x" for word, n in sorted(counts.items()))
+        lines.append(f"Before it since the last notice: {earlier}.")
+    lines += [
+        f"Now: {plain(hold.says())}",
+        f"`aso hold list` shows the holds; this one is {plain(doc['_id'])}.",
+    ]
+    return Notice(doc["_id"], float(max(e["at"] for e in entries)), title, "\n".join(lines))
 
 
 def told(current: dict[str, Any], at: float) -> dict[str, Any] | None:
