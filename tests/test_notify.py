@@ -222,3 +222,18 @@ def test_a_hold_released_and_held_again_in_a_loop_is_one_notice_and_keeps_nobody
         assert len(posted) == len(box.messages) == 3
     finally:
         notifier.close()
+
+
+def test_a_release_its_user_dated_back_is_told(sim_config, accounts, smtp, webhook):
+    """Round 32: the store takes an owner's time up to a day behind its clock; a release dated
+    half an hour back came before the last event told, and was never told. What comes after
+    the last entry told is new, whatever its time."""
+    (box, smtp_port), (posted, hook) = smtp, webhook
+    config = notify_config(sim_config, smtp_port, hook.server_address[1])
+    start_hold(config, accounts, "no room")
+    assert step(config)["notices"] == 1
+    alice = db_as(accounts, "alice", config.store.files_db)
+    end_hold(alice, SITE, "alice", model.HOLD_RELEASED, "an hour ago", "alice", time.time() - 1800)
+    assert step(config)["notices"] == 1
+    assert posted[-1]["title"] == f"ASO: alice's files released at {SITE}"
+    assert step(config)["notices"] == 0 and len(box.messages) == 2

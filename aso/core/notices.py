@@ -51,16 +51,11 @@ def when(at: float) -> str:
 
 
 def pending(doc: Mapping[str, Any], now: float, max_age: float) -> Notice | None:
-    """The hold's events not told yet (after `notified`; entries older than `max_age` passed
-    over), told in one notice: its latest, and how many came before it since the last notice
-    (round 32: a user releasing her hold in a loop, held again at once, had every event sent,
-    and other users' notices waited minutes behind them)."""
-    told = float(doc.get("notified") or 0.0)
-    entries = [
-        e
-        for e in doc.get("history") or []
-        if told < float(e["at"]) and float(e["at"]) >= now - max_age
-    ]
+    """The hold's events not told yet (`untold`), told in one notice: its latest, and how
+    many came before it since the last notice (round 32: a user releasing her hold in a loop,
+    held again at once, had every event sent, and other users' notices waited minutes behind
+    them)."""
+    entries = untold(doc, now, max_age)
     if not entries:
         return None
     hold, last = holds.hold_of(doc), entries[-1]
@@ -79,11 +74,27 @@ def pending(doc: Mapping[str, Any], now: float, max_age: float) -> Notice | None
         f"Now: {plain(hold.says())}",
         f"`aso hold list` shows the holds; this one is {plain(doc['_id'])}.",
     ]
-    return Notice(doc["_id"], float(max(e["at"] for e in entries)), title, "\n".join(lines))
+    return Notice(doc["_id"], float(last["at"]), title, "\n".join(lines))
+
+
+def untold(doc: Mapping[str, Any], now: float, max_age: float) -> list[Mapping[str, Any]]:
+    """The entries of a hold's history after the last one told (`notified` is its `at`),
+    whatever their own times say (round 32: a release its user dated back, as the store
+    allows an owner's time up to a day behind, was never told); with none told yet, those of
+    the last `max_age` seconds."""
+    history = doc.get("history") or []
+    told = doc.get("notified")
+    if told is None:
+        return [e for e in history if float(e["at"]) >= now - max_age]
+    marks = [i for i, e in enumerate(history) if float(e["at"]) == float(told)]
+    if marks:
+        return list(history[marks[-1] + 1 :])
+    return [e for e in history if float(e["at"]) > float(told)]  # that entry was trimmed
 
 
 def told(current: dict[str, Any], at: float) -> dict[str, Any] | None:
-    """The hold with its events up to `at` recorded as told; None: recorded already."""
-    if float(current.get("notified") or 0.0) >= at:
+    """The hold with its events up to the entry of time `at` recorded as told; None:
+    recorded already."""
+    if current.get("notified") == at:
         return None
     return {**current, "notified": at}
