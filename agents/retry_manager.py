@@ -20,7 +20,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from aso import model
+from aso import actions, model
 from aso.config import Config, HoldsConfig
 from aso.core import holds, request
 from aso.core.submission import deadline_reason, past_deadline
@@ -160,23 +160,7 @@ class RetryManager(Agent):
         return tripped, frozenset(in_force | set(tripped))
 
     def start_holds(self, starts: dict[str, dict[str, Any]], ctx: Cycle) -> None:
-        """Start (or widen) the holds of this cycle's held files: one write per hold, read
-        again and decided again when someone else wrote it meanwhile."""
-
-        def decide(current: dict[str, Any]) -> dict[str, Any] | None:
-            found = current if "_rev" in current else None
-            return holds.started(
-                found, **starts[current["_id"]], by=self.instance, now=ctx.now,
-                config=self.config.holds,
-            )  # fmt: skip
-
-        try:
-            outcome = self.db.write_decided([{"_id": key} for key in starts], decide)
-        except StoreError as exc:
-            log.warning("holds not written (%s): their files wait their cool-off", exc)
-            return
-        for doc in outcome.written:
-            log.info("hold %s: %s", doc["_id"], holds.hold_of(doc).says())
-        for refused in outcome.refused:
-            log.warning("hold %s not written: %s", refused.id, refused.reason)
-        ctx.count("holds_started", len(outcome.written))
+        """Start (or widen) the holds of this cycle's held files (until they are written,
+        their files wait their cool-off)."""
+        written = actions.start_holds(self.db, starts, self.instance, ctx.now, self.config.holds)
+        ctx.count("holds_started", written)

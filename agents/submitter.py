@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from aso import faults, metrics, model, sites
+from aso import actions, faults, metrics, model, sites
 from aso.config import Config
 from aso.core import admission, holds, request
 from aso.core.controls import Setting, controls_of, held_back
@@ -179,25 +179,14 @@ class Submitter(Agent):
 
     def start_quota_holds(self, refused: list[admission.Refused], ctx: Cycle) -> None:
         """Start (or widen) the hold of each destination and user whose files do not fit."""
-        by_id = {model.hold_id(r.site, r.user): r for r in refused}
-
-        def decide(current: dict[str, Any]) -> dict[str, Any] | None:
-            r = by_id[current["_id"]]
-            return holds.started(
-                current if "_rev" in current else None, site=r.site, user=r.user,
-                error_class=errors.QUOTA, reason=r.reason(), path=r.path, needs=r.needs,
-                by=self.instance, now=ctx.now, config=self.config.holds, free=r.free,
-            )  # fmt: skip
-
-        try:
-            outcome = self.db.write_decided([{"_id": key} for key in by_id], decide)
-        except StoreError as exc:
-            log.warning("admission holds not written (%s): their files wait a cycle", exc)
-            return
-        for doc in outcome.written:
-            log.info("hold %s: %s", doc["_id"], holds.hold_of(doc).says())
-        for refusal in outcome.refused:
-            log.warning("hold %s not written: %s", refusal.id, refusal.reason)
+        starts = {
+            model.hold_id(r.site, r.user): {
+                "site": r.site, "user": r.user, "error_class": errors.QUOTA,
+                "reason": r.reason(), "path": r.path, "needs": r.needs, "free": r.free,
+            }
+            for r in refused
+        }  # fmt: skip
+        actions.start_holds(self.db, starts, self.instance, ctx.now, self.config.holds)
 
     def not_expired(self, ready: list[dict[str, Any]], ctx: Cycle) -> list[dict[str, Any]]:
         """The files waiting to start within their deadline (`transfer.deadline` from their

@@ -12,15 +12,19 @@ meanwhile) is read again and decided again, so a kill racing the submitter still
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model
+from aso.config import HoldsConfig
 from aso.core import controls, holds
 from aso.model import STATE, Change
 from aso.monitoring import queries
-from aso.store import Conflict, Database
+from aso.store import Conflict, Database, StoreError
+
+log = logging.getLogger("aso.actions")
 
 KILL = {
     "new": "killed",
@@ -144,6 +148,34 @@ def set_control(
 
 
 # --- holds -------------------------------------------------------------------------------------
+def start_holds(
+    db: Database,
+    starts: Mapping[str, Mapping[str, Any]],
+    by: str,
+    now: float,
+    config: HoldsConfig,
+) -> int:
+    """Start (or widen) holds, `starts` by hold id with `holds.started`'s figures (the retry
+    manager's from held files, the submitter's from its admission): one write each, read
+    again and decided again when someone else wrote it meanwhile; the holds written. A store
+    that does not answer writes none: their files wait a cycle."""
+
+    def decide(current: dict[str, Any]) -> dict[str, Any] | None:
+        found = current if "_rev" in current else None
+        return holds.started(found, **starts[current["_id"]], by=by, now=now, config=config)
+
+    try:
+        outcome = db.write_decided([{"_id": key} for key in starts], decide)
+    except StoreError as exc:
+        log.warning("holds not written (%s): their files wait a cycle", exc)
+        return 0
+    for doc in outcome.written:
+        log.info("hold %s: %s", doc["_id"], holds.hold_of(doc).says())
+    for refused in outcome.refused:
+        log.warning("hold %s not written: %s", refused.id, refused.reason)
+    return len(outcome.written)
+
+
 class NotHeld(ValueError):
     """The hold asked for does not hold (there is none, or it was released or ended)."""
 
