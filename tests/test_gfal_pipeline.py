@@ -19,6 +19,8 @@ import time
 import uuid
 import zlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -434,6 +436,20 @@ def test_worker_killed_mid_copy_leaves_nothing_copied_twice(gfal_config, account
         assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
 
 
+@contextmanager
+def nearly_full(config, accounts) -> Iterator[tuple[Path, list[dict[str, Any]], list[Runner]]]:
+    """Alice's area at the destination on a file system of its own of 1 MiB, 700 kB of it
+    taken by a filler file; eight files of hers of 120 kB each to copy there; the agents with
+    the retry manager and the hold checker: (the filler, the requests, the runners)."""
+    with small_area(config, DESTINATION, "/store/user/alice", 1 << 20) as area:
+        filler = area / "filler.root"
+        filler.write_bytes(os.urandom(700 << 10))
+        docs = put_files(config, accounts, 8, sizes=(120 << 10, 120 << 10), users=("alice",))
+        runners = [*agents(config), Runner(RetryManager(config, "r1")),
+                   Runner(HoldChecker(config, "h1"))]  # fmt: skip
+        yield filler, docs, runners
+
+
 def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
     gfal_config, accounts, admin
 ):
@@ -458,15 +474,8 @@ def test_a_destination_that_fills_up_holds_its_files_until_room_is_freed(
         retry=dataclasses.replace(gfal_config.retry, base_delay=0.2, jitter=0.0),
     )
     db = admin.db(config.store.files_db)
-    with small_area(config, DESTINATION, "/store/user/alice", 1 << 20) as area:
-        filler = area / "filler.root"
-        filler.write_bytes(os.urandom(700 << 10))
-        docs = put_files(config, accounts, 8, sizes=(120 << 10, 120 << 10), users=("alice",))
-        ids = [d["_id"] for d in docs]
-        task = docs[0]["task"]
-        runners = [*agents(config), Runner(RetryManager(config, "r1")),
-                   Runner(HoldChecker(config, "h1"))]  # fmt: skip
-        key = hold_id(DESTINATION, "alice")
+    with nearly_full(config, accounts) as (filler, docs, runners):
+        ids, task, key = [d["_id"] for d in docs], docs[0]["task"], hold_id(DESTINATION, "alice")
 
         def held() -> bool:
             counts = states(db, ids)
@@ -522,15 +531,8 @@ def test_a_task_larger_than_its_destination_s_room_sends_what_fits_and_holds_the
         ),
     )
     db = admin.db(config.store.files_db)
-    with small_area(config, DESTINATION, "/store/user/alice", 1 << 20) as area:
-        filler = area / "filler.root"
-        filler.write_bytes(os.urandom(700 << 10))
-        docs = put_files(config, accounts, 8, sizes=(120 << 10, 120 << 10), users=("alice",))
-        ids = [d["_id"] for d in docs]
-        task = docs[0]["task"]
-        runners = [*agents(config), Runner(RetryManager(config, "r1")),
-                   Runner(HoldChecker(config, "h1"))]  # fmt: skip
-        key = hold_id(DESTINATION, "alice")
+    with nearly_full(config, accounts) as (filler, docs, runners):
+        ids, task, key = [d["_id"] for d in docs], docs[0]["task"], hold_id(DESTINATION, "alice")
 
         def held() -> bool:
             counts, hold = states(db, ids), db.get(key)
