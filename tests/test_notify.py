@@ -129,7 +129,7 @@ def test_each_event_of_a_hold_is_told_once_by_mail_and_webhook(sim_config, accou
     title = f"ASO: alice's files held at {SITE}"
     assert mail["Subject"] == title == hook_post["title"]
     assert hook_post["path"] == "/hooks/aso" and mail["To"] == "operators@localhost"
-    assert "quota exceeded ?[31m?evil" in hook_post["message"]
+    assert "quota exceeded ?\uff3b31m?evil" in hook_post["message"]
     assert "\x1b" not in hook_post["message"] and "\u202e" not in hook_post["message"]
     assert f"this one is {model.hold_id(SITE, 'alice')}" in hook_post["message"]
     # Told once: nothing new, nothing sent again.
@@ -140,6 +140,26 @@ def test_each_event_of_a_hold_is_told_once_by_mail_and_webhook(sim_config, accou
     assert step(config)["notices"] == 1
     assert posted[-1]["title"] == f"ASO: alice's files released at {SITE}"
     assert "space freed" in posted[-1]["message"] and len(box.messages) == 2
+
+
+def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, accounts, webhook):
+    """Red team round 32: `@channel` in a hold's reason paged every member of the operators'
+    chat. A user's text reaches a chat (Mattermost's incoming webhook, as apprise posts it)
+    with its mentions, links and code spans inert."""
+    posted, hook = webhook
+    port = hook.server_address[1]
+    config = notify_config(sim_config, 0, port)
+    config = dataclasses.replace(
+        config, notify=dataclasses.replace(config.notify, urls=[f"mmost://127.0.0.1:{port}/tok"])
+    )
+    start_hold(config, accounts, "@channel @here <!everyone> <@U42> [login](https://evil.example) `x")
+    assert step(config)["notices"] == 1
+    [chat] = posted
+    text = chat["text"]
+    assert "Reason given:" in text and "channel" in text and "evil.example" in text
+    for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x"):
+        assert markup not in text, (markup, text)
+    assert "\uff20channel" in text  # still readable: a look-alike of the character
 
 
 def test_a_notice_not_sent_is_sent_once_it_can_be(sim_config, accounts, smtp):

@@ -25,6 +25,11 @@ EVENT_WORDS = {
     model.HOLD_EXPIRED: "expired",
 }
 MAX_FIELD = 300  # characters of a user-given text in a notice
+# What a chat or a mail reader takes as markup in a user's text, turned into look-alikes that
+# are text everywhere: mentions (`@channel`, `<!here>`, `<@U1>`), links (`[x](url)`,
+# `<url|x>`) and code spans that would close the quote around the text.
+INERT = str.maketrans({"@": "\uff20", "<": "\u2039", ">": "\u203a", "[": "\uff3b",
+                       "]": "\uff3d", "`": "\uff40", "&": "\uff06"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,11 @@ class Notice:
 
 def plain(text: Any) -> str:
     """A user-given text as a notice shows it: control and format characters (a terminal's or
-    a mail reader's escapes, bidi overrides) replaced, cut to MAX_FIELD characters."""
+    a mail reader's escapes, bidi overrides) replaced, markup made inert (INERT), cut to
+    MAX_FIELD characters."""
     cleaned = "".join(
         "?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in str(text)
-    )
+    ).translate(INERT)
     return cleaned if len(cleaned) <= MAX_FIELD else cleaned[: MAX_FIELD - 1] + "…"
 
 
