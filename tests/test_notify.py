@@ -152,7 +152,8 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     config = dataclasses.replace(
         config, notify=dataclasses.replace(config.notify, urls=[f"mmost://127.0.0.1:{port}/tok"])
     )
-    start_hold(config, accounts, "@channel @here <!everyone> <@U42> [login](https://evil.example) `x")
+    reason = "@channel @here <!everyone> <@U42> [login](https://evil.example) `x"
+    start_hold(config, accounts, reason)
     assert step(config)["notices"] == 1
     [chat] = posted
     text = chat["text"]
