@@ -1,22 +1,33 @@
-"""Notifier: tells operators when files are held and when a hold is released, cancelled or
-expired, through a maintained notification library (apprise: e-mail, webhooks, Mattermost and
-many more), to the URLs of `notify.urls`.
+"""Notifier: tells operators, and users who subscribed (`aso notify`), when files are held and
+when a hold is released, cancelled or expired, and tells users when the transfers of a task of
+theirs are over, through a maintained notification library (apprise: e-mail, webhooks,
+Mattermost and many more).
 
 Every `notify.interval` seconds the first live instance reads the holds and sends, for each hold
-with new entries in its history (aso/core/notices.py), one notice of them to every URL, at most
-one per hold every `notify.min_interval` seconds (events meanwhile are told together in the
-next); once sent, the hold records the last entry's time (`notified`), read-decide-write. A
-notice that could not be sent is tried again next cycle; one sent whose record could not be
-written may be sent again (at least once, never a storm: a hold's user cannot reset `notified`,
-and entries older than `notify.max_age` are passed over). Without URLs the agent does nothing.
+with new entries in its history (aso/core/notices.py), one notice of them to every URL of
+`notify.urls`, at most one per hold every `notify.min_interval` seconds (events meanwhile are
+told together in the next); once sent, the hold records the last entry's time (`notified`),
+read-decide-write. A notice that could not be sent is tried again next cycle; one sent whose
+record could not be written may be sent again (at least once, never a storm: a hold's user
+cannot reset `notified`, and entries older than `notify.max_age` are passed over).
+
+The same notice goes to the hold's user's subscribed targets that want its events, and at most
+every `notify.min_interval` a user's newly finished tasks are told in one notice (their record,
+`told:USER` in the notify database, is the agents'). A user's targets are told only where the
+operator allows (notices.refusal), at most once (no retry), from a few threads of their own, one
+user at a time each: a user's slow or failing webhook delays only that user's notices.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from aso import model
 from aso.config import Config
 from aso.core import notices
 from aso.monitoring.queries import all_holds
@@ -24,6 +35,10 @@ from aso.runtime import Cycle, PeriodicAgent
 from aso.store import Server, StoreError
 
 log = logging.getLogger("aso.agent.notifier")
+
+USER_THREADS = 4  # users' targets told at once
+MAX_USER_QUEUE = 20  # notices waiting for one user's targets; older ones are dropped
+TASK_ROWS = 3 * model.MAX_TOLD_TASKS  # rows of a user's tasks view read per look
 
 
 class Notifier(PeriodicAgent):
@@ -34,22 +49,46 @@ class Notifier(PeriodicAgent):
         self, config: Config, instance: str | None = None, *, server: Server | None = None
     ):
         super().__init__(config, instance, server=server)
+        self.notify_db = self.server.db(config.store.notify_db)
         self.targets: Any = None  # the apprise.Apprise of notify.urls, made at the first notice
         self.last_sent: dict[str, float] = {}  # hold id → monotonic time of its last notice
+        self.user_told: dict[str, float] = {}  # hold id → `at` of the last entry users were told
+        self.tasks_looked: dict[str, float] = {}  # user → monotonic time of the last task look
+        self.pool = ThreadPoolExecutor(USER_THREADS, thread_name_prefix="notify-user")
+        self.lock = threading.Lock()
+        self.user_queues: dict[str, list[notices.Notice]] = {}  # waiting for a user's thread
+        self.user_counts = {"sent": 0, "failed": 0, "dropped": 0}  # since the last cycle
 
     @property
     def interval(self) -> float:
         return self.config.notify.interval
 
     def cycle(self, ctx: Cycle) -> None:
-        report = ctx.counts("notices", "notice_failures")
-        if not self.config.notify.urls or not self.take_turn(ctx.partition):
+        report = ctx.counts("notices", "notice_failures", "user_notices", "user_notice_failures")
+        settings = self.config.notify
+        users_may = bool(settings.user_mail or settings.webhooks)
+        if not (settings.urls or users_may) or not self.take_turn(ctx.partition):
             return
+        self.count_user_notices(report)
         try:
             found = all_holds(self.db)
+            subscriptions = self.subscriptions() if users_may else {}
         except StoreError as exc:
-            log.warning("holds not read (%s): no notices this cycle", exc)
+            log.warning("holds or subscriptions not read (%s): no notices this cycle", exc)
             return
+        self.tell_holds(ctx, found, subscriptions, report)
+        for user, subscription in sorted(subscriptions.items()):
+            if notices.wants(subscription, model.TASK_DONE):
+                self.tell_tasks(ctx, user, subscription)
+
+    # -- holds ------------------------------------------------------------------------------
+    def tell_holds(
+        self,
+        ctx: Cycle,
+        found: list[dict[str, Any]],
+        subscriptions: Mapping[str, dict[str, Any]],
+        report: dict[str, Any],
+    ) -> None:
         told: dict[str, float] = {}
         settings, now = self.config.notify, time.monotonic()
         for doc in found:
@@ -58,18 +97,35 @@ class Notifier(PeriodicAgent):
             notice = notices.pending(doc, ctx.now, settings.max_age)
             if notice is None:
                 continue
-            if not self.send(notice):
+            self.tell_holder(doc, notice, subscriptions.get(doc.get("user") or ""), ctx.now)
+            if settings.urls and not self.send(notice):
                 report["notice_failures"] += 1
                 continue
-            report["notices"] += 1
+            report["notices"] += int(bool(settings.urls))
             told[notice.hold_id] = notice.at
             self.last_sent[notice.hold_id] = now
             ctx.alive()
         if told:
             self.record([d for d in found if d["_id"] in told], told)
 
+    def tell_holder(
+        self,
+        doc: Mapping[str, Any],
+        notice: notices.Notice,
+        subscription: Mapping[str, Any] | None,
+        now: float,
+    ) -> None:
+        """The hold's user's targets, for the events they subscribed to, once per entry (the
+        operators' notice may be tried again; the user's is not sent twice)."""
+        if subscription is None or self.user_told.get(notice.hold_id, -1.0) >= notice.at:
+            return
+        self.user_told[notice.hold_id] = notice.at
+        entries = notices.untold(doc, now, self.config.notify.max_age)
+        if any(notices.wants(subscription, notices.event_of(e)) for e in entries):
+            self.queue_for(subscription, notice)
+
     def send(self, notice: notices.Notice) -> bool:
-        """Send one notice to every URL; True when each took it."""
+        """Send one notice to every URL of notify.urls; True when each took it."""
         if self.targets is None:
             import apprise
 
@@ -98,3 +154,113 @@ class Notifier(PeriodicAgent):
             return
         for refused in outcome.refused:
             log.warning("hold %s: notice not recorded: %s", refused.id, refused.reason)
+
+    # -- users' tasks -------------------------------------------------------------------------
+    def tell_tasks(self, ctx: Cycle, user: str, subscription: Mapping[str, Any]) -> None:
+        """At most every notify.min_interval: the user's tasks whose transfers ended since the
+        last look, told in one notice, and recorded (`told:USER`)."""
+        now = time.monotonic()
+        if now - self.tasks_looked.get(user, -1e18) < self.config.notify.min_interval:
+            return
+        self.tasks_looked[user] = now
+        try:
+            rows = self.db.view("users", "tasks", start_key=[user, {}], end_key=[user],
+                                descending=True, group_level=3, limit=TASK_ROWS).rows  # fmt: skip
+            record = self.notify_db.get(model.told_id(user))
+        except StoreError as exc:
+            log.warning("%s's tasks not read (%s): looked at again next time", user, exc)
+            self.tasks_looked.pop(user, None)
+            return
+        finished = notices.finished_tasks(rows)
+        told = None if record is None else record["tasks"]
+        new = notices.new_finished(finished, told)
+        seen = {row["key"][1] for row in rows}
+        kept = notices.told_tasks(finished, told, ctx.now, seen)
+        if new:
+            self.queue_for(subscription, notices.task_notice(user, new, finished))
+        if record is not None and kept == told:
+            return
+        doc = {**(record or {"_id": model.told_id(user)}), "type": model.TOLD_TYPE,
+               "user": user, "tasks": kept, "updated": round(ctx.now, 3)}  # fmt: skip
+        try:
+            self.notify_db.put(doc)
+        except StoreError as exc:
+            log.warning("%s's tasks told not recorded (%s): they may be told again", user, exc)
+        ctx.alive()
+
+    # -- a user's targets ---------------------------------------------------------------------
+    def subscriptions(self) -> dict[str, dict[str, Any]]:
+        """Every user's subscription with a target and an event, by user."""
+        docs = self.notify_db.all_docs("notify:", "notify:\ufff0")
+        return {
+            d["user"]: d
+            for d in docs
+            if d.get("type") == model.SUBSCRIPTION_TYPE and d.get("targets") and d.get("events")
+        }
+
+    def queue_for(self, subscription: Mapping[str, Any], notice: notices.Notice) -> None:
+        """The notice queued for the user's targets; a thread tells them, one user's notices
+        one after the other."""
+        user = subscription["user"]
+        urls = self.user_urls(subscription)
+        if not urls:
+            return
+        with self.lock:
+            queue = self.user_queues.get(user)
+            if queue is not None:  # a thread is at this user's targets: it takes this one too
+                queue.append(notice)
+                if len(queue) > MAX_USER_QUEUE:
+                    del queue[0]
+                    self.user_counts["dropped"] += 1
+                return
+            self.user_queues[user] = [notice]
+        self.pool.submit(self.tell_user, user, urls)
+
+    def user_urls(self, subscription: Mapping[str, Any]) -> list[str]:
+        """The apprise URLs of the subscription's targets the operator allows."""
+        urls, settings = [], self.config.notify
+        for target in subscription.get("targets", []):
+            kind, to = target.get("kind", ""), target.get("to", "")
+            why = notices.refusal(kind, to, settings)
+            if why:
+                log.debug("%s's %s target not told: %s", subscription["user"], kind, why)
+                continue
+            urls.append(notices.apprise_url(kind, to, settings))
+        return urls
+
+    def tell_user(self, user: str, urls: list[str]) -> None:
+        """(In a thread.) The user's queued notices, to each of the user's targets, once."""
+        import apprise
+
+        targets = apprise.Apprise()
+        for url in urls:
+            targets.add(url)
+        while True:
+            with self.lock:
+                queue = self.user_queues.get(user) or []
+                if not queue:
+                    self.user_queues.pop(user, None)
+                    return
+                notice = queue.pop(0)
+            try:
+                sent = bool(targets.notify(title=notice.title, body=notice.body))
+            except Exception:  # a target's plugin failing must not end the user's thread
+                log.exception("%s: notice not told", user)
+                sent = False
+            with self.lock:
+                self.user_counts["sent" if sent else "failed"] += 1
+            log.info("%s %s: %s", "told" if sent else "not told", user, notice.title)
+
+    def count_user_notices(self, report: dict[str, Any]) -> None:
+        with self.lock:
+            report["user_notices"] += self.user_counts["sent"]
+            report["user_notice_failures"] += self.user_counts["failed"]
+            if self.user_counts["dropped"]:
+                report["user_notices_dropped"] = self.user_counts["dropped"]
+            self.user_counts = {"sent": 0, "failed": 0, "dropped": 0}
+
+    def close(self) -> None:
+        """Users' notices being told are finished (each target at most notices.USER_TIMEOUT
+        to answer); those still queued are dropped."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        super().close()

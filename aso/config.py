@@ -96,6 +96,11 @@ class StoreConfig:
     stats_db: str = _key(
         "aso_stats", "Database of the statistics and monitoring summaries analytics writes."
     )
+    notify_db: str = _key(
+        "aso_notify",
+        "Database of users' notification subscriptions (`aso notify`) and of what the notifier "
+        "told them; each user reads and writes only their own, through the front end.",
+    )
     pages_db: str = _key(
         "aso_pages",
         "Database of the monitoring pages (one design document, written by `aso db init`): "
@@ -480,6 +485,22 @@ class NotifyConfig:
         " may hold passwords). Empty: nobody is told.",
         secret=True,
     )
+    user_mail: str = _key(
+        "",
+        "The apprise mailto:// URL (the operator's SMTP server and sender) through which users'"
+        " subscribed addresses are mailed; its `to` is each address. Empty: users get no mail.",
+        secret=True,
+    )
+    mail_domains: list[str] = _key(
+        [],
+        "Mail domains users may subscribe addresses of (a domain and its subdomains). Empty:"
+        " no user mail.",
+    )
+    webhooks: list[str] = _key(
+        [],
+        "http(s) addresses under which users may subscribe webhooks (JSON or Mattermost), e.g."
+        " https://mattermost.example.org/hooks/. Empty: no user webhook is ever contacted.",
+    )
     interval: float = _key(30.0, "Seconds between two looks of the notifier at the holds.")
     min_interval: float = _key(
         300.0,
@@ -851,6 +872,22 @@ def _at(config: Config, key: str) -> Any:
     return getattr(getattr(config, section), name)
 
 
+def _check_notify(notify: NotifyConfig, bad: Callable[[str], Exception]) -> None:
+    """Users' notices go only where the operator's settings say: each allowed webhook address
+    is one, the users' mail goes through a mailto URL."""
+    from aso import model
+
+    for url in notify.webhooks:
+        if model.target_problem("webhook", url):
+            raise bad(f"notify.webhooks: {url[:100]!r} is not an http(s) address of "
+                      f"{model.WEBHOOK_PATTERN}")  # fmt: skip
+    if notify.user_mail and not notify.user_mail.startswith(("mailto://", "mailtos://")):
+        raise bad("notify.user_mail must be an apprise mailto:// or mailtos:// URL")
+    for domain in notify.mail_domains:
+        if model.target_problem("mail", f"x@{domain.lstrip('.')}"):
+            raise bad(f"notify.mail_domains: {domain[:100]!r} is not a mail domain")
+
+
 def _check_values(config: Config, label: str) -> None:
     def bad(message: str) -> ConfigError:
         return ConfigError(f"{label}: {message}")
@@ -886,6 +923,7 @@ def _check_values(config: Config, label: str) -> None:
                notify.interval, notify.max_age, notify.min_interval)  # fmt: skip
     if min(timings) <= 0 or min(holds.breaker_failures, holds.breaker_users) < 1:
         raise bad("holds' seconds must be above 0 and holds.breaker_failures, _users at least 1")
+    _check_notify(config.notify, bad)
     if config.embedded.compact_interval < 0:
         raise bad("embedded.compact_interval must be 0 (never) or more seconds")
     if config.storage.hang_timeout < 0:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -697,6 +698,113 @@ HOLD_ID_PATTERN = r"^hold:T[0-3]_[A-Za-z0-9]{2,3}_[A-Za-z0-9_-]{1,64}(:[A-Za-z0-
 def hold_id(site: str, user: str = "") -> str:
     """A user's hold of their files at a site, or with no user the site's hold of everyone's."""
     return f"hold:{site}:{user}" if user else f"hold:{site}"
+
+
+# --- notification subscriptions -------------------------------------------------------------
+# A user's subscriptions to notices (`aso notify`): one document per user, `notify:USER`, in the
+# notify database (store.notify_db), written by its user or an operator; and the notifier's
+# record of the user's finished tasks already told, `told:USER`, written by the agents only.
+# Nobody reads another user's: the front end serves a user their own subscription alone (a
+# webhook's address is its secret), and the database is no user's otherwise.
+SUBSCRIPTION_TYPE = "subscription"
+TOLD_TYPE = "notify_told"
+# What a user may be told: their holds' events (aso/core/notices.py EVENT_WORDS) and a task of
+# theirs whose transfers are all over.
+TASK_DONE = "task_done"
+NOTICE_EVENTS = ("held", "released", "cancelled", "expired", TASK_DONE)
+# Where: a mail through the operator's SMTP server (notify.user_mail), a JSON webhook or a
+# Mattermost incoming webhook, each only under an address the operator allows (notify.webhooks).
+TARGET_KINDS = ("mail", "webhook", "mattermost")
+MAX_TARGETS = 5
+MAX_TOLD_TASKS = 1000  # the newest tasks the notifier keeps track of per user
+# One address, nothing a mail header or an SMTP command could take for another (no quotes,
+# commas, spaces, `%`, line ends).
+MAIL_PATTERN = r"^[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,8}$"
+# An http(s) address without user info, query, fragment, percent-escapes or dot segments: what
+# the operator's allowlist is compared with is what is contacted.
+WEBHOOK_PATTERN = (
+    r"^https?://[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,8}(:[0-9]{1,5})?"
+    r"(/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,127}){1,12}/?$"
+)
+NOTIFY_ID_PATTERN = r"^notify:[A-Za-z0-9_.@+-]{1,128}$"
+TOLD_ID_PATTERN = r"^told:[A-Za-z0-9_.@+-]{1,128}$"
+_TARGET: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "to"],
+    "fields": {
+        "kind": {"type": "string", "enum": list(TARGET_KINDS)},
+        "to": {"type": "string", "max": 512},
+    },
+}
+SUBSCRIPTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "user", "targets", "events", "updated", "by"],
+    "fields": {
+        "type": {"type": "string", "enum": [SUBSCRIPTION_TYPE]},
+        "user": {"type": "string", "pattern": NAME_PATTERN},
+        "targets": {"type": "array", "max_items": MAX_TARGETS, "items": _TARGET},
+        "events": {
+            "type": "array",
+            "max_items": len(NOTICE_EVENTS),
+            "items": {"type": "string", "enum": list(NOTICE_EVENTS)},
+        },
+        "updated": _EPOCH,
+        "by": {"type": "string", "pattern": NAME_PATTERN},
+    },
+}
+TOLD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "user", "tasks", "updated"],
+    "fields": {
+        "type": {"type": "string", "enum": [TOLD_TYPE]},
+        "user": {"type": "string", "pattern": NAME_PATTERN},
+        # task → time its end was seen (0: over before the notifier first looked: never told)
+        "tasks": {"type": "object", "values": _EPOCH, "max_keys": MAX_TOLD_TASKS},
+        "updated": _EPOCH,
+    },
+}
+
+
+def subscription_id(user: str) -> str:
+    return f"notify:{user}"
+
+
+def told_id(user: str) -> str:
+    return f"told:{user}"
+
+
+def notify_model() -> dict[str, Any]:
+    """The tables the notify database's validate_doc_update reads (its `lib/model`)."""
+    return {
+        "subscription_type": SUBSCRIPTION_TYPE,
+        "subscription_schema": SUBSCRIPTION_SCHEMA,
+        "told_type": TOLD_TYPE,
+        "told_schema": TOLD_SCHEMA,
+        "notify_id_pattern": NOTIFY_ID_PATTERN,
+        "told_id_pattern": TOLD_ID_PATTERN,
+        "mail_pattern": MAIL_PATTERN,
+        "webhook_pattern": WEBHOOK_PATTERN,
+        "max_doc_chars": MAX_DOC_CHARS,
+        "max_string": MAX_STRING,
+        "max_safe_integer": MAX_SAFE_INTEGER,
+        "store_members": list(STORE_MEMBERS),
+        "admin_roles": list(ADMIN_ROLES),
+        "agent_role": AGENT_ROLE,
+        "clock_ahead": CLOCK_AHEAD,
+        "clock_behind": CLOCK_BEHIND,
+    }
+
+
+def target_problem(kind: str, to: str) -> str | None:
+    """Why a target's address is not one of its kind (None: it is); the store's validation
+    judges the same patterns."""
+    pattern = MAIL_PATTERN if kind == "mail" else WEBHOOK_PATTERN
+    if kind not in TARGET_KINDS:
+        return f"{kind!r} is not a kind of target ({', '.join(TARGET_KINDS)})"
+    if not re.fullmatch(pattern, to):
+        what = "one mail address" if kind == "mail" else "an http(s) address"
+        return f"{to[:200]!r} is not {what} (pattern {pattern})"
+    return None
 
 
 # --- errors ----------------------------------------------------------------------------------

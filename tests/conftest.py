@@ -204,6 +204,7 @@ def fresh_sim_config(store_config: Config, admin: Server, tmp_path: Path) -> Ite
     store_admin.delete_db(admin, config.store.files_db)
     store_admin.delete_db(admin, config.store.transfers_db)
     store_admin.delete_db(admin, config.store.pages_db)
+    store_admin.delete_db(admin, config.store.notify_db)
 
 
 def sim_settings(store_config: Config, tmp_path: Path) -> Config:
@@ -218,6 +219,7 @@ def sim_settings(store_config: Config, tmp_path: Path) -> Config:
             files_db=f"files_{suffix}",
             transfers_db=f"jobs_{suffix}",
             pages_db=f"pages_{suffix}",
+            notify_db=f"notify_{suffix}",
         ),
         transfer=dataclasses.replace(
             store_config.transfer, backend="sim", max_files_per_job=10, lease=4.0

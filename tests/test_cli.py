@@ -78,6 +78,10 @@ COMMANDS = [
     ["hold", "list"],
     ["hold", "release"],
     ["hold", "cancel"],
+    ["notify"],
+    ["notify", "add"],
+    ["notify", "list"],
+    ["notify", "remove"],
 ]
 
 
@@ -163,7 +167,7 @@ def test_each_command_meeting_a_store_that_is_down_exits_75(tmp_path, command):
 # The panels of `aso --help`, in their order, and the commands of each.
 HELP_PANELS = {
     "For users and clients": {"status", "upload", "kill", "resubmit", "publish", "request",
-                              "hold"},
+                              "hold", "notify"},
     "For operators": {"run", "config", "store", "db", "storage", "catalog", "reconcile", "stats",
                       "certs", "metrics", "site", "user"},
     "The service's processes, the demo and the simulator": {"agent", "frontend", "demo", "sim"},

@@ -472,6 +472,76 @@ def test_aso_hold_through_the_front_end_lists_and_releases_a_user_s_own_holds(
     assert agents.get(model.hold_id("T2_CH_CERN", "dave"))["state"] == model.HOLD_ACTIVE
 
 
+def test_a_user_reaches_only_their_own_subscription_to_notices(frontend, pki, store_config):
+    """The notify database holds users' webhooks' secrets: a user reads and writes their own
+    subscription (notify:<name>) and nothing else of it; another's id is refused by the gate
+    (403), before the store is asked; the database's other reads are the services'."""
+    carol = cert_files(pki, "carol")
+    db = store_config.store.notify_db
+    mine = f"/{db}/{model.subscription_id('carol')}"
+    doc = {"type": model.SUBSCRIPTION_TYPE, "user": "carol", "events": ["held"],
+           "targets": [{"kind": "webhook", "to": "https://hooks.example.org/hooks/s3cret"}],
+           "updated": round(time.time(), 3), "by": "carol"}  # fmt: skip
+    written = call(frontend, pki, carol, "PUT", mine, json=doc)
+    assert written.status_code == 201, written.text
+    read = call(frontend, pki, carol, "GET", mine)
+    assert read.status_code == 200 and read.json()["targets"] == doc["targets"]
+    theirs = f"/{db}/{model.subscription_id('dave')}"
+    assert call(frontend, pki, carol, "GET", theirs).status_code == 403
+    put = call(frontend, pki, carol, "PUT", theirs, json={**doc, "user": "dave", "by": "dave"})
+    assert put.status_code == 403 and "only their own" in put.json()["reason"]
+    refused = [("GET", f"/{db}/_all_docs?include_docs=true"), ("GET", f"/{db}/_changes"),
+               ("GET", f"/{db}/{model.told_id('carol')}"), ("GET", f"/{db}"),
+               ("POST", f"/{db}/_bulk_docs"), ("DELETE", mine)]  # fmt: skip
+    for method, path in refused:
+        answer = call(frontend, pki, carol, method, path, json={"docs": []})
+        assert answer.status_code in (400, 403, 405), (method, path, answer.text)
+    # In another's name under her own id: the store refuses it.
+    forged = call(frontend, pki, carol, "PUT", mine,
+                  json={**doc, "_rev": written.json()["rev"], "by": "dave"})  # fmt: skip
+    assert forged.status_code == 403 and "recorded by its user" in forged.json()["reason"]
+
+
+def test_aso_notify_through_the_front_end_takes_only_what_the_operator_allows(
+    client_config, pki, admin, store_config
+):
+    """`aso notify add` checks a target against the allowlists the service publishes (the
+    client's own config does not know them) and refuses one that would never be told; a user
+    changes only their own subscription."""
+    from aso.provision.designdocs import PAGES_DDOC, pages_design
+
+    cadir = {"X509_CERT_DIR": str(pki.capath)}
+    dave = cadir | {"X509_USER_PROXY": str(pki.proxy_file(pki.user("dave")))}
+    never = aso_with(client_config, dave, "notify", "add", "--mail", "dave@example.org")
+    assert never.returncode == 2 and "would never be told" in never.stderr, never.stderr
+    pages = admin.db(store_config.store.pages_db)
+    allowing = dataclasses.replace(store_config, notify=dataclasses.replace(
+        store_config.notify, user_mail="mailto://127.0.0.1:1?from=aso@localhost",
+        mail_domains=["example.org"], webhooks=["https://hooks.example.org/hooks/"]))  # fmt: skip
+    store_admin.push_design(pages, pages_design(allowing))
+    try:
+        added = aso_with(client_config, dave, "notify", "add", "--mail", "dave@example.org",
+                         "--event", "held", "--event", "task_done")  # fmt: skip
+        assert added.returncode == 0, added.stderr
+        elsewhere = aso_with(client_config, dave, "notify", "add", "--webhook",
+                             "https://evil.example.net/hooks/x")  # fmt: skip
+        assert elsewhere.returncode == 2 and "notify.webhooks" in elsewhere.stderr
+        listed = aso_with(client_config, dave, "notify", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        shown = json.loads(listed.stdout)
+        assert shown["events"] == ["held", "task_done"]
+        assert shown["targets"] == [{"kind": "mail", "to": "dave@example.org", "told": True,
+                                     "why_not": ""}]  # fmt: skip
+        carol = cadir | {"X509_USER_PROXY": str(pki.proxy_file(pki.user("carol")))}
+        theirs = aso_with(client_config, carol, "notify", "remove", "--all", "--user", "dave")
+        assert theirs.returncode == 1 and "only their own" in theirs.stderr, theirs.stderr
+        removed = aso_with(client_config, dave, "notify", "remove", "--mail", "dave@example.org")
+        assert removed.returncode == 0 and "told at 0 address" in removed.stdout
+    finally:
+        store_admin.push_design(pages, pages_design(store_config))
+    assert pages.get(PAGES_DDOC)["aso"]["notify"]["webhooks"] == []
+
+
 def upload_args(user: str, task: str) -> list[str]:
     token = uuid.uuid4().hex[:8]
     path = f"/{user}/fe/{token}.root"

@@ -6,6 +6,7 @@ wrote reaches a notice without control characters."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
@@ -27,7 +28,7 @@ from aso.config import Config
 from aso.core import holds
 from aso.runtime import Runner
 from aso.store import Forbidden
-from tests.conftest import db_as
+from tests.conftest import db_as, sample_request
 
 SITE = "T2_DE_DESY"
 
@@ -258,3 +259,232 @@ def test_a_release_its_user_dated_back_is_told(sim_config, accounts, smtp, webho
     assert step(config)["notices"] == 1
     assert posted[-1]["title"] == f"ASO: alice's files released at {SITE}"
     assert step(config)["notices"] == 0 and len(box.messages) == 2
+
+
+# --- users' subscriptions ----------------------------------------------------------------------
+def subscription(user: str, targets: list[tuple[str, str]], events: Any = None,
+                 by: str | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"_id": model.subscription_id(user), "type": model.SUBSCRIPTION_TYPE, "user": user,
+            "targets": [{"kind": k, "to": t} for k, t in targets],
+            "events": list(model.NOTICE_EVENTS if events is None else events),
+            "updated": round(time.time(), 3), "by": by or user}  # fmt: skip
+
+
+def users_config(config: Config, smtp_port: int, hook_port: int) -> Config:
+    """Users may be mailed at example.org through the local SMTP server and have their
+    webhooks under http://127.0.0.1:<hook_port>/hooks/; no operator URL."""
+    return dataclasses.replace(
+        config,
+        notify=dataclasses.replace(
+            config.notify,
+            urls=[],
+            user_mail=f"mailto://127.0.0.1:{smtp_port}?smtp=127.0.0.1&mode=insecure"
+            "&from=aso@localhost&to=operators@localhost",
+            mail_domains=["example.org"],
+            webhooks=[f"http://127.0.0.1:{hook_port}/hooks/"],
+            interval=0.01,
+            min_interval=0.01,
+        ),
+    )
+
+
+def test_a_user_writes_their_own_subscription_and_no_one_else_s(sim_config, accounts):
+    """The notify database's validation: a user writes notify:<self> only, recorded in their
+    name, of the schema (one address per target, http(s) without user info, query or dot
+    segments, at most MAX_TARGETS); the notifier's record is the agents'."""
+    name = sim_config.store.notify_db
+    alice, bob = db_as(accounts, "alice", name), db_as(accounts, "bob", name)
+    hook = "https://hooks.example.org/hooks/abc"
+    rev = alice.put(subscription("alice", [("mail", "alice@example.org"), ("webhook", hook)]))
+    assert rev.startswith("1-")
+    refused = {
+        "another's": (bob, {**subscription("alice", [("mail", "b@example.org")], by="bob"),
+                            "_rev": rev}),
+        "in another's name": (bob, {**subscription("bob", []), "user": "alice"}),
+        "recorded by another": (bob, subscription("bob", [], by="alice")),
+        "the agents' record": (alice, {"_id": model.told_id("alice"), "type": model.TOLD_TYPE,
+                                       "user": "alice", "tasks": {}, "updated": 1.0}),
+        "another kind of document": (alice, {"_id": "x", "type": "subscription"}),
+        "mail with a header": (bob, subscription("bob", [("mail", "b@example.org\r\nBcc: x@y.z")])),
+        "two addresses": (bob, subscription("bob", [("mail", "b@example.org,c@example.org")])),
+        "user info": (bob, subscription("bob", [("webhook", "https://hooks.example.org@evil.org/x")])),
+        "a query": (bob, subscription("bob", [("webhook", "https://evil.org/x?u=http://in")])),
+        "dot segments": (bob, subscription("bob", [("webhook", "https://h.example.org/hooks/../a")])),
+        "escapes": (bob, subscription("bob", [("webhook", "https://h.example.org/%2e%2e/a")])),
+        "another scheme": (bob, subscription("bob", [("webhook", "file:///etc/passwd")])),
+        "too many": (bob, subscription("bob", [("mail", f"b{i}@example.org") for i in range(6)])),
+        "twice": (bob, subscription("bob", [("mail", "b@example.org")] * 2)),
+        "an unknown event": (bob, subscription("bob", [], events=["everything"])),
+        "an unknown member": (bob, {**subscription("bob", []), "extra": 1}),
+        "from the future": (bob, {**subscription("bob", []), "updated": time.time() + 86400}),
+    }  # fmt: skip
+    for case, (db, doc) in refused.items():
+        with pytest.raises(Forbidden):
+            db.put(doc)
+            pytest.fail(f"{case}: stored")
+    operator = db_as(accounts, "operator", name)
+    current = alice.get(model.subscription_id("alice"))
+    operator.put({**current, "targets": [], "by": "operator"})  # an operator's change for her
+    agent = db_as(accounts, "agent", name)
+    with pytest.raises(Forbidden):
+        agent.put({**alice.get(model.subscription_id("alice")), "targets": [], "by": "agent"})
+    agent.put({"_id": model.told_id("alice"), "type": model.TOLD_TYPE, "user": "alice",
+               "tasks": {"t": 1.0}, "updated": 1.0})  # fmt: skip
+
+
+def drain(notifier: Notifier) -> None:
+    notifier.pool.shutdown(wait=True)
+
+
+def user_step(config: Config) -> dict[str, Any]:
+    """One notifier cycle, its users' notices sent before it returns."""
+    notifier = Notifier(config, "n1")
+    report = Runner(notifier).step(wait=False)
+    drain(notifier)
+    report["user_notices"] += notifier.user_counts["sent"]
+    report["user_notice_failures"] += notifier.user_counts["failed"]
+    notifier.close()
+    return report
+
+
+def test_a_user_is_told_of_their_holds_where_the_operator_allows_and_nowhere_else(
+    sim_config, accounts, smtp, webhook
+):
+    """alice's hold is told to her subscribed mail and Mattermost hook; not to an address the
+    operator does not list (another port of this host: no SSRF), nor to a domain not listed;
+    bob's hold is not told to alice; an event she did not subscribe to is not told."""
+    (box, smtp_port), (posted, hook) = smtp, webhook
+    port = hook.server_address[1]
+    stray: list[dict[str, Any]] = []
+    with receiver(stray) as stray_port:
+        config = users_config(sim_config, smtp_port, port)
+        notify = db_as(accounts, "alice", config.store.notify_db)
+        notify.put(subscription("alice", [
+            ("mail", "alice@example.org"),
+            ("mattermost", f"http://127.0.0.1:{port}/hooks/alicetoken"),
+            ("webhook", f"http://127.0.0.1:{stray_port}/hooks/x"),  # not under notify.webhooks
+            ("mail", "alice@evil.org"),  # not of notify.mail_domains
+        ], events=["held", "expired"]))  # fmt: skip
+        start_hold(config, accounts, "quota exceeded")
+        start_hold(config, accounts, "bob's quota", user="bob")
+        report = user_step(config)
+        assert report["user_notices"] == 1 and report["user_notice_failures"] == 0
+        [mail] = box.messages
+        assert mail["To"] == "alice@example.org"
+        assert mail["Subject"] == f"ASO: alice's files held at {SITE}"
+        [chat] = posted
+        assert chat["path"] == "/hooks/alicetoken" and "quota exceeded" in chat["text"]
+        assert "bob" not in chat["text"]
+        # Released: not an event she subscribed to.
+        end_hold(db_as(accounts, "alice", config.store.files_db), SITE, "alice",
+                 model.HOLD_RELEASED, "space freed", "alice", time.time())  # fmt: skip
+        assert user_step(config)["user_notices"] == 0
+        assert len(box.messages) == len(posted) == 1
+    assert stray == []
+
+
+@contextlib.contextmanager
+def receiver(posted: list[dict[str, Any]]) -> Iterator[int]:
+    """Another HTTP receiver on a port of its own: what was posted to it."""
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append({"path": self.path})
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", free_port()), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def put_files(config: Config, accounts: Any, task: str, states: list[str]) -> list[dict[str, Any]]:
+    """Requests of alice's task in these states, written as the store's admin writes them."""
+    docs = [{**sample_request("alice", task=task), "state": state} for state in states]
+    admin = db_as(accounts, "admin", config.store.files_db)
+    for doc in docs:
+        doc["_rev"] = admin.put(doc)
+    return docs
+
+
+def test_a_user_is_told_once_when_the_transfers_of_a_task_are_over(sim_config, accounts, webhook):
+    """A task whose files are all done, failed or killed is told once to its user's
+    subscription; tasks over before the notifier first looked are not news."""
+    posted, hook = webhook
+    port = hook.server_address[1]
+    config = users_config(sim_config, free_port(), port)
+    db_as(accounts, "alice", config.store.notify_db).put(subscription(
+        "alice", [("mattermost", f"http://127.0.0.1:{port}/hooks/t0ken")], events=["task_done"]
+    ))  # fmt: skip
+    put_files(config, accounts, "261201_000000:alice_crab_old", ["done", "done"])
+    assert user_step(config)["user_notices"] == 0  # the first look: what is over is old news
+    record = db_as(accounts, "agent", config.store.notify_db).get(model.told_id("alice"))
+    assert record["tasks"] == {"261201_000000:alice_crab_old": 0.0}
+    task = "261207_000000:alice_crab_new"
+    docs = put_files(config, accounts, task, ["done", "submitted", "failed"])
+    assert user_step(config)["user_notices"] == 0 and posted == []  # one still on its way
+    admin = db_as(accounts, "admin", config.store.files_db)
+    admin.put({**docs[1], "state": "killed"})
+    assert user_step(config)["user_notices"] == 1
+    [chat] = posted
+    assert "are over" in chat["text"] and "1 done, 1 failed, 1 killed" in chat["text"]
+    assert task in chat["text"] and "crab_old" not in chat["text"]
+    assert user_step(config)["user_notices"] == 0 and len(posted) == 1  # told once
+
+
+def test_a_user_s_hanging_webhook_keeps_no_other_notice_waiting(sim_config, accounts, webhook):
+    """alice's allowed webhook accepts and never answers: the operators' notices of the same
+    cycle are sent while her request hangs (a user's targets are told from threads of their
+    own), and the notifier gives it up after its timeout."""
+    posted, operators = webhook
+    entered, release = threading.Event(), threading.Event()
+    told_meanwhile: list[int] = []
+
+    class Hanging(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            entered.set()
+            # What the operators got while this request is open (the notifier's 4 s).
+            deadline = time.monotonic() + 3
+            while len(posted) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            told_meanwhile.append(len(posted))
+            release.wait(30)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", free_port()), Hanging)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    config = dataclasses.replace(sim_config, notify=dataclasses.replace(
+        sim_config.notify, urls=[f"json://127.0.0.1:{operators.server_address[1]}/ops"],
+        webhooks=[f"http://127.0.0.1:{port}/hooks/"], interval=0.01, min_interval=0.01,
+    ))  # fmt: skip
+    db_as(accounts, "alice", config.store.notify_db).put(
+        subscription("alice", [("webhook", f"http://127.0.0.1:{port}/hooks/a")])
+    )
+    start_hold(config, accounts, "alice's quota")
+    start_hold(config, accounts, "bob's quota", user="bob")
+    notifier = Notifier(config, "n1")
+    try:
+        report = Runner(notifier).step(wait=False)
+        assert report["notices"] == 2 and len(posted) == 2
+        assert entered.wait(10)
+        deadline = time.monotonic() + 5
+        while not told_meanwhile and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert told_meanwhile == [2]  # both operators' notices, while alice's request hung
+    finally:
+        release.set()
+        notifier.close()
+        server.shutdown()
+        server.server_close()
+    assert notifier.user_counts["failed"] == 1  # given up after its timeout

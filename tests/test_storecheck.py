@@ -322,7 +322,7 @@ def test_one_copy_on_a_cluster_is_a_warning():
     config = proxy_config()
     answers = couchdb_answers(config, n=1)
     findings = analyse(answers, config)
-    assert len(at(findings, WARN, "n=1; 1200 documents")) == 6  # each ASO database and _users
+    assert len(at(findings, WARN, "n=1; 1200 documents")) == 7  # each ASO database and _users
     assert store_check.exit_code(findings) == 0
     answers.configs = {node: node_config(cluster={"n": "1"}) for node in NODES}
     assert len(at(analyse(answers, config), WARN, "defaults q=8, n=1 on a 3-node cluster")) == 3

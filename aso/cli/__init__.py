@@ -52,6 +52,7 @@ from aso.cli.controls import site_app, user_app
 from aso.cli.frontend import certs_app, frontend_cmd
 from aso.cli.holds import hold_app
 from aso.cli.metrics import metrics_app
+from aso.cli.notify import notify_app
 from aso.cli.reconcile import reconcile_cmd
 from aso.cli.sim import sim_cmd
 from aso.cli.stats import stats_cmd
@@ -99,6 +100,7 @@ request_app = typer.Typer(help="Look at transfer requests.", no_args_is_help=Tru
 app.command("status", rich_help_panel=USERS)(status_cmd)
 app.add_typer(request_app, name="request", rich_help_panel=USERS)
 app.add_typer(hold_app, name="hold", rich_help_panel=USERS)
+app.add_typer(notify_app, name="notify", rich_help_panel=USERS)
 app.add_typer(config_app, name="config", rich_help_panel=OPERATORS)
 app.add_typer(store_app, name="store", rich_help_panel=OPERATORS)
 store_app.command("check")(store_check_cmd)

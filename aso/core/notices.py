@@ -1,20 +1,30 @@
-"""What the notifier tells operators, as plain functions over hold documents: each entry of a
-hold's history (started, released, cancelled, expired) is one event, told once; the events of
-a hold since its last notice are told together, in one notice; `notified` in the hold records
-the `at` of the last entry told. Entries older than `notify.max_age` when the
-notifier first sees them are not told (a notifier started on a store full of old holds would
-send them all at once)."""
+"""What the notifier tells, to whom, as plain functions over documents.
+
+Holds: each entry of a hold's history (started, released, cancelled, expired) is one event,
+told once to the operators (notify.urls) and to the hold's user where they subscribed to it;
+the events of a hold since its last notice are told together; `notified` in the hold records
+the `at` of the last entry told. Entries older than `notify.max_age` when the notifier first
+sees them are not told (a notifier started on a store full of old holds would send them all).
+
+Users' subscriptions (`aso notify`, model.SUBSCRIPTION_SCHEMA): a target is told only where the
+operator allows it (`allowed`: mail through notify.user_mail to a domain of notify.mail_domains,
+a webhook under an address of notify.webhooks), through an apprise URL made here from its parts
+(`apprise_url`: no redirects followed, short timeouts), never from the user's text as given.
+A task is told once when its transfers are all over (`finished_tasks`, `new_finished`)."""
 
 from __future__ import annotations
 
+import re
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from aso import model
+from aso.config import NotifyConfig
 from aso.core import holds
 
 # How each state of a hold's entry reads in a notice's title.
@@ -104,3 +114,139 @@ def told(current: dict[str, Any], at: float) -> dict[str, Any] | None:
     if current.get("notified") == at:
         return None
     return {**current, "notified": at}
+
+
+# --- users' subscriptions ---------------------------------------------------------------------
+USER_TIMEOUT = 4  # seconds to connect to, and to wait for, a user's webhook
+DEFAULT_PORTS = {"http": 80, "https": 443}
+HOOK_TOKEN = re.compile(r"^(?P<prefix>(/[^/]+)*)/hooks/(?P<token>[A-Za-z0-9]{1,128})$")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An http(s) address as compared with the operator's allowlist."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+
+def endpoint(url: str) -> Endpoint | None:
+    """The parts of an address of model.WEBHOOK_PATTERN (None: it is none)."""
+    if model.target_problem("webhook", url) is not None:
+        return None
+    parts = urlsplit(url)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    return Endpoint(scheme, host, parts.port or DEFAULT_PORTS[scheme], parts.path or "/")
+
+
+def under(url: Endpoint, allowed: Endpoint) -> bool:
+    """The address is the allowed one or below it (a whole path segment at a time)."""
+    if (url.scheme, url.host, url.port) != (allowed.scheme, allowed.host, allowed.port):
+        return False
+    prefix = allowed.path.rstrip("/")
+    return url.path.rstrip("/") == prefix or url.path.startswith(prefix + "/")
+
+
+def refusal(kind: str, to: str, settings: NotifyConfig) -> str | None:
+    """Why the operator's settings (NotifyConfig) do not let this target be told (None: they
+    do). Deny by default: no user_mail, no mail; no webhooks listed, no webhook."""
+    problem = model.target_problem(kind, to)
+    if problem:
+        return problem
+    if kind == "mail":
+        if not settings.user_mail:
+            return "this ASO sends users no mail (notify.user_mail is not set)"
+        domain = to.rpartition("@")[2].lower()
+        domains = [d.lower().lstrip(".") for d in settings.mail_domains]
+        if not any(domain == d or domain.endswith("." + d) for d in domains):
+            listed = ", ".join(settings.mail_domains) or "none"
+            where = f"notify.mail_domains: {listed}"
+            return f"mail goes only to the domains the operator lists ({where})"
+        return None
+    url = endpoint(to)
+    assert url is not None  # target_problem passed
+    if kind == "mattermost" and not HOOK_TOKEN.match(url.path):
+        return "a Mattermost incoming webhook's address ends in /hooks/<token>"
+    allowed = [e for e in (endpoint(a) for a in settings.webhooks) if e is not None]
+    if not any(under(url, a) for a in allowed):
+        return "webhooks go only under the addresses the operator lists (notify.webhooks)"
+    return None
+
+
+def apprise_url(kind: str, to: str, settings: NotifyConfig) -> str:
+    """The apprise URL that tells an allowed target: made from its checked parts, with no
+    redirect followed and USER_TIMEOUT to connect and to read."""
+    if kind == "mail":
+        base = urlsplit(settings.user_mail)
+        query = [(k, v) for k, v in parse_qsl(base.query) if k not in ("to", "cc", "bcc")]
+        return urlunsplit(base._replace(query=urlencode([*query, ("to", to)])))
+    url = endpoint(to)
+    assert url is not None
+    secure = "s" if url.scheme == "https" else ""
+    options = urlencode({"redirect": "no", "cto": USER_TIMEOUT, "rto": USER_TIMEOUT})
+    if kind == "mattermost":
+        hook = HOOK_TOKEN.match(url.path)
+        assert hook is not None
+        path = f"{hook['prefix']}/{hook['token']}"
+        return f"mmost{secure}://{url.host}:{url.port}{path}?{options}"
+    return f"json{secure}://{url.host}:{url.port}{url.path}?{options}"
+
+
+def wants(subscription: Mapping[str, Any] | None, event: str) -> bool:
+    return bool(subscription) and event in (subscription or {}).get("events", [])
+
+
+def event_of(entry: Mapping[str, Any]) -> str:
+    """A hold's history entry as a subscription's event (model.NOTICE_EVENTS)."""
+    return EVENT_WORDS.get(entry["state"], str(entry["state"]))
+
+
+def finished_tasks(rows: Iterable[Mapping[str, Any]]) -> dict[str, Counter[str]]:
+    """The tasks whose transfers are all over, with their files per state, from the rows of
+    the user's tasks view grouped by [user, task, state]."""
+    states: dict[str, Counter[str]] = {}
+    for row in rows:
+        _, task, state = row["key"]
+        states.setdefault(task, Counter())[state] += int(row["value"])
+    final = set(model.FINAL[model.STATE])
+    return {task: counts for task, counts in states.items() if set(counts) <= final}
+
+
+def new_finished(
+    finished: Mapping[str, Counter[str]], told: Mapping[str, float] | None
+) -> list[str]:
+    """The finished tasks not told yet; none on the first look at a user (told None): what
+    was over before the notifier looked is not news."""
+    if told is None:
+        return []
+    return sorted(task for task in finished if task not in told)
+
+
+def told_tasks(
+    finished: Mapping[str, Counter[str]],
+    told: Mapping[str, float] | None,
+    now: float,
+    seen: Iterable[str],
+) -> dict[str, float]:
+    """The record of the user's tasks told: every finished task the view still shows (those
+    over before the first look as 0), at most model.MAX_TOLD_TASKS, the newest names kept."""
+    before = dict(told or {})
+    record = {task: before.get(task, now if told is not None else 0.0) for task in finished}
+    kept = sorted(set(record) & set(seen), reverse=True)[: model.MAX_TOLD_TASKS]
+    return {task: record[task] for task in kept}
+
+
+def task_notice(user: str, tasks: list[str], finished: Mapping[str, Counter[str]]) -> Notice:
+    """One notice of a user's tasks whose transfers are over (all those of one look)."""
+    lines = []
+    for task in tasks[:20]:
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(finished[task].items()))
+        lines.append(f"- {plain(task)}: {counts}")
+    if len(tasks) > 20:
+        lines.append(f"- and {len(tasks) - 20} more")
+    lines.append("`aso status --task TASK` shows each file.")
+    word = "task" if len(tasks) == 1 else f"{len(tasks)} tasks"
+    title = f"ASO: the transfers of {plain(user)}'s {word} are over"
+    return Notice(model.told_id(user), time.time(), title, "\n".join(lines))

@@ -71,6 +71,7 @@ class Asked:
     body: bytes
     audiences: frozenset[str]
     content_type: bytes
+    caller: str = ""  # the name the client maps to (a route of a user's own document)
 
 
 def bounded_check(
@@ -80,7 +81,13 @@ def bounded_check(
     re-serialised (non-ASCII escaped, numbers as Python writes them), a body may grow (60 MiB
     of 4-byte characters had become 180 MiB)."""
     verdict = gate.check(
-        asked.method, asked.target, asked.body, asked.audiences, table, asked.content_type
+        asked.method,
+        asked.target,
+        asked.body,
+        asked.audiences,
+        table,
+        asked.content_type,
+        asked.caller,
     )
     if isinstance(verdict, gate.Forward) and verdict.body and len(verdict.body) > max_body:
         reason = f"the body as forwarded exceeds frontend.max_body ({len(verdict.body)} bytes)"

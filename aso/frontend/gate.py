@@ -208,6 +208,14 @@ def _variables(route: Route, segments: list[str]) -> dict[str, str] | GateRefusa
     return found
 
 
+def _own(route: Route, variables: dict[str, str], caller: str) -> dict[str, str] | GateRefusal:
+    """A route of the caller's own document takes that document's id alone."""
+    if not route.own or variables.get("doc_id") == route.own + caller:
+        return variables
+    reason = f"{route.method} {route.template}: a user reaches only their own, {route.own}{caller}"
+    return GateRefusal(403, "forbidden", reason[:300])
+
+
 def _store_own(shown: str) -> GateRefusal:
     reason = f"{shown[:200]}: not served through the front end (the store's own resources"
     return GateRefusal(403, "forbidden", reason + " are administered on its loopback port)")
@@ -230,9 +238,10 @@ def check(
     audiences: frozenset[str],
     table: tuple[Route, ...],
     content_type: bytes = b"application/json",
+    caller: str = "",
 ) -> GateRefusal | Forward:
     """What to forward for this request, or why not. `target` is the request target as sent,
-    `content_type` its Content-Type header."""
+    `content_type` its Content-Type header, `caller` the name the client maps to."""
     refused = check_target(target)
     if refused:
         return refused
@@ -264,6 +273,8 @@ def check(
     first: GateRefusal | None = None
     for route in mine:
         variables = _variables(route, segments)
+        if not isinstance(variables, GateRefusal):
+            variables = _own(route, variables, caller)
         made = (
             variables
             if isinstance(variables, GateRefusal)

@@ -95,6 +95,22 @@ def hold() -> dict[str, Any]:
     return schema
 
 
+def subscription() -> dict[str, Any]:
+    """components/schemas/Subscription: a user's subscription to notices (`aso notify`)."""
+    schema = stored(model.SUBSCRIPTION_SCHEMA, model.NOTIFY_ID_PATTERN, "notify:<its user>")
+    targets = schema["properties"]["targets"]["items"]["properties"]
+    targets["to"]["description"] = (
+        f"kind mail: one address ({model.MAIL_PATTERN}); webhook, mattermost: an http(s) "
+        f"address ({model.WEBHOOK_PATTERN}); told only when the operator allows it"
+    )
+    schema["description"] = (
+        "Where and of what the notifier tells its user: their holds' events and their tasks "
+        'whose transfers are all over (docs/usage.md, "Notifications"). Written by its user '
+        "(`by` their name, `updated` the store's time) or an operator; read by its user alone."
+    )
+    return schema
+
+
 USER_DOCUMENT = {
     "description": "what a user writes by id: a transfer request, or a hold on their files",
     "oneOf": [{"$ref": "#/components/schemas/TransferRequest"},
@@ -491,7 +507,7 @@ def description(config: Config | None = None) -> dict[str, Any]:
             "parameters": shared,
             "responses": RESPONSES,
             "schemas": {**SCHEMAS, "TransferRequest": transfer_request(), "Hold": hold(),
-                        "UserDocument": USER_DOCUMENT},
+                        "UserDocument": USER_DOCUMENT, "Subscription": subscription()},
         },
     }  # fmt: skip
 

@@ -270,6 +270,8 @@ DOC_ID = Text(
     DOC_ID_PATTERN, "a document id of ASO's, not starting with _ (at most 512 characters)"
 )
 ATTACHMENT = Text(ATTACHMENT_PATTERN, "a file of the monitoring pages")
+SUBSCRIPTION_ID = Text(model.NOTIFY_ID_PATTERN, "notify:<your user name>")
+OWN_SUBSCRIPTION = "notify:"
 STRING_KEY = Key(strings=True)
 DOCUMENT_KEY = Key(strings=True, documents=True)
 
@@ -604,6 +606,8 @@ class Route:
     rules: tuple[tuple[str, str], ...] = ()
     # the store's answer is JSON, asked for as such (with `Accept: */*` a store says text/plain)
     json: bool = True
+    # a user's own document only: the path's doc_id must be this prefix and the caller's name
+    own: str = ""
 
     @property
     def template(self) -> str:
@@ -705,6 +709,9 @@ def databases(config: Config) -> tuple[Db, ...]:
         ("stats", store.stats_db, EVERYONE, SERVICES, set()),
         ("transfers", store.transfers_db, SERVICES, SERVICES, set()),
         ("catalog", store.catalog_db, SERVICES, SERVICES, set()),
+        # users' subscriptions hold their webhooks' secrets: a user reaches their own alone
+        # (_notify_routes)
+        ("notify", store.notify_db, SERVICES, SERVICES, set()),
     )
     out = []
     for key, name, readers, writers, for_users in plan:
@@ -866,6 +873,8 @@ def _db_routes(db: Db) -> list[Route]:
                 tag=tag,
             ),
         ]
+    if db.key == "notify":
+        routes += _notify_routes(n, tag)
     for design in db.designs:
         for view, reduces in design.views.items():
             by_keys = USER not in design.audiences or (design.name, view) in ONE_ROW_A_KEY
@@ -896,6 +905,40 @@ def _db_routes(db: Db) -> list[Route]:
                 ),
             ]
     return routes
+
+
+def _notify_routes(n: str, tag: str) -> list[Route]:
+    """A user's own subscription to notices (`aso notify`): read and written by its id,
+    notify:<the caller's name>; another's id is refused (403) before the store is asked."""
+    users = frozenset({USER})
+    body = Document(ids=SUBSCRIPTION_ID, schema_ref="#/components/schemas/Subscription",
+                    max_chars=model.MAX_DOC_CHARS,
+                    max_members=len(model.SUBSCRIPTION_SCHEMA["fields"]) + 2)  # fmt: skip
+    path = (n, Var("doc_id", SUBSCRIPTION_ID))
+    return [
+        Route(
+            "notifyOwnGet",
+            "GET",
+            path,
+            users,
+            "Your own subscription to notices.",
+            tag=tag,
+            own=OWN_SUBSCRIPTION,
+        ),
+        Route(
+            "notifyOwnPut",
+            "PUT",
+            path,
+            users,
+            "Write your own subscription to notices (with _rev to update): where to tell you "
+            "(mail, webhook, mattermost; the operator's allowlists say which addresses are "
+            "told) and of which events.",
+            body=body,
+            kind="create",
+            tag=tag,
+            own=OWN_SUBSCRIPTION,
+        ),
+    ]
 
 
 def _pages_routes(config: Config) -> list[Route]:
@@ -970,6 +1013,7 @@ def describe(value: Value) -> str:
     named = {REV: "a revision", SEQ: "an update sequence", DOC_ID: "a document id (no leading _)",
              REQUEST_ID: "a request id (64 hex)",
              USER_DOC_ID: "a request id (64 hex) or a hold's id (hold:SITE:USER)",
+             SUBSCRIPTION_ID: "notify:<the caller's name>",
              STRING_KEY: "a JSON string",
              DOCUMENT_KEY: "a JSON string not starting with _"}  # fmt: skip
     for known, words in named.items():

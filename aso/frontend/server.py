@@ -2653,6 +2653,7 @@ def _gate_check(
         content.read(),
         routes.audiences_of(who.roles),
         cast(_BoundedRequest, request).aso_content_type,
+        who.name,
     )
     return checks.check(who.name, asked)
 

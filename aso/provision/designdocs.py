@@ -70,9 +70,11 @@ SYSTEM_DATABASES = ("_replicator", "_global_changes")
 SYSTEM_SECURITY = USERS_SECURITY
 
 
-def model_module() -> str:
-    """The CommonJS module validate_doc_update loads with require('lib/model')."""
-    return "module.exports = " + json.dumps(model.validation_model(), sort_keys=True) + ";\n"
+def model_module(tables: Mapping[str, Any] | None = None) -> str:
+    """The CommonJS module validate_doc_update loads with require('lib/model'): the files
+    database's tables, or `tables`."""
+    tables = model.validation_model() if tables is None else tables
+    return "module.exports = " + json.dumps(tables, sort_keys=True) + ";\n"
 
 
 def known_sites(config: Config) -> list[str]:
@@ -131,7 +133,11 @@ def load_design_document(
     # cmscouchapp's bookkeeping (manifest, signatures) lists files in directory order; it is
     # not used by the store and would make identical folders look different.
     doc.pop("couchapp", None)
-    if "require('lib/" in doc.get("validate_doc_update", ""):
+    if path.name == NOTIFY_FOLDER:
+        # The notify database's validation: its own tables, the files database's schema checker.
+        schema_js = (root / "asyncstageout" / "lib" / "schema.js").read_text()
+        doc["lib"] = {"model": model_module(model.notify_model()), "schema": schema_js}
+    elif "require('lib/" in doc.get("validate_doc_update", ""):
         doc.setdefault("lib", {}).update(
             model=model_module(), sites=sites_module(config or Config())
         )
@@ -144,7 +150,16 @@ def load_design_document(
 
 # The folders of couchapp/ that are design documents of another database than the files one
 # (the [store] key naming it); couchapp/pages is the pages' own, couchapp/shared no document.
-OTHER_DATABASES = {"catalog": "catalog_db", "jobs": "transfers_db", "stats": "stats_db"}
+OTHER_DATABASES = {
+    "catalog": "catalog_db",
+    "jobs": "transfers_db",
+    "stats": "stats_db",
+    "notify": "notify_db",
+}
+NOTIFY_FOLDER = "notify"
+# The notify database: users' subscriptions, through the front end's own-subscription routes
+# only (a user is a member so that the store judges their write as theirs).
+NOTIFY_SECURITY = FILES_SECURITY
 
 
 def design_documents(config: Config, root: Path = COUCHAPP_DIR) -> list[dict[str, Any]]:
@@ -175,6 +190,13 @@ def pages_design(config: Config, root: Path = COUCHAPP_DIR) -> dict[str, Any]:
         "transfer_job_url": config.fts3.monitor_url,
         "states": {k: list(v) for k, v in model.PAGES_STATES.items()},
         "waiting_words": model.WAITING_WORDS,
+        # What users' subscriptions may name (`aso notify add` checks before it writes): the
+        # allowlists, not the mail server's URL (a secret).
+        "notify": {
+            "mail": bool(config.notify.user_mail),
+            "mail_domains": list(config.notify.mail_domains),
+            "webhooks": list(config.notify.webhooks),
+        },
     }
     return ddoc
 
@@ -272,6 +294,11 @@ def init_databases(admin: Server, config: Config) -> InitReport:
         report.created_dbs.append(config.store.catalog_db)
     if init_stats_db(admin, config.store.stats_db):
         report.created_dbs.append(config.store.stats_db)
+    if store_admin.create_db(admin, config.store.notify_db, NOTIFY_SECURITY):
+        report.created_dbs.append(config.store.notify_db)
+    notify = database_design(NOTIFY_FOLDER)
+    if store_admin.push_design(admin.db(config.store.notify_db), notify):
+        report.design_written.append(f"{config.store.notify_db}/{notify['_id']}")
     pages_db = config.store.pages_db
     if store_admin.create_db(admin, pages_db, PAGES_SECURITY):
         report.created_dbs.append(pages_db)

@@ -35,6 +35,8 @@ from aso.config import Config
 from aso.monitoring import statistics
 from aso.provision.designdocs import (
     FILES_SECURITY,
+    NOTIFY_FOLDER,
+    NOTIFY_SECURITY,
     PAGES_SECURITY,
     SYSTEM_DATABASES,
     USERS_SECURITY,
@@ -159,6 +161,7 @@ def expected_databases(config: Config) -> dict[str, DatabaseSpec]:
         store.transfers_db: DatabaseSpec(jobstore.SECURITY, (database_design("jobs"),)),
         store.catalog_db: DatabaseSpec(catalog.SECURITY, (database_design("catalog"),)),
         store.stats_db: DatabaseSpec(statistics.SECURITY, (database_design("stats"),)),
+        store.notify_db: DatabaseSpec(NOTIFY_SECURITY, (database_design(NOTIFY_FOLDER),)),
         store.pages_db: DatabaseSpec(PAGES_SECURITY, (pages_design(config),)),
         "_users": DatabaseSpec(USERS_SECURITY, ()),
     }
