@@ -172,7 +172,9 @@ class Notifier(PeriodicAgent):
             self.tasks_looked.pop(user, None)
             return
         finished = notices.finished_tasks(rows)
-        told = None if record is None else record["tasks"]
+        told = None if record is None else record.get("tasks")
+        if not isinstance(told, dict):
+            told = None  # none yet, or of another shape (the store's admin's): a first look
         new = notices.new_finished(finished, told)
         seen = {row["key"][1] for row in rows}
         kept = notices.told_tasks(finished, told, ctx.now, seen)
@@ -190,13 +192,10 @@ class Notifier(PeriodicAgent):
 
     # -- a user's targets ---------------------------------------------------------------------
     def subscriptions(self) -> dict[str, dict[str, Any]]:
-        """Every user's subscription with a target and an event, by user."""
+        """Every user's subscription with a target and an event, by user (one the store's
+        admin wrote past the validation, of another shape, is passed over)."""
         docs = self.notify_db.all_docs("notify:", "notify:\ufff0")
-        return {
-            d["user"]: d
-            for d in docs
-            if d.get("type") == model.SUBSCRIPTION_TYPE and d.get("targets") and d.get("events")
-        }
+        return {d["user"]: d for d in docs if notices.usable(d)}
 
     def queue_for(self, subscription: Mapping[str, Any], notice: notices.Notice) -> None:
         """The notice queued for the user's targets; a thread tells them, one user's notices

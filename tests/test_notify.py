@@ -488,3 +488,29 @@ def test_a_user_s_hanging_webhook_keeps_no_other_notice_waiting(sim_config, acco
         server.shutdown()
         server.server_close()
     assert notifier.user_counts["failed"] == 1  # given up after its timeout
+
+
+def test_documents_of_other_shapes_in_the_notify_database_stop_no_notice(
+    sim_config, accounts, webhook
+):
+    """The store's admin writes past the validation: subscriptions and a record of other
+    shapes are passed over, and a user's good subscription is told as ever."""
+    posted, hook = webhook
+    port = hook.server_address[1]
+    config = users_config(sim_config, free_port(), port)
+    admin = db_as(accounts, "admin", config.store.notify_db)
+    for doc in ({"_id": "notify:carol", "type": model.SUBSCRIPTION_TYPE, "user": "carol",
+                 "targets": "x", "events": ["held"]},
+                {"_id": "notify:dave", "type": model.SUBSCRIPTION_TYPE, "targets": [{}]},
+                {**subscription("erin", [("webhook", f"http://127.0.0.1:{port}/hooks/e")]),
+                 "_id": "notify:alice"},
+                {"_id": model.told_id("bob"), "type": model.TOLD_TYPE, "tasks": [1]}):  # fmt: skip
+        admin.put(doc)
+    db_as(accounts, "bob", config.store.notify_db).put(
+        subscription("bob", [("webhook", f"http://127.0.0.1:{port}/hooks/b")])
+    )
+    start_hold(config, accounts, "bob's quota", user="bob")
+    start_hold(config, accounts, "alice's quota")
+    report = user_step(config)
+    assert report["user_notices"] == 1
+    assert [p["path"] for p in posted] == ["/hooks/b"]

@@ -194,6 +194,22 @@ def apprise_url(kind: str, to: str, settings: NotifyConfig) -> str:
     return f"json{secure}://{url.host}:{url.port}{url.path}?{options}"
 
 
+def usable(doc: Mapping[str, Any]) -> bool:
+    """A subscription of the schema's shape, with a target and an event, named for its user."""
+    targets, events, user = doc.get("targets"), doc.get("events"), doc.get("user")
+    return (
+        doc.get("type") == model.SUBSCRIPTION_TYPE
+        and isinstance(user, str)
+        and doc.get("_id") == model.subscription_id(user)
+        and isinstance(targets, list)
+        and bool(targets)
+        and all(isinstance(t, dict) and isinstance(t.get("kind"), str)
+                and isinstance(t.get("to"), str) for t in targets)
+        and isinstance(events, list)
+        and bool(events)
+    )  # fmt: skip
+
+
 def wants(subscription: Mapping[str, Any] | None, event: str) -> bool:
     return bool(subscription) and event in (subscription or {}).get("events", [])
 
