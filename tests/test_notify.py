@@ -61,28 +61,41 @@ def smtp() -> Iterator[tuple[Mailbox, int]]:
         controller.stop()
 
 
-@pytest.fixture()
-def webhook() -> Iterator[tuple[list[dict[str, Any]], HTTPServer]]:
-    posted: list[dict[str, Any]] = []
+class Quiet(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
 
-    class Receiver(BaseHTTPRequestHandler):
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[HTTPServer]:
+    """An HTTP server of `handler` on a free loopback port, stopped afterwards."""
+    server = HTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def receiving(posted: list[dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+    """A webhook receiver's handler: each JSON body posted, with its path, into `posted`."""
+
+    class Receiver(Quiet):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             posted.append({"path": self.path, **json.loads(body)})
             self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *args: Any) -> None:
-            pass
+    return Receiver
 
-    server = HTTPServer(("127.0.0.1", free_port()), Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+
+@pytest.fixture()
+def webhook() -> Iterator[tuple[list[dict[str, Any]], HTTPServer]]:
+    posted: list[dict[str, Any]] = []
+    with serving(receiving(posted)) as server:
         yield posted, server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def notify_config(config: Config, smtp_port: int, hook_port: int) -> Config:
@@ -356,7 +369,8 @@ def test_a_user_is_told_of_their_holds_where_the_operator_allows_and_nowhere_els
     (box, smtp_port), (posted, hook) = smtp, webhook
     port = hook.server_address[1]
     stray: list[dict[str, Any]] = []
-    with receiver(stray) as stray_port:
+    with serving(receiving(stray)) as other:
+        stray_port = other.server_address[1]
         config = users_config(sim_config, smtp_port, port)
         notify = db_as(accounts, "alice", config.store.notify_db)
         notify.put(subscription("alice", [
@@ -381,29 +395,6 @@ def test_a_user_is_told_of_their_holds_where_the_operator_allows_and_nowhere_els
         assert user_step(config)["user_notices"] == 0
         assert len(box.messages) == len(posted) == 1
     assert stray == []
-
-
-@contextlib.contextmanager
-def receiver(posted: list[dict[str, Any]]) -> Iterator[int]:
-    """Another HTTP receiver on a port of its own: what was posted to it."""
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            posted.append({"path": self.path})
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", free_port()), Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def put_files(config: Config, accounts: Any, task: str, states: list[str]) -> list[dict[str, Any]]:
@@ -448,7 +439,7 @@ def test_a_user_s_hanging_webhook_keeps_no_other_notice_waiting(sim_config, acco
     entered, release = threading.Event(), threading.Event()
     told_meanwhile: list[int] = []
 
-    class Hanging(BaseHTTPRequestHandler):
+    class Hanging(Quiet):
         def do_POST(self) -> None:
             entered.set()
             # What the operators got while this request is open (the notifier's 4 s).
@@ -458,35 +449,29 @@ def test_a_user_s_hanging_webhook_keeps_no_other_notice_waiting(sim_config, acco
             told_meanwhile.append(len(posted))
             release.wait(30)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", free_port()), Hanging)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    config = dataclasses.replace(sim_config, notify=dataclasses.replace(
-        sim_config.notify, urls=[f"json://127.0.0.1:{operators.server_address[1]}/ops"],
-        webhooks=[f"http://127.0.0.1:{port}/hooks/"], interval=0.01, min_interval=0.01,
-    ))  # fmt: skip
-    db_as(accounts, "alice", config.store.notify_db).put(
-        subscription("alice", [("webhook", f"http://127.0.0.1:{port}/hooks/a")])
-    )
-    start_hold(config, accounts, "alice's quota")
-    start_hold(config, accounts, "bob's quota", user="bob")
-    notifier = Notifier(config, "n1")
-    try:
-        report = Runner(notifier).step(wait=False)
-        assert report["notices"] == 2 and len(posted) == 2
-        assert entered.wait(10)
-        deadline = time.monotonic() + 5
-        while not told_meanwhile and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert told_meanwhile == [2]  # both operators' notices, while alice's request hung
-    finally:
-        release.set()
-        notifier.close()
-        server.shutdown()
-        server.server_close()
+    with serving(Hanging) as hanging:
+        hook = f"http://127.0.0.1:{hanging.server_address[1]}/hooks/"
+        config = dataclasses.replace(sim_config, notify=dataclasses.replace(
+            sim_config.notify, urls=[f"json://127.0.0.1:{operators.server_address[1]}/ops"],
+            webhooks=[hook], interval=0.01, min_interval=0.01,
+        ))  # fmt: skip
+        db_as(accounts, "alice", config.store.notify_db).put(
+            subscription("alice", [("webhook", hook + "a")])
+        )
+        start_hold(config, accounts, "alice's quota")
+        start_hold(config, accounts, "bob's quota", user="bob")
+        notifier = Notifier(config, "n1")
+        try:
+            report = Runner(notifier).step(wait=False)
+            assert report["notices"] == 2 and len(posted) == 2
+            assert entered.wait(10)
+            deadline = time.monotonic() + 5
+            while not told_meanwhile and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            release.set()
+            notifier.close()
+    assert told_meanwhile == [2]  # both operators' notices, while alice's request hung
     assert notifier.user_counts["failed"] == 1  # given up after its timeout
 
 
