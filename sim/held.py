@@ -16,6 +16,7 @@ aso/transfer/sim_quota.py), the copies refused, the files it held and for how lo
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,12 +162,12 @@ def quota_figures(
     compression: float,
 ) -> dict[str, Any]:
     """A destination with a size limit (a plan's outage with `bytes`, in simulated seconds):
-    its limit and span, the bytes and copies that landed there while it was in force and
-    whether they stayed within it, the copies it refused, the files that failed for room there
-    (none, if the holds hold), its users' holds' starts (of them by the submitter's
-    admission), and the files it held ((file, outcome) of the run's held files): how many, how
-    many kept back before a copy of theirs was held, how many ended done, and their simulated
-    seconds held (`summarize`d)."""
+    its limit and span; the bytes and copies that landed there while it was in force, whether
+    they stayed within it and are the attempts the requests record done; the copies it
+    refused; the files that failed for room there (none, if the holds hold); its users' holds'
+    starts (of them by the submitter's admission); and the files it held ((file, outcome) of
+    the run's held files): how many, how many kept back before a copy of theirs was held, how
+    they ended (how many done), and their simulated seconds held (`summarize`d)."""
     site, limit = quota["site"], int(quota["bytes"])
     mine = [d for d in requests if d.get("destination") == site]
     used = int((ledger or {}).get("used", 0))
@@ -180,6 +181,7 @@ def quota_figures(
         "landed_bytes": used,
         "landed_copies": len((ledger or {}).get("copies") or {}),
         "within_limit": used <= limit,
+        "ledger_agrees": ledger_agrees(ledger, mine),
         "refused_copies": sum(
             a.get("error_class") == errors.QUOTA for d in mine for a in d.get("attempts") or []
         ),
@@ -191,5 +193,17 @@ def quota_figures(
         "files_held": len(files),
         "files_kept_back": sum(f.kept_back > 0 for f, _ in files),
         "held_done": sum(end == "done" for _, end in files),
+        "held_outcomes": dict(Counter(end for _, end in files).most_common()),
         "held_seconds": summarize([f.seconds * compression for f, _ in files]),
     }
+
+
+def ledger_agrees(ledger: Mapping[str, Any] | None, requests: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether every copy the quota's ledger says landed is an attempt its request records as
+    done (the monitors that read the copies' ends took what the ledger decided)."""
+    outcomes = {
+        f"{attempt.get('job_id')}/{doc['_id']}": attempt.get("outcome")
+        for doc in requests
+        for attempt in doc.get("attempts") or []
+    }
+    return all(outcomes.get(key) == "done" for key in (ledger or {}).get("copies") or {})

@@ -948,14 +948,17 @@ def quota_line(q: Mapping[str, Any]) -> str:
     """ "quota T2_X (20.0 GB, 0-120 s): ..." : what a destination with a size limit took,
     refused and held."""
     held = q["held_seconds"]
+    others = "".join(f", {n} {end}" for end, n in q["held_outcomes"].items() if end != "done")
     return (
         f"quota {q['site']} ({gigabytes(q['limit_bytes'])}, {q['start']:.0f}-{q['end']:.0f} s): "
         f"{gigabytes(q['landed_bytes'])} landed in {q['landed_copies']} copies "
-        f"({'within' if q['within_limit'] else 'OVER'} the limit), {q['refused_copies']} copies "
-        f"refused (quota), {q['failed_for_room']} files failed for room · {q['hold_starts']} "
+        f"({'within' if q['within_limit'] else 'OVER'} the limit; "
+        f"{'as' if q['ledger_agrees'] else 'NOT as'} the files record), "
+        f"{q['refused_copies']} copies refused (quota), {q['failed_for_room']} files failed for "
+        f"room · {q['hold_starts']} "
         f"holds started ({q['hold_starts_by_admission']} by admission) · {q['files_held']} files "
-        f"held ({q['files_kept_back']} kept back before sending), {q['held_done']} of them done, "
-        f"held p50/p95 {held['p50']}/{held['p95']} s"
+        f"held ({q['files_kept_back']} kept back before sending), {q['held_done']} of them "
+        f"done{others}, held p50/p95 {held['p50']}/{held['p95']} s"
     )
 
 

@@ -298,6 +298,7 @@ def test_a_destination_given_a_size_limit_holds_what_does_not_fit_and_loses_noth
     assert report.analysis.held_attempts["quota"] > 0, report.analysis.held_attempts
     [figures] = report.quotas
     assert figures["within_limit"] and 0 < figures["landed_bytes"] <= limit, figures
+    assert figures["ledger_agrees"], figures  # what landed is what the files record done
     assert figures["refused_copies"] > 0 and figures["failed_for_room"] == 0, figures
     assert figures["files_held"] > 0 and figures["held_done"] == figures["files_held"], figures
     assert figures["held_seconds"]["p50"] > 0, figures
