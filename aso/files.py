@@ -18,13 +18,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from aso import gfal2client
 from aso.config import Config
 from aso.core.destination import Finding, found, unanswered, unchecked
 from aso.transfer import errors
+
+if TYPE_CHECKING:
+    from aso.transfer.sim import SimService
 
 log = logging.getLogger("aso.files")
 
@@ -161,10 +164,13 @@ class GfalFiles:
 class SimFiles:
     """No data: destinations are as the requests say, deletions are recorded. A look at a
     site (a hold's probe, whether it answers) finds what the simulator's faults say there
-    (`faults`: site, user, now → the fault's reason; aso.transfer.sim.SimService.fault_at)."""
+    (`faults`: site, user, now → the fault's reason; aso.transfer.sim.SimService.fault_at);
+    its free space is what a size limit there leaves now (`space`: site → bytes or None;
+    SimService.free_space), else the site does not say."""
 
     deleted: list[str] = field(default_factory=list)
     faults: Callable[[str, str, float], str | None] | None = None
+    space: Callable[[str], int | None] | None = None
 
     def confirm(self, url: str, size: int, adler32: str) -> str | None:
         return None
@@ -174,7 +180,9 @@ class SimFiles:
         return True
 
     def free_space(self, url: str) -> int | None:
-        return None
+        if self.space is None:
+            return None
+        return self.space(urlsplit(url).netloc)
 
     def probe(self, directory: str) -> str | None:
         return self._fault(directory, _user_of(directory))
@@ -203,7 +211,11 @@ class SiteFiles:
     """The file operations of any site: `sim://` URLs to SimFiles, the others to gfal2."""
 
     def __init__(self, config: Config):
-        self.sim = SimFiles(faults=_simulated_faults(config))
+        service = _simulated_service(config)
+        self.sim = SimFiles(
+            faults=None if service is None else lambda *a: service().fault_at(*a),
+            space=None if service is None else lambda site: service().free_space(site),
+        )
         self.gfal = GfalFiles(config)
 
     def _for(self, url: str) -> Files:
@@ -225,24 +237,24 @@ class SiteFiles:
         return self._for(url).reachable(url)
 
 
-def _simulated_faults(config: Config) -> Callable[[str, str, float], str | None] | None:
-    """The simulator's faults (sim.outages), read where its service keeps its epoch; None
-    without the sim back end."""
+def _simulated_service(config: Config) -> Callable[[], SimService] | None:
+    """The simulator's service (its faults, sim.outages, and the ledgers of its size limits,
+    kept where it keeps its epoch), opened at the first look: most users of Files never look;
+    None without the sim back end."""
     if config.transfer.backend != "sim":
         return None
     from aso.store import Server
     from aso.transfer.sim import SimService
 
-    service: SimService | None = None
+    opened: list[SimService] = []
 
-    def fault_at(site: str, user: str, now: float) -> str | None:
-        nonlocal service
-        if service is None:  # at the first look: most users of Files never look
+    def service() -> SimService:
+        if not opened:
             jobs = Server.from_config(config, account="agent").db(config.store.transfers_db)
-            service = SimService(jobs, config.sim)
-        return service.fault_at(site, user, now)
+            opened.append(SimService(jobs, config.sim))
+        return opened[0]
 
-    return fault_at
+    return service
 
 
 def open_files(config: Config) -> Files:

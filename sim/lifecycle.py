@@ -58,6 +58,7 @@ from aso.local.stores import LocalCluster, LocalStore, free_ports
 from aso.monitoring import summaries
 from aso.provision.designdocs import FILES_SECURITY, design_documents, init_databases
 from aso.sim.chaos import Chaos, ChaosLog, ChaosPlan, chaos_outages
+from aso.sim.held import hold_spans, quota_figures
 from aso.sim.profile import StoreProfiler
 from aso.sim.report import (
     Analysis,
@@ -66,6 +67,7 @@ from aso.sim.report import (
     account,
     check_catalog,
     check_copies,
+    percentiles,
     recheck_catalog,
     recheck_twice,
     warmup_of,
@@ -76,6 +78,7 @@ from aso.store import NotFound, Server, StoreError
 from aso.store import admin as store_admin
 from aso.transfer.jobstore import JOB_TYPE
 from aso.transfer.sim import SimService
+from aso.transfer.sim_quota import byte_quotas, ledger_id
 from aso.upload import upload
 
 log = logging.getLogger("aso.sim")
@@ -186,6 +189,9 @@ def sim_config(plan: Plan, options: RunOptions) -> Config:
     config.holds.breaker_window = wall(config.holds.breaker_window)
     config.holds.deadline = wall(config.holds.deadline)
     config.holds.look_timeout = max(1.0, wall(config.holds.look_timeout))
+    # The submitter's admission asks a destination's room again on simulated time too (a size
+    # limit fills up as copies land).
+    config.holds.space_refresh = wall(config.holds.space_refresh)
     config.cleaner.base_delay = wall(60.0)
     config.cleaner.max_delay = wall(3600.0)
     config.publisher.block_closure_timeout = wall(plan.block_timeout)
@@ -823,11 +829,14 @@ class Simulation:
         plan = self.plan
         bucket = self.options.bucket or default_bucket(plan.duration)
         analysis = Analysis(started, plan.compression, bucket)
-        requests = {
-            doc["_id"]: doc
-            for doc in self._requests(injected.ids)
-            if doc.get("type") == model.REQUEST_TYPE
-        }
+        requests: dict[str, dict[str, Any]] = {}
+        hold_docs = []
+        for doc in self._requests(injected.ids):
+            if doc.get("type") == model.REQUEST_TYPE:
+                requests[doc["_id"]] = doc
+            elif doc.get("type") == model.HOLD_TYPE:
+                hold_docs.append(doc)
+        analysis.holds = hold_spans(hold_docs, drained)
         accounting = account(injected.ids, requests.values())
         check_copies(accounting, self._copies())
         holders = self._catalog_holders()
@@ -842,6 +851,7 @@ class Simulation:
         hosts = self._work_by_host(requests.values())
         for doc in requests.values():
             analysis.add(doc)
+        quotas = self._quota_figures(requests.values(), analysis)
         # Each revision's number counts the writes that made it: the requests' own writes.
         own_writes = sum(int(str(doc["_rev"]).split("-", 1)[0]) for doc in requests.values())
         return Report(
@@ -859,7 +869,25 @@ class Simulation:
             upload_retries=injected.failed_calls,
             upload_lag=sorted(injected.lag),
             hosts=hosts,
+            quotas=quotas,
         )
+
+    def _quota_figures(
+        self, requests: Iterable[dict[str, Any]], analysis: Analysis
+    ) -> list[dict[str, Any]]:
+        """The figures of each destination with a size limit, with its ledger from the job
+        table (the plan's outages and the service's are in the same order)."""
+        jobs = self.service.admin.db(self.config.store.transfers_db)
+        docs = list(requests)
+        return [
+            quota_figures(
+                planned, jobs.get(ledger_id(served)), docs, analysis.held_files,
+                analysis.holds, percentiles, self.plan.compression,
+            )
+            for planned, served in zip(
+                byte_quotas(self.plan.outages), byte_quotas(self.config.sim.outages), strict=True
+            )
+        ]  # fmt: skip
 
     def _store_requests(self) -> dict[str, dict[str, list[float]]]:
         """Who asked the store for what over the run: agent (or `simulator`: its uploads, its

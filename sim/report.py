@@ -29,6 +29,7 @@ from aso import model
 from aso.core import request
 from aso.model import PUBLICATION, STATE
 from aso.monitoring.summaries import BACKLOG
+from aso.sim.held import HeldFile, HoldSpans, held_file
 from aso.sim.workload import Plan
 from aso.transfer import errors
 
@@ -298,10 +299,14 @@ class Analysis:
         self.latency: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         self.error_classes: Counter[str] = Counter()  # failed attempts by class
         self.events: list[tuple[float, int]] = []  # (simulated time, ±1) of the backlog
-        # Files a hold held (aso/core/holds.py): held attempts by class, and each file's
-        # simulated seconds held (from each held attempt's end to its next attempt's start).
+        # Files a hold held (aso/core/holds.py, sim/held.py): held attempts by class, files
+        # kept back (before a copy of theirs was held) by the class of the hold, and each held
+        # file's simulated seconds held and outcome. `holds`: when each hold was in force.
         self.held_attempts: Counter[str] = Counter()
+        self.kept_back: Counter[str] = Counter()
         self.held_seconds: list[float] = []
+        self.held_files: list[tuple[HeldFile, str]] = []
+        self.holds: Mapping[tuple[str, str], HoldSpans] = {}
 
     def sim(self, t: float) -> float:
         return (t - self.t0) * self.compression
@@ -312,18 +317,12 @@ class Analysis:
     def add(self, doc: Mapping[str, Any]) -> None:
         created = float(doc["created"])
         self.counts["injected"][self.index(created)] += 1
-        attempts = doc.get("attempts", [])
-        held = 0.0
-        for i, attempt in enumerate(attempts):
+        for attempt in doc.get("attempts", []):
             if attempt.get("outcome") == "failed":
                 self.error_classes[attempt.get("error_class") or "unknown"] += 1
             if attempt.get("held"):
                 self.held_attempts[attempt.get("error_class") or "unknown"] += 1
-                later = attempts[i + 1]["submitted"] if i + 1 < len(attempts) else None
-                ended = attempt.get("ended") or attempt["submitted"]
-                held += max(0.0, (later if later is not None else ended) - ended)
-        if any(a.get("held") for a in attempts):
-            self.held_seconds.append(held * self.compression)
+        self._held(doc)
         in_backlog = False
         done_at = None
         for entry in doc.get("history", []):
@@ -343,6 +342,13 @@ class Analysis:
             elif entry["axis"] == PUBLICATION and to == "published" and done_at is not None:
                 self.counts["published"][self.index(at)] += 1
                 self.latency["publish"][self.index(at)].append((at - done_at) * self.compression)
+
+    def _held(self, doc: Mapping[str, Any]) -> None:
+        held = held_file(doc, self.holds)
+        if held is not None:
+            self.held_seconds.append(held.seconds * self.compression)
+            self.held_files.append((held, outcome(doc)))
+            self.kept_back.update(held.kept_back_by)
 
     def _done(self, doc: Mapping[str, Any], created: float, at: float) -> None:
         index = self.index(at)
@@ -599,6 +605,8 @@ class Report:
     drain_unfinished: int = 0
     chaos: dict[str, Any] | None = None  # what the chaos thread did (sim/chaos.py)
     hosts: dict[str, Any] | None = None  # the work of each agent host (work_by_host)
+    # The destinations with a size limit (sim/held.py, quota_figures), one each.
+    quotas: list[dict[str, Any]] = field(default_factory=list)
 
     # -- windows ---------------------------------------------------------------------------------
     @property
@@ -776,7 +784,9 @@ class Report:
             "holds": {
                 "files": len(self.analysis.held_seconds),
                 "held_attempts_by_class": dict(self.analysis.held_attempts.most_common()),
+                "kept_back_by_class": dict(self.analysis.kept_back.most_common()),
                 "held_seconds": percentiles(self.analysis.held_seconds),
+                "byte_quotas": self.quotas,
             },
             "accounting": self.accounting.to_dict(),
             "chaos": self.chaos,
@@ -826,10 +836,13 @@ class Report:
         if self.analysis.held_seconds:
             held = percentiles(self.analysis.held_seconds)
             classes = ", ".join(f"{c} {n}" for c, n in self.analysis.held_attempts.most_common())
+            back = ", ".join(f"{c} {n}" for c, n in self.analysis.kept_back.most_common())
             lines.append(
-                f"holds: {len(self.analysis.held_seconds)} files held ({classes} attempts held), "
+                f"holds: {len(self.analysis.held_seconds)} files held ({classes or 'no'} attempts"
+                f" held; kept back before sending: {back or 'none'}), "
                 f"held p50/p95 {held['p50']}/{held['p95']} s"
             )
+        lines += [quota_line(q) for q in self.quotas]
         if self.store_profile:
             lines.append(profile_line(self.store_profile))
         if self.chaos is not None:
@@ -931,9 +944,32 @@ def _slope(points: Sequence[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / den if den else 0.0
 
 
+def quota_line(q: Mapping[str, Any]) -> str:
+    """ "quota T2_X (20.0 GB, 0-120 s): ..." : what a destination with a size limit took,
+    refused and held."""
+    held = q["held_seconds"]
+    others = "".join(f", {n} {end}" for end, n in q["held_outcomes"].items() if end != "done")
+    return (
+        f"quota {q['site']} ({gigabytes(q['limit_bytes'])}, {q['start']:.0f}-{q['end']:.0f} s): "
+        f"{gigabytes(q['landed_bytes'])} landed in {q['landed_copies']} copies "
+        f"({'within' if q['within_limit'] else 'OVER'} the limit; "
+        f"{'as' if q['ledger_agrees'] else 'NOT as'} the files record), "
+        f"{q['refused_copies']} copies refused (quota), {q['failed_for_room']} files failed for "
+        f"room · {q['hold_starts']} "
+        f"holds started ({q['hold_starts_by_admission']} by admission) · {q['files_held']} files "
+        f"held ({q['files_kept_back']} kept back before sending), {q['held_done']} of them "
+        f"done{others}, held p50/p95 {held['p50']}/{held['p95']} s"
+    )
+
+
+def gigabytes(size: int) -> str:
+    return f"{size / 1e9:.1f} GB"
+
+
 def _outage_text(outage: Mapping[str, Any]) -> str:
     what = f"site {outage['site']}" if "site" in outage else f"link {outage.get('link')}"
-    how = {"timeout": " frozen", "quota": " full", "permission": f" refusing {outage.get('user')}"}
+    full = f" full at {gigabytes(outage['bytes'])}" if outage.get("bytes") is not None else " full"
+    how = {"timeout": " frozen", "quota": full, "permission": f" refusing {outage.get('user')}"}
     return (
         f"{what}{how.get(outage.get('class', ''), '')} {outage['start']:.0f}-{outage['end']:.0f} s"
     )

@@ -30,6 +30,24 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(i?))?b?\s*$", re.IGNORECASE)
+_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of `1000000`, `500MB`, `20GB`, `1.5TB` (powers of 1000) or `20GiB` (of 1024), the
+    size limits of `aso sim --quota`; ValueError for anything else."""
+    match = _SIZE.match(text)
+    size = 0
+    if match:
+        number, prefix, binary = match.groups()
+        power = _POWERS[prefix.lower()] if prefix else 0
+        size = int(float(number) * (1024 if binary else 1000) ** power)
+    if size < 1:
+        raise ValueError(f"{text!r} is not a size such as 500MB, 20GB, 1.5TB, 20GiB or 1000000")
+    return size
+
+
 def parse_duration(text: str) -> float:
     """Seconds of `90`, `90s`, `15m`, `2h` or `1d` (`aso sim`'s and the benchmarks' options);
     ValueError for anything else."""

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
+from collections import Counter
 
 import pytest
 
@@ -269,6 +271,149 @@ def test_a_run_with_a_full_a_frozen_and_a_forbidding_destination_holds_and_loses
     assert "files held" in line
 
 
+def test_a_destination_given_a_size_limit_holds_what_does_not_fit_and_loses_nothing(tmp_path):
+    """`aso sim --quota SITE:SIZE@START-END`: the home of several users takes 20 GB of copies,
+    then is full until its limit is lifted. The copies past the limit are refused (class
+    quota) and the submitter's admission keeps back what the room it reports cannot take: the
+    files wait held, none fails for room, and all complete once the limit is lifted; the
+    accounting is exact and the report gives the quota's figures."""
+    plan = Plan(
+        scale=3, users=10, sites=4, interval=10.0, duration=200.0, compression=10.0,
+        mean_duration=10.0, failure_rate=0.0, retry_delay=10.0, block_timeout=30.0,
+        jobs_per_task=(5, 20),
+    )  # fmt: skip
+    homes = Counter(user.home for user in Workload(plan, "run").users)
+    site = homes.most_common(1)[0][0]  # the home of the most users: their room is shared
+    limit = 5_000_000_000
+    quota = {"site": site, "class": "quota", "bytes": limit, "start": 0.0, "end": 120.0}
+    plan = dataclasses.replace(plan, outages=[quota])
+    options = RunOptions(
+        workdir=tmp_path / "quota", engine=ENGINE, sample_every=1.0, drain_timeout=300.0,
+        bucket=20.0, measure_ceiling=False, progress=False,
+    )  # fmt: skip
+    report = run_simulation(plan, options)
+    accounting = report.accounting
+    assert accounting.exact, accounting.problems()
+    assert accounting.outcomes["failed"] == 0, accounting.outcomes
+    assert report.analysis.held_attempts["quota"] > 0, report.analysis.held_attempts
+    [figures] = report.quotas
+    assert figures["within_limit"] and 0 < figures["landed_bytes"] <= limit, figures
+    assert figures["ledger_agrees"], figures  # what landed is what the files record done
+    assert figures["refused_copies"] > 0 and figures["failed_for_room"] == 0, figures
+    assert figures["files_held"] > 0 and figures["held_done"] == figures["files_held"], figures
+    assert figures["held_seconds"]["p50"] > 0, figures
+    data = json.loads((options.workdir / "report" / "report.json").read_text())
+    assert data["holds"]["byte_quotas"] == [figures]
+    [line] = [line for line in report.extra_lines() if line.startswith(f"quota {site}")]
+    assert "within the limit" in line and "0 files failed for room" in line, line
+
+
+def test_a_size_limited_destination_takes_copies_until_full_and_every_reader_agrees(
+    sim_config, admin
+):
+    """A byte quota's copies are decided through its ledger in the job table: they land in
+    the order they end while their bytes fit, the others fail `quota`; another service (an
+    agent in another process) sees the same; the site reports the limit less what landed,
+    through the files back end too; past the quota's end the limit is lifted."""
+    from aso.files import open_files
+    from aso.transfer.base import DONE, FAILED, FileTransfer, JobRequest
+    from aso.transfer.sim import SimService
+
+    quota = {"site": "T2_DE_DESY", "class": "quota", "bytes": 25, "start": 0, "end": 3.0}
+    sim = dataclasses.replace(sim_config.sim, outages=[quota], mean_duration=0.2)
+    config = dataclasses.replace(sim_config, sim=sim)
+    jobs = admin.db(config.store.transfers_db)
+    service = SimService(jobs, sim)
+    assert service.epoch > 0  # the run's epoch: the quota starts there
+
+    def send(name: str, size: int) -> str:
+        copy = FileTransfer(name, f"sim://T2_CH_CERN/{name}", f"sim://T2_DE_DESY/{name}", size,
+                            "00000001")  # fmt: skip
+        job = JobRequest(f"key-{name}", (copy,), "alice", "t", "T2_CH_CERN", "T2_DE_DESY")
+        job_id = service.submit(job)
+        time.sleep(0.05)  # each ends after the one before
+        return job_id
+
+    sent = {name: send(name, size) for name, size in [("a", 10), ("b", 10), ("c", 10), ("d", 3)]}
+    time.sleep(0.3)
+    ended = service.status(list(sent.values()))
+    states = {name: ended[job_id].files[name] for name, job_id in sent.items()}
+    assert [states[n].state for n in "abcd"] == [DONE, DONE, FAILED, DONE]  # d still fits
+    assert states["c"].error_class == "quota" and "25 bytes" in (states["c"].reason or "")
+    other = SimService(jobs, sim).status(list(sent.values()))
+    assert {n: other[j].files[n].state for n, j in sent.items()} == {
+        n: s.state for n, s in states.items()
+    }
+    url = "sim://T2_DE_DESY/store/user/alice/x.root"
+    assert service.free_space("T2_DE_DESY") == 2
+    assert open_files(config).free_space(url) == 2
+    assert service.fault_at("T2_DE_DESY", "alice", time.time()) is None  # its room says it
+    time.sleep(max(0.0, service.epoch + 3.0 - time.time()))
+    late = send("e", 10)
+    time.sleep(0.3)
+    assert service.status([late])[late].files["e"].state == DONE  # the limit lifted
+    assert service.free_space("T2_DE_DESY") is None
+
+
+def test_the_ledger_lands_copies_in_the_order_they_end_while_they_fit():
+    from aso.transfer.sim_quota import Landing, decide, new_ledger
+
+    ledger = new_ledger({"site": "S", "bytes": 25, "start": 0, "end": 10})
+    copies = [Landing("c", 10, 3.0), Landing("a", 10, 1.0), Landing("b", 10, 2.0)]
+    after, refused = decide(ledger, copies)
+    assert after is not None and after["used"] == 20 and refused == {"c"}
+    assert set(after["copies"]) == {"a", "b"}
+    again, refused_again = decide(after, [*copies, Landing("d", 5, 4.0)])
+    assert again is not None and again["used"] == 25 and refused_again == {"c"}
+    assert decide(again, copies) == (None, {"c"})  # decided once: nothing new to write
+
+
+def test_a_file_is_held_after_a_held_attempt_and_while_a_hold_keeps_it_back():
+    """The report's held time of a file (sim/held.py): while it waits to be sent and a hold of
+    its destination is in force (kept back: the submitter's admission, or a hold another file
+    started), and from a held attempt's end to its next attempt, each counted once."""
+    from aso.sim.held import held_file, hold_spans
+
+    hold = {"type": model.HOLD_TYPE, "site": "T2_SM_Site001", "user": "alice",
+            "error_class": "quota", "history": [
+                {"state": "active", "at": 1003.0, "reason": "admission: 1 files need 10 bytes"},
+                {"state": "released", "at": 1008.0, "reason": "passed"},
+                {"state": "active", "at": 1012.0, "reason": "simulated full"}]}  # fmt: skip
+    holds = hold_spans([hold], end=1025.0)
+    spans = holds["T2_SM_Site001", "alice"]
+    assert spans.spans == ((1003.0, 1008.0), (1012.0, 1025.0))
+    assert (spans.starts, spans.by_admission) == (2, 1)
+    kept = walk(request(0), (model.STATE, "submitted"), *DONE[1:], at=1010.0)
+    held = held_file(kept, holds)
+    assert held is not None and (held.seconds, held.kept_back) == (5.0, 5.0)
+    refused = walk(request(0), (model.STATE, "submitted"), at=1010.0)
+    refused = walk(refused, (model.STATE, "failed_attempt"), (model.STATE, "retry"), at=1012.0)
+    refused = walk(refused, (model.STATE, "submitted"), *DONE[1:], at=1030.0)
+    refused["attempts"] = [
+        {"submitted": 1010.0, "ended": 1012.0, "held": True, "error_class": "quota"},
+        {"submitted": 1030.0, "ended": 1031.0},
+    ]
+    held = held_file(refused, holds)
+    assert held is not None and held.classes == {"quota"}
+    assert (held.seconds, held.kept_back) == (5.0 + 18.0, 5.0)  # the retry wait counted once
+    assert held_file(request(1, destination="T2_SM_Site002"), holds) is None
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("T2_X:20GB@5m-10m", {"start": 300.0, "end": 600.0, "bytes": 20_000_000_000}),
+        ("T2_X:500MB@0-2m", {"start": 0.0, "end": 120.0, "bytes": 500_000_000}),
+        ("T2_X:1GiB", {"start": 0.0, "end": 900.0, "bytes": 2**30}),
+        ("T2_X:5m-10m", {"start": 300.0, "end": 600.0}),
+    ],
+)
+def test_a_quota_is_a_time_full_or_a_size_limit(value, expected):
+    from aso.cli.sim import parse_quota
+
+    assert parse_quota(value, 900.0) == {"site": "T2_X", "class": "quota", **expected}
+
+
 def test_the_store_is_profiled_over_the_injection(tmp_path):
     """`--profile-store` on a store of the run's own: the embedded store's CPU profile by
     kind of work (its busy time shared out), or CouchDB's counters per file injected."""
@@ -409,6 +554,8 @@ def test_a_chaos_run_loses_nothing(tmp_path):
         (["--outage", "T2_X:5m-1m"], "SITE:START-END"),
         (["--forbid", "T2_X:1m-5m"], "USER@SITE:START-END"),
         (["--quota", "alice@T2_X:1m-5m"], "expected SITE:START-END"),
+        (["--quota", "T2_X:20XB@1m-5m"], "SITE:SIZE@START-END"),
+        (["--quota", "T2_X:20GB@5m-1m"], "SITE:SIZE@START-END"),
         (["--frozen", "T2_X:1m"], "SITE:START-END"),
     ],
 )

@@ -26,6 +26,21 @@ def parse_duration(text: str) -> float:
         raise typer.BadParameter(str(exc)) from None
 
 
+def parse_moment(text: str) -> float:
+    """A time in the run: `0` (its start) or a duration after it."""
+    return 0.0 if text.strip() in ("0", "0s") else parse_duration(text)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of `20GB`, `500MB`, `20GiB` or `1000000` (sim/workload.py), a bad parameter else."""
+    from aso.sim.workload import parse_size as size
+
+    try:
+        return size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def parse_instances(values: list[str]) -> dict[str, int]:
     from aso.sim.lifecycle import AGENTS
 
@@ -47,7 +62,7 @@ def parse_outage(value: str, error_class: str = "connection") -> dict[str, float
     user, _, site = where.rpartition("@")
     start, _, end = span.partition("-")
     try:
-        begin, finish = parse_duration(start), parse_duration(end)
+        begin, finish = parse_moment(start), parse_duration(end)
     except typer.BadParameter:
         begin = finish = -1.0
     wanted = "USER@SITE:START-END" if error_class == "permission" else "SITE:START-END"
@@ -62,6 +77,28 @@ def parse_outage(value: str, error_class: str = "connection") -> dict[str, float
     if user:
         outage["user"] = user
     return outage
+
+
+QUOTA_FORMS = "SITE:SIZE@START-END, SITE:SIZE or SITE:START-END, e.g. T2_SM_Site003:20GB@10m-20m"
+
+
+def parse_quota(value: str, injection: float) -> dict[str, float | str]:
+    """A full destination: SITE:START-END (full for that time), SITE:SIZE@START-END (from START
+    it takes SIZE bytes, then is full until END, when the limit is lifted) or SITE:SIZE (the
+    same from the run's start to the end of its injection, `injection` simulated seconds)."""
+    site, _, spec = value.partition(":")
+    size, at, span = spec.partition("@")
+    if not at and "-" in spec:
+        return parse_outage(value, "quota")
+    if not site:
+        raise typer.BadParameter(f"{value!r}: expected {QUOTA_FORMS}")
+    try:
+        limit = parse_size(size)
+        window = parse_outage(f"{site}:{span}", "quota") if at else None
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(f"{value!r}: expected {QUOTA_FORMS} ({exc})") from None
+    quota = window or {"site": site, "class": "quota", "start": 0.0, "end": injection}
+    return {**quota, "bytes": limit}
 
 
 def sim_cmd(
@@ -105,7 +142,12 @@ def sim_cmd(
     ] = None,
     quota: Annotated[
         list[str] | None,
-        typer.Option(help="A destination full (quota) SITE:START-END (repeatable)."),
+        typer.Option(
+            help="A destination full (quota): SITE:START-END, full for that time; or "
+            "SITE:SIZE@START-END (SIZE e.g. 20GB, 500MB, 20GiB; bytes plain): from START it "
+            "takes copies until SIZE bytes landed, then is full until END, when the limit is "
+            "lifted; SITE:SIZE the same from the start to the end of the injection (repeatable)."
+        ),
     ] = None,
     forbid: Annotated[
         list[str] | None,
@@ -203,13 +245,14 @@ def sim_cmd(
     from aso.sim.lifecycle import RunOptions, host_ids, run_simulation
     from aso.sim.workload import Plan
 
+    injection = parse_duration(duration)
     try:
         plan = Plan(
             scale=scale,
             users=users,
             sites=sites,
             interval=parse_duration(interval),
-            duration=parse_duration(duration),
+            duration=injection,
             compression=compression,
             mean_duration=mean_duration,
             distribution=distribution,
@@ -220,7 +263,7 @@ def sim_cmd(
             outages=[
                 *(parse_outage(o) for o in outage or []),
                 *(parse_outage(o, "timeout") for o in frozen or []),
-                *(parse_outage(o, "quota") for o in quota or []),
+                *(parse_quota(o, injection) for o in quota or []),
                 *(parse_outage(o, "permission") for o in forbid or []),
             ],
             seed=seed,

@@ -10,7 +10,10 @@ drawn from `sim.failure_classes`, and failures for the files in flight at a site
 processes share it): an outage of a `site` (its storage is down: connection refused; with
 `class` timeout frozen, quota full, or with a `user` and class permission refusing that user)
 or of a `link` ("SRC>DST", shell wildcards allowed, e.g. "T2_SM_Site001>*": the service fails
-it). `fault_at` tells the hold checker what a look at a simulated site finds.
+it). `fault_at` tells the hold checker what a look at a simulated site finds. A quota with
+`bytes` is a size limit instead of a time the site is full (aso/transfer/sim_quota.py): the
+copies that end there are decided through its ledger, in `status`, and `free_space` reports
+what is left of it.
 
 Since a file's copy is a function of its job document, `copies(doc)` gives what the service
 did with each file (start and end, a cancel included): the simulator checks from it that no
@@ -27,7 +30,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aso.config import SimConfig
 from aso.store import Conflict, Database
@@ -42,6 +45,7 @@ from aso.transfer.base import (
     JobStatus,
 )
 from aso.transfer.jobstore import JobTableService
+from aso.transfer.sim_quota import Landing, Ledgers, byte_quotas, copy_key, is_byte_quota
 
 EPOCH_DOC = "sim:epoch"
 
@@ -61,7 +65,8 @@ def fault_of(outage: Mapping[str, Any]) -> tuple[str, str]:
     reasons = {
         errors.CONNECTION: f"simulated outage of {site}: connection refused",
         errors.TIMEOUT: f"simulated frozen {site}: no answer within the copy's timeout",
-        errors.QUOTA: f"simulated full {site}: no space left on device",
+        errors.QUOTA: f"simulated full {site}: no space left on device"
+        + (f" (quota of {outage['bytes']} bytes)" if is_byte_quota(outage) else ""),
         errors.PERMISSION: f"simulated {site} refusing {outage.get('user')}: permission denied",
     }
     return error_class, reasons.get(error_class, f"simulated fault of {site} ({error_class})")
@@ -103,6 +108,7 @@ class SimService(JobTableService):
         self.db = db
         self.config = config
         self._epoch: float | None = None
+        self.ledgers = Ledgers(db)
 
     # -- the shared epoch -------------------------------------------------------------------
     @property
@@ -121,7 +127,85 @@ class SimService(JobTableService):
     def status(self, job_ids: Sequence[str]) -> dict[str, JobStatus | None]:
         now = self.clock()
         docs = self.jobs.get_many(job_ids)
-        return {job_id: (self._status(doc, now) if doc else None) for job_id, doc in docs.items()}
+        fates = {
+            job_id: {file_id: self.fate(doc, file_id) for file_id in doc["files"]}
+            for job_id, doc in docs.items()
+            if doc
+        }
+        self._land(docs, fates, now)
+        return {
+            job_id: (self._status(doc, fates[job_id], now) if doc else None)
+            for job_id, doc in docs.items()
+        }
+
+    # -- destinations with a size limit ------------------------------------------------------
+    def _land(
+        self,
+        docs: Mapping[str, Mapping[str, Any] | None],
+        fates: dict[str, dict[str, Fate]],
+        now: float,
+    ) -> None:
+        """Decide the copies that ended by `now` at a destination with a byte quota in force
+        when they ended: those its ledger refuses fail there (class quota) instead.
+        TransferError when a ledger cannot be settled (the monitor asks again)."""
+        quotas = byte_quotas(self.config.outages)
+        if not quotas:
+            return
+        landing: dict[int, list[tuple[str, str, Landing]]] = {}
+        for job_id, by_file in fates.items():
+            doc = cast(Mapping[str, Any], docs[job_id])  # fates are drawn for the jobs found
+            for file_id, fate in by_file.items():
+                index = self._quota_of(quotas, doc, file_id, fate, now)
+                if index is not None:
+                    size = int(doc["files"][file_id].get("size") or 0)
+                    copy = Landing(copy_key(job_id, file_id), size, fate.end)
+                    landing.setdefault(index, []).append((job_id, file_id, copy))
+        for index, copies in landing.items():
+            refused = self.ledgers.settle(quotas[index], [copy for _, _, copy in copies])
+            for job_id, file_id, copy in copies:
+                if copy.key in refused:
+                    fate = fates[job_id][file_id]
+                    fates[job_id][file_id] = Fate(fate.start, fate.end, *fault_of(quotas[index]))
+
+    def _quota_of(
+        self,
+        quotas: Sequence[Mapping[str, Any]],
+        doc: Mapping[str, Any],
+        file_id: str,
+        fate: Fate,
+        now: float,
+    ) -> int | None:
+        """The byte quota that decides this copy: one that would land by `now`, not cancelled
+        before, at a destination whose limit was in force when it ended; None: no quota does."""
+        if fate.error_class is not None or fate.end > now:
+            return None
+        canceled_at = (doc.get("cancel") or {}).get(file_id)
+        if canceled_at is not None and canceled_at < fate.end:
+            return None
+        for index, quota in enumerate(quotas):
+            if quota.get("site") == doc["destination_site"] and self._in_force(quota, fate.end):
+                return index
+        return None
+
+    def _in_force(self, quota: Mapping[str, Any], at: float) -> bool:
+        return (
+            self.epoch + float(quota.get("start", 0))
+            <= at
+            < self.epoch + float(quota.get("end", 0))
+        )
+
+    def free_space(self, site: str, now: float | None = None) -> int | None:
+        """Bytes free at `site` where a byte quota is in force at `now` (default: the clock's
+        time, read after the epoch, which the first look may set), its limit less what landed
+        since its start; None elsewhere: the simulated storage does not say."""
+        quotas = [q for q in byte_quotas(self.config.outages) if q.get("site") == site]
+        if not quotas:
+            return None
+        now = max(self.epoch, self.clock() if now is None else now)
+        for quota in quotas:
+            if self._in_force(quota, now):
+                return max(0, int(quota["bytes"]) - self.ledgers.used(quota))
+        return None
 
     # -- fates ---------------------------------------------------------------------------------
     def fate(self, doc: Mapping[str, Any], file_id: str) -> Fate:
@@ -157,6 +241,8 @@ class SimService(JobTableService):
         """The failure of a file in flight during an outage of its sites or its link."""
         link = f"{doc['source_site']}>{doc['destination_site']}"
         for outage in self.config.outages:
+            if is_byte_quota(outage):
+                continue  # a size limit fails only what does not fit (`_land`)
             o_start = self.epoch + float(outage.get("start", 0))
             o_end = self.epoch + float(outage.get("end", 0))
             if not (o_start < end and start < o_end):
@@ -181,8 +267,11 @@ class SimService(JobTableService):
 
     def fault_at(self, site: str, user: str, now: float) -> str | None:
         """What a look at `site` (for `user`'s files; "" for everyone's) finds at `now`: the
-        reason of an outage in force there, or None (it answers, with room and permission)."""
+        reason of an outage in force there, or None (it answers, with room and permission).
+        A size limit is not found by a look: its free space says it (`free_space`)."""
         for outage in self.config.outages:
+            if is_byte_quota(outage):
+                continue
             o_start = self.epoch + float(outage.get("start", 0))
             o_end = self.epoch + float(outage.get("end", 0))
             whose = outage.get("user")
@@ -204,10 +293,10 @@ class SimService(JobTableService):
                 runs[file_id] = (fate.start, end)
         return runs
 
-    def _status(self, doc: Mapping[str, Any], now: float) -> JobStatus:
+    def _status(self, doc: Mapping[str, Any], fates: Mapping[str, Fate], now: float) -> JobStatus:
         files = {}
         for file_id, entry in doc["files"].items():
-            fate = self.fate(doc, file_id)
+            fate = fates[file_id]
             canceled_at = doc.get("cancel", {}).get(file_id)
             files[file_id] = self._file_status(file_id, entry, fate, canceled_at, now)
         return JobStatus(job_id=doc["_id"], key=doc.get("key"), files=files)
