@@ -1689,7 +1689,8 @@ def test_an_operator_s_costly_reduce_read_is_shared_while_it_is_fresh(
         assert files_of(kept) == files_of(first)  # the two new files not counted yet
         users = call(url, pki, certs["dave"], "GET", grouped)
         assert users.status_code == 200 and "age" not in users.headers
-        assert files_of(users) == files_of(first) + 2 * 3  # a row a file on each of three axes
+        # a row a file on each of three axes and its `final`
+        assert files_of(users) == files_of(first) + 2 * 4
 
         files.bulk_write([sample_request("dave") for _ in range(3000)])  # a read that takes a while
         with ThreadPoolExecutor(2) as pool:

@@ -88,6 +88,18 @@ def test_the_views_emit_what_the_agents_read():
     assert storejs.files_design().map("by_state", {"type": "heartbeat"}) == []
 
 
+def test_a_file_is_final_in_the_views_as_the_model_says_for_every_state():
+    """by_task's `final` and task_states' [task, "final", ...] count say model.has_ended for
+    every combination of the three axes: a failed or killed file is final too."""
+    design = storejs.files_design()
+    for state, cleanup, publication in itertools.product(*model.STATES.values()):
+        doc = dict(sample_request("alice"), state=state, cleanup=cleanup, publication=publication)
+        [(_, row)] = design.map("by_task", doc)
+        ended = model.has_ended(doc)
+        assert row["final"] is ended, (state, cleanup, publication)
+        assert ([doc["task"], "final", ended], None) in design.map("task_states", doc)
+
+
 # A change of the rules in validate_doc_update.js that the fast tier must notice: each is a rule
 # of the transition table the JavaScript stops enforcing, or enforces differently.
 MUTATIONS = {

@@ -379,3 +379,16 @@ def test_a_task_with_failed_files_says_what_to_do(config, files_db, accounts):
     assert rows[failing["_id"][:12]][8] == "[destination_full] no space left"
     assert rows[failing["_id"][:12]][4] == "pending (no copy)"  # it waits for a resubmission
     assert rows[copied["_id"][:12]][8] == ""  # done: the old attempt's failure is history
+    # The failed file is final; the copied one is not while its temporary copy is kept.
+    answer = json.loads(aso("status", task, "--json", config=config.source).stdout)
+    final = {f["id"]: f["final"] for f in answer["files"]}
+    assert final == {failing["_id"]: True, copied["_id"]: False} and not answer["finished"]
+    assert "not final yet: 1" in text.stdout
+    copied.update(model.transition(copied, [Change("cleanup", "cleaned", "agent-x")], AGENT))
+    agent.put(copied)  # its publication not required: finished
+    answer = json.loads(aso("status", task, "--json", config=config.source).stdout)
+    assert answer["finished"] and all(f["final"] for f in answer["files"])
+    assert (
+        "finished: every file of the task is final"
+        in aso("status", task, config=config.source).stdout
+    )

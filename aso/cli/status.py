@@ -142,7 +142,12 @@ def status_cmd(
         for state, n in sorted(states.items())
     ]
     print_table(("axis", "state", "files"), rows, title=title)
-    print(f"{answer.on_its_way} files on their way; done: {_duration(answer.eta, answer.eta_note)}")
+    if answer.finished:
+        print(f"finished: every file of the {'job' if job else 'task'} is final")
+    else:
+        eta = _duration(answer.eta, answer.eta_note)
+        print(f"{answer.on_its_way} files on their way; done: {eta}; not final yet: "
+              f"{answer.unfinished}")  # fmt: skip
     if waiting := queries.waiting_counts(answer.files):
         reasons = "; ".join(f"{n} {model.WAITING_WORDS[why]}" for why, n in sorted(waiting.items()))
         print(f"waiting: {reasons}")

@@ -183,6 +183,7 @@ SCHEMAS: dict[str, Any] = {
             "created",
             "last_update",
             "waiting",
+            "final",
         ],
         "properties": {
             "rev": {
@@ -257,6 +258,12 @@ SCHEMAS: dict[str, Any] = {
                         '"Held files")',
                     },
                 },
+            },
+            "final": {
+                "type": "boolean",
+                "description": "finished for good: done with its temporary copy gone and its "
+                "publication over, or failed or killed (never copied); nothing more happens "
+                "to it unless its owner resubmits it",
             },
         },
     },

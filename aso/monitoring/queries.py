@@ -74,6 +74,7 @@ class FileStatus:
     # Why a file not finished waits: {why, since, until, job_id} (aso/model.py WAITING_WHY);
     # None once it is finished, or stopped
     waiting: dict[str, Any] | None = None
+    final: bool = False  # finished for good (model.has_ended): nothing more happens to it
 
     @property
     def key(self) -> list[Any]:
@@ -95,10 +96,16 @@ class TaskStatus:
     held_back: dict[str, int] = field(default_factory=dict)
     # files waiting to start that a hold keeps back, by what the hold says
     held: dict[str, int] = field(default_factory=dict)
+    unfinished: int = 0  # files not finished for good (model.has_ended)
 
     @property
     def exists(self) -> bool:
         return bool(self.files)
+
+    @property
+    def finished(self) -> bool:
+        """Every file of the task (or job) is finished for good: a client may stop following."""
+        return self.exists and not self.unfinished
 
     @property
     def on_its_way(self) -> int:
@@ -107,9 +114,14 @@ class TaskStatus:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["on_its_way"] = self.on_its_way
+        data["finished"] = self.finished
         if not self.exists:
             data["message"] = no_requests(self.task, self.job)
         return data
+
+
+# The task_states rows that count a task's files by whether they are finished for good.
+FINAL_COUNT = "final"
 
 
 def no_requests(task: str, job: str | None = None) -> str:
@@ -161,16 +173,21 @@ def task_files(db: Database, task: str, job: str | None = None) -> list[FileStat
     return [f for page in task_pages(db, task, job) for f in page]
 
 
-def task_counts(db: Database, task: str) -> dict[str, dict[str, int]]:
-    """Files of the task per state of each axis, in one view request."""
+def task_counts(db: Database, task: str) -> tuple[dict[str, dict[str, int]], int]:
+    """Files of the task per state of each axis, and how many are not finished for good
+    (model.has_ended), in one view request."""
     rows = db.view(
         DDOC, "task_states", start_key=[task], end_key=[task, {}], reduce=True, group_level=3
     ).rows
     counts: dict[str, dict[str, int]] = defaultdict(dict)
+    unfinished = 0
     for row in rows:
         _, axis, state = row["key"]
-        counts[axis][state] = row["value"]
-    return dict(counts)
+        if axis == FINAL_COUNT:
+            unfinished += 0 if state else int(row["value"])
+        else:
+            counts[axis][state] = row["value"]
+    return dict(counts), unfinished
 
 
 def task_size(db: Database, task: str) -> int:
@@ -433,8 +450,11 @@ def task_status(
 ) -> TaskStatus:
     seq = current_seq(db)
     files = task_files(db, task, job)
-    counts = counts_of(files) if job else task_counts(db, task)
-    status = TaskStatus(task, job, files, counts, seq=seq)
+    if job:
+        counts, unfinished = counts_of(files), sum(not f.final for f in files)
+    else:
+        counts, unfinished = task_counts(db, task)
+    status = TaskStatus(task, job, files, counts, seq=seq, unfinished=unfinished)
     status.held_back = held_back_counts(db, files)
     status.held = held_counts(db, files)
     link_queues(db, files)

@@ -1222,7 +1222,8 @@ function task(name) {
   ]).then(function (got) {
     if (!got[0].rows.length) { throw new NotFound('No files of task ' + name + ' are recorded here.'); }
     var counts = {state: {}, cleanup: {}, publication: {}};
-    got[0].rows.forEach(function (r) { counts[r.key[1]][r.key[2]] = r.value; });
+    // Rows of another kind than an axis (the [task, "final", ...] counts) are not shown here.
+    got[0].rows.forEach(function (r) { if (counts[r.key[1]]) { counts[r.key[1]][r.key[2]] = r.value; } });
     var countRows = ['state', 'cleanup', 'publication'].map(function (axis) {
       var names = Object.keys(counts[axis]).sort();
       return el('tr', {'data-axis': axis}, [el('th', {}, [axis])].concat([el('td', {}, names.map(function (s, i) {

@@ -9,6 +9,8 @@ function (doc) {
   // since when (its last change on that axis, or its copy), until when (a cool-off, a retry), in which job
   // (at the service), which hold (held); null once finished, or stopped (failed, killed: its
   // owner's to resubmit).
+  // `final`: the file is finished for good (hasEnded), whatever its state.
+  // aso include: shared/ended.js
   if (doc.type !== 'transfer_request') { return; }
   var failing = /* aso/model.py FAILING */ null;
   var publicationFailures = /* aso/model.py PUBLICATION_FAILURES */ null;
@@ -58,6 +60,6 @@ function (doc) {
     cleanup_error: doc.cleanup === 'cleanup_error' ? (doc.cleanup_error || null) : null,
     publication_error: publicationFailures.indexOf(doc.publication) !== -1 ?
       (doc.publication_error || null) : null,
-    created: doc.created, last_update: doc.last_update, waiting: waiting
+    created: doc.created, last_update: doc.last_update, waiting: waiting, final: hasEnded(doc)
   });
 }
