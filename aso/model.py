@@ -1046,6 +1046,10 @@ def request_of(
     return doc
 
 
+# The history reason of a file its owner killed whose copy had finished before the kill took
+# effect (kill_requested → done): the status row's `note`.
+KILL_CAME_LATE = "the kill came too late: the copy had finished before it took effect"
+
 # What an agent's deletion of a request revision that is no finished request says: the revision
 # is one branch of a conflict between writers on a CouchDB cluster, withdrawn so that another
 # stays the document (CLUSTER_ACCEPTED_IS_NOT_WON, CLUSTER_CONFLICTING_BRANCHES).

@@ -16,6 +16,7 @@ from aso.core.outcome import outcome
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.transfer import errors
 from aso.transfer.base import DONE, FAILED, FileStatus
+from tests import storejs
 from tests.conftest import sample_request
 
 NOW = 1_800_000_000.0
@@ -97,6 +98,18 @@ def test_a_verified_copy_is_done_and_a_running_one_is_nothing_yet():
     assert outcome(doc, FileStatus(doc["_id"], "active", "ACTIVE"), "m", NOW) is None
     ended = done(doc)
     assert ended[STATE] == "done" and ended["attempts"][-1]["outcome"] == "done"
+
+
+def test_a_kill_that_came_after_the_copy_ends_done_and_says_so():
+    """A file whose owner killed it while its copy finished ends done, its history and its
+    status row saying the kill came too late (the store's view runs the same document)."""
+    doc = {**submitted(), STATE: "kill_requested"}
+    ended = done(doc)
+    assert ended[STATE] == "done" and ended["history"][-1]["reason"] == model.KILL_CAME_LATE
+    [(_, row)] = storejs.files_design().map("by_task", ended)
+    assert row["note"] == model.KILL_CAME_LATE
+    [(_, plain)] = storejs.files_design().map("by_task", done(submitted()))
+    assert plain["note"] is None and done(submitted())["history"][-1].get("reason") is None
 
 
 def test_an_unverified_copy_waits_for_its_look_and_a_wrong_one_fails():

@@ -472,6 +472,33 @@ def test_aso_hold_through_the_front_end_lists_and_releases_a_user_s_own_holds(
     assert agents.get(model.hold_id("T2_CH_CERN", "dave"))["state"] == model.HOLD_ACTIVE
 
 
+def test_kill_and_resubmit_over_http_as_the_status_api_documents_them(frontend, pki, files_db):
+    """docs/status-api.md, "Killing and resubmitting": the owner's GET and PUT, a move the
+    rules do not allow refused with its rule, another user's kill refused."""
+    carol, dave = cert_files(pki, "carol"), cert_files(pki, "dave")
+    doc = sample_request("carol")
+    path = f"/{files_db}/{doc['_id']}"
+    assert call(frontend, pki, carol, "PUT", path, json=doc).status_code == 201
+
+    def move(who: Any, to: str, reason: str) -> requests.Response:
+        stored = call(frontend, pki, who, "GET", path).json()
+        at = round(time.time(), 3)
+        entry = {"axis": "state", "from": stored["state"], "to": to, "at": at,
+                 "by": "carol", "reason": reason}  # fmt: skip
+        changed = {**stored, "state": to, "last_update": at,
+                   "history": [*stored["history"], entry]}  # fmt: skip
+        return call(frontend, pki, who, "PUT", path, json=changed)
+
+    assert move(dave, "killed", "not mine").status_code == 403
+    killed = move(carol, "killed", "killed by the user")
+    assert killed.status_code == 201, killed.text
+    refused = move(carol, "done", "wishful")
+    assert refused.status_code == 403 and "[transition]" in refused.json()["reason"]
+    again = move(carol, "new", "resubmitted by the user")
+    assert again.status_code == 201, again.text
+    assert call(frontend, pki, carol, "GET", path).json()["state"] == "new"
+
+
 def test_a_user_reaches_only_their_own_subscription_to_notices(frontend, pki, store_config):
     """The notify database holds users' webhooks' secrets: a user reads and writes their own
     subscription (notify:<name>) and nothing else of it; another's id is refused by the gate

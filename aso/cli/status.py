@@ -73,7 +73,7 @@ def waiting_text(waiting: dict[str, Any] | None, job_url: str = "") -> str:
 
 
 def _file_row(f: queries.FileStatus) -> list[Any]:
-    error = f.reason or f.cleanup_error or f.publication_error or ""
+    error = f.reason or f.cleanup_error or f.publication_error or f.note or ""
     if f.error_class and f.reason:
         error = f"[{f.error_class}] {f.reason}"
     cleanup, publication = f.cleanup, f.publication

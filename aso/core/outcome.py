@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from aso import model
 from aso.core import request
 from aso.core.destination import NOT_DONE_CLASS, Finding, awaits_a_look, not_done
 from aso.model import STATE
@@ -42,7 +43,10 @@ def outcome(
                 outcome="failed",
                 ended=status.ended,
             )
-        return request.attempt_ended(doc, "done", by, now, outcome="done", ended=status.ended)
+        late = model.KILL_CAME_LATE if killing else None
+        return request.attempt_ended(
+            doc, "done", by, now, outcome="done", reason=late, ended=status.ended
+        )
     error_class = status.error_class or errors.classify(message=status.reason)
     target = "killed" if killing else "failed_attempt"
     result = "canceled" if status.state == CANCELED else "failed"

@@ -184,6 +184,7 @@ SCHEMAS: dict[str, Any] = {
             "last_update",
             "waiting",
             "final",
+            "note",
         ],
         "properties": {
             "rev": {
@@ -264,6 +265,11 @@ SCHEMAS: dict[str, Any] = {
                 "description": "finished for good: done with its temporary copy gone and its "
                 "publication over, or failed or killed (never copied); nothing more happens "
                 "to it unless its owner resubmits it",
+            },
+            "note": {
+                "type": ["string", "null"],
+                "description": "a file done although its owner killed it: the kill came too "
+                "late, the copy had finished first (the reason of that change in its history)",
             },
         },
     },

@@ -75,6 +75,7 @@ class FileStatus:
     # None once it is finished, or stopped
     waiting: dict[str, Any] | None = None
     final: bool = False  # finished for good (model.has_ended): nothing more happens to it
+    note: str | None = None  # done although its owner killed it: why (model.KILL_CAME_LATE)
 
     @property
     def key(self) -> list[Any]:

@@ -49,6 +49,13 @@ function (doc) {
     waiting.why = held;
     waiting.hold = last.held;
   }
+  // `note`: a file done although its owner killed it says so (the reason of that change).
+  var note = null, entries = doc.history || [];
+  for (var h = entries.length - 1; h >= 0 && doc.state === 'done'; h--) {
+    if (entries[h].axis !== 'state') { continue; }
+    if (entries[h].from === 'kill_requested') { note = entries[h].reason || 'killed too late'; }
+    break;
+  }
   emit([doc.task, job, doc.file_type, doc._id], {
     rev: doc._rev, job_id: doc.job_id, job_retry: doc.job_retry || 0, user: doc.user,
     state: doc.state, cleanup: doc.cleanup, publication: doc.publication,
@@ -60,6 +67,7 @@ function (doc) {
     cleanup_error: doc.cleanup === 'cleanup_error' ? (doc.cleanup_error || null) : null,
     publication_error: publicationFailures.indexOf(doc.publication) !== -1 ?
       (doc.publication_error || null) : null,
-    created: doc.created, last_update: doc.last_update, waiting: waiting, final: hasEnded(doc)
+    created: doc.created, last_update: doc.last_update, waiting: waiting, final: hasEnded(doc),
+    note: note
   });
 }
