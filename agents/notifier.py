@@ -20,10 +20,13 @@ user at a time each: a user's slow or failing webhook delays only that user's no
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,6 +40,9 @@ from aso.store import Server, StoreError
 log = logging.getLogger("aso.agent.notifier")
 
 USER_THREADS = 4  # users' targets told at once
+USER_DEADLINE = 10.0  # seconds a user's notice may take to be told, its process ended past it
+USER_BACKOFF = 900.0  # seconds a user whose notice was ended so waits for the next
+SPAWN = multiprocessing.get_context("spawn")  # the notifier runs threads: no fork
 MAX_USER_QUEUE = 20  # notices waiting for one user's targets; older ones are dropped
 TASK_ROWS = 3 * model.MAX_TOLD_TASKS  # rows of a user's tasks view read per look
 
@@ -58,6 +64,9 @@ class Notifier(PeriodicAgent):
         self.lock = threading.Lock()
         self.user_queues: dict[str, list[notices.Notice]] = {}  # waiting for a user's thread
         self.user_counts = {"sent": 0, "failed": 0, "dropped": 0}  # since the last cycle
+        self.backoff_until: dict[str, float] = {}  # user → monotonic time of their next notice
+        self.senders: set[Any] = set()  # the processes telling users' notices now
+        self.stopping = False
 
     @property
     def interval(self) -> float:
@@ -79,7 +88,18 @@ class Notifier(PeriodicAgent):
         self.tell_holds(ctx, found, subscriptions, report)
         for user, subscription in sorted(subscriptions.items()):
             if notices.wants(subscription, model.TASK_DONE):
-                self.tell_tasks(ctx, user, subscription)
+                with self.isolated(report, f"{user}'s tasks"):
+                    self.tell_tasks(ctx, user, subscription)
+
+    @contextlib.contextmanager
+    def isolated(self, report: dict[str, Any], what: str) -> Iterator[None]:
+        """One hold's or one user's notices: whatever a document makes of them, the others
+        of the cycle are told (a user's odd subscription had failed every cycle)."""
+        try:
+            yield
+        except Exception:
+            log.exception("%s: not told this cycle", notices.plain(what))
+            report["notice_errors"] = report.get("notice_errors", 0) + 1
 
     # -- holds ------------------------------------------------------------------------------
     def tell_holds(
@@ -97,7 +117,8 @@ class Notifier(PeriodicAgent):
             notice = notices.pending(doc, ctx.now, settings.max_age)
             if notice is None:
                 continue
-            self.tell_holder(doc, notice, subscriptions.get(doc.get("user") or ""), ctx.now)
+            with self.isolated(report, f"{doc['_id']} to its user"):
+                self.tell_holder(doc, notice, subscriptions.get(doc.get("user") or ""), ctx.now)
             if settings.urls and not self.send(notice):
                 report["notice_failures"] += 1
                 continue
@@ -199,12 +220,16 @@ class Notifier(PeriodicAgent):
 
     def queue_for(self, subscription: Mapping[str, Any], notice: notices.Notice) -> None:
         """The notice queued for the user's targets; a thread tells them, one user's notices
-        one after the other."""
+        one after the other. A user whose last notice could not be told in USER_DEADLINE waits
+        USER_BACKOFF before the next is tried (those meanwhile are dropped, counted)."""
         user = subscription["user"]
         urls = self.user_urls(subscription)
         if not urls:
             return
         with self.lock:
+            if time.monotonic() < self.backoff_until.get(user, 0.0):
+                self.user_counts["dropped"] += 1
+                return
             queue = self.user_queues.get(user)
             if queue is not None:  # a thread is at this user's targets: it takes this one too
                 queue.append(notice)
@@ -228,27 +253,47 @@ class Notifier(PeriodicAgent):
         return urls
 
     def tell_user(self, user: str, urls: list[str]) -> None:
-        """(In a thread.) The user's queued notices, to each of the user's targets, once."""
-        import apprise
-
-        targets = apprise.Apprise()
-        for url in urls:
-            targets.add(url)
-        while True:
+        """(In a thread.) The user's queued notices, to each of the user's targets, once, each
+        in a process of its own that is ended past USER_DEADLINE: a target that answers a byte
+        at a time would hold a thread (and apprise's own) for as long as it likes."""
+        while not self.stopping:
             with self.lock:
                 queue = self.user_queues.get(user) or []
                 if not queue:
                     self.user_queues.pop(user, None)
                     return
                 notice = queue.pop(0)
-            try:
-                sent = bool(targets.notify(title=notice.title, body=notice.body))
-            except Exception:  # a target's plugin failing must not end the user's thread
-                log.exception("%s: notice not told", user)
-                sent = False
+            sent, late = self.run_sender(urls, notice)
             with self.lock:
                 self.user_counts["sent" if sent else "failed"] += 1
-            log.info("%s %s: %s", "told" if sent else "not told", user, notice.title)
+                if late:
+                    self.backoff_until[user] = time.monotonic() + USER_BACKOFF
+                    self.user_counts["dropped"] += len(self.user_queues.pop(user, []))
+            log.info("%s %s%s: %s", "told" if sent else "not told", user,
+                     " (past its deadline: its next notices wait)" if late else "",
+                     notice.title)  # fmt: skip
+            if late:
+                return
+
+    def run_sender(self, urls: list[str], notice: notices.Notice) -> tuple[bool, bool]:
+        """(sent, past the deadline) of one notice told by a process of its own."""
+        process = SPAWN.Process(target=send_notice, args=(urls, notice.title, notice.body),
+                                daemon=True)  # fmt: skip
+        with self.lock:
+            if self.stopping:
+                return False, False
+            process.start()
+            self.senders.add(process)
+        try:
+            process.join(USER_DEADLINE)
+            late = process.is_alive()
+            if late:
+                process.kill()
+                process.join(5)
+            return process.exitcode == 0 and not late, late
+        finally:
+            with self.lock:
+                self.senders.discard(process)
 
     def count_user_notices(self, report: dict[str, Any]) -> None:
         with self.lock:
@@ -259,7 +304,21 @@ class Notifier(PeriodicAgent):
             self.user_counts = {"sent": 0, "failed": 0, "dropped": 0}
 
     def close(self) -> None:
-        """Users' notices being told are finished (each target at most notices.USER_TIMEOUT
-        to answer); those still queued are dropped."""
+        """Users' notices still queued are dropped, those being told ended."""
+        with self.lock:
+            self.stopping = True
+            for process in self.senders:
+                process.kill()
         self.pool.shutdown(wait=True, cancel_futures=True)
         super().close()
+
+
+def send_notice(urls: list[str], title: str, body: str) -> None:
+    """(In a process of its own.) Tell one notice to a user's targets; exit 0 when each took
+    it."""
+    import apprise
+
+    targets = apprise.Apprise()
+    for url in urls:
+        targets.add(url)
+    sys.exit(0 if targets.notify(title=title, body=body) else 1)

@@ -723,7 +723,8 @@ MAIL_PATTERN = r"^[A-Za-z0-9._+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})
 # An http(s) address without user info, query, fragment, percent-escapes or dot segments: what
 # the operator's allowlist is compared with is what is contacted.
 WEBHOOK_PATTERN = (
-    r"^https?://[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,8}(:[0-9]{1,5})?"
+    r"^https?://[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,8}"
+    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?"
     r"(/[A-Za-z0-9_~-][A-Za-z0-9._~-]{0,127}){1,12}/?$"
 )
 NOTIFY_ID_PATTERN = r"^notify:[A-Za-z0-9_.@+-]{1,128}$"

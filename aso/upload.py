@@ -59,31 +59,48 @@ def _same_file(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 # How a creation's 409 reads once the stored request is compared with it (the front end answers
-# so, docs/status-api.md): a client tells the two cases apart without asking again.
+# so, docs/status-api.md): a client tells the cases apart without asking again, by the stable
+# `code` (CONFLICT_CODES) or the reason's words.
 ALREADY_RECORDED = "already recorded: the same file (nothing to do)"
 DIFFERENT_FILE = "a different file"  # how every other such reason begins
-
-
 ANOTHER_USERS = "a request with this id exists and is another user's"
+SAME_FILE, RENEWABLE, NOT_RENEWABLE, ANOTHERS, EXISTS = (
+    "same_file", "renewable", "not_renewable", "another_users", "exists",
+)  # fmt: skip
+CONFLICT_CODES = {
+    SAME_FILE: "the same file is recorded: nothing to do",
+    RENEWABLE: "a different file, which this job retry may renew (docs/status-api.md)",
+    NOT_RENEWABLE: "a different file, which this upload may not replace (the reason says why)",
+    ANOTHERS: "another user's request has this id",
+    EXISTS: "a request with this id exists (the stored one could not be compared)",
+}
 
 
-def conflict_reason(stored: Mapping[str, Any] | None, doc: Any, caller: str) -> str:
-    """The reason `caller`'s creation gets when it found `stored` under its id: the same
+@dataclass(frozen=True)
+class Conflict:
+    code: str  # one of CONFLICT_CODES
+    reason: str
+
+
+def conflict_of(stored: Mapping[str, Any] | None, doc: Any, caller: str) -> Conflict:
+    """What `caller`'s creation is told when it found `stored` under its id: the same
     request, or a different file (and whether a job retry may renew it). Another user's request
     is never "already recorded" for the caller, even with the same fields: the caller's upload
     recorded nothing."""
     if stored is None or not isinstance(doc, Mapping):
-        return "a request with this id exists"
+        return Conflict(EXISTS, "a request with this id exists")
     if stored.get("user") != caller:
-        return ANOTHER_USERS
+        return Conflict(ANOTHERS, ANOTHER_USERS)
     if _same_file(stored, doc):
-        return ALREADY_RECORDED
+        return Conflict(SAME_FILE, ALREADY_RECORDED)
     why = request.renewable(stored, doc)  # "a different file for LFN is recorded (...): ..."
     if why is not None:
-        return why
-    return (
-        f"{DIFFERENT_FILE} is recorded under this id (job retry {stored.get('job_retry', 0)}, "
-        f"{stored.get(model.STATE)}): this job retry may renew it (docs/status-api.md, Job retries)"
+        return Conflict(NOT_RENEWABLE, why)
+    stored_as = f"job retry {stored.get('job_retry', 0)}, {stored.get(model.STATE)}"
+    return Conflict(
+        RENEWABLE,
+        f"{DIFFERENT_FILE} is recorded under this id ({stored_as}): this job retry may renew "
+        "it (docs/status-api.md, Job retries)",
     )
 
 

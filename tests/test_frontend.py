@@ -344,10 +344,10 @@ def test_a_creation_s_conflict_tells_the_same_request_from_a_different_file(
     for method, path in (("PUT", f"/{files_db}/{doc['_id']}"), ("POST", f"/{files_db}")):
         again = call(frontend, pki, carol, method, path, json=doc)
         assert again.status_code == 409, again.text
-        assert again.json() == {"error": "conflict", "reason": upload.ALREADY_RECORDED}
+        assert again.json() == openapi_example("alreadyRecorded")  # the docs' answer
     other = dict(doc, size=doc["size"] + 1)
     different = call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=other)
-    assert different.status_code == 409
+    assert different.status_code == 409 and different.json()["code"] == upload.NOT_RENEWABLE
     assert different.json()["reason"] == (
         f"a different file for {doc['source_lfn']} is recorded (job retry 0, new): a job retry "
         "may replace a request that failed or was killed, not one on its way or copied"
@@ -359,9 +359,7 @@ def test_a_creation_s_conflict_tells_the_same_request_from_a_different_file(
                 json={"docs": [doc, changed, fresh]})  # fmt: skip
     assert bulk.status_code == 201, bulk.text
     rows = {row["id"]: row for row in bulk.json()}
-    assert rows[doc["_id"]] == {
-        "id": doc["_id"], "error": "conflict", "reason": upload.ALREADY_RECORDED
-    }  # fmt: skip
+    assert rows[doc["_id"]] == {"id": doc["_id"], **openapi_example("alreadyRecorded")}
     assert rows[second["_id"]]["reason"].startswith(upload.DIFFERENT_FILE)
     assert "rev" in rows[fresh["_id"]] and "error" not in rows[fresh["_id"]]
     # An update's conflict (a stale revision) is the store's own answer, unexplained.
@@ -371,6 +369,14 @@ def test_a_creation_s_conflict_tells_the_same_request_from_a_different_file(
     conflict = call(frontend, pki, carol, "PUT", f"/{files_db}/{doc['_id']}", json=stale)
     assert conflict.status_code == 409
     assert conflict.json()["reason"].startswith("Document update conflict")  # the store's words
+    assert conflict.json()["code"] == openapi_example("staleRevision")["code"]
+
+
+def openapi_example(name: str) -> dict[str, Any]:
+    """A conflict's answer as docs/openapi.yaml gives it."""
+    from aso.frontend import openapi
+
+    return dict(openapi.CONFLICT["content"]["application/json"]["examples"][name]["value"])
 
 
 def test_agents_and_operators_act_in_their_roles(frontend, pki, files_db, admin):
@@ -493,7 +499,8 @@ def test_kill_and_resubmit_over_http_as_the_status_api_documents_them(frontend, 
     killed = move(carol, "killed", "killed by the user")
     assert killed.status_code == 201, killed.text
     refused = move(carol, "done", "wishful")
-    assert refused.status_code == 403 and "[transition]" in refused.json()["reason"]
+    assert refused.status_code == 403 and refused.json()["reason"].startswith("[transition] ")
+    assert refused.json()["code"] == "transition"  # the rule, for a client to act on
     again = move(carol, "new", "resubmitted by the user")
     assert again.status_code == 201, again.text
     assert call(frontend, pki, carol, "GET", path).json()["state"] == "new"
@@ -542,7 +549,10 @@ def test_aso_notify_through_the_front_end_takes_only_what_the_operator_allows(
     never = aso_with(client_config, dave, "notify", "add", "--mail", "dave@example.org")
     assert never.returncode == 2 and "would never be told" in never.stderr, never.stderr
     pages = admin.db(store_config.store.pages_db)
-    allowing = dataclasses.replace(store_config, notify=dataclasses.replace(
+    # The pages' settings of this module's database, with allowlists for the test's while.
+    module = dataclasses.replace(store_config, store=dataclasses.replace(
+        store_config.store, files_db=client_config.store.files_db))  # fmt: skip
+    allowing = dataclasses.replace(module, notify=dataclasses.replace(
         store_config.notify, user_mail="mailto://127.0.0.1:1?from=aso@localhost",
         mail_domains=["example.org"], webhooks=["https://hooks.example.org/hooks/"]))  # fmt: skip
     store_admin.push_design(pages, pages_design(allowing))
@@ -565,7 +575,7 @@ def test_aso_notify_through_the_front_end_takes_only_what_the_operator_allows(
         removed = aso_with(client_config, dave, "notify", "remove", "--mail", "dave@example.org")
         assert removed.returncode == 0 and "told at 0 address" in removed.stdout
     finally:
-        store_admin.push_design(pages, pages_design(store_config))
+        store_admin.push_design(pages, pages_design(module))
     assert pages.get(PAGES_DDOC)["aso"]["notify"]["webhooks"] == []
 
 
@@ -1729,7 +1739,7 @@ def test_an_operator_s_costly_reduce_read_is_shared_while_it_is_fresh(
         # which of the two reaches the front end first is the machine's to decide (TLS set-up)
         assert sorted("age" in a.headers for a in answers) == [False, True]
         assert answers[0].content == answers[1].content
-        assert files_of(answers[1]) == files_of(users) + 3 * 3000
+        assert files_of(answers[1]) == files_of(users) + 4 * 3000  # four rows a file
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")

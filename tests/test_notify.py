@@ -25,7 +25,7 @@ from aso import model
 from aso.actions import end_hold
 from aso.agents.notifier import Notifier
 from aso.config import Config
-from aso.core import holds
+from aso.core import holds, notices
 from aso.runtime import Runner
 from aso.store import Forbidden
 from tests.conftest import db_as, sample_request
@@ -166,13 +166,15 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     config = dataclasses.replace(
         config, notify=dataclasses.replace(config.notify, urls=[f"mmost://127.0.0.1:{port}/tok"])
     )
-    reason = "@channel @here <!everyone> <@U42> [login](https://evil.example) `x"
+    reason = (
+        "@channel @here <!everyone> <@U42> [login](https://evil.example) `x http://evil.example/y"
+    )
     start_hold(config, accounts, reason)
     assert step(config)["notices"] == 1
     [chat] = posted
     text = chat["text"]
     assert "Reason given:" in text and "channel" in text and "evil.example" in text
-    for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x"):
+    for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x", "://"):
         assert markup not in text, (markup, text)
     assert "\uff20channel" in text  # still readable: a look-alike of the character
 
@@ -325,6 +327,7 @@ def test_a_user_writes_their_own_subscription_and_no_one_else_s(sim_config, acco
         "dot segments": (bob, subscription("bob", [("webhook", "https://h.example.org/hooks/../a")])),
         "escapes": (bob, subscription("bob", [("webhook", "https://h.example.org/%2e%2e/a")])),
         "another scheme": (bob, subscription("bob", [("webhook", "file:///etc/passwd")])),
+        "a port out of range": (bob, subscription("bob", [("webhook", "http://h.example.org:99999/a")])),
         "too many": (bob, subscription("bob", [("mail", f"b{i}@example.org") for i in range(6)])),
         "twice": (bob, subscription("bob", [("mail", "b@example.org")] * 2)),
         "an unknown event": (bob, subscription("bob", [], events=["everything"])),
@@ -499,3 +502,88 @@ def test_documents_of_other_shapes_in_the_notify_database_stop_no_notice(
     report = user_step(config)
     assert report["user_notices"] == 1
     assert [p["path"] for p in posted] == ["/hooks/b"]
+
+
+def test_one_user_s_subscription_that_fails_the_notifier_keeps_no_one_else_untold(
+    sim_config, accounts, webhook, monkeypatch
+):
+    """Red team round 33: a subscription the store took (a port past 65535) made every cycle
+    fail before the others' notices. Each hold and each user's tasks are told on their own:
+    whatever one of them raises, the others of the cycle are told, and the port is refused."""
+    posted, hook = webhook
+    port = hook.server_address[1]
+    config = users_config(sim_config, free_port(), port)
+    admin = db_as(accounts, "admin", config.store.notify_db)
+    admin.put(subscription("alice", [("webhook", "http://127.0.0.1:99999/hooks/a")]))  # pre-fix
+    db_as(accounts, "bob", config.store.notify_db).put(
+        subscription("bob", [("webhook", f"http://127.0.0.1:{port}/hooks/b")])
+    )
+    start_hold(config, accounts, "alice's quota")
+    start_hold(config, accounts, "bob's quota", user="bob")
+    real = notices.apprise_url
+
+    def failing(kind: str, to: str, settings: Any) -> str:
+        if "/hooks/b" not in to:
+            raise RuntimeError("a document no one foresaw")
+        return real(kind, to, settings)
+
+    monkeypatch.setattr(notices, "apprise_url", failing)
+    report = user_step(config)
+    assert report["user_notices"] == 1 and [p["path"] for p in posted] == ["/hooks/b"]
+    assert notices.refusal("webhook", "http://127.0.0.1:99999/hooks/a", config.notify)
+
+
+def test_a_user_s_trickling_webhook_is_cut_at_its_deadline_and_waits(
+    sim_config, accounts, webhook, monkeypatch
+):
+    """Red team round 33: a webhook answering a byte every few seconds never tripped the
+    socket timeouts and held a thread (and apprise's) 60 s a notice. A user's notice is told
+    by a process of its own, ended at USER_DEADLINE; that user's next notices wait
+    USER_BACKOFF (dropped, counted) and nobody else's do."""
+    from aso.agents import notifier as notifier_module
+
+    monkeypatch.setattr(notifier_module, "USER_DEADLINE", 3.0)
+    posted, hook = webhook
+    stop = threading.Event()
+
+    class Trickle(Quiet):
+        def do_POST(self) -> None:
+            self.wfile.write(b"H")
+            while not stop.wait(0.5):
+                self.wfile.write(b"T")
+
+    with serving(Trickle) as trickle:
+        trickling = f"http://127.0.0.1:{trickle.server_address[1]}/hooks/"
+        good = f"http://127.0.0.1:{hook.server_address[1]}/hooks/"
+        config = dataclasses.replace(sim_config, notify=dataclasses.replace(
+            sim_config.notify, webhooks=[trickling, good], interval=0.01, min_interval=0.01,
+        ))  # fmt: skip
+        for user, hook_url in (("alice", trickling + "a"), ("bob", good + "b")):
+            db_as(accounts, user, config.store.notify_db).put(
+                subscription(user, [("webhook", hook_url)])
+            )
+            start_hold(config, accounts, f"{user}'s quota", user=user)
+        notifier = Notifier(config, "n1")
+        try:
+            Runner(notifier).step(wait=False)
+            drain_sends(notifier)
+            assert notifier.user_counts == {"sent": 1, "failed": 1, "dropped": 0}
+            assert [p["path"] for p in posted] == ["/hooks/b"]
+            end_hold(db_as(accounts, "alice", config.store.files_db), SITE, "alice",
+                     model.HOLD_RELEASED, "again", "alice", time.time())  # fmt: skip
+            Runner(notifier).step(wait=False)  # her next notice, within her backoff
+            assert notifier.user_counts["dropped"] == 1 and not notifier.senders
+        finally:
+            stop.set()
+            notifier.close()
+    assert not notifier.senders
+
+
+def drain_sends(notifier: Notifier, seconds: float = 30) -> None:
+    """Wait until the users' queued notices are told (or given up)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with notifier.lock:
+            if not notifier.user_queues and not notifier.senders:
+                return
+        time.sleep(0.05)

@@ -37,7 +37,8 @@ EVENT_WORDS = {
 MAX_FIELD = 300  # characters of a user-given text in a notice
 # What a chat or a mail reader takes as markup in a user's text, turned into look-alikes that
 # are text everywhere: mentions (`@channel`, `<!here>`, `<@U1>`), links (`[x](url)`,
-# `<url|x>`) and code spans that would close the quote around the text.
+# `<url|x>`) and code spans that would close the quote around the text; and a bare address's
+# `://`, which chats make a link of.
 INERT = str.maketrans({"@": "\uff20", "<": "\u2039", ">": "\u203a", "[": "\uff3b",
                        "]": "\uff3d", "`": "\uff40", "&": "\uff06"})  # fmt: skip
 
@@ -56,9 +57,13 @@ def plain(text: Any) -> str:
     """A user-given text as a notice shows it: control and format characters (a terminal's or
     a mail reader's escapes, bidi overrides) replaced, markup made inert (INERT), cut to
     MAX_FIELD characters."""
-    cleaned = "".join(
-        "?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in str(text)
-    ).translate(INERT)
+    cleaned = (
+        "".join(
+            "?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in str(text)
+        )
+        .translate(INERT)
+        .replace("://", ":\u2044\u2044")
+    )
     return cleaned if len(cleaned) <= MAX_FIELD else cleaned[: MAX_FIELD - 1] + "…"
 
 
@@ -138,7 +143,11 @@ def endpoint(url: str) -> Endpoint | None:
         return None
     parts = urlsplit(url)
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
-    return Endpoint(scheme, host, parts.port or DEFAULT_PORTS[scheme], parts.path or "/")
+    try:
+        port = parts.port or DEFAULT_PORTS[scheme]
+    except ValueError:  # out of range: none (the pattern bounds it; a document may predate it)
+        return None
+    return Endpoint(scheme, host, port, parts.path or "/")
 
 
 def under(url: Endpoint, allowed: Endpoint) -> bool:
@@ -166,7 +175,8 @@ def refusal(kind: str, to: str, settings: NotifyConfig) -> str | None:
             return f"mail goes only to the domains the operator lists ({where})"
         return None
     url = endpoint(to)
-    assert url is not None  # target_problem passed
+    if url is None:
+        return f"{to[:200]!r} is not an http(s) address"
     if kind == "mattermost" and not HOOK_TOKEN.match(url.path):
         return "a Mattermost incoming webhook's address ends in /hooks/<token>"
     allowed = [e for e in (endpoint(a) for a in settings.webhooks) if e is not None]
@@ -262,7 +272,7 @@ def task_notice(user: str, tasks: list[str], finished: Mapping[str, Counter[str]
         lines.append(f"- {plain(task)}: {counts}")
     if len(tasks) > 20:
         lines.append(f"- and {len(tasks) - 20} more")
-    lines.append("`aso status --task TASK` shows each file.")
+    lines.append("`aso status TASK` shows each file.")
     word = "task" if len(tasks) == 1 else f"{len(tasks)} tasks"
     title = f"ASO: the transfers of {plain(user)}'s {word} are over"
     return Notice(model.told_id(user), time.time(), title, "\n".join(lines))

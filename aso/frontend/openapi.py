@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from aso import limits, model
+from aso import limits, model, upload
 from aso.config import Config
 from aso.frontend import routes
 from aso.frontend.routes import Route
@@ -144,6 +144,14 @@ INFO = {
 }
 ERROR = {"$ref": "#/components/responses/Refused"}
 REFUSALS = {code: ERROR for code in ("400", "401", "403", "404", "405", "413")}
+# A write's refusal's stable code (docs/status-api.md, "Codes"): what a client acts on.
+CODE = {
+    "type": "string",
+    "description": "on a write's 403 the rule that refused it (`schema`, `transition`, "
+    "`namespace`, ..., the `[rule]` its reason begins with); on a 409 the case: "
+    + ", ".join(f"`{code}` ({says})" for code, says in upload.CONFLICT_CODES.items())
+    + ", or `conflict` (based on a stale `_rev`: read the document again)",
+}
 SCHEMAS: dict[str, Any] = {
     "TaskKey": {
         "description": "A by_task key, [task, job, file_type, request id]: unique, jobs in "
@@ -276,7 +284,11 @@ SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
         "required": ["error", "reason"],
-        "properties": {"error": {"type": "string"}, "reason": {"type": "string"}},
+        "properties": {
+            "error": {"type": "string"},
+            "reason": {"type": "string"},
+            "code": CODE,
+        },
     },
     "WriteOk": {
         "type": "object",
@@ -285,11 +297,12 @@ SCHEMAS: dict[str, Any] = {
     },
     "WriteError": {
         "type": "object",
-        "required": ["id", "error", "reason"],
+        "required": ["id", "error", "reason", "code"],
         "properties": {
             "id": {"type": "string"},
             "error": {"type": "string"},
             "reason": {"type": "string"},
+            "code": CODE,
         },
     },
     "Session": {
@@ -382,7 +395,8 @@ CONFLICT = {
                 "alreadyRecorded": {
                     "value": {
                         "error": "conflict",
-                        "reason": "already recorded: the same file (nothing to do)",
+                        "reason": upload.ALREADY_RECORDED,
+                        "code": upload.SAME_FILE,
                     }
                 },
                 "differentFile": {
@@ -392,10 +406,15 @@ CONFLICT = {
                             "a different file is recorded under this id (job retry 0, failed): "
                             "this job retry may renew it (docs/status-api.md, Job retries)"
                         ),
+                        "code": upload.RENEWABLE,
                     }
                 },
                 "staleRevision": {
-                    "value": {"error": "conflict", "reason": "Document update conflict."}
+                    "value": {
+                        "error": "conflict",
+                        "reason": "Document update conflict.",
+                        "code": "conflict",
+                    }
                 },
             },
         }

@@ -2448,6 +2448,13 @@ class FrontEnd(resource.Resource):
             pass  # the conflicts are told as the store told them
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("conflicts of %s not explained: %s", _path(request), exc)
+        try:
+            if b'"forbidden"' in body or b'"conflict"' in body:
+                body = yield threads.deferToThreadPool(
+                    self.reactor, self.reactor.getThreadPool(), coded, body
+                )
+        except (ValueError, TypeError) as exc:
+            log.warning("refusals of %s not coded: %s", _path(request), exc)
         if _client_gone(request):
             return
         request.setResponseCode(code, phrase)
@@ -2838,12 +2845,35 @@ def _is_request_of_its_id(doc: Any) -> bool:
 
 
 def explain(answer: bytes, conflicts: dict[str, Any], stored: dict[str, Any], caller: str) -> bytes:
-    """The store's answer with each conflict's reason from upload.conflict_reason."""
+    """The store's answer with each conflict's code and reason from upload.conflict_of."""
     got = json.loads(answer)
     for entry in got if isinstance(got, list) else [got]:
         doc_id = entry.get("id") if isinstance(got, list) else next(iter(conflicts))
         if doc_id in conflicts and entry.get("error") == "conflict":
-            entry["reason"] = upload.conflict_reason(stored.get(doc_id), conflicts[doc_id], caller)
+            told = upload.conflict_of(stored.get(doc_id), conflicts[doc_id], caller)
+            entry.update(code=told.code, reason=told.reason)
+    return json.dumps(got).encode()
+
+
+RULE = re.compile(r"^\[([a-z_-]{1,40})\] ")
+# The code of a write's conflict the front end did not explain (a stale `_rev`, or a creation's
+# when the stored requests could not be read): read the document again.
+STALE = "conflict"
+
+
+def coded(answer: bytes) -> bytes:
+    """The store's answer to a write with a stable `code` beside each refusal's reason: a
+    refusal's rule (the `[rule]` its reason begins with), a conflict's case (upload.conflict_of,
+    else STALE). A client acts on the code; a person reads the reason."""
+    got = json.loads(answer)
+    for entry in got if isinstance(got, list) else [got]:
+        if not isinstance(entry, dict) or "code" in entry:
+            continue
+        if entry.get("error") == "forbidden":
+            rule = RULE.match(str(entry.get("reason", "")))
+            entry["code"] = rule.group(1) if rule else "forbidden"
+        elif entry.get("error") == "conflict":
+            entry["code"] = STALE
     return json.dumps(got).encode()
 
 
