@@ -110,8 +110,8 @@ stop:
 	$(ASO) --config $(CONFIG) storage stop; $(ASO) --config $(CONFIG) store stop
 
 lint: $(ASO)
-	$(VENV)/bin/ruff check aso agents sim tests
-	$(VENV)/bin/ruff format --check aso agents sim tests
+	$(VENV)/bin/ruff check aso agents sim tests docs/client-example.py
+	$(VENV)/bin/ruff format --check aso agents sim tests docs/client-example.py
 	$(VENV)/bin/mypy aso
 
 # The whole suite on each store, both legs at once (the tests mostly wait on stores, agents and
