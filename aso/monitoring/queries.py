@@ -13,6 +13,7 @@ can make through the front end:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -44,6 +45,11 @@ KEYS_PAGE = LIGHT_LOOKUPS  # keys per by_task request by keys: a light read at t
 RATE_WINDOW = 900.0
 MIN_COPIES = 3  # copies done on a link before its pace is taken as known
 MIN_SPAN = 2.0  # seconds: the least time a pace is measured over
+MAX_ENDS = 1000  # the newest copies of a link its pace is measured on
+# A pause between two copies ends a link's run: at least QUIET_GAP seconds, and QUIET_GAPS times
+# the window's median gap (copies end in jobs, many at once: gaps of 0 and of a job's length).
+QUIET_GAP = 30.0
+QUIET_GAPS = 5.0
 
 
 @dataclass
@@ -290,30 +296,49 @@ def changed_since(db: Database, task: str, since: str) -> tuple[list[FileStatus]
 
 @dataclass
 class LinkPace:
-    """A link's recent throughput: copies done in the window and since when."""
+    """A link's recent copies: when each of the window's copies ended (oldest first)."""
 
-    copies: int
-    first: float | None  # the first copy's end in the window
+    ends: tuple[float, ...]
+
+    @property
+    def copies(self) -> int:
+        return len(self.ends)
 
     def rate(self, now: float) -> float | None:
-        """Files per second, or None while too little is known."""
-        if self.copies < MIN_COPIES or self.first is None:
+        """Files per second while the link was copying, or None while too little is known:
+        over its latest run of copies (a gap of QUIET_GAP and QUIET_GAPS times its usual gap
+        ends a run), the copies that ended after the run's first end by the time they took.
+        Quiet time (before the run, after it, a pause) is no time the link was slow."""
+        run = latest_run(self.ends)
+        if len(run) < MIN_COPIES:
             return None
-        return self.copies / max(now - self.first, MIN_SPAN)
+        after_first = sum(1 for end in run if end > run[0])
+        if not after_first:
+            return None
+        return after_first / max(run[-1] - run[0], MIN_SPAN)
+
+
+def latest_run(ends: tuple[float, ...]) -> tuple[float, ...]:
+    """The newest copies without a pause among them."""
+    if len(ends) < 2:
+        return ends
+    gaps = sorted(b - a for a, b in itertools.pairwise(ends))
+    pause = max(QUIET_GAP, QUIET_GAPS * gaps[len(gaps) // 2])
+    first = len(ends) - 1
+    while first > 0 and ends[first] - ends[first - 1] <= pause:
+        first -= 1
+    return ends[first:]
 
 
 def link_pace(
     db: Database, link: tuple[str, str], now: float, window: float = RATE_WINDOW
 ) -> LinkPace:
-    """Copies done on `link` in the last `window` seconds, and when the first of them ended."""
+    """When the copies done on `link` in the last `window` seconds ended (the newest MAX_ENDS)."""
     source, destination = link
-    start, end = [source, destination, now - window], [source, destination, now]
-    counted = db.view(DDOC, "link_done", start_key=start, end_key=end, reduce=True).rows
-    copies = int(counted[0]["value"]) if counted else 0
-    if not copies:
-        return LinkPace(0, None)
-    first = db.view(DDOC, "link_done", start_key=start, end_key=end, reduce=False, limit=1).rows
-    return LinkPace(copies, float(first[0]["key"][2]) if first else None)
+    rows = db.view(DDOC, "link_done", start_key=[source, destination, now],
+                   end_key=[source, destination, now - window], reduce=False,
+                   descending=True, limit=MAX_ENDS).rows  # fmt: skip
+    return LinkPace(tuple(sorted(float(row["key"][2]) for row in rows)))
 
 
 def estimate(
@@ -326,7 +351,7 @@ def estimate(
         return 0.0, "nothing left to copy"
     times = []
     for link, n in sorted(waiting.items()):
-        pace = paces.get(link) or LinkPace(0, None)
+        pace = paces.get(link) or LinkPace(())
         rate = pace.rate(now)
         if rate is None:
             minutes = RATE_WINDOW / 60
@@ -335,7 +360,9 @@ def estimate(
                 f"{minutes:.0f} min: too few to tell its pace"
             )
         times.append(n / rate)
-    return max(times), f"from the last {RATE_WINDOW / 60:.0f} min of each link's copies"
+    return max(times), (
+        f"from each link's pace over its latest copies of the last {RATE_WINDOW / 60:.0f} min"
+    )
 
 
 CONTROL_PREFIX = "control:"
