@@ -21,8 +21,9 @@ user at a time each: a user's slow or failing webhook delays only that user's no
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import multiprocessing
+import subprocess
 import sys
 import threading
 import time
@@ -42,9 +43,9 @@ log = logging.getLogger("aso.agent.notifier")
 USER_THREADS = 4  # users' targets told at once
 USER_DEADLINE = 10.0  # seconds a user's notice may take to be told, its process ended past it
 USER_BACKOFF = 900.0  # seconds a user whose notice was ended so waits for the next
-SPAWN = multiprocessing.get_context("spawn")  # the notifier runs threads: no fork
 MAX_USER_QUEUE = 20  # notices waiting for one user's targets; older ones are dropped
 TASK_ROWS = 3 * model.MAX_TOLD_TASKS  # rows of a user's tasks view read per look
+MAX_SITE_LOOKS = 500  # subscribed users looked at for a site's hold's event
 
 
 class Notifier(PeriodicAgent):
@@ -58,7 +59,8 @@ class Notifier(PeriodicAgent):
         self.notify_db = self.server.db(config.store.notify_db)
         self.targets: Any = None  # the apprise.Apprise of notify.urls, made at the first notice
         self.last_sent: dict[str, float] = {}  # hold id → monotonic time of its last notice
-        self.user_told: dict[str, float] = {}  # hold id → `at` of the last entry users were told
+        # (hold id, user) → `at` of the last entry the user was told
+        self.user_told: dict[tuple[str, str], float] = {}
         self.tasks_looked: dict[str, float] = {}  # user → monotonic time of the last task look
         self.pool = ThreadPoolExecutor(USER_THREADS, thread_name_prefix="notify-user")
         self.lock = threading.Lock()
@@ -117,8 +119,8 @@ class Notifier(PeriodicAgent):
             notice = notices.pending(doc, ctx.now, settings.max_age)
             if notice is None:
                 continue
-            with self.isolated(report, f"{doc['_id']} to its user"):
-                self.tell_holder(doc, notice, subscriptions.get(doc.get("user") or ""), ctx.now)
+            with self.isolated(report, f"{doc['_id']} to its users"):
+                self.tell_holders(doc, notice, subscriptions, ctx.now)
             if settings.urls and not self.send(notice):
                 report["notice_failures"] += 1
                 continue
@@ -129,21 +131,37 @@ class Notifier(PeriodicAgent):
         if told:
             self.record([d for d in found if d["_id"] in told], told)
 
-    def tell_holder(
+    def tell_holders(
         self,
         doc: Mapping[str, Any],
         notice: notices.Notice,
-        subscription: Mapping[str, Any] | None,
+        subscriptions: Mapping[str, dict[str, Any]],
         now: float,
     ) -> None:
-        """The hold's user's targets, for the events they subscribed to, once per entry (the
-        operators' notice may be tried again; the user's is not sent twice)."""
-        if subscription is None or self.user_told.get(notice.hold_id, -1.0) >= notice.at:
-            return
-        self.user_told[notice.hold_id] = notice.at
+        """The targets of the users whose files the hold holds, for the events they subscribed
+        to, once per entry (the operators' notice may be tried again; a user's is not sent
+        twice): a user's hold's user; for a site's hold, each subscribed user with files
+        waiting to start from or to the site."""
         entries = notices.untold(doc, now, self.config.notify.max_age)
-        if any(notices.wants(subscription, notices.event_of(e)) for e in entries):
+        wanting = [
+            s for s in subscriptions.values()
+            if any(notices.wants(s, notices.event_of(e)) for e in entries)
+            and self.user_told.get((notice.hold_id, s["user"]), -1.0) < notice.at
+        ]  # fmt: skip
+        if doc.get("user"):
+            wanting = [s for s in wanting if s["user"] == doc["user"]]
+        else:
+            wanting = [s for s in wanting[:MAX_SITE_LOOKS] if self.waits_at(s["user"], doc["site"])]
+        for subscription in wanting:
+            self.user_told[(notice.hold_id, subscription["user"])] = notice.at
             self.queue_for(subscription, notice)
+
+    def waits_at(self, user: str, site: str) -> bool:
+        """Whether the user has files waiting to start from or to the site (the queue view's
+        submit rows, counted per link)."""
+        rows = self.db.view("queue", "work", start_key=["submit", user],
+                            end_key=["submit", user, {}], group_level=4).rows  # fmt: skip
+        return any(site in row["key"][2:4] and row["value"] for row in rows)
 
     def send(self, notice: notices.Notice) -> bool:
         """Send one notice to every URL of notify.urls; True when each took it."""
@@ -276,21 +294,24 @@ class Notifier(PeriodicAgent):
                 return
 
     def run_sender(self, urls: list[str], notice: notices.Notice) -> tuple[bool, bool]:
-        """(sent, past the deadline) of one notice told by a process of its own."""
-        process = SPAWN.Process(target=send_notice, args=(urls, notice.title, notice.body),
-                                daemon=True)  # fmt: skip
+        """(sent, past the deadline) of one notice told by a process of its own
+        (aso/notify_send.py)."""
+        told = json.dumps({"urls": urls, "title": notice.title, "body": notice.body})
         with self.lock:
             if self.stopping:
                 return False, False
-            process.start()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "aso.notify_send"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
             self.senders.add(process)
         try:
-            process.join(USER_DEADLINE)
-            late = process.is_alive()
-            if late:
-                process.kill()
-                process.join(5)
-            return process.exitcode == 0 and not late, late
+            process.communicate(told, timeout=USER_DEADLINE)
+            return process.returncode == 0, False
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            return False, True
         finally:
             with self.lock:
                 self.senders.discard(process)
@@ -311,14 +332,3 @@ class Notifier(PeriodicAgent):
                 process.kill()
         self.pool.shutdown(wait=True, cancel_futures=True)
         super().close()
-
-
-def send_notice(urls: list[str], title: str, body: str) -> None:
-    """(In a process of its own.) Tell one notice to a user's targets; exit 0 when each took
-    it."""
-    import apprise
-
-    targets = apprise.Apprise()
-    for url in urls:
-        targets.add(url)
-    sys.exit(0 if targets.notify(title=title, body=body) else 1)

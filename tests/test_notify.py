@@ -542,7 +542,7 @@ def test_a_user_s_trickling_webhook_is_cut_at_its_deadline_and_waits(
     USER_BACKOFF (dropped, counted) and nobody else's do."""
     from aso.agents import notifier as notifier_module
 
-    monkeypatch.setattr(notifier_module, "USER_DEADLINE", 3.0)
+    monkeypatch.setattr(notifier_module, "USER_DEADLINE", 5.0)
     posted, hook = webhook
     stop = threading.Event()
 
@@ -587,3 +587,32 @@ def drain_sends(notifier: Notifier, seconds: float = 30) -> None:
             if not notifier.user_queues and not notifier.senders:
                 return
         time.sleep(0.05)
+
+
+def test_a_site_s_hold_is_told_to_the_subscribed_users_whose_files_wait_there(
+    sim_config, accounts, webhook
+):
+    """A site that stopped answering holds every user's files there: each subscribed user
+    with files waiting to start from or to it is told; a subscribed user with none is not."""
+    posted, hook = webhook
+    port = hook.server_address[1]
+    config = users_config(sim_config, free_port(), port)
+    for user in ("alice", "bob"):
+        db_as(accounts, user, config.store.notify_db).put(
+            subscription(user, [("webhook", f"http://127.0.0.1:{port}/hooks/{user}")])
+        )
+    db_as(accounts, "alice", config.store.files_db).create(
+        sample_request("alice", destination=SITE)
+    )
+    db_as(accounts, "bob", config.store.files_db).create(
+        sample_request("bob", source="T2_IT_Pisa", destination="T2_UK_ICL")
+    )
+    doc = holds.started(
+        None, site=SITE, user="", error_class="timeout", reason="no answer",
+        path="/store/user", needs=0, by="r-1", now=time.time(), config=config.holds,
+    )  # fmt: skip
+    assert doc is not None
+    db_as(accounts, "agent", config.store.files_db).put(doc)
+    assert user_step(config)["user_notices"] == 1
+    [told] = posted
+    assert told["path"] == "/hooks/alice" and f"every user's files held at {SITE}" in told["title"]
