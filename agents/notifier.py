@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aso import model
+from aso import model, notify_send
 from aso.config import Config
 from aso.core import notices
 from aso.monitoring.queries import all_holds
@@ -42,6 +43,8 @@ log = logging.getLogger("aso.agent.notifier")
 
 USER_THREADS = 4  # users' targets told at once
 USER_DEADLINE = 10.0  # seconds a user's notice may take to be told, its process ended past it
+STARTUP_DEADLINE = 60.0  # seconds a notice's process may take to start (a busy host's)
+SENDER = [sys.executable, "-m", "aso.notify_send"]
 USER_BACKOFF = 900.0  # seconds a user whose notice was ended so waits for the next
 MAX_USER_QUEUE = 20  # notices waiting for one user's targets; older ones are dropped
 TASK_ROWS = 3 * model.MAX_TOLD_TASKS  # rows of a user's tasks view read per look
@@ -295,17 +298,23 @@ class Notifier(PeriodicAgent):
 
     def run_sender(self, urls: list[str], notice: notices.Notice) -> tuple[bool, bool]:
         """(sent, past the deadline) of one notice told by a process of its own
-        (aso/notify_send.py)."""
+        (aso/notify_send.py): USER_DEADLINE from when it is ready (its start, STARTUP_DEADLINE
+        at most, is this host's time, not the target's)."""
         told = json.dumps({"urls": urls, "title": notice.title, "body": notice.body})
         with self.lock:
             if self.stopping:
                 return False, False
             process = subprocess.Popen(
-                [sys.executable, "-m", "aso.notify_send"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                SENDER, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             )  # fmt: skip
             self.senders.add(process)
         try:
+            if not _ready(process, STARTUP_DEADLINE):
+                log.warning("a notice's sender did not start in %g s: not told", STARTUP_DEADLINE)
+                process.kill()
+                process.wait()
+                return False, False
             process.communicate(told, timeout=USER_DEADLINE)
             return process.returncode == 0, False
         except subprocess.TimeoutExpired:
@@ -332,3 +341,10 @@ class Notifier(PeriodicAgent):
                 process.kill()
         self.pool.shutdown(wait=True, cancel_futures=True)
         super().close()
+
+
+def _ready(process: subprocess.Popen[str], seconds: float) -> bool:
+    """Whether the sender said it is ready within `seconds`."""
+    assert process.stdout is not None
+    readable, _, _ = select.select([process.stdout], [], [], seconds)
+    return bool(readable) and process.stdout.readline().strip() == notify_send.READY

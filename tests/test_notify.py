@@ -166,14 +166,15 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     config = dataclasses.replace(
         config, notify=dataclasses.replace(config.notify, urls=[f"mmost://127.0.0.1:{port}/tok"])
     )
-    reason = (
-        "@channel @here <!everyone> <@U42> [login](https://evil.example) `x http://evil.example/y"
-    )
+    reason = ("@channel @here <!everyone> <@U42> [login](https://evil.example) `x "
+              "http://evil.example/y www.evil.example/login")  # fmt: skip
     start_hold(config, accounts, reason)
     assert step(config)["notices"] == 1
     [chat] = posted
     text = chat["text"]
-    assert "Reason given:" in text and "channel" in text and "evil.example" in text
+    assert "Reason given:" in text and "channel" in text and "evil\u2024example" in text
+    assert "evil.example" not in text  # no address a chat or a mail reader makes a link of
+    assert text.count("channel") == 1  # the user's words once, labelled (round 34)
     for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x", "://"):
         assert markup not in text, (markup, text)
     assert "\uff20channel" in text  # still readable: a look-alike of the character
@@ -616,3 +617,32 @@ def test_a_site_s_hold_is_told_to_the_subscribed_users_whose_files_wait_there(
     assert user_step(config)["user_notices"] == 1
     [told] = posted
     assert told["path"] == "/hooks/alice" and f"every user's files held at {SITE}" in told["title"]
+
+
+def test_a_busy_host_s_slow_start_of_a_notice_is_not_held_against_its_user(
+    sim_config, accounts, webhook, monkeypatch
+):
+    """Red team round 34: on a loaded host a notice's process took 6-15 s to start (an
+    interpreter, apprise), counted against its user's 10 s: ordinary users were cut and made to
+    wait 15 minutes. The deadline runs from the sender's `ready`."""
+    import sys
+
+    from aso.agents import notifier as notifier_module
+
+    slow_start = ("import time, runpy; time.sleep(3); "
+                  "runpy.run_module('aso.notify_send', run_name='__main__')")  # fmt: skip
+    monkeypatch.setattr(notifier_module, "SENDER", [sys.executable, "-c", slow_start])
+    monkeypatch.setattr(notifier_module, "USER_DEADLINE", 2.0)
+    posted, hook = webhook
+    port = hook.server_address[1]
+    config = users_config(sim_config, free_port(), port)
+    db_as(accounts, "alice", config.store.notify_db).put(
+        subscription("alice", [("webhook", f"http://127.0.0.1:{port}/hooks/a")])
+    )
+    start_hold(config, accounts, "alice's quota")
+    notifier = Notifier(config, "n1")
+    Runner(notifier).step(wait=False)
+    drain_sends(notifier)
+    assert notifier.user_counts == {"sent": 1, "failed": 0, "dropped": 0}
+    assert not notifier.backoff_until and [p["path"] for p in posted] == ["/hooks/a"]
+    notifier.close()

@@ -46,12 +46,16 @@ class Hold:
         return self.state == HOLD_ACTIVE
 
     def says(self) -> str:
-        """One line for a person: what holds, where, the figures."""
+        """One line for a person: what holds, where, the figures, the reason."""
+        return f"{self.figures()}: {self.reason}"
+
+    def figures(self) -> str:
+        """What holds, where, the figures (no reason: a hold's user may have written it)."""
         if not self.user:
-            return f"{NO_ANSWER} {self.site} (every user's files): {self.reason}"
+            return f"{NO_ANSWER} {self.site} (every user's files)"
         what = "no room" if self.error_class == QUOTA else "no permission"
         free = "" if self.free is None else f", {self.free} bytes free of {self.needs} needed"
-        return f"{what} for {self.user} at {self.site}{free}: {self.reason}"
+        return f"{what} for {self.user} at {self.site}{free}"
 
 
 def hold_of(doc: Mapping[str, Any]) -> Hold:

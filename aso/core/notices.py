@@ -35,10 +35,12 @@ EVENT_WORDS = {
     model.HOLD_EXPIRED: "expired",
 }
 MAX_FIELD = 300  # characters of a user-given text in a notice
+ADDRESS_DOT = re.compile(r"(?<=[A-Za-z0-9])\.(?=[A-Za-z0-9])")
 # What a chat or a mail reader takes as markup in a user's text, turned into look-alikes that
 # are text everywhere: mentions (`@channel`, `<!here>`, `<@U1>`), links (`[x](url)`,
-# `<url|x>`) and code spans that would close the quote around the text; and a bare address's
-# `://`, which chats make a link of.
+# `<url|x>`) and code spans that would close the quote around the text; and what chats and mail
+# readers make a link of: a scheme's `://`, the dots of a bare address (`www.x.org/login`),
+# shown as a one-dot leader.
 INERT = str.maketrans({"@": "\uff20", "<": "\u2039", ">": "\u203a", "[": "\uff3b",
                        "]": "\uff3d", "`": "\uff40", "&": "\uff06"})  # fmt: skip
 
@@ -64,6 +66,7 @@ def plain(text: Any) -> str:
         .translate(INERT)
         .replace("://", ":\u2044\u2044")
     )
+    cleaned = ADDRESS_DOT.sub("\u2024", cleaned)
     return cleaned if len(cleaned) <= MAX_FIELD else cleaned[: MAX_FIELD - 1] + "…"
 
 
@@ -92,7 +95,7 @@ def pending(doc: Mapping[str, Any], now: float, max_age: float) -> Notice | None
         earlier = ", ".join(f"{word} {n}x" for word, n in sorted(counts.items()))
         lines.append(f"Before it since the last notice: {earlier}.")
     lines += [
-        f"Now: {plain(hold.says())}",
+        f"Now: {EVENT_WORDS.get(hold.state, plain(hold.state))}, {plain(hold.figures())}",
         f"`aso hold list` shows the holds; this one is {plain(doc['_id'])}.",
     ]
     return Notice(doc["_id"], float(last["at"]), title, "\n".join(lines))
