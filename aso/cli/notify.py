@@ -65,11 +65,11 @@ def _store(ctx: typer.Context, user: str) -> tuple[Config, Database, str, str]:
     return config, server.db(config.store.notify_db), by, user or by
 
 
-def allowances(config: Config) -> NotifyConfig:
+def allowances(config: Config, server: Server) -> NotifyConfig:
     """What the operator lets subscriptions name, as the store's pages publish it (this
     client's own config does not know the service's); the local config when not published."""
     try:
-        design = Server.from_config(config).db(config.store.pages_db).get(PAGES_DDOC)
+        design = server.db(config.store.pages_db).get(PAGES_DDOC)
     except StoreError:
         design = None
     published: dict[str, Any] | None = ((design or {}).get("aso") or {}).get("notify")
@@ -105,7 +105,7 @@ def notify_add(
     if unknown:
         raise UsageError(f"{unknown[0]!r} is not an event ({', '.join(model.NOTICE_EVENTS)})")
     config, db, by, whose = _store(ctx, user)
-    why = notices.refusal(target["kind"], target["to"], allowances(config))
+    why = notices.refusal(target["kind"], target["to"], allowances(config, db.server))
     if why:
         raise UsageError(f"{target['to']} would never be told: {why}")
     current = db.get(model.subscription_id(whose))
@@ -154,12 +154,11 @@ def notify_list(
     """Where you are told, of what, and whether the operator lets each address be told."""
     config, db, _, whose = _store(ctx, user)
     current = db.get(model.subscription_id(whose))
-    allowed = allowances(config)
-    targets = [
-        {**t, "told": notices.refusal(t["kind"], t["to"], allowed) is None,
-         "why_not": notices.refusal(t["kind"], t["to"], allowed) or ""}
-        for t in (current or {}).get("targets") or []
-    ]  # fmt: skip
+    allowed = allowances(config, db.server)
+    targets = []
+    for target in (current or {}).get("targets") or []:
+        why_not = notices.refusal(target["kind"], target["to"], allowed) or ""
+        targets.append({**target, "told": not why_not, "why_not": why_not})
     events = list((current or {}).get("events") or [])
     if as_json:
         print_json(console, {"user": whose, "targets": targets, "events": events})
