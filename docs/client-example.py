@@ -208,14 +208,18 @@ def main() -> int:
     deadline = time.monotonic() + args.timeout
     resubmitted = False
     while time.monotonic() < deadline:
+        # Asked before the poll: when the task was finished then, the rows polled after it
+        # are every file's final one.
+        was_finished = follower.finished()
         follower.poll()
         row = follower.rows.get(victim, {})
         if not resubmitted and row.get("state") in RESUBMIT:
             report["resubmit"] = move(aso, victim, RESUBMIT, user, "resubmitted by the example")
             resubmitted = True
-        elif row.get("note"):
+            continue  # the task is not finished any more: ask again
+        if row.get("note"):
             report["kill_too_late"] = row["note"]  # the copy had finished first
-        if (resubmitted or row.get("note") or row.get("final")) and follower.finished():
+        if was_finished and (resubmitted or row.get("note") or row.get("final")):
             break
         time.sleep(1)
     states: dict[str, int] = {}
