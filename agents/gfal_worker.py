@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from aso import faults, sites
+from aso import actions, faults, model, sites
 from aso.config import Config
 from aso.core import holds
 from aso.files import Files, open_files
@@ -46,6 +46,7 @@ log = logging.getLogger("aso.agent.gfal_worker")
 RETRY_CLASSES = (errors.CONNECTION, errors.TIMEOUT)
 SITE_LOOKS = 4  # sites of stalled copies asked at once whether they answer
 SITE_LOOK_TIMEOUT = 5.0  # seconds a site has to answer before it counts as silent
+SILENCE_PATH = "/store/user"  # what the hold of a silent site has looked at (any answer passes)
 
 
 def claimable(doc: Mapping[str, Any], now: float, predecessor: str | None = None) -> bool:
@@ -88,13 +89,16 @@ class GfalWorker(Agent):
         if copier is None:
             copier = GfalCopier(config)
         self.copier = copier
+        # As many threads again as slots, for the copies hung on a site that does not answer
+        # (`copies_in_use`).
         self.pool = ThreadPoolExecutor(
-            max_workers=config.gfal.workers, thread_name_prefix="gfal-copy"
+            max_workers=2 * config.gfal.workers, thread_name_prefix="gfal-copy"
         )
         self.running: dict[tuple[str, str], Future[None]] = {}  # (job, file) → copy
         self.sites_of: dict[str, tuple[str, str]] = {}  # job → (source, destination) site
         self.held_sites: set[str] = set()  # sites a site's hold holds (read each round)
         self.silent_sites: set[str] = set()  # sites of stalled copies that did not answer
+        self.silence_held: set[str] = set()  # silent sites whose hold we started
         self.started_at: dict[tuple[str, str], float] = {}  # (job, file) → monotonic start
         self.site_pool = ThreadPoolExecutor(SITE_LOOKS, thread_name_prefix="gfal-site-look")
         self.site_asked: dict[str, float] = {}  # site → monotonic time of the last look
@@ -123,7 +127,7 @@ class GfalWorker(Agent):
         self.sites_of = {j: s for j, s in self.sites_of.items() if j in self.leases or j in copying}
         self.read_held_sites()
         self.look_at_stalled_sites()
-        free = self.config.gfal.workers - self.copies_running()
+        free = self.config.gfal.workers - self.copies_in_use()
         # Our own jobs first: their files beyond the free slots wait here for a slot.
         held = [doc for doc in self.jobs.get_many(list(self.leases)).values() if doc]
         for doc in held:
@@ -184,6 +188,8 @@ class GfalWorker(Agent):
         waited behind them (round 29)."""
         sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
         self.sites_of[doc["_id"]] = sites
+        if set(sites) & self.silent_sites:
+            return 0  # its copies would hang as the ones there do
         free = min(free, *(self.config.gfal.per_site - self.running_at(site) for site in sites))
         started = 0
         for file_id, entry in sorted(doc["files"].items(), key=lambda kv: kv[1]["index"]):
@@ -224,6 +230,16 @@ class GfalWorker(Agent):
         with self.lock:
             return len(self.running)
 
+    def copies_in_use(self) -> int:
+        """Copies that take one of the `gfal.workers` slots: not those waiting on a site that
+        does not answer or that a site's hold holds (up to `gfal.workers` of them, the pool's
+        other threads): the copies between good sites had waited behind them."""
+        with self.lock:
+            ends = [self.sites_of.get(job_id, ("", "")) for job_id, _ in self.running]
+        waiting_on = self.held_sites | self.silent_sites
+        parked = sum(bool(set(pair) & waiting_on) for pair in ends)
+        return len(ends) - min(parked, self.config.gfal.workers)
+
     def running_at(self, site: str) -> int:
         """Copies running from or to `site`, but those whose other end a site's hold holds or
         does not answer: those wait on that end (rounds 30 and 31: copies hung on a dead
@@ -239,26 +255,60 @@ class GfalWorker(Agent):
         (a stat, in a thread of its own: a frozen storage holds up that thread only), each at
         most every `stall_after` seconds; one that has not answered within SITE_LOOK_TIMEOUT
         is silent until it answers again. A hung copy does not fail for minutes, so no
-        breaker would tell (round 31)."""
+        breaker would tell (round 31). A site found silent is held (`hold_silent`) and looked
+        at until it answers, then released."""
         now, stall = time.monotonic(), self.config.gfal.stall_after
         with self.lock:
             stalled = [self.sites_of.get(job_id, ("", "")) for (job_id, _), t in
                        self.started_at.items() if now - t > stall]  # fmt: skip
-        sites = {site for pair in stalled for site in pair if site}
+        sites = {site for pair in stalled for site in pair if site} | self.silence_held
+        was_silent, answered = set(self.silent_sites), set()
         for site, (asked, answer) in list(self.site_looks.items()):
             if answer.done():
                 del self.site_looks[site]
                 if answer.exception() is None and answer.result():
                     self.silent_sites.discard(site)
+                    answered.add(site)
                 else:
                     self.silent_sites.add(site)
             elif now - asked > min(SITE_LOOK_TIMEOUT, stall):
                 self.silent_sites.add(site)
         self.silent_sites &= sites | set(self.site_looks)
+        self.hold_silent(self.silent_sites - was_silent)
+        self.release_answering(answered & self.silence_held)
         for site in sites - set(self.site_looks):
             if now - self.site_asked.get(site, -stall) >= stall:
                 self.site_asked[site] = now
                 self.site_looks[site] = (now, self.site_pool.submit(self.site_answers, site))
+
+    def hold_silent(self, silent: set[str]) -> None:
+        """Hold every user's files for each newly silent site (a site's hold, as the breaker's):
+        the submitter keeps them back and says why, instead of sending them to hang too."""
+        if not silent or not self.config.holds.enabled:
+            return
+        reason = (
+            f"did not answer within {SITE_LOOK_TIMEOUT:g} s while copies from or to it ran "
+            f"over {self.config.gfal.stall_after:g} s"
+        )
+        starts = {
+            model.hold_id(site): {
+                "site": site, "user": "", "error_class": errors.TIMEOUT, "reason": reason,
+                "path": SILENCE_PATH, "needs": 0,
+            }
+            for site in silent
+        }  # fmt: skip
+        actions.start_holds(self.db, starts, self.instance, time.time(), self.config.holds)
+        self.silence_held |= silent
+
+    def release_answering(self, answering: set[str]) -> None:
+        """Release the holds we started for sites that answer again: their files go at once,
+        not at the hold checker's next look (a minute or more later)."""
+        if answering:
+            actions.release_site_holds(
+                self.db, answering, self.instance, time.time(), self.config.holds
+            )
+            self.silence_held -= answering
+            self.held_sites -= answering
 
     def site_answers(self, site: str) -> bool:
         """Whether `site`'s storage answers a stat of its endpoint (whatever it says)."""

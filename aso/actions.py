@@ -13,7 +13,7 @@ meanwhile) is read again and decided again, so a kill racing the submitter still
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +173,30 @@ def start_holds(
         log.info("hold %s: %s", doc["_id"], holds.hold_of(doc).says())
     for refused in outcome.refused:
         log.warning("hold %s not written: %s", refused.id, refused.reason)
+    return len(outcome.written)
+
+
+def release_site_holds(
+    db: Database, sites: Iterable[str], by: str, now: float, config: HoldsConfig
+) -> int:
+    """End the sites' holds in force, each site having just answered a look: the hold checker's
+    own rule (`holds.checked`: a site's hold passes when its storage answers), applied by
+    whoever saw it answer; the holds released."""
+    answered = holds.Look(None, None, probed=True)
+
+    def decide(current: dict[str, Any]) -> dict[str, Any] | None:
+        if current.get("state") != model.HOLD_ACTIVE:
+            return None  # ended meanwhile by the hold checker, an operator or a user
+        return holds.checked(current, answered, by, now, config)
+
+    try:
+        found = db.get_many([model.hold_id(site) for site in sites])
+        outcome = db.write_decided([doc for doc in found.values() if doc], decide)
+    except StoreError as exc:
+        log.warning("sites' holds not released (%s): the hold checker will", exc)
+        return 0
+    for doc in outcome.written:
+        log.info("hold %s %s: %s", doc["_id"], doc["state"], doc["history"][-1]["reason"])
     return len(outcome.written)
 
 

@@ -275,8 +275,9 @@ class GfalConfig:
     stall_after: float = _key(
         30.0,
         "Seconds a copy may run before the worker asks its two sites whether they answer; one"
-        " that does not (within 5 s) has the copies hung on it counted against it alone, not"
-        " against the good site at their other end.",
+        " that does not (within 5 s) is held for every user until it answers again, and the"
+        " copies hung on it count against it alone, not against the worker's slots nor the good"
+        " site at their other end.",
     )
     timeout: int = _key(3600, "Seconds one copy may take.")
     operation_timeout: int = _key(

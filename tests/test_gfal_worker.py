@@ -308,6 +308,20 @@ def test_copies_hung_on_a_site_that_does_not_answer_count_against_it_alone(
 
         wait_for(silent, 30, "T2_CH_CERN found silent")
         assert worker.running_at("T2_DE_DESY") == 0 and worker.running_at("T2_CH_CERN") == 4
+        # Every user's files for it wait held, with why (the submitter keeps them back).
+        hold = worker.db.get("hold:T2_CH_CERN")
+        assert hold is not None and hold["state"] == "active" and hold["user"] == ""
+        assert hold["by"] == "w-silent" and "did not answer within 5 s" in hold["reason"]
+        # The hung copies take none of the worker's six slots: four copies between two good
+        # sites start beside them (two had before), and no new copy starts at the silent site.
+        other = dataclasses.replace(job(98, 4), source_site="T2_IT_Pisa",
+                                    destination_site="T2_US_MIT")  # fmt: skip
+        job_table(config).create_many([other])
+        assert worker.copies_in_use() == 0
+        worker.work_once()
+        wait_for(lambda: slow.started >= 8, 30, "four more copies to start")
+        assert worker.running_at("T2_IT_Pisa") == 4 and worker.running_at("T2_CH_CERN") == 4
+        assert worker.copies_running() == 8 and worker.copies_in_use() == 4
         frozen.thawed.set()  # it answers again: its copies count against both ends once more
 
         def answers() -> bool:
@@ -316,6 +330,9 @@ def test_copies_hung_on_a_site_that_does_not_answer_count_against_it_alone(
 
         wait_for(answers, 30, "T2_CH_CERN answering again")
         assert worker.running_at("T2_DE_DESY") == 4
+        released = worker.db.get("hold:T2_CH_CERN")
+        assert released is not None and released["state"] == "released"
+        assert released["by"] == "w-silent" and "it answers" in released["reason"]
     finally:
         frozen.thawed.set()
         worker.close()

@@ -202,6 +202,7 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
         config.agents.hang_timeout = 90.0
         config.embedded.compact_interval = 5.0  # an embedded store compacted under the demo's load
         config.storage.hang_timeout = 15.0  # a frozen site started again within the test
+        config.gfal.stall_after = 5.0  # and found silent (and held) before that
         # As `aso config init` leaves it: the front end on, with a throw-away PKI.
         pki.demo(base / "certs", ["alice", "bob"])
         config.frontend.enabled = True
@@ -413,8 +414,8 @@ def test_run_demo_restart_and_clean_stop(service):
 def test_a_demo_with_a_source_frozen_completes_and_says_how_long_each_waited(service):
     """`aso demo --freeze SITE`: one of its sources' XRootD frozen (SIGSTOP) at once for 20 s
     (`aso run` kills and starts again a site silent for `storage.hang_timeout`, 15 s here);
-    every file is done, and the run says how long the files from or to it and the others
-    waited (figures, not asserted: the machine is shared)."""
+    every file is done, the run says how long the files from or to it and the others waited
+    (figures, not asserted: the machine is shared) and how the site was held meanwhile."""
     path, _process, base = service
     demo = subprocess.run(
         [ASO, "--config", str(path), "demo", "--files", "40", "--timeout", "240",
@@ -428,6 +429,11 @@ def test_a_demo_with_a_source_frozen_completes_and_says_how_long_each_waited(ser
     rows = [line.split("\t") for line in demo.stdout.splitlines() if "\t" in line]
     waited = {row[0]: row[1:3] for row in rows if row[0] in ("from or to T2_IT_Pisa", "the others")}
     assert waited == {"from or to T2_IT_Pisa": ["20", "20"], "the others": ["20", "20"]}
+    # The gfal worker found it silent and held every user's files for it (instead of sending
+    # more to hang), then released them when it answered again.
+    assert "# Holds during the run" in demo.stdout
+    held = [row[3] for row in rows if row[1:3] == ["T2_IT_Pisa", "every user's"]]
+    assert held[:1] == ["active"] and held[-1] == "released", demo.stdout
     # Not an embedded site, or no time to freeze it: refused before anything is written.
     for args, says in (
         (["--freeze", "T2_NOWHERE"], "--freeze: T2_NOWHERE is not an embedded site"),

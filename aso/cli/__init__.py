@@ -538,12 +538,13 @@ def demo_cmd(
 ) -> None:
     """Write files into two source sites' temp areas, upload their transfer requests for two
     users and follow them (needs `aso run` on the embedded defaults)."""
-    from aso.local.demo import DemoPlan, Freeze, follow, through_frontend, waits, write_and_upload
+    from aso.local import demo
     from aso.local.xrootd import EmbeddedStorage, write_file
+    from aso.monitoring.queries import all_holds
 
     config = _config(ctx)
     logging.getLogger("aso.upload").setLevel(logging.WARNING)  # a line per file is noise here
-    plan = DemoPlan(files=files)
+    plan = demo.DemoPlan(files=files)
     missing = [s for s in (*plan.sources, plan.destination) if s not in config.sites]
     if missing:
         raise UsageError(f"the site catalogue lacks {', '.join(missing)}")
@@ -554,18 +555,18 @@ def demo_cmd(
             raise UsageError(f"--freeze: {freeze} is not an embedded site of the catalogue")
         if freeze_at < 0 or freeze_for <= 0:
             raise UsageError("--freeze-at must be 0 or more and --freeze-for above 0")
-        freezer = Freeze(freeze, freeze_at, freeze_for, storage.pid_of)
+        freezer = demo.Freeze(freeze, freeze_at, freeze_for, storage.pid_of)
     if frontend is None:
         frontend = config.frontend.enabled
     if frontend:
-        dbs = through_frontend(config, plan.users)
+        dbs = demo.through_frontend(config, plan.users)
         how = f"through the front end at {next(iter(dbs.values())).server.url}"
     else:
         dbs = dict.fromkeys(plan.users, _files_db(ctx))
         how = f"straight to the store at {redact(config.store.url)}"
     db = dbs[plan.users[0]]
-    started = time.monotonic()
-    ids, report = write_and_upload(config, dbs, plan, write_file)
+    started, started_epoch = time.monotonic(), time.time()
+    ids, report = demo.write_and_upload(config, dbs, plan, write_file)
     console.print(
         f"wrote {files} files at {', '.join(plan.sources)}; "
         f"{len(report.recorded)} requests recorded for {', '.join(plan.users)} {how}"
@@ -574,7 +575,7 @@ def demo_cmd(
         return
     try:
         tick = freezer.tick if freezer is not None else None
-        counts = follow(db, ids, timeout, console=console, on_tick=tick)
+        counts = demo.follow(db, ids, timeout, console=console, on_tick=tick)
     finally:
         if freezer is not None:
             freezer.thaw()
@@ -583,9 +584,17 @@ def demo_cmd(
     if freezer is not None:
         print_table(
             ("files", "count", "done", "p50 s", "p95 s", "longest s"),
-            [w.row() for w in waits([d for d in db.get_many(ids).values() if d], freezer.site)],
+            [
+                w.row()
+                for w in demo.waits([d for d in db.get_many(ids).values() if d], freezer.site)
+            ],
             title=f"Seconds from request to copy done, {freezer.site} frozen for "
             f"{freezer.seconds:.0f} s",
+        )
+        print_table(
+            ("at s", "site", "files", "hold", "by: why"),
+            demo.hold_changes(all_holds(db), started_epoch),
+            title="Holds during the run",
         )
     console.print(
         f"{counts['done']} of {files} done in {elapsed:.1f} s "

@@ -177,6 +177,21 @@ def waits(docs: Sequence[Mapping[str, Any]], site: str) -> list[Waits]:
     return out
 
 
+def hold_changes(
+    holds: Sequence[Mapping[str, Any]], since: float
+) -> list[tuple[str, str, str, str, str]]:
+    """What the holds' histories say happened after `since` (epoch seconds), in order: (seconds
+    into the run, site, whose files, the hold's state, who and why), for the demo's table."""
+    changes = []
+    for hold in holds:
+        whose = hold["user"] or "every user's"
+        for entry in hold.get("history") or []:
+            if entry["at"] >= since:
+                said = f"{entry['by']}: {entry['reason']}"
+                changes.append((entry["at"] - since, hold["site"], whose, entry["state"], said))
+    return [(f"{at:.0f}", *rest) for at, *rest in sorted(changes)]
+
+
 def _done_at(doc: Mapping[str, Any]) -> float:
     return max(float(h["at"]) for h in doc["history"] if h["axis"] == "state" and h["to"] == "done")
 
