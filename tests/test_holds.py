@@ -397,3 +397,30 @@ def test_the_breaker_blames_the_end_a_failure_names_and_needs_two_users():
     attempt("carol", "", outcome="done", error_class=None, at=now + 1)  # both ends answered
     assert breaker.tripped("T2_IT_Pisa", now) is None
     assert breaker.tripped("T2_IT_Pisa", now + 1000) is None  # and old failures fall out
+
+
+def test_files_at_the_service_whose_site_a_site_s_hold_holds_say_held(sim_config, accounts, admin):
+    """A copy under way at a site found silent waits on it (the gfal worker holds such a site for
+    everyone): `aso status` says `held` for the file at the service too, its job kept; a user's
+    hold keeps back only what is not sent yet, so a copy under way there says `at_service`."""
+    db = admin.db(sim_config.store.files_db)
+    task = "261207_101500:alice_silent"
+    ids = upload(accounts, sim_config, 2, users=("alice",), links=[LINKS[0], LINKS[3]], task=task)
+    run_until(lambda: states(db, ids) == Counter(submitted=2), [Runner(Submitter(sim_config, "s1"))],
+              describe=lambda: states(db, ids))  # fmt: skip
+    docs = db.get_many(ids)
+    [to_desy] = [i for i in ids if docs[i]["destination"] == "T2_DE_DESY"]
+    [other] = [i for i in ids if i != to_desy]
+    now = time.time()
+    for site, user in (("T2_DE_DESY", ""), (docs[other]["destination"], "alice")):
+        hold = holds.started(None, site=site, user=user, error_class="timeout" if not user
+                             else "quota", reason="test", path="/store/user", needs=0,
+                             by="w1", now=now, config=sim_config.holds)  # fmt: skip
+        assert hold is not None
+        db.put(hold)
+    status = queries.task_status(db, task)
+    waiting = {f.id: f.waiting for f in status.files}
+    assert waiting[to_desy]["why"] == "held" and waiting[to_desy]["hold"] == hold_id("T2_DE_DESY")
+    assert waiting[to_desy]["job_id"] == docs[to_desy]["transfer"]["job_id"]  # its copy is there
+    assert waiting[other]["why"] == "at_service" and "hold" not in waiting[other]
+    assert sum(status.held.values()) == 1

@@ -286,7 +286,7 @@ def checked(
         return ended(
             looked,
             HOLD_RELEASED,
-            f"the destination passed a check: {_figures(hold, look)}",
+            f"the {'destination' if hold.user else 'site'} passed a check: {_figures(hold, look)}",
             by,
             now,
         )

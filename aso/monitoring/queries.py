@@ -425,10 +425,12 @@ def held_back_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
 
 def held_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     """How many of the files waiting to start a hold keeps back (their destination refused
-    their user for room or permission), by what the hold says; each such file's `waiting`
-    says so too (`held`, with the hold's id and its next look as `until`). Empty when the holds
-    cannot be read: the status goes on without them."""
-    waiting = [f for f in files if f.state in TO_SUBMIT]
+    their user for room or permission), and of those at the transfer service a site's hold
+    holds (their copy waits on a site that stopped answering), by what the hold says; each
+    such file's `waiting` says so too (`held`, with the hold's id and its next look as
+    `until`, its `job_id` kept). Empty when the holds cannot be read: the status goes on
+    without them."""
+    waiting = [f for f in files if f.state in TO_SUBMIT or f.state == "submitted"]
     if not waiting:
         return {}
     try:
@@ -439,8 +441,8 @@ def held_counts(db: Database, files: list[FileStatus]) -> dict[str, int]:
     held: dict[str, int] = defaultdict(int)
     for f, end in zip(waiting, ends, strict=True):
         hold = holding_file(end, found)
-        if hold is None:
-            continue
+        if hold is None or (hold.user and f.state not in TO_SUBMIT):
+            continue  # a user's hold keeps back what is not sent yet; a copy under way goes on
         held[hold.says()] += 1
         if f.waiting is not None:
             f.waiting = {**f.waiting, "why": HELD, "until": hold.next_check,
