@@ -406,7 +406,8 @@ def test_files_at_the_service_whose_site_a_site_s_hold_holds_say_held(sim_config
     db = admin.db(sim_config.store.files_db)
     task = "261207_101500:alice_silent"
     ids = upload(accounts, sim_config, 2, users=("alice",), links=[LINKS[0], LINKS[3]], task=task)
-    run_until(lambda: states(db, ids) == Counter(submitted=2), [Runner(Submitter(sim_config, "s1"))],
+    submitter = Runner(Submitter(sim_config, "s1"))
+    run_until(lambda: states(db, ids) == Counter(submitted=2), [submitter],
               describe=lambda: states(db, ids))  # fmt: skip
     docs = db.get_many(ids)
     [to_desy] = [i for i in ids if docs[i]["destination"] == "T2_DE_DESY"]
