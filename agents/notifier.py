@@ -298,8 +298,8 @@ class Notifier(PeriodicAgent):
 
     def run_sender(self, urls: list[str], notice: notices.Notice) -> tuple[bool, bool]:
         """(sent, past the deadline) of one notice told by a process of its own
-        (aso/notify_send.py): USER_DEADLINE from when it is ready (its start, STARTUP_DEADLINE
-        at most, is this host's time, not the target's)."""
+        (aso/notify_send.py): USER_DEADLINE from when it is ready to its answer (its start,
+        STARTUP_DEADLINE at most, and its exit are this host's time, not the target's)."""
         told = json.dumps({"urls": urls, "title": notice.title, "body": notice.body})
         with self.lock:
             if self.stopping:
@@ -310,18 +310,20 @@ class Notifier(PeriodicAgent):
             )  # fmt: skip
             self.senders.add(process)
         try:
-            if not _ready(process, STARTUP_DEADLINE):
+            assert process.stdin is not None
+            # A notice is a few KB (20 tasks, user text cut to MAX_FIELD), within a pipe's
+            # buffer: written before the sender reads it, the write never waits on it.
+            with contextlib.suppress(BrokenPipeError):  # a sender that died is not ready
+                process.stdin.write(told)
+                process.stdin.close()
+            if _said(process, STARTUP_DEADLINE) != notify_send.READY:
                 log.warning("a notice's sender did not start in %g s: not told", STARTUP_DEADLINE)
-                process.kill()
-                process.wait()
                 return False, False
-            process.communicate(told, timeout=USER_DEADLINE)
-            return process.returncode == 0, False
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            return False, True
+            answer = _said(process, USER_DEADLINE)
+            return answer == notify_send.SENT, answer is None
         finally:
+            process.kill()  # it has answered, or it is ended: its exit is not waited on
+            process.wait()
             with self.lock:
                 self.senders.discard(process)
 
@@ -343,8 +345,8 @@ class Notifier(PeriodicAgent):
         super().close()
 
 
-def _ready(process: subprocess.Popen[str], seconds: float) -> bool:
-    """Whether the sender said it is ready within `seconds`."""
+def _said(process: subprocess.Popen[str], seconds: float) -> str | None:
+    """The sender's next line within `seconds` ("" when it ended without one), or None."""
     assert process.stdout is not None
     readable, _, _ = select.select([process.stdout], [], [], seconds)
-    return bool(readable) and process.stdout.readline().strip() == notify_send.READY
+    return process.stdout.readline().strip() if readable else None

@@ -1,26 +1,30 @@
 """Tell one notice to a user's targets, in a process of its own (agents/notifier.py starts it
-and ends it past its deadline): `python -m aso.notify_send` imports apprise, says `ready` on
-stdout, then reads {"urls", "title", "body"} as JSON on stdin and exits 0 when every target took
-the notice, 1 otherwise. The notifier's deadline runs from `ready`: a busy host's slow start is
-not a target's slowness."""
+and ends it past its deadline): `python -m aso.notify_send` reads {"urls", "title", "body"} as
+JSON on stdin, imports apprise and makes the targets of the URLs (apprise loads its plugins
+then), says `ready` on stdout, tells the notice and says `sent` when every target took it,
+`failed` otherwise. The notifier's deadline runs from `ready` to that answer: a busy host's
+slow start (the interpreter, apprise and its plugins) is not a target's slowness, and neither
+is the interpreter's exit after it."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-READY = "ready"
+READY, SENT, FAILED = "ready", "sent", "failed"
 
 
 def main() -> int:
+    notice = json.load(sys.stdin)
     import apprise
 
-    print(READY, flush=True)
-    notice = json.load(sys.stdin)
     targets = apprise.Apprise()
     for url in notice["urls"]:
         targets.add(url)
-    return 0 if targets.notify(title=notice["title"], body=notice["body"]) else 1
+    print(READY, flush=True)
+    told = targets.notify(title=notice["title"], body=notice["body"])
+    print(SENT if told else FAILED, flush=True)
+    return 0 if told else 1
 
 
 if __name__ == "__main__":

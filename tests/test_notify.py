@@ -167,7 +167,8 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
         config, notify=dataclasses.replace(config.notify, urls=[f"mmost://127.0.0.1:{port}/tok"])
     )
     reason = ("@channel @here <!everyone> <@U42> [login](https://evil.example) `x "
-              "http://evil.example/y www.evil.example/login")  # fmt: skip
+              "http://evil.example/y www.evil.example/login **LEAKED** __now__ ~~ASO~~ "
+              "www\u3002bad\uff0eexample\uff61org task_name")  # fmt: skip
     start_hold(config, accounts, reason)
     assert step(config)["notices"] == 1
     [chat] = posted
@@ -175,8 +176,10 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     assert "Reason given:" in text and "channel" in text and "evil\u2024example" in text
     assert "evil.example" not in text  # no address a chat or a mail reader makes a link of
     assert text.count("channel") == 1  # the user's words once, labelled (round 34)
-    for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x", "://"):
+    for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x", "://",
+                   "**", "__", "~~", "\u3002", "\uff0e", "\uff61"):  # fmt: skip
         assert markup not in text, (markup, text)
+    assert "bad\u2024example\u2024org" in text and "task_name" in text  # a name keeps its _
     assert "\uff20channel" in text  # still readable: a look-alike of the character
 
 

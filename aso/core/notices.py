@@ -36,13 +36,19 @@ EVENT_WORDS = {
 }
 MAX_FIELD = 300  # characters of a user-given text in a notice
 ADDRESS_DOT = re.compile(r"(?<=[A-Za-z0-9])\.(?=[A-Za-z0-9])")
+# An underscore that may open or close emphasis (`__x__`): not one inside a word, which never
+# does and which names keep (`261207_101500:alice_task`).
+EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 # What a chat or a mail reader takes as markup in a user's text, turned into look-alikes that
 # are text everywhere: mentions (`@channel`, `<!here>`, `<@U1>`), links (`[x](url)`,
-# `<url|x>`) and code spans that would close the quote around the text; and what chats and mail
-# readers make a link of: a scheme's `://`, the dots of a bare address (`www.x.org/login`),
-# shown as a one-dot leader.
+# `<url|x>`), code spans that would close the quote around the text, emphasis and strikethrough
+# (`**x**`, `~~x~~`, and `__x__` by EDGE_UNDERSCORE: a spoofed warning in bold); and what chats
+# and mail readers make a link of: a scheme's `://`, the dots of a bare address
+# (`www.x.org/login`), shown as a one-dot leader, and the full stops IDNA reads as dots.
 INERT = str.maketrans({"@": "\uff20", "<": "\u2039", ">": "\u203a", "[": "\uff3b",
-                       "]": "\uff3d", "`": "\uff40", "&": "\uff06"})  # fmt: skip
+                       "]": "\uff3d", "`": "\uff40", "&": "\uff06", "*": "\u2217",
+                       "~": "\u223c", "\u3002": "\u2024", "\uff0e": "\u2024",
+                       "\uff61": "\u2024"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def plain(text: Any) -> str:
         .translate(INERT)
         .replace("://", ":\u2044\u2044")
     )
-    cleaned = ADDRESS_DOT.sub("\u2024", cleaned)
+    cleaned = EDGE_UNDERSCORE.sub("\u02cd", ADDRESS_DOT.sub("\u2024", cleaned))
     return cleaned if len(cleaned) <= MAX_FIELD else cleaned[: MAX_FIELD - 1] + "…"
 
 
