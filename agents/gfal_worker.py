@@ -96,6 +96,7 @@ class GfalWorker(Agent):
         )
         self.running: dict[tuple[str, str], Future[None]] = {}  # (job, file) → copy
         self.sites_of: dict[str, tuple[str, str]] = {}  # job → (source, destination) site
+        self.user_of: dict[str, str] = {}  # job → its user
         self.held_sites: set[str] = set()  # sites a site's hold holds (read each round)
         self.silent_sites: set[str] = set()  # sites of stalled copies that did not answer
         self.silence_held: set[str] = set()  # silent sites whose hold we started
@@ -125,6 +126,7 @@ class GfalWorker(Agent):
         self.renew_leases(report)
         copying = self.jobs_copying()
         self.sites_of = {j: s for j, s in self.sites_of.items() if j in self.leases or j in copying}
+        self.user_of = {j: u for j, u in self.user_of.items() if j in self.sites_of}
         self.read_held_sites()
         self.look_at_stalled_sites()
         free = self.config.gfal.workers - self.copies_in_use()
@@ -144,6 +146,8 @@ class GfalWorker(Agent):
             # A job leased in our name that this process does not hold was our predecessor's.
             if doc["_id"] in self.leases or not claimable(doc, now, self.instance):
                 continue
+            if self.slots_for(doc) <= 0:
+                continue  # none of its copies could start here now: left to others or later
             claimed = self.claim(doc, now)
             if claimed is None:
                 continue
@@ -187,10 +191,10 @@ class GfalWorker(Agent):
         site that does not answer had held every slot, and the copies between two good sites
         waited behind them (round 29)."""
         sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
-        self.sites_of[doc["_id"]] = sites
+        self.sites_of[doc["_id"]], self.user_of[doc["_id"]] = sites, doc.get("user", "")
         if set(sites) & self.silent_sites:
             return 0  # its copies would hang as the ones there do
-        free = min(free, *(self.config.gfal.per_site - self.running_at(site) for site in sites))
+        free = min(free, self.slots_for(doc))
         started = 0
         for file_id, entry in sorted(doc["files"].items(), key=lambda kv: kv[1]["index"]):
             if started >= free:
@@ -240,15 +244,32 @@ class GfalWorker(Agent):
         parked = sum(bool(set(pair) & waiting_on) for pair in ends)
         return len(ends) - min(parked, self.config.gfal.workers)
 
-    def running_at(self, site: str) -> int:
-        """Copies running from or to `site`, but those whose other end a site's hold holds or
-        does not answer: those wait on that end (rounds 30 and 31: copies hung on a dead
-        source had used up the cap of the good destination at their other end, whose other
-        copies then waited minutes)."""
+    def running_at(self, site: str, user: str | None = None) -> int:
+        """Copies running from or to `site` (of `user` alone, if given), but those whose other
+        end a site's hold holds or does not answer: those wait on that end (rounds 30 and 31:
+        copies hung on a dead source had used up the cap of the good destination at their
+        other end, whose other copies then waited minutes)."""
         with self.lock:
-            ends = [self.sites_of.get(job_id, ("", "")) for job_id, _ in self.running]
+            ends = [(self.sites_of.get(job_id, ("", "")), self.user_of.get(job_id))
+                    for job_id, _ in self.running]  # fmt: skip
         waiting_on = self.held_sites | self.silent_sites
-        return sum(site in pair and not (set(pair) - {site}) & waiting_on for pair in ends)
+        return sum(
+            site in pair and not (set(pair) - {site}) & waiting_on
+            for pair, whose in ends
+            if user is None or whose == user
+        )
+
+    def slots_for(self, doc: Mapping[str, Any]) -> int:
+        """How many more copies of the job may start now: `gfal.per_site` at each of its sites,
+        and of those `gfal.per_user` for its user (round 35: one user's long copies had taken
+        every slot of three sites, and the others' files waited behind them)."""
+        per_user = min(self.config.gfal.per_user, self.config.gfal.per_site)
+        user = doc.get("user", "")
+        sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
+        return min(
+            *(self.config.gfal.per_site - self.running_at(site) for site in sites),
+            *(per_user - self.running_at(site, user) for site in sites),
+        )
 
     def look_at_stalled_sites(self) -> None:
         """Ask the sites of copies running longer than `gfal.stall_after` whether they answer

@@ -272,6 +272,12 @@ class GfalConfig:
         "Copies from or to one site that one gfal worker runs at once: a site that does not"
         " answer holds at most these of its slots.",
     )
+    per_user: int = _key(
+        6,
+        "Copies of one user from or to one site that one gfal worker runs at once (at most"
+        " gfal.per_site): the site's other slots stay for the other users, whose files had"
+        " waited behind one user's long copies.",
+    )
     stall_after: float = _key(
         30.0,
         "Seconds a copy may run before the worker asks its two sites whether they answer; one"
@@ -844,6 +850,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "couchdb.nodes": (1, 9),
     "transfer.max_files_per_job": (1, 1000),
     "gfal.per_site": (1, 100_000),
+    "gfal.per_user": (1, 100_000),
     "transfer.priority": (1, 5),
     "publisher.blocks_per_call": (1, 1000),
     "publisher.max_block_bytes": (MIN_BLOCK_BYTES, MAX_WRITTEN_DOC_CHARS // 2),

@@ -269,6 +269,38 @@ def test_copies_waiting_on_one_site_leave_slots_for_the_others(sim_config: Confi
         worker.close()
 
 
+def test_one_user_s_long_copies_leave_a_site_s_other_slots_to_the_other_users(
+    sim_config: Config,
+) -> None:
+    """Round 35: one user's long copies took every slot of three sites (`gfal.per_site`), and
+    another user's small files on a link she never used waited p50 37 s behind them. At most
+    `gfal.per_user` copies of one user from or to one site run at once: the other users' go
+    beside them, and a job none of whose copies could start is left unclaimed."""
+    import dataclasses
+
+    config = dataclasses.replace(sim_config, gfal=dataclasses.replace(
+        sim_config.gfal, workers=8, per_site=4, per_user=3))  # fmt: skip
+    table = job_table(config)
+    hers = table.create_many([job(1, 10), job(2, 10)])  # alice's, CERN → DESY: never end
+    slow = UntilCancelled()
+    worker = GfalWorker(config, "w-users", copier=slow)
+    try:
+        worker.work_once()
+        wait_for(lambda: slow.started >= 3, 30, "three copies to start")
+        assert worker.running_at("T2_CH_CERN", "alice") == 3 == worker.copies_running()
+        [claimed] = worker.leases  # her other job could not start: not claimed
+        assert claimed in hers
+        his = dataclasses.replace(job(3, 4), user="bob", source_site="T2_IT_Pisa")
+        [bobs] = table.create_many([his])
+        worker.work_once()
+        wait_for(lambda: slow.started >= 4, 30, "bob's copy to start")
+        # DESY's fourth slot is his: his copy goes beside hers.
+        assert worker.running_at("T2_DE_DESY", "bob") == 1 and bobs in worker.leases
+        assert worker.running_at("T2_DE_DESY") == 4 and worker.copies_running() == 4
+    finally:
+        worker.close()
+
+
 class FrozenAt:
     """Files whose `reachable` hangs for one site until let go (a frozen storage takes the
     connection and answers nothing), and answers at once for the others."""
