@@ -304,9 +304,11 @@ class Notifier(PeriodicAgent):
         with self.lock:
             if self.stopping:
                 return False, False
+            # Unbuffered bytes: a line read takes that line alone from the pipe, so `ready`
+            # and `sent` written together are two answers, not one (round 36).
             process = subprocess.Popen(
                 SENDER, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
             )  # fmt: skip
             self.senders.add(process)
         try:
@@ -314,7 +316,7 @@ class Notifier(PeriodicAgent):
             # A notice is a few KB (20 tasks, user text cut to MAX_FIELD), within a pipe's
             # buffer: written before the sender reads it, the write never waits on it.
             with contextlib.suppress(BrokenPipeError):  # a sender that died is not ready
-                process.stdin.write(told)
+                process.stdin.write(told.encode())
                 process.stdin.close()
             if _said(process, STARTUP_DEADLINE) != notify_send.READY:
                 log.warning("a notice's sender did not start in %g s: not told", STARTUP_DEADLINE)
@@ -345,8 +347,8 @@ class Notifier(PeriodicAgent):
         super().close()
 
 
-def _said(process: subprocess.Popen[str], seconds: float) -> str | None:
+def _said(process: subprocess.Popen[bytes], seconds: float) -> str | None:
     """The sender's next line within `seconds` ("" when it ended without one), or None."""
     assert process.stdout is not None
     readable, _, _ = select.select([process.stdout], [], [], seconds)
-    return process.stdout.readline().strip() if readable else None
+    return process.stdout.readline().decode(errors="replace").strip() if readable else None

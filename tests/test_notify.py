@@ -168,7 +168,9 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     )
     reason = ("@channel @here <!everyone> <@U42> [login](https://evil.example) `x "
               "http://evil.example/y www.evil.example/login **LEAKED** __now__ ~~ASO~~ "
-              "www\u3002bad\uff0eexample\uff61org task_name")  # fmt: skip
+              "www\u3002bad\uff0eexample\uff61org task_name evi\u217c.com/login "
+              "grid-ss\u043e.ch/renew \uff45\uff56.org :warning: "
+              "hold:T2_DE_DESY:alice")  # fmt: skip
     start_hold(config, accounts, reason)
     assert step(config)["notices"] == 1
     [chat] = posted
@@ -177,8 +179,11 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     assert "evil.example" not in text  # no address a chat or a mail reader makes a link of
     assert text.count("channel") == 1  # the user's words once, labelled (round 34)
     for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x", "://",
-                   "**", "__", "~~", "\u3002", "\uff0e", "\uff61"):  # fmt: skip
+                   "**", "__", "~~", "\u3002", "\uff0e", "\uff61", ".com", ".ch", ".org",
+                   ":warning:"):  # fmt: skip
         assert markup not in text, (markup, text)
+    # Look-alike letters taken as what they look like (NFKC): no dot of an address is left.
+    assert "evil\u2024com" in text and "ev\u2024org" in text and "warning" in text
     assert "bad\u2024example\u2024org" in text and "task_name" in text  # a name keeps its _
     assert "\uff20channel" in text  # still readable: a look-alike of the character
 
@@ -649,3 +654,26 @@ def test_a_busy_host_s_slow_start_of_a_notice_is_not_held_against_its_user(
     assert notifier.user_counts == {"sent": 1, "failed": 0, "dropped": 0}
     assert not notifier.backoff_until and [p["path"] for p in posted] == ["/hooks/a"]
     notifier.close()
+
+
+def test_a_sender_s_two_answers_written_together_are_read_as_two() -> None:
+    """Round 36: `ready` and `sent` reaching the pipe together were read by one buffered
+    readline, and the second wait saw nothing until the sender's exit (past the deadline: a
+    notice told was counted late and its user muted). Each line is read alone."""
+    import subprocess
+    import sys
+
+    from aso.agents.notifier import _said
+
+    both = (
+        "import sys, time; sys.stdout.write('ready\\nsent\\n'); sys.stdout.flush(); time.sleep(30)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", both], stdout=subprocess.PIPE, bufsize=0)
+    try:
+        assert _said(process, 30) == "ready"
+        started = time.monotonic()
+        assert _said(process, 10) == "sent"
+        assert time.monotonic() - started < 5  # not at the sender's exit, 30 s on
+    finally:
+        process.kill()
+        process.wait()

@@ -35,7 +35,11 @@ EVENT_WORDS = {
     model.HOLD_EXPIRED: "expired",
 }
 MAX_FIELD = 300  # characters of a user-given text in a notice
-ADDRESS_DOT = re.compile(r"(?<=[A-Za-z0-9])\.(?=[A-Za-z0-9])")
+# A dot between two characters (the text taken in NFKC first, so that look-alike letters are
+# plain ones): one of an address, whatever its letters (`eviⅼ.com`, `grid-ssо.ch`).
+ADDRESS_DOT = re.compile(r"(?<=\S)\.(?=\S)")
+# A colon that opens an emoji shortcode (`:warning:`), which chats show as a picture.
+SHORTCODE = re.compile(r":(?=[a-z0-9_+-]{2,}:)")
 # An underscore that may open or close emphasis (`__x__`): not one inside a word, which never
 # does and which names keep (`261207_101500:alice_task`).
 EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
@@ -62,17 +66,17 @@ class Notice:
 
 
 def plain(text: Any) -> str:
-    """A user-given text as a notice shows it: control and format characters (a terminal's or
-    a mail reader's escapes, bidi overrides) replaced, markup made inert (INERT), cut to
-    MAX_FIELD characters."""
+    """A user-given text as a notice shows it: in NFKC, control and format characters (a
+    terminal's or a mail reader's escapes, bidi overrides) replaced, markup made inert (INERT,
+    ADDRESS_DOT, SHORTCODE, EDGE_UNDERSCORE), cut to MAX_FIELD characters."""
+    normal = unicodedata.normalize("NFKC", str(text))
     cleaned = (
-        "".join(
-            "?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in str(text)
-        )
+        "".join("?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in normal)
         .translate(INERT)
         .replace("://", ":\u2044\u2044")
     )
-    cleaned = EDGE_UNDERSCORE.sub("\u02cd", ADDRESS_DOT.sub("\u2024", cleaned))
+    cleaned = ADDRESS_DOT.sub("\u2024", SHORTCODE.sub("\ua789", cleaned))
+    cleaned = EDGE_UNDERSCORE.sub("\u02cd", cleaned)
     return cleaned if len(cleaned) <= MAX_FIELD else cleaned[: MAX_FIELD - 1] + "…"
 
 
