@@ -234,14 +234,19 @@ class GfalWorker(Agent):
         with self.lock:
             return len(self.running)
 
+    def running_ends(self) -> list[tuple[tuple[str, str], str | None]]:
+        """(source, destination) sites and user of each copy running now."""
+        with self.lock:
+            return [(self.sites_of.get(job_id, ("", "")), self.user_of.get(job_id))
+                    for job_id, _ in self.running]  # fmt: skip
+
     def copies_in_use(self) -> int:
         """Copies that take one of the `gfal.workers` slots: not those waiting on a site that
         does not answer or that a site's hold holds (up to `gfal.workers` of them, the pool's
         other threads): the copies between good sites had waited behind them."""
-        with self.lock:
-            ends = [self.sites_of.get(job_id, ("", "")) for job_id, _ in self.running]
+        ends = self.running_ends()
         waiting_on = self.held_sites | self.silent_sites
-        parked = sum(bool(set(pair) & waiting_on) for pair in ends)
+        parked = sum(bool(set(pair) & waiting_on) for pair, _ in ends)
         return len(ends) - min(parked, self.config.gfal.workers)
 
     def running_at(self, site: str, user: str | None = None) -> int:
@@ -249,13 +254,10 @@ class GfalWorker(Agent):
         end a site's hold holds or does not answer: those wait on that end (rounds 30 and 31:
         copies hung on a dead source had used up the cap of the good destination at their
         other end, whose other copies then waited minutes)."""
-        with self.lock:
-            ends = [(self.sites_of.get(job_id, ("", "")), self.user_of.get(job_id))
-                    for job_id, _ in self.running]  # fmt: skip
         waiting_on = self.held_sites | self.silent_sites
         return sum(
             site in pair and not (set(pair) - {site}) & waiting_on
-            for pair, whose in ends
+            for pair, whose in self.running_ends()
             if user is None or whose == user
         )
 

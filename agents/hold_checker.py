@@ -72,8 +72,6 @@ class HoldChecker(PeriodicAgent):
             return
 
         def decide(current: dict[str, Any]) -> dict[str, Any] | None:
-            if current.get("state") != model.HOLD_ACTIVE:
-                return None  # released or cancelled meanwhile by its user or an operator
             return holds.checked(
                 current, looks[current["_id"]], self.instance, ctx.now, self.config.holds
             )

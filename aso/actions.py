@@ -185,8 +185,6 @@ def release_site_holds(
     answered = holds.Look(None, None, probed=True)
 
     def decide(current: dict[str, Any]) -> dict[str, Any] | None:
-        if current.get("state") != model.HOLD_ACTIVE:
-            return None  # ended meanwhile by the hold checker, an operator or a user
         return holds.checked(current, answered, by, now, config)
 
     try:

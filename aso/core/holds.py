@@ -276,9 +276,12 @@ def needs_probe(hold: Hold, free: int | None) -> bool:
 
 def checked(
     current: Mapping[str, Any], look: Look, by: str, now: float, config: HoldsConfig
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The hold after a look at its destination: released when it passes, expired once past its
-    deadline, else checked again later (doubling, up to `max_check_interval`)."""
+    deadline, else checked again later (doubling, up to `max_check_interval`); None: it was
+    ended meanwhile (by its user, an operator or another look), the look changes nothing."""
+    if current.get("state") != HOLD_ACTIVE:
+        return None
     hold = hold_of(current)
     still = verdict(hold, look)
     looked = {**current, "free": look.free}
