@@ -236,12 +236,13 @@ class SiteConfig:
 
 
 def _site(n: int) -> dict[str, Any]:
-    # Plain HTTP on loopback: XRootD 5.5.3 segfaults in libssl under concurrent HTTPS
-    # third-party copies (seen here, `dmesg`), and loopback traffic gains nothing from TLS.
+    # HTTPS: the embedded sites authenticate their clients by certificate (plain HTTP would be
+    # anonymous). XRootD 5.5.3 has segfaulted in libssl under concurrent HTTPS third-party
+    # copies here: `aso run` starts a site that died again (aso/local/xrootd.py, Keeper).
     return {
         "root_url": f"root://127.0.0.1:{21094 + 2 * n}",
         "http_url": f"https://127.0.0.1:{21095 + 2 * n}",
-        "protocol": "http",
+        "protocol": "https",
     }
 
 
@@ -297,6 +298,13 @@ class GfalConfig:
         2, "Copies retried in place after a connection failure or timeout (a storage restarting)."
     )
     retry_delay: float = _key(10.0, "Seconds before such a retry.")
+    x509_cert: str = _key(
+        "certs/aso-agent-host-cert.pem",
+        "Certificate the agents' gfal2 clients present to the sites (a service certificate "
+        "whose DN the grid-mapfile maps with role aso-agent); empty: $X509_USER_CERT or a proxy.",
+        path=True,
+    )
+    x509_key: str = _key("certs/aso-agent-host-key.pem", "Key of `x509_cert`.", path=True)
 
 
 @dataclass
@@ -917,6 +925,11 @@ def _check_values(config: Config, label: str) -> None:
         url = site.root_url if site.protocol == "root" else site.http_url
         if not url:
             raise bad(f"sites.{name} uses protocol {site.protocol} but has no URL for it")
+        if site.embedded and site.protocol == "http":
+            raise bad(
+                f"sites.{name}: an embedded site refuses plain http:// (no client certificate: "
+                'anonymous, which may not read, write or delete); use protocol = "https"'
+            )
     rates = [config.sim.failure_rate, *config.sim.link_failure_rates.values()]
     if any(not isinstance(r, int | float) or not 0 <= r <= 1 for r in rates):
         raise bad("sim failure rates must be numbers between 0 and 1")

@@ -6,33 +6,50 @@ Measured reasons (docs/design.md, "Real storage on one machine", and the notes b
   without XRD_CONNECTIONWINDOW/XRD_CONNECTIONRETRY a refused connection takes ~480 s; without
   XRD_REQUESTTIMEOUT/XRD_STREAMTIMEOUT a server that accepts and never answers hangs a copy.
   Neither timeout bounds a long third-party copy (a 1.5 GB root:// copy passed with both at 1 s).
-- X509_CERT_DIR (read when a context is created): the hashed directory of the embedded
-  storage's CA, or the operator's own for real sites.
+- X509_CERT_DIR (read when a context is created): the grid CA directory (`frontend.capath`),
+  which the embedded sites' certificates are issued by, or the operator's own for real sites.
 - SSL_CERT_FILE: davix (gfal2's HTTP library) loads OpenSSL's default CA file for every HTTPS
   request; Debian's bundle (~140 CAs) costs ~27 ms each time, which made one davs://
-  third-party copy take ~0.15 s instead of ~0.012 s. Pointing it at the embedded CA's file
+  third-party copy take ~0.15 s instead of ~0.012 s. Pointing it at the grid CAs' bundle
   removes that cost; OpenSSL still finds the system CAs through its hashed directory
   (SSL_CERT_DIR, by default /usr/lib/ssl/certs), looked up by hash only when needed.
+- The credential (`gfal.x509_cert`/`x509_key`: the agents' service certificate): the sites
+  authorise by it (aso/local/storage_auth.py); X509_USER_CERT/KEY, read by davix and by the
+  XRootD client's XrdSecgsi, which takes the certificate itself with XrdSecGSICREATEPROXY=0
+  (else it tries to make a proxy and fails without a terminal) and needs XrdSecGSISRVNAMES (it
+  compares the server's CN with the host name dialled, 127.0.0.1).
 - HTTP plugin: OPERATION_TIMEOUT (`gfal.operation_timeout`: a stalled request blocked a thread
   > 10 min without it; it does not bound a third-party copy, whose server sends progress
   markers; a frozen destination cost a copy two of them, 10 s at 5 s, measured), the headers
-  `Credential: none` and `X-No-Delegate: true` (else the servers want a delegated proxy) and
-  RETRIEVE_BEARER_TOKEN off (no token service here). Without the headers gfal2 silently fell
-  back to streaming the data through the client: stream copies between two HTTP endpoints are
-  off unless asked for, so a failed third-party copy is an error, not a silent detour.
+  `Credential: none` and `X-No-Delegate: true` (else the servers want a delegated proxy).
+  Without the headers gfal2 silently fell back to streaming the data through the client:
+  stream copies between two HTTP endpoints are off unless asked for, so a failed third-party
+  copy is an error, not a silent detour.
+- HTTP third-party copies with authentication: XrdHttpTPC 5.5.3 pulls from the source without
+  a client certificate, so the source must be given a token: `source_token` asks the source
+  for a macaroon with this client's own read right there (bounded by OPERATION_TIMEOUT) and
+  sets it as the source's bearer credential of the context, which gfal2 sends with the COPY
+  (TransferHeaderAuthorization). gfal2's own RETRIEVE_BEARER_TOKEN stays off: it asked the
+  destination for a token too, and a frozen destination held that request 120 s whatever
+  OPERATION_TIMEOUT said (measured: a copy to it took 125 s instead of ~20 s); and it asked
+  for one before every stat and deletion.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
+import ssl
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 from aso import sites
 from aso.config import Config
-from aso.grid.certs import tls_files
+from aso.grid.certs import common_names, tls_files
 
 XRD_ENVIRONMENT = {
     "XRD_CONNECTIONWINDOW": "5",  # seconds to wait for a TCP connection
@@ -46,53 +63,78 @@ XRD_ENVIRONMENT = {
 HTTP_HEADERS = ["Credential: none", "X-No-Delegate: true"]
 
 
-def _embedded_ca(config: Config) -> tuple[str, str] | None:
-    """(hashed CA directory, CA file) of the embedded storage, if the catalogue has an embedded
-    site."""
+def _embedded_ca(config: Config) -> dict[str, str]:
+    """The grid CA directory and bundle and XrdSecgsi's settings for the embedded sites, if
+    the catalogue has one."""
     if not any(site.embedded for site in config.sites.values()):
-        return None
+        return {}
     files = tls_files(config)
-    return str(files.ca_dir), str(files.ca_cert)
-
-
-def client_environment(config: Config) -> dict[str, str]:
-    """The environment variables the gfal2 client of this config needs."""
-    env = dict(XRD_ENVIRONMENT)
-    embedded = _embedded_ca(config)
-    if embedded:
-        env["X509_CERT_DIR"], env["SSL_CERT_FILE"] = embedded
+    env = {"X509_CERT_DIR": str(files.ca_dir), "SSL_CERT_FILE": str(files.ca_bundle)}
+    env["XrdSecGSICREATEPROXY"] = "0"
+    if files.source_cert.is_file():
+        env["XrdSecGSISRVNAMES"] = common_names(files.source_cert)
     return env
 
 
-FORCED = ("X509_CERT_DIR", "SSL_CERT_FILE")
+def _credential(config: Config) -> dict[str, str]:
+    """The agents' certificate and key, if configured."""
+    if not config.gfal.x509_cert:
+        return {}
+    cert = str(config.path(config.gfal.x509_cert))
+    key = str(config.path(config.gfal.x509_key)) if config.gfal.x509_key else cert
+    return {"X509_USER_CERT": cert, "X509_USER_KEY": key}
 
 
-def set_client_environment(config: Config) -> None:
+def client_environment(config: Config, *, agent: bool = True) -> dict[str, str]:
+    """The environment variables the gfal2 client of this config needs: an agent's presents
+    the agents' certificate; a user's (`agent=False`: `aso upload --write`) keeps the user's
+    own credential of the environment."""
+    credential = _credential(config) if agent else {}
+    return {**XRD_ENVIRONMENT, **_embedded_ca(config), **credential}
+
+
+FORCED = (
+    "X509_CERT_DIR",
+    "SSL_CERT_FILE",
+    "X509_USER_CERT",
+    "X509_USER_KEY",
+    "XrdSecGSICREATEPROXY",
+    "XrdSecGSISRVNAMES",
+)
+
+
+def set_client_environment(config: Config, *, agent: bool = True) -> None:
     """Set the client environment in this process. XRD_* values already set win (an
-    operator's tuning); X509_CERT_DIR and SSL_CERT_FILE are replaced when the catalogue has
-    embedded sites: those are trusted only through their own CA, and a generic
-    SSL_CERT_FILE=<system bundle> (set on many machines) costs ~27 ms per HTTPS request."""
-    for name, value in client_environment(config).items():
+    operator's tuning); the CA settings are replaced when the catalogue has embedded sites
+    (those are trusted only through the grid CAs, and a generic SSL_CERT_FILE=<system
+    bundle>, set on many machines, costs ~27 ms per HTTPS request); a configured credential
+    replaces the environment's, a proxy included (XrdSecgsi would prefer a proxy, davix the
+    certificate: the two protocols would present different identities)."""
+    env = client_environment(config, agent=agent)
+    for name, value in env.items():
         if name in FORCED:
             os.environ[name] = value
         else:
             os.environ.setdefault(name, value)
+    if "X509_USER_CERT" in env:
+        os.environ.pop("X509_USER_PROXY", None)
 
 
-def import_gfal2(config: Config) -> ModuleType:
+def import_gfal2(config: Config, *, agent: bool = True) -> ModuleType:
     """gfal2, imported after the client environment is set: the XRootD client reads it once,
-    when the first context loads its plugin."""
-    set_client_environment(config)
+    when the first context loads its plugin (its XrdSecgsi settings too: one credential and
+    one CA directory per process)."""
+    set_client_environment(config, agent=agent)
     import gfal2
 
     return cast(ModuleType, gfal2)
 
 
-def new_context(config: Config, *, allow_streaming: bool = False) -> Any:
+def new_context(config: Config, *, allow_streaming: bool = False, agent: bool = True) -> Any:
     """A gfal2 context with ASO's settings. One context runs one operation at a time: give
     each thread its own. `allow_streaming` permits copies through the client between two HTTP
     endpoints (uploads and downloads are always streamed)."""
-    gfal2 = import_gfal2(config)
+    gfal2 = import_gfal2(config, agent=agent)
     ctx = gfal2.creat_context()
     ctx.set_opt_integer("HTTP PLUGIN", "OPERATION_TIMEOUT", config.gfal.operation_timeout)
     ctx.set_opt_string_list("HTTP PLUGIN", "HEADERS", HTTP_HEADERS)
@@ -114,6 +156,60 @@ def transfer_parameters(ctx: Any, *, overwrite: bool = False, adler32: str | Non
     params.proxy_delegation = False
     params.set_checksum(gfal2.checksum_mode.both, "ADLER32", adler32 or "")
     return params
+
+
+HTTP_SCHEMES = ("https", "davs")
+MACAROON_REQUEST = "application/macaroon-request"
+
+
+def _tls_context() -> ssl.SSLContext:
+    """TLS as this process's gfal2 client has it: the CA directory and the credential of its
+    environment (set_client_environment)."""
+    env = os.environ
+    context = ssl.create_default_context(capath=env.get("X509_CERT_DIR") or None)
+    if env.get("X509_USER_CERT"):
+        context.load_cert_chain(env["X509_USER_CERT"], env.get("X509_USER_KEY") or None)
+    elif env.get("X509_USER_PROXY"):
+        context.load_cert_chain(env["X509_USER_PROXY"])
+    return context
+
+
+def source_token(config: Config, source: str, destination: str) -> str | None:
+    """A macaroon of an HTTP(S) source for the destination's pull, or None: not an HTTP copy,
+    or the source gave none (it does not issue them, or does not answer: the copy then meets
+    the same, and says so)."""
+    src, dst = urlsplit(source), urlsplit(destination)
+    if src.scheme not in HTTP_SCHEMES or dst.scheme not in HTTP_SCHEMES or not src.hostname:
+        return None
+    asked = {"caveats": ["activity:DOWNLOAD,LIST"], "validity": f"PT{config.gfal.timeout + 60}S"}
+    connection = http.client.HTTPSConnection(
+        src.hostname, src.port, timeout=config.gfal.operation_timeout, context=_tls_context()
+    )
+    try:
+        connection.request("POST", src.path, json.dumps(asked), {"Content-Type": MACAROON_REQUEST})
+        answer = connection.getresponse()
+        body = answer.read()
+        token = json.loads(body).get("macaroon") if answer.status == 200 else None
+    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError, AttributeError):
+        return None
+    finally:
+        connection.close()
+    return token if isinstance(token, str) and token else None
+
+
+@contextlib.contextmanager
+def source_credential(ctx: Any, config: Config, source: str, destination: str) -> Iterator[None]:
+    """The source's macaroon set for `source` in `ctx` during the block (an HTTP copy's), then
+    removed: a context serves many copies."""
+    token = source_token(config, source, destination)
+    if token is None:
+        yield
+        return
+    ctx.cred_set(source, ctx.cred_new("BEARER", token))
+    try:
+        yield
+    finally:
+        ctx.cred_del("BEARER", source)
 
 
 class TransferEvents:

@@ -27,6 +27,7 @@ from rich.table import Table
 from aso import sites
 from aso.config import Config, SiteConfig
 from aso.files import Confirmer, Look, open_files
+from aso.local import pki
 from aso.local.stores import distinct_free_ports
 from aso.local.xrootd import EmbeddedStorage, write_file
 
@@ -41,12 +42,13 @@ def embedded_sites(count: int) -> Iterator[Config]:
     base.chmod(0o755)
     config = Config(source=base / "aso.toml")
     config.storage.data_dir = str(base / "storage")
+    pki.demo(base / "certs", [])  # the sites' grid PKI and the agents' certificate (defaults)
     ports = iter(distinct_free_ports(2 * count))
     config.sites = {
         f"T2_XX_Bench{n}": SiteConfig(
             root_url=f"root://127.0.0.1:{next(ports)}",
-            http_url=f"http://127.0.0.1:{next(ports)}",
-            protocol="http",
+            http_url=f"https://127.0.0.1:{next(ports)}",
+            protocol="https",
         )
         for n in range(count)
     }

@@ -261,9 +261,10 @@ SOURCES, DESTINATION = ("T2_CH_CERN", "T2_IT_Pisa"), "T2_DE_DESY"
 @pytest.fixture(scope="module")
 def watchdog() -> Iterator[Watchdog]:
     with reachable_tmp_dir() as base:
-        # Plain HTTP, as the default embedded sites: XRootD 5.5.3 segfaults in libssl under
-        # concurrent HTTPS third-party copies (docs/design.md, "Real storage on one machine").
-        config = storage_config(base, [*SOURCES, DESTINATION], protocol="http")
+        # HTTPS, as the default embedded sites (plain HTTP is anonymous: refused). XRootD
+        # 5.5.3 has segfaulted in libssl under concurrent HTTPS third-party copies: the
+        # watchdog starts a dead site again, as `aso run` does.
+        config = storage_config(base, [*SOURCES, DESTINATION], protocol="https")
         embedded = EmbeddedStorage(config)
         embedded.start()
         dog = Watchdog(embedded)
@@ -297,11 +298,24 @@ def gfal_config(
         ),
         sites=storage.sites,
         storage=storage.storage,
+        frontend=dataclasses.replace(
+            store_config.frontend,
+            capath=storage.frontend.capath,
+            host_cert=storage.frontend.host_cert,
+            host_key=storage.frontend.host_key,
+            mapfile=storage.frontend.mapfile,
+        ),
         transfer=dataclasses.replace(
             store_config.transfer, backend="gfal", max_files_per_job=25, lease=6.0
         ),
         gfal=dataclasses.replace(
-            store_config.gfal, workers=8, poll_interval=0.2, timeout=60, retry_delay=0.5
+            store_config.gfal,
+            workers=8,
+            poll_interval=0.2,
+            timeout=60,
+            retry_delay=0.5,
+            x509_cert=storage.gfal.x509_cert,
+            x509_key=storage.gfal.x509_key,
         ),
         agents=dataclasses.replace(
             store_config.agents, poll_interval=0.2, heartbeat_interval=0.5, heartbeat_expiry=3.0

@@ -4,7 +4,9 @@ root-started servers run as cannot enter)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import itertools
 import os
 import re
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aso.config import Config, SiteConfig
+from aso.local import pki
 from aso.local.stores import distinct_free_ports
 from aso.local.xrootd import EmbeddedStorage, Keeper, export_path, run_as
 
@@ -33,11 +36,39 @@ def reachable_tmp_dir(prefix: str = "aso-storage-test-") -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def storage_config(base: Path, site_names: list[str], protocol: str = "https") -> Config:
-    """A config whose catalogue is `site_names`, each embedded on two free loopback ports."""
+# The users of the storage tests' grid PKI (`al`: a name that is the start of another's).
+PKI_USERS = ["alice", "bob", "al"]
+
+
+@functools.cache
+def shared_pki() -> Path:
+    """One throw-away grid PKI (`aso certs demo`'s) for every storage of this test process, in
+    a directory the servers' account can enter: the XRootD client reads its XrdSecgsi settings
+    (CA directory, certificate files) once per process, so every site a process talks to must
+    be of the same PKI, and these files must outlive every test."""
+    base = Path(tempfile.mkdtemp(prefix="aso-test-pki-"))
+    base.chmod(0o755)
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    pki.demo(base, PKI_USERS)
+    return base
+
+
+def storage_config(
+    base: Path, site_names: list[str], protocol: str = "https", certs: Path | None = None
+) -> Config:
+    """A config whose catalogue is `site_names`, each embedded on two free loopback ports, with
+    a grid PKI (`certs`, `aso certs demo`'s files; by default the test PKI): the sites' CAs,
+    host certificate and grid-mapfile, the agents' certificate."""
     config = Config(source=base / "aso.toml")
     config.storage.data_dir = str(base / "storage")
     config.storage.start_timeout = 20.0
+    certs = certs or shared_pki()
+    config.frontend.capath = str(certs / "certificates")
+    config.frontend.host_cert = str(certs / "hostcert.pem")
+    config.frontend.host_key = str(certs / "hostkey.pem")
+    config.frontend.mapfile = str(certs / "grid-mapfile")
+    config.gfal.x509_cert = str(certs / "aso-agent-host-cert.pem")
+    config.gfal.x509_key = str(certs / "aso-agent-host-key.pem")
     # Distinct ports: one free_port() after another once gave two sites the same port.
     ports = iter(distinct_free_ports(2 * len(site_names)))
     config.sites = {

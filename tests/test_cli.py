@@ -21,19 +21,25 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from aso.config import Config, render
 from aso.local.managed import local_store
 from aso.local.stores import free_port
+from aso.local.xrootd import export_path
 from aso.provision.designdocs import known_sites
 from tests.conftest import ENGINE, PASSWORD, make_config, write_config
 from tests.pipeline_helpers import run_until, wait_for
+from tests.storage_helpers import shared_pki
 
 ASO = str(Path(sys.executable).parent / "aso")
 REPO = Path(__file__).resolve().parent.parent
 
 
 def aso(
-    *args: str, cwd: Path | None = None, config: Path | None = None, timeout: float = 120
+    *args: str,
+    cwd: Path | None = None,
+    config: Path | None = None,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     argv = [ASO, *(["--config", str(config)] if config else []), *args]
-    env = {k: v for k, v in os.environ.items() if k != "ASO_CONFIG"}
+    env = {**{k: v for k, v in os.environ.items() if k != "ASO_CONFIG"}, **(env or {})}
     env["COLUMNS"] = "200"
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -349,6 +355,44 @@ def test_an_upload_naming_an_unknown_site_is_refused_with_the_sites_known(
     assert listed.returncode == 0 and "T2_XX_Nowhere" not in listed.stdout
     recorded = aso(*base, "--destination", "T2_DE_DESY", *lfns, config=path)
     assert recorded.returncode == 0 and "1 recorded" in recorded.stdout, recorded.stderr
+
+
+def test_upload_write_puts_the_job_s_output_with_the_user_s_own_proxy(
+    tmp_path, store_config, files_db, accounts, storage
+):
+    """Issue 37: `aso upload --write` writes the local file at the source, in the user's
+    temporary area, with the user's proxy, then records it; with another user's proxy the site
+    refuses the write and nothing is recorded."""
+    path = tmp_path / "aso.toml"
+    config = Config(source=path)
+    config.store = dataclasses.replace(
+        store_config.store, files_db=files_db, user="alice", password=PASSWORD
+    )
+    config.sites, config.storage, config.frontend = storage.sites, storage.storage, storage.frontend
+    path.write_text(render(config, show_secrets=True))
+    local = tmp_path / "out.root"
+    local.write_bytes(os.urandom(10_000))
+    certs = shared_pki()
+    task = f"261207_1:alice_write{os.getpid()}"
+    base = ["upload", "--write", "--task", task, "--source", "T2_CH_CERN"]
+    base += ["--destination", "T2_DE_DESY", "--local-file", str(local)]
+
+    def lfns(n: int) -> list[str]:
+        return ["--job-id", str(n), "--source-lfn", f"/store/temp/user/alice/{task}/out_{n}.root",
+                "--destination-lfn", f"/store/user/alice/{task}/out_{n}.root"]  # fmt: skip
+
+    as_bob = aso(*base, *lfns(2), config=path, env={"X509_USER_PROXY": str(certs / "x509up_bob")})
+    assert as_bob.returncode == 1 and "writing davs://" in one_line_error(as_bob), as_bob.stderr
+    written = aso(
+        *base, *lfns(1), config=path, env={"X509_USER_PROXY": str(certs / "x509up_alice")}
+    )
+    assert written.returncode == 0 and "1 recorded" in written.stdout, written.stderr
+    assert "wrote davs://127.0.0.1:" in written.stderr
+    on_disk = export_path(storage, "T2_CH_CERN", f"/store/temp/user/alice/{task}/out_1.root")
+    assert on_disk.read_bytes() == local.read_bytes()
+    assert not on_disk.with_name("out_2.root").exists()
+    listed = aso("request", "list", "--task", task, config=path)
+    assert listed.returncode == 0 and listed.stdout.count(task) == 1, listed.stdout
 
 
 def test_upload_errors(tmp_path, store_config, files_db):

@@ -189,7 +189,12 @@ def our_processes(marker: str) -> list[str]:
 def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
     """`aso run` on a config of its own: store, three storage sites, agents (gfal back end)."""
     with reachable_tmp_dir("aso-run-test-") as base:
-        config = storage_config(base, ["T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"], "http")
+        # As `aso config init` leaves it: the front end on, with a throw-away PKI, which the
+        # sites use too (`aso run` is processes of its own: no other PKI is met in them).
+        certs = base / "certs"
+        pki.demo(certs, ["alice", "bob"])
+        sites = ["T2_CH_CERN", "T2_IT_Pisa", "T2_DE_DESY"]
+        config = storage_config(base, sites, "https", certs)
         config.store.url = f"http://127.0.0.1:{free_port()}"
         config.store.engine = ENGINE  # the store of this leg, which `aso run` starts itself
         config.store.admin_password = "run-test-admin"
@@ -203,8 +208,6 @@ def service() -> Iterator[tuple[Path, subprocess.Popen[str], Path]]:
         config.embedded.compact_interval = 5.0  # an embedded store compacted under the demo's load
         config.storage.hang_timeout = 15.0  # a frozen site started again within the test
         config.gfal.stall_after = 5.0  # and found silent (and held) before that
-        # As `aso config init` leaves it: the front end on, with a throw-away PKI.
-        pki.demo(base / "certs", ["alice", "bob"])
         config.frontend.enabled = True
         config.frontend.listen = f"127.0.0.1:{free_port()}"
         config.frontend.secret = "run-test-frontend"

@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 from aso import gfal2client, procs, sites
 from aso.cli.storage import storage_app
 from aso.config import Config, SiteConfig, render
+from aso.grid.certs import subject_hash
 from aso.local.stores import free_port
 from aso.local.xrootd import (
     EmbeddedStorage,
@@ -39,7 +40,6 @@ from aso.local.xrootd import (
     StorageError,
     export_path,
     run_as,
-    subject_hash,
     write_file,
 )
 from aso.transfer import errors
@@ -161,10 +161,14 @@ def test_subject_hash_matches_openssl(tmp_path: Path) -> None:
     assert subject_hash(cert) == expected
 
 
-def test_client_environment_trusts_the_embedded_ca(catalogue: Config) -> None:
+def test_client_environment_trusts_the_grid_cas_with_the_agents_certificate(
+    catalogue: Config,
+) -> None:
     env = gfal2client.client_environment(Config())
-    assert env["X509_CERT_DIR"].endswith("var/storage/tls/certificates")
-    assert env["SSL_CERT_FILE"].endswith("var/storage/tls/ca.pem")
+    assert env["X509_CERT_DIR"].endswith("certs/certificates")  # frontend.capath
+    assert env["SSL_CERT_FILE"].endswith("var/storage/tls/ca-bundle.pem")
+    assert env["X509_USER_CERT"].endswith("certs/aso-agent-host-cert.pem")
+    assert env["XrdSecGSICREATEPROXY"] == "0"
     assert env["XRD_CONNECTIONRETRY"] == "1"
     assert "X509_CERT_DIR" not in gfal2client.client_environment(_not_embedded(catalogue))
 
@@ -213,7 +217,8 @@ def _copy(
     params = gfal2client.transfer_parameters(ctx, overwrite=overwrite, adler32=adler32)
     events = gfal2client.TransferEvents()
     params.event_callback = events
-    ctx.filecopy(params, src, dst)
+    with gfal2client.source_credential(ctx, config, src, dst):
+        ctx.filecopy(params, src, dst)
     return events
 
 
@@ -249,13 +254,13 @@ def test_written_file_is_served_with_its_adler32(storage: EmbeddedStorage, gfal2
     config = storage.config
     stored = write_file(config, SOURCE, _lfn(), 100_000)
     ctx = gfal2client.new_context(config)
-    for protocol in ("https", "http", "root"):
+    for protocol in ("https", "root"):
         url = sites.pfn(config, SOURCE, stored.lfn, protocol)
         assert ctx.stat(url).st_size == stored.size
         assert ctx.checksum(url, "ADLER32").rjust(8, "0") == stored.adler32
 
 
-@pytest.mark.parametrize("protocol", ["https", "http", "root"])
+@pytest.mark.parametrize("protocol", ["https", "root"])
 def test_third_party_copy_is_verified(storage: EmbeddedStorage, gfal2: Any, protocol: str) -> None:
     config = storage.config
     stored = write_file(config, SOURCE, _lfn(), 1 << 20)
@@ -280,7 +285,7 @@ def test_wrong_expected_checksum_fails_the_copy(storage: EmbeddedStorage, gfal2:
     assert failure.value.code == errno.EIO and "CHECKSUM MISMATCH" in failure.value.message
 
 
-@pytest.mark.parametrize("protocol", ["http", "root"])
+@pytest.mark.parametrize("protocol", ["https", "root"])
 def test_a_copy_into_a_full_destination_is_told_quota_and_leaves_nothing(
     storage: EmbeddedStorage, gfal2: Any, protocol: str
 ) -> None:
@@ -315,7 +320,7 @@ def test_a_copy_into_a_full_destination_is_told_quota_and_leaves_nothing(
         assert GfalCopier(config).copy(entry, {}, lambda: False).state == "done"
 
 
-@pytest.mark.parametrize("protocol", ["http", "root"])
+@pytest.mark.parametrize("protocol", ["https", "root"])
 def test_a_probe_write_passes_where_a_copy_may_write_and_fails_where_it_may_not(
     storage: EmbeddedStorage, gfal2: Any, protocol: str
 ) -> None:
@@ -345,7 +350,7 @@ def test_a_probe_write_passes_where_a_copy_may_write_and_fails_where_it_may_not(
         path.chmod(0o755)
 
 
-@pytest.mark.parametrize("protocol", ["http", "root"])
+@pytest.mark.parametrize("protocol", ["https", "root"])
 def test_a_site_s_endpoint_answers_a_stat_unless_it_is_frozen(
     storage: EmbeddedStorage, gfal2: Any, protocol: str
 ) -> None:
@@ -452,7 +457,7 @@ def test_two_starts_at_once_leave_one_server_named_by_its_pid_file() -> None:
     could name the one that lost the port while the other served unrecognised (a kill of
     the pid file's server then stopped nothing: seen in CI)."""
     with reachable_tmp_dir() as base:
-        config = storage_config(base, ["T2_X"], protocol="http")
+        config = storage_config(base, ["T2_X"], protocol="https")
         starters = [EmbeddedStorage(config) for _ in range(3)]
         with concurrent.futures.ThreadPoolExecutor(len(starters)) as pool:
             lines = [line for result in pool.map(lambda s: s.start(), starters) for line in result]
@@ -555,7 +560,7 @@ def test_a_server_that_crashes_while_starting_is_started_again() -> None:
         )
         wrapper.chmod(0o755)
         (bin_dir / "xrdcp").symlink_to("/usr/bin/xrdcp")
-        config = storage_config(base, ["T2_CH_CERN"], "http")
+        config = storage_config(base, ["T2_CH_CERN"], "https")
         config.storage.xrootd = str(wrapper)
         storage = EmbeddedStorage(config)
         try:
@@ -572,7 +577,7 @@ def test_a_server_that_stops_answering_is_killed_and_started_again() -> None:
     gone and its ports free first), and a dead one at once; a server that answers again in
     between starts its count afresh, a healthy one is left alone, and 0 means never."""
     with reachable_tmp_dir("aso-hung-") as base:
-        config = storage_config(base, ["T2_X", "T2_Y"], "http")
+        config = storage_config(base, ["T2_X", "T2_Y"], "https")
         config.storage.hang_timeout = 30.0
         storage = EmbeddedStorage(config)
         storage.start()

@@ -386,10 +386,20 @@ def upload_cmd(
         typer.Option(help="The file as the job has it: size and adler32 are read from it."),
     ] = None,
     file_type: Annotated[str, typer.Option(help="output or log.")] = "output",
+    write: Annotated[
+        bool,
+        typer.Option(
+            "--write",
+            help="First write --local-file at --source, --source-lfn, with your own proxy"
+            " (store.x509_*, else $X509_USER_PROXY...), as a job writes its output.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Record transfer requests (the job wrapper's stage-out step). Idempotent: uploading the
     same file again reports it as already recorded."""
+    if write and (file is not None or local_file is None):
+        raise UsageError("--write writes --local-file: give it, and the request by options")
     owner = user or _me(ctx)
     if file is not None:
         try:
@@ -408,6 +418,8 @@ def upload_cmd(
             "adler32": adler32,
         }
         docs = [_request_of_options(owner, file_type, local_file, values)]
+    if write and local_file is not None:
+        _write_output(ctx, docs[0], local_file)
     report = upload(_files_db(ctx), docs)
     _print_upload(report, json_out)
     if not report.ok:
@@ -426,6 +438,17 @@ def _request_of_options(
     if missing:
         raise UsageError(f"give --file or all of: {', '.join(missing)}")
     return judged_request(user=owner, file_type=file_type, **values)
+
+
+def _write_output(ctx: typer.Context, doc: dict[str, Any], local_file: Path) -> None:
+    """The job's output written at its source site before its request is recorded."""
+    from aso import stageout  # gfal2 only for the commands that use it
+
+    config = _config(ctx)  # a refusal (StageOutError, a ValueError) is exit 1
+    url = stageout.write_output(
+        config, local_file, doc["source"], doc["source_lfn"], doc["checksum"]["adler32"]
+    )
+    err_console.print(f"wrote {url}", markup=False)
 
 
 def _print_upload(report: UploadReport, json_out: bool) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from aso.config import Config
 
@@ -55,6 +56,14 @@ def subject_hash(cert: x509.Certificate) -> str:
     return f"{int.from_bytes(digest[:4], 'little'):08x}"
 
 
+def common_names(cert_file: Path) -> str:
+    """The CNs of a certificate file's subject, comma-separated: XrdSecGSISRVNAMES of the
+    embedded sites' XrdSecgsi clients (XRootD 5.5.3 compares the server's CN, not its
+    subjectAltName, with the host name dialled, and 127.0.0.1 is no CN a CA issues)."""
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    return ",".join(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME))
+
+
 def slash_dn(subject: x509.Name) -> str:
     """The grid's (OpenSSL one-line) form of a name: /DC=org/DC=aso-test/CN=alice."""
     return "".join(
@@ -62,18 +71,21 @@ def slash_dn(subject: x509.Name) -> str:
     )
 
 
-# -- the embedded storage's TLS files (aso/local/xrootd.py makes them; gfal2's clients trust them)
+# -- the embedded storage's TLS files (aso/local/xrootd.py writes them; gfal2's clients read them)
 @dataclass(frozen=True)
 class TlsFiles:
+    """The embedded sites trust the grid CA directory of the front end (`frontend.capath`) and
+    serve the front end's host certificate; `dir` holds what the servers' account reads."""
+
     dir: Path
+    ca_dir: Path  # the grid CA directory (X509_CERT_DIR of the clients, xrd.tlsca of the servers)
+    source_cert: Path  # the front end's host certificate and key, copied at every start
+    source_key: Path
 
     @property
-    def ca_cert(self) -> Path:
-        return self.dir / "ca.pem"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.dir / "ca.key"
+    def ca_bundle(self) -> Path:
+        """The CAs of `ca_dir` in one file (SSL_CERT_FILE of gfal2's clients)."""
+        return self.dir / "ca-bundle.pem"
 
     @property
     def host_cert(self) -> Path:
@@ -83,11 +95,12 @@ class TlsFiles:
     def host_key(self) -> Path:
         return self.dir / "host.key"
 
-    @property
-    def ca_dir(self) -> Path:
-        """The hashed CA directory (X509_CERT_DIR of the clients, xrd.tlsca of the servers)."""
-        return self.dir / "certificates"
-
 
 def tls_files(config: Config) -> TlsFiles:
-    return TlsFiles(config.path(config.storage.data_dir) / "tls")
+    fe = config.frontend
+    return TlsFiles(
+        config.path(config.storage.data_dir) / "tls",
+        config.path(fe.capath),
+        config.path(fe.host_cert),
+        config.path(fe.host_key),
+    )

@@ -1,20 +1,24 @@
 """The embedded storage: one XRootD server per embedded site of the catalogue, on loopback.
 
 Each server serves its site's export directory over root:// (`root_url`) and over HTTP/WebDAV
-with TLS (`http_url`; XrdHttp also accepts plain HTTP on that port), computes adler32
+with TLS (`http_url`; XrdHttp also takes plain HTTP on that port, as anonymous), computes adler32
 checksums, and makes third-party copies both ways: root:// (`ofs.tpc`, which runs xrdcp) and
 HTTP (XrdHttpTPC, which XrdHttp loads only when TLS is configured). Measured facts behind every
 directive: docs/design.md, "Real storage on one machine".
 
-There is no authentication, so a server accepts connections from loopback addresses only
-(`xrd.allow`). xrootd refuses to run as root: started by root it runs as the `xrootd` user
-(`-R xrootd`, the user Debian's xrootd-server creates), which must be able to enter
-`storage.data_dir` and owns the export directories; started by anyone else it runs as them.
+The servers authenticate and authorise as grid sites (aso/local/storage_auth.py): the front
+end's grid CA directory, host certificate and grid-mapfile; and they accept connections from
+loopback addresses only (`xrd.allow`). xrootd refuses to run as root: started by root it runs
+as the `xrootd` user (`-R xrootd`, the user Debian's xrootd-server creates), which must be able
+to enter `storage.data_dir` and `frontend.capath` and owns the export directories; started by
+anyone else it runs as them.
 
 Layout of `storage.data_dir`:
-  tls/                 throw-away CA (ca.pem, ca.key) and host certificate (host.pem, host.key)
-                       for 127.0.0.1, ::1 and localhost, made once; tls/certificates/ is the
-                       hashed CA directory (<subject hash>.0) for X509_CERT_DIR and xrd.tlsca
+  tls/                 the servers' copy of the front end's host certificate (host.pem,
+                       host.key), the grid CAs in one file (ca-bundle.pem), the gridmap
+                       (grid-mapfile) written from frontend.mapfile
+  <site>/authdb        the site's authorisation database, written from frontend.mapfile
+  <site>/macaroon.secret  the site's macaroon key, made once
   <site>/xrootd.cfg    the server's config, written at every start
   <site>/xrootd.pid    pid of the server ASO started
   <site>/export/       oss.localroot: the LFN /store/x is the file export/store/x
@@ -27,10 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import ipaddress
 import logging
 import os
 import pwd
+import re
 import shutil
 import socket
 import ssl
@@ -40,28 +44,24 @@ import subprocess
 import tempfile
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 from aso import procs, sites
 from aso.config import Config
-from aso.grid.certs import TlsFiles, subject_hash, tls_files
+from aso.grid.certs import TlsFiles, common_names, tls_files
+from aso.local import storage_auth
 
 log = logging.getLogger("aso.storage")
 XROOTD_USER = "xrootd"  # created by Debian's xrootd-server; xrootd will not run as root
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ALLOWED_CLIENTS = ("127.0.0.1", "[::1]")  # xrd.allow takes addresses (no DNS needed)
-CERT_DAYS = 3650
 # XRootD 5.5.3 now and then segfaults while starting here (docs/design.md, "Real storage on
 # one machine"); such a start is tried again this many times before it is reported.
 CRASH_RESTARTS = 2
+SERVER_START = re.compile(r"\+{6} xrootd \S+ initialization started")  # a start, in the log
 
 
 class CrashedAtStart(Exception):
@@ -133,66 +133,57 @@ def check_reachable(path: Path, owner: RunAs) -> None:
             )
 
 
-# -- TLS: a throw-away CA and a host certificate for loopback -------------------------------------
-def _new_key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+# -- TLS and security: the grid PKI of the front end ----------------------------------------------
+def _write_if_changed(path: Path, data: bytes, owner: RunAs | None = None) -> None:
+    """Write `data` (atomically) unless the file holds it already: running servers re-read
+    their gridmap and authdb, a rewrite with equal content would only wake them."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.write_bytes(data)
+    temporary.chmod(0o644)
+    if owner is not None:
+        _give(temporary, owner)
+    os.replace(temporary, path)
 
 
-def _builder(
-    subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey
-) -> x509.CertificateBuilder:
-    now = datetime.now(UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=CERT_DAYS))
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-    )
+def ensure_tls(files: TlsFiles, owner: RunAs) -> None:
+    """The servers' copy of the front end's host certificate and key (the key readable by the
+    servers' account only) and the CA bundle of the grid CA directory."""
+    for needed, key in ((files.ca_dir, "capath"), (files.source_cert, "host_cert"),
+                        (files.source_key, "host_key")):  # fmt: skip
+        if not needed.exists():
+            raise StorageError(
+                f"{needed} (frontend.{key}) does not exist: the embedded sites use the front"
+                " end's grid PKI; make one with `aso certs demo`"
+            )
+    _make_dirs(files.dir)
+    check_reachable(files.ca_dir, owner)
+    _write_if_changed(files.host_cert, files.source_cert.read_bytes())
+    storage_auth.copy_private(files.source_key, files.host_key)
+    _give(files.host_key, owner)
+    _write_if_changed(files.ca_bundle, storage_auth.ca_bundle(files.ca_dir))
 
 
-def _ca_certificate(key: rsa.RSAPrivateKey) -> x509.Certificate:
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ASO"),
-            x509.NameAttribute(NameOID.COMMON_NAME, "ASO embedded storage throw-away CA"),
-        ]
-    )
-    usage = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
-    return (
-        _builder(name, name, key)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(usage, critical=True)
-        .sign(key, hashes.SHA256())
-    )
-
-
-def _host_certificate(
-    ca_key: rsa.RSAPrivateKey, ca: x509.Certificate, key: rsa.RSAPrivateKey
-) -> x509.Certificate:
-    names = [
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(ipaddress.ip_address("::1")),
-    ]
-    usage = x509.KeyUsage(True, False, True, False, False, False, False, False, False)
-    eku = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    return (
-        _builder(subject, ca.subject, key)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(usage, critical=True)
-        .add_extension(x509.ExtendedKeyUsage(eku), critical=False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), False
+def write_auth_files(config: Config, servers: Iterable[SiteServer], owner: RunAs) -> None:
+    """The gridmap, each site's authdb and macaroon key, and the areas' directories, from the
+    front end's grid-mapfile (aso/local/storage_auth.py); again at every start and by
+    `aso run`'s keeper, so that a user added to the mapfile can write without a restart."""
+    identities = storage_auth.mapped_identities(config)
+    files = tls_files(config)
+    gridmap = storage_auth.gridmap_text(identities, storage_auth.host_dn(config))
+    _write_if_changed(gridmap_file(files), gridmap.encode(), owner)
+    for server in servers:
+        site = sites.site_of(config, server.site)
+        _make_dirs(server.dir)
+        _write_if_changed(
+            server.authdb_file, storage_auth.authdb_text(site, identities).encode(), owner
         )
-        .sign(ca_key, hashes.SHA256())
-    )
+        if not server.macaroon_file.is_file():
+            _write_private(server.macaroon_file, storage_auth.macaroon_secret())
+            _give(server.macaroon_file, owner)
+        for area in storage_auth.area_dirs(site, identities):
+            _make_dirs(server.export / area.strip("/"), owner)
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -202,43 +193,8 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def _key_pem(key: rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-
-
-def _tls_usable(files: TlsFiles) -> bool:
-    paths = (files.ca_cert, files.ca_key, files.host_cert, files.host_key)
-    if not all(p.is_file() for p in paths):
-        return False
-    host = x509.load_pem_x509_certificate(files.host_cert.read_bytes())
-    return host.not_valid_after_utc > datetime.now(UTC) + timedelta(days=1)
-
-
-def ensure_tls(files: TlsFiles, owner: RunAs) -> None:
-    """Make the CA and host certificate once (again only if one is missing or about to expire);
-    publish the CA in the hashed directory; let the servers' account read the host key."""
-    _make_dirs(files.dir)
-    if not _tls_usable(files):
-        ca_key, host_key = _new_key(), _new_key()
-        ca = _ca_certificate(ca_key)
-        _write_private(files.ca_key, _key_pem(ca_key))
-        files.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-        host = _host_certificate(ca_key, ca, host_key)
-        _write_private(files.host_key, _key_pem(host_key))
-        files.host_cert.write_bytes(host.public_bytes(serialization.Encoding.PEM))
-    _give(files.host_key, owner)
-    pem = files.ca_cert.read_bytes()
-    hashed = files.ca_dir / f"{subject_hash(x509.load_pem_x509_certificate(pem))}.0"
-    if hashed.is_file() and hashed.read_bytes() == pem:
-        return  # untouched: running servers re-read this directory
-    if files.ca_dir.exists():
-        shutil.rmtree(files.ca_dir)  # drop the hash file of a replaced CA
-    _make_dirs(files.ca_dir)
-    hashed.write_bytes(pem)
+def gridmap_file(files: TlsFiles) -> Path:
+    return files.dir / "grid-mapfile"
 
 
 # -- one site's server ----------------------------------------------------------------------------
@@ -282,6 +238,14 @@ class SiteServer:
         return self.dir / "log" / "xrootd.out"
 
     @property
+    def authdb_file(self) -> Path:
+        return self.dir / "authdb"
+
+    @property
+    def macaroon_file(self) -> Path:
+        return self.dir / "macaroon.secret"
+
+    @property
     def owned_dirs(self) -> tuple[Path, ...]:
         """Directories the server writes to: owned by its account."""
         return (self.export, self.dir / "run", self.dir / "log")
@@ -318,16 +282,29 @@ def site_server(config: Config, site: str) -> SiteServer:
     return SiteServer(site, directory, host, root_port, http_port, http_host)
 
 
-def server_config(server: SiteServer, tls: TlsFiles, xrdcp: Path, admin: Path) -> str:
-    """The xrootd config file of one site (see STORAGE-NOTES.md for why each line is there)."""
+def server_config(
+    server: SiteServer, tls: TlsFiles, xrdcp: Path, admin: Path, require_crl: bool = True
+) -> str:
+    """The xrootd config file of one site (see STORAGE-NOTES.md and aso/local/storage_auth.py
+    for why each line is there). `require_crl`: the front end's rule (frontend.require_crl)."""
+    certdir, gridmap = tls.ca_dir, gridmap_file(tls)
+    gsi = (
+        f"-certdir:{certdir} -cert:{tls.host_cert} -key:{tls.host_key} -gridmap:{gridmap}"
+        # 2: a DN the gridmap does not map is refused; -ca:2: the CA must be in certdir;
+        # -crl:3 a CRL of it that has not expired is required (1: used if there);
+        # -dlgpxy:0: no delegation asked of clients.
+        f" -gmapopt:2 -gmapto:30 -ca:2 -crl:{3 if require_crl else 1} -dlgpxy:0"
+    )
+    crlcheck = " crlcheck all" if require_crl else ""
     lines = [
         f"# {server.site}: written by `aso storage start` at every start; edits are lost",
         f"xrd.port {server.root_port}",
         f"xrd.protocol XrdHttp:{server.http_port} libXrdHttp.so",
-        # No authentication is configured: accept loopback clients only.
+        # Loopback clients only, besides authentication.
         *(f"xrd.allow host {client}" for client in ALLOWED_CLIENTS),
         f"all.adminpath {admin}",
         f"all.pidpath {server.dir / 'run'}",
+        f"all.sitename {server.site}",
         f"oss.localroot {server.export}",
         "all.export / r/w",
         # Without `max`, concurrent checksum requests stalled or were never answered.
@@ -335,13 +312,49 @@ def server_config(server: SiteServer, tls: TlsFiles, xrdcp: Path, admin: Path) -
         f"ofs.tpc autorm xfr 32 pgm {xrdcp} --server",
         # XrdHttp loads the HTTP third-party-copy handler only when TLS is configured.
         f"xrd.tls {tls.host_cert} {tls.host_key}",
-        f"xrd.tlsca certdir {tls.ca_dir}",
+        f"xrd.tlsca certdir {certdir} proxies{crlcheck}",
         "http.exthandler xrdtpc libXrdHttpTPC.so",
         # One log line per HTTP third-party copy (PULL_START, TRANSFER_SUCCESS/FAIL, with the
         # path): the storage's own record of every copy, which tests check for double copies.
         "tpc.trace info",
+        # Authentication: gsi only on root://, client certificates on HTTPS.
+        "xrootd.seclib libXrdSec.so",
+        f"sec.protocol gsi {gsi}",
+        "sec.protbind * only gsi",
+        f"http.gridmap required {gridmap}",
+        # Authorisation: the authdb, behind macaroons (HTTP third-party copies' tokens).
+        "ofs.authorize 1",
+        f"acc.authdb {server.authdb_file}",
+        "acc.authrefresh 60",  # seconds; 5.5.3 refuses less (and then denies everything)
+        "acc.audit deny",
+        "ofs.authlib libXrdMacaroons.so",
+        "http.exthandler xrdmacaroons libXrdMacaroons.so",
+        f"macaroons.secretkey {server.macaroon_file}",
+        "http.header2cgi Authorization authz",
     ]
     return "\n".join(lines) + "\n"
+
+
+def server_environment(config: Config, tls: TlsFiles) -> dict[str, str]:
+    """The servers' environment: the credential their xrdcp (root:// third-party copies)
+    authenticates with at the source, as the XrdSecgsi client reads it."""
+    return {
+        **os.environ,
+        "X509_USER_CERT": str(tls.host_cert),
+        "X509_USER_KEY": str(tls.host_key),
+        "X509_CERT_DIR": str(tls.ca_dir),
+        **gsi_client_environment(config),
+    }
+
+
+def gsi_client_environment(config: Config) -> dict[str, str]:
+    """What every XrdSecgsi client of the embedded sites needs: the certificate itself, not a
+    proxy made from it (XrdSecgsi would try to make one and fail without a terminal), and the
+    sites' certificate names (it compares the CN with the host name dialled, 127.0.0.1)."""
+    return {
+        "XrdSecGSICREATEPROXY": "0",
+        "XrdSecGSISRVNAMES": common_names(tls_files(config).source_cert),
+    }
 
 
 def _root_answers(host: str, port: int, timeout: float = 2.0) -> bool:
@@ -356,7 +369,8 @@ def _root_answers(host: str, port: int, timeout: float = 2.0) -> bool:
 
 
 def _https_answers(host: str, port: int, ca_file: Path, timeout: float = 2.0) -> bool:
-    """Whether an HTTPS server with a certificate of our CA answers at host:port."""
+    """Whether an HTTPS server with a certificate of the grid CAs answers at host:port (any
+    answer: an anonymous HEAD is refused)."""
     try:
         context = ssl.create_default_context(cafile=str(ca_file))
         connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
@@ -458,7 +472,7 @@ class EmbeddedStorage:
 
     def _answers(self, server: SiteServer) -> bool:
         return _root_answers(server.host, server.root_port) and _https_answers(
-            server.http_host, server.http_port, self.tls.ca_cert
+            server.http_host, server.http_port, self.tls.ca_bundle
         )
 
     def status(self) -> list[SiteStatus]:
@@ -505,9 +519,11 @@ class EmbeddedStorage:
         check_reachable(self.data_dir, owner)
         _make_dirs(self.data_dir)
         ensure_tls(self.tls, owner)
+        write_auth_files(self.config, self.servers.values(), owner)
+        fe = self.config.frontend
         running = {name: self._our_pid(server) for name, server in self.servers.items()}
         wanted = {
-            name: server_config(server, self.tls, xrdcp, admin_dir(server, owner))
+            name: server_config(server, self.tls, xrdcp, admin_dir(server, owner), fe.require_crl)
             for name, server in self.servers.items()
         }
         for name, pid in running.items():
@@ -592,7 +608,11 @@ class EmbeddedStorage:
         if owner.user:
             argv[1:1] = ["-R", owner.user]
         return procs.spawn_detached(
-            argv, cwd=server.dir, output=server.out_file, pid_file=server.pid_file
+            argv,
+            cwd=server.dir,
+            output=server.out_file,
+            pid_file=server.pid_file,
+            env=server_environment(self.config, self.tls),
         )
 
     def _wait_until_answering(
@@ -615,12 +635,35 @@ class EmbeddedStorage:
                     f" {self._log_tail(server)}"
                 )
             if self._answers(server):
+                if process is not None:
+                    self._check_security_started(server)
                 return
             time.sleep(0.1)
         raise StorageError(
             f"{server.site}: xrootd did not answer on ports {server.root_port} and"
             f" {server.http_port} within {timeout:.0f} s: {self._log_tail(server)}"
         )
+
+    def refresh_auth(self) -> None:
+        """Write the sites' gridmap and authdb again from the front end's grid-mapfile (the
+        servers re-read them: acc.authrefresh, XrdSecgsi's -gmapto)."""
+        with procs.exclusive(self.lock_file):
+            write_auth_files(self.config, self.servers.values(), run_as())
+
+    def _check_security_started(self, server: SiteServer) -> None:
+        """XRootD 5.5.3 serves even when its authorisation failed to start (an `acc.authrefresh`
+        below 60 s did it): it then refuses everything, silently. Say so at start instead."""
+        try:
+            text = server.log_file.read_text(errors="replace")
+        except OSError:
+            return
+        this_start = SERVER_START.split(text)[-1]
+        for part in ("Authentication", "Authorization"):
+            if f"{part} system initialization failed" in this_start:
+                raise StorageError(
+                    f"{server.site}: xrootd's {part.lower()} did not start: "
+                    f"{self._log_tail(server)}"
+                )
 
     # -- a server that runs and does not answer -------------------------------------------------
     def kill_unanswering(self, names: list[str], timeout: float = 20.0) -> list[str]:
@@ -679,9 +722,11 @@ class Keeper:
         self.storage = storage
         self.hang_timeout = storage.config.storage.hang_timeout
         self.silent_since: dict[str, float] = {}  # site → when it was first seen not answering
+        self.mapfile_stamp: int | None = None  # the grid-mapfile's mtime when last written out
 
     def check(self, now: float) -> list[str]:
         """One look at every embedded site at monotonic time `now`; what it did, a line each."""
+        self._refresh_auth()
         statuses = [s for s in self.storage.status() if s.embedded]
         dead = [s.site for s in statuses if s.pid is None]
         hung = [s.site for s in statuses if s.pid is not None and self._hung(s, now)]
@@ -693,6 +738,18 @@ class Keeper:
             for site in hung:
                 self.silent_since.pop(site, None)
         return lines
+
+    def _refresh_auth(self) -> None:
+        """A user added to (or removed from) the grid-mapfile gets (or loses) their rights at
+        the sites without a restart."""
+        config = self.storage.config
+        try:
+            stamp = config.path(config.frontend.mapfile).stat().st_mtime_ns
+        except OSError:
+            return  # said at the next start
+        if stamp != self.mapfile_stamp and self.storage.servers:
+            self.storage.refresh_auth()
+            self.mapfile_stamp = stamp
 
     def _hung(self, status: SiteStatus, now: float) -> bool:
         if status.answering:
