@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A client of ASO's status API written from docs/status-api.md alone, with `requests` and the
-standard library: it records a task's files, records them again (a stage-out run twice), kills
-one file and resubmits it if the kill took, and follows the task with the store's sequence
-until every file is final. It prints one JSON line of what happened and exits 0 when the task
-finished in time (1 otherwise).
+standard library: it writes each job's output at the source site with the user's proxy (with
+--write-to: docs/usage.md, "Writing the output"), records the task's files, records them again
+(a stage-out run twice), kills one file and resubmits it if the kill took, and follows the task
+with the store's sequence until every file is final. It prints one JSON line of what happened
+and exits 0 when the task finished in time (1 otherwise).
 
     python docs/client-example.py --url https://aso.example.org:8443 --ca ca.pem \
-        --proxy /tmp/x509up_u1000 --source T2_CH_CERN --destination T2_DE_DESY --files 20
+        --proxy /tmp/x509up_u1000 --source T2_CH_CERN --destination T2_DE_DESY --files 20 \
+        --write-to https://xrootd.cern.example:1094
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
+import zlib
 from typing import Any
 
 import requests
@@ -42,9 +46,23 @@ class Aso:
         return answer.json()
 
 
-def request(user: str, task: str, job: int, source: str, destination: str) -> dict[str, Any]:
-    """One file's request ("Recording a request")."""
-    lfn = f"/store/temp/user/{user}/example/{task.split(':')[0]}/out_{job}.root"
+def output_lfn(user: str, task: str, job: int) -> str:
+    """Where a job writes its output: under the user's own temporary area."""
+    return f"/store/temp/user/{user}/example/{task.split(':')[0]}/out_{job}.root"
+
+
+def write_output(aso: Aso, site_url: str, lfn: str, data: bytes) -> None:
+    """The job's half: its output written at the source site's HTTPS endpoint (the site
+    catalogue's PFN), with the user's own proxy; the site refuses any other area."""
+    answer = aso.http.put(site_url.rstrip("/") + lfn, data=data, verify=aso.ca, timeout=60)
+    answer.raise_for_status()
+
+
+def request(
+    user: str, task: str, job: int, source: str, destination: str, data: bytes
+) -> dict[str, Any]:
+    """One file's request ("Recording a request"): size and adler32 of the output written."""
+    lfn = output_lfn(user, task, job)
     now = round(time.time(), 3)
     return {
         "_id": hashlib.sha256(lfn.encode()).hexdigest(),
@@ -59,8 +77,8 @@ def request(user: str, task: str, job: int, source: str, destination: str) -> di
         "destination": destination,
         "source_lfn": lfn,
         "destination_lfn": lfn.replace("/store/temp/user/", "/store/user/"),
-        "size": 1000 + job,
-        "checksum": {"adler32": "0a1b2c3d"},
+        "size": len(data),
+        "checksum": {"adler32": f"{zlib.adler32(data) & 0xFFFFFFFF:08x}"},
         "publish": False,
         "state": "new",
         "cleanup": "pending",
@@ -189,16 +207,25 @@ def main() -> int:
     parser.add_argument("--destination", required=True)
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--task", default="")
+    parser.add_argument(
+        "--write-to", default="", help="the source site's HTTPS endpoint: write the outputs there"
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for the end")
     args = parser.parse_args()
     aso = Aso(args.url, args.ca, args.proxy, args.db)
     user = aso.json("GET", "/_session")["userCtx"]["name"]
     task = args.task or time.strftime("%y%m%d_%H%M%S") + f":{user}_example"
+    outputs = {job: os.urandom(1000 + job) for job in range(1, args.files + 1)}
+    if args.write_to:
+        for job, data in outputs.items():
+            write_output(aso, args.write_to, output_lfn(user, task, job), data)
     docs = [
-        request(user, task, job, args.source, args.destination) for job in range(1, args.files + 1)
+        request(user, task, job, args.source, args.destination, data)
+        for job, data in outputs.items()
     ]
     report: dict[str, Any] = {
         "task": task,
+        "written": len(outputs) if args.write_to else 0,
         "recorded": record(aso, docs),
         "again": record(aso, docs),
     }

@@ -414,6 +414,52 @@ def test_run_demo_restart_and_clean_stop(service):
         Server(url, "admin", "run-test-admin", Settings(retries=0)).info()
 
 
+def test_the_documented_example_client_writes_records_kills_resubmits_and_follows_a_task(
+    service,
+):
+    """docs/client-example.py, as a user runs it against `aso run`: it writes each job's output
+    at the source site with alice's proxy (the site's HTTPS endpoint, the grid CA), records the
+    task, records it again (every answer `same_file`), kills a file and resubmits it if the kill
+    took (or is told it came too late), and follows the task until every file is final; the
+    agents copy what she wrote, byte for byte."""
+    path, _, base = service
+    config = load(str(path))
+    certs = base / "certs"
+    source, destination = "T2_CH_CERN", "T2_DE_DESY"
+    host, port = config.frontend.listen.rsplit(":", 1)
+
+    def front_end_up() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
+            return True
+        return False
+
+    wait_for(front_end_up, 60, "the front end to listen")
+    run = subprocess.run(
+        [sys.executable, str(REPO / "docs" / "client-example.py"),
+         "--url", f"https://{config.frontend.listen}", "--ca", str(certs / "ca.pem"),
+         "--proxy", str(certs / "x509up_alice"), "--source", source, "--destination", destination,
+         "--files", "12", "--timeout", "240", "--write-to", config.sites[source].http_url],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["written"] == 12
+    assert report["recorded"] == {"recorded": 12} and report["again"] == {"same_file": 12}
+    assert report["kill"] in ("killed", "kill_requested")
+    assert report.get("resubmit") == "new" or "too late" in report.get("kill_too_late", "")
+    assert report["finished"] and report["final"] == 12 and report["states"] == {"done": 12}
+    admin = Server(config.store.url, "admin", "run-test-admin")
+    task = admin.db("asynctransfer").view(
+        "asyncstageout", "by_task", start_key=[report["task"]], end_key=[report["task"], {}],
+        reduce=False, include_docs=True,
+    ).docs()  # fmt: skip
+    assert len(task) == 12 and {d["user"] for d in task} == {"alice"}
+    for doc in task:  # what she wrote, at the destination
+        copied = export_path(config, destination, doc["destination_lfn"]).read_bytes()
+        assert len(copied) == doc["size"] > 1000
+        assert f"{zlib.adler32(copied):08x}" == doc["checksum"]["adler32"]
+
+
 def test_a_demo_with_a_source_frozen_completes_and_says_how_long_each_waited(service):
     """`aso demo --freeze SITE`: one of its sources' XRootD frozen (SIGSTOP) at once for 20 s
     (`aso run` kills and starts again a site silent for `storage.hang_timeout`, 15 s here);

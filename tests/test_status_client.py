@@ -242,28 +242,3 @@ def test_a_client_through_the_front_end_records_pages_and_follows_a_task(
     assert pending and pending <= published  # seen waiting for their publication, too
     assert {r["value"]["cleanup"] for r in final.values()} == {"cleaned"}
     assert {r["value"]["state"] for r in final.values()} == {"done"}
-
-
-def test_the_documented_example_client_records_kills_resubmits_and_follows_a_task(
-    front_door, agents_in_background
-):
-    """docs/client-example.py, as a user runs it: it records a task, records it again (every
-    answer `same_file`), kills a file and resubmits it if the kill took (or is told it came
-    too late), and follows the task until every file is final."""
-    import subprocess
-    import sys
-
-    sites = front_door.sites
-    run = subprocess.run(
-        [sys.executable, str(OPENAPI.parent / "client-example.py"), "--url", front_door.url,
-         "--ca", front_door.ca_file, "--proxy", front_door.proxy, "--db", front_door.db,
-         "--source", sites[0], "--destination", sites[-1], "--files", "12",
-         "--timeout", "240"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
-    report = json.loads(run.stdout)
-    assert report["recorded"] == {"recorded": 12} and report["again"] == {"same_file": 12}
-    assert report["kill"] in ("killed", "kill_requested")
-    assert report.get("resubmit") == "new" or "too late" in report.get("kill_too_late", "")
-    assert report["finished"] and report["final"] == 12 and report["states"] == {"done": 12}
