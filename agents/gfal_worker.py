@@ -31,7 +31,7 @@ from typing import Any
 
 from aso import actions, faults, model, sites
 from aso.config import Config
-from aso.core import holds
+from aso.core import holds, turns
 from aso.files import Files, open_files
 from aso.monitoring.queries import read_holds
 from aso.runtime import Agent, Cycle
@@ -39,7 +39,14 @@ from aso.store import Conflict, Server, StoreError
 from aso.transfer import errors
 from aso.transfer.base import ACTIVE, CANCELED, DONE, FAILED, PENDING, TERMINAL
 from aso.transfer.gfal_copier import Copier, CopyResult, GfalCopier
-from aso.transfer.jobstore import FINISHED, QUEUED, RUNNING, JobStore, finish_file
+from aso.transfer.jobstore import (
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    JobStore,
+    UnfinishedJob,
+    finish_file,
+)
 
 log = logging.getLogger("aso.agent.gfal_worker")
 
@@ -47,6 +54,13 @@ RETRY_CLASSES = (errors.CONNECTION, errors.TIMEOUT)
 SITE_LOOKS = 4  # sites of stalled copies asked at once whether they answer
 SITE_LOOK_TIMEOUT = 5.0  # seconds a site has to answer before it counts as silent
 SILENCE_PATH = "/store/user"  # what the hold of a silent site has looked at (any answer passes)
+SCAN_PAGE = 250  # jobs of the view read at once when looking for work
+SCAN_PAGES = 4  # pages looked at per state and round, at the most
+CLAIM_BATCH = 20  # candidate jobs read at once
+
+
+def sites_of_job(doc: Mapping[str, Any]) -> tuple[str, str]:
+    return doc.get("source_site", ""), doc.get("destination_site", "")
 
 
 def claimable(doc: Mapping[str, Any], now: float, predecessor: str | None = None) -> bool:
@@ -105,6 +119,7 @@ class GfalWorker(Agent):
         self.site_asked: dict[str, float] = {}  # site → monotonic time of the last look
         self.site_looks: dict[str, tuple[float, Future[bool]]] = {}  # site → (asked, answer)
         self.leases: dict[str, float] = {}  # job → lease end we hold
+        self.scan_from: dict[str, list[Any] | None] = {}  # state → the key the last look ended at
         self.stop_copies = threading.Event()
         self.lock = threading.Lock()
         self.job_locks: dict[str, threading.Lock] = {}
@@ -140,22 +155,59 @@ class GfalWorker(Agent):
             free -= started
         if free <= 0:
             return report
-        for doc in self.jobs.unfinished(limit=50):
-            if free <= 0:
-                break
-            # A job leased in our name that this process does not hold was our predecessor's.
-            if doc["_id"] in self.leases or not claimable(doc, now, self.instance):
-                continue
-            if self.slots_for(doc) <= 0:
-                continue  # none of its copies could start here now: left to others or later
-            claimed = self.claim(doc, now)
-            if claimed is None:
-                continue
-            report["claimed"] += 1
-            started = self.start_files(claimed, free)
-            report["started"] += started
-            free -= started
+        candidates = self.candidates(now)
+        for start in range(0, len(candidates), CLAIM_BATCH):
+            docs = self.jobs.get_many(candidates[start : start + CLAIM_BATCH])
+            for job in docs.values():
+                if free <= 0:
+                    return report
+                if job is None or not claimable(job, now, self.instance):
+                    continue  # gone, or claimed by another since the view was read
+                if self.slots_for(job.get("user", ""), sites_of_job(job)) <= 0:
+                    continue  # this round's earlier claims took its slots
+                claimed = self.claim(job, now)
+                if claimed is None:
+                    continue
+                report["claimed"] += 1
+                started = self.start_files(claimed, free)
+                report["started"] += started
+                free -= started
         return report
+
+    def candidates(self, now: float) -> list[str]:
+        """The jobs to try claiming, in the users' turns (aso/core/turns.py): those whose
+        copies could start here now, from up to SCAN_PAGES pages of each state's jobs. A job
+        that could not start is passed over, not waited behind (round 37: a user's jobs that
+        her own running copies kept from starting had filled the 50 the worker read, and every
+        later job of every user waited until her copies ended)."""
+        startable = []
+        for job in self.scan(QUEUED) + self.scan(RUNNING):
+            # A job leased in our name that this process does not hold was our predecessor's.
+            if job.id in self.leases or not claimable(
+                {"state": job.state, "lease": job.lease}, now, self.instance
+            ):
+                continue
+            if set(job.sites) & self.silent_sites or self.slots_for(job.user, job.sites) <= 0:
+                continue  # none of its copies could start here now: left to others or later
+            startable.append((job.id, job.user))
+        running: dict[str, int] = {}
+        for _, user in self.running_ends():
+            running[user or ""] = running.get(user or "", 0) + 1
+        return turns.fair_order(startable, running)
+
+    def scan(self, state: str) -> list[UnfinishedJob]:
+        """Up to SCAN_PAGES pages of the jobs in `state`, from where the last round's look
+        stopped: a queue longer than that is looked at whole over a few rounds."""
+        jobs: list[UnfinishedJob] = []
+        after = self.scan_from.get(state)
+        for _ in range(SCAN_PAGES):
+            page = self.jobs.unfinished_page(state, after, SCAN_PAGE)
+            jobs += page
+            after = page[-1].key if len(page) == SCAN_PAGE else None
+            if after is None:
+                break  # the end: the next round starts at the oldest
+        self.scan_from[state] = after
+        return jobs
 
     def claim(self, doc: dict[str, Any], now: float) -> dict[str, Any] | None:
         until = now + self.lease
@@ -190,11 +242,11 @@ class GfalWorker(Agent):
         `gfal.per_site` copies from or to one site at once (`running_at`): copies waiting on a
         site that does not answer had held every slot, and the copies between two good sites
         waited behind them (round 29)."""
-        sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
+        sites = sites_of_job(doc)
         self.sites_of[doc["_id"]], self.user_of[doc["_id"]] = sites, doc.get("user", "")
         if set(sites) & self.silent_sites:
             return 0  # its copies would hang as the ones there do
-        free = min(free, self.slots_for(doc))
+        free = min(free, self.slots_for(doc.get("user", ""), sites))
         started = 0
         for file_id, entry in sorted(doc["files"].items(), key=lambda kv: kv[1]["index"]):
             if started >= free:
@@ -261,13 +313,12 @@ class GfalWorker(Agent):
             if user is None or whose == user
         )
 
-    def slots_for(self, doc: Mapping[str, Any]) -> int:
-        """How many more copies of the job may start now: `gfal.per_site` at each of its sites,
-        and of those `gfal.per_user` for its user (round 35: one user's long copies had taken
-        every slot of three sites, and the others' files waited behind them)."""
+    def slots_for(self, user: str, sites: tuple[str, str]) -> int:
+        """How many more copies of `user`'s job between `sites` may start now:
+        `gfal.per_site` at each site, and of those `gfal.per_user` for its user (round 35: one
+        user's long copies had taken every slot of three sites, and the others' files waited
+        behind them)."""
         per_user = min(self.config.gfal.per_user, self.config.gfal.per_site)
-        user = doc.get("user", "")
-        sites = (doc.get("source_site", ""), doc.get("destination_site", ""))
         return min(
             *(self.config.gfal.per_site - self.running_at(site) for site in sites),
             *(per_user - self.running_at(site, user) for site in sites),

@@ -951,12 +951,22 @@ class Simulation:
             yield from (d for d in db.get_many(wanted[start : start + 2000]).values() if d)
 
     def _all_docs(self, name: str) -> Iterable[dict[str, Any]]:
-        """Every live document of one of the run's databases, from its `_changes` feed."""
+        """Every live document of one of the run's databases: the ids from its `_changes`
+        feed; on a cluster each document read at the quorum (CLUSTER_VIEW_READS_ONE_COPY: a
+        feed's documents come from one copy of each shard range, and a restarted node's copy
+        had two requests as they were before they were published)."""
         db = self.service.admin.db(name)
-        for batch in db.follow("0", batch=1000, include_docs=True):
-            for change in batch.results:
-                if change.get("doc") and not change.get("deleted"):
-                    yield change["doc"]
+        one_copy = self.options.nodes <= 1
+        for batch in db.follow("0", batch=1000, include_docs=one_copy):
+            live = [c for c in batch.results if not c.get("deleted")]
+            if one_copy:
+                yield from (c["doc"] for c in live if c.get("doc"))
+                continue
+            found = db.get_many(c["id"] for c in live)
+            for doc_id in (c["id"] for c in live):
+                doc = found[doc_id] or db.get(doc_id)  # CLUSTER_READ_MAY_MISS: asked alone
+                if doc is not None:
+                    yield doc
 
     def _copies(self) -> Iterable[tuple[str, float, float]]:
         """(file id, start, end) of every copy the sim service made, from its job table: each

@@ -11,7 +11,7 @@ import pytest
 
 from aso import model
 from aso.config import CleanerConfig
-from aso.core import admission, cleanup, destination, publication, request, submission
+from aso.core import admission, cleanup, destination, publication, request, submission, turns
 from aso.core.outcome import outcome
 from aso.model import CLEANUP, PUBLICATION, STATE
 from aso.transfer import errors
@@ -240,3 +240,14 @@ def test_admission_sends_what_fits_and_holds_the_rest_with_the_figures():
         ("T2_A", "alice"): 700,
         ("T2_A", "bob"): 10**9,
     }
+
+
+def test_users_take_turns_the_one_with_fewest_copies_running_first():
+    """Round 37: the worker took queued jobs oldest first, so one user's jobs ahead in the
+    queue were tried (and passed over) before anyone else's. Each user's jobs keep their order;
+    a user with copies running waits for the others' turns."""
+    queued = [("a1", "alice"), ("a2", "alice"), ("a3", "alice"), ("b1", "bob"), ("c1", "carol"),
+              ("b2", "bob")]  # fmt: skip
+    assert turns.fair_order(queued, {}) == ["a1", "b1", "c1", "a2", "b2", "a3"]
+    assert turns.fair_order(queued, {"alice": 6, "bob": 1}) == ["c1", "b1", "b2", "a1", "a2", "a3"]
+    assert turns.fair_order([], {"alice": 1}) == []

@@ -301,6 +301,44 @@ def test_one_user_s_long_copies_leave_a_site_s_other_slots_to_the_other_users(
         worker.close()
 
 
+def test_jobs_that_cannot_start_do_not_keep_the_later_ones_of_other_users_waiting(
+    sim_config: Config,
+) -> None:
+    """Round 37: the worker read the 50 oldest queued jobs and passed over those that could
+    not start; a user whose running copies had used her share at a site, with 100 one-file jobs
+    queued there, kept every later job of every user waiting until her copies ended (bob's 37 s,
+    on a link she never used). The worker now looks past them, a longer queue than one round
+    looks at over the next rounds, and the users take turns."""
+    import dataclasses
+
+    config = dataclasses.replace(sim_config, gfal=dataclasses.replace(
+        sim_config.gfal, workers=8, per_site=4, per_user=3))  # fmt: skip
+    table = job_table(config)
+    table.create_many([job(0, 10)])  # alice's, CERN → DESY: never end
+    slow = UntilCancelled()
+    worker = GfalWorker(config, "w-turns", copier=slow)
+    try:
+        worker.work_once()
+        wait_for(lambda: slow.started >= 3, 30, "three copies to start")
+        queued = 4 * 250 + 100  # more than one round looks at
+        table.create_many([job(n, 1) for n in range(1, queued + 1)])
+        his = dataclasses.replace(
+            job(9999, 2), user="bob", source_site="T2_IT_Pisa", destination_site="T2_US_MIT"
+        )
+        [bobs] = table.create_many([his])
+        rounds = 0
+        while bobs not in worker.leases and rounds < 3:
+            worker.work_once()
+            rounds += 1
+        assert bobs in worker.leases, f"bob's job not claimed in {rounds} rounds"
+        assert rounds == 2  # the first round's look ended before his job; the next found it
+        wait_for(lambda: worker.running_at("T2_IT_Pisa", "bob") == 2, 30, "bob's copies")
+        assert worker.running_at("T2_CH_CERN", "alice") == 3  # hers: still her share alone
+        assert len(worker.leases) == 2  # none of her blocked jobs claimed
+    finally:
+        worker.close()
+
+
 class FrozenAt:
     """Files whose `reachable` hangs for one site until let go (a frozen storage takes the
     connection and answers nothing), and answers at once for the others."""

@@ -159,7 +159,8 @@ def test_each_event_of_a_hold_is_told_once_by_mail_and_webhook(sim_config, accou
 def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, accounts, webhook):
     """Red team round 32: `@channel` in a hold's reason paged every member of the operators'
     chat. A user's text reaches a chat (Mattermost's incoming webhook, as apprise posts it)
-    with its mentions, links and code spans inert."""
+    with its mentions, links and code spans inert (rounds 33-37: emphasis, look-alikes, emoji
+    shortcodes, a link with no scheme, blanks that are no space, combining marks)."""
     posted, hook = webhook
     port = hook.server_address[1]
     config = notify_config(sim_config, 0, port)
@@ -169,7 +170,8 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     reason = ("@channel @here <!everyone> <@U42> [login](https://evil.example) `x "
               "http://evil.example/y www.evil.example/login **LEAKED** __now__ ~~ASO~~ "
               "www\u3002bad\uff0eexample\uff61org task_name evi\u217c.com/login "
-              "grid-ss\u043e.ch/renew \uff45\uff56.org :warning: "
+              "grid-ss\u043e.ch/renew \uff45\uff56.org :warning: :x: "
+              "//localhost:8080/x \u2800\u3164\u2800 R\u0336E\u0336L\u0336 "
               "hold:T2_DE_DESY:alice")  # fmt: skip
     start_hold(config, accounts, reason)
     assert step(config)["notices"] == 1
@@ -180,8 +182,10 @@ def test_a_user_s_mentions_and_links_reach_a_chat_as_plain_text(sim_config, acco
     assert text.count("channel") == 1  # the user's words once, labelled (round 34)
     for markup in ("@channel", "@here", "<!everyone>", "<@U42>", "[login](", "`x", "://",
                    "**", "__", "~~", "\u3002", "\uff0e", "\uff61", ".com", ".ch", ".org",
-                   ":warning:"):  # fmt: skip
+                   ":warning:", ":x:", "//", "\u2800", "\u3164", "\u1160",
+                   "\u0336"):  # fmt: skip
         assert markup not in text, (markup, text)
+    assert "REL" in text  # round 37: struck through by combining marks, shown plain
     # Look-alike letters taken as what they look like (NFKC): no dot of an address is left.
     assert "evil\u2024com" in text and "ev\u2024org" in text and "warning" in text
     assert "bad\u2024example\u2024org" in text and "task_name" in text  # a name keeps its _

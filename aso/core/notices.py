@@ -38,8 +38,14 @@ MAX_FIELD = 300  # characters of a user-given text in a notice
 # A dot between two characters (the text taken in NFKC first, so that look-alike letters are
 # plain ones): one of an address, whatever its letters (`eviⅼ.com`, `grid-ssо.ch`).
 ADDRESS_DOT = re.compile(r"(?<=\S)\.(?=\S)")
-# A colon that opens an emoji shortcode (`:warning:`), which chats show as a picture.
-SHORTCODE = re.compile(r":(?=[a-z0-9_+-]{2,}:)")
+# A colon that opens an emoji shortcode (`:warning:`, `:x:`), which chats show as a picture
+# (lower case, as chats write them: a hold's id `hold:T2_DE_DESY:alice` stays as it is).
+SHORTCODE = re.compile(r":(?=[a-z0-9_+-]+:)")
+# Characters that show as blank but are no space, which a text does not collapse: a run of them
+# puts what follows on a line of its own in a narrow window (round 37: a fake "ASO:" line).
+BLANKS = frozenset("\u115f\u1160\u2800\u3164\uffa0")
+SPACES = re.compile(r"\s{2,}")
+UNSHOWN = ("Cc", "Cf", "Zl", "Zp")  # controls, formats (bidi, zero-width), line breaks
 # An underscore that may open or close emphasis (`__x__`): not one inside a word, which never
 # does and which names keep (`261207_101500:alice_task`).
 EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
@@ -67,17 +73,38 @@ class Notice:
 
 def plain(text: Any) -> str:
     """A user-given text as a notice shows it: in NFKC, control and format characters (a
-    terminal's or a mail reader's escapes, bidi overrides) replaced, markup made inert (INERT,
-    ADDRESS_DOT, SHORTCODE, EDGE_UNDERSCORE), cut to MAX_FIELD characters."""
+    terminal's or a mail reader's escapes, bidi overrides) and blanks that are no space
+    replaced, spaces collapsed, combining marks on Latin letters dropped (`R̶E̶L̶E̶A̶S̶E̶D̶`
+    struck through without markup), markup made inert (INERT, ADDRESS_DOT, SHORTCODE,
+    EDGE_UNDERSCORE, and `//`: a link's start with a scheme or without), cut to MAX_FIELD
+    characters."""
     normal = unicodedata.normalize("NFKC", str(text))
     cleaned = (
-        "".join("?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in normal)
+        "".join("?" if c in BLANKS or unicodedata.category(c) in UNSHOWN else c for c in normal)
         .translate(INERT)
-        .replace("://", ":\u2044\u2044")
+        .replace("//", "\u2044\u2044")
     )
+    cleaned = SPACES.sub(" ", _undecorated(cleaned))
     cleaned = ADDRESS_DOT.sub("\u2024", SHORTCODE.sub("\ua789", cleaned))
     cleaned = EDGE_UNDERSCORE.sub("\u02cd", cleaned)
     return cleaned if len(cleaned) <= MAX_FIELD else cleaned[: MAX_FIELD - 1] + "…"
+
+
+def _undecorated(text: str) -> str:
+    """`text` without the combining marks on a Latin letter (or on such a mark): in NFKC an
+    accent that a letter takes is composed with it, so what is left there is decoration
+    (strikethrough, underline, stacks); the marks of scripts written with them stay."""
+    kept: list[str] = []
+    dropping = False
+    for c in text:
+        if unicodedata.category(c) in ("Mn", "Me"):
+            if dropping or (kept and kept[-1].isascii()):
+                dropping = True
+                continue
+        else:
+            dropping = False
+        kept.append(c)
+    return "".join(kept)
 
 
 def when(at: float) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aso.store import Conflict, Contested, Database, StoreError, rev_order
@@ -154,6 +155,24 @@ def file_status(file_id: str, entry: Mapping[str, Any], verified: bool = False) 
     )
 
 
+@dataclass(frozen=True)
+class UnfinishedJob:
+    """A row of the `unfinished` view: enough of a job to decide whether to claim it."""
+
+    key: list[Any]
+    id: str
+    state: str
+    user: str
+    sites: tuple[str, str]  # (source, destination)
+    lease: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> UnfinishedJob:
+        user, source, destination, until, owner = row["value"]
+        lease = {"until": until, "owner": owner} if until else None
+        return cls(row["key"], row["id"], row["key"][1], user, (source, destination), lease)
+
+
 class JobStore:
     def __init__(self, db: Database, service: str):
         self.db = db
@@ -268,21 +287,20 @@ class JobStore:
 
         self.update(job_id, mark)
 
-    def unfinished(
-        self, states: tuple[str, ...] = (QUEUED, RUNNING), limit: int = 100
-    ) -> list[dict[str, Any]]:
-        docs: list[dict[str, Any]] = []
-        for state in states:
-            rows = self.db.view(
-                "jobs",
-                "unfinished",
-                start_key=[self.service, state],
-                end_key=[self.service, state, {}],
-                limit=limit,
-                include_docs=True,
-            ).rows
-            docs.extend(row["doc"] for row in rows if row.get("doc"))
-        return docs
+    def unfinished_page(
+        self, state: str, after: list[Any] | None = None, limit: int = 250
+    ) -> list[UnfinishedJob]:
+        """Up to `limit` jobs of ours in `state`, oldest first, from after the key `after`
+        (None: from the first), as the view shows them (no document read)."""
+        rows = self.db.view(
+            "jobs",
+            "unfinished",
+            start_key=after if after is not None else [self.service, state],
+            end_key=[self.service, state, {}],
+            limit=limit + (after is not None),
+        ).rows
+        jobs = [UnfinishedJob.of(row) for row in rows if row["key"] != after]
+        return jobs[:limit]
 
 
 def job_status(doc: Mapping[str, Any], verified: bool = False) -> JobStatus:
