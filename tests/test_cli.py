@@ -611,6 +611,29 @@ def test_certs_demo_writes_a_throw_away_pki_through_the_cli(tmp_path):
     assert "the monitoring pages' address that `aso run` prints (https://127.0.0.1:9443/" in steps
 
 
+def test_certs_proxy_renews_a_demo_user_s_proxy_through_the_cli(tmp_path):
+    """`aso certs proxy WHO --dir DIR` (docs/frontend.md): a demo proxy lasts 12 hours; a
+    fresh one is made from the user's certificate and key, valid as long as asked, and one of
+    a user `aso certs demo` did not make is refused with why."""
+    import datetime as dt
+
+    certs = tmp_path / "certs"
+    assert aso("certs", "demo", str(certs), "--user", "carla").returncode == 0
+    proxy = certs / "x509up_carla"
+    before = proxy.read_bytes()
+    result = aso("certs", "proxy", "carla", "--dir", str(certs), "--hours", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{proxy} (valid 2 hours)"
+    assert proxy.read_bytes() != before and proxy.stat().st_mode & 0o777 == 0o600
+    leaf = x509.load_pem_x509_certificates(proxy.read_bytes())[0]
+    user = x509.load_pem_x509_certificate((certs / "carla-cert.pem").read_bytes())
+    assert leaf.issuer == user.subject
+    left = leaf.not_valid_after_utc - dt.datetime.now(dt.timezone.utc)
+    assert dt.timedelta(hours=1.9) < left <= dt.timedelta(hours=2)
+    missing = aso("certs", "proxy", "zed", "--dir", str(certs))
+    assert missing.returncode == 2 and "run `aso certs demo" in missing.stderr
+
+
 # Each command's bad usage, as people type it: exit code 2 and one line saying what is wrong
 # (and where the usage is), before any store is needed (docs/usage.md's exit codes).
 BAD_USAGE = [

@@ -54,6 +54,29 @@ def certs_demo(
         print(line)
 
 
+@certs_app.command("proxy")
+def certs_proxy(
+    who: Annotated[str, typer.Argument(help="Whose: the name `aso certs demo` gave the files.")],
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Where `aso certs demo` wrote them.")
+    ] = Path("certs"),
+    hours: Annotated[float, typer.Option("--hours", min=0.1, max=168)] = 12.0,
+) -> None:
+    """A fresh RFC 3820 proxy, DIR/x509up_WHO, from WHO's certificate and key in DIR (what
+    voms-proxy-init does, without VOMS): a demo proxy lasts 12 hours."""
+    import datetime as dt
+
+    from aso.local import pki
+
+    cert, key = directory / f"{who}-cert.pem", directory / f"{who}-key.pem"
+    if not (cert.is_file() and key.is_file()):
+        print(f"aso certs proxy: no {cert} and {key}: run `aso certs demo {directory}`",
+              file=sys.stderr)  # fmt: skip
+        raise typer.Exit(2)
+    proxy = pki.renew_proxy(cert, key, directory / f"x509up_{who}", dt.timedelta(hours=hours))
+    print(f"{proxy} (valid {hours:g} hours)")
+
+
 def _frontend_port(ctx: typer.Context) -> str:
     """The port of `frontend.listen` in the config, if one is found and loads; else the
     default's (the certificates need no config)."""
