@@ -190,6 +190,12 @@ class TransferConfig:
         200,
         "Most files in transfer from or to one site (unless the site sets its own).",
     )
+    user_share: float = _key(
+        0.75,
+        "Most of a link's and a site's files in transfer one user may have, as a fraction of"
+        " their caps (at least one file): the rest stays for the other users, whose files had"
+        " waited behind one user's that could not start.",
+    )
     overwrite: bool = _key(False, "Overwrite a file that exists at the destination.")
     verify_checksum: bool = _key(True, "Compare adler32 of source, destination and request.")
     priority: int = _key(3, "Job priority at the transfer service, 1 (lowest) to 5.")
@@ -853,8 +859,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "publisher.catalog": ("embedded", "dbs"),
 }
 # The whole numbers with bounds, inclusive.
-RANGES: dict[str, tuple[int, int]] = {
+RANGES: dict[str, tuple[float, float]] = {
     "store.files_q": (1, 64),
+    "transfer.user_share": (0.01, 1.0),
     "couchdb.nodes": (1, 9),
     "transfer.max_files_per_job": (1, 1000),
     "gfal.per_site": (1, 100_000),

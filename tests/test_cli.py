@@ -628,7 +628,7 @@ def test_certs_proxy_renews_a_demo_user_s_proxy_through_the_cli(tmp_path):
     leaf = x509.load_pem_x509_certificates(proxy.read_bytes())[0]
     user = x509.load_pem_x509_certificate((certs / "carla-cert.pem").read_bytes())
     assert leaf.issuer == user.subject
-    left = leaf.not_valid_after_utc - dt.datetime.now(dt.timezone.utc)
+    left = leaf.not_valid_after_utc - dt.datetime.now(dt.UTC)
     assert dt.timedelta(hours=1.9) < left <= dt.timedelta(hours=2)
     missing = aso("certs", "proxy", "zed", "--dir", str(certs))
     assert missing.returncode == 2 and "run `aso certs demo" in missing.stderr

@@ -251,3 +251,31 @@ def test_users_take_turns_the_one_with_fewest_copies_running_first():
     assert turns.fair_order(queued, {}) == ["a1", "b1", "c1", "a2", "b2", "a3"]
     assert turns.fair_order(queued, {"alice": 6, "bob": 1}) == ["c1", "b1", "b2", "a1", "a2", "a3"]
     assert turns.fair_order([], {"alice": 1}) == []
+
+
+def test_one_user_s_files_take_at_most_their_share_of_a_link_and_a_site():
+    """Round 38: the submitter's caps counted every user's files together, so alice's 100
+    files in transfer on a link (which the worker could not start: her share of the site was
+    used by her long copies) took the link's whole cap, and bob's waited until hers left. A
+    user's files take at most `transfer.user_share` of a link's and of a site's cap; the rest
+    stays for the others'."""
+
+    def doc(user: str, n: int, link: tuple[str, str] = ("T2_A_a", "T2_B_b")) -> dict[str, Any]:
+        return {"_id": f"{user}{n}", "user": user, "source": link[0], "destination": link[1],
+                "created": float(n)}  # fmt: skip
+
+    caps = submission.Caps(per_link=100, per_site={}, default_site=200, user_share=0.75)
+    hers = [dict(doc("alice", i), state="submitted") for i in range(75)]
+    more = [doc("alice", i) for i in range(75, 200)]
+    his = [doc("bob", i) for i in range(5)]
+    chosen = [d for job in submission.plan_jobs(more + his, hers, caps, 100) for d in job]
+    assert chosen and {d["user"] for d in chosen} == {"bob"}  # hers: her share is used up
+    # A site's share too: her files on two links to one site.
+    caps = submission.Caps(per_link=100, per_site={"T2_B_b": 40}, default_site=200,
+                           user_share=0.5)  # fmt: skip
+    two_links = [doc("alice", i, (f"T2_S_{i % 2}", "T2_B_b")) for i in range(60)]
+    chosen = [d for job in submission.plan_jobs(two_links + his, [], caps, 100) for d in job]
+    assert Counter(d["user"] for d in chosen) == {"alice": 20, "bob": 5}
+    # Alone on a link, a user still has at least one file in transfer.
+    caps = submission.Caps(per_link=1, per_site={}, default_site=1, user_share=0.01)
+    assert len(submission.plan_jobs(his, [], caps, 100)) == 1

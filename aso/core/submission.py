@@ -8,9 +8,9 @@ inside a link users take turns and each user's files go by priority, then age; a
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aso import model, sites
@@ -85,9 +85,44 @@ class Caps:
     per_link: int
     per_site: dict[str, int]  # site → cap for this instance
     default_site: int
+    user_share: float = 1.0  # of each cap, the most one user's files may take
 
     def site(self, name: str) -> int:
         return self.per_site.get(name, self.default_site)
+
+    def of_user(self, cap: int) -> int:
+        """One user's part of `cap`: the rest stays for the other users' files."""
+        return max(1, int(cap * self.user_share))
+
+
+@dataclass
+class Busy:
+    """Files in transfer per link and per site, and of each user on each."""
+
+    link: Counter[str] = field(default_factory=Counter)
+    site: Counter[str] = field(default_factory=Counter)
+    user_link: Counter[tuple[str, str]] = field(default_factory=Counter)
+    user_site: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def add(self, doc: Mapping[str, Any]) -> None:
+        link, user = link_of(doc), doc["user"]
+        self.link[link] += 1
+        self.user_link[user, link] += 1
+        for site in (doc["source"], doc["destination"]):
+            self.site[site] += 1
+            self.user_site[user, site] += 1
+
+    def full_for(self, doc: Mapping[str, Any], caps: Caps) -> str | None:
+        """Why `doc` may not start now: "all" (its link or a site is full for everyone),
+        "user" (its user's share of one is used up), or None."""
+        link, user, ends = link_of(doc), doc["user"], (doc["source"], doc["destination"])
+        if self.link[link] >= caps.per_link or any(self.site[s] >= caps.site(s) for s in ends):
+            return "all"
+        if self.user_link[user, link] >= caps.of_user(caps.per_link) or any(
+            self.user_site[user, s] >= caps.of_user(caps.site(s)) for s in ends
+        ):
+            return "user"
+        return None
 
 
 def caps_for(config: Config, instances: int) -> Caps:
@@ -101,19 +136,19 @@ def caps_for(config: Config, instances: int) -> Caps:
         for name, site in config.sites.items()
     }
     return Caps(
-        config.transfer.max_active_per_link, per_site, share(config.transfer.max_active_per_site)
+        config.transfer.max_active_per_link,
+        per_site,
+        share(config.transfer.max_active_per_site),
+        config.transfer.user_share,
     )
 
 
-def count_in_flight(docs: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
-    per_link: dict[str, int] = defaultdict(int)
-    per_site: dict[str, int] = defaultdict(int)
+def count_in_flight(docs: Iterable[Mapping[str, Any]]) -> Busy:
+    busy = Busy()
     for doc in docs:
         if doc.get(STATE) in IN_FLIGHT:
-            per_link[link_of(doc)] += 1
-            per_site[doc["source"]] += 1
-            per_site[doc["destination"]] += 1
-    return per_link, per_site
+            busy.add(doc)
+    return busy
 
 
 def fair_order(docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -140,8 +175,10 @@ def plan_jobs(
     caps: Caps,
     max_files: int,
 ) -> list[list[Mapping[str, Any]]]:
-    """Groups of files to submit now, one group per job."""
-    link_busy, site_busy = count_in_flight(in_flight)
+    """Groups of files to submit now, one group per job: within each link's and site's cap,
+    and each user's share of them (round 38: one user's files that could not start had taken a
+    link's whole cap, and another's waited until hers left)."""
+    busy = count_in_flight(in_flight)
     by_link: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for doc in new:
         by_link[link_of(doc)].append(doc)
@@ -150,16 +187,12 @@ def plan_jobs(
     chosen: dict[tuple[str, ...], list[Mapping[str, Any]]] = defaultdict(list)
     for link in order:
         for doc in fair_order(by_link[link]):
-            src, dst = doc["source"], doc["destination"]
-            if (
-                link_busy[link] >= caps.per_link
-                or site_busy[src] >= caps.site(src)
-                or site_busy[dst] >= caps.site(dst)
-            ):
+            full = busy.full_for(doc, caps)
+            if full == "all":
                 break
-            link_busy[link] += 1
-            site_busy[src] += 1
-            site_busy[dst] += 1
+            if full == "user":
+                continue  # the other users' files of the link may still go
+            busy.add(doc)
             chosen[group_of(doc)].append(doc)
     jobs = []
     for files in chosen.values():
