@@ -160,6 +160,9 @@ def transfer_parameters(ctx: Any, *, overwrite: bool = False, adler32: str | Non
 
 HTTP_SCHEMES = ("https", "davs")
 MACAROON_REQUEST = "application/macaroon-request"
+# The longest a macaroon lives: what the embedded sites issue at most (`macaroons.maxduration`)
+# and what the copier asks for; the source checks it when the destination's pull starts.
+MACAROON_SECONDS = 900
 
 
 def _tls_context() -> ssl.SSLContext:
@@ -181,7 +184,8 @@ def source_token(config: Config, source: str, destination: str) -> str | None:
     src, dst = urlsplit(source), urlsplit(destination)
     if src.scheme not in HTTP_SCHEMES or dst.scheme not in HTTP_SCHEMES or not src.hostname:
         return None
-    asked = {"caveats": ["activity:DOWNLOAD,LIST"], "validity": f"PT{config.gfal.timeout + 60}S"}
+    validity = min(config.gfal.timeout + 60, MACAROON_SECONDS)
+    asked = {"caveats": ["activity:DOWNLOAD,LIST"], "validity": f"PT{validity}S"}
     connection = http.client.HTTPSConnection(
         src.hostname, src.port, timeout=config.gfal.operation_timeout, context=_tls_context()
     )

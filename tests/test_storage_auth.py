@@ -318,6 +318,77 @@ def test_a_macaroon_gives_no_more_than_its_holder_may(storage: Config) -> None:
     assert not on_disk(storage, bob_area).exists()
 
 
+def test_a_macaroon_lives_minutes_not_a_day(storage: Config) -> None:
+    """The storage round's F3: alice was issued a macaroon valid 23 hours, a bearer token that
+    outlives her removal from the grid-mapfile. The sites issue none that lives longer than
+    gfal2client.MACAROON_SECONDS (15 minutes), whatever validity is asked."""
+    import base64
+    import re
+
+    from aso.gfal2client import MACAROON_SECONDS
+
+    mine = _temp("alice")
+    assert root_put(storage, proxy("alice"), mine, b"hers")
+    headers = {"Content-Type": "application/macaroon-request"}
+    for validity in ("PT23H", "P30D", f"PT{MACAROON_SECONDS}S"):
+        asked = json.dumps({"caveats": ["activity:DOWNLOAD"], "validity": validity}).encode()
+        asked_at = dt.datetime.now(dt.UTC)
+        status, body = http_call(storage, proxy("alice"), "POST", mine, asked, headers)
+        if status != 200:
+            continue  # refused outright: lives no time at all
+        token = json.loads(body)["macaroon"]
+        caveats = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        [before] = re.findall(rb"cid before:(\S+)", caveats)
+        ends = dt.datetime.strptime(before.decode(), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+        assert ends <= asked_at + dt.timedelta(seconds=MACAROON_SECONDS + 5), (validity, ends)
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert http_call(storage, ANONYMOUS, "GET", mine, b"", bearer) == (200, b"hers")
+
+
+def _copy(
+    storage: Config, credential: Credential, path: str, source: str = "", destination: str = ""
+) -> tuple[int, bytes]:
+    """A WebDAV COPY at the site: a pull from `source` into `path`, or a push of `path` to
+    `destination` (HTTP third-party copy, as gfal2 asks for one)."""
+    headers = {"Source": source} if source else {"Destination": destination}
+    return http_call(storage, credential, "COPY", path, b"", {**headers, "Overwrite": "T"})
+
+
+def test_a_third_party_copy_reaches_no_local_file_and_no_plain_http_service(
+    storage: Config,
+) -> None:
+    """The storage round's F1, F2 and F5: XrdHttpTPC 5.5.3 handed a COPY's Source and
+    Destination to libcurl as they came: `file:///.../macaroon.secret` was read into alice's
+    area (her forged macaroons then wrote and deleted in bob's), `Destination: file:///...`
+    emptied bob's file and the site's authdb, and `http://127.0.0.1:<store>/` was fetched.
+    The servers' curl takes https alone (aso/local/tpc_guard.c, preloaded); the gridmap and
+    the authdb are read-only to the servers besides."""
+    site_dir = export_path(storage, SITE, "/store/x").parents[2]  # <data_dir>/<site>
+    secret = site_dir / "macaroon.secret"
+    stolen = _temp("alice")
+    status, body = _copy(storage, proxy("alice"), stolen, source=f"file://{secret}")
+    assert b"success" not in body.lower(), (status, body[:300])
+    landed = on_disk(storage, stolen)
+    assert not landed.exists() or secret.read_bytes()[:16] not in landed.read_bytes()
+    # A push of her own file onto bob's, and onto the site's authdb: neither changes.
+    victim, mine = _temp("bob"), _temp("alice")
+    assert root_put(storage, proxy("bob"), victim, b"bob's data")
+    assert root_put(storage, proxy("alice"), mine, b"hers")
+    authdb = (site_dir / "authdb").read_bytes()
+    for target in (on_disk(storage, victim), site_dir / "authdb"):
+        status, body = _copy(storage, proxy("alice"), mine, destination=f"file://{target}")
+        assert b"success" not in body.lower(), (target, status, body[:300])
+    assert on_disk(storage, victim).read_bytes() == b"bob's data"
+    assert (site_dir / "authdb").read_bytes() == authdb
+    assert (site_dir / "authdb").stat().st_mode & 0o222 == 0  # nobody's to write, but ours
+    # A plain http:// service on the host (the store, metrics): not fetched.
+    fetched = _temp("alice")
+    http_url = storage.sites[OTHER].http_url.replace("https://", "http://")
+    status, body = _copy(storage, proxy("alice"), fetched, source=f"{http_url}{mine}")
+    assert b"success" not in body.lower(), (status, body[:300])
+    assert not on_disk(storage, fetched).exists() or on_disk(storage, fetched).read_bytes() == b""
+
+
 # -- the job's own write, as docs/usage.md shows it: gfal2 with the user's proxy -------------------
 JOB = """
 import os, sys, tempfile

@@ -14,6 +14,7 @@ to enter `storage.data_dir` and `frontend.capath` and owns the export directorie
 anyone else it runs as them.
 
 Layout of `storage.data_dir`:
+  lib/                 the guard on HTTP third-party copies (tpc_guard.c), built here
   tls/                 the servers' copy of the front end's host certificate (host.pem,
                        host.key), the grid CAs in one file (ca-bundle.pem), the gridmap
                        (grid-mapfile) written from frontend.mapfile
@@ -51,6 +52,7 @@ from urllib.parse import urlsplit
 
 from aso import procs, sites
 from aso.config import Config
+from aso.gfal2client import MACAROON_SECONDS
 from aso.grid.certs import TlsFiles, common_names, tls_files
 from aso.local import storage_auth
 
@@ -61,6 +63,7 @@ ALLOWED_CLIENTS = ("127.0.0.1", "[::1]")  # xrd.allow takes addresses (no DNS ne
 # XRootD 5.5.3 now and then segfaults while starting here (docs/design.md, "Real storage on
 # one machine"); such a start is tried again this many times before it is reported.
 CRASH_RESTARTS = 2
+READ_ONLY = 0o444  # the gridmap and the authdbs: the servers read them
 SERVER_START = re.compile(r"\+{6} xrootd \S+ initialization started")  # a start, in the log
 
 
@@ -134,16 +137,17 @@ def check_reachable(path: Path, owner: RunAs) -> None:
 
 
 # -- TLS and security: the grid PKI of the front end ----------------------------------------------
-def _write_if_changed(path: Path, data: bytes, owner: RunAs | None = None) -> None:
+def _write_if_changed(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write `data` (atomically) unless the file holds it already: running servers re-read
     their gridmap and authdb, a rewrite with equal content would only wake them."""
     if path.is_file() and path.read_bytes() == data:
-        return
+        info = path.stat()
+        if stat.S_IMODE(info.st_mode) == mode and info.st_uid == os.geteuid():
+            return
     temporary = path.with_name(f".{path.name}.new")
+    temporary.unlink(missing_ok=True)
     temporary.write_bytes(data)
-    temporary.chmod(0o644)
-    if owner is not None:
-        _give(temporary, owner)
+    temporary.chmod(mode)
     os.replace(temporary, path)
 
 
@@ -172,12 +176,13 @@ def write_auth_files(config: Config, servers: Iterable[SiteServer], owner: RunAs
     identities = storage_auth.mapped_identities(config)
     files = tls_files(config)
     gridmap = storage_auth.gridmap_text(identities, storage_auth.host_dn(config))
-    _write_if_changed(gridmap_file(files), gridmap.encode(), owner)
+    # Ours, read-only to the servers: a server tricked into writing a file may not grant itself.
+    _write_if_changed(gridmap_file(files), gridmap.encode(), READ_ONLY)
     for server in servers:
         site = sites.site_of(config, server.site)
         _make_dirs(server.dir)
         _write_if_changed(
-            server.authdb_file, storage_auth.authdb_text(site, identities).encode(), owner
+            server.authdb_file, storage_auth.authdb_text(site, identities).encode(), READ_ONLY
         )
         if not server.macaroon_file.is_file():
             _write_private(server.macaroon_file, storage_auth.macaroon_secret())
@@ -283,7 +288,12 @@ def site_server(config: Config, site: str) -> SiteServer:
 
 
 def server_config(
-    server: SiteServer, tls: TlsFiles, xrdcp: Path, admin: Path, require_crl: bool = True
+    server: SiteServer,
+    tls: TlsFiles,
+    xrdcp: Path,
+    admin: Path,
+    guard: Path,
+    require_crl: bool = True,
 ) -> str:
     """The xrootd config file of one site (see STORAGE-NOTES.md and aso/local/storage_auth.py
     for why each line is there). `require_crl`: the front end's rule (frontend.require_crl)."""
@@ -314,6 +324,9 @@ def server_config(
         f"xrd.tls {tls.host_cert} {tls.host_key}",
         f"xrd.tlsca certdir {certdir} proxies{crlcheck}",
         "http.exthandler xrdtpc libXrdHttpTPC.so",
+        # Its copies go through curl limited to https (LD_PRELOAD: aso/local/tpc_guard.c):
+        # XrdHttpTPC 5.5.3 takes a COPY's file:// Source or Destination as it comes.
+        f"# guarded by {guard.name}",
         # One log line per HTTP third-party copy (PULL_START, TRANSFER_SUCCESS/FAIL, with the
         # path): the storage's own record of every copy, which tests check for double copies.
         "tpc.trace info",
@@ -330,16 +343,47 @@ def server_config(
         "ofs.authlib libXrdMacaroons.so",
         "http.exthandler xrdmacaroons libXrdMacaroons.so",
         f"macaroons.secretkey {server.macaroon_file}",
+        # A macaroon is a bearer token (plain http:// carries it too): minutes, not a day.
+        f"macaroons.maxduration {MACAROON_SECONDS}",
         "http.header2cgi Authorization authz",
     ]
     return "\n".join(lines) + "\n"
 
 
-def server_environment(config: Config, tls: TlsFiles) -> dict[str, str]:
-    """The servers' environment: the credential their xrdcp (root:// third-party copies)
-    authenticates with at the source, as the XrdSecgsi client reads it."""
+def tpc_guard(data_dir: Path) -> Path:
+    """The guard on the servers' HTTP third-party copies (tpc_guard.c: their curl limited to
+    https), built once per version of its source into `data_dir`/lib, where the servers'
+    account may read it but not write."""
+    source = Path(__file__).with_name("tpc_guard.c")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    target = data_dir / "lib" / f"aso-tpc-guard-{digest}.so"
+    if target.is_file():
+        return target
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise StorageError(
+            "no C compiler (cc) to build the embedded sites' guard on third-party copies"
+            " (aso/local/tpc_guard.c): install gcc (deploy/debian-packages.txt)"
+        )
+    _make_dirs(target.parent)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        built = Path(work) / target.name
+        argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(source), "-ldl"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise StorageError(f"building {source.name} failed: {done.stderr.strip()[-500:]}")
+        built.chmod(0o755)
+        os.replace(built, target)
+    return target
+
+
+def server_environment(config: Config, tls: TlsFiles, guard: Path) -> dict[str, str]:
+    """The servers' environment: the guard on their HTTP third-party copies (`tpc_guard`),
+    and the credential their xrdcp (root:// third-party copies) authenticates with at the
+    source, as the XrdSecgsi client reads it."""
     return {
         **os.environ,
+        "LD_PRELOAD": f"{guard} {os.environ.get('LD_PRELOAD', '')}".strip(),
         "X509_USER_CERT": str(tls.host_cert),
         "X509_USER_KEY": str(tls.host_key),
         "X509_CERT_DIR": str(tls.ca_dir),
@@ -520,10 +564,13 @@ class EmbeddedStorage:
         _make_dirs(self.data_dir)
         ensure_tls(self.tls, owner)
         write_auth_files(self.config, self.servers.values(), owner)
+        guard = tpc_guard(self.data_dir)
         fe = self.config.frontend
         running = {name: self._our_pid(server) for name, server in self.servers.items()}
         wanted = {
-            name: server_config(server, self.tls, xrdcp, admin_dir(server, owner), fe.require_crl)
+            name: server_config(
+                server, self.tls, xrdcp, admin_dir(server, owner), guard, fe.require_crl
+            )
             for name, server in self.servers.items()
         }
         for name, pid in running.items():
@@ -535,7 +582,7 @@ class EmbeddedStorage:
         try:
             for name, server in self.servers.items():
                 if running[name] is None:
-                    spawned[name] = self._spawn(server, xrootd, wanted[name], owner)
+                    spawned[name] = self._spawn(server, xrootd, wanted[name], owner, guard)
             for name, server in self.servers.items():
                 for attempt in range(CRASH_RESTARTS + 1):
                     try:
@@ -545,7 +592,7 @@ class EmbeddedStorage:
                         break
                     except CrashedAtStart as crash:
                         log.warning("%s; starting it again", crash)
-                        spawned[name] = self._spawn(server, xrootd, wanted[name], owner)
+                        spawned[name] = self._spawn(server, xrootd, wanted[name], owner, guard)
         except BaseException:
             procs.terminate([p.pid for p in spawned.values()], 10.0)
             for name in spawned:
@@ -593,7 +640,7 @@ class EmbeddedStorage:
             )
 
     def _spawn(
-        self, server: SiteServer, xrootd: Path, server_cfg: str, owner: RunAs
+        self, server: SiteServer, xrootd: Path, server_cfg: str, owner: RunAs, guard: Path
     ) -> subprocess.Popen[bytes]:
         _make_dirs(server.dir)
         for directory in server.owned_dirs:
@@ -612,7 +659,7 @@ class EmbeddedStorage:
             cwd=server.dir,
             output=server.out_file,
             pid_file=server.pid_file,
-            env=server_environment(self.config, self.tls),
+            env=server_environment(self.config, self.tls, guard),
         )
 
     def _wait_until_answering(
