@@ -35,6 +35,7 @@ KILL = {
 RESUBMIT = {"failed": "new", "killed": "new"}
 REPUBLISH = {"publication_failed": "pending"}
 ROUNDS = 5  # reads again after conflicts, at most
+DOCS_PAGE = 500  # requests read at once (the front end gives at most 1,000 documents a read)
 
 
 @dataclass
@@ -49,10 +50,11 @@ class ActionReport:
 
 
 def task_requests(db: Database, task: str, job: str | None = None) -> list[dict[str, Any]]:
-    start, end = queries.task_range(task, job)
-    return db.view(
-        "asyncstageout", "by_task", start_key=start, end_key=end, include_docs=True
-    ).docs()
+    """Every request of the task (or of one job), read in pages: the front end gives at most
+    1,000 documents a read, and a kill of a larger task had stopped at its first 1,000 files
+    (round 39)."""
+    pages = queries.task_row_pages(db, task, job, DOCS_PAGE, include_docs=True)
+    return [row["doc"] for rows in pages for row in rows if row.get("doc")]
 
 
 def _transition_all(

@@ -162,3 +162,21 @@ def test_publish_retry_command(files_db, accounts, store_config, tmp_path):
     again = aso("publish", "--retry", task, config=path)
     assert again.returncode == 0, again.stderr
     assert "none changed; 1 left as they were (nothing to publish --retry)" in again.stdout
+
+
+def test_a_kill_through_the_front_end_reaches_every_file_of_a_large_task(front_door):
+    """Round 39: the front end gives at most 1,000 documents a read, and `aso kill --task`
+    read the task once: a kill of 1,050 files changed 1,000 and a second one said "nothing to
+    kill" with 23 still in transfer. The requests are read in pages."""
+    from aso.store import Server, Settings
+
+    server = Server(front_door.url, settings=Settings(retries=1), verify=front_door.ca_file,
+                    cert=front_door.proxy)  # fmt: skip
+    db = server.db(front_door.db)
+    task = f"261207_190000:{front_door.user}_large"
+    docs = [sample_request(front_door.user, task=task, job_id=str(n)) for n in range(1050)]
+    for start in range(0, len(docs), 500):
+        assert all(r.ok for r in db.bulk_write(docs[start : start + 500]))
+    report = kill(db, task, None, front_door.user)
+    assert report.ok and len(report.changed) == 1050, (len(report.changed), report.refused)
+    assert set(report.changed.values()) == {"killed"}

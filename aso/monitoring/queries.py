@@ -150,22 +150,32 @@ def task_range(task: str, job: str | None = None) -> tuple[list[Any], list[Any]]
     return [task, job_order(job)], [task, job_order(job), {}]
 
 
-def task_pages(
-    db: Database, task: str, job: str | None = None, page: int = PAGE
-) -> Iterator[list[FileStatus]]:
-    """The task's status rows, `page` at a time, in key order. Each page starts at the last
-    key of the one before and skips it: keys are unique, so no row is read twice or missed."""
+def task_row_pages(
+    db: Database, task: str, job: str | None = None, page: int = PAGE, include_docs: bool = False
+) -> Iterator[list[dict[str, Any]]]:
+    """The task's by_task rows (with their documents if asked), `page` at a time, in key
+    order. Each page starts at the last key of the one before and skips it: keys are unique,
+    so no row is read twice or missed (a read of documents is bounded by the front end)."""
     start, end = task_range(task, job)
     skip = 0
     while True:
         rows = db.view(
-            DDOC, "by_task", start_key=start, end_key=end, limit=page, skip=skip or None
-        ).rows
+            DDOC, "by_task", start_key=start, end_key=end, limit=page, skip=skip or None,
+            include_docs=include_docs,
+        ).rows  # fmt: skip
         if rows:
-            yield [file_status(r) for r in rows]
+            yield rows
         if len(rows) < page:
             return
         start, skip = rows[-1]["key"], 1
+
+
+def task_pages(
+    db: Database, task: str, job: str | None = None, page: int = PAGE
+) -> Iterator[list[FileStatus]]:
+    """The task's status rows, `page` at a time, in key order."""
+    for rows in task_row_pages(db, task, job, page):
+        yield [file_status(r) for r in rows]
 
 
 def status_row(db: Database, doc: Mapping[str, Any]) -> FileStatus | None:
