@@ -26,23 +26,17 @@ Measured reasons (docs/design.md, "Real storage on one machine", and the notes b
   stream copies between two HTTP endpoints are off unless asked for, so a failed third-party
   copy is an error, not a silent detour.
 - HTTP third-party copies with authentication: XrdHttpTPC 5.5.3 pulls from the source without
-  a client certificate, so the source must be given a token: `source_token` asks the source
-  for a macaroon with this client's own read right there (bounded by OPERATION_TIMEOUT) and
-  sets it as the source's bearer credential of the context, which gfal2 sends with the COPY
-  (TransferHeaderAuthorization). gfal2's own RETRIEVE_BEARER_TOKEN stays off: it asked the
-  destination for a token too, and a frozen destination held that request 120 s whatever
-  OPERATION_TIMEOUT said (measured: a copy to it took 125 s instead of ~20 s); and it asked
-  for one before every stat and deletion.
+  any credential; the embedded sites let any (loopback) client read (aso/local/storage_auth.py).
+  gfal2's own RETRIEVE_BEARER_TOKEN stays off: it asked the destination for a token too, and a
+  frozen destination held that request 120 s whatever OPERATION_TIMEOUT said (measured: a
+  copy to it took 125 s instead of ~20 s); and it asked for one before every stat and
+  deletion.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
 import os
-import ssl
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -156,64 +150,6 @@ def transfer_parameters(ctx: Any, *, overwrite: bool = False, adler32: str | Non
     params.proxy_delegation = False
     params.set_checksum(gfal2.checksum_mode.both, "ADLER32", adler32 or "")
     return params
-
-
-HTTP_SCHEMES = ("https", "davs")
-MACAROON_REQUEST = "application/macaroon-request"
-# The longest a macaroon lives: what the embedded sites issue at most (`macaroons.maxduration`)
-# and what the copier asks for; the source checks it when the destination's pull starts.
-MACAROON_SECONDS = 900
-
-
-def _tls_context() -> ssl.SSLContext:
-    """TLS as this process's gfal2 client has it: the CA directory and the credential of its
-    environment (set_client_environment)."""
-    env = os.environ
-    context = ssl.create_default_context(capath=env.get("X509_CERT_DIR") or None)
-    if env.get("X509_USER_CERT"):
-        context.load_cert_chain(env["X509_USER_CERT"], env.get("X509_USER_KEY") or None)
-    elif env.get("X509_USER_PROXY"):
-        context.load_cert_chain(env["X509_USER_PROXY"])
-    return context
-
-
-def source_token(config: Config, source: str, destination: str) -> str | None:
-    """A macaroon of an HTTP(S) source for the destination's pull, or None: not an HTTP copy,
-    or the source gave none (it does not issue them, or does not answer: the copy then meets
-    the same, and says so)."""
-    src, dst = urlsplit(source), urlsplit(destination)
-    if src.scheme not in HTTP_SCHEMES or dst.scheme not in HTTP_SCHEMES or not src.hostname:
-        return None
-    validity = min(config.gfal.timeout + 60, MACAROON_SECONDS)
-    asked = {"caveats": ["activity:DOWNLOAD,LIST"], "validity": f"PT{validity}S"}
-    connection = http.client.HTTPSConnection(
-        src.hostname, src.port, timeout=config.gfal.operation_timeout, context=_tls_context()
-    )
-    try:
-        connection.request("POST", src.path, json.dumps(asked), {"Content-Type": MACAROON_REQUEST})
-        answer = connection.getresponse()
-        body = answer.read()
-        token = json.loads(body).get("macaroon") if answer.status == 200 else None
-    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError, AttributeError):
-        return None
-    finally:
-        connection.close()
-    return token if isinstance(token, str) and token else None
-
-
-@contextlib.contextmanager
-def source_credential(ctx: Any, config: Config, source: str, destination: str) -> Iterator[None]:
-    """The source's macaroon set for `source` in `ctx` during the block (an HTTP copy's), then
-    removed: a context serves many copies."""
-    token = source_token(config, source, destination)
-    if token is None:
-        yield
-        return
-    ctx.cred_set(source, ctx.cred_new("BEARER", token))
-    try:
-        yield
-    finally:
-        ctx.cred_del("BEARER", source)
 
 
 class TransferEvents:

@@ -217,8 +217,7 @@ def _copy(
     params = gfal2client.transfer_parameters(ctx, overwrite=overwrite, adler32=adler32)
     events = gfal2client.TransferEvents()
     params.event_callback = events
-    with gfal2client.source_credential(ctx, config, src, dst):
-        ctx.filecopy(params, src, dst)
+    ctx.filecopy(params, src, dst)
     return events
 
 

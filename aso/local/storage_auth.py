@@ -5,10 +5,11 @@ proxy of a CA in the grid CA directory `frontend.capath`, the front end's), HTTP
 client certificates against the same directory. The DN is mapped to a user by the front end's
 grid-mapfile (`frontend.mapfile`, parsed by the front end's own GridMap: one rule), from which
 each server gets a plain XRootD gridmap (DN → name) and an authorisation database (authdb).
-An unmapped DN, an anonymous client and plain http:// get no right at all (deny by default).
+An unmapped DN, an anonymous client and plain http:// may read and list, nothing else.
 
 Rights (`site_rules`), for every site (paths in the site's namespace, path_prefix included):
-- every mapped user: read and list /store/; write and delete only under their temporary areas
+- any client: read and list /store/ (the HTTP third-party pulls have no credential);
+- every mapped user: also write and delete, only under their temporary areas
   `<temp_area><name>/` and `<temp_area><name>.<hash>/` (the store's rule, aso/model.py);
 - `aso-agent`: also delete in the temp area (the cleaner, the reconciler) and write, overwrite
   and delete in the final areas (`user_area`, /store/group/): the agents copy into them.
@@ -20,16 +21,16 @@ Third-party copies with authentication on (XRootD 5.5.3):
   opened (ofs.tpc), but the destination's xrdcp must still authenticate: it runs with the
   host certificate (X509_USER_CERT/KEY in the server's environment), mapped to HOST_NAME, which
   has no right of its own.
-- HTTPS: XrdHttpTPC 5.5.3 pulls with libcurl and no client certificate ("Credential: none" is
-  the only kind it takes). The copier asks the source for a macaroon (a bearer token of the
-  source's, with the client's own rights there: XrdMacaroons asks the authdb;
-  aso.gfal2client.source_token) and gfal2 sends it with the COPY; `http.header2cgi
-  Authorization authz` hands it to the authorisation layer.
+- HTTPS: XrdHttpTPC 5.5.3 pulls with libcurl and no credential at all ("Credential: none" is
+  the only kind it takes), so every (loopback) client may read and list /store/; writes and
+  deletions stay the identities' above. No token is taken: XrdMacaroons 5.5.3, which gave the
+  pulls a token, let a `name:` caveat anyone may append rename the client for the authdb (the
+  agents' rights with no credential: storage round 2, N1). The servers' curl takes https alone
+  (tpc_guard.c).
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 from collections.abc import Iterable
@@ -119,6 +120,9 @@ def authdb_text(site: SiteConfig, identities: Iterable[Mapped]) -> str:
     for who in identities:
         rules = " ".join(f"{path} {privileges}" for path, privileges in site_rules(site, who))
         lines.append(f"u {who.name} {rules}")
+    # Any client (the loopback ones the sites take) reads and lists: a destination's HTTP
+    # third-party pull has no credential at all (XrdHttpTPC 5.5.3).
+    lines.append(f"u * {_area(site, '/store/')} {READ}")
     return "\n".join(lines) + "\n"
 
 
@@ -129,12 +133,6 @@ def area_dirs(site: SiteConfig, identities: Iterable[Mapped]) -> list[str]:
     temp = _area(site, site.temp_area)
     top = [temp, _area(site, site.user_area), _area(site, GROUP_AREA)]
     return top + [f"{temp}{who.name}/" for who in identities]
-
-
-def macaroon_secret() -> bytes:
-    """A macaroon key as XrdMacaroons reads it: base64 of 64 random bytes, a final newline
-    (without it 5.5.3 reads the key as too short)."""
-    return base64.b64encode(os.urandom(64)) + b"\n"
 
 
 def ca_bundle(capath: Path) -> bytes:

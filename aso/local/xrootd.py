@@ -19,7 +19,6 @@ Layout of `storage.data_dir`:
                        host.key), the grid CAs in one file (ca-bundle.pem), the gridmap
                        (grid-mapfile) written from frontend.mapfile
   <site>/authdb        the site's authorisation database, written from frontend.mapfile
-  <site>/macaroon.secret  the site's macaroon key, made once
   <site>/xrootd.cfg    the server's config, written at every start
   <site>/xrootd.pid    pid of the server ASO started
   <site>/export/       oss.localroot: the LFN /store/x is the file export/store/x
@@ -52,7 +51,6 @@ from urllib.parse import urlsplit
 
 from aso import procs, sites
 from aso.config import Config
-from aso.gfal2client import MACAROON_SECONDS
 from aso.grid.certs import TlsFiles, common_names, tls_files
 from aso.local import storage_auth
 
@@ -170,7 +168,7 @@ def ensure_tls(files: TlsFiles, owner: RunAs) -> None:
 
 
 def write_auth_files(config: Config, servers: Iterable[SiteServer], owner: RunAs) -> None:
-    """The gridmap, each site's authdb and macaroon key, and the areas' directories, from the
+    """The gridmap, each site's authdb and the areas' directories, from the
     front end's grid-mapfile (aso/local/storage_auth.py); again at every start and by
     `aso run`'s keeper, so that a user added to the mapfile can write without a restart."""
     identities = storage_auth.mapped_identities(config)
@@ -184,9 +182,7 @@ def write_auth_files(config: Config, servers: Iterable[SiteServer], owner: RunAs
         _write_if_changed(
             server.authdb_file, storage_auth.authdb_text(site, identities).encode(), READ_ONLY
         )
-        if not server.macaroon_file.is_file():
-            _write_private(server.macaroon_file, storage_auth.macaroon_secret())
-            _give(server.macaroon_file, owner)
+        (server.dir / "macaroon.secret").unlink(missing_ok=True)  # an earlier version's
         for area in storage_auth.area_dirs(site, identities):
             _make_dirs(server.export / area.strip("/"), owner)
 
@@ -245,10 +241,6 @@ class SiteServer:
     @property
     def authdb_file(self) -> Path:
         return self.dir / "authdb"
-
-    @property
-    def macaroon_file(self) -> Path:
-        return self.dir / "macaroon.secret"
 
     @property
     def owned_dirs(self) -> tuple[Path, ...]:
@@ -335,17 +327,12 @@ def server_config(
         f"sec.protocol gsi {gsi}",
         "sec.protbind * only gsi",
         f"http.gridmap required {gridmap}",
-        # Authorisation: the authdb, behind macaroons (HTTP third-party copies' tokens).
+        # Authorisation: the authdb alone. No token plugin: XrdMacaroons 5.5.3 let a caveat
+        # `name:` anyone may append rename the client for the authdb (storage round 2, N1).
         "ofs.authorize 1",
         f"acc.authdb {server.authdb_file}",
         "acc.authrefresh 60",  # seconds; 5.5.3 refuses less (and then denies everything)
         "acc.audit deny",
-        "ofs.authlib libXrdMacaroons.so",
-        "http.exthandler xrdmacaroons libXrdMacaroons.so",
-        f"macaroons.secretkey {server.macaroon_file}",
-        # A macaroon is a bearer token (plain http:// carries it too): minutes, not a day.
-        f"macaroons.maxduration {MACAROON_SECONDS}",
-        "http.header2cgi Authorization authz",
     ]
     return "\n".join(lines) + "\n"
 

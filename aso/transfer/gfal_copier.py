@@ -101,10 +101,7 @@ class GfalCopier:
 
         p.monitor_callback = on_progress
         try:
-            with gfal2client.source_credential(
-                ctx, self.config, entry["source"], entry["destination"]
-            ):
-                ctx.filecopy(p, entry["source"], entry["destination"])
+            ctx.filecopy(p, entry["source"], entry["destination"])
         except self.gfal2.GError as exc:
             error_class = errors.classify(exc.code, exc.message)
             if error_class not in UNTOUCHED_AFTER:
