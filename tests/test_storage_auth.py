@@ -259,10 +259,82 @@ def test_path_tricks_do_not_reach_another_user_s_area(storage: Config, path: str
     target = on_disk(storage, f"/store/temp/user/bob/{name}")
     wrote_root = root_put(storage, proxy("alice"), path.format(name=name))
     http_call(storage, proxy("alice"), "PUT", path.format(name=name), b"x")
+    # A third-party copy's path reached the file system with its `..` (storage round 3, T1).
+    mine = _temp("alice")
+    assert root_put(storage, proxy("alice"), mine, b"hers")
+    _copy(storage, proxy("alice"), path.format(name=name), source=_https(storage, mine))
     assert not target.exists(), (path, wrote_root)
     # A literal name (`%2e%2e` is no `..` to XRootD) inside alice's own area is hers to write.
     alice = target.parents[1] / "alice"
     assert all(alice in p.parents for p in target.parents[3].rglob(name)), "written elsewhere"
+
+
+def _https(config: Config, lfn: str, site: str = SITE) -> str:
+    return f"{config.sites[site].http_url}{lfn}"
+
+
+@pytest.mark.parametrize("dots", ["..", "%2e%2e", ".%2e"])
+def test_a_third_party_copy_s_path_does_not_climb_out_of_its_writer_s_area(
+    storage: Config, dots: str
+) -> None:
+    """Storage round 3, T1: XrdHttpTPC 5.5.3 took a COPY's path with its `..` (plain or
+    encoded) to the file system after the authdb had judged it by its first characters:
+    alice's `/store/temp/user/alice/../../../user/bob/final.root` overwrote bob's final file,
+    and wrote into another site's export, the site's logs and /tmp. The preloaded guard
+    refuses every file call under the export that names `..`."""
+    final = f"/store/user/bob/{uuid.uuid4().hex}.root"
+    assert root_put(storage, agent(), final, b"bob's final file")
+    mine = _temp("alice")
+    assert root_put(storage, proxy("alice"), mine, b"OVERWRITTEN BY ALICE")
+    climb = f"/store/temp/user/alice/{dots}/{dots}/{dots}{final.removeprefix('/store')}"
+    status, body = _copy(storage, proxy("alice"), climb, source=_https(storage, mine))
+    assert b"success" not in body.lower(), (status, body[:300])
+    assert on_disk(storage, final).read_bytes() == b"bob's final file"
+    outside = f"/store/temp/user/alice/{dots}/{dots}/{dots}/{dots}/{uuid.uuid4().hex}"
+    _copy(storage, proxy("alice"), outside, source=_https(storage, mine))
+    assert not list(export_path(storage, SITE, "/store/x").parents[2].rglob(Path(outside).name))
+
+
+def test_a_push_reads_nothing_outside_the_export(storage: Config) -> None:
+    """Storage round 3, T2: an anonymous COPY push of `/store/../../...tls/host.key` (the
+    anonymous client may read /store/, which the path begins with) sent the servers' host key
+    to an https receiver of the grid CA. The guard refuses the read; a receiver here, with a
+    certificate of that CA, gets nothing."""
+    import http.server
+    import threading
+
+    received: list[bytes] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # answers curl's `Expect: 100-continue`
+
+        def do_PUT(self) -> None:
+            received.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    files = tls_files(storage)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(files.host_cert, files.host_key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        site_root = export_path(storage, SITE, "/store/x").parents[1]  # <site>/export
+        up = "/".join([".."] * len(site_root.parts))
+        secret = f"/store/{up}{files.host_key}"
+        destination = f"https://localhost:{server.server_address[1]}/leak"
+        for plain in (True, False):
+            status, body = http_call(storage, ANONYMOUS, "COPY", secret, b"",
+                                     {"Destination": destination}, plain=plain)  # fmt: skip
+            assert b"success" not in body.lower(), (status, body[:300])
+        assert not any(b"PRIVATE KEY" in got for got in received), received
+    finally:
+        server.shutdown()
 
 
 # -- who may delete -------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ Third-party copies with authentication on (XRootD 5.5.3):
   the only kind it takes), so every (loopback) client may read and list /store/; writes and
   deletions stay the identities' above. No token is taken: XrdMacaroons 5.5.3, which gave the
   pulls a token, let a `name:` caveat anyone may append rename the client for the authdb (the
-  agents' rights with no credential: storage round 2, N1). The servers' curl takes https alone
-  (tpc_guard.c).
+  agents' rights with no credential: storage round 2, N1). The servers' curl takes https alone,
+  and no file call under the export names `..` (tpc_guard.c: XrdHttpTPC opens a COPY's path
+  as given, after the authdb judged it by its first characters).
 """
 
 from __future__ import annotations

@@ -316,8 +316,9 @@ def server_config(
         f"xrd.tls {tls.host_cert} {tls.host_key}",
         f"xrd.tlsca certdir {certdir} proxies{crlcheck}",
         "http.exthandler xrdtpc libXrdHttpTPC.so",
-        # Its copies go through curl limited to https (LD_PRELOAD: aso/local/tpc_guard.c):
-        # XrdHttpTPC 5.5.3 takes a COPY's file:// Source or Destination as it comes.
+        # Its copies go through curl limited to https, and no file call under the export may
+        # name `..` (LD_PRELOAD: aso/local/tpc_guard.c): XrdHttpTPC 5.5.3 takes a COPY's
+        # file:// Source or Destination, and its own path, as they come.
         f"# guarded by {guard.name}",
         # One log line per HTTP third-party copy (PULL_START, TRANSFER_SUCCESS/FAIL, with the
         # path): the storage's own record of every copy, which tests check for double copies.
@@ -364,13 +365,14 @@ def tpc_guard(data_dir: Path) -> Path:
     return target
 
 
-def server_environment(config: Config, tls: TlsFiles, guard: Path) -> dict[str, str]:
-    """The servers' environment: the guard on their HTTP third-party copies (`tpc_guard`),
-    and the credential their xrdcp (root:// third-party copies) authenticates with at the
-    source, as the XrdSecgsi client reads it."""
+def server_environment(config: Config, tls: TlsFiles, guard: Path, export: Path) -> dict[str, str]:
+    """A server's environment: the guard on its HTTP third-party copies (`tpc_guard`) with the
+    export it keeps `..` out of, and the credential its xrdcp (root:// third-party copies)
+    authenticates with at the source, as the XrdSecgsi client reads it."""
     return {
         **os.environ,
         "LD_PRELOAD": f"{guard} {os.environ.get('LD_PRELOAD', '')}".strip(),
+        "ASO_EXPORT_ROOT": str(export),
         "X509_USER_CERT": str(tls.host_cert),
         "X509_USER_KEY": str(tls.host_key),
         "X509_CERT_DIR": str(tls.ca_dir),
@@ -646,7 +648,7 @@ class EmbeddedStorage:
             cwd=server.dir,
             output=server.out_file,
             pid_file=server.pid_file,
-            env=server_environment(self.config, self.tls, guard),
+            env=server_environment(self.config, self.tls, guard, server.export),
         )
 
     def _wait_until_answering(
