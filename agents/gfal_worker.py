@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -190,9 +191,7 @@ class GfalWorker(Agent):
             if set(job.sites) & self.silent_sites or self.slots_for(job.user, job.sites) <= 0:
                 continue  # none of its copies could start here now: left to others or later
             startable.append((job.id, job.user))
-        running: dict[str, int] = {}
-        for _, user in self.running_ends():
-            running[user or ""] = running.get(user or "", 0) + 1
+        running = Counter(user or "" for _, user in self.running_ends())
         return turns.fair_order(startable, running)
 
     def scan(self, state: str) -> list[UnfinishedJob]:
